@@ -1,0 +1,246 @@
+"""The ``cartonstore`` command: a thin layer over cartonstore.store.Store.
+
+Each command opens the store, calls one library method and prints the
+result. Library exceptions become one line on stderr and an exit status
+chosen by their category (see EXIT_CODES); nothing else is caught.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from . import __version__
+from .errors import (
+    CartonStoreError,
+    Conflict,
+    IntegrityError,
+    InvalidInput,
+    NotFound,
+    Unavailable,
+)
+from .store import Store
+from .store.layout import default_root
+from .units import format_size, parse_size
+
+EXIT_CODES: list[tuple[type[CartonStoreError], int]] = [
+    (NotFound, 3),
+    (InvalidInput, 4),
+    (IntegrityError, 5),
+    (Unavailable, 6),
+    (Conflict, 7),
+    (CartonStoreError, 1),
+]
+
+EPILOG = """\
+examples:
+  cartonstore add ./resnet.carton --name resnet
+  cartonstore path resnet                 # prints the model directory
+  cartonstore inspect f1cae514 --json
+  cartonstore pack ./my-model -o my-model.carton --compression zstd
+  cartonstore export resnet -o copy.carton
+  cartonstore verify --repair
+
+REF is a manifest hash, a unique prefix of at least 8 hex digits, a name,
+or (for path and inspect) a local .carton file or directory to add first.
+The store root is --root, else $CARTONSTORE_ROOT, else ~/.cache/cartonstore.
+Exit status: 0 ok, 2 usage, 3 not found, 4 invalid input, 5 integrity
+failure, 6 unavailable (disk, lock, network), 7 conflict, 1 other errors.
+"""
+
+
+class Output:
+    def __init__(self, as_json: bool) -> None:
+        self.as_json = as_json
+
+    def emit(self, data: dict[str, Any], lines: Sequence[str]) -> None:
+        if self.as_json:
+            print(json.dumps(data, indent=2, sort_keys=True))
+        else:
+            for line in lines:
+                print(line)
+
+
+# -- commands ------------------------------------------------------------------
+
+
+def cmd_add(store: Store, args: argparse.Namespace, out: Output) -> None:
+    r = store.add(args.source, name=args.name)
+    data = {"manifest_sha256": r.digest, "name": r.name, "complete": r.complete,
+            "blobs_added": r.blobs_added, "bytes_added": r.bytes_added, "bytes_reused": r.bytes_reused}
+    state = "complete" if r.complete else "known (some blobs only in LINKS)"
+    out.emit(data, [f"added {args.source}: {state}, {r.blobs_added} new blob(s), "
+                    f"{format_size(r.bytes_added)} stored, {format_size(r.bytes_reused)} already present",
+                    r.digest])
+
+
+def cmd_path(store: Store, args: argparse.Namespace, out: Output) -> None:
+    path = store.materialize(args.ref)
+    out.emit({"manifest_sha256": path.name, "path": str(path)}, [str(path)])
+
+
+def cmd_ls(store: Store, args: argparse.Namespace, out: Output) -> None:
+    infos = store.list()
+    rows = [{"manifest_sha256": i.row.digest, "names": i.names, "model_name": i.row.model_name,
+             "runner": i.row.runner_name, "files": i.row.file_count, "size": i.row.total_size,
+             "complete": i.complete, "path": str(i.model_dir) if i.model_dir else None} for i in infos]
+    lines = [f"{r['manifest_sha256'][:16]}  {'complete' if r['complete'] else 'partial ':8}  "
+             f"{format_size(r['size'] or 0):>10}  {','.join(r['names']) or '-'}" for r in rows]
+    if out.as_json:
+        print(json.dumps(rows, indent=2, sort_keys=True))
+    else:
+        print("\n".join(lines) if lines else "(the store holds no cartons)")
+
+
+def cmd_inspect(store: Store, args: argparse.Namespace, out: Output) -> None:
+    from .inspect import describe_carton
+
+    data = describe_carton(store, store.resolve_or_add(args.ref))
+    if out.as_json:
+        print(json.dumps(data, indent=2, sort_keys=True))
+        return
+    from .inspect import render_text
+
+    print(render_text(data))
+
+
+def cmd_export(store: Store, args: argparse.Namespace, out: Output) -> None:
+    w = store.export(args.ref, Path(args.output), link_prefix=args.links,
+                     link_min_size=parse_size(args.link_min_size), compression=args.compression)
+    out.emit({"manifest_sha256": w.digest, "path": str(w.path), "files_inline": w.files_inline,
+              "files_linked": w.files_linked, "size": w.size},
+             [f"wrote {w.path} ({format_size(w.size)}, {w.files_inline} file(s) inline, "
+              f"{w.files_linked} linked)", w.digest])
+
+
+def cmd_pack(store: Store | None, args: argparse.Namespace, out: Output) -> None:
+    from .pack import pack_directory
+
+    w = pack_directory(Path(args.directory), Path(args.output), compression=args.compression,
+                       link_prefix=args.link_prefix,
+                       link_min_size=parse_size(args.link_min_size) if args.link_min_size else 0)
+    out.emit({"manifest_sha256": w.digest, "path": str(w.path), "files_inline": w.files_inline,
+              "files_linked": w.files_linked, "size": w.size},
+             [f"wrote {w.path} ({format_size(w.size)}, {w.files_inline} file(s) inline, "
+              f"{w.files_linked} linked)", w.digest])
+
+
+def cmd_rm(store: Store, args: argparse.Namespace, out: Output) -> None:
+    r = store.remove(args.ref)
+    out.emit({"manifest_sha256": r.digest, "blobs_removed": r.blobs_removed, "bytes_freed": r.bytes_freed},
+             [f"removed {r.digest}: {r.blobs_removed} blob(s), {format_size(r.bytes_freed)} freed", r.digest])
+
+
+def cmd_verify(store: Store, args: argparse.Namespace, out: Output) -> int:
+    r = store.verify(repair=args.repair)
+    data = {"ok": r.ok, "blobs_checked": r.blobs_checked, "corrupt_blobs": r.corrupt_blobs,
+            "missing_blobs": r.missing_blobs, "unindexed_blobs": r.unindexed_blobs,
+            "stray_files": r.stray_files, "models_checked": r.models_checked,
+            "damaged_models": r.damaged_models, "orphan_models": r.orphan_models, "repaired": r.repaired}
+    lines = [f"checked {r.blobs_checked} blob(s) and {r.models_checked} model directory(ies)"]
+    lines += [f"corrupt blob: {d}" for d in r.corrupt_blobs]
+    lines += [f"missing blob (indexed, no file): {d}" for d in r.missing_blobs]
+    lines += [f"stray file in blobs/: {p}" for p in r.stray_files]
+    lines += [f"damaged model {d}: {'; '.join(p[:3])}" for d, p in r.damaged_models.items()]
+    lines += [f"note: {len(r.unindexed_blobs)} sound blob(s) not in the index (left by an interrupted "
+              "add; gc collects them)"] if r.unindexed_blobs else []
+    lines += [f"repaired: {x}" for x in r.repaired]
+    lines.append("ok" if r.ok or (args.repair and r.repaired) else "FAILED")
+    out.emit(data, lines)
+    return 0 if r.ok or (args.repair and r.repaired) else exit_code_for(IntegrityError("verify failed"))
+
+
+# -- parser --------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--root", type=Path, default=None,
+                        help="store root (default: $CARTONSTORE_ROOT or ~/.cache/cartonstore)")
+    common.add_argument("--json", action="store_true", help="print machine-readable JSON")
+
+    p = argparse.ArgumentParser(prog="cartonstore", description="A shared, content-addressed store "
+                                "of ML models packaged as cartons.", epilog=EPILOG,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--version", action="version", version=f"cartonstore {__version__}")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def add(name: str, fn: Callable, help: str, example: str) -> argparse.ArgumentParser:
+        sp = sub.add_parser(name, parents=[common], help=help, description=help,
+                            epilog=f"example:\n  {example}", formatter_class=argparse.RawDescriptionHelpFormatter)
+        sp.set_defaults(func=fn)
+        return sp
+
+    sp = add("add", cmd_add, "add a carton to the store; prints its manifest hash",
+             "cartonstore add ./model.carton --name my-model")
+    sp.add_argument("source", help="a .carton file or an unpacked carton directory")
+    sp.add_argument("--name", help="name to refer to the carton by (default: its model_name)")
+
+    sp = add("path", cmd_path, "materialize a carton; prints its read-only model directory",
+             "cartonstore path my-model")
+    sp.add_argument("ref")
+
+    add("ls", cmd_ls, "list the cartons in the store", "cartonstore ls --json")
+
+    sp = add("inspect", cmd_inspect, "show a carton's metadata, files and tensors",
+             "cartonstore inspect my-model")
+    sp.add_argument("ref")
+
+    sp = add("export", cmd_export, "write a carton from the store to a .carton file",
+             "cartonstore export my-model -o my-model.carton")
+    sp.add_argument("ref")
+    sp.add_argument("-o", "--output", required=True)
+    sp.add_argument("--links", metavar="URL_PREFIX",
+                    help="leave files out of the zip and list them in LINKS as URL_PREFIX/<sha256>")
+    sp.add_argument("--link-min-size", default="0", metavar="SIZE",
+                    help="with --links, link only files at least this big (e.g. 1M)")
+    sp.add_argument("--compression", choices=["zstd", "deflate", "stored"], default="zstd")
+
+    sp = add("pack", cmd_pack, "pack an unpacked carton directory into a .carton file",
+             "cartonstore pack ./my-model -o my-model.carton --link-prefix https://cdn/x --link-min-size 64M")
+    sp.add_argument("directory")
+    sp.add_argument("-o", "--output", required=True)
+    sp.add_argument("--compression", choices=["zstd", "deflate", "stored"], default="zstd")
+    sp.add_argument("--link-prefix", metavar="URL", help="URL prefix for files listed in LINKS")
+    sp.add_argument("--link-min-size", metavar="SIZE", help="files at least this big go to LINKS")
+
+    sp = add("rm", cmd_rm, "remove a carton, its model directory and blobs no other carton uses",
+             "cartonstore rm my-model")
+    sp.add_argument("ref")
+
+    sp = add("verify", cmd_verify, "rehash every blob and check model directories against MANIFEST",
+             "cartonstore verify --repair")
+    sp.add_argument("--repair", action="store_true",
+                    help="quarantine corrupt blobs and rebuild damaged model directories")
+    return p
+
+
+def exit_code_for(exc: CartonStoreError) -> int:
+    return next(code for cls, code in EXIT_CODES if isinstance(exc, cls))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    out = Output(args.json)
+    try:
+        if args.command == "pack":
+            return args.func(None, args, out) or 0
+        root = args.root or default_root()
+        with Store(root) as store:
+            return args.func(store, args, out) or 0
+    except CartonStoreError as e:
+        print(f"cartonstore {args.command}: error: {e}", file=sys.stderr)
+        return exit_code_for(e)
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,64 @@
+"""The one exception hierarchy of cartonstore.
+
+Exceptions are grouped by what a caller can do about them, not by where they
+were raised. Each carries the thing it is about (a path, a digest, a URL) as
+``subject`` so that the CLI and the HTTP API can report it without parsing
+messages. Foreign exceptions (OSError, sqlite3, zlib, zstandard, tomli) are
+translated into these once, at the boundary of the module that calls them.
+"""
+
+from __future__ import annotations
+
+
+class CartonStoreError(Exception):
+    """Base of every error cartonstore raises on purpose."""
+
+    def __init__(self, message: str, *, subject: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.subject = subject
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class NotFound(CartonStoreError):
+    """A blob, carton, name, lease or file that does not exist."""
+
+
+class AlreadyExists(CartonStoreError):
+    """The thing being created is already there (often a normal outcome)."""
+
+
+class Conflict(CartonStoreError):
+    """The request clashes with the store's state: a carton in use, an
+    ambiguous reference."""
+
+
+class InvalidInput(CartonStoreError):
+    """The caller gave something malformed: a bad carton, request or config."""
+
+
+class InvalidCarton(InvalidInput):
+    """A carton (or one file in it) breaks the format.
+
+    ``file`` is the path inside the carton (``carton.toml``, ``MANIFEST``,
+    ``model/x.safetensors``...), ``field`` the key or line within it when
+    there is one. The message always starts with them so users can find the
+    problem without reading code.
+    """
+
+    def __init__(self, file: str, problem: str, *, field: str | None = None) -> None:
+        where = f"{file}: {field}" if field else file
+        super().__init__(f"{where}: {problem}", subject=file)
+        self.file = file
+        self.field = field
+        self.problem = problem
+
+
+class IntegrityError(CartonStoreError):
+    """Bytes that do not match their digest, or a store that disagrees with its index."""
+
+
+class Unavailable(CartonStoreError):
+    """Something needed is out of reach right now: network, disk space, a lock."""

@@ -1,0 +1,139 @@
+"""Dtype tables: carton and safetensors dtype names, their sizes, and their
+KServe v2 / Triton datatype names.
+
+These are lookup tables, not parsers: the functions here take names that a
+parser has already validated, and a name outside the tables is a programming
+error (``ValueError``), not a bad carton.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+# Carton v1 dtype -> numpy dtype string (little-endian, as tensor_data .bin
+# files are). "string" has no fixed-size numpy form: it lives in TOML files.
+CARTON_DTYPES: dict[str, str | None] = {
+    "float32": "<f4",
+    "float64": "<f8",
+    "string": None,
+    "int8": "|i1",
+    "int16": "<i2",
+    "int32": "<i4",
+    "int64": "<i8",
+    "uint8": "|u1",
+    "uint16": "<u2",
+    "uint32": "<u4",
+    "uint64": "<u8",
+}
+
+_CARTON_TO_V2: dict[str, str] = {
+    "float32": "FP32",
+    "float64": "FP64",
+    "string": "BYTES",
+    "int8": "INT8",
+    "int16": "INT16",
+    "int32": "INT32",
+    "int64": "INT64",
+    "uint8": "UINT8",
+    "uint16": "UINT16",
+    "uint32": "UINT32",
+    "uint64": "UINT64",
+}
+
+# safetensors dtype -> bits per element, as the reference implementation
+# (huggingface/safetensors, Dtype::bitsize) defines them. Sub-byte types
+# (F4, F6_*) make whole tensors that must still fill whole bytes.
+SAFETENSORS_DTYPE_BITS: dict[str, int] = {
+    "BOOL": 8,
+    "F4": 4,
+    "F6_E2M3": 6,
+    "F6_E3M2": 6,
+    "U8": 8,
+    "I8": 8,
+    "F8_E5M2": 8,
+    "F8_E4M3": 8,
+    "F8_E8M0": 8,
+    "I16": 16,
+    "U16": 16,
+    "F16": 16,
+    "BF16": 16,
+    "I32": 32,
+    "U32": 32,
+    "F32": 32,
+    "C64": 64,
+    "F64": 64,
+    "I64": 64,
+    "U64": 64,
+}
+
+# Only the safetensors dtypes that KServe v2 can name. The rest (F8_*, F6_*,
+# F4, C64) have no v2 datatype; see safetensors_dtype_to_v2.
+_SAFETENSORS_TO_V2: dict[str, str] = {
+    "BOOL": "BOOL",
+    "U8": "UINT8",
+    "I8": "INT8",
+    "I16": "INT16",
+    "U16": "UINT16",
+    "F16": "FP16",
+    "BF16": "BF16",
+    "I32": "INT32",
+    "U32": "UINT32",
+    "F32": "FP32",
+    "F64": "FP64",
+    "I64": "INT64",
+    "U64": "UINT64",
+}
+
+
+def is_numeric_carton_dtype(dtype: str) -> bool:
+    """True for carton dtypes stored as raw little-endian ``.bin`` data."""
+    return CARTON_DTYPES.get(dtype) is not None
+
+
+def carton_numpy_dtype(dtype: str) -> np.dtype:
+    """The numpy dtype of a numeric carton dtype (little-endian).
+
+    Raises ValueError for "string" and for names that are not carton dtypes.
+    """
+    np_name = CARTON_DTYPES.get(dtype)
+    if np_name is None:
+        raise ValueError(f"{dtype!r} is not a numeric carton dtype")
+    return np.dtype(np_name)
+
+
+def carton_dtype_to_v2(dtype: str) -> str:
+    """The KServe v2 datatype of a carton dtype ("float32" -> "FP32").
+
+    Raises ValueError for a name that is not a carton dtype.
+    """
+    try:
+        return _CARTON_TO_V2[dtype]
+    except KeyError:
+        raise ValueError(f"{dtype!r} is not a carton dtype") from None
+
+
+def safetensors_dtype_to_v2(dtype: str) -> str:
+    """The KServe v2 datatype of a safetensors dtype ("F16" -> "FP16").
+
+    KServe v2 has no name for FP8, FP6, FP4 or complex types; for those the
+    safetensors name itself is returned ("F8_E4M3"), so metadata stays
+    truthful rather than claiming a wider type. Raises ValueError for a name
+    that is not a safetensors dtype.
+    """
+    if dtype not in SAFETENSORS_DTYPE_BITS:
+        raise ValueError(f"{dtype!r} is not a safetensors dtype")
+    return _SAFETENSORS_TO_V2.get(dtype, dtype)
+
+
+def shape_to_v2_dims(shape: str | Sequence[int | str] | None) -> list[int]:
+    """KServe v2 dims of a carton shape: symbolic and "*" dimensions are -1.
+
+    A shape given as one string (a symbol for the whole shape, or "*") and a
+    missing shape (None) both mean "any shape", which v2 can only say as
+    ``[-1]``. A scalar ``[]`` stays ``[]``.
+    """
+    if shape is None or isinstance(shape, str):
+        return [-1]
+    return [dim if isinstance(dim, int) else -1 for dim in shape]

@@ -1,0 +1,78 @@
+"""CartonView over an unpacked carton directory (or a directory to pack).
+
+Symlinks follow Carton's packer: a link whose target stays inside the same
+top-level folder is kept as a link; one pointing elsewhere is read through
+and stored as the file it points to.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+from typing import BinaryIO
+
+from ..errors import InvalidCarton, NotFound
+from ..format.paths import validate_carton_path
+from .view import SourceFile
+
+_METADATA = ("MANIFEST", "LINKS")
+
+
+class DirCartonView:
+    def __init__(self, root: Path) -> None:
+        self.label = str(root)
+        if not root.is_dir():
+            raise NotFound(f"no such directory: {root}", subject=str(root))
+        self.root = root.resolve()
+        self.files: dict[str, SourceFile] = {}
+        for dirpath, dirnames, filenames in os.walk(self.root):
+            dirnames.sort()
+            for name in sorted(filenames) + [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]:
+                full = os.path.join(dirpath, name)
+                rel = os.path.relpath(full, self.root).replace(os.sep, "/")
+                if rel in _METADATA:
+                    continue
+                validate_carton_path(rel)
+                self.files[rel] = self._source_file(rel, full)
+
+    def _source_file(self, rel: str, full: str) -> SourceFile:
+        st = os.lstat(full)
+        if stat.S_ISLNK(st.st_mode):
+            kept = self._kept_link_target(rel, full)
+            if kept is not None:
+                return SourceFile(rel, "symlink", None, kept)
+            try:
+                st = os.stat(full)
+            except FileNotFoundError:
+                raise InvalidCarton(rel, f"is a broken symlink (to {os.readlink(full)!r})") from None
+        if stat.S_ISDIR(st.st_mode):
+            raise InvalidCarton(rel, "is a symlink to a directory; only files can be linked")
+        if not stat.S_ISREG(st.st_mode):
+            raise InvalidCarton(rel, "is not a regular file (device, socket or fifo)")
+        return SourceFile(rel, "file", st.st_size)
+
+    def _kept_link_target(self, rel: str, full: str) -> str | None:
+        """The link's relative target if it stays inside rel's top-level folder."""
+        target = os.readlink(full)
+        top = self.root / rel.split("/", 1)[0]
+        resolved = Path(os.path.normpath(os.path.join(os.path.dirname(full), target)))
+        if os.path.isabs(target) or top not in resolved.parents:
+            return None
+        return target
+
+    def read_metadata(self, name: str) -> bytes | None:
+        from .view import METADATA_LIMITS
+
+        p = self.root / name
+        if not p.is_file():
+            return None
+        if p.stat().st_size > METADATA_LIMITS[name]:
+            raise InvalidCarton(name, f"is more than the {METADATA_LIMITS[name]} bytes allowed")
+        return p.read_bytes()
+
+    def open(self, path: str) -> BinaryIO:
+        return open(self.root / path, "rb")
+
+    def close(self) -> None:
+        pass

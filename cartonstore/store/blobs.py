@@ -1,0 +1,208 @@
+"""The blob area: immutable files named by the sha256 of their bytes.
+
+Writes follow containerd's ingest/commit: bytes go to a file in tmp/ while
+being hashed, the file is fsynced and made read-only (*staged*), and only a
+commit renames it to blobs/sha256/ab/<digest>. So a path under blobs/ exists
+only if its bytes hash to its name (invariant 1), whatever crashes when.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import os
+import secrets
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO, Iterator
+
+from ..errors import IntegrityError, Unavailable
+from .layout import StoreLayout
+
+CHUNK = 1 << 20
+BLOB_MODE = 0o444
+
+
+@dataclass(frozen=True)
+class StagedBlob:
+    """Verified, fsynced bytes in tmp/ waiting to be committed or discarded."""
+
+    digest: str
+    size: int
+    tmp_path: Path
+
+    def discard(self) -> None:
+        _unlink_quietly(self.tmp_path)
+
+
+class BlobWriter:
+    """Streams bytes into tmp/, hashing them as they pass.
+
+    stage() fsyncs, checks the digest and size the caller expects (if any)
+    and returns a StagedBlob; on any error the temporary file is removed.
+    Always use as a context manager: leaving without stage() discards.
+    """
+
+    def __init__(self, layout: StoreLayout, *, label: str = "blob") -> None:
+        self.tmp_path = layout.tmp_dir / f"ingest-{os.getpid()}-{secrets.token_hex(6)}-{label}"
+        self._fd = os.open(self.tmp_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        self._hash = hashlib.sha256()
+        self.size = 0
+        self._staged = False
+
+    def write(self, data: bytes | memoryview) -> None:
+        self._hash.update(data)
+        view = memoryview(data)
+        while view:
+            try:
+                n = os.write(self._fd, view)
+            except OSError as e:
+                raise _translate_write_error(e, self.tmp_path) from e
+            view = view[n:]
+        self.size += len(data)
+
+    def copy_from(self, src: BinaryIO, limit: int | None = None) -> None:
+        """Copy src (to EOF, or ``limit`` bytes) through the hash into the file."""
+        buf = bytearray(CHUNK)
+        remaining = limit
+        while remaining is None or remaining > 0:
+            want = CHUNK if remaining is None else min(CHUNK, remaining)
+            n = src.readinto(memoryview(buf)[:want]) if hasattr(src, "readinto") else None
+            if n is None:
+                chunk = src.read(want)
+                n = len(chunk)
+                buf[:n] = chunk
+            if not n:
+                break
+            self.write(memoryview(buf)[:n])
+            if remaining is not None:
+                remaining -= n
+
+    def stage(self, *, expected_digest: str | None = None, expected_size: int | None = None) -> StagedBlob:
+        digest = self._hash.hexdigest()
+        try:
+            if expected_size is not None and self.size != expected_size:
+                raise IntegrityError(
+                    f"expected {expected_size} bytes for blob {expected_digest or digest} but got {self.size}",
+                    subject=expected_digest or digest,
+                )
+            if expected_digest is not None and digest != expected_digest:
+                raise IntegrityError(
+                    f"bytes hash to sha256 {digest}, expected {expected_digest}",
+                    subject=expected_digest,
+                )
+            try:
+                os.fsync(self._fd)  # durable before the rename makes it visible
+                os.fchmod(self._fd, BLOB_MODE)
+            except OSError as e:
+                raise _translate_write_error(e, self.tmp_path) from e
+        except BaseException:
+            self.close()
+            raise
+        self._staged = True
+        os.close(self._fd)
+        self._fd = -1
+        return StagedBlob(digest, self.size, self.tmp_path)
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+        if not self._staged:
+            _unlink_quietly(self.tmp_path)
+
+    def __enter__(self) -> "BlobWriter":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class BlobStore:
+    """Read, commit and delete verified blobs. Knows nothing of the index."""
+
+    def __init__(self, layout: StoreLayout) -> None:
+        self.layout = layout
+
+    def path(self, digest: str) -> Path:
+        return self.layout.blob_path(digest)
+
+    def has(self, digest: str) -> bool:
+        return self.path(digest).is_file()
+
+    def size(self, digest: str) -> int:
+        return self.path(digest).stat().st_size
+
+    def writer(self, *, label: str = "blob") -> BlobWriter:
+        return BlobWriter(self.layout, label=label)
+
+    def commit(self, staged: StagedBlob) -> Path:
+        """Rename a staged blob into place. A blob already present is a normal
+        outcome: the staged copy is dropped and the existing one kept.
+        The parent directory is not fsynced here; see sync_dirs()."""
+        dest = self.path(staged.digest)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        if dest.exists():
+            staged.discard()
+            return dest
+        os.rename(staged.tmp_path, dest)
+        return dest
+
+    def sync_dirs(self, digests: set[str]) -> None:
+        """fsync the fan-out dirs of fresh blobs so their renames survive power loss
+        before the index records them (one fsync per directory, not per blob)."""
+        for d in sorted({self.path(x).parent for x in digests}):
+            fsync_dir(d)
+
+    def delete(self, digest: str) -> int:
+        """Unlink a blob; returns the bytes freed (0 if it was already gone)."""
+        p = self.path(digest)
+        try:
+            size = p.stat().st_size
+            p.unlink()
+            return size
+        except FileNotFoundError:
+            return 0
+
+    def iter_digests(self) -> Iterator[str]:
+        if not self.layout.blobs_dir.is_dir():
+            return
+        for fan in sorted(os.scandir(self.layout.blobs_dir), key=lambda e: e.name):
+            if fan.is_dir(follow_symlinks=False):
+                for entry in sorted(os.scandir(fan.path), key=lambda e: e.name):
+                    yield entry.name
+
+    def rehash(self, digest: str) -> str:
+        """sha256 of the stored bytes (what verify compares with the name)."""
+        return hash_file(self.path(digest))
+
+
+def hash_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb", buffering=0) as f:
+        buf = bytearray(CHUNK)
+        view = memoryview(buf)
+        while n := f.readinto(buf):
+            h.update(view[:n])
+    return h.hexdigest()
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _unlink_quietly(path: Path) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def _translate_write_error(e: OSError, path: Path) -> Exception:
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        return Unavailable(f"no space left on device while writing {path}", subject=str(path))
+    return Unavailable(f"cannot write {path}: {e.strerror}", subject=str(path))

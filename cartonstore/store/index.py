@@ -1,0 +1,257 @@
+"""The SQLite index (ROOT/index.db): what the store holds and how it is named.
+
+The index is the map, the blob files are the territory: a row in ``blobs``
+claims a verified file exists; ``verify`` checks the claim. Rows are written
+only after the files they describe are durable, so a crash leaves files
+without rows (garbage for gc), never rows without files.
+
+One connection per Index, guarded by a lock so worker threads can share it;
+every write runs in ``BEGIN IMMEDIATE`` so concurrent writers from other
+processes queue on the busy timeout instead of failing on lock upgrade.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Iterator, Sequence
+
+import sqlite_utils
+
+from ..entry import EntryRow
+from ..errors import Unavailable
+
+SCHEMA_VERSION = 1
+BUSY_TIMEOUT_MS = 30_000
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS blobs (
+    digest TEXT PRIMARY KEY,
+    size INTEGER NOT NULL,
+    added_at REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS cartons (
+    digest TEXT PRIMARY KEY,
+    model_name TEXT,
+    runner_name TEXT,
+    file_count INTEGER NOT NULL,
+    total_size INTEGER,
+    source TEXT,
+    added_at REAL NOT NULL,
+    last_used REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS entries (
+    carton TEXT NOT NULL REFERENCES cartons(digest) ON DELETE CASCADE,
+    path TEXT NOT NULL,
+    digest TEXT NOT NULL,
+    size INTEGER,
+    kind TEXT NOT NULL DEFAULT 'file',
+    target TEXT,
+    PRIMARY KEY (carton, path)
+);
+CREATE INDEX IF NOT EXISTS entries_by_digest ON entries(digest);
+CREATE TABLE IF NOT EXISTS names (
+    name TEXT PRIMARY KEY,
+    carton TEXT NOT NULL REFERENCES cartons(digest) ON DELETE CASCADE,
+    updated_at REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS names_by_carton ON names(carton);
+CREATE TABLE IF NOT EXISTS links (
+    digest TEXT NOT NULL,
+    url TEXT NOT NULL,
+    position INTEGER NOT NULL,
+    PRIMARY KEY (digest, url)
+);
+CREATE TABLE IF NOT EXISTS leases (
+    id TEXT PRIMARY KEY,
+    carton TEXT NOT NULL,
+    holder TEXT,
+    created_at REAL NOT NULL,
+    expires_at REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS leases_by_carton ON leases(carton);
+"""
+
+
+@dataclass(frozen=True)
+class CartonRow:
+    digest: str
+    model_name: str | None
+    runner_name: str | None
+    file_count: int
+    total_size: int | None
+    source: str | None
+    added_at: float
+    last_used: float
+
+
+@dataclass(frozen=True)
+class CartonRecord:
+    """Everything the index learns about a carton when it becomes known."""
+
+    row: CartonRow
+    entries: Sequence[EntryRow]
+    links: dict[str, tuple[str, ...]]
+
+
+class Index:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._lock = threading.RLock()
+        try:
+            conn = sqlite3.connect(path, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None,
+                                   check_same_thread=False)
+            self.db = sqlite_utils.Database(conn)
+            conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+            conn.execute("PRAGMA foreign_keys=ON")
+            if self.db.journal_mode != "wal":
+                self.db.enable_wal()
+            conn.execute("PRAGMA synchronous=FULL")
+            with self.transaction():
+                for stmt in filter(str.strip, _SCHEMA.split(";")):
+                    conn.execute(stmt)
+                conn.execute("INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+        except sqlite3.Error as e:
+            raise Unavailable(f"cannot open index {path}: {e}", subject=str(path)) from e
+
+    def close(self) -> None:
+        with self._lock:
+            self.db.conn.close()
+
+    @contextmanager
+    def transaction(self) -> Iterator[sqlite3.Connection]:
+        with self._lock:
+            conn = self.db.conn
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+            except sqlite3.OperationalError as e:
+                raise Unavailable(f"index {self.path} is busy: {e}", subject=str(self.path)) from e
+            try:
+                yield conn
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            else:
+                conn.execute("COMMIT")
+
+    def _rows(self, sql: str, params: Sequence | dict = ()) -> list[tuple]:
+        with self._lock:
+            return self.db.conn.execute(sql, params).fetchall()
+
+    # -- blobs -------------------------------------------------------------
+
+    def present_blobs(self, digests: Iterable[str]) -> set[str]:
+        wanted = list(set(digests))
+        found: set[str] = set()
+        for i in range(0, len(wanted), 500):
+            part = wanted[i : i + 500]
+            marks = ",".join("?" * len(part))
+            found.update(r[0] for r in self._rows(f"SELECT digest FROM blobs WHERE digest IN ({marks})", part))
+        return found
+
+    def has_blob(self, digest: str) -> bool:
+        return bool(self._rows("SELECT 1 FROM blobs WHERE digest=?", (digest,)))
+
+    def add_blobs(self, conn: sqlite3.Connection, blobs: Iterable[tuple[str, int]]) -> None:
+        now = time.time()
+        conn.executemany("INSERT OR IGNORE INTO blobs(digest,size,added_at) VALUES (?,?,?)",
+                         [(d, s, now) for d, s in blobs])
+
+    def forget_blob(self, digest: str) -> None:
+        with self.transaction() as conn:
+            conn.execute("DELETE FROM blobs WHERE digest=?", (digest,))
+
+    def blob_rows(self) -> list[tuple[str, int]]:
+        return [(r[0], r[1]) for r in self._rows("SELECT digest, size FROM blobs ORDER BY digest")]
+
+    def links_for(self, digest: str) -> list[str]:
+        return [r[0] for r in self._rows("SELECT url FROM links WHERE digest=? ORDER BY position", (digest,))]
+
+    # -- cartons -----------------------------------------------------------
+
+    def record_carton(self, rec: CartonRecord, *, blobs: Iterable[tuple[str, int]], name: str | None) -> None:
+        """Make a carton known in one transaction: its row, entries, links,
+        the blobs just committed, and its name."""
+        r = rec.row
+        with self.transaction() as conn:
+            self.add_blobs(conn, blobs)
+            conn.execute(
+                "INSERT INTO cartons VALUES (?,?,?,?,?,?,?,?) ON CONFLICT(digest) DO UPDATE SET "
+                "model_name=excluded.model_name, runner_name=excluded.runner_name, "
+                "total_size=coalesce(excluded.total_size, total_size), last_used=excluded.last_used",
+                (r.digest, r.model_name, r.runner_name, r.file_count, r.total_size, r.source,
+                 r.added_at, r.last_used),
+            )
+            conn.executemany(
+                "INSERT OR REPLACE INTO entries VALUES (?,?,?,?,?,?)",
+                [(r.digest, e.path, e.digest, e.size, e.kind, e.target) for e in rec.entries],
+            )
+            for digest, urls in rec.links.items():
+                base = conn.execute("SELECT coalesce(max(position)+1, 0) FROM links WHERE digest=?",
+                                    (digest,)).fetchone()[0]
+                conn.executemany("INSERT OR IGNORE INTO links VALUES (?,?,?)",
+                                 [(digest, u, base + i) for i, u in enumerate(urls)])
+            if name:
+                conn.execute("INSERT OR REPLACE INTO names VALUES (?,?,?)", (name, r.digest, time.time()))
+
+    def carton(self, digest: str) -> CartonRow | None:
+        rows = self._rows("SELECT * FROM cartons WHERE digest=?", (digest,))
+        return CartonRow(*rows[0]) if rows else None
+
+    def cartons(self) -> list[CartonRow]:
+        return [CartonRow(*r) for r in self._rows("SELECT * FROM cartons ORDER BY added_at, digest")]
+
+    def entries(self, carton: str) -> list[EntryRow]:
+        rows = self._rows("SELECT path,digest,size,kind,target FROM entries WHERE carton=? ORDER BY path",
+                          (carton,))
+        return [EntryRow(*r) for r in rows]
+
+    def missing_blobs(self, carton: str) -> list[str]:
+        rows = self._rows(
+            "SELECT DISTINCT e.digest FROM entries e LEFT JOIN blobs b ON b.digest=e.digest "
+            "WHERE e.carton=? AND b.digest IS NULL ORDER BY e.digest", (carton,))
+        return [r[0] for r in rows]
+
+    def names_of(self, carton: str) -> list[str]:
+        return [r[0] for r in self._rows("SELECT name FROM names WHERE carton=? ORDER BY name", (carton,))]
+
+    def carton_for_name(self, name: str) -> str | None:
+        rows = self._rows("SELECT carton FROM names WHERE name=?", (name,))
+        return rows[0][0] if rows else None
+
+    def cartons_with_prefix(self, prefix: str) -> list[str]:
+        return [r[0] for r in self._rows(
+            "SELECT digest FROM cartons WHERE digest >= ? AND digest < ? ORDER BY digest",
+            (prefix, prefix + "g"))]
+
+    def touch(self, carton: str) -> None:
+        with self.transaction() as conn:
+            conn.execute("UPDATE cartons SET last_used=? WHERE digest=?", (time.time(), carton))
+
+    def remove_carton(self, carton: str) -> list[str]:
+        """Forget a carton; returns the blobs no other carton lists any more
+        (their rows and links are dropped in the same transaction, so the
+        caller unlinks files only after the index stopped claiming them)."""
+        with self.transaction() as conn:
+            digests = [r[0] for r in conn.execute(
+                "SELECT DISTINCT digest FROM entries WHERE carton=?", (carton,))]
+            conn.execute("DELETE FROM entries WHERE carton=?", (carton,))
+            conn.execute("DELETE FROM names WHERE carton=?", (carton,))
+            conn.execute("DELETE FROM leases WHERE carton=?", (carton,))
+            conn.execute("DELETE FROM cartons WHERE digest=?", (carton,))
+            orphans = [d for d in digests + [carton]
+                       if not conn.execute("SELECT 1 FROM entries WHERE digest=? LIMIT 1", (d,)).fetchone()
+                       and not conn.execute("SELECT 1 FROM cartons WHERE digest=?", (d,)).fetchone()]
+            for d in orphans:
+                conn.execute("DELETE FROM blobs WHERE digest=?", (d,))
+                conn.execute("DELETE FROM links WHERE digest=?", (d,))
+            return orphans
+
+    def live_leases(self, carton: str, now: float | None = None) -> int:
+        now = time.time() if now is None else now
+        return self._rows("SELECT count(*) FROM leases WHERE carton=? AND expires_at>?", (carton, now))[0][0]

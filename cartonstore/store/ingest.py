@@ -1,0 +1,134 @@
+"""Bring a carton from a CartonView into the store.
+
+Stage, then commit: every blob the store lacks is streamed into tmp/,
+hashed and checked against MANIFEST; safetensors headers are validated;
+only when the whole carton has passed are the staged blobs renamed into
+blobs/ and the carton recorded in the index, under the store lock. A
+carton that fails anywhere leaves the store exactly as it was.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+from ..checks import CheckedCarton, check_safetensors, is_safetensors
+from ..errors import IntegrityError, InvalidCarton
+from ..sources.view import CartonView
+from .blobs import CHUNK, BlobStore, StagedBlob
+from .index import CartonRecord, CartonRow, Index
+
+
+@dataclass(frozen=True)
+class IngestResult:
+    digest: str
+    name: str | None
+    complete: bool
+    blobs_added: int
+    bytes_added: int
+    bytes_reused: int
+
+
+class Staging:
+    """Blobs staged in tmp/ for one carton; discarded unless committed."""
+
+    def __init__(self, blobs: BlobStore) -> None:
+        self.blobs = blobs
+        self.staged: dict[str, StagedBlob] = {}
+
+    def path_of(self, digest: str) -> Path:
+        s = self.staged.get(digest)
+        return s.tmp_path if s else self.blobs.path(digest)
+
+    def add_bytes(self, data: bytes, expected: str) -> None:
+        with self.blobs.writer(label="meta") as w:
+            w.write(data)
+            self.staged[expected] = w.stage(expected_digest=expected, expected_size=len(data))
+
+    def add_from_view(self, view: CartonView, path: str, expected: str) -> StagedBlob:
+        with self.blobs.writer() as w:
+            span = getattr(view, "raw_span", lambda _p: None)(path)
+            try:
+                if span is not None:
+                    _copy_span(w, view.zip_path, *span)  # type: ignore[attr-defined]
+                else:
+                    with view.open(path) as src:
+                        w.copy_from(src)
+                staged = w.stage(expected_digest=expected)
+            except IntegrityError as e:
+                raise InvalidCarton(path, f"does not match MANIFEST: {e.message}") from None
+        self.staged[expected] = staged
+        return staged
+
+    def discard(self) -> None:
+        for s in self.staged.values():
+            s.discard()
+        self.staged.clear()
+
+
+def _copy_span(writer, zip_path: Path, offset: int, length: int) -> None:  # noqa: ANN001
+    with open(zip_path, "rb", buffering=0) as f:
+        f.seek(offset)
+        writer.copy_from(f, limit=length)
+    if writer.size != length:
+        raise InvalidCarton(zip_path.name, f"zip is truncated: an entry needs {length} bytes, found {writer.size}")
+
+
+def stage_carton(checked: CheckedCarton, view: CartonView, blobs: BlobStore) -> Staging:
+    """Stage what the store lacks and validate safetensors; raises on any
+    problem with everything staged so far discarded."""
+    staging = Staging(blobs)
+    try:
+        if not blobs.has(checked.digest):
+            staging.add_bytes(checked.manifest.raw, checked.digest)
+        for digest, path in checked.files_by_digest().items():
+            if not blobs.has(digest):
+                staging.add_from_view(view, path, digest)
+        _check_safetensors_files(checked, staging)
+        return staging
+    except BaseException:
+        staging.discard()
+        raise
+
+
+def _check_safetensors_files(checked: CheckedCarton, staging: Staging) -> None:
+    for e in checked.entries:
+        if not is_safetensors(e.path):
+            continue
+        p = staging.path_of(e.digest)
+        if not p.exists():
+            continue  # linked and not fetched yet: checked when it arrives
+        size = p.stat().st_size
+
+        def opener(p: Path = p) -> BinaryIO:
+            return open(p, "rb")
+
+        check_safetensors(e.path, opener, size)
+
+
+def commit_carton(checked: CheckedCarton, staging: Staging, index: Index, blobs: BlobStore,
+                  *, name: str | None, source: str | None) -> IngestResult:
+    """Rename staged blobs into place, then record the carton. The caller
+    holds the store lock so a collection cannot interleave."""
+    fresh: dict[str, int] = {}
+    for digest, staged in staging.staged.items():
+        blobs.commit(staged)
+        fresh[digest] = staged.size
+    blobs.sync_dirs(set(fresh))
+    sizes = {e.digest: e.size for e in checked.entries if e.size is not None}
+    present = [(d, os.stat(blobs.path(d)).st_size) for d in
+               {e.digest for e in checked.entries} | {checked.digest} if blobs.has(d)]
+    now = time.time()
+    total = sum(e.size or 0 for e in checked.entries) if all(e.size is not None or e.kind == "symlink"
+                                                         for e in checked.entries) else None
+    row = CartonRow(checked.digest, checked.config.model_name, checked.config.runner.runner_name,
+                    len(checked.entries), total, source, now, now)
+    index.record_carton(CartonRecord(row, checked.entries, checked.links), blobs=present, name=name)
+    present_set = {d for d, _ in present}
+    complete = all(e.digest in present_set for e in checked.entries)
+    added = sum(fresh.values())
+    reused = sum(sizes.get(d, 0) for d in {e.digest for e in checked.entries} if d not in fresh)
+    return IngestResult(checked.digest, name, complete, len(fresh), added, reused)

@@ -1,0 +1,65 @@
+"""Where things live under a store root (DESIGN.md, "On disk")."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..format.manifest import is_sha256
+
+
+@dataclass(frozen=True)
+class StoreLayout:
+    root: Path
+
+    @property
+    def index_db(self) -> Path:
+        return self.root / "index.db"
+
+    @property
+    def blobs_dir(self) -> Path:
+        return self.root / "blobs" / "sha256"
+
+    @property
+    def models_dir(self) -> Path:
+        return self.root / "models"
+
+    @property
+    def tmp_dir(self) -> Path:
+        return self.root / "tmp"
+
+    @property
+    def locks_dir(self) -> Path:
+        return self.root / "locks"
+
+    @property
+    def quarantine_dir(self) -> Path:
+        return self.root / "quarantine"
+
+    def blob_path(self, digest: str) -> Path:
+        if not is_sha256(digest):
+            raise ValueError(f"not a sha256 digest: {digest!r}")
+        return self.blobs_dir / digest[:2] / digest
+
+    def model_path(self, digest: str) -> Path:
+        if not is_sha256(digest):
+            raise ValueError(f"not a sha256 digest: {digest!r}")
+        return self.models_dir / digest
+
+    def create(self) -> None:
+        """Make the directory skeleton; group-readable so a group can share it."""
+        for d in (self.blobs_dir, self.models_dir, self.tmp_dir, self.locks_dir):
+            d.mkdir(parents=True, exist_ok=True)
+
+    def is_created(self) -> bool:
+        return self.index_db.exists() and self.blobs_dir.is_dir()
+
+
+def default_root() -> Path:
+    """$CARTONSTORE_ROOT, else the user's cache dir (XDG_CACHE_HOME or ~/.cache)."""
+    env = os.environ.get("CARTONSTORE_ROOT")
+    if env:
+        return Path(env)
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(cache) / "cartonstore"

@@ -1,0 +1,58 @@
+"""Cross-process locks on files under ROOT/locks/ (flock: released by the
+kernel when a process dies, so a SIGKILL never leaves a store locked)."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import time
+from pathlib import Path
+
+from ..errors import Unavailable
+
+_POLL_SECONDS = 0.01
+
+
+class FileLock:
+    """An flock on one file; shared (readers) or exclusive (writers).
+
+    acquire() raises Unavailable after ``timeout`` seconds, naming the lock.
+    Not re-entrant. Usable as a context manager.
+    """
+
+    def __init__(self, path: Path, *, shared: bool = False, timeout: float = 600.0) -> None:
+        self.path = path
+        self.shared = shared
+        self.timeout = timeout
+        self._fd: int | None = None
+
+    def acquire(self) -> None:
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o664)
+        mode = (fcntl.LOCK_SH if self.shared else fcntl.LOCK_EX) | fcntl.LOCK_NB
+        deadline = time.monotonic() + self.timeout
+        while True:
+            try:
+                fcntl.flock(fd, mode)
+                self._fd = fd
+                return
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    os.close(fd)
+                    raise Unavailable(
+                        f"timed out after {self.timeout:g}s waiting for lock {self.path}",
+                        subject=str(self.path),
+                    ) from None
+                time.sleep(_POLL_SECONDS)
+
+    def release(self) -> None:
+        if self._fd is not None:
+            fd, self._fd = self._fd, None
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
+
+    def __enter__(self) -> "FileLock":
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()

@@ -1,0 +1,310 @@
+"""Store: the library a user (or the CLI, or the daemon) calls.
+
+Each public method is one operation on a store root. All of them block
+(file, hash and SQLite work); async callers run them in worker threads.
+Cross-process safety comes from ROOT/locks/: ``store.lock`` is taken
+exclusively for the short moments that change which blobs exist (commit,
+rm, gc) and shared while a model directory is built from blobs.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..checks import check_carton, check_safetensors, compute_manifest, is_safetensors
+from ..errors import Conflict, InvalidInput, NotFound
+from ..format.manifest import is_sha256
+from ..sources import DirCartonView, open_local
+from ..zipfmt import ZipLimits
+from .blobs import BlobStore
+from .index import CartonRow, Index
+from .ingest import IngestResult, commit_carton, stage_carton
+from .layout import StoreLayout
+from .locks import FileLock
+from .materialize import build_tree, check_tree, plan_tree, remove_tree
+
+MIN_PREFIX = 8
+_HEX = re.compile(r"^[0-9a-f]+$")
+_BAD_NAME = re.compile(r"[\x00-\x1f\x7f]")
+
+
+@dataclass(frozen=True)
+class CartonInfo:
+    row: CartonRow
+    names: list[str]
+    missing_blobs: list[str]
+    model_dir: Path | None
+
+    @property
+    def complete(self) -> bool:
+        return not self.missing_blobs
+
+
+@dataclass(frozen=True)
+class RemoveResult:
+    digest: str
+    blobs_removed: int
+    bytes_freed: int
+
+
+@dataclass
+class VerifyReport:
+    blobs_checked: int = 0
+    corrupt_blobs: list[str] = field(default_factory=list)
+    missing_blobs: list[str] = field(default_factory=list)      # indexed, file gone
+    unindexed_blobs: list[str] = field(default_factory=list)    # sound file, no row (crash leftover)
+    stray_files: list[str] = field(default_factory=list)        # not named by a digest
+    models_checked: int = 0
+    damaged_models: dict[str, list[str]] = field(default_factory=dict)
+    orphan_models: list[str] = field(default_factory=list)
+    repaired: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not (self.corrupt_blobs or self.missing_blobs or self.damaged_models or self.stray_files)
+
+
+def validate_name(name: str) -> str:
+    if not name or len(name) > 255 or _BAD_NAME.search(name) or name != name.strip():
+        raise InvalidInput(f"invalid name {name!r}: names are 1-255 characters, without control "
+                           "characters or leading/trailing spaces")
+    if len(name) >= MIN_PREFIX and _HEX.match(name):
+        raise InvalidInput(f"invalid name {name!r}: it would read as a manifest hash prefix")
+    return name
+
+
+class Store:
+    def __init__(self, root: Path | str, *, zip_limits: ZipLimits | None = None) -> None:
+        self.zip_limits = zip_limits or ZipLimits()
+        self.layout = StoreLayout(Path(root))
+        try:
+            self.layout.create()
+        except OSError as e:
+            raise InvalidInput(f"cannot create store at {root}: {e.strerror}", subject=str(root)) from e
+        self.blobs = BlobStore(self.layout)
+        self.index = Index(self.layout.index_db)
+
+    @property
+    def root(self) -> Path:
+        return self.layout.root
+
+    def close(self) -> None:
+        self.index.close()
+
+    def __enter__(self) -> "Store":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def lock(self, *, shared: bool = False) -> FileLock:
+        return FileLock(self.layout.locks_dir / "store.lock", shared=shared)
+
+    # -- adding --------------------------------------------------------------
+
+    def add(self, source: str | Path, *, name: str | None = None) -> IngestResult:
+        """Ingest a local .carton file or carton directory. Returns once the
+        carton is known; raises InvalidCarton (store unchanged) when it is bad."""
+        text = str(source)
+        if "://" in text:
+            raise InvalidInput(f"cannot add {text!r}: only local .carton files and directories are "
+                               "supported as sources in this version", subject=text)
+        if name is not None:
+            validate_name(name)
+        view = open_local(Path(source), self.zip_limits)
+        try:
+            raw = view.read_metadata("MANIFEST")
+            if raw is None and isinstance(view, DirCartonView):
+                raw = compute_manifest(view)
+            checked = check_carton(view, manifest_raw=raw)
+            staging = stage_carton(checked, view, self.blobs)
+        finally:
+            view.close()
+        chosen = name or checked.config.model_name
+        if chosen is not None and name is None:
+            try:
+                validate_name(chosen)
+            except InvalidInput:
+                chosen = None  # a model_name that cannot be a name just stays unnamed
+        try:
+            with self.lock():
+                return commit_carton(checked, staging, self.index, self.blobs, name=chosen,
+                                     source=os.path.abspath(text))
+        finally:
+            staging.discard()
+
+    # -- finding -------------------------------------------------------------
+
+    def resolve(self, ref: str) -> str:
+        """Manifest hash, unique prefix of 8+ hex digits, or name -> manifest hash."""
+        ref = ref.strip()
+        if is_sha256(ref):
+            if self.index.carton(ref):
+                return ref
+            raise NotFound(f"no carton with manifest hash {ref} in the store", subject=ref)
+        by_name = self.index.carton_for_name(ref)
+        if by_name:
+            return by_name
+        if len(ref) >= MIN_PREFIX and _HEX.match(ref):
+            found = self.index.cartons_with_prefix(ref)
+            if len(found) == 1:
+                return found[0]
+            if len(found) > 1:
+                raise Conflict(f"{ref!r} is ambiguous: it prefixes {', '.join(found)}", subject=ref)
+        raise NotFound(f"no carton matches {ref!r} (not a known manifest hash, hash prefix or name)",
+                       subject=ref)
+
+    def resolve_or_add(self, ref: str) -> str:
+        """resolve(), and for a REF that is a source (a local path), add it first."""
+        try:
+            return self.resolve(ref)
+        except NotFound:
+            if os.path.exists(ref):
+                return self.add(ref).digest
+            raise
+
+    def info(self, digest: str) -> CartonInfo:
+        row = self.index.carton(digest)
+        if row is None:
+            raise NotFound(f"no carton with manifest hash {digest} in the store", subject=digest)
+        model = self.layout.model_path(digest)
+        return CartonInfo(row, self.index.names_of(digest), self.index.missing_blobs(digest),
+                          model if model.is_dir() else None)
+
+    def list(self) -> list[CartonInfo]:
+        return [self.info(r.digest) for r in self.index.cartons()]
+
+    # -- materializing -------------------------------------------------------
+
+    def materialize(self, ref: str) -> Path:
+        """The carton's read-only model directory, built on first use."""
+        digest = self.resolve_or_add(ref)
+        dest = self.layout.model_path(digest)
+        if not dest.is_dir():
+            with FileLock(self.layout.locks_dir / f"model-{digest}.lock"):
+                if not dest.is_dir():
+                    self._build_model(digest, dest)
+        self.index.touch(digest)
+        return dest
+
+    def _build_model(self, digest: str, dest: Path) -> None:
+        missing = self.index.missing_blobs(digest)
+        if missing:
+            raise NotFound(
+                f"carton {digest} is missing {len(missing)} blob(s) (e.g. {missing[0]}); "
+                "add the carton again from a source that holds them", subject=digest)
+        plan = plan_tree(self.index.entries(digest), digest)
+        with self.lock(shared=True):
+            build_tree(plan, self.blobs.path, self.layout.tmp_dir, dest)
+
+    # -- inspecting ----------------------------------------------------------
+
+    def safetensors_of(self, digest: str) -> dict[str, list[dict]]:
+        out: dict[str, list[dict]] = {}
+        for e in self.index.entries(digest):
+            if e.kind == "file" and is_safetensors(e.path) and self.blobs.has(e.digest):
+                p = self.blobs.path(e.digest)
+                header = check_safetensors(e.path, lambda p=p: open(p, "rb"), p.stat().st_size)
+                out[e.path] = [{"name": t.name, "dtype": t.dtype, "shape": list(t.shape)}
+                               for t in header.tensors]
+        return out
+
+    def config_of(self, digest: str):  # noqa: ANN201 - CartonConfig, imported lazily
+        from ..format.carton_toml import parse_carton_toml
+
+        entry = next((e for e in self.index.entries(digest) if e.path == "carton.toml"), None)
+        if entry is None or not self.blobs.has(entry.digest):
+            raise NotFound(f"carton.toml of {digest} is not in the store", subject=digest)
+        return parse_carton_toml(self.blobs.path(entry.digest).read_bytes())
+
+    # -- exporting -----------------------------------------------------------
+
+    def export(self, ref: str, out: Path, *, link_prefix: str | None = None, link_min_size: int = 0,
+               compression: str = "zstd"):  # noqa: ANN201
+        from ..carton_writer import plan_links, write_carton
+        from .export_view import StoreCartonView
+
+        digest = self.resolve(ref)
+        view = StoreCartonView(self.index, self.blobs, digest)
+        checked = check_carton(view)
+        links = dict(checked.links)
+        if link_prefix:
+            links.update(plan_links(checked, url_prefix=link_prefix, min_size=link_min_size))
+        return write_carton(out, checked, view, compression=compression, links=links)
+
+    # -- removing ------------------------------------------------------------
+
+    def remove(self, ref: str) -> RemoveResult:
+        """Forget a carton, delete its model directory and the blobs no other
+        carton lists. Refuses while a live lease holds it."""
+        digest = self.resolve(ref)
+        with self.lock():
+            if self.index.live_leases(digest):
+                raise Conflict(f"carton {digest} is leased by a running loader; release it first",
+                               subject=digest)
+            orphans = self.index.remove_carton(digest)
+            remove_tree(self.layout.model_path(digest))
+            freed = sum(self.blobs.delete(d) for d in orphans)
+        return RemoveResult(digest, len(orphans), freed)
+
+    # -- verifying -----------------------------------------------------------
+
+    def verify(self, *, repair: bool = False) -> VerifyReport:
+        report = VerifyReport()
+        indexed = dict(self.index.blob_rows())
+        on_disk = set()
+        for name in self.blobs.iter_digests():
+            if not is_sha256(name):
+                report.stray_files.append(str(self.layout.blobs_dir / name[:2] / name))
+                continue
+            on_disk.add(name)
+            report.blobs_checked += 1
+            if self.blobs.rehash(name) != name:
+                report.corrupt_blobs.append(name)
+            elif name not in indexed:
+                report.unindexed_blobs.append(name)
+        report.missing_blobs = sorted(set(indexed) - on_disk)
+        self._verify_models(report)
+        if repair:
+            self._repair(report)
+        return report
+
+    def _verify_models(self, report: VerifyReport) -> None:
+        if not self.layout.models_dir.is_dir():
+            return
+        from .blobs import hash_file
+
+        for d in sorted(os.listdir(self.layout.models_dir)):
+            if not is_sha256(d) or self.index.carton(d) is None:
+                report.orphan_models.append(d)
+                continue
+            report.models_checked += 1
+            plan = plan_tree(self.index.entries(d), d)
+            problems = check_tree(plan, self.layout.model_path(d), self.blobs.path, hash_file,
+                                  frozenset(report.corrupt_blobs))
+            if problems:
+                report.damaged_models[d] = problems
+
+    def _repair(self, report: VerifyReport) -> None:
+        quarantine = self.layout.quarantine_dir
+        with self.lock():
+            for digest in report.corrupt_blobs:
+                quarantine.mkdir(exist_ok=True)
+                shutil.move(str(self.blobs.path(digest)), quarantine / f"{digest}.{int(time.time())}")
+                self.index.forget_blob(digest)
+                report.repaired.append(f"quarantined corrupt blob {digest}")
+            for digest in report.missing_blobs:
+                self.index.forget_blob(digest)
+                report.repaired.append(f"forgot missing blob {digest}")
+            for digest in report.damaged_models:
+                remove_tree(self.layout.model_path(digest))
+                report.repaired.append(f"removed damaged model directory {digest}")
+        for digest in report.damaged_models:
+            if not self.index.missing_blobs(digest):
+                self.materialize(digest)
+                report.repaired.append(f"rebuilt model directory {digest}")

@@ -1,0 +1,103 @@
+"""Shared fixtures: real store roots in tmp dirs, real cartons on disk."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sqlite3
+import zipfile
+from pathlib import Path
+from typing import Callable
+
+import pytest
+
+from cartonstore.store import Store
+
+SHARED = Path(__file__).resolve().parents[2] / "shared"
+FIXTURE_CARTON = SHARED / "fixtures" / "carton-repo-test.carton"
+FIXTURE_DIGEST = "f1cae5143a92a44e3a7e1d9c32a0245065dfb6e0f1e91c18b5e44356d081dfb5"
+
+MINIMAL_TOML = b'''spec_version = 1
+model_name = "tiny"
+
+[runner]
+runner_name = "torchscript"
+required_framework_version = "=2.0.0"
+runner_compat_version = 1
+'''
+
+
+def sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def manifest_for(files: dict[str, bytes]) -> bytes:
+    return "".join(f"{p}={sha(d)}\n" for p, d in sorted(files.items(), key=lambda kv: kv[0].encode())).encode()
+
+
+def write_zip(path: Path, entries: list[tuple[str, bytes]], *, method: int = zipfile.ZIP_STORED) -> Path:
+    """A zip with exactly these entries, in this order, names unchecked
+    (so tests can build hostile archives)."""
+    with zipfile.ZipFile(path, "w", compression=method) as z:
+        for name, data in entries:
+            info = zipfile.ZipInfo(name, date_time=(1980, 1, 1, 0, 0, 0))
+            info.compress_type = method
+            info.external_attr = 0o100644 << 16
+            z.writestr(info, data)
+    return path
+
+
+def carton_entries(files: dict[str, bytes], *, manifest: bytes | None = None,
+                   links: bytes | None = None, omit: tuple[str, ...] = ()) -> list[tuple[str, bytes]]:
+    entries = [(p, d) for p, d in files.items() if p not in omit]
+    entries.append(("MANIFEST", manifest if manifest is not None else manifest_for(files)))
+    if links is not None:
+        entries.append(("LINKS", links))
+    return entries
+
+
+@pytest.fixture
+def store(tmp_path: Path):
+    s = Store(tmp_path / "root")
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def make_carton(tmp_path: Path) -> Callable[..., Path]:
+    """make_carton(files, name=..., **carton_entries kwargs) -> path of a .carton."""
+    counter = iter(range(10**6))
+
+    def make(files: dict[str, bytes] | None = None, *, name: str | None = None, method: int = zipfile.ZIP_STORED,
+             **kw) -> Path:
+        files = dict(files if files is not None else {"carton.toml": MINIMAL_TOML, "model/weights.bin": b"w" * 100})
+        files.setdefault("carton.toml", MINIMAL_TOML)
+        path = tmp_path / (name or f"c{next(counter)}.carton")
+        return write_zip(path, carton_entries(files, **kw), method=method)
+
+    return make
+
+
+def snapshot(root: Path) -> tuple:
+    """Everything observable about a store: files (with modes) and index rows."""
+    files = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        rel = os.path.relpath(dirpath, root)
+        if rel.startswith(("tmp", "locks")):
+            continue
+        for n in filenames:
+            if n.startswith("index.db"):
+                continue
+            p = os.path.join(dirpath, n)
+            files.append((os.path.relpath(p, root), os.lstat(p).st_size))
+        for n in dirnames:
+            files.append((os.path.relpath(os.path.join(dirpath, n), root), "dir"))
+    rows = []
+    db = root / "index.db"
+    if db.exists():
+        conn = sqlite3.connect(db)
+        for (t,) in conn.execute("SELECT name FROM sqlite_master WHERE type='table' ORDER BY name"):
+            rows.append((t, sorted(conn.execute(f"SELECT * FROM {t}").fetchall())))
+        conn.close()
+    tmp_left = sorted(os.listdir(root / "tmp")) if (root / "tmp").exists() else []
+    return sorted(files, key=str), rows, tmp_left
