@@ -17,12 +17,14 @@ from .format.carton_toml import CartonConfig, check_references, parse_carton_tom
 from .format.links import parse_links
 from .format.manifest import Manifest, build_manifest, parse_manifest
 from .format.paths import resolve_symlink_target
-from .format.safetensors import (
-    SafetensorsHeader,
-    parse_header_size,
-    parse_safetensors_header,
+from .format.safetensors import SafetensorsHeader, parse_header_size, parse_safetensors
+from .format.tensor_data import (
+    TensorEntry,
+    check_tensor_files,
+    check_tensor_index_present,
+    decode_string,
+    parse_tensor_index,
 )
-from .format.tensor_data import TensorEntry, check_tensor_files, decode_string, parse_tensor_index
 from .sources.view import METADATA_LIMITS, STRING_TENSOR_LIMIT, CartonView, read_limited
 
 
@@ -160,10 +162,7 @@ def _read_config(view: CartonView, listed: dict[str, str]) -> CartonConfig:
 
 def _check_tensor_data(view: CartonView, listed: dict[str, str]) -> tuple[TensorEntry, ...]:
     index_path = "tensor_data/index.toml"
-    others = [p for p in listed if p.startswith("tensor_data/") and p != index_path]
-    if index_path not in listed:
-        if others:
-            raise InvalidCarton(index_path, "missing, but tensor_data/ holds other files")
+    if not check_tensor_index_present(listed):
         return ()
     tensors = parse_tensor_index(_read_checked(view, index_path, listed, METADATA_LIMITS[index_path]))
     sizes = {p: f.size for p, f in view.files.items() if f.kind == "file" and f.size is not None}
@@ -180,8 +179,7 @@ def check_safetensors(path: str, open_bytes: Callable[[], BinaryIO], size: int) 
     with open_bytes() as f:
         first = f.read(8)
         n = parse_header_size(first, size, file=path)
-        header = f.read(n)
-    return parse_safetensors_header(header, size, file=path)
+        return parse_safetensors(first + f.read(n), size, file=path)
 
 
 def is_safetensors(path: str) -> bool:
