@@ -29,9 +29,8 @@ from cartonstore.format import (
     validate_carton_path,
 )
 
-SHARED = Path(__file__).resolve().parents[2] / "shared"
-FIXTURE = SHARED / "fixtures" / "carton-repo-test.carton"
-MANIFEST_SHA256 = "f1cae5143a92a44e3a7e1d9c32a0245065dfb6e0f1e91c18b5e44356d081dfb5"
+from conftest import FIXTURE_CARTON as FIXTURE
+from conftest import FIXTURE_DIGEST as MANIFEST_SHA256
 _LOCAL_HEADER = struct.Struct("<IHHHHHIIIHH")
 _ZSTD = 93
 
@@ -61,8 +60,6 @@ def _decode(method: int, raw: bytes) -> bytes:
 
 @pytest.fixture(scope="module")
 def entries() -> dict[str, bytes]:
-    if not FIXTURE.exists():
-        pytest.skip(f"fixture {FIXTURE} is not available")
     return read_entries(FIXTURE)
 
 

@@ -36,7 +36,7 @@ def test_fixture_round_trip(store: Store, tmp_path: Path) -> None:
 def test_materialized_tree_is_read_only_hardlinks(store: Store) -> None:
     digest = store.add(FIXTURE_CARTON).digest
     model = store.materialize(digest)
-    for dirpath, dirnames, filenames in os.walk(model):
+    for dirpath, _dirnames, filenames in os.walk(model):
         assert stat.S_IMODE(os.stat(dirpath).st_mode) & 0o222 == 0
         for n in filenames:
             p = Path(dirpath) / n

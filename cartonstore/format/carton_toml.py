@@ -190,7 +190,7 @@ def _tensor_specs(top: TomlTable, key: str) -> tuple[TensorSpec, ...] | None:
         return None
     specs = tuple(_tensor_spec(table) for table in tables)
     seen: set[str] = set()
-    for table, spec in zip(tables, specs):
+    for table, spec in zip(tables, specs, strict=True):
         if spec.name in seen:
             raise table.error("name", f"{spec.name!r} is used by another {key}")
         seen.add(spec.name)

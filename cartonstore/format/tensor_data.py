@@ -112,7 +112,7 @@ def _file(table: TomlTable, dtype: str) -> str:
 
 def _check_names(tables: list[TomlTable], entries: tuple[TensorEntry, ...]) -> None:
     seen: set[str] = set()
-    for table, entry in zip(tables, entries):
+    for table, entry in zip(tables, entries, strict=True):
         if entry.name in seen:
             raise table.error("name", f"{entry.name!r} is defined twice")
         seen.add(entry.name)
@@ -121,7 +121,7 @@ def _check_names(tables: list[TomlTable], entries: tuple[TensorEntry, ...]) -> N
 def _check_nesting(tables: list[TomlTable], entries: tuple[TensorEntry, ...]) -> None:
     by_name = {entry.name: entry for entry in entries}
     owner: dict[str, str] = {}
-    for table, entry in zip(tables, entries):
+    for table, entry in zip(tables, entries, strict=True):
         for i, inner in enumerate(entry.inner or ()):
             where = f"{table.field('inner')}[{i}]"
             target = by_name.get(inner)

@@ -18,7 +18,7 @@ from typing import BinaryIO
 from ..checks import CheckedCarton, check_safetensors, is_safetensors
 from ..errors import IntegrityError, InvalidCarton
 from ..sources.view import CartonView
-from .blobs import CHUNK, BlobStore, StagedBlob
+from .blobs import BlobStore, StagedBlob
 from .index import CartonRecord, CartonRow, Index
 
 

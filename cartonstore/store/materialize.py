@@ -126,7 +126,7 @@ def remove_tree(path: Path) -> None:
         except FileNotFoundError:
             pass
 
-    for dirpath, dirnames, _ in os.walk(path):
+    for dirpath, _dirnames, _ in os.walk(path):
         try:
             os.chmod(dirpath, 0o755)
         except OSError:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import resource
 import shutil
 import subprocess
 import sys
@@ -28,6 +27,7 @@ HERE = Path(__file__).resolve()
 sys.path.insert(0, str(HERE.parents[2]))
 
 from cartonstore.pack import pack_directory  # noqa: E402
+from cartonstore.store.materialize import remove_tree  # noqa: E402
 
 
 def make_carton(work: Path, size_mib: int, files: int) -> Path:
@@ -70,11 +70,7 @@ def baseline(carton: Path, work: Path) -> tuple[float, float]:
 
 def ours(carton: Path, work: Path) -> tuple[float, int]:
     root = work / "root"
-    if root.exists():
-        for p in root.rglob("*"):
-            if p.is_dir():
-                os.chmod(p, 0o755)
-        shutil.rmtree(root)
+    remove_tree(root)
     cmd = [sys.executable, "-m", "cartonstore.cli", "add", str(carton), "--root", str(root)]
     return child_run(cmd, stdout=subprocess.DEVNULL, env={**os.environ, "PYTHONPATH": str(HERE.parents[2])})
 
@@ -106,10 +102,7 @@ def main() -> None:
         print(f"speed ratio (ours/baseline, target >= 0.8): {b / m:.2f}")
         print(f"peak RSS of add: {max(rss) / 1024:.0f} MiB (target < 150 MiB)")
     finally:
-        for p in work.rglob("*"):
-            if p.is_dir() and not p.is_symlink():
-                os.chmod(p, 0o755)
-        shutil.rmtree(work, ignore_errors=True)
+        remove_tree(work)
 
 
 if __name__ == "__main__":

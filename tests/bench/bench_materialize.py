@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -23,6 +22,7 @@ HERE = Path(__file__).resolve()
 sys.path.insert(0, str(HERE.parents[2]))
 
 from cartonstore.store import Store  # noqa: E402
+from cartonstore.store.materialize import remove_tree  # noqa: E402
 
 TOML = b'spec_version = 1\nmodel_name = "m"\n[runner]\nrunner_name = "x"\nrequired_framework_version = "1"\n'
 
@@ -78,10 +78,7 @@ def main() -> None:
         print(f"one {a.big_mib} MiB file: materialize {t_big * 1000:.1f} ms (target < 100 ms); "
               f"cp baseline {t_cp_big * 1000:.0f} ms")
     finally:
-        for p in work.rglob("*"):
-            if p.is_dir() and not p.is_symlink():
-                os.chmod(p, 0o755)
-        shutil.rmtree(work, ignore_errors=True)
+        remove_tree(work)
 
 
 if __name__ == "__main__":
