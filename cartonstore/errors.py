@@ -62,3 +62,17 @@ class IntegrityError(CartonStoreError):
 
 class Unavailable(CartonStoreError):
     """Something needed is out of reach right now: network, disk space, a lock."""
+
+
+class FetchError(Unavailable):
+    """A source could not deliver: a network failure, an HTTP error status, a
+    response that breaks the protocol (wrong Content-Range, an unknown or
+    bomb-sized Content-Encoding, a body shorter or longer than announced).
+    ``subject`` is the URL. ``retryable`` says whether the same URL may
+    succeed if asked again (timeouts, resets, 408/429/5xx)."""
+
+    def __init__(self, message: str, *, subject: str | None = None, retryable: bool = False,
+                 retry_after: float | None = None) -> None:
+        super().__init__(message, subject=subject)
+        self.retryable = retryable
+        self.retry_after = retry_after
