@@ -8,6 +8,7 @@ chosen by their category (see EXIT_CODES); nothing else is caught.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import sys
@@ -23,6 +24,10 @@ from .errors import (
     NotFound,
     Unavailable,
 )
+from .fetch.config import FetchConfig
+from .fetch.policy import UrlPolicy
+from .fetch.puller import Puller
+from .progress import MODES, Progress
 from .store import Store
 from .store.layout import default_root
 from .units import format_size, parse_size
@@ -68,18 +73,36 @@ class Output:
 # -- commands ------------------------------------------------------------------
 
 
+def fetch_config(args: argparse.Namespace) -> FetchConfig:
+    policy = UrlPolicy(allow_hosts=tuple(args.allow_host or ()), deny_hosts=tuple(args.deny_host or ()))
+    return FetchConfig(mirrors=tuple(args.mirror or ()), policy=policy)
+
+
+def with_puller(store: Store, args: argparse.Namespace, work):  # noqa: ANN001, ANN201
+    """Run ``work(puller)`` on an event loop with progress shown as asked."""
+    progress = Progress(args.progress)
+
+    async def run():  # noqa: ANN202
+        async with Puller(store, fetch_config(args), progress=progress.bytes, on_event=progress.event) as p:
+            try:
+                return await work(p)
+            finally:
+                progress.close({"requests": p.stats.requests})
+
+    return asyncio.run(run())
+
+
 def cmd_add(store: Store, args: argparse.Namespace, out: Output) -> None:
-    r = store.add(args.source, name=args.name)
+    r = with_puller(store, args, lambda p: p.add(args.source, name=args.name, lazy=args.lazy))
     data = {"manifest_sha256": r.digest, "name": r.name, "complete": r.complete,
-            "blobs_added": r.blobs_added, "bytes_added": r.bytes_added, "bytes_reused": r.bytes_reused}
-    state = "complete" if r.complete else "known (some blobs only in LINKS)"
-    out.emit(data, [f"added {args.source}: {state}, {r.blobs_added} new blob(s), "
-                    f"{format_size(r.bytes_added)} stored, {format_size(r.bytes_reused)} already present",
-                    r.digest])
+            "blobs_fetched": r.blobs_fetched, "bytes_received": r.bytes_received, "requests": r.requests}
+    state = "complete" if r.complete else "known (blobs not fetched yet)"
+    out.emit(data, [f"added {args.source}: {state}; {format_size(r.bytes_received)} transferred "
+                    f"in {r.requests} request(s)", r.digest])
 
 
 def cmd_path(store: Store, args: argparse.Namespace, out: Output) -> None:
-    path = store.materialize(args.ref)
+    path = with_puller(store, args, lambda p: p.materialize(args.ref))
     out.emit({"manifest_sha256": path.name, "path": str(path)}, [str(path)])
 
 
@@ -169,19 +192,31 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"cartonstore {__version__}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    def add(name: str, fn: Callable, help: str, example: str) -> argparse.ArgumentParser:
-        sp = sub.add_parser(name, parents=[common], help=help, description=help,
+    def add(name: str, fn: Callable, help: str, example: str,
+            parents: Sequence[argparse.ArgumentParser] = ()) -> argparse.ArgumentParser:
+        sp = sub.add_parser(name, parents=[common, *parents], help=help, description=help,
                             epilog=f"example:\n  {example}", formatter_class=argparse.RawDescriptionHelpFormatter)
         sp.set_defaults(func=fn)
         return sp
 
-    sp = add("add", cmd_add, "add a carton to the store; prints its manifest hash",
-             "cartonstore add ./model.carton --name my-model")
-    sp.add_argument("source", help="a .carton file or an unpacked carton directory")
-    sp.add_argument("--name", help="name to refer to the carton by (default: its model_name)")
+    fetching = argparse.ArgumentParser(add_help=False)
+    fetching.add_argument("--mirror", action="append", metavar="URL",
+                          help="also fetch blobs from URL/<sha256> (repeatable)")
+    fetching.add_argument("--allow-host", action="append", metavar="HOST",
+                          help="fetch only from these hosts (repeatable; *.example.com, 10.0.0.0/8)")
+    fetching.add_argument("--deny-host", action="append", metavar="HOST", help="never fetch from these hosts")
+    fetching.add_argument("--progress", choices=MODES, default="auto",
+                          help="auto: a bar on a terminal, plain lines otherwise; json: JSON lines on stderr")
 
-    sp = add("path", cmd_path, "materialize a carton; prints its read-only model directory",
-             "cartonstore path my-model")
+    sp = add("add", cmd_add, "add a carton (file, directory or URL); prints its manifest hash",
+             "cartonstore add https://models.example.com/resnet.carton --name resnet", parents=[fetching])
+    sp.add_argument("source", help="a .carton file, an unpacked carton directory, or an http(s) URL")
+    sp.add_argument("--name", help="name to refer to the carton by (default: its model_name)")
+    sp.add_argument("--lazy", action="store_true",
+                    help="only make the carton known; fetch LINKS blobs later, on path")
+
+    sp = add("path", cmd_path, "materialize a carton, fetching what is missing; prints its model directory",
+             "cartonstore path my-model", parents=[fetching])
     sp.add_argument("ref")
 
     add("ls", cmd_ls, "list the cartons in the store", "cartonstore ls --json")

@@ -72,7 +72,6 @@ def test_inspect_text_lists_tensors_and_ends_with_the_hash(tmp_path: Path, capsy
 @pytest.mark.parametrize("argv,code,pattern", [
     (["path", "missing-model"], 3, "no carton matches 'missing-model'"),
     (["add", "/nonexistent/model.carton"], 3, "no such file"),
-    (["add", "https://example.invalid/m.carton"], 4, "only local"),
     (["rm", "0123456789abcdef"], 3, "no carton matches"),
     (["export", "nothing", "-o", "/tmp/never.carton"], 3, "no carton matches"),
     (["add", "--name", " padded", str(FIXTURE_CARTON)], 4, "invalid name"),

@@ -1,19 +1,54 @@
-"""CartonView over a local .carton (zip) file."""
+"""CartonView over a local .carton (zip) file, and the entry rules every
+zip-backed view shares (local or remote)."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, Callable
 
 from ..errors import InvalidCarton, NotFound
 from ..format.paths import validate_carton_path
 from ..zipfmt import ZipEntry, ZipLimits, ZipReader
-from .view import SYMLINK_TARGET_LIMIT, SourceFile
+from .view import METADATA_LIMITS, SYMLINK_TARGET_LIMIT, SourceFile
 
 # Carton's shrink tool wrote these two as absolute names; they are the only
 # leading-slash names accepted, and only for these files.
 _COMPAT_NAMES = {"/MANIFEST": "MANIFEST", "/LINKS": "LINKS"}
-_METADATA = ("MANIFEST", "LINKS")
+METADATA_NAMES = ("MANIFEST", "LINKS")
+
+
+def index_zip_entries(entries: list[ZipEntry]) -> dict[str, ZipEntry]:
+    """Carton path -> entry, with every name validated and no duplicates."""
+    out: dict[str, ZipEntry] = {}
+    for e in entries:
+        name = _COMPAT_NAMES.get(e.name, e.name)
+        if e.is_dir:
+            validate_carton_path(name.rstrip("/"))
+            continue
+        validate_carton_path(name)
+        if name in out:
+            raise InvalidCarton(name, "appears more than once in the zip")
+        out[name] = e
+    return out
+
+
+def source_file(name: str, e: ZipEntry, read_small: Callable[[ZipEntry, int], bytes]) -> SourceFile:
+    """The SourceFile for an entry; a symlink's target is read through read_small."""
+    if not e.is_symlink:
+        return SourceFile(name, "file", e.uncompressed_size)
+    if e.uncompressed_size > SYMLINK_TARGET_LIMIT:
+        raise InvalidCarton(name, "symlink target is too long")
+    try:
+        target = read_small(e, SYMLINK_TARGET_LIMIT).decode("utf-8")
+    except UnicodeDecodeError:
+        raise InvalidCarton(name, "symlink target is not UTF-8") from None
+    return SourceFile(name, "symlink", None, target)
+
+
+def check_metadata_size(name: str, e: ZipEntry) -> None:
+    limit = METADATA_LIMITS[name]
+    if e.uncompressed_size > limit:
+        raise InvalidCarton(name, f"is {e.uncompressed_size} bytes, more than the {limit} allowed")
 
 
 class ZipCartonView:
@@ -26,50 +61,22 @@ class ZipCartonView:
         except IsADirectoryError:
             raise NotFound(f"{path} is a directory, not a .carton file", subject=str(path)) from None
         try:
-            self._entries = self._index_entries(self._zip.entries)
-            self.files = {
-                name: self._source_file(name, e) for name, e in self._entries.items() if name not in _METADATA
-            }
+            self._entries = index_zip_entries(self._zip.entries)
+            self.files = {name: source_file(name, e, self._read_small)
+                          for name, e in self._entries.items() if name not in METADATA_NAMES}
         except BaseException:
             self._zip.close()
             raise
 
-    @staticmethod
-    def _index_entries(entries: list[ZipEntry]) -> dict[str, ZipEntry]:
-        out: dict[str, ZipEntry] = {}
-        for e in entries:
-            name = _COMPAT_NAMES.get(e.name, e.name)
-            if e.is_dir:
-                validate_carton_path(name.rstrip("/"))
-                continue
-            validate_carton_path(name)
-            if name in out:
-                raise InvalidCarton(name, "appears more than once in the zip")
-            out[name] = e
-        return out
-
-    def _source_file(self, name: str, e: ZipEntry) -> SourceFile:
-        if e.is_symlink:
-            if e.uncompressed_size > SYMLINK_TARGET_LIMIT:
-                raise InvalidCarton(name, "symlink target is too long")
-            with self._zip.open(e) as s:
-                raw = s.read(SYMLINK_TARGET_LIMIT + 1)
-            try:
-                target = raw.decode("utf-8")
-            except UnicodeDecodeError:
-                raise InvalidCarton(name, "symlink target is not UTF-8") from None
-            return SourceFile(name, "symlink", None, target)
-        return SourceFile(name, "file", e.uncompressed_size)
+    def _read_small(self, e: ZipEntry, limit: int) -> bytes:
+        with self._zip.open(e) as s:
+            return s.read(limit + 1)
 
     def read_metadata(self, name: str) -> bytes | None:
-        from .view import METADATA_LIMITS
-
         e = self._entries.get(name)
         if e is None:
             return None
-        limit = METADATA_LIMITS[name]
-        if e.uncompressed_size > limit:
-            raise InvalidCarton(name, f"is {e.uncompressed_size} bytes, more than the {limit} allowed")
+        check_metadata_size(name, e)
         with self._zip.open(e) as s:
             return s.read()
 

@@ -61,6 +61,13 @@ class BlobWriter:
             view = view[n:]
         self.size += len(data)
 
+    def reset(self) -> None:
+        """Start over (a download that cannot resume): empty file, fresh hash."""
+        os.ftruncate(self._fd, 0)
+        os.lseek(self._fd, 0, os.SEEK_SET)
+        self._hash = hashlib.sha256()
+        self.size = 0
+
     def copy_from(self, src: BinaryIO, limit: int | None = None) -> None:
         """Copy src (to EOF, or ``limit`` bytes) through the hash into the file."""
         buf = bytearray(CHUNK)

@@ -162,6 +162,10 @@ class Index:
         conn.executemany("INSERT OR IGNORE INTO blobs(digest,size,added_at) VALUES (?,?,?)",
                          [(d, s, now) for d, s in blobs])
 
+    def record_blobs(self, blobs: Iterable[tuple[str, int]]) -> None:
+        with self.transaction() as conn:
+            self.add_blobs(conn, blobs)
+
     def forget_blob(self, digest: str) -> None:
         with self.transaction() as conn:
             conn.execute("DELETE FROM blobs WHERE digest=?", (digest,))
@@ -251,6 +255,14 @@ class Index:
                 conn.execute("DELETE FROM blobs WHERE digest=?", (d,))
                 conn.execute("DELETE FROM links WHERE digest=?", (d,))
             return orphans
+
+    def paths_of_blob(self, digest: str) -> list[str]:
+        """Every carton path that lists this blob (to validate it by its names)."""
+        return [r[0] for r in self._rows("SELECT DISTINCT path FROM entries WHERE digest=?", (digest,))]
+
+    def carton_for_source(self, source: str) -> CartonRow | None:
+        rows = self._rows("SELECT * FROM cartons WHERE source=? ORDER BY added_at DESC LIMIT 1", (source,))
+        return CartonRow(*rows[0]) if rows else None
 
     def live_leases(self, carton: str, now: float | None = None) -> int:
         now = time.time() if now is None else now

@@ -48,6 +48,9 @@ class Staging:
             w.write(data)
             self.staged[expected] = w.stage(expected_digest=expected, expected_size=len(data))
 
+    def add_staged(self, staged: StagedBlob) -> None:
+        self.staged[staged.digest] = staged
+
     def add_from_view(self, view: CartonView, path: str, expected: str) -> StagedBlob:
         with self.blobs.writer() as w:
             span = getattr(view, "raw_span", lambda _p: None)(path)
@@ -87,14 +90,14 @@ def stage_carton(checked: CheckedCarton, view: CartonView, blobs: BlobStore) -> 
         for digest, path in checked.files_by_digest().items():
             if not blobs.has(digest):
                 staging.add_from_view(view, path, digest)
-        _check_safetensors_files(checked, staging)
+        check_staged_safetensors(checked, staging)
         return staging
     except BaseException:
         staging.discard()
         raise
 
 
-def _check_safetensors_files(checked: CheckedCarton, staging: Staging) -> None:
+def check_staged_safetensors(checked: CheckedCarton, staging: Staging) -> None:
     for e in checked.entries:
         if not is_safetensors(e.path):
             continue

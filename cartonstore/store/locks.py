@@ -3,10 +3,13 @@ kernel when a process dies, so a SIGKILL never leaves a store locked)."""
 
 from __future__ import annotations
 
+import asyncio
 import fcntl
 import os
 import time
+from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import AsyncIterator
 
 from ..errors import Unavailable
 
@@ -56,3 +59,26 @@ class FileLock:
 
     def __exit__(self, *exc: object) -> None:
         self.release()
+
+
+@asynccontextmanager
+async def async_file_lock(path: Path, *, timeout: float, poll: float = 0.05) -> AsyncIterator[None]:
+    """An exclusive flock waited for without blocking the event loop."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o664)
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise Unavailable(f"timed out after {timeout:g}s waiting for lock {path}",
+                                      subject=str(path)) from None
+                await asyncio.sleep(poll)
+        try:
+            yield
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)

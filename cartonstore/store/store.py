@@ -16,14 +16,14 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..checks import check_carton, check_safetensors, compute_manifest, is_safetensors
+from ..checks import CheckedCarton, check_carton, check_safetensors, compute_manifest, is_safetensors
 from ..errors import Conflict, InvalidInput, NotFound
 from ..format.manifest import is_sha256
 from ..sources import DirCartonView, open_local
 from ..zipfmt import ZipLimits
 from .blobs import BlobStore
 from .index import CartonRow, Index
-from .ingest import IngestResult, commit_carton, stage_carton
+from .ingest import IngestResult, Staging, commit_carton, stage_carton
 from .layout import StoreLayout
 from .locks import FileLock
 from .materialize import build_tree, check_tree, plan_tree, remove_tree
@@ -107,13 +107,14 @@ class Store:
 
     # -- adding --------------------------------------------------------------
 
-    def add(self, source: str | Path, *, name: str | None = None) -> IngestResult:
+    def add(self, source: str | Path, *, name: str | None = None, source_label: str | None = None) -> IngestResult:
         """Ingest a local .carton file or carton directory. Returns once the
-        carton is known; raises InvalidCarton (store unchanged) when it is bad."""
+        carton is known; raises InvalidCarton (store unchanged) when it is bad.
+        URLs are the fetcher's (cartonstore.fetch.Puller)."""
         text = str(source)
         if "://" in text:
-            raise InvalidInput(f"cannot add {text!r}: only local .carton files and directories are "
-                               "supported as sources in this version", subject=text)
+            raise InvalidInput(f"cannot add {text!r} here: URLs are fetched by cartonstore.fetch.Puller "
+                               "(the CLI does this for you)", subject=text)
         if name is not None:
             validate_name(name)
         view = open_local(Path(source), self.zip_limits)
@@ -125,6 +126,12 @@ class Store:
             staging = stage_carton(checked, view, self.blobs)
         finally:
             view.close()
+        return self.commit_checked(checked, staging, name=name, source=source_label or os.path.abspath(text))
+
+    def commit_checked(self, checked: CheckedCarton, staging: Staging, *, name: str | None,
+                       source: str | None) -> IngestResult:
+        """Commit a validated carton and its staged blobs (always discards
+        what is left of the staging)."""
         chosen = name or checked.config.model_name
         if chosen is not None and name is None:
             try:
@@ -133,8 +140,7 @@ class Store:
                 chosen = None  # a model_name that cannot be a name just stays unnamed
         try:
             with self.lock():
-                return commit_carton(checked, staging, self.index, self.blobs, name=chosen,
-                                     source=os.path.abspath(text))
+                return commit_carton(checked, staging, self.index, self.blobs, name=chosen, source=source)
         finally:
             staging.discard()
 

@@ -22,8 +22,15 @@ from cartonstore.zipfmt.central import (
     parse_central_directory,
 )
 from cartonstore.zipfmt.decode import Decoder, make_decoder
+from cartonstore.zipfmt.entry_decoder import EntryDecoder
 from cartonstore.zipfmt.reader import EntryStream, ZipReader
-from cartonstore.zipfmt.writer import COMPRESSION_METHODS, DEFLATED, STORED, ZSTD, ZipWriter
+from cartonstore.zipfmt.writer import (
+    COMPRESSION_METHODS,
+    DEFLATED,
+    STORED,
+    ZSTD,
+    ZipWriter,
+)
 
 __all__ = [
     "COMPRESSION_METHODS",
@@ -34,6 +41,7 @@ __all__ = [
     "ZSTD",
     "CentralDirectoryLocation",
     "Decoder",
+    "EntryDecoder",
     "EntryStream",
     "ZipEntry",
     "ZipLimits",

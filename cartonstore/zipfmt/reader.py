@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import io
 import os
-import zlib
 from typing import BinaryIO
 
 from cartonstore.errors import InvalidCarton
@@ -33,7 +32,8 @@ from cartonstore.zipfmt.central import (
     locate_central_directory,
     parse_central_directory,
 )
-from cartonstore.zipfmt.decode import Decoder, make_decoder
+from cartonstore.zipfmt.decode import Decoder
+from cartonstore.zipfmt.entry_decoder import EntryDecoder
 
 READ_CHUNK = 1 << 20
 
@@ -169,7 +169,8 @@ class EntryStream(io.RawIOBase):
         super().__init__()
         self.entry = entry
         self._source = source
-        self._decoder: Decoder = make_decoder(entry.method, entry.name)
+        self._checker = EntryDecoder(entry)
+        self._decoder: Decoder = self._checker.decoder
         self._offset = offset
         self._compressed_left = length
         self._decoded = 0
@@ -239,26 +240,9 @@ class EntryStream(io.RawIOBase):
         return chunk
 
     def _account(self, out: bytes) -> None:
-        self._decoded += len(out)
-        if self._decoded > self.entry.uncompressed_size:
-            raise InvalidCarton(
-                self.entry.name,
-                f"declared size {self.entry.uncompressed_size} bytes but it decodes to more",
-            )
-        self._crc = zlib.crc32(out, self._crc)
+        self._checker.account(out)
+        self._decoded = self._checker.decoded
 
     def _finish(self) -> None:
-        self._decoder.finish()
-        declared = self.entry.uncompressed_size
-        if self._decoded != declared:
-            raise InvalidCarton(
-                self.entry.name,
-                f"declared size {declared} bytes but it decodes to only {self._decoded}",
-            )
-        if self._crc != self.entry.crc32:
-            raise InvalidCarton(
-                self.entry.name,
-                f"CRC-32 mismatch: the central directory says {self.entry.crc32:08x}, "
-                f"the content has {self._crc:08x} (corrupt data)",
-            )
+        self._checker.finish()
         self._at_end = True

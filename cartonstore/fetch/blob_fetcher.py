@@ -1,0 +1,80 @@
+"""One download per blob: in-process single-flight plus a cross-process lock.
+
+Concurrent callers asking for the same digest (tasks of this process, or
+other processes on the same store root) share one download: tasks await
+the same future, processes queue on ROOT/locks/blob-<digest>.lock and
+find the blob present once the holder commits it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from typing import Sequence
+
+from ..checks import check_safetensors, is_safetensors
+from ..errors import InvalidCarton
+from ..store import Store
+from ..store.blobs import StagedBlob
+from ..store.locks import async_file_lock
+from .config import FetchConfig
+from .http import HttpClient
+from .transfer import ProgressFn, TransferStats, fetch_blob
+
+
+class BlobFetcher:
+    def __init__(self, store: Store, client: HttpClient, config: FetchConfig, *,
+                 progress: ProgressFn | None = None) -> None:
+        self.store = store
+        self.client = client
+        self.config = config
+        self.progress = progress
+        self.stats = TransferStats()
+        self._inflight: dict[str, asyncio.Future[bool]] = {}
+        self._slots = asyncio.Semaphore(config.max_concurrency)
+
+    def sources_for(self, digest: str, urls: Sequence[str] = ()) -> list[str]:
+        """LINKS URLs given, then those in the index, then each mirror."""
+        known = list(dict.fromkeys([*urls, *self.store.index.links_for(digest)]))
+        return known + [f"{m.rstrip('/')}/{digest}" for m in self.config.mirrors]
+
+    async def ensure(self, digest: str, urls: Sequence[str] = ()) -> bool:
+        """Make the blob present; True if this call downloaded it."""
+        if self.store.blobs.has(digest):
+            return False
+        future = self._inflight.get(digest)
+        if future is None:
+            future = asyncio.ensure_future(self._fetch(digest, urls))
+            self._inflight[digest] = future
+            future.add_done_callback(lambda _f: self._inflight.pop(digest, None))
+        # shield: one waiter giving up must not cancel the download for the others
+        return await asyncio.shield(future)
+
+    async def _fetch(self, digest: str, urls: Sequence[str]) -> bool:
+        lock = self.store.layout.locks_dir / f"blob-{digest}.lock"
+        async with self._slots, async_file_lock(lock, timeout=self.config.lock_timeout):
+            if self.store.blobs.has(digest):  # another process got it while we waited
+                return False
+            staged = await fetch_blob(self.client, self.store.blobs, digest, self.sources_for(digest, urls),
+                                      self.config, progress=self.progress, stats=self.stats)
+            try:
+                await asyncio.to_thread(self._validate, staged)
+                await asyncio.to_thread(self.commit, staged)
+            finally:
+                staged.discard()
+            return True
+
+    def _validate(self, staged: StagedBlob) -> None:
+        """A blob is checked by the names cartons give it (safetensors headers)."""
+        for path in self.store.index.paths_of_blob(staged.digest):
+            if is_safetensors(path):
+                check_safetensors(path, lambda: open(staged.tmp_path, "rb"), staged.size)
+
+    def commit(self, staged: StagedBlob) -> None:
+        with self.store.lock():
+            self.store.blobs.commit(staged)
+            self.store.blobs.sync_dirs({staged.digest})
+            self.store.index.record_blobs([(staged.digest, os.stat(self.store.blobs.path(staged.digest)).st_size)])
+
+
+__all__ = ["BlobFetcher", "InvalidCarton"]

@@ -1,0 +1,28 @@
+"""Settings of the fetcher, with the defaults a production node wants."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .policy import UrlPolicy
+
+DEFAULT_ACCEPT_ENCODING = "zstd, br, gzip, deflate"
+
+
+@dataclass(frozen=True)
+class FetchConfig:
+    accept_encoding: str = DEFAULT_ACCEPT_ENCODING
+    connect_timeout: float = 10.0
+    # No bytes for this long is a stall; there is no limit on a whole transfer.
+    stall_timeout: float = 30.0
+    retries: int = 4
+    backoff_base: float = 0.5
+    backoff_max: float = 30.0
+    max_concurrency: int = 8          # blob downloads at once, per process
+    parallel_threshold: int = 256 << 20  # blobs at least this big are fetched as Range parts...
+    parallel_parts: int = 4           # ...this many at once
+    coalesce_gap: int = 1 << 20       # remote zip: merge entry ranges closer than this
+    lock_timeout: float = 3600.0      # wait for another process's download of the same blob
+    max_blob_size: int | None = None  # refuse decoded blobs larger than this
+    mirrors: tuple[str, ...] = ()     # tried after LINKS URLs, as <mirror>/<sha256>
+    policy: UrlPolicy = field(default_factory=UrlPolicy)

@@ -1,0 +1,211 @@
+"""HTTP GETs with the rules cartonstore needs, over one aiohttp session.
+
+aiohttp's own decompression and redirect following are off: bodies come
+raw (ContentDecoder decodes them, so hashes are of decoded bytes and bombs
+are bounded), and each redirect hop is re-checked against the URL policy.
+aiohttp's exceptions are translated into FetchError here, once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import random
+import re
+import time
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import AsyncIterator, Awaitable, Callable, TypeVar
+
+import aiohttp
+from multidict import CIMultiDictProxy
+
+from ..errors import FetchError
+from .config import FetchConfig
+from .encoding import parse_content_encoding
+from .policy import describe, redirect_target
+
+T = TypeVar("T")
+CHUNK = 1 << 20
+_CONTENT_RANGE = re.compile(r"^bytes (\d+)-(\d+)/(\d+|\*)$")
+_RETRYABLE_STATUS = {408, 425, 429, 500, 502, 503, 504}
+
+
+@dataclass
+class Response:
+    url: str                      # after redirects
+    status: int
+    headers: CIMultiDictProxy[str]
+    start: int                    # offset of the body's first byte in the resource
+    length: int | None            # body bytes announced (Content-Length), encoded
+    total: int | None             # size of the whole resource when known
+    encodings: tuple[str, ...]
+    raw: aiohttp.ClientResponse
+
+    @property
+    def accepts_ranges(self) -> bool:
+        return self.status == 206 or self.headers.get("Accept-Ranges", "").lower() == "bytes"
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        """The body as it arrives; a stall, a reset or a short body raise FetchError."""
+        try:
+            async for chunk in self.raw.content.iter_chunked(CHUNK):
+                yield chunk
+        except Exception as e:  # noqa: BLE001 - translated at this boundary
+            raise translate(e, self.url) from e
+
+
+def translate(e: BaseException, url: str) -> FetchError:
+    where = describe(url)
+    if isinstance(e, FetchError):
+        return e
+    if isinstance(e, (asyncio.TimeoutError, TimeoutError)):
+        return FetchError(f"{where}: timed out (no bytes received within the stall timeout)",
+                          subject=url, retryable=True)
+    if isinstance(e, aiohttp.ClientPayloadError):
+        return FetchError(f"{where}: body ended early or was malformed ({_reason(e)})", subject=url,
+                          retryable=True)
+    if isinstance(e, aiohttp.ClientConnectionError):
+        return FetchError(f"{where}: connection failed ({_reason(e)})", subject=url, retryable=True)
+    if isinstance(e, aiohttp.ClientError):
+        return FetchError(f"{where}: HTTP error ({_reason(e)})", subject=url, retryable=False)
+    if isinstance(e, (ConnectionError, OSError)):
+        return FetchError(f"{where}: connection failed ({e})", subject=url, retryable=True)
+    raise e
+
+
+def _reason(e: BaseException) -> str:
+    text = str(e) or type(e).__name__
+    return text.splitlines()[0][:200]
+
+
+def parse_content_range(value: str | None) -> tuple[int, int, int | None] | None:
+    m = _CONTENT_RANGE.match((value or "").strip())
+    if not m:
+        return None
+    total = None if m.group(3) == "*" else int(m.group(3))
+    return int(m.group(1)), int(m.group(2)), total
+
+
+def parse_retry_after(value: str | None, now: float | None = None) -> float | None:
+    if not value:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return float(value)
+    try:
+        when = email.utils.parsedate_to_datetime(value).timestamp()
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when - (time.time() if now is None else now))
+
+
+def backoff_delay(attempt: int, config: FetchConfig, retry_after: float | None = None,
+                  rng: random.Random | None = None) -> float:
+    """Exponential backoff with full jitter; a server's Retry-After wins (capped)."""
+    if retry_after is not None:
+        return min(retry_after, config.backoff_max)
+    ceiling = min(config.backoff_max, config.backoff_base * (2 ** attempt))
+    return (rng or random).uniform(ceiling / 2, ceiling)
+
+
+class HttpClient:
+    def __init__(self, config: FetchConfig) -> None:
+        self.config = config
+        self._session: aiohttp.ClientSession | None = None
+
+    async def __aenter__(self) -> "HttpClient":
+        timeout = aiohttp.ClientTimeout(total=None, connect=self.config.connect_timeout,
+                                        sock_connect=self.config.connect_timeout,
+                                        sock_read=self.config.stall_timeout)
+        self._session = aiohttp.ClientSession(auto_decompress=False, timeout=timeout,
+                                              connector=aiohttp.TCPConnector(limit=64),
+                                              headers={"User-Agent": "cartonstore"})
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    @asynccontextmanager
+    async def get(self, url: str, *, start: int = 0, end: int | None = None, suffix: int | None = None,
+                  encoded: bool = True) -> AsyncIterator[Response]:
+        """GET url (following checked redirects). With start/end/suffix a Range
+        is asked and identity encoding requested; a 206 whose Content-Range
+        does not match is an error, a 200 means the server ignored the Range
+        (the caller sees start == 0)."""
+        assert self._session is not None, "use HttpClient as an async context manager"
+        headers = {"Accept-Encoding": self.config.accept_encoding if encoded else "identity"}
+        ranged = suffix is not None or start > 0 or end is not None
+        if suffix is not None:
+            headers["Range"] = f"bytes=-{suffix}"
+        elif ranged:
+            headers["Range"] = f"bytes={start}-{'' if end is None else end - 1}"
+        current = self.config.policy.check(url)
+        for _hop in range(self.config.policy.max_redirects + 1):
+            try:
+                raw = await self._session.get(current, headers=headers, allow_redirects=False)
+            except Exception as e:  # noqa: BLE001
+                raise translate(e, current) from e
+            try:
+                if raw.status in (301, 302, 303, 307, 308):
+                    location = raw.headers.get("Location")
+                    if not location:
+                        raise FetchError(f"{describe(current)}: redirect without a Location", subject=current)
+                    current = self.config.policy.check(redirect_target(current, location))
+                    continue
+                response = self._accept(raw, current, ranged, start, end, suffix)
+                yield response
+                return
+            finally:
+                raw.release()
+        raise FetchError(f"{describe(url)}: more than {self.config.policy.max_redirects} redirects",
+                         subject=url)
+
+    def _accept(self, raw: aiohttp.ClientResponse, url: str, ranged: bool, start: int, end: int | None,
+                suffix: int | None) -> Response:
+        where = describe(url)
+        if raw.status in _RETRYABLE_STATUS:
+            raise FetchError(f"{where}: HTTP {raw.status} {raw.reason or ''}".rstrip(), subject=url, retryable=True,
+                             retry_after=parse_retry_after(raw.headers.get("Retry-After")))
+        if raw.status not in (200, 206):
+            raise FetchError(f"{where}: HTTP {raw.status} {raw.reason or ''}".rstrip(), subject=url)
+        encodings = parse_content_encoding(raw.headers.get("Content-Encoding"), url=url)
+        length = raw.content_length
+        if raw.status == 200:
+            total = length if not encodings else None
+            return Response(url, 200, raw.headers, 0, length, total, encodings, raw)
+        if not ranged:
+            raise FetchError(f"{where}: answered 206 Partial Content to a request without Range", subject=url)
+        cr = parse_content_range(raw.headers.get("Content-Range"))
+        if cr is None:
+            raise FetchError(f"{where}: 206 without a valid Content-Range "
+                             f"({raw.headers.get('Content-Range')!r})", subject=url)
+        first, last, total = cr
+        wrong = (last < first or (length is not None and length != last - first + 1)
+                 or (suffix is None and first != start) or (suffix is None and end is not None and last != end - 1)
+                 or (suffix is not None and total is not None and first != max(0, total - suffix)))
+        if wrong:
+            asked = f"bytes=-{suffix}" if suffix is not None else f"bytes={start}-{'' if end is None else end - 1}"
+            raise FetchError(f"{where}: wrong Content-Range {raw.headers.get('Content-Range')!r} for Range {asked}",
+                             subject=url)
+        return Response(url, 206, raw.headers, first, last - first + 1, total, encodings, raw)
+
+
+async def with_retries(config: FetchConfig, attempt_fn: Callable[[int], Awaitable[T]],
+                       *, on_retry: Callable[[FetchError, float], None] | None = None) -> T:
+    """Run attempt_fn(attempt) until it succeeds, retrying retryable FetchErrors
+    with backoff; the last error is raised."""
+    attempt = 0
+    while True:
+        try:
+            return await attempt_fn(attempt)
+        except FetchError as e:
+            if not e.retryable or attempt >= config.retries:
+                raise
+            delay = backoff_delay(attempt, config, e.retry_after)
+            if on_retry:
+                on_retry(e, delay)
+            await asyncio.sleep(delay)
+            attempt += 1

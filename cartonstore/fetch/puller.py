@@ -1,0 +1,218 @@
+"""Puller: the store plus the network. Adds cartons by URL, completes
+cartons whose blobs are missing, and materializes them.
+
+Everything here is async; store work (hashing, SQLite, renames) runs in
+worker threads. One Puller serves one process: the CLI makes one per
+command, the daemon one for its lifetime.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from ..checks import CheckedCarton, check_carton
+from ..errors import CartonStoreError, FetchError, IntegrityError, InvalidCarton, NotFound
+from ..store import Store
+from ..store.blobs import BlobWriter
+from ..store.ingest import IngestResult, Staging, check_staged_safetensors
+from ..store.locks import async_file_lock
+from ..zipfmt import ZipEntry
+from .blob_fetcher import BlobFetcher
+from .config import FetchConfig
+from .http import HttpClient
+from .policy import describe
+from .remote_zip import RemoteCartonView, open_remote_zip, prefetch_view, read_entries
+from .transfer import ProgressFn, download
+
+
+def is_url(text: str) -> bool:
+    return "://" in text
+
+
+@dataclass(frozen=True)
+class PullResult:
+    digest: str
+    name: str | None
+    complete: bool
+    blobs_fetched: int
+    bytes_received: int
+    requests: int
+
+
+class Puller:
+    def __init__(self, store: Store, config: FetchConfig | None = None, *, progress: ProgressFn | None = None,
+                 on_event: Callable[[dict], None] | None = None) -> None:
+        self.store = store
+        self.config = config or FetchConfig()
+        self.progress = progress
+        self.on_event = on_event or (lambda _e: None)
+        self.client = HttpClient(self.config)
+        self.fetcher = BlobFetcher(store, self.client, self.config, progress=progress)
+        self._urls_inflight: dict[str, asyncio.Future[IngestResult]] = {}
+
+    async def __aenter__(self) -> "Puller":
+        await self.client.__aenter__()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.client.__aexit__(*exc)
+
+    @property
+    def stats(self):  # noqa: ANN201 - TransferStats
+        return self.fetcher.stats
+
+    # -- adding ----------------------------------------------------------------
+
+    async def add(self, source: str, *, name: str | None = None, lazy: bool = False) -> PullResult:
+        """Add a carton from a URL or a local path; unless lazy, fetch every
+        blob it lacks (LINKS, mirrors) before returning."""
+        before = (self.stats.bytes_received, self.stats.requests)
+        if is_url(source):
+            result = await self._add_url(source, name)
+        else:
+            result = await asyncio.to_thread(self.store.add, source, name=name)
+        fetched = 0 if lazy else await self.complete(result.digest)
+        missing = await asyncio.to_thread(self.store.index.missing_blobs, result.digest)
+        return PullResult(result.digest, result.name, not missing, fetched,
+                          self.stats.bytes_received - before[0], self.stats.requests - before[1])
+
+    async def _add_url(self, url: str, name: str | None) -> IngestResult:
+        url = self.config.policy.check(url)
+        future = self._urls_inflight.get(url)
+        if future is None:
+            future = asyncio.ensure_future(self._add_url_once(url, name))
+            self._urls_inflight[url] = future
+            future.add_done_callback(lambda _f: self._urls_inflight.pop(url, None))
+        return await asyncio.shield(future)
+
+    async def _add_url_once(self, url: str, name: str | None) -> IngestResult:
+        started = time.time()
+        lock = self.store.layout.locks_dir / f"url-{hashlib.sha256(url.encode()).hexdigest()}.lock"
+        async with async_file_lock(lock, timeout=self.config.lock_timeout):
+            # Another process added this URL while we queued: share its work.
+            row = await asyncio.to_thread(self.store.index.carton_for_source, url)
+            if row is not None and row.added_at >= started:
+                return IngestResult(row.digest, name, True, 0, 0, 0)
+            self.on_event({"event": "carton", "url": describe(url)})
+            rz = await open_remote_zip(self.client, url, self.config, self.store.zip_limits, self.stats)
+            if rz is None:
+                return await self._add_whole_download(url, name)
+            view = await prefetch_view(self.client, rz, self.config, self.stats)
+            checked = await asyncio.to_thread(check_carton, view)
+            staging = await self._stage_remote(checked, view)
+            return await asyncio.to_thread(self.store.commit_checked, checked, staging, name=name, source=url)
+
+    async def _add_whole_download(self, url: str, name: str | None) -> IngestResult:
+        """The server ignores Range: stream the carton once into tmp/ and add it."""
+        self.on_event({"event": "whole-download", "url": describe(url)})
+        with self.store.blobs.writer(label="carton") as w:
+            await download(self.client, url, w, self.config, progress=self.progress, stats=self.stats)
+            return await asyncio.to_thread(self.store.add, w.tmp_path, name=name, source_label=url)
+
+    async def _stage_remote(self, checked: CheckedCarton, view: RemoteCartonView) -> Staging:
+        """Stage the blobs the store lacks from the remote zip (small files
+        are already in memory); verify each against MANIFEST."""
+        staging = Staging(self.store.blobs)
+        writers: dict[str, BlobWriter] = {}
+        try:
+            await asyncio.to_thread(self._stage_small, checked, view, staging)
+            wanted: list[tuple[ZipEntry, Callable]] = []
+            paths = {}
+            for digest, path in checked.files_by_digest().items():
+                if digest in staging.staged or self.store.blobs.has(digest):
+                    continue
+                paths[digest] = path
+
+                def make(digest: str = digest) -> BlobWriter:
+                    old = writers.pop(digest, None)
+                    if old is not None:
+                        old.close()
+                    writers[digest] = self.store.blobs.writer(label="zip")
+                    return writers[digest]
+                wanted.append((view.rz.entries[path], make))
+            await read_entries(self.client, view.rz, wanted, self.config, self.stats)
+            for digest, w in writers.items():
+                try:
+                    staging.add_staged(await asyncio.to_thread(w.stage, expected_digest=digest))
+                except IntegrityError as e:
+                    raise InvalidCarton(paths[digest], f"does not match MANIFEST: {e.message}") from None
+            await asyncio.to_thread(check_staged_safetensors, checked, staging)
+            return staging
+        except BaseException:
+            staging.discard()
+            raise
+        finally:
+            for w in writers.values():
+                w.close()
+
+    @staticmethod
+    def _stage_small(checked: CheckedCarton, view: RemoteCartonView, staging: Staging) -> None:
+        if not staging.blobs.has(checked.digest):
+            staging.add_bytes(checked.manifest.raw, checked.digest)
+        for digest, path in checked.files_by_digest().items():
+            data = view.prefetched(path)
+            if data is not None and not staging.blobs.has(digest):
+                staging.add_bytes(data, digest)
+
+    # -- completing --------------------------------------------------------------
+
+    async def complete(self, digest: str) -> int:
+        """Fetch every missing blob of a known carton (LINKS URLs, mirrors,
+        and the carton's own remote zip). Returns how many were fetched."""
+        missing = await asyncio.to_thread(self.store.index.missing_blobs, digest)
+        if not missing:
+            return 0
+        row = await asyncio.to_thread(self.store.index.carton, digest)
+        linked = [d for d in missing if self.fetcher.sources_for(d)]
+        in_zip = [d for d in missing if d not in linked]
+        fetched = 0
+        if in_zip and row is not None and row.source and is_url(row.source):
+            fetched += await self._refetch_from_zip(row.source, digest, set(in_zip))
+            in_zip = [d for d in in_zip if not self.store.blobs.has(d)]
+        if in_zip:
+            raise NotFound(f"carton {digest} is missing {len(in_zip)} blob(s) with no known source "
+                           f"(e.g. {in_zip[0]}); add it again from a source that holds them", subject=digest)
+        results = await asyncio.gather(*(self.fetcher.ensure(d) for d in linked), return_exceptions=True)
+        errors = [r for r in results if isinstance(r, BaseException)]
+        for r in errors:
+            if not isinstance(r, CartonStoreError):
+                raise r
+        if errors:
+            detail = "\n".join(str(e) for e in errors[:5])
+            raise FetchError(f"could not complete carton {digest}: {len(errors)} blob(s) failed\n{detail}",
+                             subject=digest)
+        return fetched + sum(1 for r in results if r is True)
+
+    async def _refetch_from_zip(self, url: str, digest: str, wanted: set[str]) -> int:
+        """Blobs evicted after an add by URL come back from the same zip."""
+        rz = await open_remote_zip(self.client, url, self.config, self.store.zip_limits, self.stats)
+        if rz is None:
+            await self._add_whole_download(url, None)
+            return len(wanted)
+        view = await prefetch_view(self.client, rz, self.config, self.stats)
+        checked = await asyncio.to_thread(check_carton, view)
+        if checked.digest != digest:
+            raise FetchError(f"{describe(url)} now serves a different carton ({checked.digest}, not {digest})",
+                             subject=url)
+        staging = await self._stage_remote(checked, view)
+        await asyncio.to_thread(self.store.commit_checked, checked, staging, name=None, source=url)
+        return len(wanted)
+
+    # -- materializing -------------------------------------------------------------
+
+    async def materialize(self, ref: str) -> Path:
+        """Resolve REF (adding it first when it is a source), fetch what is
+        missing, and return the model directory."""
+        try:
+            digest = await asyncio.to_thread(self.store.resolve, ref)
+        except NotFound:
+            if not is_url(ref) and not Path(ref).exists():
+                raise
+            digest = (await self.add(ref)).digest
+        await self.complete(digest)
+        return await asyncio.to_thread(self.store.materialize, digest)

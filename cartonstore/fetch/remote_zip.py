@@ -1,0 +1,281 @@
+"""Read a .carton over HTTP lazily: its end, then only the entries needed.
+
+The central directory comes from a suffix Range request; entries are read
+with Range requests, neighbours merged into one request when the gap between
+them is small. Each entry is decoded (Stored, Deflate, zstd) and checked
+(declared size, CRC-32) as its bytes stream past.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+from dataclasses import dataclass
+from typing import BinaryIO, Callable, Protocol, Sequence
+
+from ..errors import FetchError, InvalidCarton
+from ..sources.view import METADATA_LIMITS, STRING_TENSOR_LIMIT, SYMLINK_TARGET_LIMIT, SourceFile
+from ..sources.zip_source import METADATA_NAMES, check_metadata_size, index_zip_entries, source_file
+from ..zipfmt import (
+    LOCAL_HEADER_FIXED,
+    TAIL_READ_SIZE,
+    EntryDecoder,
+    ZipEntry,
+    ZipLimits,
+    check_directory_limits,
+    check_entry_limits,
+    locate_central_directory,
+    local_header_variable_length,
+    parse_central_directory,
+)
+from .config import FetchConfig
+from .http import HttpClient, Response, with_retries
+from .policy import describe
+from .transfer import TransferStats
+
+
+class EntrySink(Protocol):
+    def write(self, data: bytes) -> None: ...
+
+
+@dataclass
+class RemoteZip:
+    url: str
+    size: int
+    cd_offset: int
+    entries: dict[str, ZipEntry]      # carton path -> entry
+    spans: dict[ZipEntry, tuple[int, int]]  # entry -> [local header offset, next entry's offset)
+
+
+async def _read_body(response: Response, limit: int) -> bytes:
+    parts, size = [], 0
+    async for chunk in response.chunks():
+        size += len(chunk)
+        if size > limit:
+            raise FetchError(f"{describe(response.url)}: more bytes than the {limit} asked for", subject=response.url)
+        parts.append(chunk)
+    return b"".join(parts)
+
+
+async def fetch_range(client: HttpClient, url: str, start: int, end: int, config: FetchConfig,
+                      stats: TransferStats | None = None) -> bytes:
+    async def attempt(_n: int) -> bytes:
+        async with client.get(url, start=start, end=end, encoded=False) as r:
+            if r.status != 206:
+                raise FetchError(f"{describe(url)}: ignored a Range request after honouring one", subject=url)
+            data = await _read_body(r, end - start)
+            if stats is not None:
+                stats.bytes_received += len(data)
+                stats.requests += 1
+            return data
+    return await with_retries(config, attempt)
+
+
+async def open_remote_zip(client: HttpClient, url: str, config: FetchConfig, limits: ZipLimits,
+                          stats: TransferStats | None = None) -> RemoteZip | None:
+    """The zip's directory, or None when the server does not do Range requests."""
+    async def tail_attempt(_n: int) -> tuple[bytes, int, int] | None:
+        async with client.get(url, suffix=TAIL_READ_SIZE, encoded=False) as r:
+            if r.status != 206 or r.total is None:
+                return None
+            data = await _read_body(r, TAIL_READ_SIZE)
+            if stats is not None:
+                stats.bytes_received += len(data)
+                stats.requests += 1
+            return data, r.start, r.total
+
+    got = await with_retries(config, tail_attempt)
+    if got is None:
+        return None
+    tail, tail_offset, total = got
+    loc = locate_central_directory(tail, tail_offset)
+    check_directory_limits(loc, limits)
+    if loc.offset >= tail_offset:
+        cd = tail[loc.offset - tail_offset: loc.offset - tail_offset + loc.size]
+    else:
+        head = await fetch_range(client, url, loc.offset, min(loc.offset + loc.size, tail_offset), config, stats)
+        cd = head + tail[: max(0, loc.offset + loc.size - tail_offset)]
+    entries = parse_central_directory(cd, loc, limits)
+    for e in entries:
+        check_entry_limits(e, limits)
+    ordered = sorted(entries, key=lambda e: e.local_header_offset)
+    ends = [e.local_header_offset for e in ordered[1:]] + [loc.offset]
+    spans = {e: (e.local_header_offset, end) for e, end in zip(ordered, ends, strict=True)}
+    for e, (start, end) in spans.items():
+        if end - start < LOCAL_HEADER_FIXED + e.compressed_size:
+            raise InvalidCarton(e.name, "entry overlaps the next one or the central directory")
+    return RemoteZip(url, total, loc.offset, index_zip_entries(entries), spans)
+
+
+def plan_requests(spans: Sequence[tuple[int, int]], gap: int) -> list[tuple[int, int]]:
+    """Merge [start, end) spans whose gap is under ``gap`` bytes (pure)."""
+    merged: list[list[int]] = []
+    for start, end in sorted(spans):
+        if merged and start - merged[-1][1] < gap:
+            merged[-1][1] = max(merged[-1][1], end)
+        else:
+            merged.append([start, end])
+    return [(s, e) for s, e in merged]
+
+
+class _SpanParser:
+    """Splits a byte stream covering [start, end) of the zip into the
+    entries it holds: local header, then compressed data fed to a decoder."""
+
+    def __init__(self, start: int, wanted: list[tuple[ZipEntry, EntrySink]]) -> None:
+        self.pos = start
+        self.todo = sorted(wanted, key=lambda w: w[0].local_header_offset)
+        self.buf = bytearray()
+        self.current: tuple[ZipEntry, EntrySink, EntryDecoder] | None = None
+        self.left = 0
+
+    def feed(self, chunk: bytes) -> None:
+        self.buf += chunk
+        while self._step():
+            pass
+
+    def _step(self) -> bool:
+        if self.current is not None:
+            return self._feed_current()
+        if not self.todo:
+            self.pos += len(self.buf)
+            self.buf.clear()
+            return False
+        entry, sink = self.todo[0]
+        skip = entry.local_header_offset - self.pos
+        if skip > 0:
+            n = min(skip, len(self.buf))
+            del self.buf[:n]
+            self.pos += n
+            return n > 0
+        if len(self.buf) < LOCAL_HEADER_FIXED:
+            return False
+        var = local_header_variable_length(bytes(self.buf[:LOCAL_HEADER_FIXED]), entry.name)
+        if len(self.buf) < LOCAL_HEADER_FIXED + var:
+            return False
+        del self.buf[: LOCAL_HEADER_FIXED + var]
+        self.pos += LOCAL_HEADER_FIXED + var
+        self.todo.pop(0)
+        self.current = (entry, sink, EntryDecoder(entry))
+        self.left = entry.compressed_size
+        return True
+
+    def _feed_current(self) -> bool:
+        entry, sink, decoder = self.current  # type: ignore[misc]
+        n = min(self.left, len(self.buf))
+        if n:
+            for piece in decoder.feed(bytes(self.buf[:n])):
+                sink.write(piece)
+            del self.buf[:n]
+            self.pos += n
+            self.left -= n
+        if self.left == 0:
+            decoder.finish()
+            self.current = None
+            return True
+        return False
+
+    def finish(self) -> None:
+        if self.current is not None or self.todo:
+            missing = self.current[0].name if self.current else self.todo[0][0].name
+            raise FetchError(f"the response ended inside entry {missing!r}", retryable=True)
+
+
+async def read_entries(client: HttpClient, rz: RemoteZip, wanted: Sequence[tuple[ZipEntry, Callable[[], EntrySink]]],
+                       config: FetchConfig, stats: TransferStats | None = None) -> None:
+    """Stream the wanted entries into fresh sinks (one request per merged
+    span; a retry makes new sinks for that span's entries)."""
+    by_span = {rz.spans[e]: (e, make) for e, make in wanted}
+    for start, end in plan_requests(list(by_span), config.coalesce_gap):
+        group = [(e, make) for (s, t), (e, make) in by_span.items() if start <= s and t <= end]
+
+        async def attempt(_n: int, start: int = start, end: int = end, group=group) -> None:  # noqa: ANN001
+            parser = _SpanParser(start, [(e, make()) for e, make in group])
+            async with client.get(rz.url, start=start, end=end, encoded=False) as r:
+                if r.status != 206:
+                    raise FetchError(f"{describe(rz.url)}: ignored a Range request after honouring one",
+                                     subject=rz.url)
+                if stats is not None:
+                    stats.requests += 1
+                async for chunk in r.chunks():
+                    if stats is not None:
+                        stats.bytes_received += len(chunk)
+                    await asyncio.to_thread(parser.feed, chunk)
+                parser.finish()
+
+        await with_retries(config, attempt)
+
+
+class BytesSink:
+    def __init__(self, limit: int, name: str) -> None:
+        self.buf = io.BytesIO()
+        self.limit = limit
+        self.name = name
+
+    def write(self, data: bytes) -> None:
+        if self.buf.tell() + len(data) > self.limit:
+            raise InvalidCarton(self.name, f"is more than the {self.limit} bytes allowed for this file")
+        self.buf.write(data)
+
+
+def small_files_to_prefetch(entries: dict[str, ZipEntry]) -> dict[str, int]:
+    """What check_carton reads whole: metadata, carton.toml, tensor index,
+    string tensors (.toml in tensor_data/) and symlink targets -> size limit."""
+    out = {}
+    for name, e in entries.items():
+        if name in METADATA_LIMITS:
+            out[name] = METADATA_LIMITS[name]
+        elif name.startswith("tensor_data/") and name.endswith(".toml"):
+            out[name] = STRING_TENSOR_LIMIT
+        elif e.is_symlink:
+            out[name] = SYMLINK_TARGET_LIMIT
+    return out
+
+
+class RemoteCartonView:
+    """A CartonView of a remote zip whose small files were prefetched;
+    opening any other file is a programming error."""
+
+    def __init__(self, rz: RemoteZip, small: dict[str, bytes]) -> None:
+        self.label = describe(rz.url)
+        self.rz = rz
+        self._small = small
+        self.files: dict[str, SourceFile] = {}
+        for name, e in rz.entries.items():
+            if name not in METADATA_NAMES:
+                self.files[name] = source_file(name, e, lambda e, _limit, n=name: small[n])
+
+    def read_metadata(self, name: str) -> bytes | None:
+        e = self.rz.entries.get(name)
+        if e is None:
+            return None
+        check_metadata_size(name, e)
+        return self._small[name]
+
+    def open(self, path: str) -> BinaryIO:
+        return io.BytesIO(self._small[path])
+
+    def prefetched(self, path: str) -> bytes | None:
+        return self._small.get(path)
+
+    def close(self) -> None:
+        pass
+
+
+async def prefetch_view(client: HttpClient, rz: RemoteZip, config: FetchConfig,
+                        stats: TransferStats | None = None) -> RemoteCartonView:
+    limits = small_files_to_prefetch(rz.entries)
+    for name, limit in limits.items():
+        if rz.entries[name].uncompressed_size > limit:
+            raise InvalidCarton(name, f"is {rz.entries[name].uncompressed_size} bytes, more than the "
+                                      f"{limit} allowed for this file")
+    sinks: dict[str, BytesSink] = {}
+
+    def maker(name: str, limit: int) -> Callable[[], EntrySink]:
+        def make() -> EntrySink:
+            sinks[name] = BytesSink(limit, name)
+            return sinks[name]
+        return make
+
+    await read_entries(client, rz, [(rz.entries[n], maker(n, lim)) for n, lim in limits.items()], config, stats)
+    return RemoteCartonView(rz, {n: s.buf.getvalue() for n, s in sinks.items()})
