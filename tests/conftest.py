@@ -101,3 +101,12 @@ def snapshot(root: Path) -> tuple:
         conn.close()
     tmp_left = sorted(os.listdir(root / "tmp")) if (root / "tmp").exists() else []
     return sorted(files, key=str), rows, tmp_left
+
+
+@pytest.fixture
+def origin():
+    """A real HTTP server on 127.0.0.1 that misbehaves on request (tests/origin.py)."""
+    from origin import Origin
+
+    with Origin() as o:
+        yield o

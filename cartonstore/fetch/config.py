@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .encoding import DEFAULT_ACCEPT_ENCODING
 from .policy import UrlPolicy
-
-DEFAULT_ACCEPT_ENCODING = "zstd, br, gzip, deflate"
 
 
 @dataclass(frozen=True)

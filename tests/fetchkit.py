@@ -1,0 +1,57 @@
+"""Helpers for fetch tests: cartons served by an Origin, fast fetch settings."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+
+from cartonstore.fetch.config import FetchConfig
+from cartonstore.fetch.policy import UrlPolicy
+from cartonstore.fetch.puller import Puller
+from cartonstore.format.links import build_links
+from cartonstore.store import Store
+from conftest import MINIMAL_TOML, carton_entries, sha, write_zip
+
+FAST = dict(retries=3, backoff_base=0.01, backoff_max=0.05, stall_timeout=0.5, connect_timeout=2.0)
+
+
+def fast_config(**kw) -> FetchConfig:  # noqa: ANN003
+    policy = kw.pop("policy", UrlPolicy())
+    return FetchConfig(**{**FAST, **kw}, policy=policy)
+
+
+def linked_carton(tmp_path: Path, origin, blobs: dict[str, bytes], *, urls: dict[str, list[str]] | None = None,
+                  name: str = "linked.carton", extra: dict[str, bytes] | None = None) -> tuple[Path, dict[str, str]]:
+    """A carton whose files ``blobs`` (path -> bytes) are served by origin at
+    /blobs/<sha256> and listed only in LINKS. Returns (carton path, path -> sha)."""
+    files = {"carton.toml": MINIMAL_TOML, **(extra or {}), **blobs}
+    shas = {p: sha(d) for p, d in blobs.items()}
+    links = {}
+    for p, d in blobs.items():
+        origin.put(f"/blobs/{shas[p]}", d)
+        links[shas[p]] = (urls or {}).get(p, [origin.url(f"/blobs/{shas[p]}")])
+    path = write_zip(tmp_path / name, carton_entries(files, links=build_links(links), omit=tuple(blobs)))
+    return path, shas
+
+
+def pull(store: Store, source: str, config: FetchConfig | None = None, **kw):  # noqa: ANN003, ANN201
+    async def run():  # noqa: ANN202
+        async with Puller(store, config or fast_config()) as p:
+            return await p.add(source, **kw)
+    return asyncio.run(run())
+
+
+def materialize(store: Store, ref: str, config: FetchConfig | None = None) -> Path:
+    async def run() -> Path:
+        async with Puller(store, config or fast_config()) as p:
+            return await p.materialize(ref)
+    return asyncio.run(run())
+
+
+def blob_files(store: Store) -> list[str]:
+    return sorted(store.blobs.iter_digests())
+
+
+def tmp_files(store: Store) -> list[str]:
+    return sorted(os.listdir(store.root / "tmp"))

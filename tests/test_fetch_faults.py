@@ -1,0 +1,179 @@
+"""Fetching LINKS blobs from a real misbehaving HTTP server.
+
+Transient faults are survived (retries, resume); persistent ones give an
+error that names the URL and what went wrong. Either way nothing partial or
+wrong reaches blobs/, tmp/ is left empty, and the next attempt works once
+the server behaves.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from cartonstore.errors import CartonStoreError, FetchError
+from cartonstore.fetch.policy import UrlPolicy
+from cartonstore.store import Store
+from fetchkit import blob_files, fast_config, linked_carton, materialize, pull, tmp_files
+from origin import Fault
+
+PAYLOAD = os.urandom(700_000)
+
+
+@pytest.fixture
+def served(tmp_path: Path, origin):  # noqa: ANN001, ANN201
+    carton, shas = linked_carton(tmp_path, origin, {"model/w.bin": PAYLOAD})
+    return carton, shas["model/w.bin"]
+
+
+TRANSIENT = {
+    "500s then success": Fault(status_sequence=[500, 503]),
+    "429 with Retry-After": Fault(status_sequence=[429], retry_after="0"),
+    "truncated body, correct Content-Length": Fault(truncate_at=300_000, times=1),
+    "connection reset mid-body": Fault(reset_at=250_000, times=1),
+    "stall mid-body": Fault(stall_at=100_000, stall_seconds=5, times=1),
+    "body longer than announced": Fault(extra_bytes=b"trailing junk" * 100),
+    "zstd encoded": Fault(encoding="zstd"),
+    "gzip encoded": Fault(encoding="gzip"),
+    "brotli encoded": Fault(encoding="br"),
+    "deflate (zlib) encoded": Fault(encoding="deflate"),
+    "deflate (raw) encoded": Fault(encoding="deflate-raw"),
+    "double Content-Encoding": Fault(double_encoding=("gzip", "zstd")),
+    "encoded and truncated once": Fault(encoding="gzip", truncate_at=1000, times=1),
+}
+
+
+@pytest.mark.parametrize("case", sorted(TRANSIENT))
+def test_transient_faults_are_survived(case: str, store: Store, origin, served) -> None:  # noqa: ANN001
+    carton, digest = served
+    origin.set_fault(f"/blobs/{digest}", TRANSIENT[case])
+    r = pull(store, str(carton))
+    assert r.complete
+    assert store.blobs.path(digest).read_bytes() == PAYLOAD
+    assert tmp_files(store) == []
+
+
+def test_reset_resumes_from_the_bytes_already_hashed(store: Store, origin, served) -> None:  # noqa: ANN001
+    carton, digest = served
+    origin.set_fault(f"/blobs/{digest}", Fault(reset_at=250_000, times=1))
+    pull(store, str(carton))
+    gets = [r for r in origin.requests if r.path == f"/blobs/{digest}"]
+    assert len(gets) == 2
+    assert gets[0].range is None
+    # The second request starts where the hashed bytes end (aiohttp may drop
+    # a little of what was buffered when the reset hit), never at 0.
+    resumed_at = int(gets[1].range.removeprefix("bytes=").rstrip("-"))
+    assert 0 < resumed_at <= 250_000
+    assert origin.bytes_sent_for(f"/blobs/{digest}") == len(PAYLOAD) + 250_000 - resumed_at
+
+
+def test_ignored_range_on_resume_starts_over(store: Store, origin, served) -> None:  # noqa: ANN001
+    carton, digest = served
+    origin.set_fault(f"/blobs/{digest}", Fault(reset_at=250_000, times=1, ignore_range=True))
+    pull(store, str(carton))
+    assert store.blobs.path(digest).read_bytes() == PAYLOAD
+
+
+PERSISTENT = {
+    "wrong bytes": (Fault(wrong_bytes=True), "hash"),
+    "always truncated": (Fault(truncate_at=1000), "ended early|Content-Length|body"),
+    "always 500": (Fault(status_sequence=[500] * 10), "HTTP 500"),
+    "404": (Fault(status_sequence=[404]), "HTTP 404"),
+    "stall forever": (Fault(stall_at=10, stall_seconds=None), "timed out"),
+    "gzip bomb": (Fault(gzip_bomb=4 << 30), "bomb|ratio"),
+    "unknown encoding": (Fault(claimed_encoding="compress"), "compress"),
+    "bogus encoding": (Fault(claimed_encoding="bogus"), "bogus"),
+    "redirect loop": (Fault(redirect_loop=True), "redirect"),
+    "wrong Content-Range on resume": (Fault(reset_at=1000, wrong_content_range=True), "Content-Range"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(PERSISTENT))
+def test_persistent_faults_fail_cleanly_then_recover(case: str, store: Store, origin, served) -> None:  # noqa: ANN001
+    carton, digest = served
+    fault, pattern = PERSISTENT[case]
+    origin.set_fault(f"/blobs/{digest}", fault)
+    with pytest.raises(FetchError, match=pattern) as info:
+        pull(store, str(carton))
+    assert f"/blobs/{digest}" in str(info.value)
+    assert digest not in blob_files(store)
+    assert tmp_files(store) == []
+    assert not store.verify().corrupt_blobs
+    origin.set_fault(f"/blobs/{digest}", None)
+    assert pull(store, str(carton)).complete
+    assert store.blobs.path(digest).read_bytes() == PAYLOAD
+
+
+def test_every_url_is_tried_and_each_failure_listed(store: Store, tmp_path: Path, origin) -> None:  # noqa: ANN001
+    from conftest import sha
+
+    digest = sha(PAYLOAD)
+    urls = [origin.url("/a/missing"), origin.url("/b/wrong"), "ftp://example.com/x", "file:///etc/passwd"]
+    origin.put("/b/wrong", b"x" * len(PAYLOAD))
+    carton, _ = linked_carton(tmp_path, origin, {"model/w.bin": PAYLOAD}, urls={"model/w.bin": urls})
+    origin.remove(f"/blobs/{digest}")
+    with pytest.raises(FetchError) as info:
+        pull(store, str(carton))
+    msg = str(info.value)
+    assert "/a/missing: HTTP 404" in msg
+    assert "/b/wrong" in msg and "hash" in msg
+    assert "'ftp' is not allowed" in msg and "'file' is not allowed" in msg
+    assert digest not in blob_files(store)
+
+
+def test_second_url_serves_when_the_first_lies(store: Store, tmp_path: Path, origin) -> None:  # noqa: ANN001
+    from conftest import sha
+
+    origin.put("/bad", os.urandom(len(PAYLOAD)))
+    origin.put("/good", PAYLOAD)
+    carton, _ = linked_carton(tmp_path, origin, {"model/w.bin": PAYLOAD},
+                              urls={"model/w.bin": [origin.url("/bad"), origin.url("/good")]})
+    assert pull(store, str(carton)).complete
+    assert store.blobs.has(sha(PAYLOAD))
+
+
+def test_mirror_is_tried_after_links(store: Store, tmp_path: Path, origin) -> None:  # noqa: ANN001
+    from conftest import sha
+
+    digest = sha(PAYLOAD)
+    carton, _ = linked_carton(tmp_path, origin, {"model/w.bin": PAYLOAD},
+                              urls={"model/w.bin": [origin.url("/gone")]})
+    origin.put(f"/mirror/{digest}", PAYLOAD)
+    assert pull(store, str(carton), fast_config(mirrors=(origin.url("/mirror"),))).complete
+    assert origin.count(f"/mirror/{digest}") == 1
+
+
+def test_redirects_are_followed_and_rechecked(store: Store, tmp_path: Path, origin) -> None:  # noqa: ANN001
+    carton, digest = linked_carton(tmp_path, origin, {"model/w.bin": PAYLOAD},
+                                   urls={"model/w.bin": [origin.url("/hop")]})
+    digest = digest["model/w.bin"]
+    origin.put("/hop", b"", fault=Fault(redirect_to=f"/blobs/{digest}"))
+    assert pull(store, str(carton)).complete
+    store.remove(store.resolve("tiny"))
+    # the same redirect, to a host the policy denies
+    origin.put("/hop", b"", fault=Fault(redirect_to=f"http://localhost:{origin.port}/blobs/{digest}"))
+    denied = fast_config(policy=UrlPolicy(deny_hosts=("localhost",)))
+    with pytest.raises(CartonStoreError, match="localhost"):
+        pull(store, str(carton), denied)
+    assert digest not in blob_files(store)
+
+
+def test_lazy_add_then_path_fetches(store: Store, origin, served) -> None:  # noqa: ANN001
+    carton, digest = served
+    r = pull(store, str(carton), lazy=True)
+    assert not r.complete and origin.count(f"/blobs/{digest}") == 0
+    model = materialize(store, r.digest)
+    assert (model / "model" / "w.bin").read_bytes() == PAYLOAD
+    assert origin.count(f"/blobs/{digest}") == 1
+
+
+def test_an_evicted_blob_is_fetched_again_from_the_url_map(store: Store, origin, served) -> None:  # noqa: ANN001
+    carton, digest = served
+    d = pull(store, str(carton)).digest
+    os.unlink(store.blobs.path(digest))
+    store.index.forget_blob(digest)
+    os.unlink(carton)  # the carton itself is gone too: the index remembers the URLs
+    model = materialize(store, d)
+    assert (model / "model" / "w.bin").read_bytes() == PAYLOAD
