@@ -177,3 +177,36 @@ def test_an_evicted_blob_is_fetched_again_from_the_url_map(store: Store, origin,
     os.unlink(carton)  # the carton itself is gone too: the index remembers the URLs
     model = materialize(store, d)
     assert (model / "model" / "w.bin").read_bytes() == PAYLOAD
+
+
+PARTS = dict(parallel_threshold=100_000, parallel_parts=4)
+
+
+@pytest.mark.parametrize("fault,requests", [
+    (None, 4),
+    (Fault(reset_at=50_000, times=1), 5),           # part 0 resumes with a Range
+    (Fault(stall_at=10_000, stall_seconds=5, times=1), 5),  # a stalled part is asked again
+])
+def test_large_blobs_come_in_parallel_parts(store: Store, origin, served, fault, requests: int) -> None:  # noqa: ANN001
+    carton, digest = served
+    origin.set_fault(f"/blobs/{digest}", fault)
+    assert pull(store, str(carton), fast_config(**PARTS)).complete
+    assert store.blobs.path(digest).read_bytes() == PAYLOAD
+    gets = [r for r in origin.requests if r.path == f"/blobs/{digest}"]
+    assert len(gets) == requests
+    assert {r.range for r in gets if r.range} >= {"bytes=175000-349999", "bytes=350000-524999", "bytes=525000-699999"}
+
+
+def test_parts_fall_back_to_one_stream_when_ranges_are_ignored(store: Store, origin, served) -> None:  # noqa: ANN001
+    carton, digest = served
+    origin.set_fault(f"/blobs/{digest}", Fault(ignore_range=True))
+    assert pull(store, str(carton), fast_config(**PARTS)).complete
+    assert store.blobs.path(digest).read_bytes() == PAYLOAD
+
+
+def test_parts_with_wrong_bytes_are_rejected(store: Store, origin, served) -> None:  # noqa: ANN001
+    carton, digest = served
+    origin.set_fault(f"/blobs/{digest}", Fault(wrong_bytes=True))
+    with pytest.raises(FetchError, match="hash"):
+        pull(store, str(carton), fast_config(**PARTS))
+    assert digest not in blob_files(store) and tmp_files(store) == []

@@ -156,3 +156,16 @@ def test_cli_add_url_and_path(tmp_path: Path, origin, capsys) -> None:  # noqa: 
     assert capsys.readouterr().out.strip().endswith(FIXTURE_DIGEST)
     code = main(["add", "ftp://example.com/m.carton", "--root", root])
     assert code == 4 and "'ftp' is not allowed" in capsys.readouterr().err
+
+
+def test_an_evicted_in_zip_blob_comes_back_from_the_zip(store: Store, origin) -> None:  # noqa: ANN001
+    origin.put("/m.carton", FIXTURE_CARTON.read_bytes())
+    pull(store, origin.url("/m.carton"))
+    victim = next(e for e in store.index.entries(FIXTURE_DIGEST) if e.path == "misc/model_architecture.png")
+    os.unlink(store.blobs.path(victim.digest))
+    store.index.forget_blob(victim.digest)
+    origin.reset_counts()
+    model = asyncio.run(_materialize(store, FIXTURE_DIGEST))
+    assert (model / "misc" / "model_architecture.png").stat().st_size == victim.size
+    assert origin.bytes_sent < victim.size + 200_000  # that entry (and metadata), not the whole zip
+    assert store.verify().ok

@@ -168,15 +168,16 @@ class Puller:
         if not missing:
             return 0
         row = await asyncio.to_thread(self.store.index.carton, digest)
-        linked = [d for d in missing if self.fetcher.sources_for(d)]
-        in_zip = [d for d in missing if d not in linked]
+        unlinked = [d for d in missing if not self.store.index.links_for(d)]
         fetched = 0
-        if in_zip and row is not None and row.source and is_url(row.source):
-            fetched += await self._refetch_from_zip(row.source, digest, set(in_zip))
-            in_zip = [d for d in in_zip if not self.store.blobs.has(d)]
-        if in_zip:
-            raise NotFound(f"carton {digest} is missing {len(in_zip)} blob(s) with no known source "
-                           f"(e.g. {in_zip[0]}); add it again from a source that holds them", subject=digest)
+        if unlinked and row is not None and row.source and is_url(row.source):
+            # In the carton's own zip, not in LINKS: read them from there again.
+            fetched += await self._refetch_from_zip(row.source, digest, set(unlinked))
+        linked = [d for d in missing if not self.store.blobs.has(d)]
+        sourceless = [d for d in linked if not self.fetcher.sources_for(d)]
+        if sourceless:
+            raise NotFound(f"carton {digest} is missing {len(sourceless)} blob(s) with no known source "
+                           f"(e.g. {sourceless[0]}); add it again from a source that holds them", subject=digest)
         results = await asyncio.gather(*(self.fetcher.ensure(d) for d in linked), return_exceptions=True)
         errors = [r for r in results if isinstance(r, BaseException)]
         for r in errors:

@@ -70,13 +70,24 @@ async def pump(response: Response, decoder: ContentDecoder, writer: BlobWriter, 
     return received
 
 
+class _RangesRefused(FetchError):
+    """A server advertised ranges but answered a part with 200."""
+
+
+def wants_parts(response: Response, config: FetchConfig, resuming: bool) -> bool:
+    """A big identity body from a server that does ranges is fetched in parts."""
+    return (not resuming and config.parallel_parts > 1 and not response.encodings and response.status == 200
+            and response.accepts_ranges and (response.length or 0) >= config.parallel_threshold)
+
+
 async def download(client: HttpClient, url: str, writer: BlobWriter, config: FetchConfig, *,
                    progress: ProgressFn | None = None, stats: TransferStats | None = None) -> None:
     """Fetch url's whole decoded body into writer, retrying and resuming."""
     resumable = False
+    parts_ok = True
 
     async def attempt(_n: int) -> None:
-        nonlocal resumable
+        nonlocal resumable, parts_ok
         start = writer.size if resumable and writer.size else 0
         if start == 0 and writer.size:
             await asyncio.to_thread(writer.reset)
@@ -85,11 +96,82 @@ async def download(client: HttpClient, url: str, writer: BlobWriter, config: Fet
         async with client.get(url, start=start, encoded=start == 0) as response:
             if response.start != start:  # Range ignored: the body starts at 0 again
                 await asyncio.to_thread(writer.reset)
+            if parts_ok and wants_parts(response, config, start > 0):
+                try:
+                    await download_parts(client, url, response, writer, config, progress=progress, stats=stats)
+                except _RangesRefused as e:
+                    parts_ok = False  # the next attempt streams the body in one piece
+                    raise FetchError(e.message, subject=url, retryable=True) from None
+                return
             resumable = not response.encodings and response.accepts_ranges
             decoder = ContentDecoder(response.encodings, url=url, max_output=config.max_blob_size)
             await pump(response, decoder, writer, progress=progress, stats=stats)
 
     await with_retries(config, attempt)
+
+
+def split_parts(size: int, parts: int) -> list[tuple[int, int]]:
+    step = -(-size // parts)
+    return [(s, min(size, s + step)) for s in range(0, size, step)]
+
+
+async def download_parts(client: HttpClient, url: str, first: Response, writer: BlobWriter, config: FetchConfig, *,
+                         progress: ProgressFn | None = None, stats: TransferStats | None = None) -> None:
+    """Fetch [0, size) as parallel Range parts written in place; the first part
+    comes from the response already open. The file is hashed once assembled."""
+    size = first.length or 0
+    if config.max_blob_size is not None and size > config.max_blob_size:
+        raise FetchError(f"{describe(url)}: body is {size} bytes, over the {config.max_blob_size} allowed",
+                         subject=url)
+
+    async def fill(response: Response, pos: int, end: int) -> int:
+        async for chunk in response.chunks():
+            take = chunk[: end - pos]
+            await asyncio.to_thread(writer.write_at, pos, take)
+            pos += len(take)
+            if stats is not None:
+                stats.bytes_received += len(chunk)
+            if progress:
+                progress(len(chunk))
+            if pos >= end:
+                break
+        return pos
+
+    async def part(start: int, end: int, opened: Response | None = None) -> None:
+        pos = start
+        if opened is not None:
+            try:
+                pos = await fill(opened, pos, end)
+            except FetchError as e:
+                if not e.retryable:
+                    raise
+
+        async def attempt(_n: int) -> None:
+            nonlocal pos
+            if pos >= end:
+                return
+            if stats is not None:
+                stats.requests += 1
+            async with client.get(url, start=pos, end=end, encoded=False) as response:
+                if response.status != 206:
+                    raise _RangesRefused(f"{describe(url)}: ignored a Range request for a part", subject=url)
+                pos = await fill(response, pos, end)
+                if pos < end:
+                    raise FetchError(f"{describe(url)}: part ended at {pos}, expected {end}", subject=url,
+                                     retryable=True)
+
+        await with_retries(config, attempt)
+
+    ranges = split_parts(size, config.parallel_parts)
+    tasks = [asyncio.ensure_future(part(*ranges[0], opened=first))]
+    tasks += [asyncio.ensure_future(part(s, e)) for s, e in ranges[1:]]
+    try:
+        await asyncio.gather(*tasks)
+    finally:
+        for t in tasks:  # one part failing stops the others before the file is reused
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    await asyncio.to_thread(writer.hash_written, size)
 
 
 async def fetch_blob(client: HttpClient, blobs: BlobStore, digest: str, urls: Sequence[str],

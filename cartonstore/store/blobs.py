@@ -45,7 +45,7 @@ class BlobWriter:
 
     def __init__(self, layout: StoreLayout, *, label: str = "blob") -> None:
         self.tmp_path = layout.tmp_dir / f"ingest-{os.getpid()}-{secrets.token_hex(6)}-{label}"
-        self._fd = os.open(self.tmp_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        self._fd = os.open(self.tmp_path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
         self._hash = hashlib.sha256()
         self.size = 0
         self._staged = False
@@ -60,6 +60,35 @@ class BlobWriter:
                 raise _translate_write_error(e, self.tmp_path) from e
             view = view[n:]
         self.size += len(data)
+
+    def write_at(self, offset: int, data: bytes | memoryview) -> None:
+        """Positional write for parallel parts; nothing is hashed until
+        hash_written() reads the assembled file back."""
+        view = memoryview(data)
+        while view:
+            try:
+                n = os.pwrite(self._fd, view, offset)
+            except OSError as e:
+                raise _translate_write_error(e, self.tmp_path) from e
+            view = view[n:]
+            offset += n
+
+    def hash_written(self, size: int) -> None:
+        """After write_at(): hash the file's first ``size`` bytes as if they
+        had been written in order."""
+        os.ftruncate(self._fd, size)
+        self._hash = hashlib.sha256()
+        buf = bytearray(CHUNK)
+        view = memoryview(buf)
+        pos = 0
+        while pos < size:
+            n = os.preadv(self._fd, [view[: min(CHUNK, size - pos)]], pos)
+            if n <= 0:
+                raise Unavailable(f"short read hashing {self.tmp_path}", subject=str(self.tmp_path))
+            self._hash.update(view[:n])
+            pos += n
+        self.size = size
+        os.lseek(self._fd, size, os.SEEK_SET)
 
     def reset(self) -> None:
         """Start over (a download that cannot resume): empty file, fresh hash."""
