@@ -177,6 +177,23 @@ def cmd_verify(store: Store, args: argparse.Namespace, out: Output) -> int:
     return 0 if r.ok or (args.repair and r.repaired) else exit_code_for(IntegrityError("verify failed"))
 
 
+def cmd_serve(store: Store | None, args: argparse.Namespace, out: Output) -> None:
+    from .server.daemon import run_daemon, setup_logging
+
+    settings = daemon_settings(args)
+    setup_logging(args.log_format or "text", args.log_level or "info")
+    run_daemon(settings)
+
+
+def daemon_settings(args: argparse.Namespace):  # noqa: ANN201 - DaemonSettings, imported lazily
+    from .server.daemon import DaemonSettings
+
+    root = Path(args.root) if args.root else default_root()
+    sock = args.socket or os.environ.get("CARTONSTORE_SOCKET") or str(root / "cartonstore.sock")
+    root.mkdir(parents=True, exist_ok=True)
+    return DaemonSettings(root=root, socket=Path(sock), listen=args.listen or os.environ.get("CARTONSTORE_LISTEN"))
+
+
 # -- parser --------------------------------------------------------------------
 
 
@@ -247,6 +264,14 @@ def build_parser() -> argparse.ArgumentParser:
              "cartonstore rm my-model")
     sp.add_argument("ref")
 
+    sp = add("serve", cmd_serve, "run the daemon: the KServe v2 / Triton API and leases on a Unix socket",
+             "cartonstore serve --listen 127.0.0.1:8000")
+    sp.add_argument("--config", type=Path, help="TOML settings file (default: $CARTONSTORE_CONFIG)")
+    sp.add_argument("--socket", help="Unix socket path (default: $CARTONSTORE_SOCKET or ROOT/cartonstore.sock)")
+    sp.add_argument("--listen", metavar="HOST:PORT", help="also serve on a loopback TCP port (0: any free port)")
+    sp.add_argument("--log-format", choices=["text", "json"])
+    sp.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+
     sp = add("verify", cmd_verify, "rehash every blob and check model directories against MANIFEST",
              "cartonstore verify --repair")
     sp.add_argument("--repair", action="store_true",
@@ -262,7 +287,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     out = Output(args.json)
     try:
-        if args.command == "pack":
+        if args.command in ("pack", "serve"):
             return args.func(None, args, out) or 0
         root = args.root or default_root()
         with Store(root) as store:

@@ -1,0 +1,221 @@
+"""The HTTP API: KServe v2 / Triton routes, leases, blobs, metrics.
+
+A thin layer over ModelService: parse the request, call one method, shape
+the answer. Errors become JSON {"error": ...} with the status of their
+category, from one table. Request bodies are parsed here whatever their
+Content-Type; an empty body means "no options".
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from typing import Any, Awaitable, Callable
+
+from aiohttp import web
+
+from .. import __version__
+from ..errors import (
+    AlreadyExists,
+    CartonStoreError,
+    Conflict,
+    IntegrityError,
+    InvalidInput,
+    NotFound,
+    Unavailable,
+)
+from .blobs import serve_blob
+from .metrics import CONTENT_TYPE, Metrics
+from .service import ModelService
+
+log = logging.getLogger("cartonstore.server")
+
+STATUS_FOR: list[tuple[type[CartonStoreError], int]] = [
+    (NotFound, 404),
+    (InvalidInput, 400),
+    (Conflict, 409),
+    (AlreadyExists, 409),
+    (IntegrityError, 500),
+    (Unavailable, 503),
+    (CartonStoreError, 500),
+]
+EXTENSIONS = ["model_repository", "cartonstore_leases", "cartonstore_blobs"]
+SERVICE: web.AppKey[ModelService] = web.AppKey("service", ModelService)
+METRICS: web.AppKey[Metrics] = web.AppKey("metrics", Metrics)
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def status_for(exc: CartonStoreError) -> int:
+    return next(code for cls, code in STATUS_FOR if isinstance(exc, cls))
+
+
+def error(status: int, message: str) -> web.Response:
+    return web.json_response({"error": message}, status=status)
+
+
+@web.middleware
+async def errors_and_metrics(request: web.Request, handler: Handler) -> web.StreamResponse:
+    started = time.perf_counter()
+    try:
+        response = await handler(request)
+    except CartonStoreError as e:
+        response = error(status_for(e), str(e))
+    except web.HTTPException as e:
+        response = error(e.status, e.reason or "error") if e.status >= 400 else e
+    except Exception:  # noqa: BLE001 - a bug must not take the daemon down
+        log.exception("unexpected error handling %s %s", request.method, request.path)
+        response = error(500, "internal error (see the daemon's log)")
+    route = request.match_info.route.resource.canonical if request.match_info.route.resource else "unmatched"
+    request.app[METRICS].requests.labels(route, request.method, str(response.status)).inc()
+    if log.isEnabledFor(logging.DEBUG):
+        log.debug("%s %s -> %d in %.2f ms", request.method, request.path, response.status,
+                  (time.perf_counter() - started) * 1000)
+    return response
+
+
+async def body_json(request: web.Request) -> dict[str, Any]:
+    """The JSON object in the body; {} for an empty body. No Content-Type needed."""
+    raw = await request.read()
+    if not raw.strip():
+        return {}
+    try:
+        data = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise InvalidInput(f"request body is not valid JSON: {e}") from None
+    if not isinstance(data, dict):
+        raise InvalidInput(f"request body must be a JSON object, got {type(data).__name__}")
+    return data
+
+
+def parameters(body: dict[str, Any]) -> dict[str, Any]:
+    params = body.get("parameters", {})
+    if not isinstance(params, dict):
+        raise InvalidInput(f"'parameters' must be an object, got {type(params).__name__}")
+    return params
+
+
+def svc(request: web.Request) -> ModelService:
+    return request.app[SERVICE]
+
+
+# -- health and metadata --------------------------------------------------------
+
+
+async def live(request: web.Request) -> web.Response:
+    return web.Response(status=200)
+
+
+async def ready(request: web.Request) -> web.Response:
+    return web.Response(status=200 if svc(request).ready else 400)
+
+
+async def server_metadata(request: web.Request) -> web.Response:
+    return web.json_response({"name": "cartonstore", "version": __version__, "extensions": EXTENSIONS})
+
+
+# -- repository ---------------------------------------------------------------
+
+
+async def repository_index(request: web.Request) -> web.Response:
+    body = await body_json(request)
+    ready_only = body.get("ready", False)
+    if not isinstance(ready_only, bool):
+        raise InvalidInput(f"'ready' must be a boolean, got {type(ready_only).__name__}")
+    return web.json_response(await svc(request).index(ready_only))
+
+
+async def load(request: web.Request) -> web.Response:
+    params = parameters(await body_json(request))
+    await svc(request).load(request.match_info["name"], params)
+    return web.json_response({})
+
+
+async def unload(request: web.Request) -> web.Response:
+    parameters(await body_json(request))
+    await svc(request).unload(request.match_info["name"])
+    return web.json_response({})
+
+
+async def model_metadata(request: web.Request) -> web.Response:
+    name, version = request.match_info["name"], request.match_info.get("version")
+    return web.json_response(await svc(request).metadata(name, version))
+
+
+async def model_ready(request: web.Request) -> web.Response:
+    name, version = request.match_info["name"], request.match_info.get("version")
+    if svc(request).loaded(name, version) is not None:
+        return web.Response(status=200)
+    return error(400, f"model {name!r}{' version ' + version if version else ''} is not ready")
+
+
+# -- leases ---------------------------------------------------------------------
+
+
+async def take_lease(request: web.Request) -> web.Response:
+    body = await body_json(request)
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise InvalidInput("'model' must be a non-empty string: a manifest hash, a name or a source")
+    holder = body.get("holder")
+    if holder is not None and not isinstance(holder, str):
+        raise InvalidInput("'holder' must be a string")
+    service = svc(request)
+    granted = await service.take_lease(model, service.ttl(body.get("ttl")), holder)
+    return web.json_response(granted.as_json())
+
+
+async def renew_lease(request: web.Request) -> web.Response:
+    body = await body_json(request)
+    service = svc(request)
+    granted = await service.renew_lease(request.match_info["lease"], service.ttl(body.get("ttl")))
+    return web.json_response(granted.as_json())
+
+
+async def release_lease(request: web.Request) -> web.Response:
+    await svc(request).release_lease(request.match_info["lease"])
+    return web.json_response({})
+
+
+# -- blobs and metrics ------------------------------------------------------------
+
+
+async def blob(request: web.Request) -> web.StreamResponse:
+    return await serve_blob(request, svc(request).store, request.app[METRICS])
+
+
+async def metrics(request: web.Request) -> web.Response:
+    import asyncio
+
+    body = await asyncio.to_thread(request.app[METRICS].render)
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
+
+
+async def not_found(request: web.Request) -> web.Response:
+    return error(404, f"no such endpoint: {request.method} {request.path}")
+
+
+def build_app(service: ModelService, metrics_: Metrics, *, max_request_size: int = 256 << 20) -> web.Application:
+    app = web.Application(middlewares=[errors_and_metrics], client_max_size=max_request_size)
+    app[SERVICE] = service
+    app[METRICS] = metrics_
+    metrics_.watch(service.live_values)
+    r = app.router
+    r.add_get("/v2/health/live", live)
+    r.add_get("/v2/health/ready", ready)
+    r.add_get("/v2", server_metadata)
+    r.add_post("/v2/repository/index", repository_index)
+    r.add_post("/v2/repository/models/{name}/load", load)
+    r.add_post("/v2/repository/models/{name}/unload", unload)
+    r.add_get("/v2/models/{name}", model_metadata)
+    r.add_get("/v2/models/{name}/versions/{version}", model_metadata)
+    r.add_get("/v2/models/{name}/ready", model_ready)
+    r.add_get("/v2/models/{name}/versions/{version}/ready", model_ready)
+    r.add_post("/v1/leases", take_lease)
+    r.add_post("/v1/leases/{lease}/renew", renew_lease)
+    r.add_delete("/v1/leases/{lease}", release_lease)
+    r.add_get("/v1/blobs/{digest}", blob)
+    r.add_get("/metrics", metrics)
+    r.add_route("*", "/{tail:.*}", not_found)
+    return app

@@ -1,0 +1,77 @@
+"""GET /v1/blobs/{sha256}: a stored blob for peers that list this node as a mirror.
+
+Identity responses support Range (aiohttp's FileResponse, with sendfile);
+when the client accepts zstd or gzip (and asks no Range) the body is
+compressed on the fly, chunk by chunk, in a worker thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import zlib
+
+import zstandard
+from aiohttp import web
+
+from ..errors import InvalidInput, NotFound
+from ..format.manifest import is_sha256
+from ..store import Store
+from .metrics import Metrics
+
+CHUNK = 1 << 20
+
+
+def pick_encoding(accept: str) -> str | None:
+    """zstd, else gzip, if the Accept-Encoding header allows it (q > 0)."""
+    offered = {}
+    for item in accept.split(","):
+        name, _, params = item.strip().partition(";")
+        q = 1.0
+        for p in params.split(";"):
+            key, _, val = p.strip().partition("=")
+            if key == "q":
+                try:
+                    q = float(val)
+                except ValueError:
+                    q = 0.0
+        offered[name.strip().lower()] = q
+    for name in ("zstd", "gzip"):
+        if offered.get(name, 0) > 0:
+            return name
+    return None
+
+
+def _compressor(name: str):  # noqa: ANN202
+    if name == "zstd":
+        return zstandard.ZstdCompressor(level=3).compressobj()
+    return zlib.compressobj(6, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
+
+
+async def serve_blob(request: web.Request, store: Store, metrics: Metrics) -> web.StreamResponse:
+    digest = request.match_info["digest"]
+    if not is_sha256(digest):
+        raise InvalidInput(f"{digest!r} is not a sha256 digest (64 lowercase hex)")
+    path = store.blobs.path(digest)
+    if not path.is_file():
+        raise NotFound(f"blob {digest} is not in this store", subject=digest)
+    encoding = None if "Range" in request.headers else pick_encoding(request.headers.get("Accept-Encoding", ""))
+    headers = {"ETag": f'"{digest}"', "Cache-Control": "public, max-age=31536000, immutable",
+               "Vary": "Accept-Encoding"}
+    if encoding is None:
+        response = web.FileResponse(path, headers=headers)
+        response.enable_compression = lambda *a, **k: None  # type: ignore[method-assign]
+        metrics.served_bytes.inc(path.stat().st_size)
+        return response
+    response = web.StreamResponse(headers={**headers, "Content-Encoding": encoding,
+                                           "Content-Type": "application/octet-stream"})
+    await response.prepare(request)
+    comp = _compressor(encoding)
+    with open(path, "rb") as f:
+        while chunk := await asyncio.to_thread(f.read, CHUNK):
+            out = await asyncio.to_thread(comp.compress, chunk)
+            if out:
+                await response.write(out)
+            metrics.served_bytes.inc(len(chunk))
+    await response.write(comp.flush())
+    await response.write_eof()
+    return response

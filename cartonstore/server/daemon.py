@@ -1,0 +1,135 @@
+"""`cartonstore serve`: run the API on its sockets until SIGTERM.
+
+Startup binds (or inherits) the sockets, then tells systemd READY=1.
+SIGTERM/SIGINT stop accepting, let in-flight requests finish (up to the
+shutdown timeout), release this daemon's pins and close the store; the
+store is consistent at every step because every change in it is atomic.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import signal
+import socket
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from aiohttp import web
+
+from ..fetch.config import FetchConfig
+from ..fetch.puller import Puller
+from ..store import Store
+from ..zipfmt import ZipLimits
+from .app import build_app
+from .metrics import Metrics
+from .service import LeaseSettings, ModelService
+from .sockets import bind_tcp, bind_unix, describe_socket, inherited_sockets, notify
+
+log = logging.getLogger("cartonstore.server")
+
+
+@dataclass(frozen=True)
+class DaemonSettings:
+    root: Path
+    socket: Path
+    socket_mode: int = 0o660
+    socket_group: str | None = None
+    listen: str | None = None
+    leases: LeaseSettings = field(default_factory=LeaseSettings)
+    fetch: FetchConfig = field(default_factory=FetchConfig)
+    zip_limits: ZipLimits = field(default_factory=ZipLimits)
+    max_request_size: int = 256 << 20
+    shutdown_timeout: float = 10.0
+
+
+class JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        data = {"time": round(record.created, 3), "level": record.levelname.lower(), "logger": record.name,
+                "message": record.getMessage()}
+        if record.exc_info:
+            data["exception"] = self.formatException(record.exc_info)
+        return json.dumps(data)
+
+
+def setup_logging(fmt: str = "text", level: str = "info") -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter() if fmt == "json" else
+                         logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+
+
+class Daemon:
+    def __init__(self, settings: DaemonSettings) -> None:
+        self.settings = settings
+        self.bound: list[str] = []
+        self._stop = asyncio.Event()
+        self._owned_socket: Path | None = None
+
+    def _sockets(self) -> list[socket.socket]:
+        inherited = inherited_sockets()
+        if inherited:
+            return inherited
+        s = self.settings
+        socks = [bind_unix(s.socket, mode=s.socket_mode, group=s.socket_group)]
+        self._owned_socket = s.socket
+        if s.listen:
+            try:
+                socks.append(bind_tcp(s.listen))
+            except BaseException:
+                socks[0].close()
+                s.socket.unlink(missing_ok=True)
+                raise
+        return socks
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    async def run(self) -> None:
+        s = self.settings
+        store = Store(s.root, zip_limits=s.zip_limits)
+        try:
+            async with Puller(store, s.fetch) as puller:
+                service = ModelService(store, puller, s.leases, Metrics())
+                app = build_app(service, service.metrics, max_request_size=s.max_request_size)
+                await self._serve(app, service)
+        finally:
+            store.close()
+
+    async def _serve(self, app: web.Application, service: ModelService) -> None:
+        runner = web.AppRunner(app, handle_signals=False, access_log=None,
+                               shutdown_timeout=self.settings.shutdown_timeout)
+        await runner.setup()
+        try:
+            for sock in self._sockets():
+                await web.SockSite(runner, sock).start()
+                self.bound.append(describe_socket(sock))
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, self.stop)
+            keeper = asyncio.ensure_future(service.keep_pins())
+            log.info("cartonstore serving %s on %s", self.settings.root, ", ".join(self.bound))
+            notify("READY=1\nSTATUS=serving " + " ".join(self.bound))
+            await self._stop.wait()
+            log.info("shutting down")
+            notify("STOPPING=1")
+            service.ready = False
+            keeper.cancel()
+            await asyncio.gather(keeper, return_exceptions=True)
+        finally:
+            started = time.monotonic()
+            await runner.cleanup()  # stop accepting, then wait for in-flight requests
+            await service.shutdown()
+            if self._owned_socket is not None:
+                self._owned_socket.unlink(missing_ok=True)
+            log.info("stopped in %.2fs", time.monotonic() - started)
+
+
+def run_daemon(settings: DaemonSettings) -> None:
+    asyncio.run(Daemon(settings).run())

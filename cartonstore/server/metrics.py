@@ -1,0 +1,59 @@
+"""Prometheus metrics of one daemon (prometheus_client, a registry per app).
+
+Counters are bumped where things happen; gauges that describe the store
+(size, leases) are read from the index when /metrics is scraped, so they
+are true across every process sharing the store.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, disable_created_metrics, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+# *_created series double the output and no dashboard here reads them.
+disable_created_metrics()
+
+
+class _Live(Collector):
+    def __init__(self, read: Callable[[], dict[str, float]]) -> None:
+        self.read = read
+
+    def collect(self) -> Iterator:
+        values = self.read()
+        yield GaugeMetricFamily("cartonstore_store_bytes", "Bytes of blobs in the store",
+                                value=values["store_bytes"])
+        yield GaugeMetricFamily("cartonstore_leases", "Live leases (all processes)", value=values["leases"])
+        yield GaugeMetricFamily("cartonstore_loaded_models", "Models loaded through this daemon",
+                                value=values["loaded_models"])
+        yield CounterMetricFamily("cartonstore_fetched_bytes", "Bytes received from sources",
+                                  value=values["fetched_bytes"])
+        yield CounterMetricFamily("cartonstore_fetch_requests", "HTTP requests made to sources",
+                                  value=values["fetch_requests"])
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.requests = Counter("cartonstore_http_requests", "API requests by route and status",
+                                ["route", "method", "status"], registry=self.registry)
+        self.cache_hits = Counter("cartonstore_cache_hits", "Lease or load of a model already materialized",
+                                  registry=self.registry)
+        self.cache_misses = Counter("cartonstore_cache_misses", "Lease or load that had to fetch or build",
+                                    registry=self.registry)
+        self.served_bytes = Counter("cartonstore_served_bytes", "Blob bytes served to peers",
+                                    registry=self.registry)
+        self.dedup_saved_bytes = Counter("cartonstore_dedup_saved_bytes",
+                                         "Bytes not stored or fetched because the store had them",
+                                         registry=self.registry)
+        self.fetch_errors = Counter("cartonstore_fetch_errors", "Fetches that failed", registry=self.registry)
+
+    def watch(self, read: Callable[[], dict[str, float]]) -> None:
+        self.registry.register(_Live(read))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

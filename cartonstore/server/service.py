@@ -1,0 +1,314 @@
+"""ModelService: what the daemon does, independent of HTTP.
+
+It loads and unloads models (Triton's repository API), hands out leases,
+and keeps the pins of loaded models alive. Blocking store work runs in
+worker threads; concurrent requests for one model share one fetch and one
+materialization.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import json
+import logging
+import os
+import secrets
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import CartonStoreError, InvalidInput, NotFound
+from ..fetch.puller import Puller
+from ..format.dtypes import carton_dtype_to_v2, shape_to_v2_dims
+from ..format.paths import validate_carton_path
+from ..store import Store
+from ..store.index import LeaseRow
+from ..store.materialize import remove_tree
+from .metrics import Metrics
+
+log = logging.getLogger("cartonstore.server")
+
+READY, LOADING, UNAVAILABLE = "READY", "LOADING", "UNAVAILABLE"
+
+
+@dataclass(frozen=True)
+class LeaseSettings:
+    default_ttl: float = 60.0
+    max_ttl: float = 3600.0
+    pin_ttl: float = 120.0
+
+
+@dataclass
+class LoadedModel:
+    name: str
+    digest: str | None = None
+    state: str = LOADING
+    reason: str = ""
+    config: dict | None = None
+
+    def as_index_row(self) -> dict[str, str]:
+        row = {"name": self.name, "state": self.state, "reason": self.reason}
+        if self.digest:
+            row["version"] = self.digest
+        return row
+
+
+@dataclass
+class Granted:
+    lease: LeaseRow
+    path: Path
+
+    def as_json(self) -> dict[str, Any]:
+        return {"lease": self.lease.id, "path": str(self.path), "manifest_sha256": self.lease.carton,
+                "expires_at": self.lease.expires_at}
+
+
+@dataclass
+class _Flights:
+    """In-process single-flight: one task per key, shared by every caller."""
+
+    tasks: dict[str, asyncio.Future] = field(default_factory=dict)
+
+    async def run(self, key: str, make) -> Any:  # noqa: ANN001
+        fut = self.tasks.get(key)
+        if fut is None:
+            fut = asyncio.ensure_future(make())
+            self.tasks[key] = fut
+            fut.add_done_callback(lambda _f: self.tasks.pop(key, None))
+        return await asyncio.shield(fut)
+
+
+def pin_id(name: str) -> str:
+    return f"pin:{name}"
+
+
+class ModelService:
+    def __init__(self, store: Store, puller: Puller, leases: LeaseSettings, metrics: Metrics) -> None:
+        self.store = store
+        self.puller = puller
+        self.leases = leases
+        self.metrics = metrics
+        self.models: dict[str, LoadedModel] = {}
+        self._flights = _Flights()
+        self.ready = True
+
+    # -- materializing ---------------------------------------------------------
+
+    async def model_dir(self, ref: str) -> tuple[str, Path]:
+        """Resolve, fetch what is missing and materialize; shared by concurrent callers."""
+        digest = await asyncio.to_thread(self._resolve_fast, ref)
+        if digest is not None:
+            path = self.store.layout.model_path(digest)
+            if path.is_dir():
+                self.metrics.cache_hits.inc()
+                return digest, path
+        self.metrics.cache_misses.inc()
+        key = digest or ref
+        try:
+            path = await self._flights.run(key, lambda: self.puller.materialize(digest or ref))
+        except CartonStoreError:
+            self.metrics.fetch_errors.inc()
+            raise
+        return path.name, path
+
+    def _resolve_fast(self, ref: str) -> str | None:
+        try:
+            return self.store.resolve(ref)
+        except NotFound:
+            return None
+
+    # -- leases ------------------------------------------------------------------
+
+    def ttl(self, value: Any, *, field_name: str = "ttl") -> float:
+        if value is None:
+            return self.leases.default_ttl
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= self.leases.max_ttl:
+            raise InvalidInput(f"{field_name} must be a number of seconds in (0, {self.leases.max_ttl:g}], "
+                               f"got {value!r}")
+        return float(value)
+
+    async def take_lease(self, ref: str, ttl: float, holder: str | None) -> Granted:
+        digest, path = await self.model_dir(ref)
+        row = await asyncio.to_thread(self.store.index.create_lease, digest, ttl, holder)
+        return Granted(row, path)
+
+    async def renew_lease(self, lease_id: str, ttl: float) -> Granted:
+        row = await asyncio.to_thread(self.store.index.renew_lease, lease_id, ttl)
+        return Granted(row, self.store.layout.model_path(row.carton))
+
+    async def release_lease(self, lease_id: str) -> None:
+        if lease_id.startswith("pin:"):
+            raise InvalidInput("pins of loaded models are released by unloading the model")
+        if not await asyncio.to_thread(self.store.index.delete_lease, lease_id):
+            raise NotFound(f"no lease {lease_id!r} (never taken, already released, or expired)", subject=lease_id)
+
+    # -- Triton repository ---------------------------------------------------------
+
+    async def load(self, name: str, params: dict[str, Any]) -> LoadedModel:
+        model = self.models.get(name) or LoadedModel(name)
+        model.state, model.reason = LOADING, ""
+        self.models[name] = model
+        try:
+            model.config = parse_triton_config(params.get("config"))
+            ref = await self._load_source(name, params)
+            digest, _path = await self.model_dir(ref)
+            await asyncio.to_thread(self.store.index.create_lease, digest, self.leases.pin_ttl,
+                                    f"loaded:{name}", pin_id(name))
+        except BaseException as e:
+            model.state = UNAVAILABLE
+            model.reason = str(e) if isinstance(e, CartonStoreError) else f"load failed: {type(e).__name__}"
+            raise
+        model.digest, model.state, model.reason = digest, READY, ""
+        return model
+
+    async def _load_source(self, name: str, params: dict[str, Any]) -> str:
+        files = {k[len("file:"):]: v for k, v in params.items() if k.startswith("file:")}
+        source = params.get("source")
+        if source is not None and not isinstance(source, str):
+            raise InvalidInput(f"parameter 'source' must be a string (a URL or a path), got {type(source).__name__}")
+        if files and source:
+            raise InvalidInput("give either 'source' or 'file:' parameters, not both")
+        if files:
+            return await self._add_uploaded(name, files)
+        if source:
+            return (await self._flights.run(f"add:{source}", lambda: self.puller.add(source, name=name))).digest
+        if await asyncio.to_thread(self._resolve_fast, name) is None:
+            raise NotFound(f"unknown model {name!r}: not in the store; load it with a 'source' parameter",
+                           subject=name)
+        return name
+
+    async def _add_uploaded(self, name: str, files: dict[str, Any]) -> str:
+        """Triton's file:<version>/<path> uploads: one .carton, or the files of
+        an unpacked carton."""
+        work = self.store.layout.tmp_dir / f"upload-{os.getpid()}-{secrets.token_hex(6)}"
+        try:
+            decoded = {k: _b64(k, v) for k, v in files.items()}
+            cartons = [k for k in decoded if k.endswith(".carton")]
+            work.mkdir()
+            if len(decoded) == 1 and cartons:
+                target = work / "upload.carton"
+                await asyncio.to_thread(target.write_bytes, decoded[cartons[0]])
+            else:
+                target = work / "carton"
+                await asyncio.to_thread(_write_tree, target, decoded)
+            return (await self.puller.add(str(target), name=name)).digest
+        finally:
+            await asyncio.to_thread(remove_tree, work)
+
+    async def unload(self, name: str) -> None:
+        model = self.models.get(name)
+        if model is None or model.state != READY:
+            if model is None and await asyncio.to_thread(self._resolve_fast, name) is None:
+                raise NotFound(f"unknown model {name!r}", subject=name)
+        await asyncio.to_thread(self.store.index.delete_lease, pin_id(name))
+        self.models[name] = LoadedModel(name, model.digest if model else None, UNAVAILABLE, "unloaded")
+
+    async def index(self, ready_only: bool) -> list[dict[str, str]]:
+        rows = dict(await asyncio.to_thread(self._stored_names))
+        out = {n: {"name": n, "version": d, "state": UNAVAILABLE, "reason": "not loaded"} for n, d in rows.items()}
+        for name, model in self.models.items():
+            out[name] = model.as_index_row()
+        listed = sorted(out.values(), key=lambda r: r["name"])
+        return [r for r in listed if r["state"] == READY] if ready_only else listed
+
+    def _stored_names(self) -> list[tuple[str, str]]:
+        return [(n, c.row.digest) for c in self.store.list() for n in c.names]
+
+    def loaded(self, name: str, version: str | None) -> LoadedModel | None:
+        model = self.models.get(name)
+        if model is None or model.state != READY:
+            return None
+        if version is not None and version != model.digest:
+            return None
+        return model
+
+    async def metadata(self, name: str, version: str | None) -> dict[str, Any]:
+        model = self.models.get(name)
+        digest = model.digest if model and model.digest else await asyncio.to_thread(self._resolve_fast, name)
+        if digest is None:
+            raise NotFound(f"unknown model {name!r}", subject=name)
+        if version is not None and version != digest:
+            raise NotFound(f"model {name!r} has no version {version!r} (its version is {digest})", subject=version)
+        cfg = await asyncio.to_thread(self.store.config_of, digest)
+        return {"name": name, "versions": [digest], "platform": f"carton_{cfg.runner.runner_name}",
+                "inputs": tensor_metadata(cfg.inputs), "outputs": tensor_metadata(cfg.outputs)}
+
+    # -- background ------------------------------------------------------------------
+
+    async def keep_pins(self) -> None:
+        """Renew the pins of loaded models and drop expired leases, forever."""
+        while True:
+            await asyncio.sleep(max(1.0, self.leases.pin_ttl / 3))
+            for name, model in list(self.models.items()):
+                if model.state == READY and model.digest:
+                    try:
+                        await asyncio.to_thread(self.store.index.create_lease, model.digest, self.leases.pin_ttl,
+                                                f"loaded:{name}", pin_id(name))
+                    except CartonStoreError as e:
+                        log.warning("could not renew the pin of %s: %s", name, e)
+            try:
+                await asyncio.to_thread(self.store.index.expire_leases)
+            except CartonStoreError as e:
+                log.warning("could not expire leases: %s", e)
+
+    async def shutdown(self) -> None:
+        """Pins of this daemon's loaded models lapse now rather than at expiry."""
+        self.ready = False
+        for name, model in self.models.items():
+            if model.state == READY:
+                await asyncio.to_thread(self.store.index.delete_lease, pin_id(name))
+
+    def live_values(self) -> dict[str, float]:
+        stats = self.puller.stats
+        return {"store_bytes": self.store.index.stored_bytes(), "leases": self.store.index.count_live_leases(),
+                "loaded_models": sum(1 for m in self.models.values() if m.state == READY),
+                "fetched_bytes": stats.bytes_received, "fetch_requests": stats.requests}
+
+
+def tensor_metadata(specs) -> list[dict[str, Any]]:  # noqa: ANN001
+    return [{"name": s.name, "datatype": carton_dtype_to_v2(s.dtype), "shape": shape_to_v2_dims(s.shape)}
+            for s in specs or ()]
+
+
+def parse_triton_config(value: Any) -> dict | None:
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise InvalidInput(f"parameter 'config' must be a JSON string, got {type(value).__name__}")
+    try:
+        parsed = json.loads(value)
+    except json.JSONDecodeError as e:
+        raise InvalidInput(f"parameter 'config' is not valid JSON: {e}") from None
+    if not isinstance(parsed, dict):
+        raise InvalidInput("parameter 'config' must be a JSON object (a Triton ModelConfig)")
+    return parsed
+
+
+def _b64(key: str, value: Any) -> bytes:
+    if not isinstance(value, str):
+        raise InvalidInput(f"parameter 'file:{key}' must be a base64 string, got {type(value).__name__}")
+    try:
+        return base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError):
+        raise InvalidInput(f"parameter 'file:{key}' is not valid base64") from None
+
+
+def _write_tree(root: Path, files: dict[str, bytes]) -> None:
+    """Files of an unpacked carton named file:<version>/<path>; paths are
+    checked so an upload can never write outside its directory."""
+    for key, data in files.items():
+        _version, _, rel = key.partition("/")
+        if not rel:
+            raise InvalidInput(f"parameter 'file:{key}' must be named file:<version>/<path>")
+        validate_carton_path(rel)
+        target = root / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(data)
+    if not (root / "carton.toml").exists():
+        shutil.rmtree(root, ignore_errors=True)
+        raise InvalidInput("the uploaded files are not a carton: give one file:<v>/<name>.carton, "
+                           "or the files of an unpacked carton including carton.toml")
