@@ -65,9 +65,10 @@ import logging
 import os
 import socket
 import threading
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, AsyncIterator, Iterator
+from typing import Any
 from urllib.parse import quote, urlsplit
 
 from .errors import CartonStoreError, Conflict, InvalidInput, NotFound, Unavailable

@@ -110,3 +110,13 @@ def origin():
 
     with Origin() as o:
         yield o
+
+
+@pytest.fixture
+def daemon(tmp_path: Path):
+    """A real `cartonstore serve` on a Unix socket and a loopback port."""
+    from daemonkit import DaemonProcess
+
+    d = DaemonProcess(tmp_path / "root").start()
+    yield d
+    d.stop()

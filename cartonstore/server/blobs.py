@@ -58,6 +58,7 @@ async def serve_blob(request: web.Request, store: Store, metrics: Metrics) -> we
     headers = {"ETag": f'"{digest}"', "Cache-Control": "public, max-age=31536000, immutable",
                "Vary": "Accept-Encoding"}
     if encoding is None:
+        # FileResponse sets its own ETag (mtime-size) and answers If-None-Match / If-Range with it.
         response = web.FileResponse(path, headers=headers)
         response.enable_compression = lambda *a, **k: None  # type: ignore[method-assign]
         metrics.served_bytes.inc(path.stat().st_size)

@@ -1,0 +1,601 @@
+"""Settings of the daemon and the CLI: a TOML file, the environment, the command line.
+
+    config = load_config(args.config, overrides={"server.listen": args.listen})
+
+Every setting has the default a production node wants, so no file at all is
+a working configuration; config/cartonstore.toml lists and explains them all.
+Precedence, lowest first: defaults, the file (``path``, else
+$CARTONSTORE_CONFIG), the environment variables in ENV_VARS, ``overrides``.
+Every layer is checked whole, even where a higher one wins, so a broken file
+is reported the day it breaks, not the day its override goes away.
+
+Each problem raises InvalidInput naming where the value came from and its
+dotted key, with ``subject`` the key (or the file, for unreadable files):
+
+    config /etc/cartonstore/cartonstore.toml: fetch.retries: expected an integer >= 0, got 'many'
+    environment CARTONSTORE_LISTEN: server.listen: '0.0.0.0:80' is not a loopback address; ...
+    command line: unknown key 'server.lisen'; did you mean 'server.listen'?
+
+Conventions, the same in every layer: an empty string means "the default"
+for paths and ``accept_encoding``, and "no limit" for optional sizes (TOML
+has no null); sizes and durations are strings ("256MiB", "1h30m") or plain
+numbers (bytes, seconds). Relative paths in a file are relative to the
+file's directory; elsewhere to the working directory.
+"""
+
+from __future__ import annotations
+
+import difflib
+import ipaddress
+import math
+import os
+import re
+from dataclasses import dataclass, field, fields
+from pathlib import Path, PurePath
+from types import MappingProxyType
+from typing import Any, Callable, Mapping
+
+import tomli
+
+from .errors import InvalidInput
+from .fetch.config import FetchConfig
+from .fetch.encoding import DEFAULT_ACCEPT_ENCODING, SUPPORTED_CODINGS
+from .fetch.policy import UrlPolicy, describe
+from .store.layout import default_root
+from .units import parse_duration, parse_size
+from .zipfmt import ZipLimits
+
+CONFIG_ENV = "CARTONSTORE_CONFIG"
+SOCKET_NAME = "cartonstore.sock"
+
+ENV_VARS: Mapping[str, str] = MappingProxyType({
+    "CARTONSTORE_ROOT": "store.root",
+    "CARTONSTORE_SOCKET": "server.socket",
+    "CARTONSTORE_LISTEN": "server.listen",
+    "CARTONSTORE_LOG_FORMAT": "server.log_format",
+    "CARTONSTORE_LOG_LEVEL": "server.log_level",
+})
+"""Environment variable -> the setting it overrides. Empty variables are ignored."""
+
+Parser = Callable[[Any], Any]
+Shower = Callable[[Any], Any]
+
+
+class _Bad(Exception):
+    """A value a parser refuses; the loader says where it came from."""
+
+
+_DEFAULT = object()  # a parser's answer for "" where the default is computed
+
+
+# -- parsers: raw TOML / environment / command-line value -> typed value ---------
+
+
+def _as_int(value: object) -> int | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str) and re.fullmatch(r"\s*[+-]?\d+\s*", value):
+        return int(value)
+    return None
+
+
+def _integer(minimum: int) -> Parser:
+    def parse(value: object) -> int:
+        number = _as_int(value)
+        if number is None or number < minimum:
+            raise _Bad(f"expected an integer >= {minimum}, got {value!r}")
+        return number
+    return parse
+
+
+def _as_size(value: object) -> int | None:
+    if isinstance(value, str):
+        try:
+            return parse_size(value)
+        except InvalidInput:
+            return None
+    return _as_int(value)
+
+
+def _size(minimum: int, *, optional: bool = False) -> Parser:
+    empty = ' (or "" for no limit)' if optional else ""
+
+    def parse(value: object) -> int | None:
+        if optional and value == "":
+            return None
+        number = _as_size(value)
+        if number is None:
+            raise _Bad(f"expected a size such as 512MiB, 10GiB or 1000000{empty}, got {value!r}")
+        if number < minimum:
+            raise _Bad(f"expected a size >= {minimum}{empty}, got {value!r}")
+        return number
+    return parse
+
+
+def _as_seconds(value: object) -> float | None:
+    if isinstance(value, str):
+        try:
+            return parse_duration(value)
+        except InvalidInput:
+            return None
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+        return float(value)
+    return None
+
+
+def _duration(*, positive: bool) -> Parser:
+    def parse(value: object) -> float:
+        seconds = _as_seconds(value)
+        if seconds is None:
+            raise _Bad(f"expected a duration such as 90, 30s, 10m or 1h30m, got {value!r}")
+        if seconds < 0 or (positive and seconds == 0):
+            raise _Bad(f"expected a duration {'> 0' if positive else '>= 0'}, got {value!r}")
+        return seconds
+    return parse
+
+
+def _choice(*choices: str) -> Parser:
+    def parse(value: object) -> str:
+        if isinstance(value, str) and value.strip().lower() in choices:
+            return value.strip().lower()
+        raise _Bad(f"expected one of {', '.join(map(repr, choices))}, got {value!r}")
+    return parse
+
+
+_BOOLEANS = {"true": True, "yes": True, "on": True, "1": True,
+             "false": False, "no": False, "off": False, "0": False}
+
+
+def _boolean(value: object) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in _BOOLEANS:
+        return _BOOLEANS[value.strip().lower()]
+    raise _Bad(f"expected true or false, got {value!r}")
+
+
+def _path(*, empty: object) -> Parser:
+    """A path with ~ expanded; ``empty`` is what "" means. The loader makes
+    relative paths absolute."""
+    def parse(value: object) -> object:
+        if value == "":
+            return empty
+        if not isinstance(value, (str, PurePath)) or "\0" in str(value):
+            raise _Bad(f'expected a path (or "" for the default), got {value!r}')
+        return Path(value).expanduser()
+    return parse
+
+
+_GROUP = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]*\$?|[0-9]+")
+
+
+def _group(value: object) -> str:
+    if value == "" or (isinstance(value, str) and _GROUP.fullmatch(value)):
+        return value
+    raise _Bad(f'expected a group name or number (or "" for the daemon\'s group), got {value!r}')
+
+
+def _mode(value: object) -> int:
+    if isinstance(value, str) and re.fullmatch(r"(0o|0)?[0-7]{3}", value.strip()):
+        return int(value.strip(), 8)
+    raise _Bad(f'expected permission bits as an octal string such as "0660", got {value!r}')
+
+
+_LISTEN = re.compile(r"(?:\[(?P<ipv6>[0-9A-Fa-f:.]+)\]|(?P<host>[A-Za-z0-9_.-]+)):(?P<port>[0-9]{1,5})")
+
+
+def _split_listen(text: str) -> tuple[str, int]:
+    match = _LISTEN.fullmatch(text)
+    if match and int(match["port"]) <= 65535:
+        if match["host"]:
+            return match["host"], int(match["port"])
+        try:
+            return str(ipaddress.IPv6Address(match["ipv6"])), int(match["port"])
+        except ValueError:
+            pass
+    raise _Bad(f'expected HOST:PORT such as 127.0.0.1:8000 or [::1]:8000 (or "" for no TCP '
+               f"port), got {text!r}")
+
+
+def _listen(value: object) -> str:
+    if not isinstance(value, str):
+        raise _Bad(f"expected HOST:PORT as a string, got {value!r}")
+    if value:
+        _split_listen(value)
+    return value
+
+
+def _accept_encoding(value: object) -> str:
+    if not isinstance(value, str):
+        raise _Bad(f"expected an Accept-Encoding header value as a string, got {value!r}")
+    if not value.strip():
+        return DEFAULT_ACCEPT_ENCODING
+    for item in value.split(","):
+        coding = item.split(";", 1)[0].strip().lower()
+        if coding not in (*SUPPORTED_CODINGS, "identity"):
+            raise _Bad(f"coding {coding!r} cannot be decoded (this build decodes "
+                       f"{DEFAULT_ACCEPT_ENCODING} and identity), got {value!r}")
+    return value.strip()
+
+
+def _strings(check: Callable[[tuple[str, ...]], object] | None = None) -> Parser:
+    def parse(value: object) -> tuple[str, ...]:
+        if not isinstance(value, (list, tuple)) or not all(isinstance(i, str) for i in value):
+            raise _Bad(f"expected a list of strings, got {value!r}")
+        if check is not None:
+            check(tuple(value))  # raises InvalidInput naming the problem
+        return tuple(value)
+    return parse
+
+
+def _check_mirrors(urls: tuple[str, ...]) -> None:
+    for url in urls:
+        UrlPolicy().check(url)
+        if "?" in url or "#" in url:
+            raise _Bad(f"a mirror is a URL prefix (blobs are <mirror>/<sha256>), so it cannot "
+                       f"have a query or fragment: {describe(url)}")
+
+
+# -- how each kind of value is shown by Config.as_dict (valid TOML, loads back) ---
+
+
+def _show(value: Any) -> Any:
+    return list(value) if isinstance(value, tuple) else value
+
+
+def _show_path(path: Path | None) -> str:
+    return "" if path is None else str(path)
+
+
+def _show_mode(mode: int) -> str:
+    return f"{mode:04o}"
+
+
+def format_size(size: int | None) -> str:
+    """``size`` the way a config file writes it: "256MiB", "1000"; "" for None."""
+    if size is None:
+        return ""
+    for unit, factor in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if size and size % factor == 0:
+            return f"{size // factor}{unit}"
+    return str(size)
+
+
+def format_duration(seconds: float) -> str:
+    """``seconds`` the way a config file writes it: "1h30m", "10s", "0.25s"."""
+    if seconds != int(seconds):
+        text = repr(seconds)
+        return (f"{seconds:.9f}".rstrip("0") if "e" in text else text) + "s"
+    rest, parts = int(seconds), []
+    for unit, length in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
+        count, rest = divmod(rest, length)
+        if count:
+            parts.append(f"{count}{unit}")
+    return "".join(parts) or "0s"
+
+
+def _setting(default: Any = None, parse: Parser = _show, show: Shower = _show, *,
+             factory: Callable[[], Any] | None = None) -> Any:
+    metadata = {"parse": parse, "show": show}
+    if factory is not None:
+        return field(default_factory=factory, metadata=metadata)
+    return field(default=default, metadata=metadata)
+
+
+def _size_setting(default: int | None, minimum: int, *, optional: bool = False) -> Any:
+    return _setting(default, _size(minimum, optional=optional), format_size)
+
+
+def _duration_setting(default: float, *, positive: bool) -> Any:
+    return _setting(default, _duration(positive=positive), format_duration)
+
+
+# -- the sections ------------------------------------------------------------------
+
+_FETCH = FetchConfig()
+_POLICY = UrlPolicy()
+_POLICY_FIELDS = tuple(setting.name for setting in fields(UrlPolicy))
+_ZIP = ZipLimits()
+
+
+def _default_root() -> Path:
+    return default_root().expanduser().absolute()
+
+
+@dataclass(frozen=True)
+class StoreSettings:
+    """[store]"""
+
+    root: Path = _setting(parse=_path(empty=_DEFAULT), show=_show_path, factory=_default_root)
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    """[server]: how the daemon is reached and how it logs."""
+
+    socket: Path | None = _setting(None, _path(empty=None), _show_path)  # None: ROOT/cartonstore.sock
+    socket_mode: int = _setting(0o660, _mode, _show_mode)
+    socket_group: str = _setting("", _group)
+    listen: str = _setting("", _listen)  # "" or HOST:PORT, see listen_address
+    allow_remote_listen: bool = _setting(False, _boolean)
+    log_format: str = _setting("text", _choice("text", "json"))
+    log_level: str = _setting("info", _choice("debug", "info", "warning", "error"))
+    max_request_size: int = _size_setting(256 << 20, 1)
+    shutdown_timeout: float = _duration_setting(10.0, positive=False)
+
+    @property
+    def listen_address(self) -> tuple[str, int] | None:
+        """(host, port) of the TCP listener, IPv6 without brackets; None for none."""
+        return _split_listen(self.listen) if self.listen else None
+
+    def socket_gid(self) -> int | None:
+        """The group id for the socket, None to keep the daemon's. Raises
+        InvalidInput if the group does not exist on this host."""
+        if not self.socket_group:
+            return None
+        if self.socket_group.isdigit():
+            return int(self.socket_group)
+        import grp
+
+        try:
+            return grp.getgrnam(self.socket_group).gr_gid
+        except KeyError:
+            raise InvalidInput(f"server.socket_group: no group named {self.socket_group!r} on "
+                               f"this host", subject="server.socket_group") from None
+
+
+@dataclass(frozen=True)
+class LeaseSettings:
+    """[leases]: time limits of the claims loaders hold on models."""
+
+    default_ttl: float = _duration_setting(60.0, positive=True)
+    max_ttl: float = _duration_setting(3600.0, positive=True)
+    pin_ttl: float = _duration_setting(120.0, positive=True)
+
+
+@dataclass(frozen=True)
+class FetchSettings:
+    """[fetch]: the fields of FetchConfig, with those of its UrlPolicy inline."""
+
+    accept_encoding: str = _setting(_FETCH.accept_encoding, _accept_encoding)
+    connect_timeout: float = _duration_setting(_FETCH.connect_timeout, positive=True)
+    stall_timeout: float = _duration_setting(_FETCH.stall_timeout, positive=True)
+    retries: int = _setting(_FETCH.retries, _integer(0))
+    backoff_base: float = _duration_setting(_FETCH.backoff_base, positive=False)
+    backoff_max: float = _duration_setting(_FETCH.backoff_max, positive=False)
+    max_concurrency: int = _setting(_FETCH.max_concurrency, _integer(1))
+    parallel_threshold: int = _size_setting(_FETCH.parallel_threshold, 1)
+    parallel_parts: int = _setting(_FETCH.parallel_parts, _integer(1))
+    coalesce_gap: int = _size_setting(_FETCH.coalesce_gap, 0)
+    lock_timeout: float = _duration_setting(_FETCH.lock_timeout, positive=True)
+    max_blob_size: int | None = _size_setting(_FETCH.max_blob_size, 1, optional=True)
+    mirrors: tuple[str, ...] = _setting(_FETCH.mirrors, _strings(_check_mirrors))
+    allow_hosts: tuple[str, ...] = _setting(
+        _POLICY.allow_hosts, _strings(lambda hosts: UrlPolicy(allow_hosts=hosts)))
+    deny_hosts: tuple[str, ...] = _setting(
+        _POLICY.deny_hosts, _strings(lambda hosts: UrlPolicy(deny_hosts=hosts)))
+    max_redirects: int = _setting(_POLICY.max_redirects, _integer(0))
+
+
+@dataclass(frozen=True)
+class LimitSettings:
+    """[limits]: what a carton's zip may declare before it is refused."""
+
+    zip_max_entries: int = _setting(_ZIP.max_entries, _integer(1))
+    zip_max_ratio: int = _setting(_ZIP.max_ratio, _integer(1))
+
+
+@dataclass(frozen=True)
+class GcSettings:
+    """[gc]: the store's space budget and how garbage is collected."""
+
+    max_size: int | None = _size_setting(None, 0, optional=True)
+    min_free: int | None = _size_setting(None, 0, optional=True)
+    grace: float = _duration_setting(3600.0, positive=False)
+    interval: float = _duration_setting(600.0, positive=True)
+
+
+_SECTIONS: Mapping[str, type] = MappingProxyType({
+    "store": StoreSettings, "server": ServerSettings, "leases": LeaseSettings,
+    "fetch": FetchSettings, "limits": LimitSettings, "gc": GcSettings,
+})
+_PARSERS: Mapping[str, Parser] = MappingProxyType({
+    f"{section}.{setting.name}": setting.metadata["parse"]
+    for section, cls in _SECTIONS.items() for setting in fields(cls)
+})
+
+
+def setting_keys() -> tuple[str, ...]:
+    """Every setting's dotted key ("server.listen"), in file order."""
+    return tuple(_PARSERS)
+
+
+@dataclass(frozen=True)
+class Config:
+    """All settings. ``Config()`` is the defaults; ``source`` is the file
+    they were read from, if any (not compared)."""
+
+    store: StoreSettings = field(default_factory=StoreSettings)
+    server: ServerSettings = field(default_factory=ServerSettings)
+    leases: LeaseSettings = field(default_factory=LeaseSettings)
+    fetch: FetchSettings = field(default_factory=FetchSettings)
+    limits: LimitSettings = field(default_factory=LimitSettings)
+    gc: GcSettings = field(default_factory=GcSettings)
+    source: Path | None = field(default=None, compare=False)
+
+    @property
+    def socket_path(self) -> Path:
+        """server.socket, else ROOT/cartonstore.sock."""
+        return self.server.socket or self.store.root / SOCKET_NAME
+
+    def fetch_config(self) -> FetchConfig:
+        values = {setting.name: getattr(self.fetch, setting.name) for setting in fields(self.fetch)}
+        policy = UrlPolicy(**{name: values.pop(name) for name in _POLICY_FIELDS})
+        return FetchConfig(**values, policy=policy)
+
+    def zip_limits(self) -> ZipLimits:
+        return ZipLimits(max_entries=self.limits.zip_max_entries,
+                         max_ratio=self.limits.zip_max_ratio)
+
+    def as_dict(self) -> dict[str, dict[str, Any]]:
+        """The settings as TOML-ready tables (sizes and durations as strings,
+        the socket resolved), for ``serve --print-config``; loads back to
+        the same settings."""
+        tables = {
+            name: {setting.name: setting.metadata["show"](getattr(section, setting.name))
+                   for setting in fields(section)}
+            for name, section in ((name, getattr(self, name)) for name in _SECTIONS)
+        }
+        tables["server"]["socket"] = str(self.socket_path)
+        return tables
+
+
+# -- loading -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Layer:
+    origin: str                # how messages name it: "config F", "environment VAR", "command line"
+    values: Mapping[str, Any]  # dotted key -> raw value
+    base: Path | None          # relative paths are relative to this; None: the working directory
+
+
+def load_config(path: Path | None = None, *, env: Mapping[str, str] | None = None,
+                overrides: Mapping[str, object] | None = None) -> Config:
+    """Defaults, then the file, then ``env`` (default os.environ), then
+    ``overrides`` (dotted keys; None values are skipped, so argparse results
+    can be passed as they are). Raises InvalidInput for an unreadable file,
+    invalid TOML, an unknown key or a bad value.
+
+    ``path`` None means $CARTONSTORE_CONFIG, else no file. The default root
+    is default_root(), which reads the process environment.
+    """
+    env = os.environ if env is None else env
+    if path is None and env.get(CONFIG_ENV):
+        path = Path(env[CONFIG_ENV]).expanduser()
+    layers = [] if path is None else [_file_layer(Path(path))]
+    layers += [_Layer(f"environment {var}", {key: env[var]}, None)
+               for var, key in ENV_VARS.items() if env.get(var)]
+    if overrides:
+        layers.append(_Layer("command line",
+                             {k: v for k, v in overrides.items() if v is not None}, None))
+    return _build(layers, source=None if path is None else Path(path))
+
+
+def _file_layer(path: Path) -> _Layer:
+    origin = f"config {path}"
+    try:
+        data = tomli.loads(path.read_bytes().decode("utf-8"))
+    except OSError as error:
+        raise InvalidInput(f"{origin}: cannot read: {error.strerror or error}",
+                           subject=str(path)) from None
+    except UnicodeDecodeError as error:
+        raise InvalidInput(f"{origin}: not UTF-8 text (bad byte at offset {error.start})",
+                           subject=str(path)) from None
+    except tomli.TOMLDecodeError as error:
+        raise InvalidInput(f"{origin}: invalid TOML: {error}", subject=str(path)) from None
+    return _Layer(origin, _flatten(data, origin), path.absolute().parent)
+
+
+def _flatten(data: Mapping[str, Any], origin: str) -> dict[str, Any]:
+    values: dict[str, Any] = {}
+    for section, table in data.items():
+        if not isinstance(table, dict):
+            if section in _SECTIONS:
+                raise InvalidInput(f"{origin}: {section}: expected a table ([{section}]), "
+                                   f"got {table!r}", subject=section)
+            values[section] = table  # a key outside any section: reported as unknown
+            continue
+        if section not in _SECTIONS:
+            hint = _suggest(section, list(_SECTIONS))
+            raise InvalidInput(f"{origin}: unknown section [{section}]{hint}", subject=section)
+        values.update({f"{section}.{name}": value for name, value in table.items()})
+    return values
+
+
+def _suggest(name: str, candidates: list[str]) -> str:
+    """"; did you mean 'x'?" for the likeliest candidate, "" if none is close.
+
+    A known name in the wrong section is the likeliest slip, then a typo
+    in the whole key, then a typo in the name alone."""
+    leaves = {candidate.rpartition(".")[2]: candidate for candidate in candidates}
+    leaf = name.rpartition(".")[2]
+    guess = leaves.get(leaf) \
+        or next(iter(difflib.get_close_matches(name, candidates, n=1)), None) \
+        or leaves.get(next(iter(difflib.get_close_matches(leaf, list(leaves), n=1)), ""))
+    return f"; did you mean '{guess}'?" if guess else ""
+
+
+def _build(layers: list[_Layer], *, source: Path | None) -> Config:
+    values: dict[str, Any] = {}
+    origins: dict[str, str] = {}
+    for layer in layers:
+        for key, raw in layer.values.items():
+            values[key] = _parse(key, raw, layer)
+            origins[key] = layer.origin
+    sections = {
+        name: cls(**{key.partition(".")[2]: value for key, value in values.items()
+                     if key.startswith(name + ".") and value is not _DEFAULT})
+        for name, cls in _SECTIONS.items()
+    }
+    config = Config(**sections, source=source)
+    _check(config, origins)
+    return config
+
+
+def _parse(key: str, raw: object, layer: _Layer) -> Any:
+    parse = _PARSERS.get(key) if isinstance(key, str) else None
+    if parse is None:
+        raise InvalidInput(f"{layer.origin}: unknown key {key!r}{_suggest(str(key), list(_PARSERS))}",
+                           subject=str(key))
+    try:
+        value = parse(raw)
+    except (_Bad, InvalidInput) as error:
+        raise InvalidInput(f"{layer.origin}: {key}: {error}", subject=key) from None
+    if isinstance(value, Path) and not value.is_absolute():
+        value = layer.base / value if layer.base else value.absolute()
+    return value
+
+
+def _check(config: Config, origins: Mapping[str, str]) -> None:
+    """Rules between settings; the message names the key that was set."""
+    server, leases, fetch = config.server, config.leases, config.fetch
+    address = server.listen_address
+    if address and not server.allow_remote_listen and not _is_loopback(address[0]):
+        raise _conflict(origins, ("server.listen", "server.allow_remote_listen"),
+                        f"{server.listen!r} is not a loopback address (127.0.0.0/8, ::1, "
+                        f"localhost); the API has no authentication, so listening on other "
+                        f"hosts needs server.allow_remote_listen = true")
+    if leases.default_ttl > leases.max_ttl:
+        raise _conflict(origins, ("leases.default_ttl", "leases.max_ttl"),
+                        f"leases.default_ttl ({format_duration(leases.default_ttl)}) must not "
+                        f"exceed leases.max_ttl ({format_duration(leases.max_ttl)})")
+    if fetch.backoff_base > fetch.backoff_max:
+        raise _conflict(origins, ("fetch.backoff_base", "fetch.backoff_max"),
+                        f"fetch.backoff_base ({format_duration(fetch.backoff_base)}) must not "
+                        f"exceed fetch.backoff_max ({format_duration(fetch.backoff_max)})")
+    policy = config.fetch_config().policy
+    for mirror in fetch.mirrors:
+        try:
+            policy.check(mirror)
+        except InvalidInput as error:
+            raise _conflict(origins, ("fetch.mirrors", "fetch.allow_hosts", "fetch.deny_hosts"),
+                            f"mirror {describe(mirror)} would never be used: {error}") from None
+
+
+def _conflict(origins: Mapping[str, str], keys: tuple[str, ...], problem: str) -> InvalidInput:
+    key = next((key for key in keys if key in origins), keys[0])
+    return InvalidInput(f"{origins.get(key, 'defaults')}: {key}: {problem}", subject=key)
+
+
+def _is_loopback(host: str) -> bool:
+    if host.lower().rstrip(".") == "localhost":
+        return True
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    mapped = getattr(address, "ipv4_mapped", None)
+    return address.is_loopback or (mapped is not None and mapped.is_loopback)

@@ -1,0 +1,105 @@
+"""Real daemon processes for tests, started the way systemd does it.
+
+The test plays systemd's part: it binds a datagram socket, passes it as
+NOTIFY_SOCKET and waits for READY=1, whose STATUS line carries the bound
+addresses (so port 0 works).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import aiohttp
+
+
+class DaemonProcess:
+    def __init__(self, root: Path, *, listen: str | None = "127.0.0.1:0", socket_path: Path | None = None,
+                 extra_args: list[str] | None = None, env: dict[str, str] | None = None,
+                 pass_fds: tuple[int, ...] = ()) -> None:
+        self.root = root
+        self.socket_path = socket_path or root / "cartonstore.sock"
+        self.listen = listen
+        self.extra_args = extra_args or []
+        self.env = env or {}
+        self.pass_fds = pass_fds
+        self.proc: subprocess.Popen | None = None
+        self.status = ""
+        self.notify_path = root.parent / f"notify-{os.getpid()}-{id(self)}.sock"
+
+    def argv(self) -> list[str]:
+        args = [sys.executable, "-m", "cartonstore.cli", "serve", "--root", str(self.root),
+                "--socket", str(self.socket_path)]
+        if self.listen:
+            args += ["--listen", self.listen]
+        return args + self.extra_args
+
+    def start(self, timeout: float = 30.0) -> "DaemonProcess":
+        self.root.mkdir(parents=True, exist_ok=True)
+        notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        notify.bind(str(self.notify_path))
+        notify.settimeout(timeout)
+        env = {**os.environ, "NOTIFY_SOCKET": str(self.notify_path), **self.env}
+        self.proc = subprocess.Popen(self.argv(), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     text=True, pass_fds=self.pass_fds)
+        try:
+            while True:
+                try:
+                    msg = notify.recv(4096).decode()
+                except socket.timeout:
+                    raise RuntimeError(f"daemon not ready in {timeout}s: {self.stop_and_read()}") from None
+                if "READY=1" in msg:
+                    self.status = msg
+                    return self
+        finally:
+            notify.close()
+            self.notify_path.unlink(missing_ok=True)
+
+    @property
+    def http_url(self) -> str:
+        return next(w for w in self.status.split() if w.startswith("http://"))
+
+    @property
+    def host_port(self) -> str:
+        return self.http_url.removeprefix("http://")
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30.0) -> int:
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        return self.proc.wait(timeout)
+
+    def stop_and_read(self) -> str:
+        if self.proc and self.proc.poll() is None:
+            self.proc.kill()
+        out, err = self.proc.communicate(timeout=10) if self.proc else ("", "")
+        return f"exit {self.proc.returncode if self.proc else None}; stderr: {err[-3000:]}"
+
+    def __enter__(self) -> "DaemonProcess":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.stop()
+
+
+def unix_session(path: Path) -> aiohttp.ClientSession:
+    return aiohttp.ClientSession(connector=aiohttp.UnixConnector(path=str(path)),
+                                 base_url="http://cartonstore")
+
+
+def wait_for(predicate, timeout: float = 10.0, interval: float = 0.05) -> bool:  # noqa: ANN001
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval)
+    return False
+
+
+__all__ = ["DaemonProcess", "signal", "unix_session", "wait_for"]
