@@ -201,9 +201,9 @@ class ModelService:
 
     async def unload(self, name: str) -> None:
         model = self.models.get(name)
-        if model is None or model.state != READY:
-            if model is None and await asyncio.to_thread(self._resolve_fast, name) is None:
-                raise NotFound(f"unknown model {name!r}", subject=name)
+        never_loaded = model is None or model.digest is None
+        if never_loaded and await asyncio.to_thread(self._resolve_fast, name) is None:
+            raise NotFound(f"unknown model {name!r}", subject=name)
         await asyncio.to_thread(self.store.index.delete_lease, pin_id(name))
         self.models[name] = LoadedModel(name, model.digest if model else None, UNAVAILABLE, "unloaded")
 
