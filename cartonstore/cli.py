@@ -24,12 +24,10 @@ from .errors import (
     NotFound,
     Unavailable,
 )
-from .fetch.config import FetchConfig
-from .fetch.policy import UrlPolicy
+from .config import Config, load_config
 from .fetch.puller import Puller
 from .progress import MODES, Progress
 from .store import Store
-from .store.layout import default_root
 from .units import format_size, parse_size
 
 EXIT_CODES: list[tuple[type[CartonStoreError], int]] = [
@@ -73,9 +71,20 @@ class Output:
 # -- commands ------------------------------------------------------------------
 
 
-def fetch_config(args: argparse.Namespace) -> FetchConfig:
-    policy = UrlPolicy(allow_hosts=tuple(args.allow_host or ()), deny_hosts=tuple(args.deny_host or ()))
-    return FetchConfig(mirrors=tuple(args.mirror or ()), policy=policy)
+def load_settings(args: argparse.Namespace) -> Config:
+    """The settings file (--config or $CARTONSTORE_CONFIG), the environment,
+    then this command's flags, each overriding the one before."""
+    overrides = {
+        "store.root": args.root,
+        "server.socket": getattr(args, "socket", None),
+        "server.listen": getattr(args, "listen", None),
+        "server.log_format": getattr(args, "log_format", None),
+        "server.log_level": getattr(args, "log_level", None),
+        "fetch.mirrors": getattr(args, "mirror", None),
+        "fetch.allow_hosts": getattr(args, "allow_host", None),
+        "fetch.deny_hosts": getattr(args, "deny_host", None),
+    }
+    return load_config(args.config, overrides=overrides)
 
 
 def with_puller(store: Store, args: argparse.Namespace, work):  # noqa: ANN001, ANN201
@@ -83,7 +92,8 @@ def with_puller(store: Store, args: argparse.Namespace, work):  # noqa: ANN001, 
     progress = Progress(args.progress)
 
     async def run():  # noqa: ANN202
-        async with Puller(store, fetch_config(args), progress=progress.bytes, on_event=progress.event) as p:
+        async with Puller(store, args.settings.fetch_config(), progress=progress.bytes,
+                          on_event=progress.event) as p:
             try:
                 return await work(p)
             finally:
@@ -178,20 +188,23 @@ def cmd_verify(store: Store, args: argparse.Namespace, out: Output) -> int:
 
 
 def cmd_serve(store: Store | None, args: argparse.Namespace, out: Output) -> None:
-    from .server.daemon import run_daemon, setup_logging
+    from .server.daemon import DaemonSettings, run_daemon, setup_logging
+    from .server.service import LeaseSettings
 
-    settings = daemon_settings(args)
-    setup_logging(args.log_format or "text", args.log_level or "info")
-    run_daemon(settings)
+    cfg: Config = args.settings
+    if args.print_config:
+        import tomli_w
 
-
-def daemon_settings(args: argparse.Namespace):  # noqa: ANN201 - DaemonSettings, imported lazily
-    from .server.daemon import DaemonSettings
-
-    root = Path(args.root) if args.root else default_root()
-    sock = args.socket or os.environ.get("CARTONSTORE_SOCKET") or str(root / "cartonstore.sock")
-    root.mkdir(parents=True, exist_ok=True)
-    return DaemonSettings(root=root, socket=Path(sock), listen=args.listen or os.environ.get("CARTONSTORE_LISTEN"))
+        print(tomli_w.dumps(cfg.as_dict()), end="")
+        return
+    cfg.store.root.mkdir(parents=True, exist_ok=True)
+    setup_logging(cfg.server.log_format, cfg.server.log_level)
+    run_daemon(DaemonSettings(
+        root=cfg.store.root, socket=cfg.socket_path, socket_mode=cfg.server.socket_mode,
+        socket_group=cfg.server.socket_group or None, listen=cfg.server.listen or None,
+        leases=LeaseSettings(cfg.leases.default_ttl, cfg.leases.max_ttl, cfg.leases.pin_ttl),
+        fetch=cfg.fetch_config(), zip_limits=cfg.zip_limits(), max_request_size=cfg.server.max_request_size,
+        shutdown_timeout=cfg.server.shutdown_timeout))
 
 
 # -- parser --------------------------------------------------------------------
@@ -202,6 +215,8 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument("--root", type=Path, default=None,
                         help="store root (default: $CARTONSTORE_ROOT or ~/.cache/cartonstore)")
     common.add_argument("--json", action="store_true", help="print machine-readable JSON")
+    common.add_argument("--config", type=Path, default=None,
+                        help="TOML settings file (default: $CARTONSTORE_CONFIG; see config/cartonstore.toml)")
 
     p = argparse.ArgumentParser(prog="cartonstore", description="A shared, content-addressed store "
                                 "of ML models packaged as cartons.", epilog=EPILOG,
@@ -266,7 +281,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     sp = add("serve", cmd_serve, "run the daemon: the KServe v2 / Triton API and leases on a Unix socket",
              "cartonstore serve --listen 127.0.0.1:8000")
-    sp.add_argument("--config", type=Path, help="TOML settings file (default: $CARTONSTORE_CONFIG)")
+    sp.add_argument("--print-config", action="store_true", help="print the settings in effect (TOML) and exit")
     sp.add_argument("--socket", help="Unix socket path (default: $CARTONSTORE_SOCKET or ROOT/cartonstore.sock)")
     sp.add_argument("--listen", metavar="HOST:PORT", help="also serve on a loopback TCP port (0: any free port)")
     sp.add_argument("--log-format", choices=["text", "json"])
@@ -287,10 +302,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     out = Output(args.json)
     try:
-        if args.command in ("pack", "serve"):
+        if args.command == "pack":
             return args.func(None, args, out) or 0
-        root = args.root or default_root()
-        with Store(root) as store:
+        args.settings = load_settings(args)
+        if args.command == "serve":
+            return args.func(None, args, out) or 0
+        with Store(args.settings.store.root, zip_limits=args.settings.zip_limits()) as store:
             return args.func(store, args, out) or 0
     except CartonStoreError as e:
         print(f"cartonstore {args.command}: error: {e}", file=sys.stderr)

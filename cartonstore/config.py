@@ -30,10 +30,11 @@ import ipaddress
 import math
 import os
 import re
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path, PurePath
 from types import MappingProxyType
-from typing import Any, Callable, Mapping
+from typing import Any
 
 import tomli
 
@@ -192,7 +193,8 @@ def _split_listen(text: str) -> tuple[str, int]:
         if match["host"]:
             return match["host"], int(match["port"])
         try:
-            return str(ipaddress.IPv6Address(match["ipv6"])), int(match["port"])
+            ipaddress.IPv6Address(match["ipv6"])
+            return match["ipv6"], int(match["port"])
         except ValueError:
             pass
     raise _Bad(f'expected HOST:PORT such as 127.0.0.1:8000 or [::1]:8000 (or "" for no TCP '
@@ -223,7 +225,9 @@ def _accept_encoding(value: object) -> str:
 def _strings(check: Callable[[tuple[str, ...]], object] | None = None) -> Parser:
     def parse(value: object) -> tuple[str, ...]:
         if not isinstance(value, (list, tuple)) or not all(isinstance(i, str) for i in value):
-            raise _Bad(f"expected a list of strings, got {value!r}")
+            # describe() keeps credentials in a mistyped mirror URL out of the message
+            got = repr(describe(value)) if isinstance(value, str) else repr(value)
+            raise _Bad(f"expected a list of strings, got {got}")
         if check is not None:
             check(tuple(value))  # raises InvalidInput naming the problem
         return tuple(value)
@@ -276,8 +280,9 @@ def format_duration(seconds: float) -> str:
     return "".join(parts) or "0s"
 
 
-def _setting(default: Any = None, parse: Parser = _show, show: Shower = _show, *,
+def _setting(default: Any, parse: Parser, show: Shower = _show, *,
              factory: Callable[[], Any] | None = None) -> Any:
+    """A dataclass field that knows how to read its value and how to show it."""
     metadata = {"parse": parse, "show": show}
     if factory is not None:
         return field(default_factory=factory, metadata=metadata)
@@ -308,14 +313,16 @@ def _default_root() -> Path:
 class StoreSettings:
     """[store]"""
 
-    root: Path = _setting(parse=_path(empty=_DEFAULT), show=_show_path, factory=_default_root)
+    root: Path = _setting(None, _path(empty=_DEFAULT), _show_path,  # noqa: RUF009 - a field()
+                          factory=_default_root)
 
 
 @dataclass(frozen=True)
 class ServerSettings:
     """[server]: how the daemon is reached and how it logs."""
 
-    socket: Path | None = _setting(None, _path(empty=None), _show_path)  # None: ROOT/cartonstore.sock
+    # None: ROOT/cartonstore.sock (Config.socket_path)
+    socket: Path | None = _setting(None, _path(empty=None), _show_path)  # noqa: RUF009 - a field()
     socket_mode: int = _setting(0o660, _mode, _show_mode)
     socket_group: str = _setting("", _group)
     listen: str = _setting("", _listen)  # "" or HOST:PORT, see listen_address
@@ -530,11 +537,11 @@ def _suggest(name: str, candidates: list[str]) -> str:
 
 def _build(layers: list[_Layer], *, source: Path | None) -> Config:
     values: dict[str, Any] = {}
-    origins: dict[str, str] = {}
-    for layer in layers:
+    origins: dict[str, tuple[int, str]] = {}  # key -> (precedence, origin) of its value
+    for precedence, layer in enumerate(layers):
         for key, raw in layer.values.items():
             values[key] = _parse(key, raw, layer)
-            origins[key] = layer.origin
+            origins[key] = (precedence, layer.origin)
     sections = {
         name: cls(**{key.partition(".")[2]: value for key, value in values.items()
                      if key.startswith(name + ".") and value is not _DEFAULT})
@@ -559,8 +566,8 @@ def _parse(key: str, raw: object, layer: _Layer) -> Any:
     return value
 
 
-def _check(config: Config, origins: Mapping[str, str]) -> None:
-    """Rules between settings; the message names the key that was set."""
+def _check(config: Config, origins: Mapping[str, tuple[int, str]]) -> None:
+    """Rules between settings; the message blames the key set last (see _conflict)."""
     server, leases, fetch = config.server, config.leases, config.fetch
     address = server.listen_address
     if address and not server.allow_remote_listen and not _is_loopback(address[0]):
@@ -585,9 +592,13 @@ def _check(config: Config, origins: Mapping[str, str]) -> None:
                             f"mirror {describe(mirror)} would never be used: {error}") from None
 
 
-def _conflict(origins: Mapping[str, str], keys: tuple[str, ...], problem: str) -> InvalidInput:
-    key = next((key for key in keys if key in origins), keys[0])
-    return InvalidInput(f"{origins.get(key, 'defaults')}: {key}: {problem}", subject=key)
+def _conflict(origins: Mapping[str, tuple[int, str]], keys: tuple[str, ...],
+              problem: str) -> InvalidInput:
+    """The error for ``keys`` that disagree, blaming the one set by the
+    highest layer (the newest decision), the first of ``keys`` on a tie."""
+    key = max(keys, key=lambda key: origins.get(key, (-1, ""))[0])
+    origin = origins.get(key, (-1, "defaults"))[1]
+    return InvalidInput(f"{origin}: {key}: {problem}", subject=key)
 
 
 def _is_loopback(host: str) -> bool:

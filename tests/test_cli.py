@@ -105,3 +105,20 @@ def test_root_from_environment_and_console_script(tmp_path: Path) -> None:
     assert (tmp_path / "envroot" / "index.db").exists()
     p = subprocess.run(cmd + ["path", "nope"], env=env, capture_output=True, text=True, timeout=60)
     assert p.returncode == 3 and "no carton matches" in p.stderr
+
+
+def test_settings_file_environment_and_flags(tmp_path: Path, capsys) -> None:  # noqa: ANN001
+    cfg = tmp_path / "cs.toml"
+    cfg.write_text('[server]\nlisten = "127.0.0.1:7000"\n[fetch]\nretries = 2\n')
+    code, out, err = run(capsys, "serve", "--config", str(cfg), "--root", str(tmp_path / "r"), "--print-config")
+    assert code == 0 and 'listen = "127.0.0.1:7000"' in out and "retries = 2" in out
+    code, out, _ = run(capsys, "serve", "--config", str(cfg), "--listen", "127.0.0.1:7001", "--print-config")
+    assert 'listen = "127.0.0.1:7001"' in out
+    cfg.write_text('[fetch]\nretries = "many"\n')
+    code, out, err = run(capsys, "ls", "--config", str(cfg), "--root", str(tmp_path / "r"))
+    assert code == 4 and "fetch.retries" in err and str(cfg) in err
+    cfg.write_text('[server]\nlisen = "x"\n')
+    code, out, err = run(capsys, "serve", "--config", str(cfg))
+    assert code == 4 and "did you mean 'server.listen'" in err
+    code, out, err = run(capsys, "serve", "--listen", "10.1.2.3:80", "--root", str(tmp_path / "r"))
+    assert code == 4 and "server.listen" in err

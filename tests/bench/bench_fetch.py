@@ -313,6 +313,11 @@ def check_sizes(files: list[Path], blobs: list[Blob]) -> None:
             raise SystemExit(f"baseline produced {f} with {f.stat().st_size} bytes, expected {b.size}")
 
 
+def header(text: str) -> None:
+    """A phase's title, with the load average: the machine may be shared."""
+    print(f"\n== {text} ==  (load average {os.getloadavg()[0]:.2f})")
+
+
 def mibps(nbytes: int, seconds: float) -> str:
     return f"{nbytes / MiB / seconds:.0f} MiB/s"
 
@@ -344,7 +349,7 @@ class Report:
 
 def phase_identity(a, work: Path, origin: Origin, blobs: list[Blob], carton_url: str, rep: Report) -> Path:  # noqa: ANN001
     total = sum(b.size for b in blobs)
-    print(f"\n== 1. cold LINKS pull, identity: {len(blobs)} blobs, {total / MiB:.0f} MiB ==")
+    header(f"1. cold LINKS pull, identity: {len(blobs)} blobs, {total / MiB:.0f} MiB")
     urls = [origin.url(f"/blobs/{b.sha}") for b in blobs]
     dl = work / "curl"
     outs = [dl / f"{i}" for i in range(len(blobs))]
@@ -378,8 +383,8 @@ def phase_identity(a, work: Path, origin: Origin, blobs: list[Blob], carton_url:
 def phase_zstd(a, work: Path, origin: Origin, blobs: list[Blob], carton_url: str, rep: Report) -> None:  # noqa: ANN001
     total = sum(b.size for b in blobs)
     encoded = sum((origin_dir(work) / f"{b.sha}.zst").stat().st_size for b in blobs)
-    print(f"\n== 2. cold LINKS pull, Content-Encoding: zstd: {total / MiB:.0f} MiB decoded, "
-          f"{encoded / MiB:.0f} MiB on the wire (ratio {total / encoded:.4f}) ==")
+    header(f"2. cold LINKS pull, Content-Encoding: zstd: {total / MiB:.0f} MiB decoded, "
+           f"{encoded / MiB:.0f} MiB on the wire (ratio {total / encoded:.4f})")
     urls = [origin.url(f"/zstd/{b.sha}") for b in blobs]
     dl = work / "curl"
     zsts = [dl / f"{i}.zst" for i in range(len(blobs))]
@@ -425,8 +430,8 @@ def phase_zstd(a, work: Path, origin: Origin, blobs: list[Blob], carton_url: str
 
 
 def pipeline_script(urls: list[str], outs: list[Path]) -> str:
-    jobs = [f"(set -o pipefail; curl -s -S --fail --noproxy '*' {shlex.quote(u)} | zstd -d -q -f -o {shlex.quote(str(o))}) "
-            f"& pids+=($!)" for u, o in zip(urls, outs)]
+    jobs = [f"(set -o pipefail; curl -s -S --fail --noproxy '*' {shlex.quote(u)} "
+            f"| zstd -d -q -f -o {shlex.quote(str(o))}) & pids+=($!)" for u, o in zip(urls, outs)]
     return "pids=(); " + "; ".join(jobs) + '; rc=0; for p in "${pids[@]}"; do wait "$p" || rc=1; done; exit $rc'
 
 
@@ -456,8 +461,8 @@ def phase_dedup(a, work: Path, origin: Origin, blobs: list[Blob], new: list[Blob
     shared = blobs[:-1]
     b_blobs = shared + new
     b_bytes = sum(b.size for b in b_blobs) + len(TOML.format(name="bench-b"))
-    print(f"\n== 3. dedup: B shares {len(shared)} blobs ({sum(b.size for b in shared) / MiB:.0f} MiB) with A, "
-          f"adds {len(new)} ({sum(b.size for b in new) / MiB:.0f} MiB) ==")
+    header(f"3. dedup: B shares {len(shared)} blobs ({sum(b.size for b in shared) / MiB:.0f} MiB) with A, "
+           f"adds {len(new)} ({sum(b.size for b in new) / MiB:.0f} MiB)")
     if root_a is None:
         root_a = work / "root-links"
         r, _ = ours(urls["links-a"], root_a)
@@ -481,8 +486,8 @@ def phase_dedup(a, work: Path, origin: Origin, blobs: list[Blob], new: list[Blob
 
 def phase_concurrent(a, work: Path, origin: Origin, blobs: list[Blob], url: str, rep: Report) -> None:  # noqa: ANN001
     total = sum(b.size for b in blobs)
-    print(f"\n== 4. {a.procs} concurrent adds of one cold LINKS carton ({len(blobs)} blobs, "
-          f"{total / MiB:.0f} MiB) on one fresh root ==")
+    header(f"4. {a.procs} concurrent adds of one cold LINKS carton ({len(blobs)} blobs, "
+           f"{total / MiB:.0f} MiB) on one fresh root")
     root = work / "root-concurrent"
     remove_tree_quiet(root)
     origin.reset()
@@ -512,14 +517,15 @@ def phase_concurrent(a, work: Path, origin: Origin, blobs: list[Blob], url: str,
     print(f"  GETs per blob path: {counts}  (exactly 1 each: {exactly_once})")
     print(f"  carton {carton_path}: {carton.get('GET', 0)} GET(s), {carton.get('HEAD', 0)} HEAD(s); "
           f"origin sent {st['bytes_sent'] / MiB:.1f} MiB in all")
-    print(f"  store afterwards: {[(c['manifest_sha256'][:12], 'complete' if c['complete'] else 'partial') for c in listed]}")
+    state = [(c["manifest_sha256"][:12], "complete" if c["complete"] else "partial") for c in listed]
+    print(f"  store afterwards: {state}")
     rep.row(f"4 {a.procs} concurrent adds: GETs per blob", f"{sorted(set(counts.values()))}", "exactly 1", exactly_once)
     rep.row(f"4 {a.procs} concurrent adds: exit statuses", f"{ {c: codes.count(c) for c in sorted(set(codes))} }",
             "all 0", all_zero and len(listed) == 1 and listed[0]["complete"])
 
 
 def phase_single(a, work: Path, origin: Origin, blob: Blob, url: str, rep: Report) -> None:  # noqa: ANN001
-    print(f"\n== 5. one blob of {blob.size / MiB:.0f} MiB: peak RSS of the add ==")
+    header(f"5. one blob of {blob.size / MiB:.0f} MiB: peak RSS of the add")
     root = work / "root-single"
     runs = []
     for _ in range(a.rounds):
@@ -533,7 +539,7 @@ def phase_single(a, work: Path, origin: Origin, blob: Blob, url: str, rep: Repor
           f"{best:.2f} s ({mibps(blob.size, best)}), rounds: {rounds_of([r.seconds for r in runs])}; "
           f"{result['requests']} request(s)")
     rep.row(f"5 single {blob.size / MiB:.0f} MiB blob: peak RSS of add", f"{rss:.0f} MiB", "<= 150 MiB", rss <= 150)
-    rep.row(f"5 single {blob.size / MiB:.0f} MiB blob: time (one connection)", f"{best:.2f} s ({mibps(blob.size, best)})")
+    rep.row(f"5 single {blob.size / MiB:.0f} MiB blob: time of add", f"{best:.2f} s ({mibps(blob.size, best)})")
 
 
 def origin_dir(work: Path) -> Path:
@@ -548,16 +554,17 @@ def remove_tree_quiet(path: Path) -> None:
 
 def zstd_compress(blobs: list[Blob], out_dir: Path) -> None:
     """zstd -q -1 of each blob into out_dir/<sha256>.zst, two at a time (2 cores)."""
-    pending = [subprocess.Popen(["zstd", "-q", "-1", "-f", str(b.path), "-o", str(out_dir / f"{b.sha}.zst")])
-               for b in blobs[:2]]
+    def start(b: Blob) -> subprocess.Popen:
+        return subprocess.Popen(["zstd", "-q", "-1", "-f", str(b.path), "-o", str(out_dir / f"{b.sha}.zst")])
+
+    pending = [start(b) for b in blobs[:2]]
     rest = blobs[2:]
     while pending:
         p = pending.pop(0)
         if p.wait() != 0:
             raise SystemExit("zstd failed")
         if rest:
-            b = rest.pop(0)
-            pending.append(subprocess.Popen(["zstd", "-q", "-1", "-f", str(b.path), "-o", str(out_dir / f"{b.sha}.zst")]))
+            pending.append(start(rest.pop(0)))
 
 
 def main() -> None:
@@ -593,7 +600,7 @@ def main() -> None:
               f"python {sys.version.split()[0]}")
         t0 = time.perf_counter()
         maker = BlobMaker()
-        link = dict(link_min_size=MiB)
+        link = {"link_min_size": MiB}
         urls: dict[str, str] = {}
         blobs = new = []
         if phases & {1, 2, 3}:
@@ -615,7 +622,8 @@ def main() -> None:
             urls.update({k: origin.url(f"/{k}.carton") for k in ("links-b", "zip-a", "zip-b")})
         if 4 in phases:
             small = [maker.make(odir / "small", a.small_mib) for _ in range(a.small_files)]
-            pack(carton_dir(work, "bench-small", small), odir / "small.carton", link_prefix=origin.url("/small"), **link)
+            src_s = carton_dir(work, "bench-small", small)
+            pack(src_s, odir / "small.carton", link_prefix=origin.url("/small"), **link)
         for src in work.glob("src-*"):  # hardlinks: the blobs stay under the origin's directory
             shutil.rmtree(src)
         print(f"data prepared in {time.perf_counter() - t0:.1f} s (blobs: {a.files} x {per} MiB)")

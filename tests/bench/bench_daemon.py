@@ -1,0 +1,382 @@
+#!/usr/bin/env python3
+"""Benchmark: the daemon's lease API under 64 concurrent clients vs bare aiohttp.
+
+Target (issue): with a model cached, 64 concurrent clients taking and
+releasing leases over the Unix socket get p50 <= 1 ms and p99 <= 5 ms per
+request, and a throughput >= 60% of a bare aiohttp handler that returns a
+constant on a Unix socket, measured in the same run. Idle RSS <= 80 MiB.
+
+    python tests/bench/bench_daemon.py [--seconds 10] [--clients 64] [--rounds 2]
+
+Three kinds of process, each started by this script:
+  * the daemon: `cartonstore serve --root R --socket S`, with the fixture
+    carton added as "fx" and materialized by one lease before measuring;
+  * the baseline: `bench_daemon.py --baseline-server SOCK`, a bare aiohttp
+    app with the same two routes returning constant JSON of the same shapes;
+  * the load generator: `bench_daemon.py --load SOCK`, the same code for
+    both servers: N asyncio tasks on one aiohttp session (UnixConnector,
+    limit=N), each looping POST /v1/leases then DELETE /v1/leases/{id}.
+
+Baseline and daemon run alternately, each freshly started per round. Each
+is measured twice per round: "shared" (generator and server free to use
+both cores, competing for them) and "pinned" (server on core 0, generator
+on core 1). Reported: the best round's throughput and its latencies.
+
+The load is closed-loop: each client sends its next request as soon as the
+previous one answers, so by Little's law mean latency = clients/throughput.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve()
+REPO = HERE.parents[2]
+FIXTURE = REPO.parent / "shared" / "fixtures" / "carton-repo-test.carton"
+MODEL = "fx"
+TTL = 60
+
+# -- the baseline server ------------------------------------------------------------
+
+BASE_LEASE = {"lease": "x" * 22, "path": "/tmp/cartonstore/models/" + "0" * 64,
+              "manifest_sha256": "0" * 64, "expires_at": 1.0e9}
+
+
+def baseline_server(sock_path: str) -> None:
+    from aiohttp import web
+
+    lease_body = json.dumps(BASE_LEASE).encode()
+
+    async def take(_request: web.Request) -> web.Response:
+        return web.Response(body=lease_body, content_type="application/json")
+
+    async def release(_request: web.Request) -> web.Response:
+        return web.Response(body=b"{}", content_type="application/json")
+
+    async def serve() -> None:
+        app = web.Application()
+        app.router.add_post("/v1/leases", take)
+        app.router.add_delete("/v1/leases/{lease}", release)
+        runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        await runner.setup()
+        await web.UnixSite(runner, sock_path).start()
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        print("READY", flush=True)
+        await stop.wait()
+        await runner.cleanup()
+
+    asyncio.run(serve())
+
+
+# -- the load generator ---------------------------------------------------------------
+
+
+def percentile(sorted_ms: list[float], q: float) -> float:
+    if not sorted_ms:
+        return float("nan")
+    return sorted_ms[min(len(sorted_ms) - 1, int(q * len(sorted_ms)))]
+
+
+def summary(lat: list[float]) -> dict[str, float]:
+    s = sorted(lat)
+    return {"p50": percentile(s, 0.50), "p90": percentile(s, 0.90), "p99": percentile(s, 0.99),
+            "max": s[-1] if s else float("nan"), "mean": sum(s) / len(s) if s else float("nan")}
+
+
+async def generate(sock_path: str, clients: int, seconds: float, warmup: float) -> dict:
+    import aiohttp
+
+    take_ms: list[float] = []
+    release_ms: list[float] = []
+    errors: dict[str, int] = {}
+    total = 0
+    pc = time.perf_counter
+    body = json.dumps({"model": MODEL, "ttl": TTL}).encode()
+    headers = {"Content-Type": "application/json"}
+
+    def err(what: str) -> None:
+        errors[what] = errors.get(what, 0) + 1
+
+    connector = aiohttp.UnixConnector(path=sock_path, limit=clients)
+    async with aiohttp.ClientSession(connector=connector, base_url="http://cartonstore") as session:
+        start = pc() + 0.2  # let every task be created before the clock starts
+        t_measure = start + warmup
+        t_end = t_measure + seconds
+
+        async def client() -> None:
+            nonlocal total
+            while pc() < start:
+                await asyncio.sleep(start - pc())
+            while True:
+                t0 = pc()
+                if t0 >= t_end:
+                    return
+                async with session.post("/v1/leases", data=body, headers=headers) as r:
+                    status = r.status
+                    data = await r.read()
+                t1 = pc()
+                total += 1
+                if status != 200:
+                    err(f"POST {status}")
+                    continue
+                lease = json.loads(data)["lease"]
+                async with session.delete(f"/v1/leases/{lease}") as r:
+                    status = r.status
+                    await r.read()
+                t2 = pc()
+                total += 1
+                if status != 200:
+                    err(f"DELETE {status}")
+                if t0 >= t_measure and t2 <= t_end:
+                    take_ms.append((t1 - t0) * 1000)
+                    release_ms.append((t2 - t1) * 1000)
+
+        cpu0 = os.times()
+        await asyncio.gather(*(client() for _ in range(clients)))
+        cpu1 = os.times()
+    count = len(take_ms) + len(release_ms)
+    wall = pc() - start
+    return {"clients": clients, "seconds": seconds, "count": count, "total_requests": total,
+            "throughput": count / seconds, "errors": errors,
+            "generator_cpu_s": (cpu1.user + cpu1.system) - (cpu0.user + cpu0.system), "wall_s": wall,
+            "all": summary(take_ms + release_ms), "take": summary(take_ms), "release": summary(release_ms)}
+
+
+def load_main(a: argparse.Namespace) -> None:
+    if a.cpu is not None:
+        os.sched_setaffinity(0, {a.cpu})
+    result = asyncio.run(generate(a.load, a.clients, a.seconds, a.warmup))
+    print(json.dumps(result), flush=True)
+
+
+# -- the driver -----------------------------------------------------------------------
+
+
+def rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime+stime of the whole process (all threads)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def set_affinity(pid: int, cpus: set[int]) -> None:
+    """Every thread of the process (sched_setaffinity on a pid moves one thread;
+    threads created later inherit the affinity of the thread that creates them)."""
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            os.sched_setaffinity(int(tid), cpus)
+        except ProcessLookupError:
+            pass
+
+
+def run_load(sock: Path, server_pid: int, a: argparse.Namespace, pinned: bool) -> dict:
+    all_cpus = os.sched_getaffinity(0)
+    cmd = [sys.executable, str(HERE), "--load", str(sock), "--clients", str(a.clients),
+           "--seconds", str(a.seconds), "--warmup", str(a.warmup)]
+    if pinned:
+        set_affinity(server_pid, {0})
+        cmd += ["--cpu", "1"]
+    try:
+        cpu0 = cpu_seconds(server_pid)
+        out = subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=a.seconds + 120)
+        result = json.loads(out.stdout.strip().splitlines()[-1])
+        result["server_cpu_s"] = cpu_seconds(server_pid) - cpu0
+    finally:
+        if pinned:
+            set_affinity(server_pid, all_cpus)
+    result["server_us_per_req"] = result["server_cpu_s"] / max(1, result["total_requests"]) * 1e6
+    result["generator_us_per_req"] = result["generator_cpu_s"] / max(1, result["total_requests"]) * 1e6
+    return result
+
+
+def start_baseline(sock: Path) -> subprocess.Popen:
+    proc = subprocess.Popen([sys.executable, str(HERE), "--baseline-server", str(sock)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    line = proc.stdout.readline()
+    if "READY" not in line:
+        proc.kill()
+        raise SystemExit(f"baseline server did not start: {proc.communicate()[1][-2000:]}")
+    return proc
+
+
+def prime_lease(sock: Path) -> float:
+    """Take and release one lease (materializes the model on first use); ms of the take."""
+    import aiohttp
+
+    async def go() -> float:
+        conn = aiohttp.UnixConnector(path=str(sock))
+        async with aiohttp.ClientSession(connector=conn, base_url="http://cartonstore") as s:
+            t0 = time.perf_counter()
+            async with s.post("/v1/leases", json={"model": MODEL, "ttl": TTL}) as r:
+                if r.status != 200:
+                    raise SystemExit(f"priming lease failed: {r.status} {await r.text()}")
+                lease = (await r.json())["lease"]
+            dt = (time.perf_counter() - t0) * 1000
+            async with s.delete(f"/v1/leases/{lease}") as r:
+                if r.status != 200:
+                    raise SystemExit(f"releasing the priming lease failed: {r.status}")
+            return dt
+
+    return asyncio.run(go())
+
+
+def stop_proc(proc: subprocess.Popen | None) -> None:
+    if proc is None or proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.communicate(timeout=15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate(timeout=10)
+
+
+def fmt_lat(s: dict) -> str:
+    return f"p50 {s['p50']:.2f}  p90 {s['p90']:.2f}  p99 {s['p99']:.2f}  max {s['max']:.1f} ms"
+
+
+def fmt_run(r: dict) -> str:
+    errs = f"  ERRORS {r['errors']}" if r["errors"] else ""
+    return (f"{r['throughput']:8.0f} req/s  {fmt_lat(r['all'])}  | server CPU {r['server_us_per_req']:.0f} us/req,"
+            f" generator CPU {r['generator_us_per_req']:.0f} us/req{errs}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--seconds", type=float, default=10.0, help="measured seconds per run (default 10)")
+    ap.add_argument("--warmup", type=float, default=1.0)
+    ap.add_argument("--clients", type=int, default=64)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--no-pinned", action="store_true", help="skip the pinned (server core 0, generator core 1) runs")
+    ap.add_argument("--workdir", default=None)
+    ap.add_argument("--baseline-server", metavar="SOCK", help=argparse.SUPPRESS)
+    ap.add_argument("--load", metavar="SOCK", help=argparse.SUPPRESS)
+    ap.add_argument("--cpu", type=int, default=None, help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.baseline_server:
+        return baseline_server(a.baseline_server)
+    if a.load:
+        return load_main(a)
+
+    sys.path.insert(0, str(REPO))
+    sys.path.insert(0, str(HERE.parents[1]))
+    from cartonstore.store.materialize import remove_tree
+    from daemonkit import DaemonProcess
+
+    import aiohttp
+
+    cpus = sorted(os.sched_getaffinity(0))
+    modes = ["shared"] if a.no_pinned or len(cpus) < 2 else ["shared", "pinned"]
+    env = {"PYTHONPATH": str(REPO)}
+    work = Path(tempfile.mkdtemp(prefix="cs-bench-d-", dir=a.workdir))
+    procs: list = []
+    results: dict[str, dict[str, list[dict]]] = {k: {m: [] for m in modes} for k in ("baseline", "daemon")}
+    rss: dict[str, list[tuple[float, ...]]] = {"baseline": [], "daemon": []}
+    try:
+        root = work / "root"
+        subprocess.run([sys.executable, "-m", "cartonstore.cli", "add", str(FIXTURE), "--name", MODEL,
+                        "--root", str(root), "--progress", "none"], check=True, stdout=subprocess.DEVNULL,
+                       env={**os.environ, **env})
+        print(f"machine: {os.cpu_count()} cores (usable: {cpus}); python {sys.version.split()[0]}, "
+              f"aiohttp {aiohttp.__version__}")
+        print(f"load: {a.clients} clients, closed loop (lease then release), {a.warmup:g} s warm-up + "
+              f"{a.seconds:g} s measured per run, {a.rounds} rounds, baseline and daemon alternately")
+        print("NOTE: generator and server run on the same machine. In 'shared' runs they compete for "
+              f"{len(cpus)} cores;\n      in 'pinned' runs the server has core 0 and the generator core 1. "
+              "The generator's own CPU time\n      is in every latency figure.")
+        print()
+        for rnd in range(1, a.rounds + 1):
+            # -- baseline
+            bsock = work / f"base{rnd}.sock"
+            base = start_baseline(bsock)
+            procs.append(base)
+            idle = rss_mib(base.pid)
+            for m in modes:
+                r = run_load(bsock, base.pid, a, m == "pinned")
+                results["baseline"][m].append(r)
+                print(f"round {rnd} baseline {m:6}: {fmt_run(r)}", flush=True)
+            rss["baseline"].append((idle, rss_mib(base.pid)))
+            stop_proc(base)
+            # -- daemon
+            dsock = work / f"d{rnd}.sock"
+            d = DaemonProcess(root, listen=None, socket_path=dsock, env=env).start()
+            procs.append(d.proc)
+            idle = rss_mib(d.proc.pid)
+            prime_ms = prime_lease(dsock)
+            primed = rss_mib(d.proc.pid)
+            for m in modes:
+                r = run_load(dsock, d.proc.pid, a, m == "pinned")
+                results["daemon"][m].append(r)
+                print(f"round {rnd} daemon   {m:6}: {fmt_run(r)}", flush=True)
+            time.sleep(0.5)
+            rss["daemon"].append((idle, primed, rss_mib(d.proc.pid)))
+            print(f"round {rnd} daemon first lease (model {'materialized' if rnd == 1 else 'already there'}): "
+                  f"{prime_ms:.1f} ms", flush=True)
+            d.stop()
+        print()
+
+        print("RSS (VmRSS, MiB):")
+        for i, (idle, after) in enumerate(rss["baseline"], 1):
+            print(f"  round {i} baseline: idle after start {idle:.1f}, after load {after:.1f}")
+        for i, (idle, primed, after) in enumerate(rss["daemon"], 1):
+            print(f"  round {i} daemon:   idle after start {idle:.1f}, after first lease {primed:.1f}, "
+                  f"after load {after:.1f}")
+        print()
+
+        verdicts = []
+        for m in modes:
+            b = max(results["baseline"][m], key=lambda r: r["throughput"])
+            d = max(results["daemon"][m], key=lambda r: r["throughput"])
+            ratio = d["throughput"] / b["throughput"]
+            print(f"[{m}] best of {a.rounds} rounds:")
+            print(f"  baseline: {fmt_run(b)}")
+            print(f"  daemon:   {fmt_run(d)}")
+            print(f"    daemon take    {fmt_lat(d['take'])}")
+            print(f"    daemon release {fmt_lat(d['release'])}")
+            print(f"  throughput ratio daemon/baseline: {ratio:.2f}  (rounds: baseline "
+                  f"{[round(r['throughput']) for r in results['baseline'][m]]}, daemon "
+                  f"{[round(r['throughput']) for r in results['daemon'][m]]})")
+            print(f"  Little's law: {a.clients} clients / {d['throughput']:.0f} req/s = "
+                  f"{a.clients / d['throughput'] * 1000:.1f} ms mean latency (baseline "
+                  f"{a.clients / b['throughput'] * 1000:.1f} ms); p50 <= 1 ms at {a.clients} clients "
+                  f"needs >= {a.clients * 1000:,} req/s")
+            verdicts += [(f"[{m}] p50 <= 1 ms", d["all"]["p50"] <= 1.0, f"{d['all']['p50']:.2f} ms"),
+                         (f"[{m}] p99 <= 5 ms", d["all"]["p99"] <= 5.0, f"{d['all']['p99']:.2f} ms"),
+                         (f"[{m}] throughput >= 0.60 x baseline", ratio >= 0.60, f"{ratio:.2f}"),
+                         (f"[{m}] no errors", not d["errors"], str(d["errors"] or "none"))]
+        idle_max = max(r[0] for r in rss["daemon"])
+        after_max = max(r[2] for r in rss["daemon"])
+        verdicts += [("idle RSS after start <= 80 MiB", idle_max <= 80, f"{idle_max:.1f} MiB"),
+                     ("(info) RSS after load <= 80 MiB", after_max <= 80, f"{after_max:.1f} MiB")]
+        print()
+        print("targets:")
+        for name, ok, value in verdicts:
+            print(f"  {'PASS' if ok else 'FAIL'}  {name}: {value}")
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait(10)
+        remove_tree(work)
+
+
+if __name__ == "__main__":
+    main()
