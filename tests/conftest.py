@@ -78,6 +78,12 @@ def make_carton(tmp_path: Path) -> Callable[..., Path]:
     return make
 
 
+def work_in_tmp(root: Path) -> list[str]:
+    """What tmp/ holds besides the owner locks of live processes."""
+    tmp = root / "tmp"
+    return sorted(n for n in os.listdir(tmp) if not n.startswith("owner-")) if tmp.exists() else []
+
+
 def snapshot(root: Path) -> tuple:
     """Everything observable about a store: files (with modes) and index rows."""
     files = []
@@ -99,7 +105,7 @@ def snapshot(root: Path) -> tuple:
         for (t,) in conn.execute("SELECT name FROM sqlite_master WHERE type='table' ORDER BY name"):
             rows.append((t, sorted(conn.execute(f"SELECT * FROM {t}").fetchall())))
         conn.close()
-    tmp_left = sorted(os.listdir(root / "tmp")) if (root / "tmp").exists() else []
+    tmp_left = work_in_tmp(root)
     return sorted(files, key=str), rows, tmp_left
 
 

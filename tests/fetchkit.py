@@ -11,7 +11,7 @@ from cartonstore.fetch.policy import UrlPolicy
 from cartonstore.fetch.puller import Puller
 from cartonstore.format.links import build_links
 from cartonstore.store import Store
-from conftest import MINIMAL_TOML, carton_entries, sha, write_zip
+from conftest import MINIMAL_TOML, carton_entries, sha, work_in_tmp, write_zip
 
 FAST = dict(retries=3, backoff_base=0.01, backoff_max=0.05, stall_timeout=0.5, connect_timeout=2.0)
 
@@ -54,4 +54,4 @@ def blob_files(store: Store) -> list[str]:
 
 
 def tmp_files(store: Store) -> list[str]:
-    return sorted(os.listdir(store.root / "tmp"))
+    return work_in_tmp(store.root)

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from cartonstore.cli import main
-from conftest import FIXTURE_CARTON, FIXTURE_DIGEST
+from conftest import FIXTURE_CARTON, FIXTURE_DIGEST, work_in_tmp
 from daemonkit import DaemonProcess, unix_session, wait_for
 
 
@@ -72,7 +72,7 @@ def test_a_client_that_disconnects_mid_load_leaves_nothing_half_done(tmp_path: P
         asyncio.run(give_up())
         # The fetch goes on for whoever asks next; the store ends up whole.
         assert wait_for(lambda: (d.root / "models" / FIXTURE_DIGEST).is_dir(), timeout=20)
-        assert os.listdir(d.root / "tmp") == []
+        assert work_in_tmp(d.root) == []
     from cartonstore.store import Store
 
     with Store(d.root) as s:

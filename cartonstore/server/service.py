@@ -13,10 +13,7 @@ import base64
 import binascii
 import json
 import logging
-import os
-import secrets
 import shutil
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,6 +25,7 @@ from ..format.paths import validate_carton_path
 from ..store import Store
 from ..store.index import LeaseRow
 from ..store.materialize import remove_tree
+from ..store.owner import tmp_name
 from .metrics import Metrics
 
 log = logging.getLogger("cartonstore.server")
@@ -184,7 +182,7 @@ class ModelService:
     async def _add_uploaded(self, name: str, files: dict[str, Any]) -> str:
         """Triton's file:<version>/<path> uploads: one .carton, or the files of
         an unpacked carton."""
-        work = self.store.layout.tmp_dir / f"upload-{os.getpid()}-{secrets.token_hex(6)}"
+        work = tmp_name(self.store.layout.tmp_dir, "upload")
         try:
             decoded = {k: _b64(k, v) for k, v in files.items()}
             cartons = [k for k in decoded if k.endswith(".carton")]

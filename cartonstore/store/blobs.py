@@ -11,13 +11,13 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
-import secrets
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Iterator
 
 from ..errors import IntegrityError, Unavailable
 from .layout import StoreLayout
+from .owner import tmp_name
 
 CHUNK = 1 << 20
 BLOB_MODE = 0o444
@@ -44,7 +44,7 @@ class BlobWriter:
     """
 
     def __init__(self, layout: StoreLayout, *, label: str = "blob") -> None:
-        self.tmp_path = layout.tmp_dir / f"ingest-{os.getpid()}-{secrets.token_hex(6)}-{label}"
+        self.tmp_path = Path(f"{tmp_name(layout.tmp_dir, 'ingest')}-{label}")
         self._fd = os.open(self.tmp_path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
         self._hash = hashlib.sha256()
         self.size = 0

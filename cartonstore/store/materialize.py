@@ -11,7 +11,6 @@ from __future__ import annotations
 import errno
 import os
 import posixpath
-import secrets
 import shutil
 import stat
 from dataclasses import dataclass
@@ -20,6 +19,7 @@ from typing import Callable, Iterable
 
 from ..errors import IntegrityError, NotFound, Unavailable
 from .blobs import fsync_dir
+from .owner import tmp_name
 from ..entry import EntryRow
 
 DIR_MODE = 0o555
@@ -67,7 +67,7 @@ def build_tree(plan: TreePlan, blob_path: Callable[[str], Path], tmp_dir: Path, 
                *, link: Callable[[Path, Path], str] = link_or_copy) -> bool:
     """Build the tree in tmp/ and rename it to ``dest``. Returns False when
     another process won the race and ``dest`` already exists (a normal outcome)."""
-    work = tmp_dir / f"model-{os.getpid()}-{secrets.token_hex(6)}"
+    work = tmp_name(tmp_dir, "model")
     work.mkdir()
     try:
         _populate(plan, blob_path, work, link)

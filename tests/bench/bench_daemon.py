@@ -187,16 +187,18 @@ def set_affinity(pid: int, cpus: set[int]) -> None:
             pass
 
 
-def run_load(sock: Path, server_pid: int, a: argparse.Namespace, pinned: bool) -> dict:
+def run_load(sock: Path, server_pid: int, a: argparse.Namespace, pinned: bool, *,
+             clients: int | None = None, seconds: float | None = None) -> dict:
     all_cpus = os.sched_getaffinity(0)
-    cmd = [sys.executable, str(HERE), "--load", str(sock), "--clients", str(a.clients),
-           "--seconds", str(a.seconds), "--warmup", str(a.warmup)]
+    seconds = a.seconds if seconds is None else seconds
+    cmd = [sys.executable, str(HERE), "--load", str(sock), "--clients", str(clients or a.clients),
+           "--seconds", str(seconds), "--warmup", str(a.warmup)]
     if pinned:
         set_affinity(server_pid, {0})
         cmd += ["--cpu", "1"]
     try:
         cpu0 = cpu_seconds(server_pid)
-        out = subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=a.seconds + 120)
+        out = subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=seconds + 120)
         result = json.loads(out.stdout.strip().splitlines()[-1])
         result["server_cpu_s"] = cpu_seconds(server_pid) - cpu0
     finally:
@@ -265,6 +267,8 @@ def main() -> None:
     ap.add_argument("--warmup", type=float, default=1.0)
     ap.add_argument("--clients", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--single-seconds", type=float, default=3.0,
+                    help="also measure one client alone for this long (service time; 0: skip)")
     ap.add_argument("--no-pinned", action="store_true", help="skip the pinned (server core 0, generator core 1) runs")
     ap.add_argument("--workdir", default=None)
     ap.add_argument("--baseline-server", metavar="SOCK", help=argparse.SUPPRESS)
@@ -278,10 +282,10 @@ def main() -> None:
 
     sys.path.insert(0, str(REPO))
     sys.path.insert(0, str(HERE.parents[1]))
-    from cartonstore.store.materialize import remove_tree
+    import aiohttp
     from daemonkit import DaemonProcess
 
-    import aiohttp
+    from cartonstore.store.materialize import remove_tree
 
     cpus = sorted(os.sched_getaffinity(0))
     modes = ["shared"] if a.no_pinned or len(cpus) < 2 else ["shared", "pinned"]
@@ -289,6 +293,7 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="cs-bench-d-", dir=a.workdir))
     procs: list = []
     results: dict[str, dict[str, list[dict]]] = {k: {m: [] for m in modes} for k in ("baseline", "daemon")}
+    single: dict[str, list[dict]] = {"baseline": [], "daemon": []}
     rss: dict[str, list[tuple[float, ...]]] = {"baseline": [], "daemon": []}
     try:
         root = work / "root"
@@ -313,6 +318,8 @@ def main() -> None:
                 r = run_load(bsock, base.pid, a, m == "pinned")
                 results["baseline"][m].append(r)
                 print(f"round {rnd} baseline {m:6}: {fmt_run(r)}", flush=True)
+            if a.single_seconds > 0:
+                single["baseline"].append(run_load(bsock, base.pid, a, False, clients=1, seconds=a.single_seconds))
             rss["baseline"].append((idle, rss_mib(base.pid)))
             stop_proc(base)
             # -- daemon
@@ -326,6 +333,8 @@ def main() -> None:
                 r = run_load(dsock, d.proc.pid, a, m == "pinned")
                 results["daemon"][m].append(r)
                 print(f"round {rnd} daemon   {m:6}: {fmt_run(r)}", flush=True)
+            if a.single_seconds > 0:
+                single["daemon"].append(run_load(dsock, d.proc.pid, a, False, clients=1, seconds=a.single_seconds))
             time.sleep(0.5)
             rss["daemon"].append((idle, primed, rss_mib(d.proc.pid)))
             print(f"round {rnd} daemon first lease (model {'materialized' if rnd == 1 else 'already there'}): "
@@ -362,6 +371,15 @@ def main() -> None:
                          (f"[{m}] p99 <= 5 ms", d["all"]["p99"] <= 5.0, f"{d['all']['p99']:.2f} ms"),
                          (f"[{m}] throughput >= 0.60 x baseline", ratio >= 0.60, f"{ratio:.2f}"),
                          (f"[{m}] no errors", not d["errors"], str(d["errors"] or "none"))]
+        if a.single_seconds > 0:
+            print()
+            print(f"(info) one client alone, {a.single_seconds:g} s, best round (per-request service time, no queueing):")
+            for k in ("baseline", "daemon"):
+                r = max(single[k], key=lambda r: r["throughput"])
+                print(f"  {k:8}: {r['throughput']:6.0f} req/s  {fmt_lat(r['all'])}")
+                if k == "daemon":
+                    print(f"    daemon take    {fmt_lat(r['take'])}")
+                    print(f"    daemon release {fmt_lat(r['release'])}")
         idle_max = max(r[0] for r in rss["daemon"])
         after_max = max(r[2] for r in rss["daemon"])
         verdicts += [("idle RSS after start <= 80 MiB", idle_max <= 80, f"{idle_max:.1f} MiB"),

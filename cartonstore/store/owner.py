@@ -1,0 +1,60 @@
+"""Who owns what in tmp/: one owner token per process, held by a lock.
+
+Every file or directory a process creates in tmp/ carries its token in its
+name (``<kind>-<token>-<random>``), and the process holds a shared flock on
+``tmp/owner-<token>.lock`` for as long as it lives. gc may delete a tmp/
+entry only after taking that lock exclusively, which succeeds only once the
+owner is gone. flock works across PID namespaces, so containers sharing a
+store cannot mistake each other's work for garbage the way PID checks would.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import re
+import secrets
+import threading
+from pathlib import Path
+
+_lock = threading.Lock()
+_owners: dict[Path, tuple[int, str, int]] = {}  # tmp dir -> (pid, token, fd)
+TOKEN_RE = re.compile(r"^(?:ingest|model|upload|owner)-([a-z0-9]{12})[-.]")
+
+
+def owner_token(tmp_dir: Path) -> str:
+    """This process's token for tmp_dir (created and locked on first use)."""
+    with _lock:
+        held = _owners.get(tmp_dir)
+        if held is not None and held[0] == os.getpid():
+            return held[1]
+        token = secrets.token_hex(6)
+        fd = os.open(tmp_dir / f"owner-{token}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        fcntl.flock(fd, fcntl.LOCK_SH)
+        _owners[tmp_dir] = (os.getpid(), token, fd)
+        return token
+
+
+def tmp_name(tmp_dir: Path, kind: str) -> Path:
+    return tmp_dir / f"{kind}-{owner_token(tmp_dir)}-{secrets.token_hex(6)}"
+
+
+def token_of(name: str) -> str | None:
+    m = TOKEN_RE.match(name)
+    return m.group(1) if m else None
+
+
+def owner_is_gone(tmp_dir: Path, token: str) -> bool:
+    """True when no live process holds the owner lock of token (or it has none)."""
+    path = tmp_dir / f"owner-{token}.lock"
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return True
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(fd)
