@@ -28,7 +28,7 @@ from .config import Config, load_config
 from .fetch.puller import Puller
 from .progress import MODES, Progress
 from .store import Store
-from .units import format_size, parse_size
+from .units import format_size, parse_duration, parse_size
 
 EXIT_CODES: list[tuple[type[CartonStoreError], int]] = [
     (NotFound, 3),
@@ -190,6 +190,7 @@ def cmd_verify(store: Store, args: argparse.Namespace, out: Output) -> int:
 def cmd_serve(store: Store | None, args: argparse.Namespace, out: Output) -> None:
     from .server.daemon import DaemonSettings, run_daemon, setup_logging
     from .server.service import LeaseSettings
+    from .store.gc import GcPolicy
 
     cfg: Config = args.settings
     if args.print_config:
@@ -204,7 +205,40 @@ def cmd_serve(store: Store | None, args: argparse.Namespace, out: Output) -> Non
         socket_group=cfg.server.socket_group or None, listen=cfg.server.listen or None,
         leases=LeaseSettings(cfg.leases.default_ttl, cfg.leases.max_ttl, cfg.leases.pin_ttl),
         fetch=cfg.fetch_config(), zip_limits=cfg.zip_limits(), max_request_size=cfg.server.max_request_size,
-        shutdown_timeout=cfg.server.shutdown_timeout))
+        shutdown_timeout=cfg.server.shutdown_timeout,
+        gc=GcPolicy(max_size=cfg.gc.max_size, min_free=cfg.gc.min_free, grace=cfg.gc.grace),
+        gc_interval=cfg.gc.interval))
+
+
+def cmd_gc(store: Store | None, args: argparse.Namespace, out: Output) -> None:
+    from .client import Client, DaemonUnavailable
+    from .store.gc import GcPolicy
+
+    cfg: Config = args.settings
+    policy = GcPolicy(
+        max_size=parse_size(args.max_size) if args.max_size else cfg.gc.max_size,
+        min_free=parse_size(args.min_free) if args.min_free else cfg.gc.min_free,
+        grace=parse_duration(args.grace) if args.grace else cfg.gc.grace, dry_run=args.dry_run)
+    report = None
+    if not args.local and cfg.socket_path.exists():
+        try:  # the daemon serving this store runs it, between its own requests
+            report = Client(cfg.socket_path).collect(max_size=policy.max_size, min_free=policy.min_free,
+                                                     grace=policy.grace, dry_run=policy.dry_run)
+            report["ran_in"] = "daemon"
+        except DaemonUnavailable:
+            report = None
+    if report is None:
+        with Store(cfg.store.root, zip_limits=cfg.zip_limits()) as local:
+            report = {**local.collect(policy).as_dict(), "ran_in": "this process"}
+    verb = "would free" if policy.dry_run else "freed"
+    out.emit(report, [
+        f"expired leases dropped: {report['expired_leases']}",
+        f"unreferenced blobs: {report['unreferenced_blobs']} ({format_size(report['unreferenced_bytes'])})",
+        f"tmp/ leftovers: {report['tmp_entries']} ({format_size(report['tmp_bytes'])})",
+        f"evicted: {len(report['evicted_models'])} model(s), {report['evicted_blobs']} blob(s) "
+        f"({format_size(report['evicted_bytes'])})",
+        f"{verb} {format_size(report['freed_bytes'])} (ran in {report['ran_in']})",
+    ])
 
 
 # -- parser --------------------------------------------------------------------
@@ -287,6 +321,15 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--log-format", choices=["text", "json"])
     sp.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
 
+    sp = add("gc", cmd_gc, "collect garbage: expired leases, unreferenced blobs, tmp/ leftovers, "
+             "and least recently used models over the budget", "cartonstore gc --max-size 200G --dry-run")
+    sp.add_argument("--max-size", metavar="SIZE", help="evict LRU models until blobs fit in SIZE")
+    sp.add_argument("--min-free", metavar="SIZE", help="evict LRU models until SIZE is free on the disk")
+    sp.add_argument("--grace", metavar="DURATION", help="keep unreferenced blobs younger than this (default 1h)")
+    sp.add_argument("--dry-run", action="store_true", help="only report what would be freed")
+    sp.add_argument("--local", action="store_true", help="run here even when a daemon serves the store")
+    sp.add_argument("--socket", help="the daemon's socket (default: $CARTONSTORE_SOCKET or ROOT/cartonstore.sock)")
+
     sp = add("verify", cmd_verify, "rehash every blob and check model directories against MANIFEST",
              "cartonstore verify --repair")
     sp.add_argument("--repair", action="store_true",
@@ -305,7 +348,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "pack":
             return args.func(None, args, out) or 0
         args.settings = load_settings(args)
-        if args.command == "serve":
+        if args.command in ("serve", "gc"):
             return args.func(None, args, out) or 0
         with Store(args.settings.store.root, zip_limits=args.settings.zip_limits()) as store:
             return args.func(store, args, out) or 0

@@ -25,6 +25,7 @@ from ..errors import (
     NotFound,
     Unavailable,
 )
+from ..store.gc import GcPolicy
 from .blobs import serve_blob
 from .metrics import CONTENT_TYPE, Metrics
 from .service import ModelService
@@ -178,6 +179,27 @@ async def release_lease(request: web.Request) -> web.Response:
     return web.json_response({})
 
 
+async def gc(request: web.Request) -> web.Response:
+    body = await body_json(request)
+    policy = gc_policy_from(body)
+    report = await svc(request).collect(policy)
+    return web.json_response(report.as_dict())
+
+
+def gc_policy_from(body: dict[str, Any]) -> GcPolicy:
+    def number(key: str, default):  # noqa: ANN001, ANN202
+        value = body.get(key, default)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0):
+            raise InvalidInput(f"'{key}' must be a number >= 0, got {value!r}")
+        return value
+
+    dry_run = body.get("dry_run", False)
+    if not isinstance(dry_run, bool):
+        raise InvalidInput("'dry_run' must be a boolean")
+    return GcPolicy(max_size=number("max_size", None), min_free=number("min_free", None),
+                    grace=number("grace", 3600.0), dry_run=dry_run)
+
+
 # -- blobs and metrics ------------------------------------------------------------
 
 
@@ -215,6 +237,7 @@ def build_app(service: ModelService, metrics_: Metrics, *, max_request_size: int
     r.add_post("/v1/leases", take_lease)
     r.add_post("/v1/leases/{lease}/renew", renew_lease)
     r.add_delete("/v1/leases/{lease}", release_lease)
+    r.add_post("/v1/gc", gc)
     r.add_get("/v1/blobs/{digest}", blob)
     r.add_get("/metrics", metrics)
     r.add_route("*", "/{tail:.*}", not_found)

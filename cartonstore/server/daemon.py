@@ -23,6 +23,7 @@ from aiohttp import web
 from ..fetch.config import FetchConfig
 from ..fetch.puller import Puller
 from ..store import Store
+from ..store.gc import GcPolicy
 from ..zipfmt import ZipLimits
 from .app import build_app
 from .metrics import Metrics
@@ -44,6 +45,8 @@ class DaemonSettings:
     zip_limits: ZipLimits = field(default_factory=ZipLimits)
     max_request_size: int = 256 << 20
     shutdown_timeout: float = 10.0
+    gc: GcPolicy = field(default_factory=GcPolicy)
+    gc_interval: float = 600.0
 
 
 class JsonFormatter(logging.Formatter):
@@ -113,7 +116,8 @@ class Daemon:
             loop = asyncio.get_running_loop()
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, self.stop)
-            keeper = asyncio.ensure_future(service.keep_pins())
+            keeper = asyncio.gather(service.keep_pins(),
+                                    service.keep_within_budget(self.settings.gc, self.settings.gc_interval))
             log.info("cartonstore serving %s on %s", self.settings.root, ", ".join(self.bound))
             notify("READY=1\nSTATUS=serving " + " ".join(self.bound))
             await self._stop.wait()

@@ -18,11 +18,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import CartonStoreError, InvalidInput, NotFound
+from ..errors import CartonStoreError, InvalidInput, NotFound, Unavailable
 from ..fetch.puller import Puller
 from ..format.dtypes import carton_dtype_to_v2, shape_to_v2_dims
 from ..format.paths import validate_carton_path
 from ..store import Store
+from ..store.gc import GcPolicy, GcReport
 from ..store.index import LeaseRow
 from ..store.materialize import remove_tree
 from ..store.owner import tmp_name
@@ -92,6 +93,7 @@ class ModelService:
         self.metrics = metrics
         self.models: dict[str, LoadedModel] = {}
         self._flights = _Flights()
+        self._gc_lock = asyncio.Lock()
         self.ready = True
 
     # -- materializing ---------------------------------------------------------
@@ -129,10 +131,26 @@ class ModelService:
                                f"got {value!r}")
         return float(value)
 
-    async def take_lease(self, ref: str, ttl: float, holder: str | None) -> Granted:
-        digest, path = await self.model_dir(ref)
-        row = await asyncio.to_thread(self.store.index.create_lease, digest, ttl, holder)
-        return Granted(row, path)
+    async def take_lease(self, ref: str, ttl: float, holder: str | None, lease_id: str | None = None) -> Granted:
+        """Materialize (fetching what is missing) and lease. The lease is
+        written under the shared store lock after checking the directory is
+        still there, so a collection either sees the lease or ran before it
+        (and then the directory is built again)."""
+        for _attempt in range(5):
+            digest, path = await self.model_dir(ref)
+            row = await asyncio.to_thread(self._lease_if_present, digest, path, ttl, holder, lease_id)
+            if row is not None:
+                return Granted(row, path)
+            ref = digest
+        raise Unavailable(f"model {ref} was collected again and again while being leased; the store is "
+                          "under more pressure than its size budget allows", subject=ref)
+
+    def _lease_if_present(self, digest: str, path: Path, ttl: float, holder: str | None,
+                          lease_id: str | None) -> LeaseRow | None:
+        with self.store.lock(shared=True):
+            if not path.is_dir():
+                return None
+            return self.store.index.create_lease(digest, ttl, holder, lease_id)
 
     async def renew_lease(self, lease_id: str, ttl: float) -> Granted:
         row = await asyncio.to_thread(self.store.index.renew_lease, lease_id, ttl)
@@ -153,9 +171,7 @@ class ModelService:
         try:
             model.config = parse_triton_config(params.get("config"))
             ref = await self._load_source(name, params)
-            digest, _path = await self.model_dir(ref)
-            await asyncio.to_thread(self.store.index.create_lease, digest, self.leases.pin_ttl,
-                                    f"loaded:{name}", pin_id(name))
+            digest = (await self.take_lease(ref, self.leases.pin_ttl, f"loaded:{name}", pin_id(name))).lease.carton
         except BaseException as e:
             model.state = UNAVAILABLE
             model.reason = str(e) if isinstance(e, CartonStoreError) else f"load failed: {type(e).__name__}"
@@ -252,6 +268,27 @@ class ModelService:
                 await asyncio.to_thread(self.store.index.expire_leases)
             except CartonStoreError as e:
                 log.warning("could not expire leases: %s", e)
+
+    async def collect(self, policy: GcPolicy) -> GcReport:
+        """One collection at a time per daemon; the store lock orders it with
+        every other process."""
+        async with self._gc_lock:
+            return await asyncio.to_thread(self.store.collect, policy)
+
+    async def keep_within_budget(self, policy: GcPolicy, interval: float) -> None:
+        """Collect on our own every interval when a size budget or a free-space
+        floor is set."""
+        if policy.max_size is None and policy.min_free is None:
+            return
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                report = await self.collect(policy)
+                if report.freed_bytes:
+                    log.info("gc freed %d bytes (%d model(s) evicted)", report.freed_bytes,
+                             len(report.evicted_models))
+            except CartonStoreError as e:
+                log.warning("gc failed: %s", e)
 
     async def shutdown(self) -> None:
         """Pins of this daemon's loaded models lapse now rather than at expiry."""

@@ -279,6 +279,34 @@ class Index:
         rows = self._rows("SELECT * FROM cartons WHERE source=? ORDER BY added_at DESC LIMIT 1", (source,))
         return CartonRow(*rows[0]) if rows else None
 
+    # -- gc ----------------------------------------------------------------
+
+    def blob_table(self) -> dict[str, tuple[int, float]]:
+        return {r[0]: (r[1], r[2]) for r in self._rows("SELECT digest, size, added_at FROM blobs")}
+
+    def carton_listing(self) -> tuple[list[CartonRow], dict[str, set[str]], dict[str, set[str]]]:
+        """Every carton, the blobs each lists, and the blobs that keep each known
+        (carton.toml; the MANIFEST is the carton's own digest)."""
+        cartons = self.cartons()
+        listed: dict[str, set[str]] = {c.digest: set() for c in cartons}
+        keep: dict[str, set[str]] = {c.digest: set() for c in cartons}
+        for carton, digest, path in self._rows("SELECT carton, digest, path FROM entries"):
+            listed.setdefault(carton, set()).add(digest)
+            if path == "carton.toml":
+                keep.setdefault(carton, set()).add(digest)
+        return cartons, listed, keep
+
+    def leased_cartons(self, now: float) -> set[str]:
+        return {r[0] for r in self._rows("SELECT DISTINCT carton FROM leases WHERE expires_at>?", (now,))}
+
+    def forget_blobs(self, digests: Iterable[str]) -> None:
+        """Drop blob rows in one transaction (gc: rows first, files after)."""
+        with self.transaction() as conn:
+            conn.executemany("DELETE FROM blobs WHERE digest=?", [(d,) for d in digests])
+
+    def count_expired_leases(self, now: float) -> int:
+        return self._rows("SELECT count(*) FROM leases WHERE expires_at<=?", (now,))[0][0]
+
     # -- leases ------------------------------------------------------------
 
     def create_lease(self, carton: str, ttl: float, holder: str | None = None,

@@ -26,6 +26,19 @@ from .index import CartonRow, Index
 from .ingest import IngestResult, Staging, commit_carton, stage_carton
 from .layout import StoreLayout
 from .locks import FileLock
+from .gc import (
+    CartonUse,
+    GcPlan,
+    GcPolicy,
+    GcReport,
+    Snapshot,
+    disk_free,
+    plan_collection,
+    remove_path,
+    size_of,
+    tmp_leftovers,
+    unindexed_files,
+)
 from .materialize import build_tree, check_tree, plan_tree, remove_tree
 
 MIN_PREFIX = 8
@@ -257,6 +270,59 @@ class Store:
             remove_tree(self.layout.model_path(digest))
             freed = sum(self.blobs.delete(d) for d in orphans)
         return RemoveResult(digest, len(orphans), freed)
+
+    # -- collecting ------------------------------------------------------------
+
+    def collect(self, policy: GcPolicy | None = None) -> GcReport:
+        """Collect garbage (see store/gc.py); with policy.dry_run, only report."""
+        policy = policy or GcPolicy()
+        now = time.time()
+        report = GcReport(dry_run=policy.dry_run)
+        for path in tmp_leftovers(self.layout.tmp_dir, now):
+            report.tmp_entries += 1
+            report.tmp_bytes += size_of(path)
+            if not policy.dry_run:
+                remove_path(path)
+        with self.lock():  # no commit, build or new lease interleaves with what follows
+            if policy.dry_run:
+                report.expired_leases = self.index.count_expired_leases(now)
+            else:
+                report.expired_leases = self.index.expire_leases(now)
+            snap = self._gc_snapshot(now)
+            plan = plan_collection(snap, policy)
+            report.store_bytes_before = sum(size for size, _ in snap.blobs.values())
+            report.unreferenced_blobs = len(plan.unreferenced) + len(plan.leftovers)
+            report.unreferenced_bytes = (sum(snap.blobs[d][0] for d in plan.unreferenced)
+                                         + sum(snap.unindexed[d][0] for d in plan.leftovers))
+            report.evicted_models = plan.evicted_models
+            report.evicted_blobs = len(plan.evicted_blobs)
+            report.evicted_bytes = sum(snap.blobs[d][0] for d in plan.evicted_blobs)
+            report.store_bytes_after = report.store_bytes_before - report.evicted_bytes - sum(
+                snap.blobs[d][0] for d in plan.unreferenced)
+            if not policy.dry_run:
+                self._apply(plan)
+        return report
+
+    def _gc_snapshot(self, now: float) -> Snapshot:
+        cartons, listed, keep = self.index.carton_listing()
+        leased = self.index.leased_cartons(now)
+        blobs = self.index.blob_table()
+        models = set(os.listdir(self.layout.models_dir)) if self.layout.models_dir.is_dir() else set()
+        uses = tuple(CartonUse(c.digest, c.last_used, c.digest in models, c.digest in leased,
+                               frozenset(listed.get(c.digest, ())), frozenset(keep.get(c.digest, ())))
+                     for c in cartons)
+        known = {c.digest for c in cartons}
+        return Snapshot(blobs, unindexed_files(self.blobs.iter_digests(), set(blobs), self.blobs.path), uses,
+                        tuple(sorted(m for m in models if m not in known and is_sha256(m))),
+                        disk_free(self.root), now)
+
+    def _apply(self, plan: GcPlan) -> None:
+        doomed = plan.unreferenced | plan.evicted_blobs
+        self.index.forget_blobs(doomed)
+        for digest in plan.evicted_models + plan.orphan_models:
+            remove_tree(self.layout.model_path(digest))
+        for digest in doomed | plan.leftovers:
+            self.blobs.delete(digest)
 
     # -- verifying -----------------------------------------------------------
 

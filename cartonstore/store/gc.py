@@ -1,0 +1,182 @@
+"""Garbage collection: what may go (a pure plan), then removing it.
+
+The mark step is a pure function of a snapshot of the index and the disk
+(containerd's design): ``plan_collection`` decides; ``collect`` takes the
+snapshot and applies the plan under the exclusive store lock, deleting
+index rows in one transaction and only then unlinking files. Nothing a
+live lease or a loaded model (a pin is a lease) needs is ever in a plan.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable
+
+from ..format.manifest import is_sha256
+from .materialize import remove_tree
+from .owner import owner_is_gone, token_of
+
+TMP_MIN_AGE = 60.0          # a tmp/ entry younger than this may not hold its owner's lock yet
+UNOWNED_TMP_MAX_AGE = 86400.0  # entries with no owner token at all (older versions, strays)
+
+
+@dataclass(frozen=True)
+class GcPolicy:
+    max_size: int | None = None   # bytes of blobs the store may hold
+    min_free: int | None = None   # bytes that must stay free on the store's filesystem
+    grace: float = 3600.0         # unreferenced blobs younger than this are kept
+    dry_run: bool = False
+
+
+@dataclass(frozen=True)
+class CartonUse:
+    digest: str
+    last_used: float
+    materialized: bool
+    leased: bool
+    listed: frozenset[str]        # blobs its MANIFEST lists
+    keep: frozenset[str]          # blobs that keep it known: MANIFEST and carton.toml
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    blobs: dict[str, tuple[int, float]]      # indexed: digest -> (size, added_at)
+    unindexed: dict[str, tuple[int, float]]  # files in blobs/ without a row: digest -> (size, mtime)
+    cartons: tuple[CartonUse, ...]
+    orphan_models: tuple[str, ...]           # models/ dirs of cartons the index does not know
+    disk_free: int
+    now: float
+
+
+@dataclass
+class GcPlan:
+    unreferenced: set[str] = field(default_factory=set)   # indexed blobs no carton lists
+    leftovers: set[str] = field(default_factory=set)      # unindexed blob files
+    evicted_models: list[str] = field(default_factory=list)
+    evicted_blobs: set[str] = field(default_factory=set)
+    orphan_models: list[str] = field(default_factory=list)
+
+
+@dataclass
+class GcReport:
+    dry_run: bool = False
+    expired_leases: int = 0
+    unreferenced_blobs: int = 0
+    unreferenced_bytes: int = 0
+    tmp_entries: int = 0
+    tmp_bytes: int = 0
+    evicted_models: list[str] = field(default_factory=list)
+    evicted_blobs: int = 0
+    evicted_bytes: int = 0
+    store_bytes_before: int = 0
+    store_bytes_after: int = 0
+
+    @property
+    def freed_bytes(self) -> int:
+        return self.unreferenced_bytes + self.tmp_bytes + self.evicted_bytes
+
+    def as_dict(self) -> dict:
+        d = dict(self.__dict__)
+        d["freed_bytes"] = self.freed_bytes
+        return d
+
+
+def plan_collection(snap: Snapshot, policy: GcPolicy) -> GcPlan:
+    """Decide what goes. Pure: the snapshot in, a plan out."""
+    plan = GcPlan(orphan_models=list(snap.orphan_models))
+    listed = set().union(*(c.listed | {c.digest} for c in snap.cartons)) if snap.cartons else set()
+    old = snap.now - policy.grace
+    plan.unreferenced = {d for d, (_s, added) in snap.blobs.items() if d not in listed and added < old}
+    plan.leftovers = {d for d, (_s, mtime) in snap.unindexed.items() if d not in listed and mtime < old}
+    freed = sum(snap.blobs[d][0] for d in plan.unreferenced) + sum(snap.unindexed[d][0] for d in plan.leftovers)
+    need = _bytes_needed(snap, policy, freed)
+    if need > 0:
+        _evict(snap, plan, need)
+    return plan
+
+
+def _bytes_needed(snap: Snapshot, policy: GcPolicy, freed: int) -> int:
+    size = sum(s for s, _ in snap.blobs.values()) - freed
+    over = size - policy.max_size if policy.max_size is not None else 0
+    short = policy.min_free - (snap.disk_free + freed) if policy.min_free is not None else 0
+    return max(over, short, 0)
+
+
+def _evict(snap: Snapshot, plan: GcPlan, need: int) -> None:
+    """Least recently used first; a blob goes once no carton left standing lists it."""
+    refs: dict[str, int] = {}
+    for c in snap.cartons:
+        for d in c.listed:
+            refs[d] = refs.get(d, 0) + 1
+    protected = set().union(*(c.keep | {c.digest} for c in snap.cartons))
+    protected |= set().union(*(c.listed for c in snap.cartons if c.leased)) if snap.cartons else set()
+    gone = plan.unreferenced | plan.leftovers
+    for c in sorted((c for c in snap.cartons if not c.leased), key=lambda c: (c.last_used, c.digest)):
+        if need <= 0:
+            break
+        freed_here = 0
+        for d in c.listed:
+            refs[d] -= 1
+            if refs[d] == 0 and d not in protected and d not in gone and d in snap.blobs:
+                plan.evicted_blobs.add(d)
+                gone.add(d)
+                freed_here += snap.blobs[d][0]
+        if c.materialized:
+            plan.evicted_models.append(c.digest)
+        need -= freed_here
+
+
+def tmp_leftovers(tmp_dir: Path, now: float) -> list[Path]:
+    """tmp/ entries whose owner is gone (and owner locks nobody holds)."""
+    out = []
+    if not tmp_dir.is_dir():
+        return out
+    for entry in os.scandir(tmp_dir):
+        try:
+            age = now - entry.stat(follow_symlinks=False).st_mtime
+        except FileNotFoundError:
+            continue
+        token = token_of(entry.name)
+        if token is None:
+            if age > UNOWNED_TMP_MAX_AGE:
+                out.append(Path(entry.path))
+        elif age > TMP_MIN_AGE and owner_is_gone(tmp_dir, token):
+            out.append(Path(entry.path))
+    return out
+
+
+def size_of(path: Path) -> int:
+    if path.is_dir() and not path.is_symlink():
+        return sum(p.stat().st_size for p in path.rglob("*") if p.is_file() and not p.is_symlink())
+    try:
+        return path.lstat().st_size
+    except FileNotFoundError:
+        return 0
+
+
+def remove_path(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        remove_tree(path)
+    else:
+        path.unlink(missing_ok=True)
+
+
+def disk_free(path: Path) -> int:
+    st = os.statvfs(path)
+    return st.f_bavail * st.f_frsize
+
+
+def unindexed_files(blob_names: Iterable[str], indexed: set[str], path_of) -> dict[str, tuple[int, float]]:  # noqa: ANN001
+    out = {}
+    for name in blob_names:
+        if is_sha256(name) and name not in indexed:
+            try:
+                st = os.stat(path_of(name))
+            except FileNotFoundError:
+                continue
+            out[name] = (st.st_size, st.st_mtime)
+    return out
+
+

@@ -1,0 +1,210 @@
+"""Garbage collection: the pure plan, then real stores, leases, pins and tmp/."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from cartonstore.cli import main
+from cartonstore.store import Store
+from cartonstore.store.gc import CartonUse, GcPolicy, Snapshot, plan_collection
+from conftest import MINIMAL_TOML, sha, snapshot, work_in_tmp
+
+NOW = 1_000_000.0
+
+
+def use(digest: str, last_used: float, listed: set[str], *, materialized: bool = True, leased: bool = False,
+        keep: frozenset[str] = frozenset()) -> CartonUse:
+    return CartonUse(digest, last_used, materialized, leased, frozenset(listed), keep)
+
+
+def snap(blobs: dict[str, int], cartons: list[CartonUse], *, added: float = 0.0, free: int = 10**12,
+         unindexed: dict[str, tuple[int, float]] | None = None) -> Snapshot:
+    return Snapshot({d: (s, added) for d, s in blobs.items()}, unindexed or {}, tuple(cartons), (), free, NOW)
+
+
+def test_plan_unreferenced_respects_grace() -> None:
+    s = snap({"a": 10, "b": 20, "m": 1}, [use("m", 0, {"a"})], added=NOW - 100)
+    assert plan_collection(s, GcPolicy(grace=50)).unreferenced == {"b"}
+    assert plan_collection(s, GcPolicy(grace=500)).unreferenced == set()
+
+
+def test_plan_evicts_least_recently_used_first() -> None:
+    s = snap({"x": 100, "y": 100, "z": 100, "c1": 1, "c2": 1, "c3": 1},
+             [use("c1", 30, {"x"}), use("c2", 10, {"y"}), use("c3", 20, {"z"})])
+    plan = plan_collection(s, GcPolicy(max_size=210))
+    assert plan.evicted_models == ["c2"] and plan.evicted_blobs == {"y"}
+    plan = plan_collection(s, GcPolicy(max_size=110))
+    assert plan.evicted_models == ["c2", "c3"] and plan.evicted_blobs == {"y", "z"}
+
+
+def test_plan_never_touches_leased_or_pinned_cartons() -> None:
+    s = snap({"x": 100, "y": 100, "c1": 1, "c2": 1}, [use("c1", 1, {"x"}, leased=True), use("c2", 2, {"y"})])
+    plan = plan_collection(s, GcPolicy(max_size=0))
+    assert plan.evicted_models == ["c2"] and plan.evicted_blobs == {"y"}
+
+
+def test_plan_keeps_shared_blobs_until_every_lister_is_evicted() -> None:
+    s = snap({"shared": 100, "own": 10, "c1": 1, "c2": 1},
+             [use("c1", 1, {"shared", "own"}), use("c2", 2, {"shared"}, leased=True)])
+    plan = plan_collection(s, GcPolicy(max_size=0))
+    assert plan.evicted_blobs == {"own"}
+
+
+def test_plan_keeps_cartons_known() -> None:
+    s = snap({"toml": 5, "w": 100, "c1": 1}, [use("c1", 1, {"toml", "w"}, keep=frozenset({"toml"}))])
+    plan = plan_collection(s, GcPolicy(max_size=0))
+    assert plan.evicted_blobs == {"w"}  # carton.toml and the MANIFEST (c1) stay
+
+
+def test_plan_min_free_counts_what_unreferenced_removal_frees() -> None:
+    s = snap({"old": 100, "x": 100, "c1": 1}, [use("c1", 1, {"x"})], free=50)
+    assert plan_collection(s, GcPolicy(min_free=140, grace=0)).evicted_blobs == set()
+    assert plan_collection(s, GcPolicy(min_free=160, grace=0)).evicted_blobs == {"x"}
+
+
+def test_plan_unindexed_leftovers() -> None:
+    s = snap({}, [], unindexed={"left": (10, NOW - 7200), "fresh": (10, NOW - 10)})
+    assert plan_collection(s, GcPolicy(grace=3600)).leftovers == {"left"}
+
+
+def _carton(tmp_path: Path, name: str, files: dict[str, bytes]) -> Path:
+    d = tmp_path / name
+    for rel, data in {"carton.toml": MINIMAL_TOML.replace(b'"tiny"', f'"{name}"'.encode()), **files}.items():
+        (d / rel).parent.mkdir(parents=True, exist_ok=True)
+        (d / rel).write_bytes(data)
+    return d
+
+
+def test_unreferenced_blobs_go_after_the_grace(store: Store, tmp_path: Path) -> None:
+    d = store.add(_carton(tmp_path, "a", {"model/w": b"w" * 1000})).digest
+    store.remove(d)
+    stray = b"added and forgotten"
+    with store.blobs.writer() as w:
+        w.write(stray)
+        staged = w.stage()
+    store.blobs.commit(staged)
+    store.index.record_blobs([(staged.digest, len(stray))])
+    assert store.collect(GcPolicy(grace=3600)).unreferenced_blobs == 0
+    report = store.collect(GcPolicy(grace=0))
+    assert report.unreferenced_blobs == 1 and not store.blobs.has(staged.digest)
+    assert store.verify().ok
+
+
+def test_budget_eviction_keeps_cartons_known_and_leased_ones(store: Store, tmp_path: Path) -> None:
+    old = store.add(_carton(tmp_path, "old", {"model/w": os.urandom(50_000)})).digest
+    new = store.add(_carton(tmp_path, "new", {"model/w": os.urandom(50_000)})).digest
+    leased = store.add(_carton(tmp_path, "leased", {"model/w": os.urandom(50_000)})).digest
+    for d in (old, leased, new):
+        store.materialize(d)
+        time.sleep(0.01)
+    store.index.create_lease(leased, 60)
+    report = store.collect(GcPolicy(max_size=120_000))
+    assert report.evicted_models == [old]
+    assert not (store.root / "models" / old).exists()
+    assert (store.root / "models" / leased).is_dir() and (store.root / "models" / new).is_dir()
+    info = store.info(old)
+    assert info.missing_blobs and store.config_of(old).model_name == "old"  # still known
+    report = store.collect(GcPolicy(max_size=0))
+    assert (store.root / "models" / leased).is_dir(), "a leased model is never collected"
+    assert report.evicted_models == [new]
+    assert store.verify().ok
+
+
+def test_dry_run_changes_nothing(store: Store, tmp_path: Path) -> None:
+    d = store.add(_carton(tmp_path, "a", {"model/w": b"x" * 5000})).digest
+    store.materialize(d)
+    before = snapshot(store.root)
+    report = store.collect(GcPolicy(max_size=0, dry_run=True))
+    assert report.dry_run and report.evicted_models == [d] and report.freed_bytes >= 5000
+    assert snapshot(store.root) == before
+
+
+def test_tmp_leftovers_of_dead_processes_only(store: Store, tmp_path: Path) -> None:
+    code = ("import os, sys, time\n"
+            "from cartonstore.store import Store\n"
+            "s = Store(sys.argv[1])\n"
+            "w = s.blobs.writer()\n"
+            "w.write(b'half a blob')\n"
+            "print(w.tmp_path, flush=True)\n"
+            "time.sleep(60)\n")
+    proc = subprocess.Popen([sys.executable, "-c", code, str(store.root)], stdout=subprocess.PIPE, text=True)
+    left = Path(proc.stdout.readline().strip())
+    with store.blobs.writer() as mine:  # ours: alive
+        mine.write(b"in progress")
+        old = time.time() - 3600
+        for p in (left, mine.tmp_path):
+            os.utime(p, (old, old))
+        assert store.collect().tmp_entries == 0, "a live owner keeps its tmp/ entries"
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        report = store.collect()
+        assert report.tmp_entries >= 1 and not left.exists()
+        assert mine.tmp_path.exists()
+
+
+def test_cli_gc_runs_in_the_daemon_when_one_serves(daemon, tmp_path: Path, capsys) -> None:  # noqa: ANN001
+    assert main(["add", str(_carton(tmp_path, "a", {"model/w": b"x" * 100})), "--root", str(daemon.root),
+                 "--progress", "none"]) == 0
+    capsys.readouterr()
+    assert main(["gc", "--root", str(daemon.root), "--socket", str(daemon.socket_path), "--json",
+                 "--max-size", "0"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["ran_in"] == "daemon" and report["evicted_blobs"] == 1
+    assert main(["gc", "--root", str(daemon.root), "--local", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["ran_in"] == "this process"
+
+
+def test_the_daemon_collects_on_its_own_over_budget(tmp_path: Path, capsys) -> None:  # noqa: ANN001
+    from daemonkit import DaemonProcess, wait_for
+
+    root = tmp_path / "root"
+    assert main(["add", str(_carton(tmp_path, "a", {"model/w": os.urandom(100_000)})), "--root", str(root),
+                 "--progress", "none"]) == 0
+    assert main(["path", "a", "--root", str(root)]) == 0
+    cfg = tmp_path / "cs.toml"
+    cfg.write_text('[gc]\nmax_size = "10KiB"\ninterval = "0.2s"\n')
+    with DaemonProcess(root, listen=None, extra_args=["--config", str(cfg)]):
+        assert wait_for(lambda: not any((root / "models").iterdir()), timeout=15)
+    with Store(root) as s:
+        assert s.verify().ok and s.info(s.resolve("a")).missing_blobs
+
+
+def test_evicted_linked_blobs_come_back_on_lease(tmp_path: Path, origin) -> None:  # noqa: ANN001
+    from daemonkit import DaemonProcess, unix_session
+    from fetchkit import linked_carton
+
+    payload = os.urandom(200_000)
+    carton, shas = linked_carton(tmp_path, origin, {"model/w.bin": payload})
+    root = tmp_path / "root"
+    with DaemonProcess(root, listen=None) as d:
+        import asyncio
+
+        async def lease() -> dict:
+            async with unix_session(d.socket_path) as s:
+                async with s.post("/v1/leases", json={"model": str(carton), "ttl": 0.5}) as r:
+                    assert r.status == 200, await r.text()
+                    return await r.json()
+
+        first = asyncio.run(lease())
+        time.sleep(0.6)
+        with Store(root) as s:
+            assert s.collect(GcPolicy(max_size=0)).evicted_blobs == 1
+        again = asyncio.run(lease())
+        assert again["path"] == first["path"]
+        assert (Path(again["path"]) / "model" / "w.bin").read_bytes() == payload
+        assert origin.count(f"/blobs/{shas['model/w.bin']}") == 2
+
+
+def test_work_in_tmp_helper_ignores_owner_locks(store: Store) -> None:
+    with store.blobs.writer() as w:
+        w.write(b"x")
+        assert work_in_tmp(store.root) == [w.tmp_path.name]
+    assert work_in_tmp(store.root) == [] and sha(b"x")
