@@ -45,7 +45,10 @@ class BlobWriter:
 
     def __init__(self, layout: StoreLayout, *, label: str = "blob") -> None:
         self.tmp_path = Path(f"{tmp_name(layout.tmp_dir, 'ingest')}-{label}")
-        self._fd = os.open(self.tmp_path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        try:
+            self._fd = os.open(self.tmp_path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        except OSError as e:
+            raise _translate_write_error(e, self.tmp_path) from e
         self._hash = hashlib.sha256()
         self.size = 0
         self._staged = False
@@ -177,7 +180,10 @@ class BlobStore:
         outcome: the staged copy is dropped and the existing one kept.
         The parent directory is not fsynced here; see sync_dirs()."""
         dest = self.path(staged.digest)
-        dest.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            dest.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise _translate_write_error(e, dest.parent) from e
         if dest.exists():
             staged.discard()
             return dest

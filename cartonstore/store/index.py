@@ -109,6 +109,13 @@ class CartonRecord:
     links: dict[str, tuple[str, ...]]
 
 
+def _rollback(conn: sqlite3.Connection) -> None:
+    try:
+        conn.execute("ROLLBACK")
+    except sqlite3.Error:
+        pass  # a failed COMMIT may already have ended the transaction
+
+
 class Index:
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -148,11 +155,13 @@ class Index:
                 raise Unavailable(f"index {self.path} is busy: {e}", subject=str(self.path)) from e
             try:
                 yield conn
-            except BaseException:
-                conn.execute("ROLLBACK")
-                raise
-            else:
                 conn.execute("COMMIT")
+            except sqlite3.Error as e:
+                _rollback(conn)
+                raise Unavailable(f"index {self.path}: {e}", subject=str(self.path)) from e
+            except BaseException:
+                _rollback(conn)
+                raise
 
     def _rows(self, sql: str, params: Sequence | dict = ()) -> list[tuple]:
         with self._lock:

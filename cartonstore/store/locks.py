@@ -16,6 +16,14 @@ from ..errors import Unavailable
 _POLL_SECONDS = 0.01
 
 
+def _open_lock_file(path: Path) -> int:
+    try:
+        return os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o664)
+    except OSError as e:
+        raise Unavailable(f"cannot open lock file {path}: {e.strerror.lower() if e.strerror else e}",
+                          subject=str(path)) from e
+
+
 class FileLock:
     """An flock on one file; shared (readers) or exclusive (writers).
 
@@ -30,7 +38,7 @@ class FileLock:
         self._fd: int | None = None
 
     def acquire(self) -> None:
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o664)
+        fd = _open_lock_file(self.path)
         mode = (fcntl.LOCK_SH if self.shared else fcntl.LOCK_EX) | fcntl.LOCK_NB
         deadline = time.monotonic() + self.timeout
         while True:
@@ -64,7 +72,7 @@ class FileLock:
 @asynccontextmanager
 async def async_file_lock(path: Path, *, timeout: float, poll: float = 0.05) -> AsyncIterator[None]:
     """An exclusive flock waited for without blocking the event loop."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o664)
+    fd = _open_lock_file(path)
     try:
         deadline = time.monotonic() + timeout
         while True:

@@ -66,10 +66,11 @@ def link_or_copy(src: Path, dst: Path) -> str:
 def build_tree(plan: TreePlan, blob_path: Callable[[str], Path], tmp_dir: Path, dest: Path,
                *, link: Callable[[Path, Path], str] = link_or_copy) -> bool:
     """Build the tree in tmp/ and rename it to ``dest``. Returns False when
-    another process won the race and ``dest`` already exists (a normal outcome)."""
+    another process won the race and ``dest`` already exists (a normal outcome).
+    A full disk raises Unavailable with nothing left behind."""
     work = tmp_name(tmp_dir, "model")
-    work.mkdir()
     try:
+        work.mkdir()
         _populate(plan, blob_path, work, link)
         _make_read_only(work, plan)
         fsync_dir(work)
@@ -82,6 +83,12 @@ def build_tree(plan: TreePlan, blob_path: Callable[[str], Path], tmp_dir: Path, 
             raise
         fsync_dir(dest.parent)
         return True
+    except OSError as e:
+        remove_tree(work)
+        if e.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise Unavailable(f"no space left on device materializing {dest.name} (in {tmp_dir})",
+                              subject=str(dest)) from e
+        raise
     except BaseException:
         remove_tree(work)
         raise
@@ -92,15 +99,10 @@ def _populate(plan: TreePlan, blob_path: Callable[[str], Path], work: Path,
     for d in plan.dirs:
         (work / d).mkdir()
     for path, digest in plan.files:
-        src = blob_path(digest)
         try:
-            link(src, work / path)
+            link(blob_path(digest), work / path)
         except FileNotFoundError:
             raise NotFound(f"blob {digest} for {path} is not in the store", subject=digest) from None
-        except OSError as e:
-            if e.errno in (errno.ENOSPC, errno.EDQUOT):
-                raise Unavailable(f"no space left on device materializing {path}", subject=str(work)) from e
-            raise
     for path, target in plan.symlinks:
         os.symlink(target, work / path)
 

@@ -17,6 +17,8 @@ import secrets
 import threading
 from pathlib import Path
 
+from ..errors import Unavailable
+
 _lock = threading.Lock()
 _owners: dict[Path, tuple[int, str, int]] = {}  # tmp dir -> (pid, token, fd)
 TOKEN_RE = re.compile(r"^(?:ingest|model|upload|owner)-([a-z0-9]{12})[-.]")
@@ -29,7 +31,10 @@ def owner_token(tmp_dir: Path) -> str:
         if held is not None and held[0] == os.getpid():
             return held[1]
         token = secrets.token_hex(6)
-        fd = os.open(tmp_dir / f"owner-{token}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fd = os.open(tmp_dir / f"owner-{token}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except OSError as e:
+            raise Unavailable(f"cannot create files in {tmp_dir}: {e.strerror}", subject=str(tmp_dir)) from e
         fcntl.flock(fd, fcntl.LOCK_SH)
         _owners[tmp_dir] = (os.getpid(), token, fd)
         return token
