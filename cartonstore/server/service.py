@@ -14,6 +14,7 @@ import binascii
 import json
 import logging
 import shutil
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ from ..format.paths import validate_carton_path
 from ..store import Store
 from ..store.gc import GcPolicy, GcReport
 from ..store.index import LeaseRow
+from ..store.locks import HeldLock
 from ..store.materialize import remove_tree
 from ..store.owner import tmp_name
 from .metrics import Metrics
@@ -94,6 +96,8 @@ class ModelService:
         self.models: dict[str, LoadedModel] = {}
         self._flights = _Flights()
         self._gc_lock = asyncio.Lock()
+        self._db_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cartonstore-db")
+        self._shared_store_lock = HeldLock(store.lock(shared=True))
         self.ready = True
 
     # -- materializing ---------------------------------------------------------
@@ -135,31 +139,44 @@ class ModelService:
         """Materialize (fetching what is missing) and lease. The lease is
         written under the shared store lock after checking the directory is
         still there, so a collection either sees the lease or ran before it
-        (and then the directory is built again)."""
+        (and then the directory is built again). A cached model costs one
+        worker-thread hop: resolve, check and write together."""
+        granted = await self._db(self._lease_cached, ref, ttl, holder, lease_id)
+        if granted is not None:
+            self.metrics.cache_hits.inc()
+            return granted
         for _attempt in range(5):
             digest, path = await self.model_dir(ref)
-            row = await asyncio.to_thread(self._lease_if_present, digest, path, ttl, holder, lease_id)
-            if row is not None:
-                return Granted(row, path)
+            granted = await self._db(self._lease_cached, digest, ttl, holder, lease_id)
+            if granted is not None:
+                return granted
             ref = digest
         raise Unavailable(f"model {ref} was collected again and again while being leased; the store is "
                           "under more pressure than its size budget allows", subject=ref)
 
-    def _lease_if_present(self, digest: str, path: Path, ttl: float, holder: str | None,
-                          lease_id: str | None) -> LeaseRow | None:
-        with self.store.lock(shared=True):
+    def _lease_cached(self, ref: str, ttl: float, holder: str | None, lease_id: str | None) -> Granted | None:
+        digest = self._resolve_fast(ref)
+        if digest is None:
+            return None
+        path = self.store.layout.model_path(digest)
+        with self._shared_store_lock:
             if not path.is_dir():
                 return None
-            return self.store.index.create_lease(digest, ttl, holder, lease_id)
+            return Granted(self.store.index.create_lease(digest, ttl, holder, lease_id), path)
+
+    async def _db(self, fn, *args):  # noqa: ANN001, ANN002, ANN202
+        """Index work on the daemon's one database thread: SQLite serializes
+        writers anyway, and one thread spares the hand-offs between many."""
+        return await asyncio.get_running_loop().run_in_executor(self._db_thread, fn, *args)
 
     async def renew_lease(self, lease_id: str, ttl: float) -> Granted:
-        row = await asyncio.to_thread(self.store.index.renew_lease, lease_id, ttl)
+        row = await self._db(self.store.index.renew_lease, lease_id, ttl)
         return Granted(row, self.store.layout.model_path(row.carton))
 
     async def release_lease(self, lease_id: str) -> None:
         if lease_id.startswith("pin:"):
             raise InvalidInput("pins of loaded models are released by unloading the model")
-        if not await asyncio.to_thread(self.store.index.delete_lease, lease_id):
+        if not await self._db(self.store.index.delete_lease, lease_id):
             raise NotFound(f"no lease {lease_id!r} (never taken, already released, or expired)", subject=lease_id)
 
     # -- Triton repository ---------------------------------------------------------
@@ -171,7 +188,8 @@ class ModelService:
         try:
             model.config = parse_triton_config(params.get("config"))
             ref = await self._load_source(name, params)
-            digest = (await self.take_lease(ref, self.leases.pin_ttl, f"loaded:{name}", pin_id(name))).lease.carton
+            granted = await self.take_lease(ref, self.leases.pin_ttl, f"loaded:{name}", pin_id(name))
+            digest = granted.lease.carton
         except BaseException as e:
             model.state = UNAVAILABLE
             model.reason = str(e) if isinstance(e, CartonStoreError) else f"load failed: {type(e).__name__}"
@@ -295,7 +313,9 @@ class ModelService:
         self.ready = False
         for name, model in self.models.items():
             if model.state == READY:
-                await asyncio.to_thread(self.store.index.delete_lease, pin_id(name))
+                await self._db(self.store.index.delete_lease, pin_id(name))
+        self._db_thread.shutdown(wait=True)
+        self._shared_store_lock.close()
 
     def live_values(self) -> dict[str, float]:
         stats = self.puller.stats

@@ -327,7 +327,7 @@ class Index:
         with self.transaction() as conn:
             conn.execute("INSERT OR REPLACE INTO leases VALUES (?,?,?,?,?)",
                          (row.id, row.carton, row.holder, row.created_at, row.expires_at))
-            conn.execute("UPDATE cartons SET last_used=? WHERE digest=?", (now, carton))
+            self._touch(conn, carton, now)
         return row
 
     def renew_lease(self, lease_id: str, ttl: float) -> LeaseRow:
@@ -344,8 +344,14 @@ class Index:
                                subject=lease_id)
             row = LeaseRow(row.id, row.carton, row.holder, row.created_at, now + ttl)
             conn.execute("UPDATE leases SET expires_at=? WHERE id=?", (row.expires_at, lease_id))
-            conn.execute("UPDATE cartons SET last_used=? WHERE digest=?", (now, row.carton))
+            self._touch(conn, row.carton, now)
         return row
+
+    @staticmethod
+    def _touch(conn: sqlite3.Connection, carton: str, now: float) -> None:
+        # LRU needs minutes, not microseconds: skipping fresh rows spares a
+        # page write on every lease of a busy model.
+        conn.execute("UPDATE cartons SET last_used=? WHERE digest=? AND last_used<?", (now, carton, now - 10))
 
     def delete_lease(self, lease_id: str) -> bool:
         with self.transaction() as conn:

@@ -43,8 +43,8 @@ enabled on responses, so aiohttp neither re-compresses nor drops it).
 ``POST /__reset`` clears them. It exits when killed and, as a safety net, when
 its parent (this benchmark) goes away.
 
-Nothing is dropped from the page cache: all files are served from it (the
-machine has far more RAM than the working set). ``sync`` runs before every
+Nothing is dropped from the page cache on purpose, so files are normally
+served from it (the kernel may still reclaim some). ``sync`` runs before every
 timed command so that writeback of the previous one is not charged to it.
 cartonstore additionally hashes (sha256) and fsyncs every blob, which the
 curl baseline does not.
