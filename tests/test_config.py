@@ -93,7 +93,7 @@ DEFAULTS = {
     "fetch.backoff_base": 0.5,
     "fetch.backoff_max": 30.0,
     "fetch.max_concurrency": 8,
-    "fetch.parallel_threshold": 256 * MiB,
+    "fetch.parallel_threshold": GiB,
     "fetch.parallel_parts": 4,
     "fetch.coalesce_gap": 1 * MiB,
     "fetch.lock_timeout": 3600.0,

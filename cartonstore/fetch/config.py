@@ -18,7 +18,10 @@ class FetchConfig:
     backoff_base: float = 0.5
     backoff_max: float = 30.0
     max_concurrency: int = 8          # blob downloads at once, per process
-    parallel_threshold: int = 256 << 20  # blobs at least this big are fetched as Range parts...
+    # Blobs at least this big are fetched as Range parts... Parts cost a
+    # second read of the file to hash it, so they pay off only for a blob
+    # big enough to be fetched mostly alone.
+    parallel_threshold: int = 1 << 30
     parallel_parts: int = 4           # ...this many at once
     coalesce_gap: int = 1 << 20       # remote zip: merge entry ranges closer than this
     lock_timeout: float = 3600.0      # wait for another process's download of the same blob

@@ -120,60 +120,66 @@ def plan_requests(spans: Sequence[tuple[int, int]], gap: int) -> list[tuple[int,
 
 class _SpanParser:
     """Splits a byte stream covering [start, end) of the zip into the
-    entries it holds: local header, then compressed data fed to a decoder."""
+    entries it holds: local header, then compressed data fed to a decoder.
+    Only headers are buffered; entry data passes through as slices."""
 
     def __init__(self, start: int, wanted: list[tuple[ZipEntry, EntrySink]]) -> None:
         self.pos = start
         self.todo = sorted(wanted, key=lambda w: w[0].local_header_offset)
-        self.buf = bytearray()
+        self.header = bytearray()
         self.current: tuple[ZipEntry, EntrySink, EntryDecoder] | None = None
         self.left = 0
 
     def feed(self, chunk: bytes) -> None:
-        self.buf += chunk
-        while self._step():
-            pass
+        view = memoryview(chunk)
+        while view:
+            view = self._data(view) if self.current is not None else self._between(view)
 
-    def _step(self) -> bool:
-        if self.current is not None:
-            return self._feed_current()
+    def _between(self, view: memoryview) -> memoryview:
+        """Skip the gap before the next wanted entry, then read its local header."""
         if not self.todo:
-            self.pos += len(self.buf)
-            self.buf.clear()
-            return False
+            self.pos += len(view)
+            return view[len(view):]
         entry, sink = self.todo[0]
         skip = entry.local_header_offset - self.pos
         if skip > 0:
-            n = min(skip, len(self.buf))
-            del self.buf[:n]
+            n = min(skip, len(view))
             self.pos += n
-            return n > 0
-        if len(self.buf) < LOCAL_HEADER_FIXED:
-            return False
-        var = local_header_variable_length(bytes(self.buf[:LOCAL_HEADER_FIXED]), entry.name)
-        if len(self.buf) < LOCAL_HEADER_FIXED + var:
-            return False
-        del self.buf[: LOCAL_HEADER_FIXED + var]
-        self.pos += LOCAL_HEADER_FIXED + var
-        self.todo.pop(0)
-        self.current = (entry, sink, EntryDecoder(entry))
-        self.left = entry.compressed_size
-        return True
+            return view[n:]
+        need = LOCAL_HEADER_FIXED - len(self.header)
+        if need <= 0:
+            need = LOCAL_HEADER_FIXED + local_header_variable_length(bytes(self.header[:LOCAL_HEADER_FIXED]),
+                                                                     entry.name) - len(self.header)
+        take = view[: max(need, 0)]
+        self.header += take
+        self.pos += len(take)
+        rest = view[len(take):]
+        if len(self.header) >= LOCAL_HEADER_FIXED:
+            full = LOCAL_HEADER_FIXED + local_header_variable_length(bytes(self.header[:LOCAL_HEADER_FIXED]),
+                                                                     entry.name)
+            if len(self.header) == full:
+                self.header.clear()
+                self.todo.pop(0)
+                self.current = (entry, sink, EntryDecoder(entry))
+                self.left = entry.compressed_size
+                if self.left == 0:
+                    self._end_entry()
+        return rest
 
-    def _feed_current(self) -> bool:
-        entry, sink, decoder = self.current  # type: ignore[misc]
-        n = min(self.left, len(self.buf))
-        if n:
-            for piece in decoder.feed(bytes(self.buf[:n])):
-                sink.write(piece)
-            del self.buf[:n]
-            self.pos += n
-            self.left -= n
+    def _data(self, view: memoryview) -> memoryview:
+        _entry, sink, decoder = self.current  # type: ignore[misc]
+        n = min(self.left, len(view))
+        for piece in decoder.feed(bytes(view[:n])):
+            sink.write(piece)
+        self.pos += n
+        self.left -= n
         if self.left == 0:
-            decoder.finish()
-            self.current = None
-            return True
-        return False
+            self._end_entry()
+        return view[n:]
+
+    def _end_entry(self) -> None:
+        self.current[2].finish()  # type: ignore[index]
+        self.current = None
 
     def finish(self) -> None:
         if self.current is not None or self.todo:
