@@ -168,8 +168,30 @@ def cmd_rm(store: Store, args: argparse.Namespace, out: Output) -> None:
              [f"removed {r.digest}: {r.blobs_removed} blob(s), {format_size(r.bytes_freed)} freed", r.digest])
 
 
+def refetch_missing(store: Store, args: argparse.Namespace) -> list[str]:
+    """After a repair: fetch blobs that cartons lack again from their known
+    sources (LINKS URLs, mirrors, the carton's URL). Returns what happened."""
+    notes: list[str] = []
+
+    async def work(p: Puller) -> None:
+        for info in store.list():
+            if not info.missing_blobs:
+                continue
+            try:
+                n = await p.complete(info.row.digest)
+                notes.append(f"refetched {n} blob(s) of carton {info.row.digest}")
+            except CartonStoreError as e:
+                notes.append(f"could not refetch blobs of carton {info.row.digest}: {e}")
+
+    args.progress = "none"
+    with_puller(store, args, work)
+    return notes
+
+
 def cmd_verify(store: Store, args: argparse.Namespace, out: Output) -> int:
     r = store.verify(repair=args.repair)
+    if args.repair:
+        r.repaired.extend(refetch_missing(store, args))
     data = {"ok": r.ok, "blobs_checked": r.blobs_checked, "corrupt_blobs": r.corrupt_blobs,
             "missing_blobs": r.missing_blobs, "unindexed_blobs": r.unindexed_blobs,
             "stray_files": r.stray_files, "models_checked": r.models_checked,

@@ -210,3 +210,20 @@ def test_parts_with_wrong_bytes_are_rejected(store: Store, origin, served) -> No
     with pytest.raises(FetchError, match="hash"):
         pull(store, str(carton), fast_config(**PARTS))
     assert digest not in blob_files(store) and tmp_files(store) == []
+
+
+def test_verify_repair_refetches_a_corrupt_blob(store: Store, origin, served, capsys) -> None:  # noqa: ANN001
+    from cartonstore.cli import main
+
+    carton, digest = served
+    pull(store, str(carton))
+    p = store.blobs.path(digest)
+    os.chmod(p, 0o644)
+    p.write_bytes(b"bit rot" + PAYLOAD[7:])
+    root = str(store.root)
+    assert main(["verify", "--root", root]) == 5
+    assert main(["verify", "--repair", "--root", root]) == 0
+    out = capsys.readouterr().out
+    assert "quarantined corrupt blob" in out and "refetched 1 blob(s)" in out
+    assert store.blobs.path(digest).read_bytes() == PAYLOAD
+    assert main(["verify", "--root", root]) == 0
