@@ -132,10 +132,13 @@ class Board:
         self.unexpected: list[str] = []
         self.violations: list[str] = []
         self.checks = Counter()
+        self.examples: dict[tuple[str, str], str] = {}
 
     def count(self, kind: str, outcome: str, detail: str = "") -> None:
         with self.lock:
             self.ops[(kind, outcome)] += 1
+            if outcome != "ok":
+                self.examples.setdefault((kind, outcome), detail[-300:])
             if outcome != "ok" and outcome not in EXPECTED_FAILURES.get(kind, set()):
                 self.unexpected.append(f"{kind}: {outcome}: {detail[-600:]}")
 
@@ -300,9 +303,12 @@ class Worker:
         self.cli("add", "add", sc.add_source, "--progress", "none")
 
     def cli_rm(self) -> None:
+        # a leased carton (409 expected), one nobody leases right now, or any
         leased = self.board.leased_digests()
-        pool = [sc for sc in self.cartons if sc.carton.digest in leased]
-        sc = self.rng.choice(pool if pool and self.rng.random() < 0.6 else self.cartons)
+        pools = [[sc for sc in self.cartons if sc.carton.digest in leased],
+                 [sc for sc in self.cartons if sc.carton.digest not in leased], self.cartons]
+        pool = self.rng.choices(pools, [4, 4, 2])[0]
+        sc = self.rng.choice(pool or self.cartons)
         self.cli("rm", "rm", sc.carton.digest, codes={7: "exit 7 (leased)"})
 
     def cli_gc(self) -> None:
@@ -374,6 +380,7 @@ def test_two_daemons_cli_and_gc_on_one_store(tmp_path: Path, origin) -> None:  #
     for k in kinds:
         lines.append(f"  {k:8} " + ", ".join(f"{o}: {n}" for (kk, o), n in sorted(ops.items()) if kk == k))
     lines.append(f"  checker: {dict(board.checks)}")
+    lines += [f"  e.g. {k} {o}: {text}" for (k, o), text in sorted(board.examples.items())]
     print("\n" + "\n".join(lines))
     daemon_logs = "\n".join("".join(x) for x in logs)
 

@@ -305,6 +305,9 @@ class Index:
                 keep.setdefault(carton, set()).add(digest)
         return cartons, listed, keep
 
+    def cartons_added_since(self, when: float) -> list[str]:
+        return [r[0] for r in self._rows("SELECT digest FROM cartons WHERE added_at>=?", (when,))]
+
     def leased_cartons(self, now: float) -> set[str]:
         return {r[0] for r in self._rows("SELECT DISTINCT carton FROM leases WHERE expires_at>?", (now,))}
 

@@ -16,16 +16,18 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..checks import CheckedCarton, check_carton, check_safetensors, compute_manifest, is_safetensors
+from ..checks import (
+    CheckedCarton,
+    check_carton,
+    check_safetensors,
+    compute_manifest,
+    is_safetensors,
+)
 from ..errors import Conflict, InvalidInput, NotFound
 from ..format.manifest import is_sha256
 from ..sources import DirCartonView, open_local
 from ..zipfmt import ZipLimits
 from .blobs import BlobStore
-from .index import CartonRow, Index
-from .ingest import IngestResult, Staging, commit_carton, stage_carton
-from .layout import StoreLayout
-from .locks import FileLock
 from .gc import (
     CartonUse,
     GcPlan,
@@ -39,7 +41,12 @@ from .gc import (
     tmp_leftovers,
     unindexed_files,
 )
+from .index import CartonRow, Index
+from .ingest import IngestResult, Staging, commit_carton, stage_carton
+from .layout import StoreLayout
+from .locks import FileLock
 from .materialize import build_tree, check_tree, plan_tree, remove_tree
+from .owner import tmp_name
 
 MIN_PREFIX = 8
 _HEX = re.compile(r"^[0-9a-f]+$")
@@ -80,6 +87,18 @@ class VerifyReport:
     @property
     def ok(self) -> bool:
         return not (self.corrupt_blobs or self.missing_blobs or self.damaged_models or self.stray_files)
+
+
+def _fill_report(report: GcReport, plan: GcPlan, snap: Snapshot) -> None:
+    report.store_bytes_before = sum(size for size, _ in snap.blobs.values())
+    report.unreferenced_blobs = len(plan.unreferenced) + len(plan.leftovers)
+    report.unreferenced_bytes = (sum(snap.blobs[d][0] for d in plan.unreferenced)
+                                 + sum(snap.unindexed[d][0] for d in plan.leftovers))
+    report.evicted_models = list(plan.evicted_models)
+    report.evicted_blobs = len(plan.evicted_blobs)
+    report.evicted_bytes = sum(snap.blobs[d][0] for d in plan.evicted_blobs)
+    report.store_bytes_after = (report.store_bytes_before - report.evicted_bytes
+                                - sum(snap.blobs[d][0] for d in plan.unreferenced))
 
 
 def validate_name(name: str) -> str:
@@ -274,7 +293,13 @@ class Store:
     # -- collecting ------------------------------------------------------------
 
     def collect(self, policy: GcPolicy | None = None) -> GcReport:
-        """Collect garbage (see store/gc.py); with policy.dry_run, only report."""
+        """Collect garbage (see store/gc.py); with policy.dry_run, only report.
+
+        The snapshot and plan are made without the store lock; under it
+        (briefly) the plan is checked against leases and cartons that appeared
+        meanwhile, rows are deleted in one transaction, then blob files are
+        unlinked and doomed model directories renamed into tmp/; they are
+        deleted after the lock is released."""
         policy = policy or GcPolicy()
         now = time.time()
         report = GcReport(dry_run=policy.dry_run)
@@ -283,24 +308,17 @@ class Store:
             report.tmp_bytes += size_of(path)
             if not policy.dry_run:
                 remove_path(path)
-        with self.lock():  # no commit, build or new lease interleaves with what follows
+        snap = self._gc_snapshot(now)
+        plan = plan_collection(snap, policy)
+        with self.lock():
             if policy.dry_run:
                 report.expired_leases = self.index.count_expired_leases(now)
             else:
                 report.expired_leases = self.index.expire_leases(now)
-            snap = self._gc_snapshot(now)
-            plan = plan_collection(snap, policy)
-            report.store_bytes_before = sum(size for size, _ in snap.blobs.values())
-            report.unreferenced_blobs = len(plan.unreferenced) + len(plan.leftovers)
-            report.unreferenced_bytes = (sum(snap.blobs[d][0] for d in plan.unreferenced)
-                                         + sum(snap.unindexed[d][0] for d in plan.leftovers))
-            report.evicted_models = plan.evicted_models
-            report.evicted_blobs = len(plan.evicted_blobs)
-            report.evicted_bytes = sum(snap.blobs[d][0] for d in plan.evicted_blobs)
-            report.store_bytes_after = report.store_bytes_before - report.evicted_bytes - sum(
-                snap.blobs[d][0] for d in plan.unreferenced)
-            if not policy.dry_run:
-                self._apply(plan)
+                self._revalidate(plan, snap)
+        if not policy.dry_run:
+            self._apply(plan, snap)
+        _fill_report(report, plan, snap)
         return report
 
     def _gc_snapshot(self, now: float) -> Snapshot:
@@ -316,13 +334,50 @@ class Store:
                         tuple(sorted(m for m in models if m not in known and is_sha256(m))),
                         disk_free(self.root), now)
 
-    def _apply(self, plan: GcPlan) -> None:
-        doomed = plan.unreferenced | plan.evicted_blobs
-        self.index.forget_blobs(doomed)
-        for digest in plan.evicted_models + plan.orphan_models:
-            remove_tree(self.layout.model_path(digest))
-        for digest in doomed | plan.leftovers:
-            self.blobs.delete(digest)
+    def _revalidate(self, plan: GcPlan, snap: Snapshot) -> None:
+        """Drop from the plan what became needed since the snapshot: cartons
+        leased meanwhile, blobs listed by them or by cartons added meanwhile.
+        Called under the store lock."""
+        leased = self.index.leased_cartons(time.time())
+        known = {c.digest for c in snap.cartons}
+        newcomers = [d for d in self.index.cartons_added_since(snap.now - 1) if d not in known]
+        needed = set(newcomers)
+        for carton in leased | set(newcomers):
+            needed.update(e.digest for e in self.index.entries(carton))
+        plan.evicted_models = [d for d in plan.evicted_models if d not in leased]
+        plan.orphan_models = [d for d in plan.orphan_models if d not in needed]
+        plan.evicted_blobs -= needed
+        plan.unreferenced -= needed
+        plan.leftovers -= needed
+
+    def _apply(self, plan: GcPlan, snap: Snapshot, batch: int = 256) -> None:
+        """Apply in short batches under the store lock, each checked again, so
+        leases and commits wait milliseconds, not the whole collection. In a
+        batch rows go first (one transaction), files after."""
+        models = [(d, True) for d in plan.evicted_models + plan.orphan_models]
+        blobs = [(d, False) for d in sorted(plan.unreferenced | plan.evicted_blobs | plan.leftovers)]
+        work = models + blobs
+        trash: list[Path] = []
+        for i in range(0, len(work), batch):
+            with self.lock():
+                self._revalidate(plan, snap)
+                allowed_models = set(plan.evicted_models + plan.orphan_models)
+                allowed_blobs = plan.unreferenced | plan.evicted_blobs | plan.leftovers
+                part = [(d, is_model) for d, is_model in work[i:i + batch]
+                        if (d in allowed_models if is_model else d in allowed_blobs)]
+                self.index.forget_blobs([d for d, is_model in part if not is_model])
+                for digest, is_model in part:
+                    if is_model:
+                        model = self.layout.model_path(digest)
+                        if model.is_dir():
+                            away = tmp_name(self.layout.tmp_dir, "model")
+                            os.rename(model, away)
+                            trash.append(away)
+                    else:
+                        self.blobs.delete(digest)
+            for path in trash:
+                remove_tree(path)
+            trash.clear()
 
     # -- verifying -----------------------------------------------------------
 
