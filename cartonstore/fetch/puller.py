@@ -77,7 +77,7 @@ class Puller:
         else:
             result = await asyncio.to_thread(self.store.add, source, name=name)
         fetched = 0 if lazy else await self.complete(result.digest)
-        missing = await asyncio.to_thread(self.store.index.missing_blobs, result.digest)
+        missing = await asyncio.to_thread(self.store.missing_blobs, result.digest)
         return PullResult(result.digest, result.name, not missing, fetched,
                           self.stats.bytes_received - before[0], self.stats.requests - before[1])
 
@@ -164,7 +164,7 @@ class Puller:
     async def complete(self, digest: str) -> int:
         """Fetch every missing blob of a known carton (LINKS URLs, mirrors,
         and the carton's own remote zip). Returns how many were fetched."""
-        missing = await asyncio.to_thread(self.store.index.missing_blobs, digest)
+        missing = await asyncio.to_thread(self.store.missing_blobs, digest)
         if not missing:
             return 0
         row = await asyncio.to_thread(self.store.index.carton, digest)

@@ -53,7 +53,8 @@ class Snapshot:
 @dataclass
 class GcPlan:
     unreferenced: set[str] = field(default_factory=set)   # indexed blobs no carton lists
-    leftovers: set[str] = field(default_factory=set)      # unindexed blob files
+    leftovers: set[str] = field(default_factory=set)      # unindexed blob files no carton lists
+    adopt: set[str] = field(default_factory=set)          # unindexed blob files a carton lists
     evicted_models: list[str] = field(default_factory=list)
     evicted_blobs: set[str] = field(default_factory=set)
     orphan_models: list[str] = field(default_factory=list)
@@ -90,6 +91,9 @@ def plan_collection(snap: Snapshot, policy: GcPolicy) -> GcPlan:
     old = snap.now - policy.grace
     plan.unreferenced = {d for d, (_s, added) in snap.blobs.items() if d not in listed and added < old}
     plan.leftovers = {d for d, (_s, mtime) in snap.unindexed.items() if d not in listed and mtime < old}
+    # A crash between a rename and its row (or a row's deletion and the
+    # unlink) leaves a sound file without a row; one a carton lists gets its row back.
+    plan.adopt = {d for d in snap.unindexed if d in listed}
     freed = sum(snap.blobs[d][0] for d in plan.unreferenced) + sum(snap.unindexed[d][0] for d in plan.leftovers)
     need = _bytes_needed(snap, policy, freed)
     if need > 0:

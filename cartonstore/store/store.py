@@ -230,8 +230,20 @@ class Store:
         self.index.touch(digest)
         return dest
 
-    def _build_model(self, digest: str, dest: Path) -> None:
+    def missing_blobs(self, digest: str) -> list[str]:
+        """Blobs the carton lists that the store lacks. A blob file present
+        without its row (a crash between rename and index commit) is adopted:
+        its name proves its bytes, so the row is simply written now."""
         missing = self.index.missing_blobs(digest)
+        present = [(d, self.blobs.size(d)) for d in missing if self.blobs.has(d)]
+        if present:
+            self.index.record_blobs(present)
+            adopted = {d for d, _ in present}
+            missing = [d for d in missing if d not in adopted]
+        return missing
+
+    def _build_model(self, digest: str, dest: Path) -> None:
+        missing = self.missing_blobs(digest)
         if missing:
             raise NotFound(
                 f"carton {digest} is missing {len(missing)} blob(s) (e.g. {missing[0]}); "
@@ -316,6 +328,7 @@ class Store:
             else:
                 report.expired_leases = self.index.expire_leases(now)
                 self._revalidate(plan, snap)
+                self.index.record_blobs([(d, snap.unindexed[d][0]) for d in plan.adopt if self.blobs.has(d)])
         if not policy.dry_run:
             self._apply(plan, snap)
         _fill_report(report, plan, snap)
