@@ -16,28 +16,12 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from . import __version__
-from .errors import (
-    CartonStoreError,
-    Conflict,
-    IntegrityError,
-    InvalidInput,
-    NotFound,
-    Unavailable,
-)
+from .errors import CartonStoreError, IntegrityError, exit_code_for
 from .config import Config, load_config
 from .fetch.puller import Puller
 from .progress import MODES, Progress
 from .store import Store
 from .units import format_size, parse_duration, parse_size
-
-EXIT_CODES: list[tuple[type[CartonStoreError], int]] = [
-    (NotFound, 3),
-    (InvalidInput, 4),
-    (IntegrityError, 5),
-    (Unavailable, 6),
-    (Conflict, 7),
-    (CartonStoreError, 1),
-]
 
 EPILOG = """\
 examples:
@@ -357,10 +341,6 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--repair", action="store_true",
                     help="quarantine corrupt blobs and rebuild damaged model directories")
     return p
-
-
-def exit_code_for(exc: CartonStoreError) -> int:
-    return next(code for cls, code in EXIT_CODES if isinstance(exc, cls))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

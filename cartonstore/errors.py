@@ -76,3 +76,25 @@ class FetchError(Unavailable):
         super().__init__(message, subject=subject)
         self.retryable = retryable
         self.retry_after = retry_after
+
+
+# What each category means to a command's exit status and to an HTTP status:
+# the one table both the CLI and the API read (first match wins, so
+# subclasses come before their bases).
+CATEGORIES: list[tuple[type[CartonStoreError], int, int]] = [
+    (NotFound, 3, 404),
+    (InvalidInput, 4, 400),
+    (IntegrityError, 5, 500),
+    (Unavailable, 6, 503),
+    (Conflict, 7, 409),
+    (AlreadyExists, 7, 409),
+    (CartonStoreError, 1, 500),
+]
+
+
+def exit_code_for(exc: CartonStoreError) -> int:
+    return next(code for cls, code, _ in CATEGORIES if isinstance(exc, cls))
+
+
+def http_status_for(exc: CartonStoreError) -> int:
+    return next(status for cls, _, status in CATEGORIES if isinstance(exc, cls))

@@ -16,15 +16,7 @@ from typing import Any, Awaitable, Callable
 from aiohttp import web
 
 from .. import __version__
-from ..errors import (
-    AlreadyExists,
-    CartonStoreError,
-    Conflict,
-    IntegrityError,
-    InvalidInput,
-    NotFound,
-    Unavailable,
-)
+from ..errors import CartonStoreError, InvalidInput, http_status_for
 from ..store.gc import GcPolicy
 from .blobs import serve_blob
 from .metrics import CONTENT_TYPE, Metrics
@@ -32,24 +24,11 @@ from .service import ModelService
 
 log = logging.getLogger("cartonstore.server")
 
-STATUS_FOR: list[tuple[type[CartonStoreError], int]] = [
-    (NotFound, 404),
-    (InvalidInput, 400),
-    (Conflict, 409),
-    (AlreadyExists, 409),
-    (IntegrityError, 500),
-    (Unavailable, 503),
-    (CartonStoreError, 500),
-]
 EXTENSIONS = ["model_repository", "cartonstore_leases", "cartonstore_blobs"]
 SERVICE: web.AppKey[ModelService] = web.AppKey("service", ModelService)
 METRICS: web.AppKey[Metrics] = web.AppKey("metrics", Metrics)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
-
-def status_for(exc: CartonStoreError) -> int:
-    return next(code for cls, code in STATUS_FOR if isinstance(exc, cls))
 
 
 def error(status: int, message: str) -> web.Response:
@@ -62,7 +41,7 @@ async def errors_and_metrics(request: web.Request, handler: Handler) -> web.Stre
     try:
         response = await handler(request)
     except CartonStoreError as e:
-        response = error(status_for(e), str(e))
+        response = error(http_status_for(e), str(e))
     except web.HTTPException as e:
         response = error(e.status, e.reason or "error") if e.status >= 400 else e
     except Exception:  # noqa: BLE001 - a bug must not take the daemon down
