@@ -82,12 +82,15 @@ def header_for(name: str) -> str:
 def decode(codings: Iterable[str], body: bytes, *, chunk: int | None = None,
            **limits: int) -> bytes:
     """Feed ``body`` in pieces of ``chunk`` bytes (whole if None) and finish."""
-    decoder = ContentDecoder(tuple(codings), url=URL, **limits)
+    codings = tuple(codings)
+    decoder = ContentDecoder(codings, url=URL, **limits)
     step = chunk or max(len(body), 1)
     out = bytearray()
     for start in range(0, len(body), step):
         for piece in decoder.feed(body[start : start + step]):
-            assert 0 < len(piece) <= PIECE_SIZE
+            # Decoded pieces are bounded; an identity body passes through in
+            # the chunks the caller read (already bounded by the caller).
+            assert 0 < len(piece) <= (PIECE_SIZE if codings else step)
             out += piece
     decoder.finish()
     assert decoder.encoded_bytes == len(body)
@@ -196,11 +199,11 @@ def test_empty_body_is_empty_content(name: str) -> None:
     assert decode(codings, b"") == b""
 
 
-def test_identity_splits_big_chunks_and_counts() -> None:
+def test_identity_passes_chunks_through_and_counts() -> None:
     decoder = ContentDecoder((), url=URL)
     body = os.urandom(3 * MiB + 5)
     pieces = list(decoder.feed(body))
-    assert [len(p) for p in pieces] == [MiB, MiB, MiB, 5]
+    assert [len(p) for p in pieces] == [len(body)]
     assert b"".join(pieces) == body
     decoder.finish()
     assert decoder.encoded_bytes == decoder.decoded_bytes == len(body)

@@ -132,7 +132,8 @@ class ContentDecoder:
         return self._produced[-1]
 
     def feed(self, chunk: bytes) -> Iterator[bytes]:
-        """Decode the next chunk of the body, yielding pieces of at most 1 MiB.
+        """Decode the next chunk of the body, yielding pieces of at most 1 MiB
+        (an identity body passes through in the chunks it came in).
 
         The iterator does the work: exhaust it before the next ``feed`` or
         ``finish``. Raises FetchError (from the iterator) for corrupt data,
@@ -142,6 +143,11 @@ class ContentDecoder:
         if not chunk:
             return
         self._encoded += len(chunk)
+        if not self._encoded_at_all:
+            # Identity: nothing to bound but the total, and splitting would only copy.
+            self._count(0, len(chunk))
+            yield chunk
+            return
         yield from self._pump(0, chunk)
 
     def finish(self) -> None:

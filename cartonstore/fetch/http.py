@@ -26,7 +26,9 @@ from .encoding import parse_content_encoding
 from .policy import describe, redirect_target
 
 T = TypeVar("T")
-CHUNK = 1 << 20
+# Big reads: each chunk is one hop to the hashing thread, and hops cost more
+# than copying a few MiB.
+CHUNK = 4 << 20
 _CONTENT_RANGE = re.compile(r"^bytes (\d+)-(\d+)/(\d+|\*)$")
 _RETRYABLE_STATUS = {408, 425, 429, 500, 502, 503, 504}
 
