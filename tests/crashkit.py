@@ -164,19 +164,6 @@ def verify_problems(report: VerifyReport) -> list[str]:
     return out
 
 
-def partial_files(root: Path) -> list[str]:
-    """Visible files under blobs/ whose bytes do not hash to their name
-    (verify checks this too; this spells it out without the index)."""
-    bad = []
-    blobs = root / "blobs" / "sha256"
-    if blobs.is_dir():
-        for fan in os.scandir(blobs):
-            for e in os.scandir(fan.path):
-                if hash_path(Path(e.path)) != e.name:
-                    bad.append(f"blobs/sha256/{fan.name}/{e.name}")
-    return bad
-
-
 def age_tmp(root: Path) -> int:
     """Set the mtime of every tmp/ entry into the past; returns how many."""
     tmp = root / "tmp"

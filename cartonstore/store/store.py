@@ -170,11 +170,18 @@ class Store:
                 validate_name(chosen)
             except InvalidInput:
                 chosen = None  # a model_name that cannot be a name just stays unnamed
+        stale = None
         try:
             with self.lock():
+                if self.index.carton(checked.digest) is None:
+                    # A model directory of a carton the index does not know is a
+                    # leftover (of a crash in rm or an older gc): never serve it.
+                    stale = self._take_model_away(checked.digest)
                 return commit_carton(checked, staging, self.index, self.blobs, name=chosen, source=source)
         finally:
             staging.discard()
+            if stale is not None:
+                remove_tree(stale)
 
     # -- finding -------------------------------------------------------------
 
@@ -298,9 +305,22 @@ class Store:
                 raise Conflict(f"carton {digest} is leased by a running loader; release it first",
                                subject=digest)
             orphans = self.index.remove_carton(digest)
-            remove_tree(self.layout.model_path(digest))
+            trash = self._take_model_away(digest)
             freed = sum(self.blobs.delete(d) for d in orphans)
+        if trash is not None:
+            remove_tree(trash)
         return RemoveResult(digest, len(orphans), freed)
+
+    def _take_model_away(self, digest: str) -> Path | None:
+        """Rename a model directory into tmp/ (owned by this process) so it
+        disappears whole: deleting it in place could leave, after a crash, a
+        half-empty directory that the next `path` would serve as it is."""
+        model = self.layout.model_path(digest)
+        if not model.is_dir():
+            return None
+        away = tmp_name(self.layout.tmp_dir, "model")
+        os.rename(model, away)
+        return away
 
     # -- collecting ------------------------------------------------------------
 
@@ -381,10 +401,8 @@ class Store:
                 self.index.forget_blobs([d for d, is_model in part if not is_model])
                 for digest, is_model in part:
                     if is_model:
-                        model = self.layout.model_path(digest)
-                        if model.is_dir():
-                            away = tmp_name(self.layout.tmp_dir, "model")
-                            os.rename(model, away)
+                        away = self._take_model_away(digest)
+                        if away is not None:
                             trash.append(away)
                     else:
                         self.blobs.delete(digest)
@@ -441,9 +459,11 @@ class Store:
             for digest in report.missing_blobs:
                 self.index.forget_blob(digest)
                 report.repaired.append(f"forgot missing blob {digest}")
-            for digest in report.damaged_models:
-                remove_tree(self.layout.model_path(digest))
-                report.repaired.append(f"removed damaged model directory {digest}")
+            trash = [self._take_model_away(d) for d in report.damaged_models]
+            report.repaired += [f"removed damaged model directory {d}" for d in report.damaged_models]
+        for path in trash:
+            if path is not None:
+                remove_tree(path)
         for digest in report.damaged_models:
             if not self.index.missing_blobs(digest):
                 self.materialize(digest)
