@@ -13,7 +13,6 @@ import os
 from typing import Sequence
 
 from ..checks import check_safetensors, is_safetensors
-from ..errors import InvalidCarton
 from ..store import Store
 from ..store.blobs import StagedBlob
 from ..store.locks import async_file_lock
@@ -76,5 +75,3 @@ class BlobFetcher:
             self.store.blobs.sync_dirs({staged.digest})
             self.store.index.record_blobs([(staged.digest, os.stat(self.store.blobs.path(staged.digest)).st_size)])
 
-
-__all__ = ["BlobFetcher", "InvalidCarton"]
