@@ -190,6 +190,10 @@ def test_load_by_source_url_and_path(daemon: DaemonProcess, origin) -> None:  # 
     assert status == 200
     _, index = call(daemon, "POST", "/v2/repository/index", json={"ready": True})
     assert {r["name"] for r in index} == {"byurl", "bypath"}
+    _, text = call(daemon, "GET", "/metrics")
+    saved = next(float(line.split()[-1]) for line in text.splitlines()
+                 if line.startswith("cartonstore_dedup_saved_bytes_total"))
+    assert saved > 1_000_000, "the second load of the same carton stored nothing new"
 
 
 def test_concurrent_leases_share_one_fetch(daemon: DaemonProcess, tmp_path: Path, origin) -> None:  # noqa: ANN001

@@ -42,6 +42,7 @@ class PullResult:
     blobs_fetched: int
     bytes_received: int
     requests: int
+    bytes_reused: int = 0   # bytes of the carton the store already had
 
 
 class Puller:
@@ -79,7 +80,8 @@ class Puller:
         fetched = 0 if lazy else await self.complete(result.digest)
         missing = await asyncio.to_thread(self.store.missing_blobs, result.digest)
         return PullResult(result.digest, result.name, not missing, fetched,
-                          self.stats.bytes_received - before[0], self.stats.requests - before[1])
+                          self.stats.bytes_received - before[0], self.stats.requests - before[1],
+                          result.bytes_reused)
 
     async def _add_url(self, url: str, name: str | None) -> IngestResult:
         url = self.config.policy.check(url)

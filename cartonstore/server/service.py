@@ -207,7 +207,9 @@ class ModelService:
         if files:
             return await self._add_uploaded(name, files)
         if source:
-            return (await self._flights.run(f"add:{source}", lambda: self.puller.add(source, name=name))).digest
+            result = await self._flights.run(f"add:{source}", lambda: self.puller.add(source, name=name))
+            self.metrics.dedup_saved_bytes.inc(result.bytes_reused)
+            return result.digest
         if await asyncio.to_thread(self._resolve_fast, name) is None:
             raise NotFound(f"unknown model {name!r}: not in the store; load it with a 'source' parameter",
                            subject=name)
@@ -227,7 +229,9 @@ class ModelService:
             else:
                 target = work / "carton"
                 await asyncio.to_thread(_write_tree, target, decoded)
-            return (await self.puller.add(str(target), name=name)).digest
+            result = await self.puller.add(str(target), name=name)
+            self.metrics.dedup_saved_bytes.inc(result.bytes_reused)
+            return result.digest
         finally:
             await asyncio.to_thread(remove_tree, work)
 
