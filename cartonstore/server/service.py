@@ -97,6 +97,8 @@ class ModelService:
         self._flights = _Flights()
         self._gc_lock = asyncio.Lock()
         self._db_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cartonstore-db")
+        self._queue: list[tuple[Any, asyncio.Future]] = []
+        self._draining = False
         self._shared_store_lock = HeldLock(store.lock(shared=True))
         self.ready = True
 
@@ -141,28 +143,67 @@ class ModelService:
         still there, so a collection either sees the lease or ran before it
         (and then the directory is built again). A cached model costs one
         worker-thread hop: resolve, check and write together."""
-        granted = await self._db(self._lease_cached, ref, ttl, holder, lease_id)
+        granted = await self._batch(lambda conn: self._lease_cached(conn, ref, ttl, holder, lease_id))
         if granted is not None:
             self.metrics.cache_hits.inc()
             return granted
         for _attempt in range(5):
             digest, path = await self.model_dir(ref)
-            granted = await self._db(self._lease_cached, digest, ttl, holder, lease_id)
+            granted = await self._batch(lambda conn, d=digest: self._lease_cached(conn, d, ttl, holder, lease_id))
             if granted is not None:
                 return granted
             ref = digest
         raise Unavailable(f"model {ref} was collected again and again while being leased; the store is "
                           "under more pressure than its size budget allows", subject=ref)
 
-    def _lease_cached(self, ref: str, ttl: float, holder: str | None, lease_id: str | None) -> Granted | None:
+    def _lease_cached(self, conn, ref: str, ttl: float, holder: str | None,  # noqa: ANN001
+                      lease_id: str | None) -> Granted | None:
+        """In a batch (the shared store lock held): lease ref if its model
+        directory is there."""
         digest = self._resolve_fast(ref)
         if digest is None:
             return None
         path = self.store.layout.model_path(digest)
-        with self._shared_store_lock:
-            if not path.is_dir():
-                return None
-            return Granted(self.store.index.create_lease(digest, ttl, holder, lease_id), path)
+        if not path.is_dir():
+            return None
+        return Granted(self.store.index.insert_lease(conn, digest, ttl, holder, lease_id), path)
+
+    async def _batch(self, op):  # noqa: ANN001, ANN202
+        """Queue a small index operation; every operation queued while the
+        database thread is busy goes into its next transaction (group commit:
+        one thread hop and one commit for many concurrent requests)."""
+        fut = asyncio.get_running_loop().create_future()
+        self._queue.append((op, fut))
+        if not self._draining:
+            self._draining = True
+            asyncio.ensure_future(self._drain())
+        result = await fut
+        if isinstance(result, CartonStoreError):
+            raise result
+        return result
+
+    async def _drain(self) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            while self._queue:
+                batch, self._queue = self._queue, []
+                try:
+                    results = await loop.run_in_executor(self._db_thread, self._run_batch, [op for op, _ in batch])
+                except BaseException as e:  # noqa: BLE001 - handed to every waiter
+                    results = [e] * len(batch)
+                for (_op, fut), result in zip(batch, results, strict=True):
+                    if fut.done():
+                        continue
+                    if isinstance(result, BaseException) and not isinstance(result, CartonStoreError):
+                        fut.set_exception(result)
+                    else:
+                        fut.set_result(result)
+        finally:
+            self._draining = False
+
+    def _run_batch(self, ops: list) -> list:
+        with self._shared_store_lock:  # a collection sees all of these leases or none
+            return self.store.index.run_batch(ops)
 
     async def _db(self, fn, *args):  # noqa: ANN001, ANN002, ANN202
         """Index work on the daemon's one database thread: SQLite serializes
@@ -170,13 +211,13 @@ class ModelService:
         return await asyncio.get_running_loop().run_in_executor(self._db_thread, fn, *args)
 
     async def renew_lease(self, lease_id: str, ttl: float) -> Granted:
-        row = await self._db(self.store.index.renew_lease, lease_id, ttl)
+        row = await self._batch(lambda conn: self.store.index.extend_lease(conn, lease_id, ttl))
         return Granted(row, self.store.layout.model_path(row.carton))
 
     async def release_lease(self, lease_id: str) -> None:
         if lease_id.startswith("pin:"):
             raise InvalidInput("pins of loaded models are released by unloading the model")
-        if not await self._db(self.store.index.delete_lease, lease_id):
+        if not await self._batch(lambda conn: self.store.index.drop_lease(conn, lease_id)):
             raise NotFound(f"no lease {lease_id!r} (never taken, already released, or expired)", subject=lease_id)
 
     # -- Triton repository ---------------------------------------------------------

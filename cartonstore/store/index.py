@@ -19,13 +19,14 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Iterator, Sequence
+from typing import Callable, Iterable, Iterator, Sequence, TypeVar
 
 import sqlite_utils
 
 from ..entry import EntryRow
-from ..errors import NotFound, Unavailable
+from ..errors import CartonStoreError, NotFound, Unavailable
 
+T = TypeVar("T")
 SCHEMA_VERSION = 1
 BUSY_TIMEOUT_MS = 30_000
 
@@ -325,40 +326,68 @@ class Index:
                      lease_id: str | None = None) -> LeaseRow:
         """A new lease (or, with a fixed lease_id, a renewed pin); the carton
         counts as used now."""
-        now = time.time()
-        row = LeaseRow(lease_id or secrets.token_urlsafe(16), carton, holder, now, now + ttl)
         with self.transaction() as conn:
-            conn.execute("INSERT OR REPLACE INTO leases VALUES (?,?,?,?,?)",
-                         (row.id, row.carton, row.holder, row.created_at, row.expires_at))
-            self._touch(conn, carton, now)
-        return row
+            return self.insert_lease(conn, carton, ttl, holder, lease_id)
 
     def renew_lease(self, lease_id: str, ttl: float) -> LeaseRow:
         """Extend a live lease; NotFound for an unknown or expired one."""
-        now = time.time()
+        results = self.run_batch([lambda conn: self.extend_lease(conn, lease_id, ttl)])
+        if isinstance(results[0], Exception):
+            raise results[0]
+        return results[0]
+
+    def delete_lease(self, lease_id: str) -> bool:
         with self.transaction() as conn:
-            found = conn.execute("SELECT * FROM leases WHERE id=?", (lease_id,)).fetchone()
-            if found is None:
-                raise NotFound(f"no lease {lease_id!r} (never taken, released, or collected)", subject=lease_id)
-            row = LeaseRow(*found)
-            if row.expires_at <= now:
-                conn.execute("DELETE FROM leases WHERE id=?", (lease_id,))
-                raise NotFound(f"lease {lease_id!r} expired {now - row.expires_at:.1f}s ago; take a new one",
-                               subject=lease_id)
-            row = LeaseRow(row.id, row.carton, row.holder, row.created_at, now + ttl)
-            conn.execute("UPDATE leases SET expires_at=? WHERE id=?", (row.expires_at, lease_id))
-            self._touch(conn, row.carton, now)
+            return self.drop_lease(conn, lease_id)
+
+    # The same three, inside a caller's transaction (see run_batch).
+
+    def insert_lease(self, conn: sqlite3.Connection, carton: str, ttl: float, holder: str | None,
+                     lease_id: str | None) -> LeaseRow:
+        now = time.time()
+        row = LeaseRow(lease_id or secrets.token_urlsafe(16), carton, holder, now, now + ttl)
+        conn.execute("INSERT OR REPLACE INTO leases VALUES (?,?,?,?,?)",
+                     (row.id, row.carton, row.holder, row.created_at, row.expires_at))
+        self._touch(conn, carton, now)
         return row
+
+    def extend_lease(self, conn: sqlite3.Connection, lease_id: str, ttl: float) -> LeaseRow:
+        now = time.time()
+        found = conn.execute("SELECT * FROM leases WHERE id=?", (lease_id,)).fetchone()
+        if found is None:
+            raise NotFound(f"no lease {lease_id!r} (never taken, released, or collected)", subject=lease_id)
+        row = LeaseRow(*found)
+        if row.expires_at <= now:
+            conn.execute("DELETE FROM leases WHERE id=?", (lease_id,))
+            raise NotFound(f"lease {lease_id!r} expired {now - row.expires_at:.1f}s ago; take a new one",
+                           subject=lease_id)
+        row = LeaseRow(row.id, row.carton, row.holder, row.created_at, now + ttl)
+        conn.execute("UPDATE leases SET expires_at=? WHERE id=?", (row.expires_at, lease_id))
+        self._touch(conn, row.carton, now)
+        return row
+
+    @staticmethod
+    def drop_lease(conn: sqlite3.Connection, lease_id: str) -> bool:
+        return conn.execute("DELETE FROM leases WHERE id=?", (lease_id,)).rowcount > 0
+
+    def run_batch(self, ops: Sequence[Callable[[sqlite3.Connection], T]]) -> list[T | CartonStoreError]:
+        """Run small operations in one transaction (one commit for many
+        requests). An operation that raises a CartonStoreError gets it as its
+        result; the writes it made before raising are kept, the others' too."""
+        out: list[T | CartonStoreError] = []
+        with self.transaction() as conn:
+            for op in ops:
+                try:
+                    out.append(op(conn))
+                except CartonStoreError as e:
+                    out.append(e)
+        return out
 
     @staticmethod
     def _touch(conn: sqlite3.Connection, carton: str, now: float) -> None:
         # LRU needs minutes, not microseconds: skipping fresh rows spares a
         # page write on every lease of a busy model.
         conn.execute("UPDATE cartons SET last_used=? WHERE digest=? AND last_used<?", (now, carton, now - 10))
-
-    def delete_lease(self, lease_id: str) -> bool:
-        with self.transaction() as conn:
-            return conn.execute("DELETE FROM leases WHERE id=?", (lease_id,)).rowcount > 0
 
     def lease(self, lease_id: str) -> LeaseRow | None:
         rows = self._rows("SELECT * FROM leases WHERE id=?", (lease_id,))
