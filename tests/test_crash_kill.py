@@ -279,7 +279,7 @@ def test_sigkill_at_a_random_moment(scenario: str, cartons: Cartons, tmp_path: P
     # RUNS[scenario] kills of a running command; a command that finished
     # before its kill was due still gets the checks, and one more run
     delays, attempts = [], 0
-    while seen["killed mid-run"] < RUNS[scenario] and attempts < 3 * RUNS[scenario]:
+    while seen["killed mid-run"] < RUNS[scenario] and attempts < 6 * RUNS[scenario]:
         i, attempts = attempts, attempts + 1
         with Store(root) as store:
             step = prepare(store, cartons, rng)
@@ -292,6 +292,11 @@ def test_sigkill_at_a_random_moment(scenario: str, cartons: Cartons, tmp_path: P
         else:
             seen["finished first"] += 1
             assert out.returncode == 0, f"{ctx}: the uninterrupted command failed: {out.stderr[-2000:]}"
+            # The machine is faster than the calibration said (or less loaded):
+            # pull the window in so the next kills land while the command runs.
+            hi = max(lo + 0.02, min(hi, delay * 0.9))
+            if hi <= lo + 0.02:
+                lo *= 0.8
         recover_and_check(root, step, ctx, seen)
 
     print(f"\n[{scenario}] seed={SEED} command {took:.2f}s, idle command {idle:.2f}s, kills at "

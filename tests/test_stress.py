@@ -39,7 +39,7 @@ from daemonkit import DaemonProcess
 
 SEED = int(os.environ.get("CARTONSTORE_STRESS_SEED", "4242"))
 TARGET_OPS = 1200           # operations by the workers and the gc loop together
-TIME_LIMIT = 90.0           # seconds of load at most
+TIME_LIMIT = 180.0          # seconds of load at most (it stops at TARGET_OPS, ~50 s here)
 WORKERS = 4
 TTL = 30.0                  # lease ttl; leases are held 0.05-2.5 s
 NEAR_EXPIRY = 5.0           # the checker leaves alone leases this close to their expiry
