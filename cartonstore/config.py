@@ -257,7 +257,7 @@ def _show_mode(mode: int) -> str:
     return f"{mode:04o}"
 
 
-def format_size(size: int | None) -> str:
+def size_text(size: int | None) -> str:
     """``size`` the way a config file writes it: "256MiB", "1000"; "" for None."""
     if size is None:
         return ""
@@ -267,7 +267,7 @@ def format_size(size: int | None) -> str:
     return str(size)
 
 
-def format_duration(seconds: float) -> str:
+def duration_text(seconds: float) -> str:
     """``seconds`` the way a config file writes it: "1h30m", "10s", "0.25s"."""
     if seconds != int(seconds):
         text = repr(seconds)
@@ -290,11 +290,11 @@ def _setting(default: Any, parse: Parser, show: Shower = _show, *,
 
 
 def _size_setting(default: int | None, minimum: int, *, optional: bool = False) -> Any:
-    return _setting(default, _size(minimum, optional=optional), format_size)
+    return _setting(default, _size(minimum, optional=optional), size_text)
 
 
 def _duration_setting(default: float, *, positive: bool) -> Any:
-    return _setting(default, _duration(positive=positive), format_duration)
+    return _setting(default, _duration(positive=positive), duration_text)
 
 
 # -- the sections ------------------------------------------------------------------
@@ -577,12 +577,12 @@ def _check(config: Config, origins: Mapping[str, tuple[int, str]]) -> None:
                         f"hosts needs server.allow_remote_listen = true")
     if leases.default_ttl > leases.max_ttl:
         raise _conflict(origins, ("leases.default_ttl", "leases.max_ttl"),
-                        f"leases.default_ttl ({format_duration(leases.default_ttl)}) must not "
-                        f"exceed leases.max_ttl ({format_duration(leases.max_ttl)})")
+                        f"leases.default_ttl ({duration_text(leases.default_ttl)}) must not "
+                        f"exceed leases.max_ttl ({duration_text(leases.max_ttl)})")
     if fetch.backoff_base > fetch.backoff_max:
         raise _conflict(origins, ("fetch.backoff_base", "fetch.backoff_max"),
-                        f"fetch.backoff_base ({format_duration(fetch.backoff_base)}) must not "
-                        f"exceed fetch.backoff_max ({format_duration(fetch.backoff_max)})")
+                        f"fetch.backoff_base ({duration_text(fetch.backoff_base)}) must not "
+                        f"exceed fetch.backoff_max ({duration_text(fetch.backoff_max)})")
     policy = config.fetch_config().policy
     for mirror in fetch.mirrors:
         try:

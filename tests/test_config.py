@@ -23,8 +23,8 @@ from cartonstore.config import (
     ENV_VARS,
     Config,
     FetchSettings,
-    format_duration,
-    format_size,
+    duration_text as format_duration,
+    size_text as format_size,
     load_config,
     setting_keys,
 )

@@ -8,6 +8,7 @@ import json
 import os
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import time
@@ -24,6 +25,7 @@ def test_notify_ready_then_sigterm_stops_cleanly(tmp_path: Path) -> None:
     d = DaemonProcess(tmp_path / "root").start()
     assert "READY=1" in d.status and f"unix:{d.socket_path}" in d.status
     assert d.socket_path.exists()
+    assert stat.S_IMODE(os.stat(d.socket_path).st_mode) == 0o660, "socket_mode's default"
     assert d.stop(signal.SIGTERM) == 0
     assert not d.socket_path.exists()
     err = d.proc.stderr.read()

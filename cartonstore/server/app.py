@@ -8,6 +8,7 @@ Content-Type; an empty body means "no options".
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
@@ -187,8 +188,7 @@ async def blob(request: web.Request) -> web.StreamResponse:
 
 
 async def metrics(request: web.Request) -> web.Response:
-    import asyncio
-
+    # Rendering reads the index (store size, leases): off the event loop.
     body = await asyncio.to_thread(request.app[METRICS].render)
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
 

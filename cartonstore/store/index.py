@@ -179,9 +179,6 @@ class Index:
             found.update(r[0] for r in self._rows(f"SELECT digest FROM blobs WHERE digest IN ({marks})", part))
         return found
 
-    def has_blob(self, digest: str) -> bool:
-        return bool(self._rows("SELECT 1 FROM blobs WHERE digest=?", (digest,)))
-
     def add_blobs(self, conn: sqlite3.Connection, blobs: Iterable[tuple[str, int]]) -> None:
         now = time.time()
         conn.executemany("INSERT OR IGNORE INTO blobs(digest,size,added_at) VALUES (?,?,?)",

@@ -52,9 +52,6 @@ class StoreLayout:
         for d in (self.blobs_dir, self.models_dir, self.tmp_dir, self.locks_dir):
             d.mkdir(parents=True, exist_ok=True)
 
-    def is_created(self) -> bool:
-        return self.index_db.exists() and self.blobs_dir.is_dir()
-
 
 def default_root() -> Path:
     """$CARTONSTORE_ROOT, else the user's cache dir (XDG_CACHE_HOME or ~/.cache)."""

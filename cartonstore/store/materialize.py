@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable
 
-from ..errors import IntegrityError, NotFound, Unavailable
+from ..errors import NotFound, Unavailable
 from .blobs import fsync_dir
 from .owner import tmp_name
 from ..entry import EntryRow
@@ -174,8 +174,3 @@ def check_tree(plan: TreePlan, root: Path, blob_path: Callable[[str], Path],
                 problems.append(f"{r}: not in MANIFEST")
     return problems
 
-
-def raise_if_damaged(problems: list[str], dest: Path) -> None:
-    if problems:
-        raise IntegrityError(f"model directory {dest} is damaged: " + "; ".join(problems[:5]),
-                             subject=str(dest))
