@@ -208,3 +208,96 @@ def test_work_in_tmp_helper_ignores_owner_locks(store: Store) -> None:
         w.write(b"x")
         assert work_in_tmp(store.root) == [w.tmp_path.name]
     assert work_in_tmp(store.root) == [] and sha(b"x")
+
+
+# -- the daemon's collections run in a child process (server/collector.py) ------
+
+
+@pytest.mark.parametrize("returncode, out, err, expected", [
+    (0, '{"report": {"dry_run": true, "expired_leases": 2, "freed_bytes": 9}}\n', "", "report"),
+    (4, '{"error": "cannot create store at /x: Not a directory", "subject": "/x"}', "", "InvalidInput"),
+    (6, '{"error": "timed out after 600s waiting for lock s.lock", "subject": null}', "", "Unavailable"),
+    (7, '{"error": "held", "subject": null}', "", "Conflict"),
+    (-9, "", "", "gc process was killed by signal 9: no output"),
+    (1, "", "Traceback ...\nMemoryError\n", "gc process exited 1: MemoryError"),
+    (0, "not json at all", "", "gc process exited 0: no output"),
+])
+def test_the_childs_answer_becomes_a_report_or_the_same_kind_of_error(
+        returncode: int, out: str, err: str, expected: str) -> None:
+    from cartonstore.errors import CartonStoreError
+    from cartonstore.server.collector import report_from_child
+
+    if expected == "report":
+        report = report_from_child(returncode, out, err)
+        assert report.dry_run and report.expired_leases == 2 and report.unreferenced_blobs == 0
+        return
+    with pytest.raises(CartonStoreError) as info:
+        report_from_child(returncode, out, err)
+    if " " in expected:
+        assert str(info.value) == expected and type(info.value).__name__ == "Unavailable"
+    else:
+        assert type(info.value).__name__ == expected and str(info.value).startswith("gc: ")
+
+
+def test_a_collection_in_a_child_process_frees_and_reports(store: Store, tmp_path: Path) -> None:
+    import asyncio
+
+    from cartonstore.server.collector import collect_in_child
+
+    store.add(_carton(tmp_path, "a", {"model/w": b"w" * 1000}), name="a")
+    dry = asyncio.run(collect_in_child(store.root, GcPolicy(max_size=0, dry_run=True)))
+    assert dry.dry_run and dry.evicted_blobs == 1 and store.info(store.resolve("a")).missing_blobs == []
+    report = asyncio.run(collect_in_child(store.root, GcPolicy(max_size=0)))
+    assert report.evicted_blobs == 1 and report.evicted_bytes == 1000
+    assert store.info(store.resolve("a")).missing_blobs and store.verify().ok
+
+
+def test_a_collection_that_cannot_open_the_store_says_why(tmp_path: Path) -> None:
+    import asyncio
+
+    from cartonstore.errors import InvalidInput
+    from cartonstore.server.collector import collect_in_child
+
+    not_a_dir = tmp_path / "file"
+    not_a_dir.write_text("x")
+    with pytest.raises(InvalidInput, match=f"gc: cannot create store at {not_a_dir}"):
+        asyncio.run(collect_in_child(not_a_dir, GcPolicy()))
+    assert not_a_dir.read_text() == "x"
+
+
+def _children() -> list[int]:
+    me = str(os.getpid())
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except (OSError, ValueError):
+            continue
+        if stat.rsplit(")", 1)[1].split()[1] == me:
+            found.append(int(entry))
+    return found
+
+
+def test_a_cancelled_collection_stops_its_child_and_changes_nothing(store: Store, tmp_path: Path) -> None:
+    import asyncio
+
+    from cartonstore.server.collector import collect_in_child
+
+    store.add(_carton(tmp_path, "a", {"model/w": b"w" * 1000}), name="a")
+    before = snapshot(store.root)
+
+    async def cancel_while_waiting_for_the_store_lock() -> int:
+        task = asyncio.ensure_future(collect_in_child(store.root, GcPolicy(max_size=0)))
+        deadline = time.monotonic() + 15
+        while not (kids := _children()) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(1.0)  # the child is planning or waiting on the lock by now
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        return kids[0]
+
+    with store.lock():
+        child = asyncio.run(cancel_while_waiting_for_the_store_lock())
+    assert not Path(f"/proc/{child}").exists()
+    assert snapshot(store.root) == before

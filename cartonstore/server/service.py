@@ -29,6 +29,7 @@ from ..store.index import LeaseRow
 from ..store.locks import HeldLock
 from ..store.materialize import remove_tree
 from ..store.owner import tmp_name
+from .collector import collect_in_child
 from .metrics import Metrics
 
 log = logging.getLogger("cartonstore.server")
@@ -333,10 +334,10 @@ class ModelService:
                 log.warning("could not expire leases: %s", e)
 
     async def collect(self, policy: GcPolicy) -> GcReport:
-        """One collection at a time per daemon; the store lock orders it with
-        every other process."""
+        """One collection at a time per daemon, in a child process (see
+        collector.py); the store lock orders it with every other process."""
         async with self._gc_lock:
-            return await asyncio.to_thread(self.store.collect, policy)
+            return await collect_in_child(self.store.root, policy)
 
     async def keep_within_budget(self, policy: GcPolicy, interval: float) -> None:
         """Collect on our own every interval when a size budget or a free-space

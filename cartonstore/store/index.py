@@ -29,6 +29,7 @@ from ..errors import CartonStoreError, NotFound, Unavailable
 T = TypeVar("T")
 SCHEMA_VERSION = 1
 BUSY_TIMEOUT_MS = 30_000
+WAL_AUTOCHECKPOINT_PAGES = 1000  # SQLite's default
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -47,6 +48,7 @@ CREATE TABLE IF NOT EXISTS cartons (
     added_at REAL NOT NULL,
     last_used REAL NOT NULL
 );
+CREATE INDEX IF NOT EXISTS cartons_by_added_at ON cartons(added_at);
 CREATE TABLE IF NOT EXISTS entries (
     carton TEXT NOT NULL REFERENCES cartons(digest) ON DELETE CASCADE,
     path TEXT NOT NULL,
@@ -311,8 +313,33 @@ class Index:
 
     def forget_blobs(self, digests: Iterable[str]) -> None:
         """Drop blob rows in one transaction (gc: rows first, files after)."""
+        digests = list(digests)
+        if not digests:
+            return
         with self.transaction() as conn:
             conn.executemany("DELETE FROM blobs WHERE digest=?", [(d,) for d in digests])
+
+    @contextmanager
+    def checkpoints_deferred(self) -> Iterator[Callable[[], None]]:
+        """Within this block, this connection's commits never checkpoint the
+        WAL; call the yielded function to checkpoint (passively: other
+        writers go on) at a moment of the caller's choosing, e.g. outside a
+        lock others wait for. gc commits many small transactions while
+        leases wait on the store lock; an automatic checkpoint (pages copied,
+        files synced) inside one of them would hold the lock for tens of ms."""
+        with self._lock:
+            self.db.conn.execute("PRAGMA wal_autocheckpoint=0")
+
+        def checkpoint() -> None:
+            with self._lock:
+                self.db.conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+
+        try:
+            yield checkpoint
+        finally:
+            with self._lock:
+                self.db.conn.execute(f"PRAGMA wal_autocheckpoint={WAL_AUTOCHECKPOINT_PAGES}")
+            checkpoint()
 
     def count_expired_leases(self, now: float) -> int:
         return self._rows("SELECT count(*) FROM leases WHERE expires_at<=?", (now,))[0][0]

@@ -13,7 +13,11 @@ from typing import AsyncIterator
 
 from ..errors import Unavailable
 
-_POLL_SECONDS = 0.01
+# A waiter polls (flock has no timeout), first often, then every 10 ms: gc
+# takes the store lock for a couple of milliseconds at a time and should not
+# lose a whole poll interval to each short wait.
+_POLL_FIRST_SECONDS = 0.0005
+_POLL_MAX_SECONDS = 0.01
 
 
 def _open_lock_file(path: Path) -> int:
@@ -41,6 +45,7 @@ class FileLock:
         fd = _open_lock_file(self.path)
         mode = (fcntl.LOCK_SH if self.shared else fcntl.LOCK_EX) | fcntl.LOCK_NB
         deadline = time.monotonic() + self.timeout
+        poll = _POLL_FIRST_SECONDS
         while True:
             try:
                 fcntl.flock(fd, mode)
@@ -53,7 +58,8 @@ class FileLock:
                         f"timed out after {self.timeout:g}s waiting for lock {self.path}",
                         subject=str(self.path),
                     ) from None
-                time.sleep(_POLL_SECONDS)
+                time.sleep(poll)
+                poll = min(poll * 2, _POLL_MAX_SECONDS)
 
     def release(self) -> None:
         if self._fd is not None:

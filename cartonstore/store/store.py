@@ -347,7 +347,7 @@ class Store:
                 report.expired_leases = self.index.count_expired_leases(now)
             else:
                 report.expired_leases = self.index.expire_leases(now)
-                self._revalidate(plan, snap)
+                self._revalidate(plan, snap, {c.digest for c in snap.cartons})
                 self.index.record_blobs([(d, snap.unindexed[d][0]) for d in plan.adopt if self.blobs.has(d)])
         if not policy.dry_run:
             self._apply(plan, snap)
@@ -367,12 +367,12 @@ class Store:
                         tuple(sorted(m for m in models if m not in known and is_sha256(m))),
                         disk_free(self.root), now)
 
-    def _revalidate(self, plan: GcPlan, snap: Snapshot) -> None:
+    def _revalidate(self, plan: GcPlan, snap: Snapshot, known: set[str]) -> None:
         """Drop from the plan what became needed since the snapshot: cartons
-        leased meanwhile, blobs listed by them or by cartons added meanwhile.
-        Called under the store lock."""
+        leased meanwhile, blobs listed by them or by cartons added meanwhile
+        (``known``: the cartons of the snapshot). Called under the store lock,
+        once per turn of _apply, so it must cost well under a millisecond."""
         leased = self.index.leased_cartons(time.time())
-        known = {c.digest for c in snap.cartons}
         newcomers = [d for d in self.index.cartons_added_since(snap.now - 1) if d not in known]
         needed = set(newcomers)
         for carton in leased | set(newcomers):
@@ -383,32 +383,46 @@ class Store:
         plan.unreferenced -= needed
         plan.leftovers -= needed
 
-    def _apply(self, plan: GcPlan, snap: Snapshot, batch: int = 256) -> None:
-        """Apply in short batches under the store lock, each checked again, so
-        leases and commits wait milliseconds, not the whole collection. In a
-        batch rows go first (one transaction), files after."""
-        models = [(d, True) for d in plan.evicted_models + plan.orphan_models]
-        blobs = [(d, False) for d in sorted(plan.unreferenced | plan.evicted_blobs | plan.leftovers)]
-        work = models + blobs
+    def _apply(self, plan: GcPlan, snap: Snapshot, *, turn: float = 0.002, chunk: int = 16) -> None:
+        """Apply in turns of about ``turn`` seconds under the store lock, each
+        checked again first, so a lease or a commit waits a couple of
+        milliseconds, never the whole collection. In each chunk the rows go
+        first (one transaction), the files after. Model directories are
+        renamed into tmp/ under the lock and deleted outside it, and the WAL
+        is checkpointed outside it too."""
+        known = {c.digest for c in snap.cartons}
+        work = [(d, True) for d in plan.evicted_models + plan.orphan_models]
+        work += [(d, False) for d in sorted(plan.unreferenced | plan.evicted_blobs | plan.leftovers)]
         trash: list[Path] = []
-        for i in range(0, len(work), batch):
-            with self.lock():
-                self._revalidate(plan, snap)
-                allowed_models = set(plan.evicted_models + plan.orphan_models)
-                allowed_blobs = plan.unreferenced | plan.evicted_blobs | plan.leftovers
-                part = [(d, is_model) for d, is_model in work[i:i + batch]
-                        if (d in allowed_models if is_model else d in allowed_blobs)]
-                self.index.forget_blobs([d for d, is_model in part if not is_model])
-                for digest, is_model in part:
-                    if is_model:
-                        away = self._take_model_away(digest)
-                        if away is not None:
-                            trash.append(away)
-                    else:
-                        self.blobs.delete(digest)
-            for path in trash:
-                remove_tree(path)
-            trash.clear()
+        i = 0
+        with self.index.checkpoints_deferred() as checkpoint:
+            while i < len(work):
+                with self.lock():
+                    self._revalidate(plan, snap, known)
+                    models = set(plan.evicted_models) | set(plan.orphan_models)
+                    turn_ends = time.monotonic() + turn
+                    while i < len(work):
+                        part = [(d, is_model) for d, is_model in work[i:i + chunk]
+                                if (d in models if is_model else
+                                    d in plan.unreferenced or d in plan.evicted_blobs or d in plan.leftovers)]
+                        i += chunk
+                        self.index.forget_blobs([d for d, is_model in part if not is_model])
+                        for digest, is_model in part:
+                            if is_model:
+                                away = self._take_model_away(digest)
+                                if away is not None:
+                                    trash.append(away)
+                            else:
+                                self.blobs.delete(digest)
+                        if time.monotonic() >= turn_ends:
+                            break
+                for path in trash:
+                    remove_tree(path)
+                trash.clear()
+                checkpoint()
+                # flock hands nothing over: without a pause this process would
+                # take the lock again before a woken waiter gets to run.
+                time.sleep(turn / 2)
 
     # -- verifying -----------------------------------------------------------
 
