@@ -74,7 +74,10 @@ def report_from_child(returncode: int | None, out: str, err: str) -> GcReport:
 
 def child_main(argv: Sequence[str]) -> int:
     root, policy_json, niceness = argv
-    os.nice(int(niceness))
+    try:
+        os.nice(int(niceness))
+    except OSError:
+        pass  # a sandbox that forbids it only costs the daemon some CPU share
     from ..store import Store
 
     try:
