@@ -22,10 +22,11 @@ from typing import Any
 from ..errors import CartonStoreError, InvalidInput, NotFound, Unavailable
 from ..fetch.puller import Puller
 from ..format.dtypes import carton_dtype_to_v2, shape_to_v2_dims
+from ..format.manifest import is_sha256
 from ..format.paths import validate_carton_path
 from ..store import Store
 from ..store.gc import GcPolicy, GcReport
-from ..store.index import LeaseRow
+from ..store.index import WOULD_WAIT, ImmediateWriter, LeaseRow
 from ..store.locks import HeldLock
 from ..store.materialize import remove_tree
 from ..store.owner import tmp_name
@@ -101,6 +102,10 @@ class ModelService:
         self._queue: list[tuple[Any, asyncio.Future]] = []
         self._draining = False
         self._shared_store_lock = HeldLock(store.lock(shared=True))
+        # The fast way for the same operations, on the loop itself (see _batch).
+        self._immediate = ImmediateWriter(store.layout.index_db)
+        self._immediate_store_lock = HeldLock(store.lock(shared=True))  # its own fd: flocks belong to one
+        self._checkpointing = False
         self.ready = True
 
     # -- materializing ---------------------------------------------------------
@@ -159,9 +164,15 @@ class ModelService:
 
     def _lease_cached(self, conn, ref: str, ttl: float, holder: str | None,  # noqa: ANN001
                       lease_id: str | None) -> Granted | None:
-        """In a batch (the shared store lock held): lease ref if its model
-        directory is there."""
-        digest = self._resolve_fast(ref)
+        """In a batch (the shared store lock held): lease ref if it is a known
+        name or manifest hash and its model directory is there. None sends
+        the caller the long way (prefixes, sources, missing directories)."""
+        ref = ref.strip()
+        if is_sha256(ref):
+            digest = ref if conn.execute("SELECT 1 FROM cartons WHERE digest=?", (ref,)).fetchone() else None
+        else:
+            row = conn.execute("SELECT carton FROM names WHERE name=?", (ref,)).fetchone()
+            digest = row[0] if row else None
         if digest is None:
             return None
         path = self.store.layout.model_path(digest)
@@ -170,20 +181,47 @@ class ModelService:
         return Granted(self.store.index.insert_lease(conn, digest, ttl, holder, lease_id), path)
 
     async def _batch(self, op):  # noqa: ANN001, ANN202
-        """Queue a small index operation; every operation queued while the
-        database thread is busy goes into its next transaction (group commit:
-        one thread hop and one commit for many concurrent requests)."""
-        fut = asyncio.get_running_loop().create_future()
+        """Run a small index operation (a few rows, a stat) in a group
+        commit: every operation queued meanwhile shares one transaction.
+
+        The group runs right here on the loop when that needs no wait: the
+        shared store lock and SQLite's write lock are both free (tried, never
+        waited for); one commit then costs less than the two thread hops it
+        spares. Otherwise it goes to the database thread, which waits as
+        long as it must while the loop goes on."""
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
         self._queue.append((op, fut))
         if not self._draining:
             self._draining = True
-            asyncio.ensure_future(self._drain())
+            loop.call_soon(self._flush)  # after every handler ready to run has queued its operation
         result = await fut
         if isinstance(result, CartonStoreError):
             raise result
         return result
 
+    def _flush(self) -> None:
+        batch, self._queue = self._queue, []
+        results: object = WOULD_WAIT
+        if self._immediate_store_lock.try_acquire():
+            try:
+                results = self._immediate.try_run([op for op, _ in batch])
+            except Exception as e:  # noqa: BLE001 - a bug: handed to every waiter
+                results = [e] * len(batch)
+            finally:
+                self._immediate_store_lock.release()
+        if results is WOULD_WAIT:
+            self._queue = batch + self._queue
+            asyncio.ensure_future(self._drain())
+            return
+        self._draining = False
+        _deliver(batch, results)
+        if self._immediate.checkpoint_due and not self._checkpointing:
+            self._checkpointing = True
+            asyncio.ensure_future(self._checkpoint())
+
     async def _drain(self) -> None:
+        """The patient way: batches on the database thread until none is left."""
         loop = asyncio.get_running_loop()
         try:
             while self._queue:
@@ -192,15 +230,19 @@ class ModelService:
                     results = await loop.run_in_executor(self._db_thread, self._run_batch, [op for op, _ in batch])
                 except BaseException as e:  # noqa: BLE001 - handed to every waiter
                     results = [e] * len(batch)
-                for (_op, fut), result in zip(batch, results, strict=True):
-                    if fut.done():
-                        continue
-                    if isinstance(result, BaseException) and not isinstance(result, CartonStoreError):
-                        fut.set_exception(result)
-                    else:
-                        fut.set_result(result)
+                _deliver(batch, results)
         finally:
             self._draining = False
+
+    async def _checkpoint(self) -> None:
+        """The WAL the loop's writes grew, copied back off the loop."""
+        try:
+            await self._db(self.store.index.checkpoint)
+            self._immediate.checkpointed()
+        except CartonStoreError as e:
+            log.warning("%s", e)
+        finally:
+            self._checkpointing = False
 
     def _run_batch(self, ops: list) -> list:
         with self._shared_store_lock:  # a collection sees all of these leases or none
@@ -362,12 +404,24 @@ class ModelService:
                 await self._db(self.store.index.delete_lease, pin_id(name))
         self._db_thread.shutdown(wait=True)
         self._shared_store_lock.close()
+        self._immediate_store_lock.close()
+        self._immediate.close()
 
     def live_values(self) -> dict[str, float]:
         stats = self.puller.stats
         return {"store_bytes": self.store.index.stored_bytes(), "leases": self.store.index.count_live_leases(),
                 "loaded_models": sum(1 for m in self.models.values() if m.state == READY),
                 "fetched_bytes": stats.bytes_received, "fetch_requests": stats.requests}
+
+
+def _deliver(batch: list[tuple[Any, asyncio.Future]], results: list) -> None:
+    for (_op, fut), result in zip(batch, results, strict=True):
+        if fut.done():
+            continue  # its request was cancelled (client gone)
+        if isinstance(result, BaseException) and not isinstance(result, CartonStoreError):
+            fut.set_exception(result)
+        else:
+            fut.set_result(result)
 
 
 def tensor_metadata(specs) -> list[dict[str, Any]]:  # noqa: ANN001

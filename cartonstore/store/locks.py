@@ -87,7 +87,18 @@ class HeldLock:
         fcntl.flock(self._fd, self._mode)
         return self
 
+    def try_acquire(self) -> bool:
+        """Take it only if that needs no wait."""
+        try:
+            fcntl.flock(self._fd, self._mode | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        return True
+
     def __exit__(self, *exc: object) -> None:
+        self.release()
+
+    def release(self) -> None:
         fcntl.flock(self._fd, fcntl.LOCK_UN)
 
     def close(self) -> None:

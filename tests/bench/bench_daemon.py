@@ -95,7 +95,15 @@ def summary(lat: list[float]) -> dict[str, float]:
             "max": s[-1] if s else float("nan"), "mean": sum(s) / len(s) if s else float("nan")}
 
 
-async def generate(sock_path: str, clients: int, seconds: float, warmup: float) -> dict:
+async def generate(sock_path: str, clients: int, seconds: float, warmup: float, rate: float | None = None) -> dict:
+    """Closed loop (rate None): each client sends its next request when the
+    last one answers. Open loop: together the clients offer ``rate``
+    requests/s, each client a lease then a release every 2*clients/rate
+    seconds from its own random phase; a take's latency counts from when it
+    was due, so a stalled server is charged for the requests it delayed
+    (no coordinated omission)."""
+    import random
+
     import aiohttp
 
     take_ms: list[float] = []
@@ -117,10 +125,17 @@ async def generate(sock_path: str, clients: int, seconds: float, warmup: float) 
 
         async def client() -> None:
             nonlocal total
-            while pc() < start:
-                await asyncio.sleep(start - pc())
+            period = 2 * clients / rate if rate else 0.0
+            due = start + random.uniform(0, period)
+            while pc() < due:
+                await asyncio.sleep(due - pc())
             while True:
-                t0 = pc()
+                if rate:
+                    while pc() < due:
+                        await asyncio.sleep(due - pc())
+                    t0, due = due, due + period
+                else:
+                    t0 = pc()
                 if t0 >= t_end:
                     return
                 async with session.post("/v1/leases", data=body, headers=headers) as r:
@@ -149,7 +164,7 @@ async def generate(sock_path: str, clients: int, seconds: float, warmup: float) 
     count = len(take_ms) + len(release_ms)
     wall = pc() - start
     return {"clients": clients, "seconds": seconds, "count": count, "total_requests": total,
-            "throughput": count / seconds, "errors": errors,
+            "throughput": count / seconds, "rate": rate, "errors": errors,
             "generator_cpu_s": (cpu1.user + cpu1.system) - (cpu0.user + cpu0.system), "wall_s": wall,
             "all": summary(take_ms + release_ms), "take": summary(take_ms), "release": summary(release_ms)}
 
@@ -157,7 +172,7 @@ async def generate(sock_path: str, clients: int, seconds: float, warmup: float) 
 def load_main(a: argparse.Namespace) -> None:
     if a.cpu is not None:
         os.sched_setaffinity(0, {a.cpu})
-    result = asyncio.run(generate(a.load, a.clients, a.seconds, a.warmup))
+    result = asyncio.run(generate(a.load, a.clients, a.seconds, a.warmup, a.rate))
     print(json.dumps(result), flush=True)
 
 
@@ -188,11 +203,11 @@ def set_affinity(pid: int, cpus: set[int]) -> None:
 
 
 def run_load(sock: Path, server_pid: int, a: argparse.Namespace, pinned: bool, *,
-             clients: int | None = None, seconds: float | None = None) -> dict:
+             clients: int | None = None, seconds: float | None = None, rate: float | None = None) -> dict:
     all_cpus = os.sched_getaffinity(0)
     seconds = a.seconds if seconds is None else seconds
     cmd = [sys.executable, str(HERE), "--load", str(sock), "--clients", str(clients or a.clients),
-           "--seconds", str(seconds), "--warmup", str(a.warmup)]
+           "--seconds", str(seconds), "--warmup", str(a.warmup)] + (["--rate", str(rate)] if rate else [])
     if pinned:
         set_affinity(server_pid, {0})
         cmd += ["--cpu", "1"]
@@ -274,6 +289,11 @@ def main() -> None:
     ap.add_argument("--baseline-server", metavar="SOCK", help=argparse.SUPPRESS)
     ap.add_argument("--load", metavar="SOCK", help=argparse.SUPPRESS)
     ap.add_argument("--cpu", type=int, default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--rate", type=float, default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--open-rates", default="1000,2000,3000,4000",
+                    help="also offer these request rates (req/s, comma-separated) open loop from the same "
+                         "clients: latency at a load below saturation (default 1000,2000,3000,4000; '' to skip)")
+    ap.add_argument("--open-seconds", type=float, default=5.0)
     a = ap.parse_args()
     if a.baseline_server:
         return baseline_server(a.baseline_server)
@@ -294,6 +314,8 @@ def main() -> None:
     procs: list = []
     results: dict[str, dict[str, list[dict]]] = {k: {m: [] for m in modes} for k in ("baseline", "daemon")}
     single: dict[str, list[dict]] = {"baseline": [], "daemon": []}
+    rates = [float(r) for r in a.open_rates.split(",") if r.strip()]
+    opened: dict[str, dict[float, list[dict]]] = {k: {r: [] for r in rates} for k in ("baseline", "daemon")}
     rss: dict[str, list[tuple[float, ...]]] = {"baseline": [], "daemon": []}
     try:
         root = work / "root"
@@ -320,6 +342,8 @@ def main() -> None:
                 print(f"round {rnd} baseline {m:6}: {fmt_run(r)}", flush=True)
             if a.single_seconds > 0:
                 single["baseline"].append(run_load(bsock, base.pid, a, False, clients=1, seconds=a.single_seconds))
+            for rate in rates:
+                opened["baseline"][rate].append(run_load(bsock, base.pid, a, False, seconds=a.open_seconds, rate=rate))
             rss["baseline"].append((idle, rss_mib(base.pid)))
             stop_proc(base)
             # -- daemon
@@ -335,6 +359,8 @@ def main() -> None:
                 print(f"round {rnd} daemon   {m:6}: {fmt_run(r)}", flush=True)
             if a.single_seconds > 0:
                 single["daemon"].append(run_load(dsock, d.proc.pid, a, False, clients=1, seconds=a.single_seconds))
+            for rate in rates:
+                opened["daemon"][rate].append(run_load(dsock, d.proc.pid, a, False, seconds=a.open_seconds, rate=rate))
             time.sleep(0.5)
             rss["daemon"].append((idle, primed, rss_mib(d.proc.pid)))
             print(f"round {rnd} daemon first lease (model {'materialized' if rnd == 1 else 'already there'}): "
@@ -380,6 +406,29 @@ def main() -> None:
                 if k == "daemon":
                     print(f"    daemon take    {fmt_lat(r['take'])}")
                     print(f"    daemon release {fmt_lat(r['release'])}")
+        if rates:
+            print()
+            print(f"{a.clients} clients, open loop at a fixed offered rate (shared cores), worst of {a.rounds} "
+                  f"rounds; latency counts from when each take was due:")
+            meets: dict[str, float] = {}
+            for rate in rates:
+                for k in ("baseline", "daemon"):
+                    rs = opened[k][rate]
+                    worst = max(rs, key=lambda r: r["all"]["p99"])
+                    ok = all(r["all"]["p50"] <= 1.0 and r["all"]["p99"] <= 5.0 and not r["errors"] for r in rs)
+                    if ok:
+                        meets[k] = max(meets.get(k, 0.0), rate)
+                    print(f"  {rate:6.0f} req/s offered  {k:8}: {worst['throughput']:6.0f} req/s done  "
+                          f"{fmt_lat(worst['all'])}  {'meets' if ok else 'misses'} p50 <= 1 / p99 <= 5"
+                          + (f"  ERRORS {worst['errors']}" if worst["errors"] else ""))
+            for k in ("baseline", "daemon"):
+                print(f"  highest offered rate meeting p50 <= 1 ms and p99 <= 5 ms, {k}: "
+                      f"{meets.get(k, 0):.0f} req/s")
+            top = max(rates)
+            verdicts.append((f"open loop, {a.clients} clients at up to {top:.0f} req/s: p50 <= 1 ms, p99 <= 5 ms",
+                             meets.get("daemon", 0) >= top,
+                             f"met up to {meets.get('daemon', 0):.0f} req/s (baseline: "
+                             f"{meets.get('baseline', 0):.0f} req/s)"))
         idle_max = max(r[0] for r in rss["daemon"])
         after_max = max(r[2] for r in rss["daemon"])
         verdicts += [("idle RSS after start <= 80 MiB", idle_max <= 80, f"{idle_max:.1f} MiB"),
