@@ -203,7 +203,10 @@ class ModelService:
     def _flush(self) -> None:
         batch, self._queue = self._queue, []
         results: object = WOULD_WAIT
-        if self._immediate_store_lock.try_acquire():
+        # While the database thread checkpoints, writes queue behind it there:
+        # a checkpoint that writers keep overtaking never lets the WAL restart
+        # from its beginning, and the file grows without end.
+        if not self._checkpointing and self._immediate_store_lock.try_acquire():
             try:
                 results = self._immediate.try_run([op for op, _ in batch])
             except Exception as e:  # noqa: BLE001 - a bug: handed to every waiter

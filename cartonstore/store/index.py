@@ -451,7 +451,10 @@ class ImmediateWriter:
     Index.checkpoint() off the loop and call ``checkpointed()``.
     """
 
-    CHECKPOINT_EVERY = WAL_AUTOCHECKPOINT_PAGES
+    # A lease commit writes 3 or 4 pages (the row, two index entries, maybe
+    # the carton's last_used): 250 commits make about SQLite's default
+    # 1,000-page checkpoint interval.
+    CHECKPOINT_EVERY = 250
 
     def __init__(self, path: Path) -> None:
         self.path = path

@@ -1,0 +1,189 @@
+"""The daemon's two ways of writing a lease: on the loop when nothing is in
+the way (ImmediateWriter, HeldLock.try_acquire), on its database thread when
+another process holds SQLite's write lock or gc holds the store lock. Real
+SQLite files, real flocks, a real daemon process."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sqlite3
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from cartonstore.cli import main
+from cartonstore.errors import NotFound
+from cartonstore.store import Store
+from cartonstore.store.index import WOULD_WAIT, ImmediateWriter
+from cartonstore.store.locks import HeldLock
+from conftest import FIXTURE_CARTON, FIXTURE_DIGEST
+from daemonkit import DaemonProcess, unix_session
+
+
+def lease_count(root: Path) -> int:
+    conn = sqlite3.connect(root / "index.db")
+    try:
+        return conn.execute("SELECT count(*) FROM leases").fetchone()[0]
+    finally:
+        conn.close()
+
+
+def test_immediate_writer_runs_a_group_in_one_transaction(store: Store) -> None:
+    writer = ImmediateWriter(store.layout.index_db)
+
+    def insert(conn: sqlite3.Connection) -> str:
+        conn.execute("INSERT INTO leases VALUES ('a', 'c', NULL, 0, 1)")
+        return "inserted"
+
+    def refuse(conn: sqlite3.Connection) -> None:
+        conn.execute("INSERT INTO leases VALUES ('b', 'c', NULL, 0, 1)")
+        raise NotFound("no such thing")
+
+    results = writer.try_run([insert, refuse])
+    assert results[0] == "inserted" and isinstance(results[1], NotFound)
+    assert lease_count(store.root) == 2, "an operation's error keeps the writes made before it, as run_batch does"
+    writer.close()
+
+
+def test_immediate_writer_never_waits_and_leaves_nothing_when_busy(store: Store) -> None:
+    writer = ImmediateWriter(store.layout.index_db)
+    other = sqlite3.connect(store.layout.index_db, isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")
+    ran = []
+    t0 = time.monotonic()
+    assert writer.try_run([lambda conn: ran.append(conn)]) is WOULD_WAIT
+    assert time.monotonic() - t0 < 0.5 and ran == [], "busy: refused at once, the operation never ran"
+    other.execute("ROLLBACK")
+    assert writer.try_run([lambda conn: conn.execute("INSERT INTO leases VALUES ('a','c',NULL,0,1)")]) != WOULD_WAIT
+    assert lease_count(store.root) == 1
+    other.close()
+    writer.close()
+
+
+def test_immediate_writer_rolls_back_a_bug_and_raises_it(store: Store) -> None:
+    writer = ImmediateWriter(store.layout.index_db)
+
+    def buggy(conn: sqlite3.Connection) -> None:
+        conn.execute("INSERT INTO leases VALUES ('a','c',NULL,0,1)")
+        raise KeyError("bug")
+
+    with pytest.raises(KeyError):
+        writer.try_run([buggy])
+    assert lease_count(store.root) == 0
+    assert writer.try_run([lambda conn: 1]) == [1], "the connection is usable after the rollback"
+    writer.close()
+
+
+def test_immediate_writer_says_when_a_checkpoint_is_due(store: Store, monkeypatch) -> None:  # noqa: ANN001
+    monkeypatch.setattr(ImmediateWriter, "CHECKPOINT_EVERY", 3)
+    writer = ImmediateWriter(store.layout.index_db)
+    for _ in range(3):
+        assert not writer.checkpoint_due
+        writer.try_run([lambda conn: conn.execute("UPDATE meta SET value=value")])
+    assert writer.checkpoint_due
+    store.index.checkpoint()
+    writer.checkpointed()
+    assert not writer.checkpoint_due
+    writer.close()
+
+
+def test_held_lock_try_acquire_never_waits(store: Store) -> None:
+    shared = HeldLock(store.lock(shared=True))
+    with store.lock():
+        t0 = time.monotonic()
+        assert not shared.try_acquire()
+        assert time.monotonic() - t0 < 0.5
+    assert shared.try_acquire()
+    other = HeldLock(store.lock(shared=True))
+    assert other.try_acquire(), "shared holders do not exclude each other"
+    other.release()
+    shared.release()
+    shared.close()
+    other.close()
+
+
+@pytest.fixture
+def served(daemon: DaemonProcess, capsys) -> DaemonProcess:  # noqa: ANN001
+    assert main(["add", str(FIXTURE_CARTON), "--name", "fx", "--root", str(daemon.root), "--progress", "none"]) == 0
+    capsys.readouterr()
+    return daemon
+
+
+async def _take(sock: Path, model: str = "fx") -> tuple[int, dict, float]:
+    async with unix_session(sock) as s:
+        t0 = time.monotonic()
+        async with s.post("/v1/leases", json={"model": model, "ttl": 30}) as r:
+            return r.status, await r.json(), time.monotonic() - t0
+
+
+def _hold_in_background(enter, leave, seconds: float) -> threading.Thread:  # noqa: ANN001
+    held = threading.Event()
+
+    def run() -> None:
+        enter()
+        held.set()
+        time.sleep(seconds)
+        leave()
+
+    t = threading.Thread(target=run)
+    t.start()
+    held.wait(5)
+    return t
+
+
+def test_a_lease_waits_for_another_processes_sqlite_writer(served: DaemonProcess) -> None:
+    asyncio.run(_take(served.socket_path))  # materialized: the next lease is a cached one
+    other = sqlite3.connect(served.root / "index.db", isolation_level=None, check_same_thread=False)
+    t = _hold_in_background(lambda: other.execute("BEGIN IMMEDIATE"), lambda: other.execute("COMMIT"), 0.6)
+    status, lease, took = asyncio.run(_take(served.socket_path))
+    t.join()
+    other.close()
+    assert status == 200 and lease["manifest_sha256"] == FIXTURE_DIGEST
+    assert took >= 0.4, "it waited for the other writer rather than failing or skipping the row"
+    assert lease_count(served.root) == 2
+
+
+def test_a_lease_waits_for_a_collection_turn(served: DaemonProcess) -> None:
+    asyncio.run(_take(served.socket_path))
+    with Store(served.root) as store:
+        lock = store.lock()
+        t = _hold_in_background(lock.acquire, lock.release, 0.6)
+        status, lease, took = asyncio.run(_take(served.socket_path))
+        t.join()
+    assert status == 200 and took >= 0.4 and lease_count(served.root) == 2
+
+
+def test_errors_come_back_the_same_either_way(served: DaemonProcess) -> None:
+    async def release(lease: str) -> tuple[int, dict]:
+        async with unix_session(served.socket_path) as s:
+            async with s.delete(f"/v1/leases/{lease}") as r:
+                return r.status, await r.json()
+
+    fast = asyncio.run(release("nope"))
+    other = sqlite3.connect(served.root / "index.db", isolation_level=None, check_same_thread=False)
+    t = _hold_in_background(lambda: other.execute("BEGIN IMMEDIATE"), lambda: other.execute("COMMIT"), 0.3)
+    slow = asyncio.run(release("nope"))
+    t.join()
+    other.close()
+    assert fast == slow and fast[0] == 404 and "no lease 'nope'" in fast[1]["error"]
+
+
+def test_the_wal_is_checkpointed_while_leases_are_written_on_the_loop(served: DaemonProcess) -> None:
+    async def churn(n: int) -> None:
+        async with unix_session(served.socket_path) as s:
+            async def one() -> None:
+                for _ in range(n):
+                    async with s.post("/v1/leases", data=json.dumps({"model": "fx", "ttl": 30})) as r:
+                        lease = (await r.json())["lease"]
+                    async with s.delete(f"/v1/leases/{lease}") as r:
+                        assert r.status == 200
+
+            await asyncio.gather(*(one() for _ in range(4)))
+
+    asyncio.run(churn(750))  # 6,000 requests, each a commit when they come one by one
+    wal = served.root / "index.db-wal"
+    assert wal.stat().st_size < 12 * 2**20, f"WAL grew to {wal.stat().st_size} bytes: never checkpointed?"
+    assert lease_count(served.root) == 0
