@@ -167,12 +167,7 @@ class ModelService:
         """In a batch (the shared store lock held): lease ref if it is a known
         name or manifest hash and its model directory is there. None sends
         the caller the long way (prefixes, sources, missing directories)."""
-        ref = ref.strip()
-        if is_sha256(ref):
-            digest = ref if conn.execute("SELECT 1 FROM cartons WHERE digest=?", (ref,)).fetchone() else None
-        else:
-            row = conn.execute("SELECT carton FROM names WHERE name=?", (ref,)).fetchone()
-            digest = row[0] if row else None
+        digest = _resolve_on(conn, ref)
         if digest is None:
             return None
         path = self.store.layout.model_path(digest)
@@ -297,10 +292,17 @@ class ModelService:
             result = await self._flights.run(f"add:{source}", lambda: self.puller.add(source, name=name))
             self.metrics.dedup_saved_bytes.inc(result.bytes_reused)
             return result.digest
-        if await asyncio.to_thread(self._resolve_fast, name) is None:
+        if not await self._known(name):
             raise NotFound(f"unknown model {name!r}: not in the store; load it with a 'source' parameter",
                            subject=name)
         return name
+
+    async def _known(self, ref: str) -> bool:
+        """Whether ref names a known carton: a name or hash in a batch (no
+        thread hop when nothing waits), a hash prefix on a worker thread."""
+        if await self._batch(lambda conn: _resolve_on(conn, ref)) is not None:
+            return True
+        return await asyncio.to_thread(self._resolve_fast, ref) is not None
 
     async def _add_uploaded(self, name: str, files: dict[str, Any]) -> str:
         """Triton's file:<version>/<path> uploads: one .carton, or the files of
@@ -325,9 +327,9 @@ class ModelService:
     async def unload(self, name: str) -> None:
         model = self.models.get(name)
         never_loaded = model is None or model.digest is None
-        if never_loaded and await asyncio.to_thread(self._resolve_fast, name) is None:
+        if never_loaded and not await self._known(name):
             raise NotFound(f"unknown model {name!r}", subject=name)
-        await asyncio.to_thread(self.store.index.delete_lease, pin_id(name))
+        await self._batch(lambda conn: self.store.index.drop_lease(conn, pin_id(name)))
         self.models[name] = LoadedModel(name, model.digest if model else None, UNAVAILABLE, "unloaded")
 
     async def index(self, ready_only: bool) -> list[dict[str, str]]:
@@ -415,6 +417,16 @@ class ModelService:
         return {"store_bytes": self.store.index.stored_bytes(), "leases": self.store.index.count_live_leases(),
                 "loaded_models": sum(1 for m in self.models.values() if m.state == READY),
                 "fetched_bytes": stats.bytes_received, "fetch_requests": stats.requests}
+
+
+def _resolve_on(conn, ref: str) -> str | None:  # noqa: ANN001
+    """The manifest hash a name or hash stands for, read in the caller's
+    transaction; None for anything else (Store.resolve handles prefixes)."""
+    ref = ref.strip()
+    if is_sha256(ref):
+        return ref if conn.execute("SELECT 1 FROM cartons WHERE digest=?", (ref,)).fetchone() else None
+    row = conn.execute("SELECT carton FROM names WHERE name=?", (ref,)).fetchone()
+    return row[0] if row else None
 
 
 def _deliver(batch: list[tuple[Any, asyncio.Future]], results: list) -> None:
