@@ -118,6 +118,33 @@ def test_budget_eviction_keeps_cartons_known_and_leased_ones(store: Store, tmp_p
     assert store.verify().ok
 
 
+def test_a_lease_taken_between_turns_keeps_its_blobs(store: Store, tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
+    """gc applies its plan in turns, releasing the store lock between them; a
+    carton leased after the first turn keeps every blob the plan had doomed."""
+    import cartonstore.store.store as store_module
+
+    monkeypatch.setattr(store_module, "GC_TURN_SECONDS", 0.0)  # one chunk a turn
+    monkeypatch.setattr(store_module, "GC_CHUNK", 1)
+    added = {n: store.add(_carton(tmp_path, n, {"model/w": os.urandom(5000)})) for n in ("a", "b")}
+    weights = {n: next(e.digest for e in store.index.entries(r.digest) if e.path == "model/w")
+               for n, r in added.items()}
+    first, second = sorted(weights, key=weights.get)
+    real_delete = store.blobs.delete
+    deleted: list[str] = []
+
+    def delete_then_lease(digest: str) -> None:
+        real_delete(digest)
+        deleted.append(digest)
+        if len(deleted) == 1:  # between this turn and the next one
+            store.index.create_lease(added[second].digest, 60)
+
+    monkeypatch.setattr(store.blobs, "delete", delete_then_lease)
+    report = store.collect(GcPolicy(max_size=0))
+    assert deleted == [weights[first]] and report.evicted_blobs == 1
+    assert store.blobs.has(weights[second]) and not store.info(added[second].digest).missing_blobs
+    assert store.verify().ok
+
+
 def test_dry_run_changes_nothing(store: Store, tmp_path: Path) -> None:
     d = store.add(_carton(tmp_path, "a", {"model/w": b"x" * 5000})).digest
     store.materialize(d)

@@ -13,6 +13,7 @@ import os
 from typing import Sequence
 
 from ..checks import check_safetensors, is_safetensors
+from ..flights import SingleFlight
 from ..store import Store
 from ..store.blobs import StagedBlob
 from ..store.locks import async_file_lock
@@ -29,7 +30,7 @@ class BlobFetcher:
         self.config = config
         self.progress = progress
         self.stats = TransferStats()
-        self._inflight: dict[str, asyncio.Future[bool]] = {}
+        self._flights = SingleFlight()
         self._slots = asyncio.Semaphore(config.max_concurrency)
 
     def sources_for(self, digest: str, urls: Sequence[str] = ()) -> list[str]:
@@ -41,13 +42,7 @@ class BlobFetcher:
         """Make the blob present; True if this call downloaded it."""
         if self.store.blobs.has(digest):
             return False
-        future = self._inflight.get(digest)
-        if future is None:
-            future = asyncio.ensure_future(self._fetch(digest, urls))
-            self._inflight[digest] = future
-            future.add_done_callback(lambda _f: self._inflight.pop(digest, None))
-        # shield: one waiter giving up must not cancel the download for the others
-        return await asyncio.shield(future)
+        return await self._flights.run(digest, lambda: self._fetch(digest, urls))
 
     async def _fetch(self, digest: str, urls: Sequence[str]) -> bool:
         lock = self.store.layout.locks_dir / f"blob-{digest}.lock"

@@ -17,6 +17,7 @@ from typing import Callable
 
 from ..checks import CheckedCarton, check_carton
 from ..errors import CartonStoreError, FetchError, IntegrityError, InvalidCarton, NotFound
+from ..flights import SingleFlight
 from ..store import Store
 from ..store.blobs import BlobWriter
 from ..store.ingest import IngestResult, Staging, check_staged_safetensors
@@ -54,7 +55,7 @@ class Puller:
         self.on_event = on_event or (lambda _e: None)
         self.client = HttpClient(self.config)
         self.fetcher = BlobFetcher(store, self.client, self.config, progress=progress)
-        self._urls_inflight: dict[str, asyncio.Future[IngestResult]] = {}
+        self._urls_in_flight = SingleFlight()
 
     async def __aenter__(self) -> "Puller":
         await self.client.__aenter__()
@@ -85,12 +86,7 @@ class Puller:
 
     async def _add_url(self, url: str, name: str | None) -> IngestResult:
         url = self.config.policy.check(url)
-        future = self._urls_inflight.get(url)
-        if future is None:
-            future = asyncio.ensure_future(self._add_url_once(url, name))
-            self._urls_inflight[url] = future
-            future.add_done_callback(lambda _f: self._urls_inflight.pop(url, None))
-        return await asyncio.shield(future)
+        return await self._urls_in_flight.run(url, lambda: self._add_url_once(url, name))
 
     async def _add_url_once(self, url: str, name: str | None) -> IngestResult:
         started = time.time()

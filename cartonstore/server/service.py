@@ -15,13 +15,14 @@ import json
 import logging
 import shutil
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..errors import CartonStoreError, InvalidInput, NotFound, Unavailable
 from ..fetch.puller import Puller
 from ..format.dtypes import carton_dtype_to_v2, shape_to_v2_dims
+from ..flights import SingleFlight
 from ..format.manifest import is_sha256
 from ..format.paths import validate_carton_path
 from ..store import Store
@@ -70,21 +71,6 @@ class Granted:
                 "expires_at": self.lease.expires_at}
 
 
-@dataclass
-class _Flights:
-    """In-process single-flight: one task per key, shared by every caller."""
-
-    tasks: dict[str, asyncio.Future] = field(default_factory=dict)
-
-    async def run(self, key: str, make) -> Any:  # noqa: ANN001
-        fut = self.tasks.get(key)
-        if fut is None:
-            fut = asyncio.ensure_future(make())
-            self.tasks[key] = fut
-            fut.add_done_callback(lambda _f: self.tasks.pop(key, None))
-        return await asyncio.shield(fut)
-
-
 def pin_id(name: str) -> str:
     return f"pin:{name}"
 
@@ -96,7 +82,7 @@ class ModelService:
         self.leases = leases
         self.metrics = metrics
         self.models: dict[str, LoadedModel] = {}
-        self._flights = _Flights()
+        self._flights = SingleFlight()
         self._gc_lock = asyncio.Lock()
         self._db_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cartonstore-db")
         self._queue: list[tuple[Any, asyncio.Future]] = []

@@ -119,6 +119,18 @@ def _rollback(conn: sqlite3.Connection) -> None:
         pass  # a failed COMMIT may already have ended the transaction
 
 
+def _run_ops(conn: sqlite3.Connection, ops: Sequence[Callable[[sqlite3.Connection], T]]
+             ) -> list[T | CartonStoreError]:
+    """Each op's result, or the CartonStoreError it raised (its earlier writes kept)."""
+    out: list[T | CartonStoreError] = []
+    for op in ops:
+        try:
+            out.append(op(conn))
+        except CartonStoreError as e:
+            out.append(e)
+    return out
+
+
 class Index:
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -402,14 +414,8 @@ class Index:
         """Run small operations in one transaction (one commit for many
         requests). An operation that raises a CartonStoreError gets it as its
         result; the writes it made before raising are kept, the others' too."""
-        out: list[T | CartonStoreError] = []
         with self.transaction() as conn:
-            for op in ops:
-                try:
-                    out.append(op(conn))
-                except CartonStoreError as e:
-                    out.append(e)
-        return out
+            return _run_ops(conn, ops)
 
     @staticmethod
     def _touch(conn: sqlite3.Connection, carton: str, now: float) -> None:
@@ -481,13 +487,8 @@ class ImmediateWriter:
             conn.execute("BEGIN IMMEDIATE")
         except sqlite3.Error:
             return WOULD_WAIT
-        out: list[T | CartonStoreError] = []
         try:
-            for op in ops:
-                try:
-                    out.append(op(conn))
-                except CartonStoreError as e:
-                    out.append(e)
+            out = _run_ops(conn, ops)
             conn.execute("COMMIT")
         except sqlite3.Error:
             _rollback(conn)

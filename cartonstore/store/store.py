@@ -48,6 +48,11 @@ from .locks import FileLock
 from .materialize import build_tree, check_tree, plan_tree, remove_tree
 from .owner import tmp_name
 
+# gc holds the store lock for about this long at a time (leases wait on it),
+# deleting this many rows and files between looks at the clock.
+GC_TURN_SECONDS = 0.002
+GC_CHUNK = 16
+
 MIN_PREFIX = 8
 _HEX = re.compile(r"^[0-9a-f]+$")
 _BAD_NAME = re.compile(r"[\x00-\x1f\x7f]")
@@ -383,46 +388,49 @@ class Store:
         plan.unreferenced -= needed
         plan.leftovers -= needed
 
-    def _apply(self, plan: GcPlan, snap: Snapshot, *, turn: float = 0.002, chunk: int = 16) -> None:
-        """Apply in turns of about ``turn`` seconds under the store lock, each
+    def _apply(self, plan: GcPlan, snap: Snapshot) -> None:
+        """Apply in turns of about GC_TURN_SECONDS under the store lock, each
         checked again first, so a lease or a commit waits a couple of
-        milliseconds, never the whole collection. In each chunk the rows go
-        first (one transaction), the files after. Model directories are
-        renamed into tmp/ under the lock and deleted outside it, and the WAL
-        is checkpointed outside it too."""
+        milliseconds, never the whole collection. Model directories renamed
+        into tmp/ in a turn are deleted after it, and the WAL is checkpointed
+        after it, both outside the lock."""
         known = {c.digest for c in snap.cartons}
         work = [(d, True) for d in plan.evicted_models + plan.orphan_models]
         work += [(d, False) for d in sorted(plan.unreferenced | plan.evicted_blobs | plan.leftovers)]
-        trash: list[Path] = []
-        i = 0
+        done = 0
         with self.index.checkpoints_deferred() as checkpoint:
-            while i < len(work):
+            while done < len(work):
                 with self.lock():
                     self._revalidate(plan, snap, known)
-                    models = set(plan.evicted_models) | set(plan.orphan_models)
-                    turn_ends = time.monotonic() + turn
-                    while i < len(work):
-                        part = [(d, is_model) for d, is_model in work[i:i + chunk]
-                                if (d in models if is_model else
-                                    d in plan.unreferenced or d in plan.evicted_blobs or d in plan.leftovers)]
-                        i += chunk
-                        self.index.forget_blobs([d for d, is_model in part if not is_model])
-                        for digest, is_model in part:
-                            if is_model:
-                                away = self._take_model_away(digest)
-                                if away is not None:
-                                    trash.append(away)
-                            else:
-                                self.blobs.delete(digest)
-                        if time.monotonic() >= turn_ends:
-                            break
+                    done, trash = self._apply_turn(plan, work, done)
                 for path in trash:
                     remove_tree(path)
-                trash.clear()
                 checkpoint()
                 # flock hands nothing over: without a pause this process would
                 # take the lock again before a woken waiter gets to run.
-                time.sleep(turn / 2)
+                time.sleep(GC_TURN_SECONDS / 2)
+
+    def _apply_turn(self, plan: GcPlan, work: list[tuple[str, bool]], done: int) -> tuple[int, list[Path]]:
+        """Under the store lock: work from ``done`` on, in chunks (rows first,
+        one transaction, then files), until the turn's time is up. Returns
+        how far it got and the model directories it moved away."""
+        models = set(plan.evicted_models) | set(plan.orphan_models)
+        trash: list[Path] = []
+        turn_ends = time.monotonic() + GC_TURN_SECONDS
+        while done < len(work):
+            part = [(d, is_model) for d, is_model in work[done:done + GC_CHUNK]
+                    if (d in models if is_model else
+                        d in plan.unreferenced or d in plan.evicted_blobs or d in plan.leftovers)]
+            done += GC_CHUNK
+            self.index.forget_blobs([d for d, is_model in part if not is_model])
+            for digest, is_model in part:
+                if not is_model:
+                    self.blobs.delete(digest)
+                elif (away := self._take_model_away(digest)) is not None:
+                    trash.append(away)
+            if time.monotonic() >= turn_ends:
+                break
+        return done, trash
 
     # -- verifying -----------------------------------------------------------
 

@@ -35,6 +35,7 @@ HERE = Path(__file__).resolve()
 sys.path.insert(0, str(HERE.parents[2]))
 sys.path.insert(0, str(HERE.parents[1]))
 
+from bench_daemon import rss_mib  # noqa: E402  (this script's directory is on sys.path)
 from cartonstore.store import Store  # noqa: E402
 from cartonstore.store.materialize import remove_tree  # noqa: E402
 
@@ -90,13 +91,6 @@ def child(cmd: list[str]) -> tuple[float, int, str]:
     if status:
         raise SystemExit(f"{cmd} failed: {status}")
     return time.perf_counter() - t0, usage.ru_maxrss, out
-
-
-def rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
 
 
 async def lease_latencies(sock: Path, stop: asyncio.Event) -> list[float]:
