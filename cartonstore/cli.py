@@ -87,12 +87,39 @@ def with_puller(store: Store, args: argparse.Namespace, work):  # noqa: ANN001, 
 
 
 def cmd_add(store: Store, args: argparse.Namespace, out: Output) -> None:
-    r = with_puller(store, args, lambda p: p.add(args.source, name=args.name, lazy=args.lazy))
+    r = with_puller(store, args, lambda p: p.add(args.source, name=args.name, lazy=args.lazy, force=args.force))
     data = {"manifest_sha256": r.digest, "name": r.name, "complete": r.complete,
+            "naming": r.naming.as_json() if r.naming else {"name": r.name, "moved_from": None, "kept_by": None},
             "blobs_fetched": r.blobs_fetched, "bytes_received": r.bytes_received, "requests": r.requests}
     state = "complete" if r.complete else "known (blobs not fetched yet)"
     out.emit(data, [f"added {args.source}: {state}; {format_size(r.bytes_received)} transferred "
                     f"in {r.requests} request(s)", r.digest])
+
+
+def cmd_infer(store: Store, args: argparse.Namespace, out: Output) -> None:
+    from .client import DaemonUnavailable
+    from .infer_client import InferClient, describe_outputs, outputs_as_json, parse_input_arg
+
+    client = InferClient(args.settings.socket_path)
+    try:
+        if not client.is_ready(args.ref):
+            client.load(args.ref)
+        meta = client.metadata(args.ref)
+        datatypes = {t["name"]: t["datatype"] for t in meta.get("inputs", [])}
+        inputs = dict(parse_input_arg(text, datatypes) for text in args.input)
+        outputs = client.infer(args.ref, inputs)
+    except DaemonUnavailable:
+        from .format.dtypes import carton_dtype_to_v2
+        from .local_infer import infer_locally
+
+        cfg = store.config_of(store.resolve_or_add(args.ref))
+        datatypes = {t.name: carton_dtype_to_v2(t.dtype) for t in cfg.inputs or ()}
+        inputs = dict(parse_input_arg(text, datatypes) for text in args.input)
+        outputs = infer_locally(store, args.settings, args.ref, inputs)
+    if out.as_json:
+        print(json.dumps({"outputs": outputs_as_json(outputs)}, indent=2, sort_keys=True))
+    else:
+        print("\n".join(describe_outputs(outputs)))
 
 
 def cmd_path(store: Store, args: argparse.Namespace, out: Output) -> None:
@@ -213,7 +240,7 @@ def cmd_serve(store: Store | None, args: argparse.Namespace, out: Output) -> Non
         fetch=cfg.fetch_config(), zip_limits=cfg.zip_limits(), max_request_size=cfg.server.max_request_size,
         shutdown_timeout=cfg.server.shutdown_timeout,
         gc=GcPolicy(max_size=cfg.gc.max_size, min_free=cfg.gc.min_free, grace=cfg.gc.grace),
-        gc_interval=cfg.gc.interval))
+        gc_interval=cfg.gc.interval, runners=cfg.runners))
 
 
 def cmd_gc(store: Store | None, args: argparse.Namespace, out: Output) -> None:
@@ -283,13 +310,24 @@ def build_parser() -> argparse.ArgumentParser:
     sp = add("add", cmd_add, "add a carton (file, directory or URL); prints its manifest hash",
              "cartonstore add https://models.example.com/resnet.carton --name resnet", parents=[fetching])
     sp.add_argument("source", help="a .carton file, an unpacked carton directory, or an http(s) URL")
-    sp.add_argument("--name", help="name to refer to the carton by (default: its model_name)")
+    sp.add_argument("--name", help="name to refer to the carton by (default: its model_name, when no other "
+                    "carton has that name); moves the name from another carton, and says so")
+    sp.add_argument("--force", action="store_true",
+                    help="move --name even from a model the daemon has loaded (its leases stay valid)")
     sp.add_argument("--lazy", action="store_true",
                     help="only make the carton known; fetch LINKS blobs later, on path")
 
     sp = add("path", cmd_path, "materialize a carton, fetching what is missing; prints its model directory",
              "cartonstore path my-model", parents=[fetching])
     sp.add_argument("ref")
+
+    sp = add("infer", cmd_infer, "run one inference request through the daemon (loading the model if needed; "
+             "with no daemon serving, the model's runner is started here) and print the outputs",
+             "cartonstore infer resnet --input x=image.npy --input k='[1, 2, 3]' --json")
+    sp.add_argument("ref", help="the model's name (or, with no daemon, any REF)")
+    sp.add_argument("--input", action="append", default=[], metavar="NAME=FILE.npy|JSON",
+                    help="an input tensor: a .npy file, or JSON data typed by the model's declared dtype")
+    sp.add_argument("--socket", help="the daemon's socket (default: $CARTONSTORE_SOCKET or ROOT/cartonstore.sock)")
 
     add("ls", cmd_ls, "list the cartons in the store", "cartonstore ls --json")
 

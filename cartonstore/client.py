@@ -377,23 +377,30 @@ class Client:
         return _json_body(status, data, subject)
 
     def _exchange(self, method: str, path: str, body: Any, timeout: float) -> tuple[int, bytes]:
-        addr = self._addr
-        if addr.socket_path is not None:
-            conn: http.client.HTTPConnection = _UnixHTTPConnection(addr.socket_path, timeout)
-        else:
-            conn = http.client.HTTPConnection(addr.host, addr.port, timeout=timeout)
         payload = None if body is None else json.dumps(body).encode()
         headers = {"Content-Type": "application/json"} if payload is not None else {}
-        try:
-            conn.request(method, addr.prefix + path, body=payload, headers=headers)
-            resp = conn.getresponse()
-            return resp.status, resp.read()
-        except (FileNotFoundError, ConnectionRefusedError):
-            raise _not_listening(addr) from None
-        except (OSError, http.client.HTTPException) as e:
-            raise _transport_error(addr, e) from e
-        finally:
-            conn.close()
+        status, _headers, data = exchange(self._addr, method, path, payload, headers, timeout)
+        return status, data
+
+
+def exchange(addr: _Address, method: str, path: str, payload: bytes | None, headers: dict[str, str],
+             timeout: float) -> tuple[int, dict[str, str], bytes]:
+    """One request on its own connection: (status, lower-cased headers, body).
+    Transport failures become DaemonUnavailable / Unavailable."""
+    if addr.socket_path is not None:
+        conn: http.client.HTTPConnection = _UnixHTTPConnection(addr.socket_path, timeout)
+    else:
+        conn = http.client.HTTPConnection(addr.host, addr.port, timeout=timeout)
+    try:
+        conn.request(method, addr.prefix + path, body=payload, headers=headers)
+        resp = conn.getresponse()
+        return resp.status, {k.lower(): v for k, v in resp.getheaders()}, resp.read()
+    except (FileNotFoundError, ConnectionRefusedError):
+        raise _not_listening(addr) from None
+    except (OSError, http.client.HTTPException) as e:
+        raise _transport_error(addr, e) from e
+    finally:
+        conn.close()
 
 
 def model_path(model: str, ttl: float = 60.0, socket_path: str | os.PathLike[str] | None = None, *,

@@ -27,23 +27,24 @@ from __future__ import annotations
 
 import difflib
 import ipaddress
-import math
 import os
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
-from pathlib import Path, PurePath
+from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
 import tomli
 
+from . import config_values as v
+from .config_values import duration_text, size_text  # noqa: F401 - part of this module's API
 from .errors import InvalidInput
 from .fetch.config import FetchConfig
 from .fetch.encoding import DEFAULT_ACCEPT_ENCODING, SUPPORTED_CODINGS
 from .fetch.policy import UrlPolicy, describe
+from .runner_settings import RunnerSettings
 from .store.layout import default_root
-from .units import parse_duration, parse_size
 from .zipfmt import ZipLimits
 
 CONFIG_ENV = "CARTONSTORE_CONFIG"
@@ -58,115 +59,7 @@ ENV_VARS: Mapping[str, str] = MappingProxyType({
 })
 """Environment variable -> the setting it overrides. Empty variables are ignored."""
 
-Parser = Callable[[Any], Any]
-Shower = Callable[[Any], Any]
-
-
-class _Bad(Exception):
-    """A value a parser refuses; the loader says where it came from."""
-
-
-_DEFAULT = object()  # a parser's answer for "" where the default is computed
-
-
-# -- parsers: raw TOML / environment / command-line value -> typed value ---------
-
-
-def _as_int(value: object) -> int | None:
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int):
-        return value
-    if isinstance(value, str) and re.fullmatch(r"\s*[+-]?\d+\s*", value):
-        return int(value)
-    return None
-
-
-def _integer(minimum: int) -> Parser:
-    def parse(value: object) -> int:
-        number = _as_int(value)
-        if number is None or number < minimum:
-            raise _Bad(f"expected an integer >= {minimum}, got {value!r}")
-        return number
-    return parse
-
-
-def _as_size(value: object) -> int | None:
-    if isinstance(value, str):
-        try:
-            return parse_size(value)
-        except InvalidInput:
-            return None
-    return _as_int(value)
-
-
-def _size(minimum: int, *, optional: bool = False) -> Parser:
-    empty = ' (or "" for no limit)' if optional else ""
-
-    def parse(value: object) -> int | None:
-        if optional and value == "":
-            return None
-        number = _as_size(value)
-        if number is None:
-            raise _Bad(f"expected a size such as 512MiB, 10GiB or 1000000{empty}, got {value!r}")
-        if number < minimum:
-            raise _Bad(f"expected a size >= {minimum}{empty}, got {value!r}")
-        return number
-    return parse
-
-
-def _as_seconds(value: object) -> float | None:
-    if isinstance(value, str):
-        try:
-            return parse_duration(value)
-        except InvalidInput:
-            return None
-    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
-        return float(value)
-    return None
-
-
-def _duration(*, positive: bool) -> Parser:
-    def parse(value: object) -> float:
-        seconds = _as_seconds(value)
-        if seconds is None:
-            raise _Bad(f"expected a duration such as 90, 30s, 10m or 1h30m, got {value!r}")
-        if seconds < 0 or (positive and seconds == 0):
-            raise _Bad(f"expected a duration {'> 0' if positive else '>= 0'}, got {value!r}")
-        return seconds
-    return parse
-
-
-def _choice(*choices: str) -> Parser:
-    def parse(value: object) -> str:
-        if isinstance(value, str) and value.strip().lower() in choices:
-            return value.strip().lower()
-        raise _Bad(f"expected one of {', '.join(map(repr, choices))}, got {value!r}")
-    return parse
-
-
-_BOOLEANS = {"true": True, "yes": True, "on": True, "1": True,
-             "false": False, "no": False, "off": False, "0": False}
-
-
-def _boolean(value: object) -> bool:
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, str) and value.strip().lower() in _BOOLEANS:
-        return _BOOLEANS[value.strip().lower()]
-    raise _Bad(f"expected true or false, got {value!r}")
-
-
-def _path(*, empty: object) -> Parser:
-    """A path with ~ expanded; ``empty`` is what "" means. The loader makes
-    relative paths absolute."""
-    def parse(value: object) -> object:
-        if value == "":
-            return empty
-        if not isinstance(value, (str, PurePath)) or "\0" in str(value):
-            raise _Bad(f'expected a path (or "" for the default), got {value!r}')
-        return Path(value).expanduser()
-    return parse
+# -- values only these settings take (the common kinds are in config_values) -------
 
 
 _GROUP = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]*\$?|[0-9]+")
@@ -175,13 +68,13 @@ _GROUP = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]*\$?|[0-9]+")
 def _group(value: object) -> str:
     if value == "" or (isinstance(value, str) and _GROUP.fullmatch(value)):
         return value
-    raise _Bad(f'expected a group name or number (or "" for the daemon\'s group), got {value!r}')
+    raise v.BadValue(f'expected a group name or number (or "" for the daemon\'s group), got {value!r}')
 
 
 def _mode(value: object) -> int:
     if isinstance(value, str) and re.fullmatch(r"(0o|0)?[0-7]{3}", value.strip()):
         return int(value.strip(), 8)
-    raise _Bad(f'expected permission bits as an octal string such as "0660", got {value!r}')
+    raise v.BadValue(f'expected permission bits as an octal string such as "0660", got {value!r}')
 
 
 _LISTEN = re.compile(r"(?:\[(?P<ipv6>[0-9A-Fa-f:.]+)\]|(?P<host>[A-Za-z0-9_.-]+)):(?P<port>[0-9]{1,5})")
@@ -197,13 +90,13 @@ def _split_listen(text: str) -> tuple[str, int]:
             return match["ipv6"], int(match["port"])
         except ValueError:
             pass
-    raise _Bad(f'expected HOST:PORT such as 127.0.0.1:8000 or [::1]:8000 (or "" for no TCP '
-               f"port), got {text!r}")
+    raise v.BadValue(f'expected HOST:PORT such as 127.0.0.1:8000 or [::1]:8000 (or "" for no TCP '
+                     f"port), got {text!r}")
 
 
 def _listen(value: object) -> str:
     if not isinstance(value, str):
-        raise _Bad(f"expected HOST:PORT as a string, got {value!r}")
+        raise v.BadValue(f"expected HOST:PORT as a string, got {value!r}")
     if value:
         _split_listen(value)
     return value
@@ -211,90 +104,27 @@ def _listen(value: object) -> str:
 
 def _accept_encoding(value: object) -> str:
     if not isinstance(value, str):
-        raise _Bad(f"expected an Accept-Encoding header value as a string, got {value!r}")
+        raise v.BadValue(f"expected an Accept-Encoding header value as a string, got {value!r}")
     if not value.strip():
         return DEFAULT_ACCEPT_ENCODING
     for item in value.split(","):
         coding = item.split(";", 1)[0].strip().lower()
         if coding not in (*SUPPORTED_CODINGS, "identity"):
-            raise _Bad(f"coding {coding!r} cannot be decoded (this build decodes "
-                       f"{DEFAULT_ACCEPT_ENCODING} and identity), got {value!r}")
+            raise v.BadValue(f"coding {coding!r} cannot be decoded (this build decodes "
+                             f"{DEFAULT_ACCEPT_ENCODING} and identity), got {value!r}")
     return value.strip()
-
-
-def _strings(check: Callable[[tuple[str, ...]], object] | None = None) -> Parser:
-    def parse(value: object) -> tuple[str, ...]:
-        if not isinstance(value, (list, tuple)) or not all(isinstance(i, str) for i in value):
-            # describe() keeps credentials in a mistyped mirror URL out of the message
-            got = repr(describe(value)) if isinstance(value, str) else repr(value)
-            raise _Bad(f"expected a list of strings, got {got}")
-        if check is not None:
-            check(tuple(value))  # raises InvalidInput naming the problem
-        return tuple(value)
-    return parse
 
 
 def _check_mirrors(urls: tuple[str, ...]) -> None:
     for url in urls:
         UrlPolicy().check(url)
         if "?" in url or "#" in url:
-            raise _Bad(f"a mirror is a URL prefix (blobs are <mirror>/<sha256>), so it cannot "
-                       f"have a query or fragment: {describe(url)}")
-
-
-# -- how each kind of value is shown by Config.as_dict (valid TOML, loads back) ---
-
-
-def _show(value: Any) -> Any:
-    return list(value) if isinstance(value, tuple) else value
-
-
-def _show_path(path: Path | None) -> str:
-    return "" if path is None else str(path)
+            raise v.BadValue(f"a mirror is a URL prefix (blobs are <mirror>/<sha256>), so it cannot "
+                             f"have a query or fragment: {describe(url)}")
 
 
 def _show_mode(mode: int) -> str:
     return f"{mode:04o}"
-
-
-def size_text(size: int | None) -> str:
-    """``size`` the way a config file writes it: "256MiB", "1000"; "" for None."""
-    if size is None:
-        return ""
-    for unit, factor in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if size and size % factor == 0:
-            return f"{size // factor}{unit}"
-    return str(size)
-
-
-def duration_text(seconds: float) -> str:
-    """``seconds`` the way a config file writes it: "1h30m", "10s", "0.25s"."""
-    if seconds != int(seconds):
-        text = repr(seconds)
-        return (f"{seconds:.9f}".rstrip("0") if "e" in text else text) + "s"
-    rest, parts = int(seconds), []
-    for unit, length in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
-        count, rest = divmod(rest, length)
-        if count:
-            parts.append(f"{count}{unit}")
-    return "".join(parts) or "0s"
-
-
-def _setting(default: Any, parse: Parser, show: Shower = _show, *,
-             factory: Callable[[], Any] | None = None) -> Any:
-    """A dataclass field that knows how to read its value and how to show it."""
-    metadata = {"parse": parse, "show": show}
-    if factory is not None:
-        return field(default_factory=factory, metadata=metadata)
-    return field(default=default, metadata=metadata)
-
-
-def _size_setting(default: int | None, minimum: int, *, optional: bool = False) -> Any:
-    return _setting(default, _size(minimum, optional=optional), size_text)
-
-
-def _duration_setting(default: float, *, positive: bool) -> Any:
-    return _setting(default, _duration(positive=positive), duration_text)
 
 
 # -- the sections ------------------------------------------------------------------
@@ -313,7 +143,7 @@ def _default_root() -> Path:
 class StoreSettings:
     """[store]"""
 
-    root: Path = _setting(None, _path(empty=_DEFAULT), _show_path,  # noqa: RUF009 - a field()
+    root: Path = v.setting(None, v.path(empty=v.DEFAULT), v.show_path,  # noqa: RUF009 - a field()
                           factory=_default_root)
 
 
@@ -322,15 +152,15 @@ class ServerSettings:
     """[server]: how the daemon is reached and how it logs."""
 
     # None: ROOT/cartonstore.sock (Config.socket_path)
-    socket: Path | None = _setting(None, _path(empty=None), _show_path)  # noqa: RUF009 - a field()
-    socket_mode: int = _setting(0o660, _mode, _show_mode)
-    socket_group: str = _setting("", _group)
-    listen: str = _setting("", _listen)  # "" or HOST:PORT, see listen_address
-    allow_remote_listen: bool = _setting(False, _boolean)
-    log_format: str = _setting("text", _choice("text", "json"))
-    log_level: str = _setting("info", _choice("debug", "info", "warning", "error"))
-    max_request_size: int = _size_setting(256 << 20, 1)
-    shutdown_timeout: float = _duration_setting(10.0, positive=False)
+    socket: Path | None = v.setting(None, v.path(empty=None), v.show_path)  # noqa: RUF009 - a field()
+    socket_mode: int = v.setting(0o660, _mode, _show_mode)
+    socket_group: str = v.setting("", _group)
+    listen: str = v.setting("", _listen)  # "" or HOST:PORT, see listen_address
+    allow_remote_listen: bool = v.setting(False, v.boolean)
+    log_format: str = v.setting("text", v.choice("text", "json"))
+    log_level: str = v.setting("info", v.choice("debug", "info", "warning", "error"))
+    max_request_size: int = v.size_setting(256 << 20, 1)
+    shutdown_timeout: float = v.duration_setting(10.0, positive=False)
 
     @property
     def listen_address(self) -> tuple[str, int] | None:
@@ -357,58 +187,58 @@ class ServerSettings:
 class LeaseSettings:
     """[leases]: time limits of the claims loaders hold on models."""
 
-    default_ttl: float = _duration_setting(60.0, positive=True)
-    max_ttl: float = _duration_setting(3600.0, positive=True)
-    pin_ttl: float = _duration_setting(120.0, positive=True)
+    default_ttl: float = v.duration_setting(60.0, positive=True)
+    max_ttl: float = v.duration_setting(3600.0, positive=True)
+    pin_ttl: float = v.duration_setting(120.0, positive=True)
 
 
 @dataclass(frozen=True)
 class FetchSettings:
     """[fetch]: the fields of FetchConfig, with those of its UrlPolicy inline."""
 
-    accept_encoding: str = _setting(_FETCH.accept_encoding, _accept_encoding)
-    connect_timeout: float = _duration_setting(_FETCH.connect_timeout, positive=True)
-    stall_timeout: float = _duration_setting(_FETCH.stall_timeout, positive=True)
-    retries: int = _setting(_FETCH.retries, _integer(0))
-    backoff_base: float = _duration_setting(_FETCH.backoff_base, positive=False)
-    backoff_max: float = _duration_setting(_FETCH.backoff_max, positive=False)
-    max_concurrency: int = _setting(_FETCH.max_concurrency, _integer(1))
-    parallel_threshold: int = _size_setting(_FETCH.parallel_threshold, 1)
-    parallel_parts: int = _setting(_FETCH.parallel_parts, _integer(1))
-    coalesce_gap: int = _size_setting(_FETCH.coalesce_gap, 0)
-    lock_timeout: float = _duration_setting(_FETCH.lock_timeout, positive=True)
-    max_blob_size: int | None = _size_setting(_FETCH.max_blob_size, 1, optional=True)
-    mirrors: tuple[str, ...] = _setting(_FETCH.mirrors, _strings(_check_mirrors))
-    allow_hosts: tuple[str, ...] = _setting(
-        _POLICY.allow_hosts, _strings(lambda hosts: UrlPolicy(allow_hosts=hosts)))
-    deny_hosts: tuple[str, ...] = _setting(
-        _POLICY.deny_hosts, _strings(lambda hosts: UrlPolicy(deny_hosts=hosts)))
-    max_redirects: int = _setting(_POLICY.max_redirects, _integer(0))
+    accept_encoding: str = v.setting(_FETCH.accept_encoding, _accept_encoding)
+    connect_timeout: float = v.duration_setting(_FETCH.connect_timeout, positive=True)
+    stall_timeout: float = v.duration_setting(_FETCH.stall_timeout, positive=True)
+    retries: int = v.setting(_FETCH.retries, v.integer(0))
+    backoff_base: float = v.duration_setting(_FETCH.backoff_base, positive=False)
+    backoff_max: float = v.duration_setting(_FETCH.backoff_max, positive=False)
+    max_concurrency: int = v.setting(_FETCH.max_concurrency, v.integer(1))
+    parallel_threshold: int = v.size_setting(_FETCH.parallel_threshold, 1)
+    parallel_parts: int = v.setting(_FETCH.parallel_parts, v.integer(1))
+    coalesce_gap: int = v.size_setting(_FETCH.coalesce_gap, 0)
+    lock_timeout: float = v.duration_setting(_FETCH.lock_timeout, positive=True)
+    max_blob_size: int | None = v.size_setting(_FETCH.max_blob_size, 1, optional=True)
+    mirrors: tuple[str, ...] = v.setting(_FETCH.mirrors, v.strings(_check_mirrors))
+    allow_hosts: tuple[str, ...] = v.setting(
+        _POLICY.allow_hosts, v.strings(lambda hosts: UrlPolicy(allow_hosts=hosts)))
+    deny_hosts: tuple[str, ...] = v.setting(
+        _POLICY.deny_hosts, v.strings(lambda hosts: UrlPolicy(deny_hosts=hosts)))
+    max_redirects: int = v.setting(_POLICY.max_redirects, v.integer(0))
 
 
 @dataclass(frozen=True)
 class LimitSettings:
     """[limits]: what a carton's zip may declare before it is refused."""
 
-    zip_max_entries: int = _setting(_ZIP.max_entries, _integer(1))
-    zip_max_ratio: int = _setting(_ZIP.max_ratio, _integer(1))
+    zip_max_entries: int = v.setting(_ZIP.max_entries, v.integer(1))
+    zip_max_ratio: int = v.setting(_ZIP.max_ratio, v.integer(1))
 
 
 @dataclass(frozen=True)
 class GcSettings:
     """[gc]: the store's space budget and how garbage is collected."""
 
-    max_size: int | None = _size_setting(None, 0, optional=True)
-    min_free: int | None = _size_setting(None, 0, optional=True)
-    grace: float = _duration_setting(3600.0, positive=False)
-    interval: float = _duration_setting(600.0, positive=True)
+    max_size: int | None = v.size_setting(None, 0, optional=True)
+    min_free: int | None = v.size_setting(None, 0, optional=True)
+    grace: float = v.duration_setting(3600.0, positive=False)
+    interval: float = v.duration_setting(600.0, positive=True)
 
 
 _SECTIONS: Mapping[str, type] = MappingProxyType({
     "store": StoreSettings, "server": ServerSettings, "leases": LeaseSettings,
-    "fetch": FetchSettings, "limits": LimitSettings, "gc": GcSettings,
+    "fetch": FetchSettings, "limits": LimitSettings, "gc": GcSettings, "runners": RunnerSettings,
 })
-_PARSERS: Mapping[str, Parser] = MappingProxyType({
+_PARSERS: Mapping[str, v.Parser] = MappingProxyType({
     f"{section}.{setting.name}": setting.metadata["parse"]
     for section, cls in _SECTIONS.items() for setting in fields(cls)
 })
@@ -430,6 +260,7 @@ class Config:
     fetch: FetchSettings = field(default_factory=FetchSettings)
     limits: LimitSettings = field(default_factory=LimitSettings)
     gc: GcSettings = field(default_factory=GcSettings)
+    runners: RunnerSettings = field(default_factory=RunnerSettings)
     source: Path | None = field(default=None, compare=False)
 
     @property
@@ -456,6 +287,7 @@ class Config:
             for name, section in ((name, getattr(self, name)) for name in _SECTIONS)
         }
         tables["server"]["socket"] = str(self.socket_path)
+        tables["runners"].update(tables["runners"].pop("commands"))  # back to [runners.<name>] tables
         return tables
 
 
@@ -518,6 +350,11 @@ def _flatten(data: Mapping[str, Any], origin: str) -> dict[str, Any]:
         if section not in _SECTIONS:
             hint = _suggest(section, list(_SECTIONS))
             raise InvalidInput(f"{origin}: unknown section [{section}]{hint}", subject=section)
+        if section == "runners":  # [runners.<name>] tables are runner commands, one setting
+            commands = {name: value for name, value in table.items() if isinstance(value, dict)}
+            table = {name: value for name, value in table.items() if name not in commands}
+            if commands:
+                values["runners.commands"] = commands
         values.update({f"{section}.{name}": value for name, value in table.items()})
     return values
 
@@ -544,7 +381,7 @@ def _build(layers: list[_Layer], *, source: Path | None) -> Config:
             origins[key] = (precedence, layer.origin)
     sections = {
         name: cls(**{key.partition(".")[2]: value for key, value in values.items()
-                     if key.startswith(name + ".") and value is not _DEFAULT})
+                     if key.startswith(name + ".") and value is not v.DEFAULT})
         for name, cls in _SECTIONS.items()
     }
     config = Config(**sections, source=source)
@@ -559,7 +396,7 @@ def _parse(key: str, raw: object, layer: _Layer) -> Any:
                            subject=str(key))
     try:
         value = parse(raw)
-    except (_Bad, InvalidInput) as error:
+    except (v.BadValue, InvalidInput) as error:
         raise InvalidInput(f"{layer.origin}: {key}: {error}", subject=key) from None
     if isinstance(value, Path) and not value.is_absolute():
         value = layer.base / value if layer.base else value.absolute()
@@ -577,12 +414,12 @@ def _check(config: Config, origins: Mapping[str, tuple[int, str]]) -> None:
                         f"hosts needs server.allow_remote_listen = true")
     if leases.default_ttl > leases.max_ttl:
         raise _conflict(origins, ("leases.default_ttl", "leases.max_ttl"),
-                        f"leases.default_ttl ({duration_text(leases.default_ttl)}) must not "
-                        f"exceed leases.max_ttl ({duration_text(leases.max_ttl)})")
+                        f"leases.default_ttl ({v.duration_text(leases.default_ttl)}) must not "
+                        f"exceed leases.max_ttl ({v.duration_text(leases.max_ttl)})")
     if fetch.backoff_base > fetch.backoff_max:
         raise _conflict(origins, ("fetch.backoff_base", "fetch.backoff_max"),
-                        f"fetch.backoff_base ({duration_text(fetch.backoff_base)}) must not "
-                        f"exceed fetch.backoff_max ({duration_text(fetch.backoff_max)})")
+                        f"fetch.backoff_base ({v.duration_text(fetch.backoff_base)}) must not "
+                        f"exceed fetch.backoff_max ({v.duration_text(fetch.backoff_max)})")
     policy = config.fetch_config().policy
     for mirror in fetch.mirrors:
         try:

@@ -53,6 +53,8 @@ class Progress:
     def event(self, data: dict) -> None:
         if self.mode == "json":
             self._json(data)
+        elif data.get("event") == "name":  # a name moved or kept: said in every mode, it is not progress
+            self._say(data["message"])
         elif self.mode == "plain" and data.get("event") == "carton":
             print(f"reading {data.get('url')}", file=self.stream, flush=True)
         elif self._bar is not None and data.get("url"):
@@ -66,6 +68,12 @@ class Progress:
             self._json({"event": "done", "bytes": self.total, "seconds": round(seconds, 3), **summary})
         elif summary is not None and self.mode in ("plain", "bar") and self.total:
             print(f"transferred {format_size(self.total)} in {seconds:.1f}s", file=self.stream, flush=True)
+
+    def _say(self, line: str) -> None:
+        if self._bar is not None:
+            self._bar.write(line, file=self.stream)
+        else:
+            print(line, file=self.stream, flush=True)
 
     def _json(self, data: dict) -> None:
         print(json.dumps(data, sort_keys=True), file=self.stream, flush=True)

@@ -108,7 +108,20 @@ DEFAULTS = {
     "gc.min_free": None,
     "gc.grace": 3600.0,
     "gc.interval": 600.0,
+    "runners.devices": ("cpu",),
+    "runners.builtin": True,
+    "runners.ready_timeout": 120.0,
+    "runners.request_timeout": 60.0,
+    "runners.stop_grace": 10.0,
+    "runners.max_restarts": 5,
+    "runners.restart_backoff": 0.5,
+    "runners.max_inflight": 64,
+    "runners.commands": {},
 }
+
+
+# Settings written as TOML tables ([runners.<name>]), tested in test_runner_settings.py.
+TABLES = {"runners.commands"}
 
 
 def test_the_defaults_table_covers_every_setting() -> None:
@@ -203,11 +216,20 @@ FILE_VALUES = [
     ("gc.min_free", '"20G"', 20 * GiB),
     ("gc.grace", '"0"', 0.0),
     ("gc.interval", '"30s"', 30.0),
+    ("runners.devices", '["cuda:0", "cuda:1"]', ("cuda:0", "cuda:1")),
+    ("runners.devices", '"cpu,cuda:3"', ("cpu", "cuda:3")),
+    ("runners.builtin", "false", False),
+    ("runners.ready_timeout", '"5m"', 300.0),
+    ("runners.request_timeout", "2.5", 2.5),
+    ("runners.stop_grace", "0", 0.0),
+    ("runners.max_restarts", "0", 0),
+    ("runners.restart_backoff", '"100ms"', 0.1),
+    ("runners.max_inflight", "1", 1),
 ]
 
 
 def test_the_file_values_table_covers_every_setting() -> None:
-    assert {key for key, _, _ in FILE_VALUES} == set(setting_keys())
+    assert {key for key, _, _ in FILE_VALUES} == set(setting_keys()) - TABLES
 
 
 @pytest.mark.parametrize(("key", "literal", "expected"), FILE_VALUES,
@@ -429,11 +451,20 @@ BAD_VALUES = [
     ("gc.min_free", "[]", "expected a size"),
     ("gc.grace", '"1 hour"', "expected a duration"),
     ("gc.interval", "0", "expected a duration > 0"),
+    ("runners.devices", '["gpu0"]', "unknown device 'gpu0'"),
+    ("runners.devices", "[]", "expected a list of devices"),
+    ("runners.builtin", '"maybe"', "expected true or false"),
+    ("runners.ready_timeout", "0", "expected a duration > 0"),
+    ("runners.request_timeout", '"soon"', "duration"),
+    ("runners.stop_grace", "-1", "expected a duration"),
+    ("runners.max_restarts", "-1", "expected an integer >= 0"),
+    ("runners.restart_backoff", "true", "expected a duration"),
+    ("runners.max_inflight", "0", "expected an integer >= 1"),
 ]
 
 
 def test_the_bad_values_table_covers_every_setting() -> None:
-    assert {key for key, _, _ in BAD_VALUES} == set(setting_keys())
+    assert {key for key, _, _ in BAD_VALUES} == set(setting_keys()) - TABLES
 
 
 @pytest.mark.parametrize(("key", "literal", "fragment"), BAD_VALUES,
@@ -648,7 +679,7 @@ def test_shipped_config_is_exactly_the_defaults() -> None:
 def test_shipped_config_lists_every_setting() -> None:
     data = tomli.loads(SHIPPED.read_text())
     listed = [f"{section}.{name}" for section, table in data.items() for name in table]
-    assert listed == list(setting_keys())
+    assert listed == [key for key in setting_keys() if key not in TABLES]
 
 
 def test_shipped_config_explains_every_setting() -> None:
@@ -718,8 +749,9 @@ zip_max_ratio = 13
 def test_as_dict_is_toml_that_loads_back(tmp_path: Path, overrides: dict) -> None:
     config = load_config(env={}, overrides=overrides)
     shown = config.as_dict()
-    assert list(shown) == ["store", "server", "leases", "fetch", "limits", "gc"]
-    assert [f"{s}.{k}" for s, table in shown.items() for k in table] == list(setting_keys())
+    assert list(shown) == ["store", "server", "leases", "fetch", "limits", "gc", "runners"]
+    assert [f"{s}.{k}" for s, table in shown.items() for k in table] == \
+        [key for key in setting_keys() if key not in TABLES]
     path = write(tmp_path, tomli_w.dumps(shown))
     again = load_config(path, env={})
     assert again.as_dict() == shown

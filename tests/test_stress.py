@@ -388,9 +388,17 @@ def test_two_daemons_cli_and_gc_on_one_store(tmp_path: Path, origin) -> None:  #
                                   f"missing or wrong:\n" + "\n".join(board.violations[:10]))
     assert report.ok, f"seed={SEED}: verify at the end: {verify_problems(report)}"
     assert not board.unexpected, (f"seed={SEED}: {len(board.unexpected)} unexpected outcome(s):\n"
-                                  + "\n".join(board.unexpected[:10]))
+                                  + "\n".join(board.unexpected[:10]) + "\n" + _daemon_errors(daemon_logs))
     assert "Traceback" not in daemon_logs and "unexpected error" not in daemon_logs, daemon_logs[-3000:]
     assert codes == [0, 0], f"daemons exited {codes}: {daemon_logs[-2000:]}"
     assert left_leases == 0, f"seed={SEED}: {left_leases} lease(s) still live after every release"
     assert sum(ops.values()) >= 1000, "\n".join(lines)
     assert board.checks["lease dirs checked"] > 0
+
+
+def _daemon_errors(logs: str) -> str:
+    """The daemons' tracebacks and error lines, for a failure message."""
+    at = logs.find("Traceback")
+    if at >= 0:
+        return "daemon log:\n" + logs[max(0, at - 500):at + 4000]
+    return "daemon log (tail):\n" + logs[-2000:]

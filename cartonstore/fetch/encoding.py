@@ -95,6 +95,10 @@ def _normalize(codings: Sequence[str], *, url: str) -> tuple[str, ...]:
     return tuple(names)
 
 
+class DecodedTooLarge(FetchError):
+    """A body that decodes past max_output or the ratio limit (a bomb)."""
+
+
 class ContentDecoder:
     """Decodes one response body, chunk by chunk, within hard limits.
 
@@ -176,7 +180,7 @@ class ContentDecoder:
         if index == len(self._stages) - 1:
             self._check_total(produced)
         if produced > self._ratio_floor and produced > self._max_ratio * self._encoded:
-            raise FetchError(
+            raise DecodedTooLarge(
                 f"decompression bomb refused: the body from {describe(self._url)} "
                 f"expands to more than {self._max_ratio} times its {self._encoded} "
                 f"encoded bytes (ratio limit)",
@@ -188,11 +192,11 @@ class ContentDecoder:
         if self._max_output is None or decoded <= self._max_output:
             return
         if not self._encoded_at_all:
-            raise FetchError(
+            raise DecodedTooLarge(
                 f"body from {describe(self._url)} is larger than {self._max_output} bytes",
                 subject=self._url,
             )
-        raise FetchError(
+        raise DecodedTooLarge(
             f"decompression bomb refused: the body from {describe(self._url)} "
             f"decodes to more than {self._max_output} bytes",
             subject=self._url,

@@ -16,12 +16,19 @@ from pathlib import Path
 from typing import Callable
 
 from ..checks import CheckedCarton, check_carton
-from ..errors import CartonStoreError, FetchError, IntegrityError, InvalidCarton, NotFound
+from ..errors import (
+    CartonStoreError,
+    FetchError,
+    IntegrityError,
+    InvalidCarton,
+    NotFound,
+)
 from ..flights import SingleFlight
 from ..store import Store
 from ..store.blobs import BlobWriter
 from ..store.ingest import IngestResult, Staging, check_staged_safetensors
 from ..store.locks import async_file_lock
+from ..store.names import NameOutcome, validate_name
 from ..zipfmt import ZipEntry
 from .blob_fetcher import BlobFetcher
 from .config import FetchConfig
@@ -44,6 +51,7 @@ class PullResult:
     bytes_received: int
     requests: int
     bytes_reused: int = 0   # bytes of the carton the store already had
+    naming: NameOutcome | None = None  # what the add did to the name (moved, kept by another)
 
 
 class Puller:
@@ -70,47 +78,63 @@ class Puller:
 
     # -- adding ----------------------------------------------------------------
 
-    async def add(self, source: str, *, name: str | None = None, lazy: bool = False) -> PullResult:
+    async def add(self, source: str, *, name: str | None = None, lazy: bool = False,
+                  force: bool = False) -> PullResult:
         """Add a carton from a URL or a local path; unless lazy, fetch every
-        blob it lacks (LINKS, mirrors) before returning."""
+        blob it lacks (LINKS, mirrors) before returning. Naming follows
+        Store.add (an explicit name may move, unless loaded and not force)."""
+        if name is not None:
+            validate_name(name)
         before = (self.stats.bytes_received, self.stats.requests)
         if is_url(source):
-            result = await self._add_url(source, name)
+            result = await self._add_url(source, name, force)
         else:
-            result = await asyncio.to_thread(self.store.add, source, name=name)
-        fetched = 0 if lazy else await self.complete(result.digest)
+            result = await asyncio.to_thread(self.store.add, source, name=name, force=force)
+        if result.naming is not None and (note := result.naming.note(result.digest)):
+            self.on_event({"event": "name", "message": note, **result.naming.as_json()})
+        try:
+            fetched = 0 if lazy else await self.complete(result.digest)
+        except NotFound:
+            if is_url(source):
+                raise
+            # A collection evicted blobs of this carton between its commit and
+            # now; the local source still holds them: add it once more.
+            result = await asyncio.to_thread(self.store.add, source, name=name, force=force)
+            fetched = await self.complete(result.digest)
         missing = await asyncio.to_thread(self.store.missing_blobs, result.digest)
         return PullResult(result.digest, result.name, not missing, fetched,
                           self.stats.bytes_received - before[0], self.stats.requests - before[1],
-                          result.bytes_reused)
+                          result.bytes_reused, result.naming)
 
-    async def _add_url(self, url: str, name: str | None) -> IngestResult:
+    async def _add_url(self, url: str, name: str | None, force: bool) -> IngestResult:
         url = self.config.policy.check(url)
-        return await self._urls_in_flight.run(url, lambda: self._add_url_once(url, name))
+        return await self._urls_in_flight.run(f"{url}\n{name}", lambda: self._add_url_once(url, name, force))
 
-    async def _add_url_once(self, url: str, name: str | None) -> IngestResult:
+    async def _add_url_once(self, url: str, name: str | None, force: bool) -> IngestResult:
         started = time.time()
         lock = self.store.layout.locks_dir / f"url-{hashlib.sha256(url.encode()).hexdigest()}.lock"
         async with async_file_lock(lock, timeout=self.config.lock_timeout):
             # Another process added this URL while we queued: share its work.
             row = await asyncio.to_thread(self.store.index.carton_for_source, url)
             if row is not None and row.added_at >= started:
-                return IngestResult(row.digest, name, True, 0, 0, 0)
+                naming = await asyncio.to_thread(self.store.name_carton, row.digest, name, force=force)
+                return IngestResult(row.digest, naming.name, True, 0, 0, 0, naming)
             self.on_event({"event": "carton", "url": describe(url)})
             rz = await open_remote_zip(self.client, url, self.config, self.store.zip_limits, self.stats)
             if rz is None:
-                return await self._add_whole_download(url, name)
+                return await self._add_whole_download(url, name, force)
             view = await prefetch_view(self.client, rz, self.config, self.stats)
             checked = await asyncio.to_thread(check_carton, view)
             staging = await self._stage_remote(checked, view)
-            return await asyncio.to_thread(self.store.commit_checked, checked, staging, name=name, source=url)
+            return await asyncio.to_thread(self.store.commit_checked, checked, staging, name=name, source=url,
+                                           force=force)
 
-    async def _add_whole_download(self, url: str, name: str | None) -> IngestResult:
+    async def _add_whole_download(self, url: str, name: str | None, force: bool) -> IngestResult:
         """The server ignores Range: stream the carton once into tmp/ and add it."""
         self.on_event({"event": "whole-download", "url": describe(url)})
         with self.store.blobs.writer(label="carton") as w:
             await download(self.client, url, w, self.config, progress=self.progress, stats=self.stats)
-            return await asyncio.to_thread(self.store.add, w.tmp_path, name=name, source_label=url)
+            return await asyncio.to_thread(self.store.add, w.tmp_path, name=name, source_label=url, force=force)
 
     async def _stage_remote(self, checked: CheckedCarton, view: RemoteCartonView) -> Staging:
         """Stage the blobs the store lacks from the remote zip (small files

@@ -20,12 +20,14 @@ from .. import __version__
 from ..errors import CartonStoreError, InvalidInput, http_status_for
 from ..store.gc import GcPolicy
 from .blobs import serve_blob
+from .bodies import request_body
+from .infer_api import infer
 from .metrics import CONTENT_TYPE, Metrics
 from .service import ModelService
 
 log = logging.getLogger("cartonstore.server")
 
-EXTENSIONS = ["model_repository", "cartonstore_leases", "cartonstore_blobs"]
+EXTENSIONS = ["binary_tensor_data", "model_repository", "cartonstore_leases", "cartonstore_blobs"]
 SERVICE: web.AppKey[ModelService] = web.AppKey("service", ModelService)
 METRICS: web.AppKey[Metrics] = web.AppKey("metrics", Metrics)
 
@@ -43,6 +45,9 @@ async def errors_and_metrics(request: web.Request, handler: Handler) -> web.Stre
         response = await handler(request)
     except CartonStoreError as e:
         response = error(http_status_for(e), str(e))
+        retry_after = getattr(e, "retry_after", None)
+        if retry_after is not None:
+            response.headers["Retry-After"] = str(retry_after)
     except web.HTTPException as e:
         response = error(e.status, e.reason or "error") if e.status >= 400 else e
     except Exception:  # noqa: BLE001 - a bug must not take the daemon down
@@ -58,7 +63,7 @@ async def errors_and_metrics(request: web.Request, handler: Handler) -> web.Stre
 
 async def body_json(request: web.Request) -> dict[str, Any]:
     """The JSON object in the body; {} for an empty body. No Content-Type needed."""
-    raw = await request.read()
+    raw = await request_body(request)
     if not raw.strip():
         return {}
     try:
@@ -128,7 +133,9 @@ async def model_ready(request: web.Request) -> web.Response:
     name, version = request.match_info["name"], request.match_info.get("version")
     if svc(request).loaded(name, version) is not None:
         return web.Response(status=200)
-    return error(400, f"model {name!r}{' version ' + version if version else ''} is not ready")
+    model = svc(request).models.get(name)
+    why = f": {model.as_index_row()['reason']}" if model is not None and model.as_index_row()["reason"] else ""
+    return error(400, f"model {name!r}{' version ' + version if version else ''} is not ready{why}")
 
 
 # -- leases ---------------------------------------------------------------------
@@ -213,6 +220,8 @@ def build_app(service: ModelService, metrics_: Metrics, *, max_request_size: int
     r.add_get("/v2/models/{name}/versions/{version}", model_metadata)
     r.add_get("/v2/models/{name}/ready", model_ready)
     r.add_get("/v2/models/{name}/versions/{version}/ready", model_ready)
+    r.add_post("/v2/models/{name}/infer", infer)
+    r.add_post("/v2/models/{name}/versions/{version}/infer", infer)
     r.add_post("/v1/leases", take_lease)
     r.add_post("/v1/leases/{lease}/renew", renew_lease)
     r.add_delete("/v1/leases/{lease}", release_lease)

@@ -22,6 +22,7 @@ from aiohttp import web
 
 from ..fetch.config import FetchConfig
 from ..fetch.puller import Puller
+from ..runner_settings import RunnerSettings as RunnerConfig
 from ..store import Store
 from ..store.gc import GcPolicy
 from ..zipfmt import ZipLimits
@@ -47,6 +48,7 @@ class DaemonSettings:
     shutdown_timeout: float = 10.0
     gc: GcPolicy = field(default_factory=GcPolicy)
     gc_interval: float = 600.0
+    runners: RunnerConfig = field(default_factory=RunnerConfig)
 
 
 class JsonFormatter(logging.Formatter):
@@ -99,14 +101,16 @@ class Daemon:
         store = Store(s.root, zip_limits=s.zip_limits)
         try:
             async with Puller(store, s.fetch) as puller:
-                service = ModelService(store, puller, s.leases, Metrics())
+                service = ModelService(store, puller, s.leases, Metrics(), s.runners)
+                service.runner_host.prepare()
                 app = build_app(service, service.metrics, max_request_size=s.max_request_size)
                 await self._serve(app, service)
         finally:
             store.close()
 
     async def _serve(self, app: web.Application, service: ModelService) -> None:
-        runner = web.AppRunner(app, handle_signals=False, access_log=None,
+        # auto_decompress off: request bodies are decoded by the handlers, bounded (infer_api.request_body).
+        runner = web.AppRunner(app, handle_signals=False, access_log=None, auto_decompress=False,
                                shutdown_timeout=self.settings.shutdown_timeout)
         await runner.setup()
         try:

@@ -7,6 +7,7 @@ are true across every process sharing the store.
 
 from __future__ import annotations
 
+import collections
 from typing import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, disable_created_metrics, generate_latest
@@ -34,6 +35,24 @@ class _Live(Collector):
                                   value=values["fetched_bytes"])
         yield CounterMetricFamily("cartonstore_fetch_requests", "HTTP requests made to sources",
                                   value=values["fetch_requests"])
+        yield from _runner_families(values.get("runners", []))
+
+
+def _runner_families(statuses: list[dict]) -> Iterator:
+    labels = ["model", "version", "state"]
+    up = GaugeMetricFamily("cartonstore_runner_instances", "Runner instances of loaded models by state",
+                           labels=labels)
+    restarts = CounterMetricFamily("cartonstore_runner_restarts", "Runner restarts after a crash or a hang",
+                                   labels=["model", "version"])
+    outstanding = GaugeMetricFamily("cartonstore_runner_outstanding", "Infer requests in flight to runners",
+                                    labels=["model", "version"])
+    for st in statuses:
+        by_state = collections.Counter(inst["state"] for inst in st["instances"])
+        for state, count in by_state.items():
+            up.add_metric([st["name"], st["version"], state], count)
+        restarts.add_metric([st["name"], st["version"]], st["restarts"])
+        outstanding.add_metric([st["name"], st["version"]], st["outstanding"])
+    yield from (up, restarts, outstanding)
 
 
 class Metrics:

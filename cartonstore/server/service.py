@@ -9,30 +9,31 @@ materialization.
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
-import json
 import logging
-import shutil
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..errors import CartonStoreError, InvalidInput, NotFound, Unavailable
 from ..fetch.puller import Puller
-from ..format.dtypes import carton_dtype_to_v2, shape_to_v2_dims
 from ..flights import SingleFlight
+from ..format.carton_toml import CartonConfig
+from ..format.dtypes import carton_dtype_to_v2, shape_to_v2_dims
 from ..format.manifest import is_sha256
-from ..format.paths import validate_carton_path
+from ..runner_settings import RunnerSettings as RunnerConfig
 from ..store import Store
 from ..store.gc import GcPolicy, GcReport
-from ..store.index import WOULD_WAIT, ImmediateWriter, LeaseRow
-from ..store.locks import HeldLock
+from ..store.index import LeaseRow
 from ..store.materialize import remove_tree
+from ..store.names import carton_named, restore_name, validate_name
 from ..store.owner import tmp_name
 from .collector import collect_in_child
+from .group_commit import GroupCommit
+from .load_params import b64_parameter, parse_triton_config, write_tree
 from .metrics import Metrics
+from .model_runtime import RunnerHost, files_only_note
+from .runner_plan import instance_devices
+from .runners import ModelRunners
 
 log = logging.getLogger("cartonstore.server")
 
@@ -52,12 +53,25 @@ class LoadedModel:
     digest: str | None = None
     state: str = LOADING
     reason: str = ""
-    config: dict | None = None
+    config: dict | None = None          # the load's Triton config
+    carton: CartonConfig | None = None  # its carton.toml
+    runners: ModelRunners | None = None  # None: loaded as files only (reason says why)
 
-    def as_index_row(self) -> dict[str, str]:
-        row = {"name": self.name, "state": self.state, "reason": self.reason}
+    @property
+    def serving_state(self) -> str:
+        """READY only while the runners are (a dead runner shows here)."""
+        if self.state != READY or self.runners is None:
+            return self.state
+        return self.runners.state
+
+    def as_index_row(self) -> dict[str, Any]:
+        row: dict[str, Any] = {"name": self.name, "state": self.serving_state, "reason": self.reason}
+        if self.runners is not None and self.runners.reason:
+            row["reason"] = self.runners.reason
         if self.digest:
             row["version"] = self.digest
+        if self.runners is not None:
+            row["restarts"] = self.runners.restarts
         return row
 
 
@@ -76,22 +90,19 @@ def pin_id(name: str) -> str:
 
 
 class ModelService:
-    def __init__(self, store: Store, puller: Puller, leases: LeaseSettings, metrics: Metrics) -> None:
+    def __init__(self, store: Store, puller: Puller, leases: LeaseSettings, metrics: Metrics,
+                 runners: RunnerConfig | None = None) -> None:
         self.store = store
+        self.runner_host = RunnerHost(runners or RunnerConfig(), store.layout.root / "run" / "runners")
+        self._load_locks: dict[str, asyncio.Lock] = {}
+        self._pins: dict[str, tuple[str, str]] = {}  # leases this daemon renews: id -> (carton, holder)
         self.puller = puller
         self.leases = leases
         self.metrics = metrics
         self.models: dict[str, LoadedModel] = {}
         self._flights = SingleFlight()
         self._gc_lock = asyncio.Lock()
-        self._db_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cartonstore-db")
-        self._queue: list[tuple[Any, asyncio.Future]] = []
-        self._draining = False
-        self._shared_store_lock = HeldLock(store.lock(shared=True))
-        # The fast way for the same operations, on the loop itself (see _batch).
-        self._immediate = ImmediateWriter(store.layout.index_db)
-        self._immediate_store_lock = HeldLock(store.lock(shared=True))  # its own fd: flocks belong to one
-        self._checkpointing = False
+        self._commits = GroupCommit(store)
         self.ready = True
 
     # -- materializing ---------------------------------------------------------
@@ -162,80 +173,10 @@ class ModelService:
         return Granted(self.store.index.insert_lease(conn, digest, ttl, holder, lease_id), path)
 
     async def _batch(self, op):  # noqa: ANN001, ANN202
-        """Run a small index operation (a few rows, a stat) in a group
-        commit: every operation queued meanwhile shares one transaction.
-
-        The group runs right here on the loop when that needs no wait: the
-        shared store lock and SQLite's write lock are both free (tried, never
-        waited for); one commit then costs less than the two thread hops it
-        spares. Otherwise it goes to the database thread, which waits as
-        long as it must while the loop goes on."""
-        loop = asyncio.get_running_loop()
-        fut = loop.create_future()
-        self._queue.append((op, fut))
-        if not self._draining:
-            self._draining = True
-            loop.call_soon(self._flush)  # after every handler ready to run has queued its operation
-        result = await fut
-        if isinstance(result, CartonStoreError):
-            raise result
-        return result
-
-    def _flush(self) -> None:
-        batch, self._queue = self._queue, []
-        results: object = WOULD_WAIT
-        # While the database thread checkpoints, writes queue behind it there:
-        # a checkpoint that writers keep overtaking never lets the WAL restart
-        # from its beginning, and the file grows without end.
-        if not self._checkpointing and self._immediate_store_lock.try_acquire():
-            try:
-                results = self._immediate.try_run([op for op, _ in batch])
-            except Exception as e:  # noqa: BLE001 - a bug: handed to every waiter
-                results = [e] * len(batch)
-            finally:
-                self._immediate_store_lock.release()
-        if results is WOULD_WAIT:
-            self._queue = batch + self._queue
-            asyncio.ensure_future(self._drain())
-            return
-        self._draining = False
-        _deliver(batch, results)
-        if self._immediate.checkpoint_due and not self._checkpointing:
-            self._checkpointing = True
-            asyncio.ensure_future(self._checkpoint())
-
-    async def _drain(self) -> None:
-        """The patient way: batches on the database thread until none is left."""
-        loop = asyncio.get_running_loop()
-        try:
-            while self._queue:
-                batch, self._queue = self._queue, []
-                try:
-                    results = await loop.run_in_executor(self._db_thread, self._run_batch, [op for op, _ in batch])
-                except BaseException as e:  # noqa: BLE001 - handed to every waiter
-                    results = [e] * len(batch)
-                _deliver(batch, results)
-        finally:
-            self._draining = False
-
-    async def _checkpoint(self) -> None:
-        """The WAL the loop's writes grew, copied back off the loop."""
-        try:
-            await self._db(self.store.index.checkpoint)
-            self._immediate.checkpointed()
-        except CartonStoreError as e:
-            log.warning("%s", e)
-        finally:
-            self._checkpointing = False
-
-    def _run_batch(self, ops: list) -> list:
-        with self._shared_store_lock:  # a collection sees all of these leases or none
-            return self.store.index.run_batch(ops)
+        return await self._commits.run(op)
 
     async def _db(self, fn, *args):  # noqa: ANN001, ANN002, ANN202
-        """Index work on the daemon's one database thread: SQLite serializes
-        writers anyway, and one thread spares the hand-offs between many."""
-        return await asyncio.get_running_loop().run_in_executor(self._db_thread, fn, *args)
+        return await self._commits.on_db_thread(fn, *args)
 
     async def renew_lease(self, lease_id: str, ttl: float) -> Granted:
         row = await self._batch(lambda conn: self.store.index.extend_lease(conn, lease_id, ttl))
@@ -250,20 +191,83 @@ class ModelService:
     # -- Triton repository ---------------------------------------------------------
 
     async def load(self, name: str, params: dict[str, Any]) -> LoadedModel:
-        model = self.models.get(name) or LoadedModel(name)
-        model.state, model.reason = LOADING, ""
-        self.models[name] = model
+        """Fetch, materialize, pin, start the runners, then READY. Loads of
+        one name queue behind each other (two concurrent loads start one
+        runner). Loading another version of a loaded name starts the new
+        runners, switches traffic, then stops the old ones; if the new
+        version fails, the old one keeps serving."""
+        lock = self._load_locks.setdefault(name, asyncio.Lock())
+        async with lock:
+            return await self._load_locked(name, params)
+
+    async def _load_locked(self, name: str, params: dict[str, Any]) -> LoadedModel:
+        previous = self.models.get(name)
+        serving = previous if previous is not None and previous.state == READY else None
+        model = LoadedModel(name)
+        if serving is None:
+            self.models[name] = model
+        named_before = await self._batch(lambda conn: carton_named(conn, name))
         try:
             model.config = parse_triton_config(params.get("config"))
+            instance_devices(model.config, self.runner_host.config.devices)  # a bad config fails before any work
             ref = await self._load_source(name, params)
-            granted = await self.take_lease(ref, self.leases.pin_ttl, f"loaded:{name}", pin_id(name))
-            digest = granted.lease.carton
+            digest = await self._resolve_known(ref)
+            if serving is not None and serving.digest == digest and serving.config == model.config and \
+                    serving.serving_state == READY:
+                serving.reason = _ready_reason(serving)  # drops a "reload failed" left by an earlier load
+                return serving  # already loaded as asked: nothing to restart
+            if serving is not None and serving.digest != digest:  # the old version stays pinned until stopped
+                await self._hold(f"switch:{name}", serving.digest, f"switching:{name}")
+            self._pins[pin_id(name)] = (digest, f"loaded:{name}")  # keep_pins renews the new version from now
+            granted = await self.take_lease(digest, self.leases.pin_ttl, f"loaded:{name}", pin_id(name))
+            model.digest = granted.lease.carton
+            model.carton = await asyncio.to_thread(self.store.config_of, model.digest)
+            model.runners = await self.runner_host.start(name, model.digest, granted.path, model.carton,
+                                                         model.config)
         except BaseException as e:
-            model.state = UNAVAILABLE
-            model.reason = str(e) if isinstance(e, CartonStoreError) else f"load failed: {type(e).__name__}"
+            reason = str(e) if isinstance(e, CartonStoreError) else f"load failed: {type(e).__name__}"
+            log.warning("load of %s failed: %s", name, reason)
+            await self._restore(name, serving, model, reason, named_before)
             raise
-        model.digest, model.state, model.reason = digest, READY, ""
+        model.state = READY
+        model.reason = _ready_reason(model)
+        self.models[name] = model
+        log.info("model %s version %s loaded%s", name, model.digest[:12],
+                 "" if model.runners is not None else " (files only: no runner configured)")
+        if serving is not None:
+            await self.runner_host.stop(serving.runners)
+            await self._let_go(f"switch:{name}")
         return model
+
+    async def _restore(self, name: str, serving: LoadedModel | None, model: LoadedModel, reason: str,
+                       named_before: str | None) -> None:
+        """A failed load: the version that served before goes on serving
+        (its pin restored), else the name is UNAVAILABLE with the reason.
+        The name points where it pointed before the load either way."""
+        await self._batch(lambda conn: restore_name(conn, name, named_before))
+        if serving is not None:
+            serving.reason = f"reload failed, still serving this version: {reason}"
+            self.models[name] = serving
+            await self._hold(pin_id(name), serving.digest, f"loaded:{name}")
+            await self._let_go(f"switch:{name}")
+            return
+        model.state, model.reason = UNAVAILABLE, reason
+        self.models[name] = model
+        await self._let_go(pin_id(name))
+
+    async def _hold(self, lease_id: str, digest: str, holder: str) -> None:
+        """A lease this daemon owns and renews (pins, switches) until _let_go."""
+        self._pins[lease_id] = (digest, holder)
+        ttl = self.leases.pin_ttl
+        await self._batch(lambda conn: self.store.index.insert_lease(conn, digest, ttl, holder, lease_id))
+
+    async def _let_go(self, lease_id: str) -> None:
+        self._pins.pop(lease_id, None)
+        await self._batch(lambda conn: self.store.index.drop_lease(conn, lease_id))
+
+    async def _resolve_known(self, ref: str) -> str:
+        digest = await self._batch(lambda conn: _resolve_on(conn, ref))
+        return digest if digest is not None else await asyncio.to_thread(self.store.resolve, ref)
 
     async def _load_source(self, name: str, params: dict[str, Any]) -> str:
         files = {k[len("file:"):]: v for k, v in params.items() if k.startswith("file:")}
@@ -272,10 +276,15 @@ class ModelService:
             raise InvalidInput(f"parameter 'source' must be a string (a URL or a path), got {type(source).__name__}")
         if files and source:
             raise InvalidInput("give either 'source' or 'file:' parameters, not both")
+        if files or source:
+            # This load names a carton; the daemon moving its own loaded
+            # name is a version switch, so it is forced (leases stay valid).
+            validate_name(name)
         if files:
             return await self._add_uploaded(name, files)
         if source:
-            result = await self._flights.run(f"add:{source}", lambda: self.puller.add(source, name=name))
+            result = await self._flights.run(f"add:{source}:{name}",
+                                             lambda: self.puller.add(source, name=name, force=True))
             self.metrics.dedup_saved_bytes.inc(result.bytes_reused)
             return result.digest
         if not await self._known(name):
@@ -295,7 +304,7 @@ class ModelService:
         an unpacked carton."""
         work = tmp_name(self.store.layout.tmp_dir, "upload")
         try:
-            decoded = {k: _b64(k, v) for k, v in files.items()}
+            decoded = {k: b64_parameter(k, v) for k, v in files.items()}
             cartons = [k for k in decoded if k.endswith(".carton")]
             work.mkdir()
             if len(decoded) == 1 and cartons:
@@ -303,8 +312,8 @@ class ModelService:
                 await asyncio.to_thread(target.write_bytes, decoded[cartons[0]])
             else:
                 target = work / "carton"
-                await asyncio.to_thread(_write_tree, target, decoded)
-            result = await self.puller.add(str(target), name=name)
+                await asyncio.to_thread(write_tree, target, decoded)
+            result = await self.puller.add(str(target), name=name, force=True)
             self.metrics.dedup_saved_bytes.inc(result.bytes_reused)
             return result.digest
         finally:
@@ -315,12 +324,20 @@ class ModelService:
         never_loaded = model is None or model.digest is None
         if never_loaded and not await self._known(name):
             raise NotFound(f"unknown model {name!r}", subject=name)
-        await self._batch(lambda conn: self.store.index.drop_lease(conn, pin_id(name)))
-        self.models[name] = LoadedModel(name, model.digest if model else None, UNAVAILABLE, "unloaded")
+        lock = self._load_locks.setdefault(name, asyncio.Lock())
+        async with lock:  # after a load in progress; runners stop before the pin goes
+            model = self.models.get(name)
+            if model is not None:
+                model.state, model.reason = UNAVAILABLE, "unloading"
+                await self.runner_host.stop(model.runners)
+            await self._let_go(pin_id(name))
+            self.models[name] = LoadedModel(name, model.digest if model else None, UNAVAILABLE, "unloaded")
+            log.info("model %s unloaded", name)
 
     async def index(self, ready_only: bool) -> list[dict[str, str]]:
         rows = dict(await asyncio.to_thread(self._stored_names))
-        out = {n: {"name": n, "version": d, "state": UNAVAILABLE, "reason": "not loaded"} for n, d in rows.items()}
+        out: dict[str, dict[str, Any]] = {n: {"name": n, "version": d, "state": UNAVAILABLE, "reason": "not loaded"}
+                                          for n, d in rows.items()}
         for name, model in self.models.items():
             out[name] = model.as_index_row()
         listed = sorted(out.values(), key=lambda r: r["name"])
@@ -331,7 +348,7 @@ class ModelService:
 
     def loaded(self, name: str, version: str | None) -> LoadedModel | None:
         model = self.models.get(name)
-        if model is None or model.state != READY:
+        if model is None or model.serving_state != READY:
             return None
         if version is not None and version != model.digest:
             return None
@@ -351,20 +368,26 @@ class ModelService:
     # -- background ------------------------------------------------------------------
 
     async def keep_pins(self) -> None:
-        """Renew the pins of loaded models and drop expired leases, forever."""
+        """Renew the leases this daemon owns (pins of loaded models, the old
+        version's during a switch) and drop expired leases, forever. A
+        renewal writes only what _pins still says, checked in the group
+        commit itself, so it never brings back a pin an unload dropped nor
+        points one at another version."""
         while True:
             await asyncio.sleep(max(1.0, self.leases.pin_ttl / 3))
-            for name, model in list(self.models.items()):
-                if model.state == READY and model.digest:
-                    try:
-                        await asyncio.to_thread(self.store.index.create_lease, model.digest, self.leases.pin_ttl,
-                                                f"loaded:{name}", pin_id(name))
-                    except CartonStoreError as e:
-                        log.warning("could not renew the pin of %s: %s", name, e)
+            for lease_id, (digest, holder) in list(self._pins.items()):
+                try:
+                    await self._batch(lambda conn, i=lease_id, d=digest, h=holder: self._renew_owned(conn, i, d, h))
+                except CartonStoreError as e:
+                    log.warning("could not renew lease %s: %s", lease_id, e)
             try:
                 await asyncio.to_thread(self.store.index.expire_leases)
             except CartonStoreError as e:
                 log.warning("could not expire leases: %s", e)
+
+    def _renew_owned(self, conn, lease_id: str, digest: str, holder: str) -> None:  # noqa: ANN001
+        if self._pins.get(lease_id, (None, None))[0] == digest:
+            self.store.index.insert_lease(conn, digest, self.leases.pin_ttl, holder, lease_id)
 
     async def collect(self, policy: GcPolicy) -> GcReport:
         """One collection at a time per daemon, in a child process (see
@@ -388,21 +411,26 @@ class ModelService:
                 log.warning("gc failed: %s", e)
 
     async def shutdown(self) -> None:
-        """Pins of this daemon's loaded models lapse now rather than at expiry."""
+        """Runners stop; pins of this daemon's loaded models lapse now
+        rather than at expiry."""
         self.ready = False
-        for name, model in self.models.items():
-            if model.state == READY:
-                await self._db(self.store.index.delete_lease, pin_id(name))
-        self._db_thread.shutdown(wait=True)
-        self._shared_store_lock.close()
-        self._immediate_store_lock.close()
-        self._immediate.close()
+        await self.runner_host.stop_all()
+        for lease_id in list(self._pins):
+            await self._db(self.store.index.delete_lease, lease_id)
+            self._pins.pop(lease_id, None)
+        self._commits.close()
 
     def live_values(self) -> dict[str, float]:
         stats = self.puller.stats
         return {"store_bytes": self.store.index.stored_bytes(), "leases": self.store.index.count_live_leases(),
-                "loaded_models": sum(1 for m in self.models.values() if m.state == READY),
+                "loaded_models": sum(1 for m in tuple(self.models.values()) if m.state == READY),  # see statuses()
+                "runners": self.runner_host.statuses(),
                 "fetched_bytes": stats.bytes_received, "fetch_requests": stats.requests}
+
+
+def _ready_reason(model: LoadedModel) -> str:
+    """What the index says of a READY model: nothing, or that it runs no runner."""
+    return "" if model.runners is not None else files_only_note(model.carton.runner.runner_name)
 
 
 def _resolve_on(conn, ref: str) -> str | None:  # noqa: ANN001
@@ -411,60 +439,9 @@ def _resolve_on(conn, ref: str) -> str | None:  # noqa: ANN001
     ref = ref.strip()
     if is_sha256(ref):
         return ref if conn.execute("SELECT 1 FROM cartons WHERE digest=?", (ref,)).fetchone() else None
-    row = conn.execute("SELECT carton FROM names WHERE name=?", (ref,)).fetchone()
-    return row[0] if row else None
-
-
-def _deliver(batch: list[tuple[Any, asyncio.Future]], results: list) -> None:
-    for (_op, fut), result in zip(batch, results, strict=True):
-        if fut.done():
-            continue  # its request was cancelled (client gone)
-        if isinstance(result, BaseException) and not isinstance(result, CartonStoreError):
-            fut.set_exception(result)
-        else:
-            fut.set_result(result)
+    return carton_named(conn, ref)
 
 
 def tensor_metadata(specs) -> list[dict[str, Any]]:  # noqa: ANN001
     return [{"name": s.name, "datatype": carton_dtype_to_v2(s.dtype), "shape": shape_to_v2_dims(s.shape)}
             for s in specs or ()]
-
-
-def parse_triton_config(value: Any) -> dict | None:
-    if value is None:
-        return None
-    if not isinstance(value, str):
-        raise InvalidInput(f"parameter 'config' must be a JSON string, got {type(value).__name__}")
-    try:
-        parsed = json.loads(value)
-    except json.JSONDecodeError as e:
-        raise InvalidInput(f"parameter 'config' is not valid JSON: {e}") from None
-    if not isinstance(parsed, dict):
-        raise InvalidInput("parameter 'config' must be a JSON object (a Triton ModelConfig)")
-    return parsed
-
-
-def _b64(key: str, value: Any) -> bytes:
-    if not isinstance(value, str):
-        raise InvalidInput(f"parameter 'file:{key}' must be a base64 string, got {type(value).__name__}")
-    try:
-        return base64.b64decode(value, validate=True)
-    except (binascii.Error, ValueError):
-        raise InvalidInput(f"parameter 'file:{key}' is not valid base64") from None
-
-
-def _write_tree(root: Path, files: dict[str, bytes]) -> None:
-    """Files of an unpacked carton named file:<version>/<path>; paths are
-    checked so an upload can never write outside its directory."""
-    for key, data in files.items():
-        _version, _, rel = key.partition("/")
-        if not rel:
-            raise InvalidInput(f"parameter 'file:{key}' must be named file:<version>/<path>")
-        validate_carton_path(rel)
-        target = root / rel
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_bytes(data)
-    if not (root / "carton.toml").exists():
-        shutil.rmtree(root, ignore_errors=True)
-        raise InvalidInput("the uploaded files are not a carton: give one file:<v>/<name>.carton, "
-                           "or the files of an unpacked carton including carton.toml")

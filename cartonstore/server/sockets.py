@@ -34,7 +34,8 @@ def inherited_sockets(env: dict[str, str] | None = None) -> list[socket.socket]:
     return socks
 
 
-def _is_live(path: Path) -> bool:
+def is_live_socket(path: Path) -> bool:
+    """Whether a process accepts connections on the Unix socket at path."""
     probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     probe.settimeout(1.0)
     try:
@@ -59,7 +60,7 @@ def bind_unix(path: Path, *, mode: int = 0o660, group: str | None = None) -> soc
     if os.path.lexists(path):
         if not stat.S_ISSOCK(os.lstat(path).st_mode):
             raise InvalidInput(f"{path} exists and is not a socket; refusing to replace it", subject=str(path))
-        if _is_live(path):
+        if is_live_socket(path):
             raise Conflict(f"another daemon is already serving {path}", subject=str(path))
         path.unlink()
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

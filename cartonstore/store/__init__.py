@@ -1,5 +1,6 @@
 """The content-addressed store: blobs, index, materialized models."""
 
-from .store import CartonInfo, RemoveResult, Store, VerifyReport, validate_name
+from .names import validate_name
+from .store import CartonInfo, RemoveResult, Store, VerifyReport
 
 __all__ = ["CartonInfo", "RemoveResult", "Store", "VerifyReport", "validate_name"]

@@ -25,6 +25,7 @@ import sqlite_utils
 
 from ..entry import EntryRow
 from ..errors import CartonStoreError, NotFound, Unavailable
+from .names import NameOutcome, assign_name
 
 T = TypeVar("T")
 SCHEMA_VERSION = 1
@@ -178,6 +179,11 @@ class Index:
                 _rollback(conn)
                 raise
 
+    def read(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """fn(conn) outside a write transaction (plain reads)."""
+        with self._lock:
+            return fn(self.db.conn)
+
     def _rows(self, sql: str, params: Sequence | dict = ()) -> list[tuple]:
         with self._lock:
             return self.db.conn.execute(sql, params).fetchall()
@@ -214,9 +220,11 @@ class Index:
 
     # -- cartons -----------------------------------------------------------
 
-    def record_carton(self, rec: CartonRecord, *, blobs: Iterable[tuple[str, int]], name: str | None) -> None:
+    def record_carton(self, rec: CartonRecord, *, blobs: Iterable[tuple[str, int]], name: str | None,
+                      default_name: str | None = None, force: bool = False) -> NameOutcome:
         """Make a carton known in one transaction: its row, entries, links,
-        the blobs just committed, and its name."""
+        the blobs just committed, and its name (see names.assign_name: an
+        explicit name may move, a default one only takes a free name)."""
         r = rec.row
         with self.transaction() as conn:
             self.add_blobs(conn, blobs)
@@ -236,8 +244,7 @@ class Index:
                                     (digest,)).fetchone()[0]
                 conn.executemany("INSERT OR IGNORE INTO links VALUES (?,?,?)",
                                  [(digest, u, base + i) for i, u in enumerate(urls)])
-            if name:
-                conn.execute("INSERT OR REPLACE INTO names VALUES (?,?,?)", (name, r.digest, time.time()))
+            return assign_name(conn, r.digest, explicit=name, default=default_name, force=force)
 
     def carton(self, digest: str) -> CartonRow | None:
         rows = self._rows("SELECT * FROM cartons WHERE digest=?", (digest,))

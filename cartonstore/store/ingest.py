@@ -20,6 +20,7 @@ from ..errors import IntegrityError, InvalidCarton
 from ..sources.view import CartonView
 from .blobs import BlobStore, StagedBlob
 from .index import CartonRecord, CartonRow, Index
+from .names import NameOutcome, default_name
 
 
 @dataclass(frozen=True)
@@ -30,6 +31,7 @@ class IngestResult:
     blobs_added: int
     bytes_added: int
     bytes_reused: int
+    naming: NameOutcome | None = None
 
 
 class Staging:
@@ -113,7 +115,7 @@ def check_staged_safetensors(checked: CheckedCarton, staging: Staging) -> None:
 
 
 def commit_carton(checked: CheckedCarton, staging: Staging, index: Index, blobs: BlobStore,
-                  *, name: str | None, source: str | None) -> IngestResult:
+                  *, name: str | None, source: str | None, force: bool = False) -> IngestResult:
     """Rename staged blobs into place, then record the carton. The caller
     holds the store lock so a collection cannot interleave."""
     fresh: dict[str, int] = {}
@@ -129,9 +131,10 @@ def commit_carton(checked: CheckedCarton, staging: Staging, index: Index, blobs:
                                                          for e in checked.entries) else None
     row = CartonRow(checked.digest, checked.config.model_name, checked.config.runner.runner_name,
                     len(checked.entries), total, source, now, now)
-    index.record_carton(CartonRecord(row, checked.entries, checked.links), blobs=present, name=name)
+    naming = index.record_carton(CartonRecord(row, checked.entries, checked.links), blobs=present, name=name,
+                                 default_name=default_name(checked.config.model_name), force=force)
     present_set = {d for d, _ in present}
     complete = all(e.digest in present_set for e in checked.entries)
     added = sum(fresh.values())
     reused = sum(sizes.get(d, 0) for d in {e.digest for e in checked.entries} if d not in fresh)
-    return IngestResult(checked.digest, name, complete, len(fresh), added, reused)
+    return IngestResult(checked.digest, naming.name, complete, len(fresh), added, reused, naming)

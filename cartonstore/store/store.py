@@ -46,6 +46,14 @@ from .ingest import IngestResult, Staging, commit_carton, stage_carton
 from .layout import StoreLayout
 from .locks import FileLock
 from .materialize import build_tree, check_tree, plan_tree, remove_tree
+from .names import (
+    MIN_PREFIX,
+    NameOutcome,
+    assign_name,
+    check_move,
+    default_name,
+    validate_name,
+)
 from .owner import tmp_name
 
 # gc holds the store lock for about this long at a time (leases wait on it),
@@ -53,9 +61,7 @@ from .owner import tmp_name
 GC_TURN_SECONDS = 0.002
 GC_CHUNK = 16
 
-MIN_PREFIX = 8
 _HEX = re.compile(r"^[0-9a-f]+$")
-_BAD_NAME = re.compile(r"[\x00-\x1f\x7f]")
 
 
 @dataclass(frozen=True)
@@ -106,15 +112,6 @@ def _fill_report(report: GcReport, plan: GcPlan, snap: Snapshot) -> None:
                                 - sum(snap.blobs[d][0] for d in plan.unreferenced))
 
 
-def validate_name(name: str) -> str:
-    if not name or len(name) > 255 or _BAD_NAME.search(name) or name != name.strip():
-        raise InvalidInput(f"invalid name {name!r}: names are 1-255 characters, without control "
-                           "characters or leading/trailing spaces")
-    if len(name) >= MIN_PREFIX and _HEX.match(name):
-        raise InvalidInput(f"invalid name {name!r}: it would read as a manifest hash prefix")
-    return name
-
-
 class Store:
     def __init__(self, root: Path | str, *, zip_limits: ZipLimits | None = None) -> None:
         self.zip_limits = zip_limits or ZipLimits()
@@ -144,15 +141,19 @@ class Store:
 
     # -- adding --------------------------------------------------------------
 
-    def add(self, source: str | Path, *, name: str | None = None, source_label: str | None = None) -> IngestResult:
+    def add(self, source: str | Path, *, name: str | None = None, source_label: str | None = None,
+            force: bool = False) -> IngestResult:
         """Ingest a local .carton file or carton directory. Returns once the
         carton is known; raises InvalidCarton (store unchanged) when it is bad.
+        An explicit name may move from another carton (result.naming says so)
+        unless a daemon has that carton loaded (Conflict, unless force); the
+        carton's model_name only names it when that name is free.
         URLs are the fetcher's (cartonstore.fetch.Puller)."""
         text = str(source)
         if "://" in text:
             raise InvalidInput(f"cannot add {text!r} here: URLs are fetched by cartonstore.fetch.Puller "
                                "(the CLI does this for you)", subject=text)
-        if name is not None:
+        if name is not None:  # before any work; whether it may move is known at commit
             validate_name(name)
         view = open_local(Path(source), self.zip_limits)
         try:
@@ -163,18 +164,23 @@ class Store:
             staging = stage_carton(checked, view, self.blobs)
         finally:
             view.close()
-        return self.commit_checked(checked, staging, name=name, source=source_label or os.path.abspath(text))
+        return self.commit_checked(checked, staging, name=name, source=source_label or os.path.abspath(text),
+                                   force=force)
+
+    def name_carton(self, digest: str, name: str | None, *, force: bool = False) -> NameOutcome:
+        """Name a carton already known (its model_name when name is None),
+        by the rules of add."""
+        if name is not None:
+            validate_name(name)
+        row = self.index.carton(digest)
+        default = default_name(row.model_name) if row is not None else None
+        with self.lock(), self.index.transaction() as conn:
+            return assign_name(conn, digest, explicit=name, default=default, force=force)
 
     def commit_checked(self, checked: CheckedCarton, staging: Staging, *, name: str | None,
-                       source: str | None) -> IngestResult:
+                       source: str | None, force: bool = False) -> IngestResult:
         """Commit a validated carton and its staged blobs (always discards
         what is left of the staging)."""
-        chosen = name or checked.config.model_name
-        if chosen is not None and name is None:
-            try:
-                validate_name(chosen)
-            except InvalidInput:
-                chosen = None  # a model_name that cannot be a name just stays unnamed
         stale = None
         try:
             with self.lock():
@@ -182,7 +188,10 @@ class Store:
                     # A model directory of a carton the index does not know is a
                     # leftover (of a crash in rm or an older gc): never serve it.
                     stale = self._take_model_away(checked.digest)
-                return commit_carton(checked, staging, self.index, self.blobs, name=chosen, source=source)
+                if name is not None:  # before any blob moves: a refusal leaves the store as it was
+                    self.index.read(lambda conn: check_move(conn, name, checked.digest, force=force))
+                return commit_carton(checked, staging, self.index, self.blobs, name=name, source=source,
+                                     force=force)
         finally:
             staging.discard()
             if stale is not None:

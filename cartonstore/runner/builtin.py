@@ -1,0 +1,42 @@
+"""The runners that ship with cartonstore, as the daemon sees them: the
+command that starts each, and the framework version each provides (checked
+against a carton's required_framework_version before anything starts).
+
+The version probes read package metadata only: importing torch or
+onnxruntime in the daemon would cost seconds and hundreds of MiB.
+"""
+
+from __future__ import annotations
+
+import platform
+import sys
+from importlib import metadata
+from typing import Callable
+
+
+def _argv(kind: str) -> list[str]:
+    return [sys.executable, "-m", f"cartonstore.runner.{kind}", "--model-dir", "{model_dir}", "--socket", "{socket}",
+            "--name", "{name}", "--version", "{version}", "--opts", "{opts}", "--devices", "{devices}"]
+
+
+# Carton runner_name -> argv template ({placeholders} filled by the daemon).
+BUILTIN_RUNNERS: dict[str, list[str]] = {kind: _argv(kind) for kind in ("python", "onnx", "torchscript")}
+
+
+def _package_version(distribution: str) -> Callable[[], str]:
+    def probe() -> str:
+        # PackageNotFoundError propagates: the daemon reports the runner as
+        # unusable here, naming the missing package.
+        return metadata.version(distribution)
+
+    probe.__name__ = f"{distribution}_version"
+    return probe
+
+
+# Carton runner_name -> a function returning the framework version that
+# runner provides (raises when the framework is not installed).
+FRAMEWORK_VERSION_PROBES: dict[str, Callable[[], str]] = {
+    "python": platform.python_version,
+    "onnx": _package_version("onnxruntime"),
+    "torchscript": _package_version("torch"),
+}

@@ -1,0 +1,113 @@
+"""One infer request inside a runner, without the HTTP: decode the body
+into numpy arrays (cartonstore.v2.framing does the wire format), call the
+model, pick the requested outputs, encode the response.
+
+Errors are split by whose fault they are: InvalidInput is the request's
+(400), ModelFailed the model's (500).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+import traceback
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from cartonstore.errors import InvalidInput
+from cartonstore.runner.context import InferResult, Model, RunnerContext
+from cartonstore.runner.stats import InferStats
+from cartonstore.v2.framing import (
+    InferRequest,
+    encode_infer_response,
+    parse_infer_request,
+    tensor_to_numpy,
+)
+from cartonstore.v2.validate import parse_raw_binary_for, validate_request
+
+BodyParts = list[bytes | memoryview]
+
+
+class ModelFailed(Exception):
+    """The model raised, or returned something that cannot be sent back."""
+
+
+def decode_request(
+    body: memoryview, header_length: int | None, ctx: RunnerContext
+) -> tuple[InferRequest, dict[str, np.ndarray]]:
+    """The parsed request and its inputs as numpy arrays (binary numeric
+    inputs are views of ``body``, not copies)."""
+    if header_length == 0:
+        req = parse_raw_binary_for(body, ctx.inputs)
+    else:
+        req = parse_infer_request(body, header_length)
+    # The structural checks (duplicates, data that fills its shape, known
+    # outputs); datatypes and shapes are the model's to refuse, as with any
+    # v2 server: the daemon checks those against carton.toml before forwarding.
+    validate_request(req, None, ctx.outputs)
+    return req, {tensor.name: tensor_to_numpy(tensor) for tensor in req.inputs}
+
+
+def run_and_encode(
+    model: Model,
+    ctx: RunnerContext,
+    req: InferRequest,
+    inputs: dict[str, np.ndarray],
+    stats: InferStats,
+    queued_ns: int,
+) -> tuple[BodyParts, int | None]:
+    """Call the model and encode its answer (runs in a worker thread:
+    encoding JSON or BYTES outputs is CPU work too)."""
+    started = time.monotonic_ns()
+    try:
+        result = model.infer(inputs, dict(req.parameters))
+    except Exception as exc:
+        traceback.print_exc(file=sys.stderr)
+        raise ModelFailed(f"{type(exc).__name__}: {exc}") from None
+    finally:
+        stats.record_execution(started - queued_ns, time.monotonic_ns() - started)
+    outputs, parameters = _split_result(result)
+    selected = _select_outputs(outputs, req)
+    try:
+        return encode_infer_response(
+            model_name=ctx.name,
+            model_version=ctx.version,
+            request_id=req.id,
+            outputs=selected,
+            binary=req.wants_binary,
+            parameters=parameters,
+        )
+    except InvalidInput as exc:
+        raise ModelFailed(f"cannot send the model's outputs: {exc.message}") from None
+
+
+def _split_result(result: Any) -> tuple[Mapping[str, Any], dict[str, Any]]:
+    if isinstance(result, InferResult):
+        outputs, parameters = result.outputs, dict(result.parameters)
+    else:
+        outputs, parameters = result, {}
+    if not isinstance(outputs, Mapping):
+        raise ModelFailed(f"the model returned {type(outputs).__name__}, not a dict of output name to tensor")
+    for name in outputs:
+        if not isinstance(name, str):
+            raise ModelFailed(f"the model returned an output named {name!r}; output names must be strings")
+    return outputs, parameters
+
+
+def _select_outputs(outputs: Mapping[str, Any], req: InferRequest) -> dict[str, np.ndarray]:
+    """The requested outputs (all when none is named), as arrays."""
+    names = list(outputs) if req.outputs is None else [o.name for o in req.outputs]
+    selected: dict[str, np.ndarray] = {}
+    for name in names:
+        if name not in outputs:
+            raise ModelFailed(
+                f"the model returned no output {name!r} (it returned: {', '.join(outputs) or 'nothing'})"
+            )
+        value = outputs[name]
+        try:
+            selected[name] = value if isinstance(value, np.ndarray) else np.asarray(value)
+        except Exception as exc:  # noqa: BLE001 - any odd object the model returned
+            raise ModelFailed(f"output {name!r} is not a tensor: {type(exc).__name__}: {exc}") from None
+    return selected

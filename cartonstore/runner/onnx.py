@@ -1,0 +1,78 @@
+"""The built-in `onnx` runner: an onnxruntime InferenceSession.
+
+The model is model/model.onnx, or the file [runner.opts] model_file names
+(relative to model/). Carton input names are the ONNX graph's input names.
+On a "cuda:N" device the CUDA execution provider is used when this
+onnxruntime has it, else the CPU. Opts intra_op_num_threads and
+inter_op_num_threads size onnxruntime's thread pools.
+
+Run as: python -m cartonstore.runner.onnx --model-dir ... --socket ...
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import numpy as np
+
+from cartonstore.runner.context import LoadError, RunnerContext, cuda_ordinal
+from cartonstore.runner.serving import main
+
+
+def _providers(ort: Any, ctx: RunnerContext) -> list[Any]:
+    device = ctx.cuda_device()
+    if device is None:
+        return ["CPUExecutionProvider"]
+    if "CUDAExecutionProvider" not in ort.get_available_providers():
+        print(f"cartonstore onnx runner: {device} asked for, but this onnxruntime has no "
+              "CUDAExecutionProvider; running on the CPU", file=sys.stderr)
+        return ["CPUExecutionProvider"]
+    return [("CUDAExecutionProvider", {"device_id": cuda_ordinal(device)}), "CPUExecutionProvider"]
+
+
+class OnnxModel:
+    def __init__(self, session: Any) -> None:
+        self._session = session
+        self._output_names = [o.name for o in session.get_outputs()]
+        # ONNX string tensors are numpy arrays of str; BYTES arrive as bytes.
+        self._string_inputs = {i.name for i in session.get_inputs() if i.type == "tensor(string)"}
+
+    def infer(self, inputs: dict[str, np.ndarray], parameters: dict[str, Any]) -> dict[str, np.ndarray]:
+        feed = {
+            name: _as_strings(array) if name in self._string_inputs else array
+            for name, array in inputs.items()
+        }
+        results = self._session.run(self._output_names, feed)
+        return dict(zip(self._output_names, results))
+
+
+def _as_strings(array: np.ndarray) -> np.ndarray:
+    if array.dtype != object:
+        return array
+    flat = [e.decode("utf-8") if isinstance(e, bytes) else e for e in array.reshape(-1).tolist()]
+    return np.array(flat, dtype=object).reshape(array.shape)
+
+
+def load(ctx: RunnerContext) -> OnnxModel:
+    try:
+        import onnxruntime as ort
+    except ImportError as exc:
+        raise LoadError(f"onnxruntime is not installed in the runner's python ({sys.executable}): {exc}") from None
+    path = ctx.model_file("model.onnx")
+    options = ort.SessionOptions()
+    intra = ctx.opt_int("intra_op_num_threads")
+    inter = ctx.opt_int("inter_op_num_threads")
+    if intra is not None:
+        options.intra_op_num_threads = intra
+    if inter is not None:
+        options.inter_op_num_threads = inter
+    try:
+        session = ort.InferenceSession(str(path), sess_options=options, providers=_providers(ort, ctx))
+    except Exception as exc:  # noqa: BLE001 - onnxruntime raises its own exception types
+        raise LoadError(f"onnxruntime cannot load {path.name}: {type(exc).__name__}: {exc}") from None
+    return OnnxModel(session)
+
+
+if __name__ == "__main__":
+    main(load)

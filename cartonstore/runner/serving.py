@@ -1,0 +1,118 @@
+"""main() and serve(): load a model, listen on the Unix socket, stop
+gracefully on SIGTERM (finish what is in flight, then exit 0)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import stat
+import sys
+from pathlib import Path
+from typing import Callable
+
+from aiohttp import web
+
+from cartonstore.runner.args import parse_runner_args
+from cartonstore.runner.context import LoadError, Model, RunnerContext
+from cartonstore.runner.rest import RunnerState, build_app
+from cartonstore.runner.lifecycle import describe_load_exception, die_with_parent, fail_load
+
+# sun_path holds 108 bytes including the terminating NUL.
+_SOCKET_PATH_MAX = 107
+
+
+def bind_unix_socket(path: Path) -> socket.socket:
+    """A stream socket bound at ``path`` with mode 0600 (not yet listening,
+    so nobody can connect before the mode is set). A stale socket file is
+    replaced; any other file there is refused."""
+    encoded = os.fsencode(path)
+    if len(encoded) > _SOCKET_PATH_MAX:
+        raise LoadError(
+            f"socket path {path} is {len(encoded)} bytes, over the {_SOCKET_PATH_MAX}-byte limit of Unix sockets"
+        )
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        pass
+    else:
+        if not stat.S_ISSOCK(mode):
+            raise LoadError(f"socket path {path} exists and is not a socket")
+        os.unlink(path)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.bind(encoded)
+        os.chmod(path, 0o600)
+    except OSError as exc:
+        sock.close()
+        raise LoadError(f"cannot listen on {path}: {exc.strerror or exc}") from None
+    return sock
+
+
+async def _serve(model: Model, ctx: RunnerContext, max_concurrency: int) -> None:
+    state = RunnerState(model, ctx, max_concurrency)
+    runner = web.AppRunner(build_app(state), handle_signals=False, access_log=None)
+    await runner.setup()
+    try:
+        sock = bind_unix_socket(ctx.socket_path)
+        site = web.SockSite(runner, sock)
+        await site.start()
+    except BaseException:
+        await runner.cleanup()
+        raise
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    print(f"cartonstore runner: model {ctx.name} version {ctx.version} ready on {ctx.socket_path} "
+          f"(pid {os.getpid()})", file=sys.stderr, flush=True)
+    await stop.wait()
+    # New infers get 503 from here on; the ones in flight finish and are
+    # answered before the socket closes.
+    state.draining = True
+    await state.wait_idle()
+    await runner.cleanup()
+    state.executor.shutdown(wait=True)
+    try:
+        os.unlink(ctx.socket_path)
+    except OSError:
+        pass
+
+
+def serve(model: Model, ctx: RunnerContext) -> None:
+    """Serve ``model`` on ctx.socket_path until SIGTERM or SIGINT, then
+    finish the requests in flight and return. A socket that cannot be
+    bound (or bad serving opts) is a load failure: exit status 3."""
+    try:
+        max_concurrency = ctx.opt_int("max_concurrency", 1, minimum=1)
+        assert max_concurrency is not None
+        asyncio.run(_serve(model, ctx, max_concurrency))
+    except LoadError as exc:
+        fail_load(str(exc))
+
+
+def load_model(load: Callable[[RunnerContext], Model], ctx: RunnerContext) -> Model:
+    """``load(ctx)``, or exit with status 3 and the reason on stderr."""
+    try:
+        model = load(ctx)
+    except SystemExit:
+        raise
+    except BaseException as exc:  # noqa: BLE001 - whatever the loader raised is the reason
+        fail_load(describe_load_exception(exc))
+    if not callable(getattr(model, "infer", None)):
+        fail_load(f"the loader returned {type(model).__name__}, which has no infer(inputs, parameters) method")
+    return model
+
+
+def main(load: Callable[[RunnerContext], Model], argv: list[str] | None = None) -> None:
+    """A runner's whole life: parse the standard argv, die with the parent,
+    load (status 3 on failure), serve until SIGTERM, exit 0."""
+    die_with_parent()
+    prog = None if argv is not None else os.path.basename(sys.argv[0])
+    try:
+        ctx = parse_runner_args(argv, prog=prog)
+    except LoadError as exc:
+        fail_load(str(exc))
+    model = load_model(load, ctx)
+    serve(model, ctx)

@@ -1,0 +1,129 @@
+"""The built-in `torchscript` runner: torch.jit.load and call the module.
+
+The model is model/model.pt, or the file [runner.opts] model_file names
+(relative to model/). As in Carton, forward takes one Dict[str, Tensor];
+a forward with other arguments gets the inputs as keyword arguments by
+name. Outputs: a dict by name; a tuple (or a list of tensors) mapped onto
+the carton's outputs in order; a single tensor as the one output. String
+inputs become str (0-d) or List[str] (1-d), and str / List[str] outputs
+come back as BYTES. Opts num_threads and num_interop_threads size torch's
+thread pools. On "cuda:N" the model runs on that GPU when torch sees one.
+
+Run as: python -m cartonstore.runner.torchscript --model-dir ... --socket ...
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, Callable
+
+import numpy as np
+
+from cartonstore.runner.context import LoadError, RunnerContext, cuda_ordinal
+from cartonstore.runner.serving import main
+
+
+def _device(torch: Any, ctx: RunnerContext) -> str:
+    device = ctx.cuda_device()
+    if device is None:
+        return "cpu"
+    if not torch.cuda.is_available():
+        print(f"cartonstore torchscript runner: {device} asked for, but torch sees no CUDA device; "
+              "running on the CPU", file=sys.stderr)
+        return "cpu"
+    return f"cuda:{cuda_ordinal(device)}"
+
+
+def _caller(module: Any) -> Callable[[dict[str, Any]], Any]:
+    """How to pass the inputs to forward: one dict (Carton's convention)
+    or keyword arguments named like the inputs."""
+    try:
+        arguments = [a for a in module.forward.schema.arguments if a.name != "self"]
+    except AttributeError:
+        return lambda tensors: module(tensors)
+    if len(arguments) == 1 and str(arguments[0].type).startswith("Dict"):
+        return lambda tensors: module(tensors)
+    return lambda tensors: module(**tensors)
+
+
+class TorchScriptModel:
+    def __init__(self, torch: Any, module: Any, device: str, output_names: list[str] | None) -> None:
+        self._torch = torch
+        self._call = _caller(module)
+        self._device = device
+        self._output_names = output_names
+
+    def _to_torch(self, name: str, array: np.ndarray) -> Any:
+        if array.dtype == object:
+            strings = [e.decode("utf-8") if isinstance(e, bytes) else e for e in array.reshape(-1).tolist()]
+            if array.ndim == 0:
+                return strings[0]
+            if array.ndim == 1:
+                return strings
+            raise ValueError(f"input {name!r}: string tensors must have 0 or 1 dimensions, not {array.ndim}")
+        # from_numpy shares memory; it needs an aligned, writable array
+        # (binary inputs are views at arbitrary offsets of the body).
+        array = np.require(array, requirements=["A", "C", "W"])
+        return self._torch.from_numpy(array).to(self._device, non_blocking=True)
+
+    def infer(self, inputs: dict[str, np.ndarray], parameters: dict[str, Any]) -> dict[str, Any]:
+        tensors = {name: self._to_torch(name, array) for name, array in inputs.items()}
+        with self._torch.inference_mode():
+            result = self._call(tensors)
+        return {name: self._to_numpy(name, value) for name, value in self._name_outputs(result).items()}
+
+    def _names(self, count: int) -> list[str]:
+        names = self._output_names or [f"output{i}" for i in range(count)]
+        if len(names) != count:
+            raise ValueError(f"the model returned {count} outputs but the carton declares {len(names)}: {names}")
+        return names
+
+    def _name_outputs(self, result: Any) -> dict[str, Any]:
+        if isinstance(result, dict):
+            return result
+        if isinstance(result, tuple) or (
+            isinstance(result, list) and not all(isinstance(item, str) for item in result)
+        ):
+            return dict(zip(self._names(len(result)), result))
+        return {self._names(1)[0]: result}
+
+    def _to_numpy(self, name: str, value: Any) -> np.ndarray:
+        torch = self._torch
+        if isinstance(value, torch.Tensor):
+            value = value.detach().cpu()
+            if value.dtype == torch.bfloat16:  # numpy has no bfloat16 of its own
+                value = value.float()
+            return value.numpy()
+        if isinstance(value, str):
+            return np.array(value, dtype=object)
+        if isinstance(value, list) and all(isinstance(item, str) for item in value):
+            out = np.empty(len(value), dtype=object)
+            out[:] = value
+            return out
+        raise ValueError(f"output {name!r} is a {type(value).__name__}, not a tensor, str or list of str")
+
+
+def load(ctx: RunnerContext) -> TorchScriptModel:
+    try:
+        import torch
+    except ImportError as exc:
+        raise LoadError(f"torch is not installed in the runner's python ({sys.executable}): {exc}") from None
+    path = ctx.model_file("model.pt")
+    threads = ctx.opt_int("num_threads", minimum=1)
+    interop = ctx.opt_int("num_interop_threads", minimum=1)
+    if threads is not None:
+        torch.set_num_threads(threads)
+    if interop is not None:
+        torch.set_num_interop_threads(interop)
+    device = _device(torch, ctx)
+    try:
+        module = torch.jit.load(str(path), map_location=device)
+    except Exception as exc:  # noqa: BLE001 - torch raises RuntimeError and friends
+        raise LoadError(f"torch.jit.load cannot load {path.name}: {type(exc).__name__}: {exc}") from None
+    module.eval()
+    names = [spec.name for spec in ctx.outputs] if ctx.outputs is not None else None
+    return TorchScriptModel(torch, module, device, names)
+
+
+if __name__ == "__main__":
+    main(load)

@@ -1,0 +1,73 @@
+"""Request bodies as the daemon's handlers read them.
+
+The server does not decode bodies itself (auto_decompress is off in
+daemon.py): a small gzip body could otherwise grow into gigabytes on the
+event loop. request_body() decodes gzip and deflate with the fetcher's
+bounded decoder, up to the request limit, in a thread for big bodies, and
+reads an identity body with a Content-Length into one buffer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from aiohttp import web
+
+from ..errors import FetchError, InvalidInput
+from ..fetch.encoding import ContentDecoder, DecodedTooLarge
+
+IN_THREAD_FROM = 256 * 1024   # smaller bodies: decoding on the loop beats a thread hop
+ENCODINGS = ("gzip", "deflate")
+
+
+async def request_body(request: web.Request) -> bytes | bytearray:
+    """The body, decoded from its Content-Encoding (gzip or deflate). The
+    server does not decode on its own (auto_decompress is off): a small
+    compressed body could otherwise grow into gigabytes on the event loop.
+    Here the decoded size is bounded by the request limit, and big bodies
+    are decoded in a thread."""
+    coding = request.headers.get("Content-Encoding", "identity").strip().lower() or "identity"
+    if coding not in ("identity", *ENCODINGS):
+        raise InvalidInput(f"Content-Encoding {coding!r} is not supported (gzip, deflate or identity)")
+    length = request.content_length
+    raw = await _body_of_length(request, length) if length else await request.read()
+    if coding == "identity":
+        return raw
+    limit = request.client_max_size
+    if len(raw) < IN_THREAD_FROM:
+        return _decoded(raw, coding, limit)
+    return await asyncio.to_thread(_decoded, raw, coding, limit)
+
+
+def _decoded(raw: bytes | bytearray, coding: str, limit: int) -> bytearray:
+    """The fetcher's bounded decoder: it stops a bomb at the limit, in 1 MiB steps."""
+    decoder = ContentDecoder(coding, url="the request body", max_output=limit)
+    out = bytearray()
+    try:
+        for piece in decoder.feed(raw):
+            out += piece
+        decoder.finish()
+    except DecodedTooLarge:
+        raise web.HTTPRequestEntityTooLarge(max_size=limit, actual_size=limit + 1) from None
+    except FetchError as e:
+        raise InvalidInput(f"request body could not be read as {coding} data: {e}") from None
+    return out
+
+
+async def _body_of_length(request: web.Request, length: int) -> bytearray:
+    """A Content-Length body, each received chunk copied once into its place
+    (request.read() copies a tensor three times: into a growing bytearray,
+    when joining chunks, and into bytes)."""
+    if length > request.client_max_size:
+        raise web.HTTPRequestEntityTooLarge(max_size=request.client_max_size, actual_size=length)
+    request.content.set_read_chunk_size(length)   # fewer pause/resume cycles of the socket
+    body = bytearray(length)
+    view = memoryview(body)
+    got = 0
+    while got < length:
+        chunk, _ = await request.content.readchunk()
+        if not chunk:
+            raise InvalidInput(f"request body ended after {got} of its {length} bytes (Content-Length)")
+        view[got:got + len(chunk)] = chunk
+        got += len(chunk)
+    return body

@@ -1,0 +1,127 @@
+"""Group commit for the daemon's small index writes (leases, pins).
+
+Every operation queued while the loop is busy shares one transaction. The
+group runs right on the loop when that needs no wait (the shared store lock
+and SQLite's write lock both free: tried, never waited for); otherwise on
+the daemon's one database thread, which waits as long as it must while the
+loop goes on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from ..errors import CartonStoreError
+from ..store import Store
+from ..store.index import WOULD_WAIT, ImmediateWriter
+from ..store.locks import HeldLock
+
+log = logging.getLogger("cartonstore.server")
+
+
+class GroupCommit:
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self._db_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cartonstore-db")
+        self._queue: list[tuple[Any, asyncio.Future]] = []
+        self._draining = False
+        self._shared_store_lock = HeldLock(store.lock(shared=True))
+        # The fast way for the same operations, on the loop itself (see run).
+        self._immediate = ImmediateWriter(store.layout.index_db)
+        self._immediate_store_lock = HeldLock(store.lock(shared=True))  # its own fd: flocks belong to one
+        self._checkpointing = False
+
+    async def run(self, op):  # noqa: ANN001, ANN202
+        """Run a small index operation (a few rows, a stat) in a group
+        commit: every operation queued meanwhile shares one transaction.
+
+        The group runs right here on the loop when that needs no wait: the
+        shared store lock and SQLite's write lock are both free (tried, never
+        waited for); one commit then costs less than the two thread hops it
+        spares. Otherwise it goes to the database thread, which waits as
+        long as it must while the loop goes on."""
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
+        self._queue.append((op, fut))
+        if not self._draining:
+            self._draining = True
+            loop.call_soon(self._flush)  # after every handler ready to run has queued its operation
+        result = await fut
+        if isinstance(result, CartonStoreError):
+            raise result
+        return result
+
+    def _flush(self) -> None:
+        batch, self._queue = self._queue, []
+        results: object = WOULD_WAIT
+        # While the database thread checkpoints, writes queue behind it there:
+        # a checkpoint that writers keep overtaking never lets the WAL restart
+        # from its beginning, and the file grows without end.
+        if not self._checkpointing and self._immediate_store_lock.try_acquire():
+            try:
+                results = self._immediate.try_run([op for op, _ in batch])
+            except Exception as e:  # noqa: BLE001 - a bug: handed to every waiter
+                results = [e] * len(batch)
+            finally:
+                self._immediate_store_lock.release()
+        if results is WOULD_WAIT:
+            self._queue = batch + self._queue
+            asyncio.ensure_future(self._drain())
+            return
+        self._draining = False
+        _deliver(batch, results)
+        if self._immediate.checkpoint_due and not self._checkpointing:
+            self._checkpointing = True
+            asyncio.ensure_future(self._checkpoint())
+
+    async def _drain(self) -> None:
+        """The patient way: batches on the database thread until none is left."""
+        loop = asyncio.get_running_loop()
+        try:
+            while self._queue:
+                batch, self._queue = self._queue, []
+                try:
+                    results = await loop.run_in_executor(self._db_thread, self._run_ops, [op for op, _ in batch])
+                except BaseException as e:  # noqa: BLE001 - handed to every waiter
+                    results = [e] * len(batch)
+                _deliver(batch, results)
+        finally:
+            self._draining = False
+
+    async def _checkpoint(self) -> None:
+        """The WAL the loop's writes grew, copied back off the loop."""
+        try:
+            await self.on_db_thread(self.store.index.checkpoint)
+            self._immediate.checkpointed()
+        except CartonStoreError as e:
+            log.warning("%s", e)
+        finally:
+            self._checkpointing = False
+
+    def _run_ops(self, ops: list) -> list:
+        with self._shared_store_lock:  # a collection sees all of these leases or none
+            return self.store.index.run_batch(ops)
+
+    async def on_db_thread(self, fn, *args):  # noqa: ANN001, ANN002, ANN202
+        """Index work on the daemon's one database thread: SQLite serializes
+        writers anyway, and one thread spares the hand-offs between many."""
+        return await asyncio.get_running_loop().run_in_executor(self._db_thread, fn, *args)
+
+    def close(self) -> None:
+        self._db_thread.shutdown(wait=True)
+        self._shared_store_lock.close()
+        self._immediate_store_lock.close()
+        self._immediate.close()
+
+
+def _deliver(batch: list[tuple[Any, asyncio.Future]], results: list) -> None:
+    for (_op, fut), result in zip(batch, results, strict=True):
+        if fut.done():
+            continue  # its request was cancelled (client gone)
+        if isinstance(result, BaseException) and not isinstance(result, CartonStoreError):
+            fut.set_exception(result)
+        else:
+            fut.set_result(result)

@@ -1,0 +1,156 @@
+"""POST /v2/models/{name}[/versions/{version}]/infer: validate, then proxy.
+
+The daemon checks every request against the carton's declared tensors
+(cartonstore.v2.validate) before a runner sees it, then forwards the body
+as it came (decoded from its Content-Encoding): no tensor is decoded or
+copied on the way. A raw binary request (Inference-Header-Content-Length:
+0) gets a JSON header here, so runners only ever see the framed form.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import zlib
+from typing import TYPE_CHECKING
+
+from aiohttp import web
+
+from ..errors import InvalidInput, NotFound
+from ..v2.framing import (
+    HEADER_LENGTH,
+    InferRequest,
+    parse_infer_request,
+)
+from ..v2.framing import header_length as header_length_of
+from ..v2.validate import parse_raw_binary_for, validate_request
+from .bodies import ENCODINGS, IN_THREAD_FROM, request_body
+
+if TYPE_CHECKING:
+    from .service import LoadedModel, ModelService
+
+STREAM_ANSWER = 64 * 1024         # larger answers: headers and body written apart, so neither is copied
+CLIENT_SEND_BUFFER = 4 << 20      # a 4 MiB answer leaves in one send, not copied into asyncio's buffer
+
+
+def serving_model(service: ModelService, name: str, version: str | None) -> LoadedModel:
+    """The loaded model a request is for, or the error that says why not."""
+    model = service.models.get(name)
+    if model is None or model.digest is None:
+        raise NotFound(f"unknown model {name!r}: load it first (POST /v2/repository/models/{name}/load)",
+                       subject=name)
+    if version is not None and version != model.digest:
+        raise NotFound(f"model {name!r} has no loaded version {version!r} (loaded: {model.digest})",
+                       subject=version)
+    if model.state != "READY":
+        raise InvalidInput(f"model {name!r} is not ready ({model.state.lower()}: {model.reason})", subject=name)
+    if model.runners is None:
+        runner = model.carton.runner.runner_name if model.carton else "?"
+        raise InvalidInput(f"model {name!r} is loaded as files only: no runner is configured for its "
+                           f"runner_name {runner!r}, so it cannot run inference", subject=name)
+    return model
+
+
+def checked_request(model: LoadedModel, body: bytes | bytearray, header_length: int | None) -> tuple[list, int | None]:
+    """Parse and validate; returns what to forward (body parts, header length)."""
+    inputs, outputs = model.carton.inputs, model.carton.outputs
+    if header_length == 0:
+        req = parse_raw_binary_for(body, inputs)
+        validate_request(req, inputs, outputs)
+        return _framed(req)
+    validate_request(parse_infer_request(body, header_length), inputs, outputs)
+    return [body], header_length
+
+
+def _framed(req: InferRequest) -> tuple[list, int]:
+    tensor = req.inputs[0]
+    header = json.dumps({"inputs": [{"name": tensor.name, "datatype": tensor.datatype, "shape": tensor.shape,
+                                     "parameters": {"binary_data_size": len(tensor.data)}}],
+                         "parameters": {"binary_data_output": True}}).encode()
+    return [header, tensor.data], len(header)
+
+
+def _accepted_encoding(request: web.Request) -> str | None:
+    """gzip or deflate when Accept-Encoding takes it with a weight above 0."""
+    weights: dict[str, float] = {}
+    for part in request.headers.get("Accept-Encoding", "").split(","):
+        coding, _, params = part.partition(";")
+        q = 1.0
+        for param in params.split(";"):
+            key, _, value = param.strip().partition("=")
+            if key.strip().lower() == "q":
+                try:
+                    q = float(value)
+                except ValueError:
+                    q = 0.0
+        weights[coding.strip().lower()] = q
+    for coding in ENCODINGS:
+        if weights.get(coding, weights.get("*", 0.0)) > 0:
+            return coding
+    return None
+
+
+def _compress(body: bytes, coding: str) -> bytes:
+    c = zlib.compressobj(1, zlib.DEFLATED, 31 if coding == "gzip" else 15)
+    return c.compress(body) + c.flush()
+
+
+async def infer(request: web.Request) -> web.Response:
+    from .app import SERVICE  # the app module imports this one
+
+    service: ModelService = request.app[SERVICE]
+    name, version = request.match_info["name"], request.match_info.get("version")
+    model = serving_model(service, name, version)  # an unknown model is refused before its body is read
+    body = await request_body(request)
+    header_length = header_length_of(request.headers.get(HEADER_LENGTH))
+    parts, header_length = await _checked_off_loop(model, body, header_length)
+    current = serving_model(service, name, version)  # the version may have switched while the body arrived
+    if current is not model:
+        model = current
+        parts, header_length = await _checked_off_loop(model, body, header_length)
+    headers = {"Content-Type": "application/octet-stream" if header_length is not None else "application/json"}
+    if header_length is not None:
+        headers[HEADER_LENGTH] = str(header_length)
+    answer = await model.runners.forward(f"/v2/models/{name}/infer", parts, headers)
+    out_headers = dict(answer.headers)
+    payload = answer.body
+    already = any(k.lower() == "content-encoding" for k in out_headers)
+    coding = _accepted_encoding(request) if answer.status == 200 and not already else None
+    if coding is not None and len(payload) > 512:
+        payload = _compress(payload, coding) if len(payload) < IN_THREAD_FROM else \
+            await asyncio.to_thread(_compress, payload, coding)
+        out_headers["Content-Encoding"] = coding
+        out_headers["Vary"] = "Accept-Encoding"
+    elif len(payload) >= STREAM_ANSWER:
+        return await _streamed(request, answer.status, out_headers, payload)
+    return web.Response(status=answer.status, body=payload, headers=out_headers)
+
+
+async def _checked_off_loop(model: LoadedModel, body: bytes | bytearray,
+                            header_length: int | None) -> tuple[list, int | None]:
+    """checked_request; in a thread for big bodies, whose JSON or BYTES
+    elements would hold the event loop for as long as they take to walk."""
+    if len(body) < IN_THREAD_FROM:
+        return checked_request(model, body, header_length)
+    return await asyncio.to_thread(checked_request, model, body, header_length)
+
+
+async def _streamed(request: web.Request, status: int, headers: dict[str, str],
+                    payload: bytes | bytearray) -> web.StreamResponse:
+    """A big answer sent without copies: aiohttp would join it with the
+    headers (Python < 3.12 has no gathering writelines), and the transport
+    keeps a copy of whatever the socket did not take at once."""
+    response = web.StreamResponse(status=status, headers=headers)
+    response.content_length = len(payload)
+    sock = request.transport.get_extra_info("socket") if request.transport is not None else None
+    if sock is not None and sock.family == socket.AF_UNIX:   # TCP tunes its own buffers
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, CLIENT_SEND_BUFFER)
+    await response.prepare(request)
+    try:
+        await response.write(b"")   # the headers alone
+        await response.write(memoryview(payload))
+        await response.write_eof()
+    except ConnectionResetError:
+        pass   # the client left: aiohttp ends the connection as it does for any response it cannot send
+    return response

@@ -1,0 +1,22 @@
+"""The daemon's side of model runners: start one supervised process per
+instance of a loaded model, keep it alive, and forward requests to it over
+its Unix socket.
+
+    runners = ModelRunners(name, version, [InstanceSpec(argv, env, socket, "cpu")], RunnerSettings())
+    await runners.start()          # InvalidInput if a runner does not come up
+    resp = await runners.forward(f"/v2/models/{name}/infer", body_parts, headers)
+    await runners.stop()
+"""
+
+from __future__ import annotations
+
+from .command import PLACEHOLDERS, fill_argv, template_placeholders
+from .pool import ModelRunners
+from .settings import LOADING, READY, UNAVAILABLE, InstanceSpec, RunnerResponse, RunnersBusy, RunnerSettings
+from .sockets import clean_stale_sockets, ensure_run_dir, instance_socket_path
+
+__all__ = [
+    "LOADING", "PLACEHOLDERS", "READY", "UNAVAILABLE", "InstanceSpec", "ModelRunners", "RunnerResponse",
+    "RunnerSettings", "RunnersBusy", "clean_stale_sockets", "ensure_run_dir", "fill_argv", "instance_socket_path",
+    "template_placeholders",
+]

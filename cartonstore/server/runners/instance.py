@@ -1,0 +1,185 @@
+"""One supervised runner instance: its current process, the keep-alive HTTP
+client to it, restarts with backoff, and forwarding one request to it."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import time
+from typing import Any, Awaitable, Callable, Mapping, Sequence
+
+from ...errors import Unavailable
+from .process import RunnerFailed, RunnerProcess, seconds
+from .settings import FORWARDED_RESPONSE_HEADERS, LOADING, READY, UNAVAILABLE, InstanceSpec, RunnerResponse, \
+    RunnerSettings
+from .sockets import remove_socket
+from .wire import BadResponse, RunnerClient
+
+log = logging.getLogger("cartonstore.server.runners")
+
+STOPPED = "STOPPED"
+_FORWARDED = [(name, name.lower()) for name in FORWARDED_RESPONSE_HEADERS]
+DEATH_NOTICE = 0.25   # after a broken connection, how long to wait to learn whether the process died
+
+
+if hasattr(asyncio, "timeout"):        # Python 3.11+: no extra task per request
+    async def _within(awaitable: Awaitable[Any], seconds: float) -> Any:
+        async with asyncio.timeout(seconds):
+            return await awaitable
+else:                                  # pragma: no cover - Python 3.10
+    _within = asyncio.wait_for
+
+
+def _abandon(spawn: asyncio.Future[RunnerProcess]) -> None:
+    if not spawn.cancelled() and spawn.exception() is None:
+        asyncio.ensure_future(spawn.result().terminate(0.0))
+
+
+class RunnerInstance:
+    """Instance ``index`` of a model's runners. ``label`` names it in logs
+    and errors: "runner for <model> (instance <i>)"."""
+
+    def __init__(self, model: str, index: int, spec: InstanceSpec, settings: RunnerSettings,
+                 on_change: Callable[[], None]) -> None:
+        self.index = index
+        self.spec = spec
+        self.settings = settings
+        self.label = f"runner for {model} (instance {index})"
+        self.state = LOADING
+        self.reason = "starting"
+        self.restarts = 0
+        self.outstanding = 0
+        self._log_name = f"{model}#{index}"
+        self._on_change = on_change
+        self._proc: RunnerProcess | None = None
+        self._client: RunnerClient | None = None
+        self._ready_since = 0.0
+        self._failures = 0
+        self._supervisor: asyncio.Task[None] | None = None
+
+    # -- status -------------------------------------------------------------
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None and self._proc.returncode is None else None
+
+    def _set(self, state: str, reason: str) -> None:
+        self.state, self.reason = state, reason
+        self._on_change()
+
+    def status(self) -> dict[str, Any]:
+        return {"index": self.index, "device": self.spec.device, "socket": str(self.spec.socket_path),
+                "pid": self.pid, "state": self.state, "reason": self.reason, "restarts": self.restarts,
+                "outstanding": self.outstanding}
+
+    # -- life ---------------------------------------------------------------
+
+    async def _launch(self) -> None:
+        """Spawn a process and wait until it is ready; RunnerFailed if not."""
+        remove_socket(self.spec.socket_path)   # left by the previous process; the new one binds afresh
+        spawn = asyncio.ensure_future(RunnerProcess.spawn(self._log_name, self.spec, self.settings.stderr_lines))
+        try:
+            self._proc = await asyncio.shield(spawn)
+        except asyncio.CancelledError:
+            # Stopped while the fork was under way: the process must not outlive us.
+            spawn.add_done_callback(_abandon)
+            raise
+        self._client = RunnerClient(str(self.spec.socket_path))
+        await self._proc.wait_ready(self._client, self.settings.ready_timeout)
+        self._ready_since = time.monotonic()
+        log.info("[%s] ready (pid %d) after %.2fs", self._log_name, self._proc.pid,
+                 self._ready_since - self._proc.started_at)
+
+    async def start(self) -> None:
+        """First start: no restarts; RunnerFailed if it does not come up."""
+        await self._launch()
+        self._set(READY, "")
+        self._supervisor = asyncio.ensure_future(self._supervise())
+
+    async def _drop_process(self) -> None:
+        """Forget a dead process: kill helpers it left in its group, fail
+        requests still waiting on it (closing the connections aborts them)."""
+        if self._proc is not None:
+            proc, self._proc = self._proc, None
+            proc.signal_group(signal.SIGKILL)
+            proc.close()
+        if self._client is not None:
+            client, self._client = self._client, None
+            client.close()
+
+    async def _supervise(self) -> None:
+        """Watch the process; when it ends, restart it with doubling backoff.
+        max_restarts consecutive failures and the instance stays UNAVAILABLE;
+        a process that stayed ready for stable_after seconds clears the count."""
+        while True:
+            assert self._proc is not None
+            await self._proc.exit_seen()
+            # No new requests while its last stderr lines are read.
+            self.state, self.reason = LOADING, self._proc.exit_reason()
+            await self._proc.wait()
+            reason = self._proc.exit_reason()
+            if time.monotonic() - self._ready_since >= self.settings.stable_after:
+                self._failures = 0
+            log.warning("%s died: %s", self.label, reason)
+            while True:
+                await self._drop_process()
+                self._failures += 1
+                if self._failures > self.settings.max_restarts:
+                    log.error("%s gave up after %d restarts: %s", self.label, self.settings.max_restarts, reason)
+                    remove_socket(self.spec.socket_path)
+                    self._set(UNAVAILABLE, f"failed {self._failures} times in a row; last: {reason}")
+                    return
+                self._set(LOADING, f"restarting after: {reason}")
+                delay = min(self.settings.restart_backoff * 2 ** (self._failures - 1), self.settings.max_backoff)
+                await asyncio.sleep(delay)
+                self.restarts += 1
+                try:
+                    await self._launch()
+                except RunnerFailed as e:
+                    reason = e.reason
+                    log.warning("%s restart failed: %s", self.label, reason)
+                    continue
+                break
+            self._set(READY, "")
+
+    async def stop(self, grace: float) -> None:
+        """Stop supervising, SIGTERM the process (SIGKILL after grace), reap it,
+        remove its socket. Requests still in flight fail."""
+        if self._supervisor is not None:
+            self._supervisor.cancel()
+            await asyncio.gather(self._supervisor, return_exceptions=True)
+            self._supervisor = None
+        if self._proc is not None:
+            await self._proc.terminate(grace)
+        await self._drop_process()
+        remove_socket(self.spec.socket_path)
+        self._set(STOPPED, "unloaded")
+
+    # -- requests -----------------------------------------------------------
+
+    async def post(self, path: str, body: Sequence[bytes | memoryview], headers: Mapping[str, str]) -> RunnerResponse:
+        """POST to this instance. Failures become Unavailable naming the runner:
+        it died, it did not answer in time (then it is killed; the supervisor
+        restarts it), or it broke the HTTP exchange."""
+        proc, client = self._proc, self._client
+        if proc is None or client is None or client.closed:
+            raise Unavailable(f"{self.label} is not running: {self.reason or 'restarting'}")
+        timeout = self.settings.request_timeout
+        self.outstanding += 1
+        try:
+            status, headers_in, answer = await _within(client.request("POST", path, headers, body), timeout)
+        except asyncio.TimeoutError:
+            if proc.returncode is None:
+                proc.kill(f"killed after not answering a request within {seconds(timeout)}")
+                raise Unavailable(f"{self.label} did not answer within {seconds(timeout)}; restarting it") from None
+            raise Unavailable(f"{self.label} died: {proc.exit_reason()}") from None
+        except (BadResponse, OSError) as e:
+            # A dead runner closes the connection first; its exit status follows.
+            if await proc.exited_within(DEATH_NOTICE):
+                raise Unavailable(f"{self.label} died: {proc.exit_reason()}") from None
+            detail = str(e) if isinstance(e, BadResponse) else f"{type(e).__name__}: {e.strerror or e}"
+            raise Unavailable(f"{self.label} broke the HTTP exchange: {detail}") from None
+        finally:
+            self.outstanding -= 1
+        return RunnerResponse(status, {name: headers_in[key] for name, key in _FORWARDED if key in headers_in}, answer)

@@ -1,0 +1,242 @@
+"""One runner OS process: spawn it, wait until it serves, explain how it
+ended, stop it.
+
+The runner gets its own session (so its process group holds every helper it
+forks and one signal reaches them all) and PR_SET_PDEATHSIG=SIGKILL (so it
+dies with the daemon, even when the daemon is SIGKILLed and cannot clean
+up). Its stderr is read continuously: logged line by line and the last lines
+kept to say why it failed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import ctypes
+import logging
+import os
+import signal
+import subprocess
+import time
+from typing import Callable
+
+from .settings import InstanceSpec
+from .wire import BadResponse, RunnerClient
+
+log = logging.getLogger("cartonstore.server.runners")
+
+HEALTH_READY = "/v2/health/ready"
+POLL_INTERVAL = 0.025
+MAX_LINE = 4000          # a longer stderr line is cut, so one line cannot hog memory
+DRAIN_WAIT = 1.0         # after exit, how long to wait for the last stderr bytes
+
+_PR_SET_PDEATHSIG = 1
+try:  # loaded before any fork: the child only calls it
+    _prctl: Callable[..., int] | None = ctypes.CDLL(None, use_errno=True).prctl
+except (OSError, AttributeError):  # not Linux
+    _prctl = None
+
+
+class RunnerFailed(Exception):
+    """A runner that did not come up or went away; reason says how."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+def _die_with(parent_pid: int) -> Callable[[], None]:
+    """preexec_fn for the child: SIGKILL when the parent goes away. The signal
+    follows the forking thread, which is the event loop's thread. If the
+    parent died before prctl ran, the signal would never come: exit now."""
+    def preexec() -> None:
+        if _prctl is not None:
+            _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent_pid:
+            os._exit(1)
+    return preexec
+
+
+def seconds(value: float) -> str:
+    return f"{value:g}s"
+
+
+def describe_exit(returncode: int) -> str:
+    if returncode < 0:
+        try:
+            return f"exited with signal {-returncode} ({signal.Signals(-returncode).name})"
+        except ValueError:
+            return f"exited with signal {-returncode}"
+    return f"exited with status {returncode}"
+
+
+class _ExitNoticingProtocol(asyncio.subprocess.SubprocessStreamProtocol):
+    """asyncio's own protocol, plus a future set the moment the process
+    exits. (Process.wait() also waits for the pipes to close, which a helper
+    the runner forked can put off indefinitely.)"""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__(limit=2 ** 16, loop=loop)
+        self.exit_seen: asyncio.Future[None] = loop.create_future()
+
+    def process_exited(self) -> None:
+        super().process_exited()
+        if not self.exit_seen.done():
+            self.exit_seen.set_result(None)
+
+
+class RunnerProcess:
+    """A spawned runner process. Create with ``await RunnerProcess.spawn(...)``."""
+
+    def __init__(self, label: str, transport: asyncio.SubprocessTransport, protocol: _ExitNoticingProtocol,
+                 stderr_lines: int) -> None:
+        self.label = label
+        self.pid: int = transport.get_pid()
+        self.started_at = time.monotonic()
+        self.kill_reason: str | None = None     # set when the supervisor killed it on purpose
+        self._transport = transport
+        self._exit_seen = protocol.exit_seen
+        self._tail: collections.deque[str] = collections.deque(maxlen=max(stderr_lines, 1))
+        self._keep_stderr = stderr_lines > 0
+        self._drains = [asyncio.ensure_future(self._drain(protocol.stderr, keep=True)),
+                        asyncio.ensure_future(self._drain(protocol.stdout, keep=False))]
+        self._exited = asyncio.ensure_future(self._wait_exit())
+
+    @classmethod
+    async def spawn(cls, label: str, spec: InstanceSpec, stderr_lines: int) -> RunnerProcess:
+        """Start the process; raises RunnerFailed when it cannot be started."""
+        env = dict(os.environ)
+        env.update(spec.env)
+        env["CUDA_VISIBLE_DEVICES"] = spec.cuda_visible_devices()
+        loop = asyncio.get_running_loop()
+        try:
+            transport, protocol = await loop.subprocess_exec(
+                lambda: _ExitNoticingProtocol(loop), *spec.argv, stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env, start_new_session=True,
+                preexec_fn=_die_with(os.getpid()))
+        except OSError as e:
+            raise RunnerFailed(f"cannot run {spec.argv[0]!r}: {e.strerror or e}") from None
+        except subprocess.SubprocessError as e:
+            raise RunnerFailed(f"cannot run {spec.argv[0]!r}: {e}") from None
+        log.info("[%s] started pid %d: %s", label, transport.get_pid(), " ".join(spec.argv))
+        return cls(label, transport, protocol, stderr_lines)
+
+    # -- output -------------------------------------------------------------
+
+    async def _drain(self, stream: asyncio.StreamReader | None, *, keep: bool) -> None:
+        """Log each line; keep the last stderr ones. Reads until EOF so a
+        chatty runner never blocks on a full pipe."""
+        if stream is None:
+            return
+        pending = b""
+        while True:
+            chunk = await stream.read(65536)
+            if not chunk:
+                break
+            pending += chunk
+            *lines, pending = pending.split(b"\n")
+            for line in lines:
+                self._line(line, keep)
+            if len(pending) > MAX_LINE:
+                self._line(pending, keep)
+                pending = b""
+        if pending:
+            self._line(pending, keep)
+
+    def _line(self, raw: bytes, keep: bool) -> None:
+        text = raw[:MAX_LINE].decode("utf-8", "replace").rstrip()
+        if not text:
+            return
+        log.info("[%s] %s", self.label, text)
+        if keep and self._keep_stderr:
+            self._tail.append(text)
+
+    def stderr_tail(self) -> str:
+        return " | ".join(self._tail)
+
+    # -- life ---------------------------------------------------------------
+
+    async def _wait_exit(self) -> int:
+        await self._exit_seen
+        # The last words usually come just before the exit; helpers that
+        # inherited the pipe may hold it open, so do not wait forever.
+        await asyncio.wait(self._drains, timeout=DRAIN_WAIT)
+        return self._transport.get_returncode()  # type: ignore[return-value]
+
+    @property
+    def returncode(self) -> int | None:
+        """The exit status once it exited (and was reaped), else None."""
+        return self._transport.get_returncode()
+
+    async def exit_seen(self) -> None:
+        """Wait for the exit only."""
+        await asyncio.shield(self._exit_seen)
+
+    async def wait(self) -> int:
+        """Wait for the exit and for its last stderr lines."""
+        return await asyncio.shield(self._exited)
+
+    async def exited_within(self, timeout: float) -> bool:
+        """Whether it exits within timeout; if so its last stderr lines are
+        read (briefly: a helper may hold the pipe) before this returns."""
+        await asyncio.wait([self._exited], timeout=timeout)
+        return self._exit_seen.done()
+
+    def exit_reason(self) -> str:
+        """How it ended, with the last stderr lines: the reason users see."""
+        code = self.returncode
+        what = self.kill_reason or ("is running" if code is None else describe_exit(code))
+        tail = self.stderr_tail()
+        return f"{what}; stderr: {tail}" if tail else what
+
+    async def wait_ready(self, client: RunnerClient, timeout: float) -> None:
+        """Poll /v2/health/ready until it answers 200. Raises RunnerFailed
+        (after killing the process) when it exits first or timeout passes."""
+        deadline = time.monotonic() + timeout
+        while True:
+            if self._exit_seen.done():
+                await self.wait()
+                raise RunnerFailed(self.exit_reason())
+            left = deadline - time.monotonic()
+            if left <= 0:
+                self.kill(f"not ready after {seconds(timeout)}")
+                await self.wait()
+                raise RunnerFailed(self.exit_reason())
+            try:
+                status, _, _ = await asyncio.wait_for(client.request("GET", HEALTH_READY, {}), min(left, 2.0))
+                if status == 200:
+                    return
+            except (OSError, BadResponse, asyncio.TimeoutError):
+                pass  # not listening yet
+            await asyncio.wait([self._exit_seen], timeout=min(POLL_INTERVAL, max(left, 0)))
+
+    def signal_group(self, sig: int) -> None:
+        """Send sig to the runner's whole process group. After the leader is
+        reaped the group lives on while a helper it forked does (and its id
+        cannot be reused until then), so this also reaches stragglers."""
+        try:
+            os.killpg(self.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def kill(self, reason: str | None = None) -> None:
+        """SIGKILL the group now; reason replaces "exited with signal 9"."""
+        if reason and self.kill_reason is None and self.returncode is None:
+            self.kill_reason = reason
+        self.signal_group(signal.SIGKILL)
+
+    async def terminate(self, grace: float) -> None:
+        """SIGTERM the group, wait up to grace, then SIGKILL it; reaped and
+        its pipes closed on return."""
+        if not self._exit_seen.done():
+            self.signal_group(signal.SIGTERM)
+            await asyncio.wait([self._exit_seen], timeout=grace)
+        self.signal_group(signal.SIGKILL)
+        await self.wait()
+        self.close()
+
+    def close(self) -> None:
+        """Release the pipes of a process that has exited."""
+        for task in self._drains:
+            task.cancel()
+        self._transport.close()

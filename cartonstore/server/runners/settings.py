@@ -1,0 +1,85 @@
+"""What the daemon hands the runner supervisor: its settings, how to launch
+one runner instance, and what a forwarded request brings back."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+from ...errors import InvalidInput, Unavailable
+
+READY, LOADING, UNAVAILABLE = "READY", "LOADING", "UNAVAILABLE"
+
+# Response headers a caller of forward() needs; the rest is the runner's business.
+FORWARDED_RESPONSE_HEADERS = ("Content-Type", "Inference-Header-Content-Length", "Content-Encoding")
+
+_DEVICE = re.compile(r"cpu|cuda:(0|[1-9][0-9]*)")
+
+
+@dataclass(frozen=True)
+class RunnerSettings:
+    """The [runners] section of the daemon's config. Times are seconds."""
+
+    ready_timeout: float = 60.0       # spawn -> /v2/health/ready answers 200
+    request_timeout: float = 60.0     # one forwarded request, connect to last body byte
+    stop_grace: float = 10.0          # unload: wait for in-flight requests, then again for SIGTERM
+    max_restarts: int = 5             # consecutive failures before an instance stays UNAVAILABLE
+    restart_backoff: float = 0.5      # first delay before a restart; doubles per failure
+    max_backoff: float = 30.0
+    stable_after: float = 30.0        # ready this long: the failure count starts again at 0
+    max_inflight: int = 64            # per model: requests in flight at once (no queue beyond it)
+    stderr_lines: int = 20            # stderr lines kept to explain a failure
+
+    def __post_init__(self) -> None:
+        may_be_zero = ("max_restarts", "restart_backoff", "stable_after")
+        whole = ("max_restarts", "max_inflight", "stderr_lines")
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, bool) or not isinstance(value, int if f.name in whole else (int, float)):
+                kind = "a whole number" if f.name in whole else "a number"
+                raise InvalidInput(f"runners.{f.name}: must be {kind}, not {value!r}")
+            if value < 0 or (value == 0 and f.name not in may_be_zero):
+                least = "0 or more" if f.name in may_be_zero else "greater than 0"
+                raise InvalidInput(f"runners.{f.name}: must be {least}, not {value!r}")
+
+
+@dataclass(frozen=True)
+class InstanceSpec:
+    """One runner instance: its command line (placeholders already filled),
+    extra environment, the Unix socket it serves on and the device it owns."""
+
+    argv: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+    socket_path: Path = Path()
+    device: str = "cpu"
+
+    def __post_init__(self) -> None:
+        if not self.argv or not all(isinstance(a, str) for a in self.argv):
+            raise InvalidInput(f"runner command must be a non-empty list of strings, not {self.argv!r}")
+        if not _DEVICE.fullmatch(self.device):
+            raise InvalidInput(f"runner device {self.device!r} is not 'cpu' or 'cuda:N'")
+        if not str(self.socket_path) or str(self.socket_path) == ".":
+            raise InvalidInput("runner socket path is empty")
+
+    def cuda_visible_devices(self) -> str:
+        """CUDA_VISIBLE_DEVICES for this instance: none for cpu, exactly its GPU otherwise."""
+        return "" if self.device == "cpu" else self.device.split(":", 1)[1]
+
+
+@dataclass
+class RunnerResponse:
+    """A runner's answer, whatever its status: the caller passes it on."""
+
+    status: int
+    headers: dict[str, str]
+    body: bytes
+
+
+class RunnersBusy(Unavailable):
+    """A model already has max_inflight requests in flight or queued.
+    The HTTP layer answers 503 with Retry-After: retry_after."""
+
+    def __init__(self, message: str, *, subject: str | None = None, retry_after: int = 1) -> None:
+        super().__init__(message, subject=subject)
+        self.retry_after = retry_after

@@ -1,0 +1,137 @@
+"""Model names: what a valid name is, and who may move one.
+
+A name is how loaders find a model, so it must never point somewhere new
+without the user asking. Two kinds of name reach the store:
+
+- an explicit name (``add --name``, a Triton load by name): the user asked
+  for it, so it may move a name from another carton, and says that it did;
+- a default name (the carton's own ``model_name``): applied only while it is
+  free, never taken from another carton.
+
+Moving the name of a model a daemon has loaded (its pin lease is live) is a
+conflict unless forced: the daemon would go on serving the old version under
+a name that now means the new one. Leases on the old carton stay valid.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass
+
+from ..errors import Conflict, InvalidInput
+
+MIN_PREFIX = 8
+MAX_NAME_BYTES = 255
+# Triton's model names: letters, digits, '_', '-', '.'; never a leading '.'
+# (that would also allow '.' and '..', which are not names in a URL path).
+_NAME = re.compile(r"[A-Za-z0-9_\-][A-Za-z0-9_.\-]*")
+_HEX = re.compile(r"[0-9a-f]+")
+PIN_PREFIX = "pin:"
+
+
+def validate_name(name: str) -> str:
+    """Return name if it can name a model, else raise InvalidInput saying why."""
+    if not isinstance(name, str) or not name:
+        raise InvalidInput("invalid name '': a name needs at least one character")
+    if len(name.encode()) > MAX_NAME_BYTES:
+        raise InvalidInput(f"invalid name {name[:40]!r}...: names are at most {MAX_NAME_BYTES} bytes")
+    if not _NAME.fullmatch(name):
+        raise InvalidInput(f"invalid name {name!r}: names use only letters, digits, '_', '-' and '.', "
+                           "and do not start with '.' (Triton's model-name rules)", subject=name)
+    if len(name) >= MIN_PREFIX and _HEX.fullmatch(name):
+        raise InvalidInput(f"invalid name {name!r}: it would read as a manifest hash prefix", subject=name)
+    return name
+
+
+def is_valid_name(name: str) -> bool:
+    try:
+        validate_name(name)
+    except InvalidInput:
+        return False
+    return True
+
+
+@dataclass(frozen=True)
+class NameOutcome:
+    """What adding a carton did to its name."""
+
+    name: str | None               # the name the carton now has (None: reachable by hash only)
+    moved_from: str | None = None  # an explicit name taken from this carton
+    kept_by: str | None = None     # a default name left with this carton
+    wanted: str | None = None      # the name asked for or defaulted to
+
+    def note(self, digest: str) -> str | None:
+        """One line for the user when the name did something they should know."""
+        if self.moved_from:
+            return f"name {self.name}: {self.moved_from[:8]} \u2192 {digest[:8]}"
+        if self.kept_by:
+            return (f"name {self.wanted} is kept by {self.kept_by[:8]}; this carton is reachable "
+                    f"by its hash {digest[:8]}")
+        return None
+
+    def as_json(self) -> dict[str, str | None]:
+        return {"name": self.name, "moved_from": self.moved_from, "kept_by": self.kept_by}
+
+
+def default_name(model_name: str | None) -> str | None:
+    """A carton's model_name as a default name, or None when it cannot be one."""
+    return model_name if model_name is not None and is_valid_name(model_name) else None
+
+
+def loaded_version(conn, name: str) -> str | None:  # noqa: ANN001 - sqlite3.Connection
+    """The carton a daemon has loaded under name (its pin lease is live)."""
+    row = conn.execute("SELECT carton FROM leases WHERE id=? AND expires_at>?",
+                       (PIN_PREFIX + name, time.time())).fetchone()
+    return row[0] if row else None
+
+
+def check_move(conn, name: str, digest: str | None, *, force: bool) -> None:  # noqa: ANN001
+    """Refuse to move a loaded model's name unless forced (Conflict names the version)."""
+    if force:
+        return
+    loaded = loaded_version(conn, name)
+    if loaded is not None and loaded != digest:
+        raise Conflict(f"name {name} is loaded by the daemon as version {loaded[:8]}; unload it first "
+                       f"(POST /v2/repository/models/{name}/unload) or pass --force to move the name",
+                       subject=name)
+
+
+def assign_name(conn, digest: str, *, explicit: str | None, default: str | None,  # noqa: ANN001
+                force: bool) -> NameOutcome:
+    """Decide and write the carton's name inside the caller's transaction."""
+    if explicit is not None:
+        current = carton_named(conn, explicit)
+        check_move(conn, explicit, digest, force=force)
+        _write(conn, explicit, digest)
+        moved = current if current is not None and current != digest else None
+        return NameOutcome(explicit, moved_from=moved, wanted=explicit)
+    if default is None:
+        return NameOutcome(None)
+    current = carton_named(conn, default)
+    if current is None:
+        _write(conn, default, digest)
+        return NameOutcome(default, wanted=default)
+    if current == digest:
+        return NameOutcome(default, wanted=default)
+    return NameOutcome(None, kept_by=current, wanted=default)
+
+
+def carton_named(conn, name: str) -> str | None:  # noqa: ANN001
+    row = conn.execute("SELECT carton FROM names WHERE name=?", (name,)).fetchone()
+    return row[0] if row else None
+
+
+def _write(conn, name: str, digest: str) -> None:  # noqa: ANN001
+    conn.execute("INSERT OR REPLACE INTO names VALUES (?,?,?)", (name, digest, time.time()))
+
+
+def restore_name(conn, name: str, digest: str | None) -> None:  # noqa: ANN001
+    """Point name back at digest (None: no carton), as before a failed load
+    moved it; a carton removed meanwhile is not pointed at."""
+    if carton_named(conn, name) == digest:
+        return
+    if digest is None:
+        conn.execute("DELETE FROM names WHERE name=?", (name,))
+    elif conn.execute("SELECT 1 FROM cartons WHERE digest=?", (digest,)).fetchone():
+        _write(conn, name, digest)

@@ -1,0 +1,442 @@
+"""KServe v2 inference bodies with Triton's binary tensor data extension
+(/work/shared/specs/triton-binary-tensor-data.txt), in both directions.
+
+A body is a JSON object, optionally followed by the raw bytes of the tensors
+that carry a "binary_data_size" parameter, in the order those tensors appear
+in the JSON; the Inference-Header-Content-Length header gives the JSON's
+length. Binary tensor bytes are never copied while parsing: tensors hold
+memoryview slices of the body and decode with np.frombuffer.
+"""
+
+from __future__ import annotations
+
+import json
+from math import prod
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from cartonstore.errors import InvalidInput
+from cartonstore.v2.datatypes import BINARY_ONLY_DATATYPES, ELEMENT_SIZES, check_datatype, datatype_of
+from cartonstore.v2.elements import check_numeric_size, fail
+# The numpy side of tensors lives in tensors.py; it is re-exported here so
+# callers find the whole wire format in one place.
+from cartonstore.v2.tensors import (
+    numpy_to_binary,
+    numpy_to_json_data,
+    tensor_to_numpy,
+    to_binary,
+    to_json,
+)
+
+HEADER_LENGTH = "Inference-Header-Content-Length"
+
+# Triton's shared-memory parameters ("shared_memory_region", ...) name
+# server-side memory regions that a Unix-socket runner cannot map; they are
+# refused rather than ignored.
+
+
+@dataclass(slots=True)
+class WireTensor:
+    """One request input or response output as it came over the wire."""
+
+    name: str
+    datatype: str
+    shape: list[int]
+    parameters: dict[str, Any]
+    data: memoryview | None = None  # binary bytes (binary_data_size given), else None
+    json_data: Any | None = None  # the JSON "data" field, else None
+    role: str = "input"  # "input" or "output": only for error messages
+
+    @property
+    def what(self) -> str:
+        return f"{self.role} {self.name!r}"
+
+
+@dataclass(slots=True)
+class RequestedOutput:
+    name: str
+    binary: bool | None
+    parameters: dict[str, Any]
+
+
+@dataclass(slots=True)
+class InferRequest:
+    id: str | None
+    inputs: list[WireTensor]
+    outputs: list[RequestedOutput] | None  # None: all outputs
+    parameters: dict[str, Any]
+    binary_data_output: bool
+
+    def wants_binary(self, output_name: str) -> bool:
+        """Per-output "binary_data" wins over the request's "binary_data_output"."""
+        if self.outputs is not None:
+            for output in self.outputs:
+                if output.name == output_name and output.binary is not None:
+                    return output.binary
+        return self.binary_data_output
+
+
+# ---------------------------------------------------------------- parsing
+
+
+def _split_body(
+    body: bytes | bytearray | memoryview, header_length: int | None, what: str
+) -> tuple[dict[str, Any], memoryview | None]:
+    """The JSON object and the binary part after it (None when all JSON)."""
+    if header_length is None:
+        raw = body.tobytes() if isinstance(body, memoryview) else body
+        return _load_json(raw, what), None
+    if type(header_length) is not int or header_length <= 0:
+        raise InvalidInput(
+            f"{what}: {HEADER_LENGTH} must be a positive integer here, not {header_length!r}",
+            subject=HEADER_LENGTH,
+        )
+    view = _byte_view(body)
+    if header_length > len(view):
+        raise InvalidInput(
+            f"{what}: {HEADER_LENGTH} {header_length} is larger than the {len(view)}-byte body",
+            subject=HEADER_LENGTH,
+        )
+    return _load_json(view[:header_length].tobytes(), what), view[header_length:]
+
+
+# One decoder, fed str: json.loads would sniff the encoding of every body,
+# but HTTP JSON is UTF-8 (RFC 8259).
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    # JSON parsers disagree on a repeated key (Python keeps the last, rapidjson
+    # the first): a request that means two things to the daemon and a runner
+    # must not pass validation.
+    doc = dict(pairs)
+    if len(doc) != len(pairs):
+        seen: set[str] = set()
+        repeated = next(k for k, _ in pairs if k in seen or seen.add(k))
+        raise ValueError(f"key {repeated!r} appears twice in one object")
+    return doc
+
+
+_decode_json = json.JSONDecoder(object_pairs_hook=_unique_keys).decode
+
+
+def _byte_view(body: bytes | bytearray | memoryview) -> memoryview:
+    view = body if isinstance(body, memoryview) else memoryview(body)
+    return view if view.format == "B" and view.ndim == 1 else view.cast("B")
+
+
+def _load_json(raw: bytes | bytearray, what: str) -> dict[str, Any]:
+    try:
+        doc = _decode_json(raw.decode("utf-8"))
+    except (ValueError, RecursionError) as exc:
+        raise InvalidInput(f"{what}: JSON is not valid: {exc}", subject=what) from None
+    if type(doc) is not dict:
+        raise InvalidInput(f"{what}: JSON must be an object", subject=what)
+    return doc
+
+
+def _is_dims(shape: list[Any]) -> bool:
+    for dim in shape:
+        if type(dim) is not int or dim < 0:
+            return False
+    return True
+
+
+def _named_entry(entry: Any, index: int, role: str) -> tuple[str, dict[str, Any]]:
+    """The name and parameters of one tensor or requested output object."""
+    if type(entry) is not dict:
+        raise fail(f"{role} #{index}", "must be a JSON object")
+    name = entry.get("name")
+    if type(name) is not str or not name:
+        raise fail(f"{role} #{index}", f'"name" must be a non-empty string, not {name!r}')
+    parameters = entry.get("parameters")
+    if parameters is None:
+        return name, {}
+    if type(parameters) is not dict:
+        raise fail(f"{role} {name!r}", '"parameters" must be a JSON object')
+    if "shared_memory_region" in parameters:
+        raise fail(f"{role} {name!r}", "shared memory tensors are not supported")
+    return name, parameters
+
+
+def _parse_tensors(entries: Any, binary: memoryview | None, role: str) -> list[WireTensor]:
+    if type(entries) is not list:
+        raise InvalidInput(f'"{role}s" must be a JSON array', subject=role)
+    tensors: list[WireTensor] = []
+    offset = 0
+    for index, entry in enumerate(entries):
+        name, parameters = _named_entry(entry, index, role)
+        datatype = entry.get("datatype")
+        if datatype not in ELEMENT_SIZES:
+            check_datatype(datatype, f"{role} {name!r}")
+        shape = entry.get("shape")
+        if type(shape) is not list or not _is_dims(shape):
+            raise fail(f"{role} {name!r}", f'"shape" must be an array of integers >= 0, not {shape!r}')
+        size = parameters.get("binary_data_size")
+        if size is None:
+            if "data" not in entry:
+                raise fail(f"{role} {name!r}", 'has neither "data" nor a "binary_data_size" parameter')
+            data = entry["data"]
+            if type(data) is not list:
+                raise fail(f"{role} {name!r}", '"data" must be a JSON array')
+            tensors.append(WireTensor(name, datatype, shape, parameters, None, data, role))
+            continue
+        if type(size) is not int or size < 0:
+            raise fail(f"{role} {name!r}", f"binary_data_size must be an integer >= 0, not {size!r}")
+        if "data" in entry:
+            raise fail(f"{role} {name!r}", 'has both "data" and a "binary_data_size" parameter')
+        if binary is None:
+            raise fail(
+                f"{role} {name!r}",
+                f"binary_data_size {size} given but the body is all JSON "
+                f"(no {HEADER_LENGTH} header)",
+            )
+        end = offset + size
+        if end > len(binary):
+            raise fail(
+                f"{role} {name!r}",
+                f"binary_data_size {size} runs past the end of the body: bytes {offset}..{end} "
+                f"of a {len(binary)}-byte binary part",
+            )
+        tensors.append(WireTensor(name, datatype, shape, parameters, binary[offset:end], None, role))
+        offset = end
+    if binary is not None and offset != len(binary):
+        raise InvalidInput(
+            f"body has {len(binary) - offset} bytes after the binary data of the {role}s "
+            f"(binary_data_size values add up to {offset} of {len(binary)} binary bytes)",
+            subject=role,
+        )
+    return tensors
+
+
+def _parse_requested_outputs(entries: Any) -> list[RequestedOutput] | None:
+    if entries is None:
+        return None
+    if type(entries) is not list:
+        raise InvalidInput('"outputs" must be a JSON array', subject="outputs")
+    if not entries:  # Triton returns every output when none is named
+        return None
+    outputs: list[RequestedOutput] = []
+    seen: set[str] = set()
+    for index, entry in enumerate(entries):
+        name, parameters = _named_entry(entry, index, "requested output")
+        if name in seen:
+            raise fail(f"requested output {name!r}", "is requested twice")
+        seen.add(name)
+        binary = parameters.get("binary_data")
+        if binary is not None and type(binary) is not bool:
+            raise fail(f"requested output {name!r}", f"binary_data must be true or false, not {binary!r}")
+        outputs.append(RequestedOutput(name, binary, parameters))
+    return outputs
+
+
+def header_length(value: str | None) -> int | None:
+    """The Inference-Header-Content-Length header as a number; None when absent."""
+    if value is None:
+        return None
+    text = value.strip()
+    if not (text.isascii() and text.isdigit()):  # str.isdigit alone takes "²", which int() refuses
+        raise InvalidInput(f"{HEADER_LENGTH} must be a whole number of bytes, got {value!r}", subject=HEADER_LENGTH)
+    return int(text)
+
+
+def parse_infer_request(body: bytes | bytearray | memoryview, header_length: int | None) -> InferRequest:
+    """Parse an infer request body (structure only; see validate.py for the
+    checks against a model's declared tensors).
+
+    ``header_length`` is the Inference-Header-Content-Length header: None when
+    the whole body is JSON, > 0 for JSON followed by binary tensor data. 0
+    (a raw binary request) is the caller's to route to parse_raw_binary_request.
+    """
+    doc, binary = _split_body(body, header_length, "infer request")
+    request_id = doc.get("id")
+    if request_id is not None and type(request_id) is not str:
+        raise InvalidInput(f'infer request: "id" must be a string, not {request_id!r}', subject="id")
+    parameters = doc.get("parameters")
+    if parameters is None:
+        parameters = {}
+    elif type(parameters) is not dict:
+        raise InvalidInput('infer request: "parameters" must be a JSON object', subject="parameters")
+    binary_output = parameters.get("binary_data_output", False)
+    if type(binary_output) is not bool:
+        raise InvalidInput(
+            f"infer request: binary_data_output must be true or false, not {binary_output!r}",
+            subject="binary_data_output",
+        )
+    if "inputs" not in doc:
+        raise InvalidInput('infer request: "inputs" is missing', subject="inputs")
+    inputs = _parse_tensors(doc["inputs"], binary, "input")
+    outputs = _parse_requested_outputs(doc.get("outputs"))
+    return InferRequest(request_id, inputs, outputs, parameters, binary_output)
+
+
+def parse_raw_binary_request(
+    body: bytes | bytearray | memoryview, *, input_name: str, datatype: str, dims: list[int]
+) -> InferRequest:
+    """A raw binary request (Inference-Header-Content-Length: 0): the body is
+    the bytes of the model's one input, whose shape follows from ``dims`` (the
+    model's v2 dims, -1 for a variable one) and the byte size. Every output
+    comes back binary.
+    """
+    what = f"input {input_name!r}"
+    check_datatype(datatype, what)
+    view = _byte_view(body)
+    size = len(view)
+    if datatype == "BYTES":
+        # A raw BYTES body is one element without its length prefix (Triton
+        # prepends it); it is added here so the tensor reads like any binary
+        # BYTES tensor. Like Triton, any fixed shape of one element will do.
+        if any(type(d) is not int or d < 0 for d in dims) or prod(dims) != 1:
+            raise fail(
+                what, f"a raw binary BYTES request needs the input's shape to be [1], not {list(dims)}"
+            )
+        if size >= 2**32:
+            raise fail(what, f"a BYTES element of {size} bytes is too large (limit 4 GiB - 1)")
+        framed = memoryview(size.to_bytes(4, "little") + view.tobytes())
+        tensor = WireTensor(input_name, datatype, list(dims), {"binary_data_size": size + 4}, framed)
+        return InferRequest(None, [tensor], None, {}, True)
+    shape = _deduce_raw_shape(what, datatype, dims, size)
+    tensor = WireTensor(input_name, datatype, shape, {"binary_data_size": size}, view)
+    return InferRequest(None, [tensor], None, {}, True)
+
+
+def _deduce_raw_shape(what: str, datatype: str, dims: list[int], size: int) -> list[int]:
+    if any(type(d) is not int or d < -1 for d in dims):
+        raise fail(what, f"dims must be integers >= -1, not {dims}")
+    variable = [i for i, d in enumerate(dims) if d == -1]
+    if len(variable) > 1:
+        raise fail(
+            what,
+            f"a raw binary request needs at most one variable dimension, but dims {dims} "
+            f"have {len(variable)}; send a JSON header instead",
+        )
+    element = ELEMENT_SIZES[datatype]
+    assert element is not None
+    fixed = 1
+    for d in dims:
+        if d != -1:
+            fixed *= d
+    shape = list(dims)
+    if variable:
+        unit = fixed * element
+        if unit == 0 or size % unit:
+            raise fail(
+                what,
+                f"raw binary data of {size} bytes does not fit dims {dims} of {datatype} "
+                f"(not a multiple of {unit} bytes)",
+            )
+        shape[variable[0]] = size // unit
+    check_numeric_size(what, datatype, shape, size)
+    return shape
+
+
+# ---------------------------------------------------------------- encoding
+
+
+def _encode_tensors(
+    arrays: Mapping[str, np.ndarray],
+    role: str,
+    binary: Callable[[str], bool],
+    chunks: list[bytes | memoryview],
+) -> tuple[list[dict[str, Any]], bool]:
+    entries: list[dict[str, Any]] = []
+    any_binary = False
+    for name, array in arrays.items():
+        what = f"{role} {name!r}"
+        array = np.asarray(array)
+        try:
+            datatype = datatype_of(array)
+        except InvalidInput as exc:
+            raise fail(what, exc.message) from None
+        entry: dict[str, Any] = {"name": name, "datatype": datatype, "shape": list(array.shape)}
+        if binary(name) or datatype in BINARY_ONLY_DATATYPES:
+            chunk = to_binary(what, array, datatype)
+            entry["parameters"] = {"binary_data_size": len(chunk)}
+            any_binary = True
+            if len(chunk):
+                chunks.append(chunk)
+        else:
+            entry["data"] = to_json(what, array, datatype)
+        entries.append(entry)
+    return entries, any_binary
+
+
+def _finish(
+    doc: dict[str, Any], chunks: list[bytes | memoryview], any_binary: bool
+) -> tuple[list[bytes | memoryview], int | None]:
+    header = json.dumps(doc, separators=(",", ":")).encode("utf-8")
+    return [header, *chunks], (len(header) if any_binary else None)
+
+
+def encode_infer_request(
+    inputs: Mapping[str, np.ndarray],
+    *,
+    binary: bool = True,
+    outputs: Sequence[str] | None = None,
+    binary_outputs: bool = True,
+    request_id: str | None = None,
+    parameters: Mapping[str, Any] | None = None,
+) -> tuple[list[bytes | memoryview], int | None]:
+    """An infer request as body parts (JSON header first, then binary
+    chunks) and the Inference-Header-Content-Length, None when the body is
+    all JSON. FP16/BF16 go binary even when ``binary`` is False."""
+    chunks: list[bytes | memoryview] = []
+    entries, any_binary = _encode_tensors(inputs, "input", lambda _: binary, chunks)
+    doc: dict[str, Any] = {}
+    if request_id is not None:
+        doc["id"] = request_id
+    request_parameters = dict(parameters or {})
+    if outputs is None:
+        request_parameters["binary_data_output"] = binary_outputs
+    if request_parameters:
+        doc["parameters"] = request_parameters
+    doc["inputs"] = entries
+    if outputs is not None:
+        doc["outputs"] = [{"name": name, "parameters": {"binary_data": binary_outputs}} for name in outputs]
+    return _finish(doc, chunks, any_binary)
+
+
+def encode_infer_response(
+    *,
+    model_name: str,
+    model_version: str | None,
+    request_id: str | None,
+    outputs: Mapping[str, np.ndarray],
+    binary: Callable[[str], bool],
+    parameters: Mapping[str, Any] | None = None,
+) -> tuple[list[bytes | memoryview], int | None]:
+    """An infer response as body parts and header length (None: all JSON).
+    ``binary(name)`` says which outputs go binary (InferRequest.wants_binary);
+    FP16/BF16 outputs always do."""
+    chunks: list[bytes | memoryview] = []
+    entries, any_binary = _encode_tensors(outputs, "output", binary, chunks)
+    doc: dict[str, Any] = {"model_name": model_name}
+    if model_version is not None:
+        doc["model_version"] = model_version
+    if request_id is not None:
+        doc["id"] = request_id
+    if parameters:
+        doc["parameters"] = dict(parameters)
+    doc["outputs"] = entries
+    return _finish(doc, chunks, any_binary)
+
+
+def parse_infer_response(
+    body: bytes | bytearray | memoryview, header_length: int | None
+) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """The response JSON and its outputs decoded to numpy arrays."""
+    doc, binary = _split_body(body, header_length, "infer response")
+    tensors = _parse_tensors(doc.get("outputs", []), binary, "output")
+    arrays: dict[str, np.ndarray] = {}
+    for tensor in tensors:
+        if tensor.name in arrays:
+            raise fail(tensor.what, "appears twice in the response")
+        arrays[tensor.name] = tensor_to_numpy(tensor)
+    return doc, arrays
+
+
+__all__ = [
+    "HEADER_LENGTH", "InferRequest", "RequestedOutput", "WireTensor", "encode_infer_request",
+    "encode_infer_response", "numpy_to_binary", "numpy_to_json_data", "parse_infer_request",
+    "parse_infer_response", "parse_raw_binary_request", "tensor_to_numpy",
+]

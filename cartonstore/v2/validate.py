@@ -1,0 +1,166 @@
+"""Check a parsed infer request against a carton's declared inputs and
+outputs before it is forwarded to a runner.
+
+This runs on the daemon's event loop for every request, so it does no numpy
+work: binary numeric tensors are checked by size arithmetic alone, BYTES
+framing is walked with struct.unpack_from, and JSON data is checked by
+element type and count.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from math import prod
+from typing import Any
+
+from cartonstore.errors import InvalidInput
+from cartonstore.format.carton_toml import TensorSpec
+from cartonstore.format.dtypes import shape_to_v2_dims
+from cartonstore.v2.datatypes import ELEMENT_SIZES, carton_to_v2
+from cartonstore.v2.elements import (
+    check_bytes_framing,
+    check_json_data,
+    check_numeric_size,
+    fail,
+    shape_text,
+)
+from cartonstore.v2.framing import (
+    HEADER_LENGTH,
+    InferRequest,
+    WireTensor,
+    parse_raw_binary_request,
+)
+
+# A spec dimension or whole shape that matches anything.
+ANY = "*"
+
+
+def validate_request(
+    req: InferRequest,
+    inputs: Sequence[TensorSpec] | None,
+    outputs: Sequence[TensorSpec] | None,
+) -> None:
+    """Raise InvalidInput, naming the input, for anything the model would
+    refuse: unknown, missing or duplicate inputs, wrong datatypes, shapes
+    that break the declared dims or bind a symbol to two values, tensor data
+    that does not fill the shape, and requested outputs the model lacks.
+
+    ``inputs``/``outputs`` None means the carton declares none: only the
+    checks that need no declaration are made.
+    """
+    by_name = None if inputs is None else {spec.name: spec for spec in inputs}
+    # symbol -> (value, input that bound it): a dimension symbol binds an
+    # int, a whole-shape symbol binds the shape tuple.
+    bindings: dict[str, tuple[Any, str]] = {}
+    seen: set[str] = set()
+    for tensor in req.inputs:
+        if tensor.name in seen:
+            raise fail(tensor.what, "is given twice")
+        seen.add(tensor.name)
+        if by_name is not None:
+            spec = by_name.get(tensor.name)
+            if spec is None:
+                raise fail(tensor.what, f"is not an input of this model (inputs: {_names(inputs)})")
+            _check_against_spec(tensor, spec, bindings)
+        check_tensor_data(tensor)
+    if inputs is not None and len(seen) != len(inputs):
+        missing = [spec.name for spec in inputs if spec.name not in seen]
+        raise InvalidInput(
+            f"input {missing[0]!r} is missing (the model needs {_names(inputs)})", subject=missing[0]
+        )
+    if outputs is not None and req.outputs is not None:
+        declared = {spec.name for spec in outputs}
+        for requested in req.outputs:
+            if requested.name not in declared:
+                raise InvalidInput(
+                    f"requested output {requested.name!r} is not an output of this model "
+                    f"(outputs: {_names(outputs)})",
+                    subject=requested.name,
+                )
+
+
+def check_tensor_data(tensor: WireTensor) -> None:
+    """The tensor's data fills its shape exactly, in its datatype."""
+    datatype = tensor.datatype
+    data = tensor.data
+    if data is None:
+        check_json_data(tensor.what, datatype, tensor.shape, tensor.json_data)
+    elif datatype == "BYTES":
+        check_bytes_framing(tensor.what, tensor.shape, data)
+    elif len(data) != prod(tensor.shape) * ELEMENT_SIZES[datatype]:  # type: ignore[operator]
+        check_numeric_size(tensor.what, datatype, tensor.shape, len(data))
+
+
+def _check_against_spec(tensor: WireTensor, spec: TensorSpec, bindings: dict[str, tuple[Any, str]]) -> None:
+    expected = carton_to_v2(spec.dtype)
+    if tensor.datatype != expected:
+        raise fail(tensor.what, f"datatype is {tensor.datatype} but the model expects {expected}")
+    _check_shape(tensor, spec, bindings)
+
+
+def _check_shape(tensor: WireTensor, spec: TensorSpec, bindings: dict[str, tuple[Any, str]]) -> None:
+    declared = spec.shape
+    shape = tensor.shape
+    if declared is None or declared == ANY:
+        return
+    if isinstance(declared, str):
+        _bind(tensor, declared, tuple(shape), bindings, None)
+        return
+    if len(shape) != len(declared):
+        raise fail(
+            tensor.what,
+            f"shape {shape_text(shape)} has rank {len(shape)} but the model expects rank "
+            f"{len(declared)} ({_spec_text(declared)})",
+        )
+    for index, want in enumerate(declared):
+        dim = shape[index]
+        if type(want) is int:
+            if dim != want:
+                raise fail(
+                    tensor.what,
+                    f"shape {shape_text(shape)} has {dim} in dimension {index} but the model "
+                    f"expects {want} ({_spec_text(declared)})",
+                )
+        elif want != ANY:
+            _bind(tensor, want, dim, bindings, index)
+
+
+def _bind(
+    tensor: WireTensor, symbol: str, value: Any, bindings: dict[str, tuple[Any, str]], index: int | None
+) -> None:
+    bound = bindings.get(symbol)
+    if bound is None:
+        bindings[symbol] = (value, tensor.name)
+    elif bound[0] != value:
+        where = f"shape {shape_text(tensor.shape)}"
+        if index is not None:
+            where = f"dimension {index} of {where}"
+        raise fail(
+            tensor.what,
+            f"symbol {symbol!r} is {_value_text(value)} in {where} but "
+            f"{_value_text(bound[0])} in input {bound[1]!r}",
+        )
+
+
+def _value_text(value: Any) -> str:
+    return shape_text(list(value)) if isinstance(value, tuple) else str(value)
+
+
+def _spec_text(declared: Sequence[int | str]) -> str:
+    return "[" + ", ".join(str(d) for d in declared) + "]"
+
+
+def _names(specs: Sequence[TensorSpec]) -> str:
+    return ", ".join(repr(spec.name) for spec in specs) or "none"
+
+
+def parse_raw_binary_for(body: bytes | bytearray | memoryview, inputs: Sequence[TensorSpec] | None) -> InferRequest:
+    """A raw binary request (header length 0) for a model declaring inputs:
+    only a model with exactly one input can take one."""
+    if inputs is None or len(inputs) != 1:
+        count = "declares no inputs" if inputs is None else f"has {len(inputs)} inputs"
+        raise InvalidInput(f"a raw binary request ({HEADER_LENGTH}: 0) needs a model with exactly one input; "
+                           f"this model {count}", subject=HEADER_LENGTH)
+    spec = inputs[0]
+    return parse_raw_binary_request(body, input_name=spec.name, datatype=carton_to_v2(spec.dtype),
+                                    dims=shape_to_v2_dims(spec.shape))

@@ -1,0 +1,42 @@
+"""Processes in /proc, for tests that assert nothing they started is left."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+_GONE = ("Z", "X")  # a zombie has exited; only its parent's wait() is missing
+
+
+def _state(pid: str | int) -> str:
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+
+
+def live_pids(marker: str) -> list[int]:
+    """Processes (zombies excluded, this one too) whose command line holds marker."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            state = _state(entry)
+        except OSError:
+            continue
+        if marker in cmdline and state not in _GONE:
+            pids.append(int(entry))
+    return pids
+
+
+def wait_gone(pid: int, timeout: float = 10.0) -> bool:
+    """True once pid no longer runs (gone, or a zombie)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if _state(pid) in _GONE:
+                return True
+        except OSError:
+            return True
+        time.sleep(0.02)
+    return False

@@ -1,0 +1,151 @@
+"""The lean HTTP/1.1 client the daemon uses to talk to its runners
+(cartonstore.server.runners.wire), against a real Unix-socket server that
+answers with canned bytes: every framing a runner may use, and the ways a
+runner may break HTTP."""
+
+from __future__ import annotations
+
+import array
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from cartonstore.errors import InvalidInput
+from cartonstore.server.runners.wire import BadResponse, RunnerClient
+
+
+CLOSE = b"<close>"
+
+
+class CannedServer:
+    """Answers request i (counted over all connections) with answers[i]; a
+    None answer closes the connection without a word, so does an answer
+    ending in CLOSE after it is sent. Records each request."""
+
+    def __init__(self, answers: list[bytes | None], *, close_after: bool = False) -> None:
+        self.answers = answers
+        self.close_after = close_after
+        self.requests: list[bytes] = []
+        self.connections = 0
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                              if line.lower().startswith(b"content-length:"))
+                self.requests.append(head + await reader.readexactly(length))
+                answer = self.answers[len(self.requests) - 1]
+                if answer is None:
+                    break
+                writer.write(answer.removesuffix(CLOSE))
+                await writer.drain()
+                if self.close_after or answer.endswith(CLOSE):
+                    break
+        except asyncio.IncompleteReadError:
+            pass
+        writer.close()
+
+
+def talk(tmp_path: Path, server: CannedServer, *calls: tuple) -> list:
+    """Run the calls (method, path, headers, body) in order on one client;
+    each result is the answer or the exception raised."""
+    async def go() -> list:
+        sock = str(tmp_path / "s.sock")
+        srv = await asyncio.start_unix_server(server.handle, sock)
+        client = RunnerClient(sock)
+        results: list = []
+        try:
+            for call in calls:
+                try:
+                    results.append(await client.request(*call))
+                except (BadResponse, InvalidInput, OSError) as e:
+                    results.append(e)
+                await asyncio.sleep(0.02)   # let a server-side close arrive
+        finally:
+            client.close()
+            srv.close()
+            await srv.wait_closed()
+        return results
+
+    return asyncio.run(asyncio.wait_for(go(), 20))
+
+
+OK = b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 2\r\n\r\nok"
+POST = ("POST", "/v2/models/m/infer", {"Inference-Header-Content-Length": "3"}, [b"abc", memoryview(b"defg")])
+
+
+def test_request_bytes_and_keep_alive(tmp_path: Path) -> None:
+    server = CannedServer([OK, OK, OK])
+    results = talk(tmp_path, server, POST, POST, ("GET", "/v2/health/ready", {}))
+    assert results == [(200, {"content-type": "text/plain", "content-length": "2"}, b"ok")] * 3
+    assert server.requests[0] == (b"POST /v2/models/m/infer HTTP/1.1\r\nHost: runner\r\nContent-Length: 7\r\n"
+                                  b"Inference-Header-Content-Length: 3\r\n\r\nabcdefg")
+    assert server.requests[2].startswith(b"GET /v2/health/ready HTTP/1.1\r\n")
+    assert server.connections == 1
+
+
+def test_memoryview_of_wide_items_is_sent_as_bytes(tmp_path: Path) -> None:
+    floats = array.array("f", [1.0, 2.0, 3.0])
+    server = CannedServer([OK])
+    talk(tmp_path, server, ("POST", "/x", {}, [memoryview(floats)]))
+    assert server.requests[0].endswith(b"Content-Length: 12\r\n\r\n" + floats.tobytes())
+
+
+def test_response_framings(tmp_path: Path) -> None:
+    chunked = (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+               b"3;ext=1\r\nabc\r\n0A\r\n0123456789\r\n0\r\nX-Trailer: t\r\n\r\n")
+    interim = b"HTTP/1.1 100 Continue\r\n\r\n" + OK
+    no_content = b"HTTP/1.1 204 No Content\r\n\r\n"
+    until_close = b"HTTP/1.0 500 Oops\r\n\r\nall of this" + CLOSE
+    server = CannedServer([chunked, interim, no_content, until_close, OK])
+    results = talk(tmp_path, server, POST, POST, POST, POST, POST)
+    assert results[0][0] == 200 and results[0][2] == b"abc0123456789"
+    assert results[1] == (200, {"content-type": "text/plain", "content-length": "2"}, b"ok")
+    assert results[2] == (204, {}, b"")
+    assert results[3] == (500, {}, b"all of this")
+    assert results[4][2] == b"ok"
+    assert server.connections == 2   # the close-framed answer ended its connection
+
+
+def test_connection_closed_by_server_between_requests_is_not_reused(tmp_path: Path) -> None:
+    server = CannedServer([OK, OK], close_after=True)
+    results = talk(tmp_path, server, POST, POST)
+    assert [r[2] for r in results] == [b"ok", b"ok"]
+    assert server.connections == 2
+
+
+@pytest.mark.parametrize("answer, message", [
+    (b"\x00\xffNOT HTTP\r\n\r\n", "not an HTTP response"),
+    (b"HTTP/1.1 2000 Huge\r\n\r\n", "not an HTTP response"),
+    (b"HTTP/1.1 200 OK\r\nno colon here\r\n\r\n", "bad response header line"),
+    (b"HTTP/1.1 200 OK\r\nContent-Length: -1\r\n\r\n", "bad Content-Length"),
+    (b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nshort", "closed the connection mid-answer"),
+    (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", "bad chunk size"),
+    (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabcXY", "chunk not followed by CRLF"),
+    (None, "closed the connection without answering"),
+])
+def test_broken_answers(tmp_path: Path, answer: bytes | None, message: str) -> None:
+    server = CannedServer([answer, OK], close_after=True)
+    broken, after = talk(tmp_path, server, POST, POST)
+    assert isinstance(broken, BadResponse) and message in str(broken)
+    assert after[2] == b"ok"   # a fresh connection works again
+
+
+def test_bad_request_inputs(tmp_path: Path) -> None:
+    server = CannedServer([OK])
+    injected, no_slash, fine = talk(tmp_path, server, ("POST", "/x", {"X-Evil": "a\r\nHost: b"}, [b""]),
+                                    ("POST", "x", {}, [b""]), ("POST", "/m a", {}, [b""]))
+    assert isinstance(injected, InvalidInput) and "X-Evil" in str(injected)
+    assert isinstance(no_slash, InvalidInput) and "must start with '/'" in str(no_slash)
+    assert server.requests[0].startswith(b"POST /m%20a HTTP/1.1\r\n")
+
+
+def test_unreachable_socket(tmp_path: Path) -> None:
+    async def go() -> None:
+        with pytest.raises(FileNotFoundError):
+            await RunnerClient(str(tmp_path / "nobody.sock")).request("GET", "/", {})
+
+    asyncio.run(go())
