@@ -328,3 +328,35 @@ def test_a_cancelled_collection_stops_its_child_and_changes_nothing(store: Store
         child = asyncio.run(cancel_while_waiting_for_the_store_lock())
     assert not Path(f"/proc/{child}").exists()
     assert snapshot(store.root) == before
+
+
+def test_a_blob_file_without_its_row_is_adopted_only_between_collection_turns(store: Store,
+                                                                              tmp_path: Path) -> None:
+    """A collection forgets rows, then unlinks files, in one turn under the
+    store lock. A file seen in between is going, not a leftover to adopt:
+    missing_blobs waits for the turn and then reports the blob missing (it
+    used to adopt a row for a deleted file, or fail on the vanished file)."""
+    import threading
+
+    d = store.add(_carton(tmp_path, "m", {"model/w": b"w" * 1000})).digest
+    victim = sha(b"w" * 1000)
+    results: list[object] = []
+    with store.lock():  # what a collection's turn holds
+        store.index.forget_blobs([victim])
+        waiter = threading.Thread(target=lambda: results.append(store.missing_blobs(d)))
+        waiter.start()
+        waiter.join(0.3)
+        assert waiter.is_alive(), "adopted a file while a collection held the store lock"
+        store.blobs.delete(victim)
+    waiter.join(10)
+    assert results == [[victim]]
+    assert victim not in dict(store.index.blob_rows())
+    assert store.verify().ok
+
+
+def test_a_blob_file_left_without_its_row_is_adopted(store: Store, tmp_path: Path) -> None:
+    d = store.add(_carton(tmp_path, "m", {"model/w": b"w" * 1000})).digest
+    victim = sha(b"w" * 1000)
+    store.index.forget_blobs([victim])  # a crash between the file's rename and its row
+    assert store.missing_blobs(d) == []
+    assert dict(store.index.blob_rows())[victim] == 1000

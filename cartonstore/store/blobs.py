@@ -11,6 +11,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Iterator
@@ -171,6 +172,13 @@ class BlobStore:
 
     def size(self, digest: str) -> int:
         return self.path(digest).stat().st_size
+
+    def size_if_present(self, digest: str) -> int | None:
+        try:
+            st = self.path(digest).stat()
+        except FileNotFoundError:
+            return None
+        return st.st_size if stat.S_ISREG(st.st_mode) else None
 
     def writer(self, *, label: str = "blob") -> BlobWriter:
         return BlobWriter(self.layout, label=label)

@@ -256,12 +256,18 @@ class Store:
         without its row (a crash between rename and index commit) is adopted:
         its name proves its bytes, so the row is simply written now."""
         missing = self.index.missing_blobs(digest)
-        present = [(d, self.blobs.size(d)) for d in missing if self.blobs.has(d)]
-        if present:
-            self.index.record_blobs(present)
-            adopted = {d for d, _ in present}
-            missing = [d for d in missing if d not in adopted]
-        return missing
+        if not any(self.blobs.has(d) for d in missing):
+            return missing
+        # A collection forgets rows and then unlinks their files, both in one
+        # turn under the store lock: a file seen without its row may be about
+        # to go. Adopt only while no collection runs, looking again.
+        with self.lock(shared=True):
+            missing = self.index.missing_blobs(digest)
+            present = [(d, size) for d in missing if (size := self.blobs.size_if_present(d)) is not None]
+            if present:
+                self.index.record_blobs(present)
+        adopted = {d for d, _ in present}
+        return [d for d in missing if d not in adopted]
 
     def _build_model(self, digest: str, dest: Path) -> None:
         missing = self.missing_blobs(digest)
