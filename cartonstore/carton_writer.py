@@ -46,12 +46,16 @@ def plan_links(checked: CheckedCarton, *, url_prefix: str, min_size: int) -> dic
 
 def write_carton(out: Path, checked: CheckedCarton, view: CartonView, *, compression: str = "zstd",
                  links: dict[str, tuple[str, ...]] | None = None) -> WrittenCarton:
-    """Write the carton; files whose digest is in ``links`` are left out of the zip."""
+    """Write the carton; files whose digest is in ``links`` are left out of
+    the zip. An ``out`` that is a symlink is written through (its target)."""
     try:
         method = COMPRESSION_METHODS[compression]
     except KeyError:
         raise InvalidInput(f"unknown compression {compression!r} (choose zstd, deflate or stored)") from None
     links = dict(links or {})
+    if out.is_symlink():  # write the file it points to, as a shell's > would
+        out = Path(os.path.realpath(out))
+    check_destination(out)
     order = sorted(checked.entries, key=lambda e: (e.path != "carton.toml", e.path.encode()))
     tmp = out.with_name(f".{out.name}.{secrets.token_hex(4)}.tmp")
     inline = linked = 0
@@ -81,3 +85,16 @@ def write_carton(out: Path, checked: CheckedCarton, view: CartonView, *, compres
         tmp.unlink(missing_ok=True)
         raise
     return WrittenCarton(out, checked.digest, inline, linked, out.stat().st_size)
+
+
+def check_destination(out: Path) -> None:
+    """Refuse (InvalidInput) an output path that cannot be written because
+    of what the user typed: a missing directory, a directory as the file."""
+    parent = out.parent
+    if not parent.exists():
+        raise InvalidInput(f"cannot write {out}: directory {parent} does not exist", subject=str(out))
+    if not parent.is_dir():
+        raise InvalidInput(f"cannot write {out}: {parent} is not a directory", subject=str(out))
+    if out.is_dir():
+        raise InvalidInput(f"cannot write {out}: it is a directory (give a file name, e.g. {out / 'model.carton'})",
+                           subject=str(out))

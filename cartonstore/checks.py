@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
-from typing import BinaryIO, Callable
+from typing import BinaryIO, Callable, Iterable
 
 from .entry import EntryRow
-from .errors import InvalidCarton
+from .errors import InvalidCarton, ManifestMismatch
 from .format.carton_toml import CartonConfig, check_references, parse_carton_toml
 from .format.links import parse_links
 from .format.manifest import Manifest, build_manifest, parse_manifest
@@ -80,14 +80,18 @@ def compute_manifest(view: CartonView) -> bytes:
 
 
 def check_carton(view: CartonView, *, manifest_raw: bytes | None = None,
-                 links_raw: bytes | None = None) -> CheckedCarton:
+                 links_raw: bytes | None = None, top_level: bool = True) -> CheckedCarton:
     """Validate a carton's metadata and structure; raises InvalidCarton.
     ``manifest_raw`` / ``links_raw`` override what the view holds (b"" for
-    "no LINKS")."""
+    "no LINKS"). ``top_level``: refuse entries outside the format. That is
+    checked on the way in; a carton the store already holds (exported, or
+    re-read to bring evicted blobs back) is taken as it was accepted."""
     raw = manifest_raw if manifest_raw is not None else view.read_metadata("MANIFEST")
     if raw is None:
         raise InvalidCarton("MANIFEST", "missing: every carton must have one")
     manifest = parse_manifest(raw)
+    if top_level:
+        check_top_level(view, manifest.as_dict())
     if links_raw is None:
         links_raw = view.read_metadata("LINKS")
     links = parse_links(links_raw) if links_raw else {}
@@ -104,6 +108,32 @@ def check_carton(view: CartonView, *, manifest_raw: bytes | None = None,
     )
     present = frozenset(p for p, f in view.files.items() if f.kind == "file")
     return CheckedCarton(manifest, config, links, entries, tensors, present)
+
+
+# What a carton holds at its top level (specs/carton-format-v1.txt, "Each
+# carton contains the following"); MANIFEST and LINKS are read as metadata.
+TOP_LEVEL_FILES = frozenset({"carton.toml", "MANIFEST", "LINKS"})
+TOP_LEVEL_FOLDERS = frozenset({"model", "tensor_data", "misc"})
+
+
+def outside_the_format(paths: Iterable[str]) -> list[str]:
+    """Top-level entries (``name`` or ``folder/``) that are not part of a carton."""
+    out = set()
+    for path in paths:
+        top, sep, _ = path.partition("/")
+        if (top not in TOP_LEVEL_FOLDERS) if sep else (top not in TOP_LEVEL_FILES):
+            out.add(top + sep)
+    return sorted(out)
+
+
+def check_top_level(view: CartonView, listed: dict[str, str]) -> None:
+    """Refuse entries outside the format (a stale out.carton, notes.txt, .git/),
+    whether in the source or only in MANIFEST, naming each."""
+    extra = outside_the_format([*view.files, *listed])
+    if extra:
+        shown = ", ".join(extra[:10]) + (f" and {len(extra) - 10} more" if len(extra) > 10 else "")
+        raise InvalidCarton(shown, f"outside the carton format, in {view.label}: a carton holds only "
+                                   "carton.toml, MANIFEST, LINKS, model/, tensor_data/ and misc/ at its top level")
 
 
 def _size_of(view: CartonView, path: str) -> int | None:
@@ -150,7 +180,7 @@ def _read_checked(view: CartonView, path: str, listed: dict[str, str], limit: in
     data = read_limited(view, path, limit)
     actual = hashlib.sha256(data).hexdigest()
     if actual != listed[path]:
-        raise InvalidCarton(path, f"bytes hash to sha256 {actual} but MANIFEST says {listed[path]}")
+        raise ManifestMismatch(path, f"bytes hash to sha256 {actual} but MANIFEST says {listed[path]}")
     return data
 
 

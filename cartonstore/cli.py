@@ -17,6 +17,7 @@ from typing import Any, Callable, Sequence
 
 from . import __version__
 from .errors import CartonStoreError, IntegrityError, exit_code_for
+from .cli_args import arrange_argv
 from .config import Config, load_config
 from .fetch.puller import Puller
 from .progress import MODES, Progress
@@ -35,6 +36,7 @@ examples:
 REF is a manifest hash, a unique prefix of at least 8 hex digits, a name,
 or (for path and inspect) a local .carton file or directory to add first.
 The store root is --root, else $CARTONSTORE_ROOT, else ~/.cache/cartonstore.
+A command's options may also come before it: cartonstore --root DIR ls.
 Exit status: 0 ok, 2 usage, 3 not found, 4 invalid input, 5 integrity
 failure, 6 unavailable (disk, lock, network), 7 conflict, 1 other errors.
 """
@@ -76,8 +78,8 @@ def with_puller(store: Store, args: argparse.Namespace, work):  # noqa: ANN001, 
     progress = Progress(args.progress)
 
     async def run():  # noqa: ANN202
-        async with Puller(store, args.settings.fetch_config(), progress=progress.bytes,
-                          on_event=progress.event) as p:
+        async with Puller(store, args.settings.fetch_config(), on_event=progress.event) as p:
+            progress.watch(p.stats)
             try:
                 return await work(p)
             finally:
@@ -90,10 +92,9 @@ def cmd_add(store: Store, args: argparse.Namespace, out: Output) -> None:
     r = with_puller(store, args, lambda p: p.add(args.source, name=args.name, lazy=args.lazy, force=args.force))
     data = {"manifest_sha256": r.digest, "name": r.name, "complete": r.complete,
             "naming": r.naming.as_json() if r.naming else {"name": r.name, "moved_from": None, "kept_by": None},
-            "blobs_fetched": r.blobs_fetched, "bytes_received": r.bytes_received, "requests": r.requests}
+            **r.counts()}
     state = "complete" if r.complete else "known (blobs not fetched yet)"
-    out.emit(data, [f"added {args.source}: {state}; {format_size(r.bytes_received)} transferred "
-                    f"in {r.requests} request(s)", r.digest])
+    out.emit(data, [f"added {args.source}: {state}; {r.summary()}", r.digest])
 
 
 def cmd_infer(store: Store, args: argparse.Namespace, out: Output) -> None:
@@ -133,7 +134,8 @@ def cmd_ls(store: Store, args: argparse.Namespace, out: Output) -> None:
              "runner": i.row.runner_name, "files": i.row.file_count, "size": i.row.total_size,
              "complete": i.complete, "path": str(i.model_dir) if i.model_dir else None} for i in infos]
     lines = [f"{r['manifest_sha256'][:16]}  {'complete' if r['complete'] else 'partial ':8}  "
-             f"{format_size(r['size'] or 0):>10}  {','.join(r['names']) or '-'}" for r in rows]
+             f"{format_size(r['size']) if r['size'] is not None else '?':>10}  {','.join(r['names']) or '-'}"
+             for r in rows]
     if out.as_json:
         print(json.dumps(rows, indent=2, sort_keys=True))
     else:
@@ -222,7 +224,7 @@ def cmd_verify(store: Store, args: argparse.Namespace, out: Output) -> int:
 
 def cmd_serve(store: Store | None, args: argparse.Namespace, out: Output) -> None:
     from .server.daemon import DaemonSettings, run_daemon, setup_logging
-    from .server.service import LeaseSettings
+    from .server.loaded_model import LeaseSettings
     from .store.gc import GcPolicy
 
     cfg: Config = args.settings
@@ -238,14 +240,14 @@ def cmd_serve(store: Store | None, args: argparse.Namespace, out: Output) -> Non
         socket_group=cfg.server.socket_group or None, listen=cfg.server.listen or None,
         leases=LeaseSettings(cfg.leases.default_ttl, cfg.leases.max_ttl, cfg.leases.pin_ttl),
         fetch=cfg.fetch_config(), zip_limits=cfg.zip_limits(), max_request_size=cfg.server.max_request_size,
-        shutdown_timeout=cfg.server.shutdown_timeout,
+        shutdown_timeout=cfg.server.shutdown_timeout, access_log=cfg.server.access_log,
         gc=GcPolicy(max_size=cfg.gc.max_size, min_free=cfg.gc.min_free, grace=cfg.gc.grace),
         gc_interval=cfg.gc.interval, runners=cfg.runners))
 
 
 def cmd_gc(store: Store | None, args: argparse.Namespace, out: Output) -> None:
     from .client import Client, DaemonUnavailable
-    from .store.gc import GcPolicy
+    from .store.gc import GcPolicy, eviction_summary
 
     cfg: Config = args.settings
     policy = GcPolicy(
@@ -268,8 +270,7 @@ def cmd_gc(store: Store | None, args: argparse.Namespace, out: Output) -> None:
         f"expired leases dropped: {report['expired_leases']}",
         f"unreferenced blobs: {report['unreferenced_blobs']} ({format_size(report['unreferenced_bytes'])})",
         f"tmp/ leftovers: {report['tmp_entries']} ({format_size(report['tmp_bytes'])})",
-        f"evicted: {len(report['evicted_models'])} model(s), {report['evicted_blobs']} blob(s) "
-        f"({format_size(report['evicted_bytes'])})",
+        eviction_summary(report),
         f"{verb} {format_size(report['freed_bytes'])} (ran in {report['ran_in']})",
     ])
 
@@ -382,7 +383,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(arrange_argv(parser, sys.argv[1:] if argv is None else argv))
     out = Output(args.json)
     try:
         if args.command == "pack":

@@ -56,6 +56,7 @@ ENV_VARS: Mapping[str, str] = MappingProxyType({
     "CARTONSTORE_LISTEN": "server.listen",
     "CARTONSTORE_LOG_FORMAT": "server.log_format",
     "CARTONSTORE_LOG_LEVEL": "server.log_level",
+    "CARTONSTORE_ACCESS_LOG": "server.access_log",
 })
 """Environment variable -> the setting it overrides. Empty variables are ignored."""
 
@@ -159,6 +160,7 @@ class ServerSettings:
     allow_remote_listen: bool = v.setting(False, v.boolean)
     log_format: str = v.setting("text", v.choice("text", "json"))
     log_level: str = v.setting("info", v.choice("debug", "info", "warning", "error"))
+    access_log: bool = v.setting(False, v.boolean)
     max_request_size: int = v.size_setting(256 << 20, 1)
     shutdown_timeout: float = v.duration_setting(10.0, positive=False)
 

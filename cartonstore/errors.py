@@ -60,6 +60,19 @@ class IntegrityError(CartonStoreError):
     """Bytes that do not match their digest, or a store that disagrees with its index."""
 
 
+class ManifestMismatch(IntegrityError):
+    """A file of a carton whose bytes do not hash to its MANIFEST line: the
+    carton is damaged or was tampered with. An integrity failure (exit 5);
+    to the HTTP API it is a bad carton from the caller (400)."""
+
+    http_status = 400
+
+    def __init__(self, file: str, problem: str) -> None:
+        super().__init__(f"{file}: does not match MANIFEST: {problem}", subject=file)
+        self.file = file
+        self.problem = problem
+
+
 class Unavailable(CartonStoreError):
     """Something needed is out of reach right now: network, disk space, a lock."""
 
@@ -76,6 +89,11 @@ class FetchError(Unavailable):
         super().__init__(message, subject=subject)
         self.retryable = retryable
         self.retry_after = retry_after
+
+
+class FetchNotFound(FetchError, NotFound):
+    """The server says there is no such resource (HTTP 404 or 410): a
+    FetchError to the fetcher, not found (exit 3) to the user."""
 
 
 # What each category means to a command's exit status and to an HTTP status:
@@ -97,4 +115,5 @@ def exit_code_for(exc: CartonStoreError) -> int:
 
 
 def http_status_for(exc: CartonStoreError) -> int:
-    return next(status for cls, _, status in CATEGORIES if isinstance(exc, cls))
+    own = getattr(exc, "http_status", None)  # a class that differs from its category's
+    return own if own is not None else next(status for cls, _, status in CATEGORIES if isinstance(exc, cls))

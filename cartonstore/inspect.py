@@ -7,6 +7,7 @@ from typing import Any
 from .format.dtypes import carton_dtype_to_v2, shape_to_v2_dims
 from .format.tensor_data import parse_tensor_index
 from .store import Store
+from .units import format_size
 
 
 def _tensor_specs(specs) -> list[dict[str, Any]] | None:  # noqa: ANN001
@@ -58,13 +59,22 @@ def describe_carton(store: Store, digest: str) -> dict[str, Any]:
     }
 
 
+def _total(d: dict[str, Any]) -> str:
+    """The carton's size, or what is known of it while linked files are not fetched yet."""
+    if d["size"] is not None:
+        return format_size(d["size"])
+    unknown = [f for f in d["files"] if f["kind"] == "file" and f["size"] is None]
+    known = sum(f["size"] or 0 for f in d["files"] if f["kind"] == "file")
+    return f"? ({format_size(known)} known; {len(unknown)} linked file(s) not fetched yet)"
+
+
 def render_text(d: dict[str, Any]) -> str:
     state = "complete" if d["complete"] else f"{len(d['missing_blobs'])} blob(s) missing"
     if d["path"]:
         state += f", materialized at {d['path']}"
     lines = [f"model:     {d['model_name'] or '(unnamed)'}", f"names:     {', '.join(d['names']) or '-'}",
              f"runner:    {d['runner']['runner_name']} {d['runner']['required_framework_version']}",
-             f"state:     {state}"]
+             f"state:     {state}", f"size:      {_total(d)}"]
     if d["short_description"]:
         lines.append(f"about:     {d['short_description']}")
     for kind in ("inputs", "outputs"):

@@ -20,6 +20,7 @@ _DURATION_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604
 
 def parse_size(text: str) -> int:
     """'10G' / '10GiB' -> binary units; 'GB' -> decimal; a bare number is bytes."""
+    _refuse_negative(text, "size", "512M, 10GiB, 1000000", parse_size)
     m = _SIZE_RE.match(text)
     unit = m.group(2).lower() if m else None
     if not m or unit not in _SIZE_UNITS:
@@ -30,12 +31,24 @@ def parse_size(text: str) -> int:
 def parse_duration(text: str) -> float:
     """'90' (seconds), '30m', '1h30m', '7d' -> seconds."""
     s = text.strip()
+    _refuse_negative(s, "duration", "90, 30m, 1h30m, 7d", parse_duration)
     if re.fullmatch(r"\d+(?:\.\d+)?", s):
         return float(s)
     parts = _DURATION_RE.findall(s)
     if not parts or "".join(n + u for n, u in parts) != s:
         raise InvalidInput(f"not a duration: {text!r} (expected e.g. 90, 30m, 1h30m, 7d)")
     return sum(float(n) * _DURATION_UNITS[u] for n, u in parts)
+
+
+def _refuse_negative(text: str, what: str, examples: str, parse) -> None:  # noqa: ANN001
+    """'-5G' is refused as negative, not as a mystery (or, on a command line, an option)."""
+    rest = text.strip()
+    if rest.startswith("-") and not rest.startswith("--"):
+        try:
+            parse(rest[1:])
+        except InvalidInput:
+            return
+        raise InvalidInput(f"invalid {what} {text.strip()!r}: a {what} must be positive (e.g. {examples})")
 
 
 def format_size(n: int) -> str:

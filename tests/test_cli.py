@@ -122,3 +122,80 @@ def test_settings_file_environment_and_flags(tmp_path: Path, capsys) -> None:  #
     assert code == 4 and "did you mean 'server.listen'" in err
     code, out, err = run(capsys, "serve", "--listen", "10.1.2.3:80", "--root", str(tmp_path / "r"))
     assert code == 4 and "server.listen" in err
+
+
+def test_ls_and_inspect_show_the_size_of_files_that_came_through_links(tmp_path: Path, capsys, origin) -> None:  # noqa: ANN001
+    """A LINKS file has no size until it is fetched: the carton is listed as
+    '?' (null) while lazy, then with its whole size once complete."""
+    from conftest import MINIMAL_TOML
+    from fetchkit import linked_carton
+
+    payload = os.urandom(300_000)
+    carton, _ = linked_carton(tmp_path, origin, {"model/w.bin": payload}, extra={"model/small": b"inline"})
+    root = str(tmp_path / "root")
+    code, out, err = run(capsys, "add", str(carton), "--lazy", "--root", root, "--progress", "none")
+    assert code == 0, err
+    digest = out.splitlines()[-1]
+    code, out, _ = run(capsys, "ls", "--root", root, "--json")
+    assert json.loads(out)[0]["size"] is None
+    code, out, _ = run(capsys, "ls", "--root", root)
+    assert out.split()[1:3] == ["partial", "?"]
+    code, out, _ = run(capsys, "inspect", digest, "--root", root)
+    assert "size:      ? (" in out and "1 linked file(s) not fetched yet" in out
+    code, _, err = run(capsys, "path", digest, "--root", root, "--progress", "none")
+    assert code == 0, err
+    total = len(payload) + len(b"inline") + len(MINIMAL_TOML)
+    code, out, _ = run(capsys, "ls", "--root", root, "--json")
+    assert json.loads(out)[0]["size"] == total and json.loads(out)[0]["complete"] is True
+    code, out, _ = run(capsys, "ls", "--root", root)
+    assert out.split()[1:4] == ["complete", f"{total / 1024:.1f}", "KiB"]
+    code, out, _ = run(capsys, "inspect", digest, "--root", root, "--json")
+    info = json.loads(out)
+    assert info["size"] == total
+    assert {f["path"]: f["size"] for f in info["files"]}["model/w.bin"] == len(payload)
+    code, out, _ = run(capsys, "inspect", digest, "--root", root)
+    assert f"size:      {total / 1024:.1f} KiB" in out and " ? " not in out
+    assert f"{len(payload):>12}  model/w.bin" in out
+    # Known once fetched: evicted, then added lazily again, the sizes stay.
+    assert run(capsys, "gc", "--root", root, "--local", "--max-size", "0")[0] == 0
+    assert run(capsys, "add", str(carton), "--lazy", "--root", root, "--progress", "none")[0] == 0
+    _, out, _ = run(capsys, "inspect", digest, "--root", root, "--json")
+    info = json.loads(out)
+    assert info["complete"] is False and info["size"] == total
+    assert {f["path"]: f["size"] for f in info["files"]}["model/w.bin"] == len(payload)
+
+
+def test_a_carton_added_complete_through_links_has_its_size_at_once(tmp_path: Path, capsys, origin) -> None:  # noqa: ANN001
+    from conftest import MINIMAL_TOML
+    from fetchkit import linked_carton
+
+    carton, _ = linked_carton(tmp_path, origin, {"model/a.bin": b"a" * 70_000, "model/b.bin": b"b" * 50_000})
+    root = str(tmp_path / "root")
+    assert run(capsys, "add", str(carton), "--root", root, "--progress", "none")[0] == 0
+    _, out, _ = run(capsys, "ls", "--root", root, "--json")
+    assert json.loads(out)[0]["size"] == 120_000 + len(MINIMAL_TOML)
+
+
+def test_sizes_already_fetched_are_learned_by_an_older_store(tmp_path: Path, capsys, origin) -> None:  # noqa: ANN001
+    """A store written before sizes were learned (entries and total NULL
+    although the blobs are there) learns them once, when it is opened."""
+    import sqlite3
+
+    from cartonstore.store import Store
+    from conftest import MINIMAL_TOML
+    from fetchkit import linked_carton
+
+    carton, _ = linked_carton(tmp_path, origin, {"model/w.bin": b"w" * 40_000})
+    root = tmp_path / "root"
+    assert run(capsys, "add", str(carton), "--root", str(root), "--progress", "none")[0] == 0
+    conn = sqlite3.connect(root / "index.db")
+    with conn:
+        conn.execute("UPDATE entries SET size=NULL WHERE path='model/w.bin'")
+        conn.execute("UPDATE cartons SET total_size=NULL")
+        conn.execute("DELETE FROM meta WHERE key='sizes_learned'")
+    conn.close()
+    _, out, _ = run(capsys, "ls", "--root", str(root), "--json")
+    assert json.loads(out)[0]["size"] == 40_000 + len(MINIMAL_TOML)
+    with Store(root) as s:
+        sizes = {e.path: e.size for e in s.index.entries(s.resolve("tiny"))}
+    assert sizes["model/w.bin"] == 40_000

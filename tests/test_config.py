@@ -81,6 +81,7 @@ DEFAULTS = {
     "server.allow_remote_listen": False,
     "server.log_format": "text",
     "server.log_level": "info",
+    "server.access_log": False,
     "server.max_request_size": 256 * MiB,
     "server.shutdown_timeout": 10.0,
     "leases.default_ttl": 60.0,
@@ -179,6 +180,7 @@ FILE_VALUES = [
     ("server.log_level", '"debug"', "debug"),
     ("server.log_level", '"warning"', "warning"),
     ("server.log_level", '"error"', "error"),
+    ("server.access_log", "true", True),
     ("server.max_request_size", '"1GiB"', GiB),
     ("server.max_request_size", "1048576", MiB),
     ("server.shutdown_timeout", '"1m30s"', 90.0),
@@ -282,6 +284,7 @@ ENV_VALUES = [
     ("CARTONSTORE_LISTEN", "127.0.0.1:9", "server.listen", "127.0.0.1:9"),
     ("CARTONSTORE_LOG_FORMAT", "json", "server.log_format", "json"),
     ("CARTONSTORE_LOG_LEVEL", "DEBUG", "server.log_level", "debug"),
+    ("CARTONSTORE_ACCESS_LOG", "true", "server.access_log", True),
 ]
 
 
@@ -405,6 +408,7 @@ BAD_VALUES = [
     ("server.listen", "8000", "expected HOST:PORT as a string"),
     ("server.listen", '"0.0.0.0:8000"', "is not a loopback address"),
     ("server.allow_remote_listen", '"maybe"', "expected true or false, got 'maybe'"),
+    ("server.access_log", '"sometimes"', "expected true or false, got 'sometimes'"),
     ("server.log_format", '"xml"', "expected one of 'text', 'json', got 'xml'"),
     ("server.log_level", '"verbose"', "expected one of 'debug', 'info', 'warning', 'error'"),
     ("server.max_request_size", '"lots"', "expected a size such as 512MiB"),

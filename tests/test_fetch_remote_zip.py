@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from cartonstore.errors import CartonStoreError, FetchError, InvalidCarton
+from cartonstore.errors import CartonStoreError, FetchError, ManifestMismatch
 from cartonstore.fetch.puller import Puller
 from cartonstore.fetch.remote_zip import plan_requests
 from cartonstore.pack import pack_directory
@@ -63,6 +63,24 @@ def test_second_carton_transfers_only_what_is_new(store: Store, tmp_path: Path, 
     assert (asyncio.run(_materialize(store, "b")) / "model" / "shared.bin").read_bytes() == shared
 
 
+def test_an_evicted_blob_comes_back_when_the_server_stopped_taking_range(store: Store, origin) -> None:  # noqa: ANN001
+    victim = _pulled_then_evicted(store, origin, "misc/model_architecture.png")
+    origin.set_fault("/m.carton", Fault(ignore_range=True))  # now one whole download is the only way
+    model = asyncio.run(_materialize(store, FIXTURE_DIGEST))
+    assert (model / "misc" / "model_architecture.png").stat().st_size == victim.size
+    assert store.verify().ok and tmp_files(store) == []
+
+
+def _pulled_then_evicted(store: Store, origin, path: str):  # noqa: ANN001, ANN202
+    """The fixture added from the origin by URL, then one entry's blob gone (as gc evicts)."""
+    origin.put("/m.carton", FIXTURE_CARTON.read_bytes())
+    pull(store, origin.url("/m.carton"))
+    victim = next(e for e in store.index.entries(FIXTURE_DIGEST) if e.path == path)
+    os.unlink(store.blobs.path(victim.digest))
+    store.index.forget_blob(victim.digest)
+    return victim
+
+
 async def _materialize(store: Store, ref: str) -> Path:
     async with Puller(store, fast_config()) as p:
         return await p.materialize(ref)
@@ -90,7 +108,7 @@ def test_remote_carton_with_wrong_bytes_is_rejected(store: Store, tmp_path: Path
     bad = write_zip(tmp_path / "bad.carton", [("carton.toml", MINIMAL_TOML), ("model/w.bin", b"evil bytes"),
                                               ("MANIFEST", manifest_for(files))])
     origin.put_file("/bad.carton", bad)
-    with pytest.raises(InvalidCarton, match="model/w.bin.*MANIFEST"):
+    with pytest.raises(ManifestMismatch, match="model/w.bin.*MANIFEST"):
         pull(store, origin.url("/bad.carton"))
     assert blob_files(store) == [] and tmp_files(store) == []
     assert carton_entries  # helper imported for symmetry with other tests
@@ -159,11 +177,7 @@ def test_cli_add_url_and_path(tmp_path: Path, origin, capsys) -> None:  # noqa: 
 
 
 def test_an_evicted_in_zip_blob_comes_back_from_the_zip(store: Store, origin) -> None:  # noqa: ANN001
-    origin.put("/m.carton", FIXTURE_CARTON.read_bytes())
-    pull(store, origin.url("/m.carton"))
-    victim = next(e for e in store.index.entries(FIXTURE_DIGEST) if e.path == "misc/model_architecture.png")
-    os.unlink(store.blobs.path(victim.digest))
-    store.index.forget_blob(victim.digest)
+    victim = _pulled_then_evicted(store, origin, "misc/model_architecture.png")
     origin.reset_counts()
     model = asyncio.run(_materialize(store, FIXTURE_DIGEST))
     assert (model / "misc" / "model_architecture.png").stat().st_size == victim.size

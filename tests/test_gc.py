@@ -185,8 +185,38 @@ def test_cli_gc_runs_in_the_daemon_when_one_serves(daemon, tmp_path: Path, capsy
                  "--max-size", "0"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["ran_in"] == "daemon" and report["evicted_blobs"] == 1
+    with Store(daemon.root) as s:
+        digest = s.resolve("a")
+    assert report["partial_models"] == [{"manifest_sha256": digest, "names": ["a"]}]
     assert main(["gc", "--root", str(daemon.root), "--local", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["ran_in"] == "this process"
+
+
+def test_cli_gc_counts_the_models_it_made_partial(tmp_path: Path, capsys) -> None:  # noqa: ANN001
+    """Models never materialized lose their blobs too: the report names them
+    (not "evicted: 0 model(s)")."""
+    root = str(tmp_path / "root")
+    digests = {}
+    for n in ("big", "tiny", "kept"):
+        files = {"model/w": os.urandom(60_000 if n == "big" else 20_000)}
+        assert main(["add", str(_carton(tmp_path, n, files)), "--root", root, "--progress", "none", "--json"]) == 0
+        digests[n] = json.loads(capsys.readouterr().out)["manifest_sha256"]
+        time.sleep(0.01)
+    assert main(["gc", "--root", root, "--local", "--max-size", "30K", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "would evict 2 blob(s) (78.1 KiB); 2 model(s) would be partial: big, tiny\n" in out
+    assert main(["gc", "--root", root, "--local", "--max-size", "30K"]) == 0
+    out = capsys.readouterr().out
+    assert "evicted 2 blob(s) (78.1 KiB); 2 model(s) now partial: big, tiny\n" in out
+    assert "model directory" not in out
+    with Store(root) as s:
+        assert s.info(digests["big"]).missing_blobs and s.info(digests["tiny"]).missing_blobs
+        assert not s.info(digests["kept"]).missing_blobs
+    assert main(["gc", "--root", root, "--local", "--json", "--max-size", "0"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["partial_models"] == [{"manifest_sha256": digests["kept"], "names": ["kept"]}]
+    assert main(["gc", "--root", root, "--local", "--max-size", "0"]) == 0
+    assert "evicted 0 blob(s) (0 B)\n" in capsys.readouterr().out
 
 
 def test_the_daemon_collects_on_its_own_over_budget(tmp_path: Path, capsys) -> None:  # noqa: ANN001

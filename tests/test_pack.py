@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import zipfile
 from pathlib import Path
@@ -104,3 +105,130 @@ def test_pack_link_options_are_checked(model_dir: Path, tmp_path: Path) -> None:
         pack_directory(model_dir, tmp_path / "m.carton", link_prefix="ftp://x", link_min_size=1)
     with pytest.raises(InvalidInput, match="link-prefix"):
         pack_directory(model_dir, tmp_path / "m.carton", link_min_size=1)
+
+
+def _zip_names(path: Path) -> list[str]:
+    with ZipReader(path, ZipLimits()) as z:
+        return [e.name for e in z.entries]
+
+
+def test_pack_refuses_top_level_entries_outside_the_format(model_dir: Path, tmp_path: Path, capsys) -> None:  # noqa: ANN001
+    from cartonstore.cli import main
+
+    (model_dir / "notes.txt").write_text("mine")
+    (model_dir / "old.carton").write_bytes(b"PK stale")
+    (model_dir / ".git").mkdir()
+    (model_dir / ".git" / "config").write_text("[core]\n")
+    (model_dir / "misc").mkdir()
+    (model_dir / "misc" / "ok.png").write_bytes(b"png")  # inside the format: fine
+    (model_dir / "tensor_data.bak").mkdir()
+    (model_dir / "tensor_data.bak" / "x").write_bytes(b"x")
+    out = tmp_path / "m.carton"
+    assert main(["pack", str(model_dir), "-o", str(out)]) == 4
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.startswith("cartonstore pack: error: .git/, notes.txt, old.carton, tensor_data.bak/: "
+                                   "outside the carton format")
+    assert "misc" not in captured.err.split(":")[2]
+    assert not out.exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(".m.carton")]
+    for p in ("notes.txt", "old.carton"):
+        (model_dir / p).unlink()
+    import shutil
+
+    shutil.rmtree(model_dir / ".git")
+    shutil.rmtree(model_dir / "tensor_data.bak")
+    assert main(["pack", str(model_dir), "-o", str(out)]) == 0
+    assert "misc/ok.png" in _zip_names(out)
+
+
+def test_a_file_named_like_a_folder_is_outside_the_format(model_dir: Path, tmp_path: Path) -> None:
+    (model_dir / "misc").write_bytes(b"a file, not the misc folder")
+    with pytest.raises(InvalidCarton, match=r"^misc: outside the carton format"):
+        pack_directory(model_dir, tmp_path / "m.carton")
+
+
+def _symlinked_output(src: Path, tmp_path: Path) -> Path:
+    (tmp_path / "alias").symlink_to(src, target_is_directory=True)
+    return tmp_path / "alias" / "out.carton"
+
+
+def _output_through_a_file_symlink(src: Path, tmp_path: Path) -> Path:
+    (tmp_path / "link.carton").symlink_to(src / "out.carton")
+    return tmp_path / "link.carton"
+
+
+@pytest.mark.parametrize("where", [
+    lambda src, tmp: src / "out.carton",                     # inside the directory
+    lambda src, tmp: src / "model" / "out.carton",           # at a nested path
+    lambda src, tmp: src / "model" / ".." / "out.carton",    # spelled with ..
+    _symlinked_output,                                        # through a symlink to the directory
+    _output_through_a_file_symlink,                           # -o is a symlink into the directory
+], ids=["inside", "nested", "dotdot", "symlinked-dir", "symlink-file"])
+def test_pack_never_packs_its_own_output(model_dir: Path, tmp_path: Path, capsys, where) -> None:  # noqa: ANN001
+    """Packing twice to the same -o gives the same carton: the first run's
+    output (and a crashed run's temporary file beside it) is never packed."""
+    from cartonstore.cli import main
+
+    expected = sha(manifest_for(_files(model_dir)))
+    out = where(model_dir, tmp_path)
+    if out.is_symlink():
+        (model_dir / "out.carton").write_bytes(b"a previous run's carton")
+    for _ in range(2):
+        assert main(["pack", str(model_dir), "-o", str(out), "--json"]) == 0
+        written = Path(json.loads(capsys.readouterr().out)["path"])
+        assert written.resolve() == out.resolve() and written.is_file()
+        if out.is_symlink():  # written through the link, as a shell's > would
+            assert written == model_dir / "out.carton" and out.resolve() == written
+        (out.parent / f".{out.name}.0123abcd.tmp").write_bytes(b"left by a killed pack")
+        assert sorted(n for n in _zip_names(out) if n != "MANIFEST") == sorted(_files_without_outputs(model_dir))
+        with Store(tmp_path / "root") as s:
+            assert s.add(out).digest == expected
+
+
+def _files_without_outputs(d: Path) -> list[str]:
+    return [p for p in _files(d) if not p.endswith((".carton", ".tmp"))]
+
+
+def test_add_refuses_a_carton_with_entries_outside_the_format(tmp_path: Path, make_carton, capsys) -> None:  # noqa: ANN001
+    """The spec lists what a carton holds; a zip or directory with more (here
+    a stale out.carton listed in its MANIFEST) is refused, store unchanged."""
+    from cartonstore.cli import main
+    from conftest import snapshot
+
+    root = tmp_path / "root"
+    assert main(["add", str(FIXTURE_CARTON), "--root", str(root), "--progress", "none"]) == 0
+    capsys.readouterr()
+    before = snapshot(root)
+    zipped = make_carton({"model/w": b"w" * 100, "out.carton": b"PK an old carton"})
+    unlisted = make_carton({"model/w": b"w"}, manifest=manifest_for({"carton.toml": MINIMAL_TOML, "model/w": b"w"}))
+    with zipfile.ZipFile(unlisted, "a") as z:
+        z.writestr("junk/readme", b"not in MANIFEST")
+    d = tmp_path / "dir"
+    (d / "model").mkdir(parents=True)
+    (d / "carton.toml").write_bytes(MINIMAL_TOML)
+    (d / "model" / "w").write_bytes(b"w")
+    (d / "out.carton").write_bytes(b"PK stale")
+    for source, named in [(zipped, "out.carton"), (unlisted, "junk/"), (d, "out.carton")]:
+        assert main(["add", str(source), "--root", str(root), "--progress", "none"]) == 4
+        err = capsys.readouterr().err
+        assert f"error: {named}: outside the carton format, in {source}" in err
+        assert main(["path", str(source), "--root", str(root), "--progress", "none"]) == 4
+        capsys.readouterr()
+        assert snapshot(root) == before
+
+
+def test_a_carton_already_stored_is_not_checked_for_its_top_level_again(make_carton) -> None:  # noqa: ANN001
+    """Export and the refetch of evicted blobs re-read cartons the store
+    accepted before the top level was checked: they must keep working."""
+    from cartonstore.checks import check_carton
+    from cartonstore.sources import open_local
+
+    extra = make_carton({"model/w": b"w" * 100, "NOTES.txt": b"an old note"})
+    view = open_local(extra, ZipLimits())
+    try:
+        with pytest.raises(InvalidCarton, match="NOTES.txt: outside the carton format"):
+            check_carton(view)
+        checked = check_carton(view, top_level=False)
+    finally:
+        view.close()
+    assert "NOTES.txt" in {e.path for e in checked.entries}

@@ -95,9 +95,9 @@ def build_cartons(tmp: Path, origin, rng: random.Random) -> list[StressCarton]: 
         c = Carton(name, url, files)
         out.append(StressCarton(c, [c.digest, c.digest, name, url], url))
 
-    local("s-small", {"model/w.bin": rng.randbytes(300 * KB), "shared/tokenizer.json": shared})
+    local("s-small", {"model/w.bin": rng.randbytes(300 * KB), "misc/tokenizer.json": shared})
     local("s-tree", {**{f"model/t{i:03d}.bin": rng.randbytes(rng.randint(100, 3000)) for i in range(200)},
-                     "shared/tokenizer.json": shared}, zipfile.ZIP_DEFLATED)
+                     "misc/tokenizer.json": shared}, zipfile.ZIP_DEFLATED)
     local("s-big", {"model/a.bin": rng.randbytes(MB), "model/b.bin": rng.randbytes(MB)})
     common = rng.randbytes(400 * KB)
     linked("s-linked-a", {"model/x.bin": rng.randbytes(700 * KB), "model/y.bin": rng.randbytes(500 * KB),

@@ -19,17 +19,17 @@ from ..store.blobs import StagedBlob
 from ..store.locks import async_file_lock
 from .config import FetchConfig
 from .http import HttpClient
-from .transfer import ProgressFn, TransferStats, fetch_blob
+from .stats import TransferStats
+from .transfer import fetch_blob
 
 
 class BlobFetcher:
     def __init__(self, store: Store, client: HttpClient, config: FetchConfig, *,
-                 progress: ProgressFn | None = None) -> None:
+                 stats: TransferStats | None = None) -> None:
         self.store = store
         self.client = client
         self.config = config
-        self.progress = progress
-        self.stats = TransferStats()
+        self.stats = stats if stats is not None else TransferStats()
         self._flights = SingleFlight()
         self._slots = asyncio.Semaphore(config.max_concurrency)
 
@@ -37,6 +37,12 @@ class BlobFetcher:
         """LINKS URLs given, then those in the index, then each mirror."""
         known = list(dict.fromkeys([*urls, *self.store.index.links_for(digest)]))
         return known + [f"{m.rstrip('/')}/{digest}" for m in self.config.mirrors]
+
+    def kind_of(self, url: str) -> str:
+        """"mirror" for <mirror>/<sha256>, else "url" (a LINKS URL)."""
+        head, _, tail = url.rpartition("/")
+        mirrors = {m.rstrip("/") for m in self.config.mirrors}
+        return "mirror" if head in mirrors and len(tail) == 64 else "url"
 
     async def ensure(self, digest: str, urls: Sequence[str] = ()) -> bool:
         """Make the blob present; True if this call downloaded it."""
@@ -50,7 +56,7 @@ class BlobFetcher:
             if self.store.blobs.has(digest):  # another process got it while we waited
                 return False
             staged = await fetch_blob(self.client, self.store.blobs, digest, self.sources_for(digest, urls),
-                                      self.config, progress=self.progress, stats=self.stats)
+                                      self.config, stats=self.stats, kind_of=self.kind_of)
             try:
                 await asyncio.to_thread(self._validate, staged)
                 await asyncio.to_thread(self.commit, staged)

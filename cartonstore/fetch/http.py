@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import email.utils
+import os
 import random
 import re
+import socket
+import ssl
 import time
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -20,7 +23,7 @@ from typing import AsyncIterator, Awaitable, Callable, TypeVar
 import aiohttp
 from multidict import CIMultiDictProxy
 
-from ..errors import FetchError
+from ..errors import FetchError, FetchNotFound
 from .config import FetchConfig
 from .encoding import parse_content_encoding
 from .policy import describe, redirect_target
@@ -67,6 +70,9 @@ def translate(e: BaseException, url: str) -> FetchError:
     if isinstance(e, aiohttp.ClientPayloadError):
         return FetchError(f"{where}: body ended early or was malformed ({_reason(e)})", subject=url,
                           retryable=True)
+    if isinstance(e, aiohttp.ClientConnectorError):  # its str() is aiohttp's ("... ssl:default [...]")
+        return FetchError(f"{where}: cannot connect to {e.host}:{e.port}: {_connect_reason(e)}", subject=url,
+                          retryable=True)
     if isinstance(e, aiohttp.ClientConnectionError):
         return FetchError(f"{where}: connection failed ({_reason(e)})", subject=url, retryable=True)
     if isinstance(e, aiohttp.ClientError):
@@ -74,6 +80,29 @@ def translate(e: BaseException, url: str) -> FetchError:
     if isinstance(e, (ConnectionError, OSError)):
         return FetchError(f"{where}: connection failed ({e})", subject=url, retryable=True)
     raise e
+
+
+def _connect_reason(e: aiohttp.ClientConnectorError) -> str:
+    """Why a connection could not be made, in the words of the OS."""
+    if isinstance(e, aiohttp.ClientConnectorCertificateError):
+        return f"TLS certificate not accepted ({e.certificate_error})"
+    os_error = e.os_error
+    if isinstance(os_error, ssl.SSLError):  # an OSError whose errno (1) would read "operation not permitted"
+        return tls_reason(os_error)
+    if isinstance(os_error, socket.gaierror):
+        return "cannot resolve the host name"
+    if isinstance(os_error, (asyncio.TimeoutError, TimeoutError)):
+        return "timed out"
+    # Every address of a host failing (localhost: ::1 and 127.0.0.1) comes as "Multiple exceptions".
+    errnos = {os_error.errno} if os_error.errno else {int(n) for n in re.findall(r"\[Errno (\d+)\]", str(os_error))}
+    return os.strerror(errnos.pop()).lower() if len(errnos) == 1 else _reason(os_error)
+
+
+def tls_reason(e: ssl.SSLError) -> str:
+    """aiohttp's ClientConnectorSSLError is an ssl.SSLError too; the OS's is inside it."""
+    inner = getattr(e, "os_error", None) or e
+    why = getattr(inner, "reason", None) or getattr(inner, "strerror", None) or _reason(inner)
+    return f"TLS handshake failed ({why})"
 
 
 def _reason(e: BaseException) -> str:
@@ -171,6 +200,8 @@ class HttpClient:
         if raw.status in _RETRYABLE_STATUS:
             raise FetchError(f"{where}: HTTP {raw.status} {raw.reason or ''}".rstrip(), subject=url, retryable=True,
                              retry_after=parse_retry_after(raw.headers.get("Retry-After")))
+        if raw.status in (404, 410):
+            raise FetchNotFound(f"{where}: HTTP {raw.status} {raw.reason or ''}".rstrip(), subject=url)
         if raw.status not in (200, 206):
             raise FetchError(f"{where}: HTTP {raw.status} {raw.reason or ''}".rstrip(), subject=url)
         encodings = parse_content_encoding(raw.headers.get("Content-Encoding"), url=url)

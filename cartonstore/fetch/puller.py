@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -20,7 +20,7 @@ from ..errors import (
     CartonStoreError,
     FetchError,
     IntegrityError,
-    InvalidCarton,
+    ManifestMismatch,
     NotFound,
 )
 from ..flights import SingleFlight
@@ -29,13 +29,15 @@ from ..store.blobs import BlobWriter
 from ..store.ingest import IngestResult, Staging, check_staged_safetensors
 from ..store.locks import async_file_lock
 from ..store.names import NameOutcome, validate_name
+from ..units import format_size
 from ..zipfmt import ZipEntry
 from .blob_fetcher import BlobFetcher
 from .config import FetchConfig
 from .http import HttpClient
 from .policy import describe
 from .remote_zip import RemoteCartonView, open_remote_zip, prefetch_view, read_entries
-from .transfer import ProgressFn, download
+from .stats import SOURCE_KINDS, TransferStats
+from .transfer import download
 
 
 def is_url(text: str) -> bool:
@@ -52,17 +54,45 @@ class PullResult:
     requests: int
     bytes_reused: int = 0   # bytes of the carton the store already had
     naming: NameOutcome | None = None  # what the add did to the name (moved, kept by another)
+    bytes_read: int = 0     # taken from a local carton file or directory
+    retries: int = 0
+    sources: dict[str, dict[str, int]] = field(default_factory=dict)  # kind -> {"bytes", "blobs"}
+    local: bool = False     # added from a local file or directory (else by URL)
+
+    def counts(self) -> dict:
+        """What the add moved, for --json: blobs_fetched are the blobs the
+        store lacked and now holds, from whichever source."""
+        return {"blobs_fetched": self.blobs_fetched, "bytes_received": self.bytes_received,
+                "bytes_read": self.bytes_read, "bytes_reused": self.bytes_reused, "requests": self.requests,
+                "retries": self.retries, "sources": self.sources}
+
+    def summary(self) -> str:
+        """What happened, in words: "read 40.0 MiB from disk, ..." or
+        "received 40.0 MiB in 4 request(s), ..."."""
+        said = []
+        if self.local:
+            said.append(f"read {format_size(self.bytes_read)} from disk")
+        if self.requests or not self.local:
+            moved = {k: v["bytes"] for k, v in self.sources.items() if k != "file" and v["bytes"]}
+            by = f" ({', '.join(f'{k} {format_size(n)}' for k, n in moved.items())})" if set(moved) - {"url"} else ""
+            said.append(f"received {format_size(self.bytes_received)} in {self.requests} request(s){by}")
+        if self.retries:
+            said.append(f"{self.retries} retr{'y' if self.retries == 1 else 'ies'}")
+        said.append(f"{self.blobs_fetched} new blob(s)")
+        said.append(f"{format_size(self.bytes_reused)} already stored")
+        return ", ".join(said)
 
 
 class Puller:
-    def __init__(self, store: Store, config: FetchConfig | None = None, *, progress: ProgressFn | None = None,
+    def __init__(self, store: Store, config: FetchConfig | None = None, *,
                  on_event: Callable[[dict], None] | None = None) -> None:
+        """``on_event`` is told of cartons read, names moved and retries;
+        ``stats`` counts what moves, for progress to read at its own pace."""
         self.store = store
         self.config = config or FetchConfig()
-        self.progress = progress
         self.on_event = on_event or (lambda _e: None)
         self.client = HttpClient(self.config)
-        self.fetcher = BlobFetcher(store, self.client, self.config, progress=progress)
+        self.fetcher = BlobFetcher(store, self.client, self.config, stats=TransferStats(on_event=self.on_event))
         self._urls_in_flight = SingleFlight()
 
     async def __aenter__(self) -> "Puller":
@@ -73,7 +103,7 @@ class Puller:
         await self.client.__aexit__(*exc)
 
     @property
-    def stats(self):  # noqa: ANN201 - TransferStats
+    def stats(self) -> TransferStats:
         return self.fetcher.stats
 
     # -- adding ----------------------------------------------------------------
@@ -85,26 +115,34 @@ class Puller:
         Store.add (an explicit name may move, unless loaded and not force)."""
         if name is not None:
             validate_name(name)
-        before = (self.stats.bytes_received, self.stats.requests)
+        before = self.stats.snapshot()
+        read = [0, 0]   # bytes, blobs taken from a local source
         if is_url(source):
             result = await self._add_url(source, name, force)
         else:
             result = await asyncio.to_thread(self.store.add, source, name=name, force=force)
+            read = [result.bytes_added, result.blobs_added]
         if result.naming is not None and (note := result.naming.note(result.digest)):
             self.on_event({"event": "name", "message": note, **result.naming.as_json()})
         try:
-            fetched = 0 if lazy else await self.complete(result.digest)
+            if not lazy:
+                await self.complete(result.digest)
         except NotFound:
             if is_url(source):
                 raise
             # A collection evicted blobs of this carton between its commit and
             # now; the local source still holds them: add it once more.
             result = await asyncio.to_thread(self.store.add, source, name=name, force=force)
-            fetched = await self.complete(result.digest)
+            read = [read[0] + result.bytes_added, read[1] + result.blobs_added]
+            await self.complete(result.digest)
         missing = await asyncio.to_thread(self.store.missing_blobs, result.digest)
-        return PullResult(result.digest, result.name, not missing, fetched,
-                          self.stats.bytes_received - before[0], self.stats.requests - before[1],
-                          result.bytes_reused, result.naming)
+        moved = self.stats.since(before)
+        sources = {k: {"bytes": moved["source_bytes"].get(k, 0), "blobs": moved["source_blobs"].get(k, 0)}
+                   for k in SOURCE_KINDS}
+        sources["file"] = {"bytes": read[0], "blobs": read[1]}
+        return PullResult(result.digest, result.name, not missing, sum(v["blobs"] for v in sources.values()),
+                          moved["bytes_received"], moved["requests"], result.bytes_reused, result.naming,
+                          bytes_read=read[0], retries=moved["retries"], sources=sources, local=not is_url(source))
 
     async def _add_url(self, url: str, name: str | None, force: bool) -> IngestResult:
         url = self.config.policy.check(url)
@@ -126,15 +164,19 @@ class Puller:
             view = await prefetch_view(self.client, rz, self.config, self.stats)
             checked = await asyncio.to_thread(check_carton, view)
             staging = await self._stage_remote(checked, view)
-            return await asyncio.to_thread(self.store.commit_checked, checked, staging, name=name, source=url,
-                                           force=force)
+            result = await asyncio.to_thread(self.store.commit_checked, checked, staging, name=name, source=url,
+                                             force=force)
+            self.stats.blobs("url", result.blobs_added)
+            return result
 
     async def _add_whole_download(self, url: str, name: str | None, force: bool) -> IngestResult:
         """The server ignores Range: stream the carton once into tmp/ and add it."""
         self.on_event({"event": "whole-download", "url": describe(url)})
         with self.store.blobs.writer(label="carton") as w:
-            await download(self.client, url, w, self.config, progress=self.progress, stats=self.stats)
-            return await asyncio.to_thread(self.store.add, w.tmp_path, name=name, source_label=url, force=force)
+            await download(self.client, url, w, self.config, stats=self.stats)
+            result = await asyncio.to_thread(self.store.add, w.tmp_path, name=name, source_label=url, force=force)
+            self.stats.blobs("url", result.blobs_added)
+            return result
 
     async def _stage_remote(self, checked: CheckedCarton, view: RemoteCartonView) -> Staging:
         """Stage the blobs the store lacks from the remote zip (small files
@@ -162,7 +204,7 @@ class Puller:
                 try:
                     staging.add_staged(await asyncio.to_thread(w.stage, expected_digest=digest))
                 except IntegrityError as e:
-                    raise InvalidCarton(paths[digest], f"does not match MANIFEST: {e.message}") from None
+                    raise ManifestMismatch(paths[digest], e.message) from None
             await asyncio.to_thread(check_staged_safetensors, checked, staging)
             return staging
         except BaseException:
@@ -179,7 +221,10 @@ class Puller:
         for digest, path in checked.files_by_digest().items():
             data = view.prefetched(path)
             if data is not None and not staging.blobs.has(digest):
-                staging.add_bytes(data, digest)
+                try:
+                    staging.add_bytes(data, digest)
+                except IntegrityError as e:
+                    raise ManifestMismatch(path, e.message) from None
 
     # -- completing --------------------------------------------------------------
 
@@ -215,15 +260,16 @@ class Puller:
         """Blobs evicted after an add by URL come back from the same zip."""
         rz = await open_remote_zip(self.client, url, self.config, self.store.zip_limits, self.stats)
         if rz is None:
-            await self._add_whole_download(url, None)
+            await self._add_whole_download(url, None, False)
             return len(wanted)
         view = await prefetch_view(self.client, rz, self.config, self.stats)
-        checked = await asyncio.to_thread(check_carton, view)
+        checked = await asyncio.to_thread(lambda: check_carton(view, top_level=False))
         if checked.digest != digest:
             raise FetchError(f"{describe(url)} now serves a different carton ({checked.digest}, not {digest})",
                              subject=url)
         staging = await self._stage_remote(checked, view)
-        await asyncio.to_thread(self.store.commit_checked, checked, staging, name=None, source=url)
+        result = await asyncio.to_thread(self.store.commit_checked, checked, staging, name=None, source=url)
+        self.stats.blobs("url", result.blobs_added)
         return len(wanted)
 
     # -- materializing -------------------------------------------------------------

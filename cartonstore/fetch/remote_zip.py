@@ -31,7 +31,7 @@ from ..zipfmt import (
 from .config import FetchConfig
 from .http import HttpClient, Response, with_retries
 from .policy import describe
-from .transfer import TransferStats
+from .stats import Tally, TransferStats, retry_hook
 
 
 class EntrySink(Protocol):
@@ -47,10 +47,11 @@ class RemoteZip:
     spans: dict[ZipEntry, tuple[int, int]]  # entry -> [local header offset, next entry's offset)
 
 
-async def _read_body(response: Response, limit: int) -> bytes:
+async def _read_body(response: Response, limit: int, tally: Tally) -> bytes:
     parts, size = [], 0
     async for chunk in response.chunks():
         size += len(chunk)
+        tally.add(len(chunk))
         if size > limit:
             raise FetchError(f"{describe(response.url)}: more bytes than the {limit} asked for", subject=response.url)
         parts.append(chunk)
@@ -60,31 +61,36 @@ async def _read_body(response: Response, limit: int) -> bytes:
 async def fetch_range(client: HttpClient, url: str, start: int, end: int, config: FetchConfig,
                       stats: TransferStats | None = None) -> bytes:
     async def attempt(_n: int) -> bytes:
+        if stats is not None:
+            stats.request()
         async with client.get(url, start=start, end=end, encoded=False) as r:
             if r.status != 206:
                 raise FetchError(f"{describe(url)}: ignored a Range request after honouring one", subject=url)
-            data = await _read_body(r, end - start)
-            if stats is not None:
-                stats.bytes_received += len(data)
-                stats.requests += 1
-            return data
-    return await with_retries(config, attempt)
+            tally = Tally(stats, end - start)
+            try:
+                return await _read_body(r, end - start, tally)
+            finally:
+                tally.settle()
+    return await with_retries(config, attempt, on_retry=retry_hook(stats, config, url))
 
 
 async def open_remote_zip(client: HttpClient, url: str, config: FetchConfig, limits: ZipLimits,
                           stats: TransferStats | None = None) -> RemoteZip | None:
     """The zip's directory, or None when the server does not do Range requests."""
     async def tail_attempt(_n: int) -> tuple[bytes, int, int] | None:
+        if stats is not None:
+            stats.request()
         async with client.get(url, suffix=TAIL_READ_SIZE, encoded=False) as r:
             if r.status != 206 or r.total is None:
                 return None
-            data = await _read_body(r, TAIL_READ_SIZE)
-            if stats is not None:
-                stats.bytes_received += len(data)
-                stats.requests += 1
+            tally = Tally(stats, r.length or 0)
+            try:
+                data = await _read_body(r, TAIL_READ_SIZE, tally)
+            finally:
+                tally.settle()
             return data, r.start, r.total
 
-    got = await with_retries(config, tail_attempt)
+    got = await with_retries(config, tail_attempt, on_retry=retry_hook(stats, config, url))
     if got is None:
         return None
     tail, tail_offset, total = got
@@ -190,26 +196,39 @@ class _SpanParser:
 async def read_entries(client: HttpClient, rz: RemoteZip, wanted: Sequence[tuple[ZipEntry, Callable[[], EntrySink]]],
                        config: FetchConfig, stats: TransferStats | None = None) -> None:
     """Stream the wanted entries into fresh sinks (one request per merged
-    span; a retry makes new sinks for that span's entries)."""
+    span; a retry makes new sinks for that span's entries). Every span
+    counts in stats' expected bytes from the start."""
     by_span = {rz.spans[e]: (e, make) for e, make in wanted}
-    for start, end in plan_requests(list(by_span), config.coalesce_gap):
-        group = [(e, make) for (s, t), (e, make) in by_span.items() if start <= s and t <= end]
+    requests = plan_requests(list(by_span), config.coalesce_gap)
+    unstarted = sum(end - start for start, end in requests)
+    if stats is not None:
+        stats.expect(unstarted)
+    try:
+        for start, end in requests:
+            group = [(e, make) for (s, t), (e, make) in by_span.items() if start <= s and t <= end]
+            unstarted -= end - start
 
-        async def attempt(_n: int, start: int = start, end: int = end, group=group) -> None:  # noqa: ANN001
-            parser = _SpanParser(start, [(e, make()) for e, make in group])
-            async with client.get(rz.url, start=start, end=end, encoded=False) as r:
-                if r.status != 206:
-                    raise FetchError(f"{describe(rz.url)}: ignored a Range request after honouring one",
-                                     subject=rz.url)
-                if stats is not None:
-                    stats.requests += 1
-                async for chunk in r.chunks():
+            async def attempt(n: int, start: int = start, end: int = end, group=group) -> None:  # noqa: ANN001
+                parser = _SpanParser(start, [(e, make()) for e, make in group])
+                tally = Tally(stats, end - start, counted=n == 0)
+                try:
                     if stats is not None:
-                        stats.bytes_received += len(chunk)
-                    await asyncio.to_thread(parser.feed, chunk)
-                parser.finish()
+                        stats.request()
+                    async with client.get(rz.url, start=start, end=end, encoded=False) as r:
+                        if r.status != 206:
+                            raise FetchError(f"{describe(rz.url)}: ignored a Range request after honouring one",
+                                             subject=rz.url)
+                        async for chunk in r.chunks():
+                            tally.add(len(chunk))
+                            await asyncio.to_thread(parser.feed, chunk)
+                        parser.finish()
+                finally:
+                    tally.settle()
 
-        await with_retries(config, attempt)
+            await with_retries(config, attempt, on_retry=retry_hook(stats, config, rz.url))
+    finally:
+        if stats is not None and unstarted:
+            stats.expect(-unstarted)  # spans never asked for: a failure stopped the rest
 
 
 class BytesSink:

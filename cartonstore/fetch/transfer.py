@@ -10,7 +10,6 @@ run in a worker thread, overlapped with receiving the next chunk.
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from ..errors import CartonStoreError, FetchError, IntegrityError, InvalidInput
@@ -19,15 +18,9 @@ from .config import FetchConfig
 from .encoding import ContentDecoder
 from .http import HttpClient, Response, with_retries
 from .policy import describe
+from .stats import Tally, TransferStats, retry_hook
 
-ProgressFn = Callable[[int], None]
-
-
-@dataclass
-class TransferStats:
-    bytes_received: int = 0      # on the wire (encoded)
-    requests: int = 0
-    errors: list[str] = field(default_factory=list)
+__all__ = ["TransferStats", "download", "fetch_blob", "pump"]
 
 
 def _feed(decoder: ContentDecoder, writer: BlobWriter, chunk: bytes) -> None:
@@ -41,8 +34,7 @@ def _finish(decoder: ContentDecoder, writer: BlobWriter) -> None:
         writer.write(piece)
 
 
-async def pump(response: Response, decoder: ContentDecoder, writer: BlobWriter, *,
-               progress: ProgressFn | None = None, stats: TransferStats | None = None) -> int:
+async def pump(response: Response, decoder: ContentDecoder, writer: BlobWriter, *, tally: Tally | None = None) -> int:
     """Move a response body through decoder into writer; returns body bytes.
     At most one write is in flight while the next chunk is awaited."""
     pending: asyncio.Future | None = None
@@ -50,13 +42,11 @@ async def pump(response: Response, decoder: ContentDecoder, writer: BlobWriter, 
     try:
         async for chunk in response.chunks():
             received += len(chunk)
-            if stats is not None:
-                stats.bytes_received += len(chunk)
+            if tally is not None:
+                tally.add(len(chunk))
             if pending is not None:
                 await pending
             pending = asyncio.ensure_future(asyncio.to_thread(_feed, decoder, writer, chunk))
-            if progress:
-                progress(len(chunk))
         if pending is not None:
             await pending
             pending = None
@@ -81,8 +71,9 @@ def wants_parts(response: Response, config: FetchConfig, resuming: bool) -> bool
 
 
 async def download(client: HttpClient, url: str, writer: BlobWriter, config: FetchConfig, *,
-                   progress: ProgressFn | None = None, stats: TransferStats | None = None) -> None:
-    """Fetch url's whole decoded body into writer, retrying and resuming."""
+                   stats: TransferStats | None = None, source: str = "url") -> None:
+    """Fetch url's whole decoded body into writer, retrying and resuming;
+    its bytes count in stats as coming from this kind of source."""
     resumable = False
     parts_ok = True
 
@@ -92,22 +83,26 @@ async def download(client: HttpClient, url: str, writer: BlobWriter, config: Fet
         if start == 0 and writer.size:
             await asyncio.to_thread(writer.reset)
         if stats is not None:
-            stats.requests += 1
+            stats.request()
         async with client.get(url, start=start, encoded=start == 0) as response:
-            if response.start != start:  # Range ignored: the body starts at 0 again
-                await asyncio.to_thread(writer.reset)
-            if parts_ok and wants_parts(response, config, start > 0):
-                try:
-                    await download_parts(client, url, response, writer, config, progress=progress, stats=stats)
-                except _RangesRefused as e:
-                    parts_ok = False  # the next attempt streams the body in one piece
-                    raise FetchError(e.message, subject=url, retryable=True) from None
-                return
-            resumable = not response.encodings and response.accepts_ranges
-            decoder = ContentDecoder(response.encodings, url=url, max_output=config.max_blob_size)
-            await pump(response, decoder, writer, progress=progress, stats=stats)
+            tally = Tally(stats, response.length or 0, source=source)
+            try:
+                if response.start != start:  # Range ignored: the body starts at 0 again
+                    await asyncio.to_thread(writer.reset)
+                if parts_ok and wants_parts(response, config, start > 0):
+                    try:
+                        await download_parts(client, url, response, writer, config, tally=tally)
+                    except _RangesRefused as e:
+                        parts_ok = False  # the next attempt streams the body in one piece
+                        raise FetchError(e.message, subject=url, retryable=True) from None
+                    return
+                resumable = not response.encodings and response.accepts_ranges
+                decoder = ContentDecoder(response.encodings, url=url, max_output=config.max_blob_size)
+                await pump(response, decoder, writer, tally=tally)
+            finally:
+                tally.settle()
 
-    await with_retries(config, attempt)
+    await with_retries(config, attempt, on_retry=retry_hook(stats, config, url))
 
 
 def split_parts(size: int, parts: int) -> list[tuple[int, int]]:
@@ -116,9 +111,11 @@ def split_parts(size: int, parts: int) -> list[tuple[int, int]]:
 
 
 async def download_parts(client: HttpClient, url: str, first: Response, writer: BlobWriter, config: FetchConfig, *,
-                         progress: ProgressFn | None = None, stats: TransferStats | None = None) -> None:
+                         tally: Tally) -> None:
     """Fetch [0, size) as parallel Range parts written in place; the first part
-    comes from the response already open. The file is hashed once assembled."""
+    comes from the response already open. The file is hashed once assembled.
+    Every part counts into ``tally``, which planned the whole size."""
+    stats = tally.stats
     size = first.length or 0
     if config.max_blob_size is not None and size > config.max_blob_size:
         raise FetchError(f"{describe(url)}: body is {size} bytes, over the {config.max_blob_size} allowed",
@@ -127,12 +124,11 @@ async def download_parts(client: HttpClient, url: str, first: Response, writer: 
     async def fill(response: Response, pos: int, end: int) -> int:
         async for chunk in response.chunks():
             take = chunk[: end - pos]
+            tally.add(len(chunk))
+            if len(take) < len(chunk):  # the first response runs on past its part
+                tally.more(len(chunk) - len(take))
             await asyncio.to_thread(writer.write_at, pos, take)
             pos += len(take)
-            if stats is not None:
-                stats.bytes_received += len(chunk)
-            if progress:
-                progress(len(chunk))
             if pos >= end:
                 break
         return pos
@@ -151,7 +147,7 @@ async def download_parts(client: HttpClient, url: str, first: Response, writer: 
             if pos >= end:
                 return
             if stats is not None:
-                stats.requests += 1
+                stats.request()
             async with client.get(url, start=pos, end=end, encoded=False) as response:
                 if response.status != 206:
                     raise _RangesRefused(f"{describe(url)}: ignored a Range request for a part", subject=url)
@@ -160,7 +156,7 @@ async def download_parts(client: HttpClient, url: str, first: Response, writer: 
                     raise FetchError(f"{describe(url)}: part ended at {pos}, expected {end}", subject=url,
                                      retryable=True)
 
-        await with_retries(config, attempt)
+        await with_retries(config, attempt, on_retry=retry_hook(stats, config, url))
 
     ranges = split_parts(size, config.parallel_parts)
     tasks = [asyncio.ensure_future(part(*ranges[0], opened=first))]
@@ -175,16 +171,21 @@ async def download_parts(client: HttpClient, url: str, first: Response, writer: 
 
 
 async def fetch_blob(client: HttpClient, blobs: BlobStore, digest: str, urls: Sequence[str],
-                     config: FetchConfig, *, progress: ProgressFn | None = None,
-                     stats: TransferStats | None = None) -> StagedBlob:
+                     config: FetchConfig, *, stats: TransferStats | None = None,
+                     kind_of: Callable[[str], str] | None = None) -> StagedBlob:
     """Try each URL until one delivers bytes that hash to digest; returns
-    them staged. Raises FetchError listing what went wrong with every URL."""
+    them staged. Raises FetchError listing what went wrong with every URL.
+    ``kind_of(url)`` says what kind of source a URL is ("url", "mirror")."""
     problems: list[str] = []
     for url in urls:
+        kind = kind_of(url) if kind_of is not None else "url"
         try:
             with blobs.writer(label="fetch") as writer:
-                await download(client, url, writer, config, progress=progress, stats=stats)
-                return await asyncio.to_thread(writer.stage, expected_digest=digest)
+                await download(client, url, writer, config, stats=stats, source=kind)
+                staged = await asyncio.to_thread(writer.stage, expected_digest=digest)
+                if stats is not None:
+                    stats.blobs(kind)
+                return staged
         except IntegrityError as e:
             problems.append(f"{describe(url)}: {e.message}")
         except InvalidInput as e:

@@ -20,9 +20,10 @@ from .. import __version__
 from ..errors import CartonStoreError, InvalidInput, http_status_for
 from ..store.gc import GcPolicy
 from .blobs import serve_blob
-from .bodies import request_body
+from .bodies import IN_THREAD_FROM, request_body
 from .infer_api import infer
 from .metrics import CONTENT_TYPE, Metrics
+from .responses import ERROR_TEXT, POLLED, error
 from .service import ModelService
 
 log = logging.getLogger("cartonstore.server")
@@ -30,12 +31,9 @@ log = logging.getLogger("cartonstore.server")
 EXTENSIONS = ["binary_tensor_data", "model_repository", "cartonstore_leases", "cartonstore_blobs"]
 SERVICE: web.AppKey[ModelService] = web.AppKey("service", ModelService)
 METRICS: web.AppKey[Metrics] = web.AppKey("metrics", Metrics)
+ACCESS_LOG: web.AppKey[bool] = web.AppKey("access_log", bool)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
-
-def error(status: int, message: str) -> web.Response:
-    return web.json_response({"error": message}, status=status)
 
 
 @web.middleware
@@ -55,9 +53,17 @@ async def errors_and_metrics(request: web.Request, handler: Handler) -> web.Stre
         response = error(500, "internal error (see the daemon's log)")
     route = request.match_info.route.resource.canonical if request.match_info.route.resource else "unmatched"
     request.app[METRICS].requests.labels(route, request.method, str(response.status)).inc()
-    if log.isEnabledFor(logging.DEBUG):
-        log.debug("%s %s -> %d in %.2f ms", request.method, request.path, response.status,
-                  (time.perf_counter() - started) * 1000)
+    if response.status >= 400:
+        # Every error answered leaves a line: an operator sees why a load failed.
+        # "Not ready" is what a waiting client polls for: a line per poll at debug only.
+        level = logging.WARNING if response.status >= 500 else \
+            logging.DEBUG if response.get(POLLED) else logging.INFO
+        log.log(level, "%s %s -> %d: %s",
+                request.method, request.path_qs, response.status,
+                response.get(ERROR_TEXT) or response.reason)
+    elif request.app[ACCESS_LOG] or log.isEnabledFor(logging.DEBUG):
+        log.log(logging.INFO if request.app[ACCESS_LOG] else logging.DEBUG, "%s %s -> %d in %.2f ms",
+                request.method, request.path_qs, response.status, (time.perf_counter() - started) * 1000)
     return response
 
 
@@ -67,7 +73,8 @@ async def body_json(request: web.Request) -> dict[str, Any]:
     if not raw.strip():
         return {}
     try:
-        data = json.loads(raw)
+        # A load with file: uploads is a JSON body of up to max_request_size.
+        data = json.loads(raw) if len(raw) < IN_THREAD_FROM else await asyncio.to_thread(json.loads, raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise InvalidInput(f"request body is not valid JSON: {e}") from None
     if not isinstance(data, dict):
@@ -94,7 +101,9 @@ async def live(request: web.Request) -> web.Response:
 
 
 async def ready(request: web.Request) -> web.Response:
-    return web.Response(status=200 if svc(request).ready else 400)
+    if svc(request).ready:
+        return web.Response(status=200)
+    return error(400, "the daemon is not ready (starting or shutting down)", polled=True)
 
 
 async def server_metadata(request: web.Request) -> web.Response:
@@ -135,7 +144,7 @@ async def model_ready(request: web.Request) -> web.Response:
         return web.Response(status=200)
     model = svc(request).models.get(name)
     why = f": {model.as_index_row()['reason']}" if model is not None and model.as_index_row()["reason"] else ""
-    return error(400, f"model {name!r}{' version ' + version if version else ''} is not ready{why}")
+    return error(400, f"model {name!r}{' version ' + version if version else ''} is not ready{why}", polled=True)
 
 
 # -- leases ---------------------------------------------------------------------
@@ -204,10 +213,13 @@ async def not_found(request: web.Request) -> web.Response:
     return error(404, f"no such endpoint: {request.method} {request.path}")
 
 
-def build_app(service: ModelService, metrics_: Metrics, *, max_request_size: int = 256 << 20) -> web.Application:
+def build_app(service: ModelService, metrics_: Metrics, *, max_request_size: int = 256 << 20,
+              access_log: bool = False) -> web.Application:
+    """access_log: one info line per request answered (errors always get one)."""
     app = web.Application(middlewares=[errors_and_metrics], client_max_size=max_request_size)
     app[SERVICE] = service
     app[METRICS] = metrics_
+    app[ACCESS_LOG] = access_log
     metrics_.watch(service.live_values)
     r = app.router
     r.add_get("/v2/health/live", live)

@@ -28,7 +28,8 @@ from ..store.gc import GcPolicy
 from ..zipfmt import ZipLimits
 from .app import build_app
 from .metrics import Metrics
-from .service import LeaseSettings, ModelService
+from .loaded_model import LeaseSettings
+from .service import ModelService
 from .sockets import bind_tcp, bind_unix, describe_socket, inherited_sockets, notify
 
 log = logging.getLogger("cartonstore.server")
@@ -46,6 +47,7 @@ class DaemonSettings:
     zip_limits: ZipLimits = field(default_factory=ZipLimits)
     max_request_size: int = 256 << 20
     shutdown_timeout: float = 10.0
+    access_log: bool = False   # a line per request (errors always get one)
     gc: GcPolicy = field(default_factory=GcPolicy)
     gc_interval: float = 600.0
     runners: RunnerConfig = field(default_factory=RunnerConfig)
@@ -98,23 +100,43 @@ class Daemon:
 
     async def run(self) -> None:
         s = self.settings
-        store = Store(s.root, zip_limits=s.zip_limits)
+        # Bind first: a second daemon on a live socket stops at that conflict
+        # having started, cleaned and logged nothing.
+        socks = self._sockets()
+        serving = False
         try:
-            async with Puller(store, s.fetch) as puller:
-                service = ModelService(store, puller, s.leases, Metrics(), s.runners)
-                service.runner_host.prepare()
-                app = build_app(service, service.metrics, max_request_size=s.max_request_size)
-                await self._serve(app, service)
+            store = Store(s.root, zip_limits=s.zip_limits)
+            try:
+                async with Puller(store, s.fetch) as puller:
+                    service = ModelService(store, puller, s.leases, Metrics(), s.runners)
+                    service.runner_host.prepare()
+                    app = build_app(service, service.metrics, max_request_size=s.max_request_size,
+                                    access_log=s.access_log)
+                    serving = True  # from here _serve closes the sockets and unlinks the socket file
+                    await self._serve(app, service, socks)
+            finally:
+                store.close()
         finally:
-            store.close()
+            if not serving:
+                for sock in socks:
+                    sock.close()
+                if self._owned_socket is not None:
+                    self._owned_socket.unlink(missing_ok=True)
 
-    async def _serve(self, app: web.Application, service: ModelService) -> None:
+    async def _serve(self, app: web.Application, service: ModelService, socks: list[socket.socket]) -> None:
         # auto_decompress off: request bodies are decoded by the handlers, bounded (infer_api.request_body).
         runner = web.AppRunner(app, handle_signals=False, access_log=None, auto_decompress=False,
                                shutdown_timeout=self.settings.shutdown_timeout)
-        await runner.setup()
         try:
-            for sock in self._sockets():
+            await runner.setup()
+        except BaseException:
+            for sock in socks:  # no site holds them yet
+                sock.close()
+            if self._owned_socket is not None:
+                self._owned_socket.unlink(missing_ok=True)
+            raise
+        try:
+            for sock in socks:
                 await web.SockSite(runner, sock).start()
                 self.bound.append(describe_socket(sock))
             loop = asyncio.get_running_loop()

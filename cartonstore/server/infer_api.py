@@ -26,9 +26,11 @@ from ..v2.framing import (
 from ..v2.framing import header_length as header_length_of
 from ..v2.validate import parse_raw_binary_for, validate_request
 from .bodies import ENCODINGS, IN_THREAD_FROM, request_body
+from .responses import ERROR_TEXT
 
 if TYPE_CHECKING:
-    from .service import LoadedModel, ModelService
+    from .loaded_model import LoadedModel
+    from .service import ModelService
 
 STREAM_ANSWER = 64 * 1024         # larger answers: headers and body written apart, so neither is copied
 CLIENT_SEND_BUFFER = 4 << 20      # a 4 MiB answer leaves in one send, not copied into asyncio's buffer
@@ -124,7 +126,21 @@ async def infer(request: web.Request) -> web.Response:
         out_headers["Vary"] = "Accept-Encoding"
     elif len(payload) >= STREAM_ANSWER:
         return await _streamed(request, answer.status, out_headers, payload)
-    return web.Response(status=answer.status, body=payload, headers=out_headers)
+    response = web.Response(status=answer.status, body=payload, headers=out_headers)
+    if answer.status >= 400:
+        response[ERROR_TEXT] = f"runner: {_error_text(payload)}"
+    return response
+
+
+def _error_text(payload: bytes | bytearray) -> str:
+    """The message of a runner's error answer, for the daemon's log line."""
+    if len(payload) <= 1 << 20:
+        try:
+            return str(json.loads(bytes(payload))["error"])
+        except (ValueError, KeyError, TypeError):
+            pass
+    first = bytes(payload[:300]).decode("utf-8", "replace").splitlines()
+    return f"{len(payload)} byte(s), not a JSON error: {first[0] if first else ''}"
 
 
 async def _checked_off_loop(model: LoadedModel, body: bytes | bytearray,

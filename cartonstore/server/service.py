@@ -10,84 +10,39 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass
+import time
 from pathlib import Path
 from typing import Any
 
 from ..errors import CartonStoreError, InvalidInput, NotFound, Unavailable
 from ..fetch.puller import Puller
 from ..flights import SingleFlight
-from ..format.carton_toml import CartonConfig
-from ..format.dtypes import carton_dtype_to_v2, shape_to_v2_dims
 from ..format.manifest import is_sha256
 from ..runner_settings import RunnerSettings as RunnerConfig
 from ..store import Store
-from ..store.gc import GcPolicy, GcReport
-from ..store.index import LeaseRow
+from ..store.gc import GcPolicy, GcReport, eviction_summary
 from ..store.materialize import remove_tree
 from ..store.names import carton_named, restore_name, validate_name
 from ..store.owner import tmp_name
+from ..units import format_size
 from .collector import collect_in_child
 from .group_commit import GroupCommit
 from .load_params import b64_parameter, parse_triton_config, write_tree
 from .metrics import Metrics
-from .model_runtime import RunnerHost, files_only_note
+from .loaded_model import (
+    READY,
+    UNAVAILABLE,
+    Granted,
+    LeaseSettings,
+    LoadedModel,
+    pin_id,
+    ready_reason,
+    tensor_metadata,
+)
+from .model_runtime import RunnerHost
 from .runner_plan import instance_devices
-from .runners import ModelRunners
 
 log = logging.getLogger("cartonstore.server")
-
-READY, LOADING, UNAVAILABLE = "READY", "LOADING", "UNAVAILABLE"
-
-
-@dataclass(frozen=True)
-class LeaseSettings:
-    default_ttl: float = 60.0
-    max_ttl: float = 3600.0
-    pin_ttl: float = 120.0
-
-
-@dataclass
-class LoadedModel:
-    name: str
-    digest: str | None = None
-    state: str = LOADING
-    reason: str = ""
-    config: dict | None = None          # the load's Triton config
-    carton: CartonConfig | None = None  # its carton.toml
-    runners: ModelRunners | None = None  # None: loaded as files only (reason says why)
-
-    @property
-    def serving_state(self) -> str:
-        """READY only while the runners are (a dead runner shows here)."""
-        if self.state != READY or self.runners is None:
-            return self.state
-        return self.runners.state
-
-    def as_index_row(self) -> dict[str, Any]:
-        row: dict[str, Any] = {"name": self.name, "state": self.serving_state, "reason": self.reason}
-        if self.runners is not None and self.runners.reason:
-            row["reason"] = self.runners.reason
-        if self.digest:
-            row["version"] = self.digest
-        if self.runners is not None:
-            row["restarts"] = self.runners.restarts
-        return row
-
-
-@dataclass
-class Granted:
-    lease: LeaseRow
-    path: Path
-
-    def as_json(self) -> dict[str, Any]:
-        return {"lease": self.lease.id, "path": str(self.path), "manifest_sha256": self.lease.carton,
-                "expires_at": self.lease.expires_at}
-
-
-def pin_id(name: str) -> str:
-    return f"pin:{name}"
-
 
 class ModelService:
     def __init__(self, store: Store, puller: Puller, leases: LeaseSettings, metrics: Metrics,
@@ -214,7 +169,7 @@ class ModelService:
             digest = await self._resolve_known(ref)
             if serving is not None and serving.digest == digest and serving.config == model.config and \
                     serving.serving_state == READY:
-                serving.reason = _ready_reason(serving)  # drops a "reload failed" left by an earlier load
+                serving.reason = ready_reason(serving)  # drops a "reload failed" left by an earlier load
                 return serving  # already loaded as asked: nothing to restart
             if serving is not None and serving.digest != digest:  # the old version stays pinned until stopped
                 await self._hold(f"switch:{name}", serving.digest, f"switching:{name}")
@@ -230,7 +185,7 @@ class ModelService:
             await self._restore(name, serving, model, reason, named_before)
             raise
         model.state = READY
-        model.reason = _ready_reason(model)
+        model.reason = ready_reason(model)
         self.models[name] = model
         log.info("model %s version %s loaded%s", name, model.digest[:12],
                  "" if model.runners is not None else " (files only: no runner configured)")
@@ -304,7 +259,8 @@ class ModelService:
         an unpacked carton."""
         work = tmp_name(self.store.layout.tmp_dir, "upload")
         try:
-            decoded = {k: b64_parameter(k, v) for k, v in files.items()}
+            # Uploads may be hundreds of MiB: decoding them would stall every request.
+            decoded = await asyncio.to_thread(lambda: {k: b64_parameter(k, v) for k, v in files.items()})
             cartons = [k for k in decoded if k.endswith(".carton")]
             work.mkdir()
             if len(decoded) == 1 and cartons:
@@ -393,7 +349,11 @@ class ModelService:
         """One collection at a time per daemon, in a child process (see
         collector.py); the store lock orders it with every other process."""
         async with self._gc_lock:
-            return await collect_in_child(self.store.root, policy)
+            started = time.monotonic()
+            report = await collect_in_child(self.store.root, policy)
+        log.info("gc%s in %.2fs: %s", " (dry run)" if policy.dry_run else "", time.monotonic() - started,
+                 gc_summary(report))
+        return report
 
     async def keep_within_budget(self, policy: GcPolicy, interval: float) -> None:
         """Collect on our own every interval when a size budget or a free-space
@@ -403,10 +363,7 @@ class ModelService:
         while True:
             await asyncio.sleep(interval)
             try:
-                report = await self.collect(policy)
-                if report.freed_bytes:
-                    log.info("gc freed %d bytes (%d model(s) evicted)", report.freed_bytes,
-                             len(report.evicted_models))
+                await self.collect(policy)  # logs its own line
             except CartonStoreError as e:
                 log.warning("gc failed: %s", e)
 
@@ -428,9 +385,12 @@ class ModelService:
                 "fetched_bytes": stats.bytes_received, "fetch_requests": stats.requests}
 
 
-def _ready_reason(model: LoadedModel) -> str:
-    """What the index says of a READY model: nothing, or that it runs no runner."""
-    return "" if model.runners is not None else files_only_note(model.carton.runner.runner_name)
+def gc_summary(report: GcReport) -> str:
+    """One line for the daemon's log: what a collection freed, and why."""
+    return (f"freed {format_size(report.freed_bytes)}: {report.unreferenced_blobs} unreferenced blob(s), "
+            f"{eviction_summary(report.as_dict())}, {report.tmp_entries} tmp/ leftover(s), "
+            f"{report.expired_leases} expired lease(s); "
+            f"store {format_size(report.store_bytes_before)} -> {format_size(report.store_bytes_after)}")
 
 
 def _resolve_on(conn, ref: str) -> str | None:  # noqa: ANN001
@@ -440,8 +400,3 @@ def _resolve_on(conn, ref: str) -> str | None:  # noqa: ANN001
     if is_sha256(ref):
         return ref if conn.execute("SELECT 1 FROM cartons WHERE digest=?", (ref,)).fetchone() else None
     return carton_named(conn, ref)
-
-
-def tensor_metadata(specs) -> list[dict[str, Any]]:  # noqa: ANN001
-    return [{"name": s.name, "datatype": carton_dtype_to_v2(s.dtype), "shape": shape_to_v2_dims(s.shape)}
-            for s in specs or ()]

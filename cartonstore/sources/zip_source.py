@@ -9,6 +9,7 @@ from typing import BinaryIO, Callable
 from ..errors import InvalidCarton, NotFound
 from ..format.paths import validate_carton_path
 from ..zipfmt import ZipEntry, ZipLimits, ZipReader
+from ..zipfmt.central import ARCHIVE
 from .view import METADATA_LIMITS, SYMLINK_TARGET_LIMIT, SourceFile
 
 # Carton's shrink tool wrote these two as absolute names; they are the only
@@ -60,6 +61,10 @@ class ZipCartonView:
             raise NotFound(f"no such file: {path}", subject=str(path)) from None
         except IsADirectoryError:
             raise NotFound(f"{path} is a directory, not a .carton file", subject=str(path)) from None
+        except InvalidCarton as e:  # the zip as a whole: name the file the user gave
+            if e.file != ARCHIVE:
+                raise
+            raise InvalidCarton(str(path), e.problem, field=e.field) from None
         try:
             self._entries = index_zip_entries(self._zip.entries)
             self.files = {name: source_file(name, e, self._read_small)

@@ -68,9 +68,12 @@ class GcReport:
     unreferenced_bytes: int = 0
     tmp_entries: int = 0
     tmp_bytes: int = 0
-    evicted_models: list[str] = field(default_factory=list)
+    evicted_models: list[str] = field(default_factory=list)   # model directories removed
     evicted_blobs: int = 0
     evicted_bytes: int = 0
+    # cartons that lost blobs to eviction (still known, fetched again on use):
+    # [{"manifest_sha256": ..., "names": [...]}]
+    partial_models: list[dict] = field(default_factory=list)
     store_bytes_before: int = 0
     store_bytes_after: int = 0
 
@@ -82,6 +85,28 @@ class GcReport:
         d = dict(self.__dict__)
         d["freed_bytes"] = self.freed_bytes
         return d
+
+
+def made_partial(snap: Snapshot, evicted_blobs: set[str]) -> list[str]:
+    """The cartons that lose at least one of their blobs to eviction."""
+    return [c.digest for c in snap.cartons if c.listed & evicted_blobs]
+
+
+def eviction_summary(report: dict) -> str:
+    """One line on eviction, for the CLI and the daemon's log: "evicted 13
+    blob(s) (41.4 MiB); 2 model(s) now partial: big, tiny"."""
+    from ..units import format_size
+
+    dry = report.get("dry_run", False)
+    line = (f"{'would evict' if dry else 'evicted'} {report['evicted_blobs']} blob(s) "
+            f"({format_size(report['evicted_bytes'])})")
+    partial = report.get("partial_models") or []
+    if partial:
+        labels = ", ".join(",".join(m["names"]) or m["manifest_sha256"][:12] for m in partial)
+        line += f"; {len(partial)} model(s) {'would be' if dry else 'now'} partial: {labels}"
+    if report["evicted_models"]:
+        line += f"; {len(report['evicted_models'])} model directory(ies) {'would be ' if dry else ''}removed"
+    return line
 
 
 def plan_collection(snap: Snapshot, policy: GcPolicy) -> GcPlan:

@@ -26,6 +26,7 @@ import sqlite_utils
 from ..entry import EntryRow
 from ..errors import CartonStoreError, NotFound, Unavailable
 from .names import NameOutcome, assign_name
+from .sizes import learn_all_sizes, learn_sizes
 
 T = TypeVar("T")
 SCHEMA_VERSION = 1
@@ -154,6 +155,8 @@ class Index:
                 for stmt in filter(str.strip, _SCHEMA.split(";")):
                     conn.execute(stmt)
                 conn.execute("INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+                if conn.execute("INSERT OR IGNORE INTO meta VALUES ('sizes_learned', '1')").rowcount:
+                    learn_all_sizes(conn)  # once: stores written before sizes were learned late
         except sqlite3.Error as e:
             raise Unavailable(f"cannot open index {path}: {e}", subject=str(path)) from e
 
@@ -205,8 +208,12 @@ class Index:
                          [(d, s, now) for d, s in blobs])
 
     def record_blobs(self, blobs: Iterable[tuple[str, int]]) -> None:
+        """Rows for blobs now durable; the entries and cartons that list them
+        learn their sizes in the same transaction (see sizes.py)."""
+        blobs = list(blobs)
         with self.transaction() as conn:
             self.add_blobs(conn, blobs)
+            learn_sizes(conn, (d for d, _ in blobs))
 
     def forget_blob(self, digest: str) -> None:
         with self.transaction() as conn:
@@ -235,10 +242,13 @@ class Index:
                 (r.digest, r.model_name, r.runner_name, r.file_count, r.total_size, r.source,
                  r.added_at, r.last_used),
             )
-            conn.executemany(
-                "INSERT OR REPLACE INTO entries VALUES (?,?,?,?,?,?)",
+            conn.executemany(  # a size learned earlier is kept when the carton is added again
+                "INSERT INTO entries VALUES (?,?,?,?,?,?) ON CONFLICT(carton, path) DO UPDATE SET "
+                "digest=excluded.digest, size=coalesce(excluded.size, size), kind=excluded.kind, "
+                "target=excluded.target",
                 [(r.digest, e.path, e.digest, e.size, e.kind, e.target) for e in rec.entries],
             )
+            learn_sizes(conn, (e.digest for e in rec.entries if e.size is None and e.kind == "file"))
             for digest, urls in rec.links.items():
                 base = conn.execute("SELECT coalesce(max(position)+1, 0) FROM links WHERE digest=?",
                                     (digest,)).fetchone()[0]
@@ -446,9 +456,10 @@ class Index:
     def stored_bytes(self) -> int:
         return self._rows("SELECT coalesce(sum(size), 0) FROM blobs")[0][0]
 
-    def live_leases(self, carton: str, now: float | None = None) -> int:
+    def live_leases(self, carton: str, now: float | None = None) -> list[LeaseRow]:
         now = time.time() if now is None else now
-        return self._rows("SELECT count(*) FROM leases WHERE carton=? AND expires_at>?", (carton, now))[0][0]
+        rows = self._rows("SELECT * FROM leases WHERE carton=? AND expires_at>? ORDER BY expires_at", (carton, now))
+        return [LeaseRow(*r) for r in rows]
 
 
 WOULD_WAIT = object()  # ImmediateWriter.try_run: another writer holds the database

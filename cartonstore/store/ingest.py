@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from ..checks import CheckedCarton, check_safetensors, is_safetensors
-from ..errors import IntegrityError, InvalidCarton
+from ..errors import IntegrityError, InvalidCarton, ManifestMismatch
 from ..sources.view import CartonView
 from .blobs import BlobStore, StagedBlob
 from .index import CartonRecord, CartonRow, Index
@@ -64,7 +64,7 @@ class Staging:
                         w.copy_from(src)
                 staged = w.stage(expected_digest=expected)
             except IntegrityError as e:
-                raise InvalidCarton(path, f"does not match MANIFEST: {e.message}") from None
+                raise ManifestMismatch(path, e.message) from None
         self.staged[expected] = staged
         return staged
 

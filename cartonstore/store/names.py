@@ -18,6 +18,7 @@ from __future__ import annotations
 import re
 import time
 from dataclasses import dataclass
+from typing import Protocol, Sequence
 
 from ..errors import Conflict, InvalidInput
 
@@ -28,6 +29,12 @@ MAX_NAME_BYTES = 255
 _NAME = re.compile(r"[A-Za-z0-9_\-][A-Za-z0-9_.\-]*")
 _HEX = re.compile(r"[0-9a-f]+")
 PIN_PREFIX = "pin:"
+
+
+class LeaseLike(Protocol):  # index.LeaseRow (not imported here: index imports this module)
+    id: str
+    holder: str | None
+    expires_at: float
 
 
 def validate_name(name: str) -> str:
@@ -84,6 +91,30 @@ def loaded_version(conn, name: str) -> str | None:  # noqa: ANN001 - sqlite3.Con
     row = conn.execute("SELECT carton FROM leases WHERE id=? AND expires_at>?",
                        (PIN_PREFIX + name, time.time())).fetchone()
     return row[0] if row else None
+
+
+def removal_refused(digest: str, leases: Sequence[LeaseLike], now: float | None = None) -> Conflict:
+    """Why ``rm`` may not take a carton, from its live leases: the names a
+    daemon has it loaded as (and how to unload them), else each lease with
+    its holder and expiry."""
+    now = time.time() if now is None else now
+    loaded = [lease.id.removeprefix(PIN_PREFIX) for lease in leases if lease.id.startswith(PIN_PREFIX)]
+    if loaded:
+        how = ", ".join(f"POST /v2/repository/models/{name}/unload" for name in loaded)
+        others = f" (and {len(leases) - len(loaded)} other lease(s))" if len(leases) > len(loaded) else ""
+        return Conflict(f"carton {digest[:8]} is loaded as {', '.join(loaded)} by the daemon: unload it first, "
+                        f"{how}{others}", subject=digest)
+    held = "; ".join(f"lease {lease.id}" + (f" (holder {lease.holder!r})" if lease.holder else "")
+                     + f" expires in {_seconds(lease.expires_at - now)}, at "
+                     + time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(lease.expires_at))
+                     for lease in leases)
+    return Conflict(f"carton {digest[:8]} is leased: {held}; release the lease(s) (DELETE /v1/leases/ID) "
+                    "or wait for them to expire", subject=digest)
+
+
+def _seconds(s: float) -> str:
+    s = max(0, round(s))
+    return f"{s} s" if s < 120 else f"{s // 60} min {s % 60} s" if s < 7200 else f"{s // 3600} h {s // 60 % 60} min"
 
 
 def check_move(conn, name: str, digest: str | None, *, force: bool) -> None:  # noqa: ANN001

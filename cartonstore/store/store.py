@@ -35,6 +35,7 @@ from .gc import (
     GcReport,
     Snapshot,
     disk_free,
+    made_partial,
     plan_collection,
     remove_path,
     size_of,
@@ -52,6 +53,7 @@ from .names import (
     assign_name,
     check_move,
     default_name,
+    removal_refused,
     validate_name,
 )
 from .owner import tmp_name
@@ -100,7 +102,7 @@ class VerifyReport:
         return not (self.corrupt_blobs or self.missing_blobs or self.damaged_models or self.stray_files)
 
 
-def _fill_report(report: GcReport, plan: GcPlan, snap: Snapshot) -> None:
+def _fill_report(report: GcReport, plan: GcPlan, snap: Snapshot, index: Index) -> None:
     report.store_bytes_before = sum(size for size, _ in snap.blobs.values())
     report.unreferenced_blobs = len(plan.unreferenced) + len(plan.leftovers)
     report.unreferenced_bytes = (sum(snap.blobs[d][0] for d in plan.unreferenced)
@@ -108,6 +110,8 @@ def _fill_report(report: GcReport, plan: GcPlan, snap: Snapshot) -> None:
     report.evicted_models = list(plan.evicted_models)
     report.evicted_blobs = len(plan.evicted_blobs)
     report.evicted_bytes = sum(snap.blobs[d][0] for d in plan.evicted_blobs)
+    report.partial_models = [{"manifest_sha256": d, "names": index.names_of(d)}
+                             for d in made_partial(snap, plan.evicted_blobs)]
     report.store_bytes_after = (report.store_bytes_before - report.evicted_bytes
                                 - sum(snap.blobs[d][0] for d in plan.unreferenced))
 
@@ -215,7 +219,9 @@ class Store:
                 return found[0]
             if len(found) > 1:
                 raise Conflict(f"{ref!r} is ambiguous: it prefixes {', '.join(found)}", subject=ref)
-        raise NotFound(f"no carton matches {ref!r} (not a known manifest hash, hash prefix or name)",
+        hint = (f"; a hash prefix needs at least {MIN_PREFIX} hex digits"
+                if len(ref) < MIN_PREFIX and _HEX.match(ref) else "")
+        raise NotFound(f"no carton matches {ref!r} (not a known manifest hash, hash prefix or name{hint})",
                        subject=ref)
 
     def resolve_or_add(self, ref: str) -> str:
@@ -308,7 +314,7 @@ class Store:
 
         digest = self.resolve(ref)
         view = StoreCartonView(self.index, self.blobs, digest)
-        checked = check_carton(view)
+        checked = check_carton(view, top_level=False)
         links = dict(checked.links)
         if link_prefix:
             links.update(plan_links(checked, url_prefix=link_prefix, min_size=link_min_size))
@@ -321,9 +327,8 @@ class Store:
         carton lists. Refuses while a live lease holds it."""
         digest = self.resolve(ref)
         with self.lock():
-            if self.index.live_leases(digest):
-                raise Conflict(f"carton {digest} is leased by a running loader; release it first",
-                               subject=digest)
+            if leases := self.index.live_leases(digest):
+                raise removal_refused(digest, leases)
             orphans = self.index.remove_carton(digest)
             trash = self._take_model_away(digest)
             freed = sum(self.blobs.delete(d) for d in orphans)
@@ -371,7 +376,7 @@ class Store:
                 self.index.record_blobs([(d, snap.unindexed[d][0]) for d in plan.adopt if self.blobs.has(d)])
         if not policy.dry_run:
             self._apply(plan, snap)
-        _fill_report(report, plan, snap)
+        _fill_report(report, plan, snap, self.index)
         return report
 
     def _gc_snapshot(self, now: float) -> Snapshot:

@@ -1,0 +1,155 @@
+"""What a fetch moves, counted where the bytes arrive.
+
+TransferStats counts bytes received and expected, requests, retries, and
+bytes and blobs by kind of source ("url": a carton's own URL or a LINKS
+URL; "mirror": <mirror>/<sha256>; "file": a local carton, added by the
+puller). Counting is two additions under a lock, cheap enough for every
+chunk; whoever shows progress reads the counters at its own pace.
+
+A Tally is one request's share of the expected total: what it planned to
+receive counts until it ends, then exactly what it got, so that retries and
+short bodies leave expected == received once everything has settled.
+"""
+
+from __future__ import annotations
+
+import os
+import ssl
+import threading
+from dataclasses import dataclass, field
+from typing import Callable
+
+from ..errors import FetchError
+from .config import FetchConfig
+from .http import tls_reason
+from .policy import describe
+
+SOURCE_KINDS = ("file", "url", "mirror")
+
+
+@dataclass
+class TransferStats:
+    bytes_received: int = 0      # on the wire (encoded)
+    requests: int = 0
+    errors: list[str] = field(default_factory=list)
+    bytes_expected: int = 0      # what the requests made or planned so far will bring
+    retries: int = 0
+    source_bytes: dict[str, int] = field(default_factory=lambda: dict.fromkeys(SOURCE_KINDS, 0))
+    source_blobs: dict[str, int] = field(default_factory=lambda: dict.fromkeys(SOURCE_KINDS, 0))
+    on_event: Callable[[dict], None] | None = None   # told of each retry
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def received(self, n: int, source: str = "url") -> None:
+        with self._lock:
+            self.bytes_received += n
+            self.source_bytes[source] = self.source_bytes.get(source, 0) + n
+
+    def expect(self, n: int) -> None:
+        with self._lock:
+            self.bytes_expected += n
+
+    def request(self) -> None:
+        with self._lock:
+            self.requests += 1
+
+    def blobs(self, source: str, n: int = 1) -> None:
+        with self._lock:
+            self.source_blobs[source] = self.source_blobs.get(source, 0) + n
+
+    def progress(self) -> tuple[int, int]:
+        """(bytes received, bytes expected), read together."""
+        with self._lock:
+            return self.bytes_received, self.bytes_expected
+
+    def snapshot(self) -> dict:
+        with self._lock:
+            return {"bytes_received": self.bytes_received, "requests": self.requests, "retries": self.retries,
+                    "source_bytes": dict(self.source_bytes), "source_blobs": dict(self.source_blobs)}
+
+    def since(self, before: dict) -> dict:
+        """What moved since ``before`` (a snapshot), in the snapshot's shape."""
+        now = self.snapshot()
+        out: dict = {k: now[k] - before[k] for k in ("bytes_received", "requests", "retries")}
+        for k in ("source_bytes", "source_blobs"):
+            out[k] = {s: now[k].get(s, 0) - before[k].get(s, 0) for s in {*SOURCE_KINDS, *now[k]}}
+        return out
+
+    def retried(self, url: str, attempt: int, retries: int, delay: float, error: FetchError) -> None:
+        with self._lock:
+            self.retries += 1
+        if self.on_event is not None:
+            reason = retry_reason(error, url)
+            self.on_event({"event": "retry", "url": describe(url), "attempt": attempt, "retries": retries,
+                           "delay": round(delay, 3), "reason": reason,
+                           "message": f"retry {attempt}/{retries} in {delay:.1f} s: {reason}"})
+
+
+class Tally:
+    """One request's bytes: ``planned`` counts in the expected total (unless
+    ``counted`` already) until settle() replaces it with what arrived."""
+
+    __slots__ = ("stats", "source", "planned", "got")
+
+    def __init__(self, stats: TransferStats | None, planned: int = 0, *, source: str = "url",
+                 counted: bool = False) -> None:
+        self.stats = stats
+        self.source = source
+        self.planned = planned
+        self.got = 0
+        if stats is not None and planned and not counted:
+            stats.expect(planned)
+
+    def add(self, n: int) -> None:
+        self.got += n
+        if self.stats is not None:
+            self.stats.received(n, self.source)
+
+    def more(self, n: int) -> None:
+        """Bytes beyond the plan are on their way (a body longer than needed)."""
+        self.planned += n
+        if self.stats is not None:
+            self.stats.expect(n)
+
+    def settle(self) -> None:
+        if self.stats is not None and self.got != self.planned:
+            self.stats.expect(self.got - self.planned)
+        self.planned = self.got
+
+
+def retry_hook(stats: TransferStats | None, config: FetchConfig,
+               url: str) -> Callable[[FetchError, float], None] | None:
+    """An on_retry for http.with_retries that numbers the retries of one call."""
+    if stats is None:
+        return None
+    count = 0
+
+    def hook(error: FetchError, delay: float) -> None:
+        nonlocal count
+        count += 1
+        stats.retried(url, count, config.retries, delay, error)
+    return hook
+
+
+def retry_reason(error: FetchError, url: str) -> str:
+    """Why a request failed, in a few words for a person: the system's words
+    for a socket error ("connection refused"), else the error's message
+    without the URL it starts with and without a library's details."""
+    cause: BaseException | None = error.__cause__ or error.__context__
+    seen = 0
+    while cause is not None and seen < 8:
+        if isinstance(cause, ssl.SSLError):  # its errno (1) is not the reason
+            return tls_reason(cause)
+        if isinstance(cause, OSError) and cause.errno:
+            return os.strerror(cause.errno).lower()
+        if isinstance(cause, TimeoutError):
+            return "timed out"
+        cause, seen = cause.__cause__ or cause.__context__, seen + 1
+    text = error.message
+    for prefix in (f"{describe(error.subject or url)}: ", f"{describe(url)}: "):
+        if text.startswith(prefix):
+            text = text[len(prefix):]
+            break
+    if (error.__cause__ is not None and not isinstance(error.__cause__, FetchError)
+            and text.endswith(")") and " (" in text):
+        text = text[: text.rindex(" (")]  # "connection failed (<a library's words>)"
+    return text.splitlines()[0] if text else "failed"
