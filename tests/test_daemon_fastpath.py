@@ -17,7 +17,7 @@ import pytest
 from cartonstore.cli import main
 from cartonstore.errors import NotFound
 from cartonstore.store import Store
-from cartonstore.store.index import WOULD_WAIT, ImmediateWriter
+from cartonstore.store.sqlite_ops import WOULD_WAIT, ImmediateWriter
 from cartonstore.store.locks import HeldLock
 from conftest import FIXTURE_CARTON, FIXTURE_DIGEST
 from daemonkit import DaemonProcess, unix_session

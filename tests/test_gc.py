@@ -121,10 +121,10 @@ def test_budget_eviction_keeps_cartons_known_and_leased_ones(store: Store, tmp_p
 def test_a_lease_taken_between_turns_keeps_its_blobs(store: Store, tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
     """gc applies its plan in turns, releasing the store lock between them; a
     carton leased after the first turn keeps every blob the plan had doomed."""
-    import cartonstore.store.store as store_module
+    import cartonstore.store.collection as collection
 
-    monkeypatch.setattr(store_module, "GC_TURN_SECONDS", 0.0)  # one chunk a turn
-    monkeypatch.setattr(store_module, "GC_CHUNK", 1)
+    monkeypatch.setattr(collection, "GC_TURN_SECONDS", 0.0)  # one chunk a turn
+    monkeypatch.setattr(collection, "GC_CHUNK", 1)
     added = {n: store.add(_carton(tmp_path, n, {"model/w": os.urandom(5000)})) for n in ("a", "b")}
     weights = {n: next(e.digest for e in store.index.entries(r.digest) if e.path == "model/w")
                for n, r in added.items()}

@@ -16,7 +16,7 @@ from typing import Any
 
 from ..errors import CartonStoreError
 from ..store import Store
-from ..store.index import WOULD_WAIT, ImmediateWriter
+from ..store.sqlite_ops import WOULD_WAIT, ImmediateWriter
 from ..store.locks import HeldLock
 
 log = logging.getLogger("cartonstore.server")

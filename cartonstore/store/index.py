@@ -26,62 +26,14 @@ import sqlite_utils
 from ..entry import EntryRow
 from ..errors import CartonStoreError, NotFound, Unavailable
 from .names import NameOutcome, assign_name
+from .schema import SCHEMA, SCHEMA_VERSION
+from .sqlite_ops import rollback, run_ops
 from .sizes import learn_all_sizes, learn_sizes
 
 T = TypeVar("T")
-SCHEMA_VERSION = 1
 BUSY_TIMEOUT_MS = 30_000
 WAL_AUTOCHECKPOINT_PAGES = 1000  # SQLite's default
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS blobs (
-    digest TEXT PRIMARY KEY,
-    size INTEGER NOT NULL,
-    added_at REAL NOT NULL
-);
-CREATE TABLE IF NOT EXISTS cartons (
-    digest TEXT PRIMARY KEY,
-    model_name TEXT,
-    runner_name TEXT,
-    file_count INTEGER NOT NULL,
-    total_size INTEGER,
-    source TEXT,
-    added_at REAL NOT NULL,
-    last_used REAL NOT NULL
-);
-CREATE INDEX IF NOT EXISTS cartons_by_added_at ON cartons(added_at);
-CREATE TABLE IF NOT EXISTS entries (
-    carton TEXT NOT NULL REFERENCES cartons(digest) ON DELETE CASCADE,
-    path TEXT NOT NULL,
-    digest TEXT NOT NULL,
-    size INTEGER,
-    kind TEXT NOT NULL DEFAULT 'file',
-    target TEXT,
-    PRIMARY KEY (carton, path)
-);
-CREATE INDEX IF NOT EXISTS entries_by_digest ON entries(digest);
-CREATE TABLE IF NOT EXISTS names (
-    name TEXT PRIMARY KEY,
-    carton TEXT NOT NULL REFERENCES cartons(digest) ON DELETE CASCADE,
-    updated_at REAL NOT NULL
-);
-CREATE INDEX IF NOT EXISTS names_by_carton ON names(carton);
-CREATE TABLE IF NOT EXISTS links (
-    digest TEXT NOT NULL,
-    url TEXT NOT NULL,
-    position INTEGER NOT NULL,
-    PRIMARY KEY (digest, url)
-);
-CREATE TABLE IF NOT EXISTS leases (
-    id TEXT PRIMARY KEY,
-    carton TEXT NOT NULL,
-    holder TEXT,
-    created_at REAL NOT NULL,
-    expires_at REAL NOT NULL
-);
-CREATE INDEX IF NOT EXISTS leases_by_carton ON leases(carton);
-"""
 
 
 @dataclass(frozen=True)
@@ -114,25 +66,6 @@ class CartonRecord:
     links: dict[str, tuple[str, ...]]
 
 
-def _rollback(conn: sqlite3.Connection) -> None:
-    try:
-        conn.execute("ROLLBACK")
-    except sqlite3.Error:
-        pass  # a failed COMMIT may already have ended the transaction
-
-
-def _run_ops(conn: sqlite3.Connection, ops: Sequence[Callable[[sqlite3.Connection], T]]
-             ) -> list[T | CartonStoreError]:
-    """Each op's result, or the CartonStoreError it raised (its earlier writes kept)."""
-    out: list[T | CartonStoreError] = []
-    for op in ops:
-        try:
-            out.append(op(conn))
-        except CartonStoreError as e:
-            out.append(e)
-    return out
-
-
 class Index:
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -152,7 +85,7 @@ class Index:
             # (one small commit) well under a millisecond.
             conn.execute("PRAGMA synchronous=NORMAL")
             with self.transaction():
-                for stmt in filter(str.strip, _SCHEMA.split(";")):
+                for stmt in filter(str.strip, SCHEMA.split(";")):
                     conn.execute(stmt)
                 conn.execute("INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
                 if conn.execute("INSERT OR IGNORE INTO meta VALUES ('sizes_learned', '1')").rowcount:
@@ -176,10 +109,10 @@ class Index:
                 yield conn
                 conn.execute("COMMIT")
             except sqlite3.Error as e:
-                _rollback(conn)
+                rollback(conn)
                 raise Unavailable(f"index {self.path}: {e}", subject=str(self.path)) from e
             except BaseException:
-                _rollback(conn)
+                rollback(conn)
                 raise
 
     def read(self, fn: Callable[[sqlite3.Connection], T]) -> T:
@@ -432,7 +365,7 @@ class Index:
         requests). An operation that raises a CartonStoreError gets it as its
         result; the writes it made before raising are kept, the others' too."""
         with self.transaction() as conn:
-            return _run_ops(conn, ops)
+            return run_ops(conn, ops)
 
     @staticmethod
     def _touch(conn: sqlite3.Connection, carton: str, now: float) -> None:
@@ -460,62 +393,3 @@ class Index:
         now = time.time() if now is None else now
         rows = self._rows("SELECT * FROM leases WHERE carton=? AND expires_at>? ORDER BY expires_at", (carton, now))
         return [LeaseRow(*r) for r in rows]
-
-
-WOULD_WAIT = object()  # ImmediateWriter.try_run: another writer holds the database
-
-
-class ImmediateWriter:
-    """A second connection to the index for small writes that must never
-    wait: for the daemon's event loop, which takes a lease this way in tens
-    of microseconds instead of two thread hops.
-
-    It never sleeps on SQLite's busy handler (busy_timeout 0) and never
-    checkpoints: after ``checkpoint_due`` commits its owner should run
-    Index.checkpoint() off the loop and call ``checkpointed()``.
-    """
-
-    # A lease commit writes 3 or 4 pages (the row, two index entries, maybe
-    # the carton's last_used): 250 commits make about SQLite's default
-    # 1,000-page checkpoint interval.
-    CHECKPOINT_EVERY = 250
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.conn = sqlite3.connect(path, timeout=0, isolation_level=None, check_same_thread=False)
-        self.conn.execute("PRAGMA busy_timeout=0")
-        self.conn.execute("PRAGMA foreign_keys=ON")
-        self.conn.execute("PRAGMA synchronous=NORMAL")
-        self.conn.execute("PRAGMA wal_autocheckpoint=0")
-        self._commits = 0
-
-    @property
-    def checkpoint_due(self) -> bool:
-        return self._commits >= self.CHECKPOINT_EVERY
-
-    def checkpointed(self) -> None:
-        self._commits = 0
-
-    def try_run(self, ops: Sequence[Callable[[sqlite3.Connection], T]]) -> list[T | CartonStoreError] | object:
-        """ops in one transaction, with Index.run_batch's results; or
-        WOULD_WAIT, nothing written, when the database is busy or failing
-        (the caller then goes the patient way, which reports real failures)."""
-        conn = self.conn
-        try:
-            conn.execute("BEGIN IMMEDIATE")
-        except sqlite3.Error:
-            return WOULD_WAIT
-        try:
-            out = _run_ops(conn, ops)
-            conn.execute("COMMIT")
-        except sqlite3.Error:
-            _rollback(conn)
-            return WOULD_WAIT
-        except BaseException:
-            _rollback(conn)
-            raise
-        self._commits += 1
-        return out
-
-    def close(self) -> None:
-        self.conn.close()

@@ -5,15 +5,14 @@ Each public method is one operation on a store root. All of them block
 Cross-process safety comes from ROOT/locks/: ``store.lock`` is taken
 exclusively for the short moments that change which blobs exist (commit,
 rm, gc) and shared while a model directory is built from blobs.
+Collecting lives in collection.py, verifying in verification.py.
 """
 
 from __future__ import annotations
 
 import os
 import re
-import shutil
-import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..checks import (
@@ -29,24 +28,15 @@ from ..sources import DirCartonView, open_local
 from ..zipfmt import ZipLimits
 from .blobs import BlobStore
 from .gc import (
-    CartonUse,
-    GcPlan,
     GcPolicy,
     GcReport,
-    Snapshot,
-    disk_free,
-    made_partial,
-    plan_collection,
-    remove_path,
-    size_of,
-    tmp_leftovers,
-    unindexed_files,
 )
 from .index import CartonRow, Index
+from .collection import collect as collect_garbage
 from .ingest import IngestResult, Staging, commit_carton, stage_carton
 from .layout import StoreLayout
 from .locks import FileLock
-from .materialize import build_tree, check_tree, plan_tree, remove_tree
+from .materialize import build_tree, plan_tree, remove_tree
 from .names import (
     MIN_PREFIX,
     NameOutcome,
@@ -57,11 +47,8 @@ from .names import (
     validate_name,
 )
 from .owner import tmp_name
-
-# gc holds the store lock for about this long at a time (leases wait on it),
-# deleting this many rows and files between looks at the clock.
-GC_TURN_SECONDS = 0.002
-GC_CHUNK = 16
+from .verification import VerifyReport
+from .verification import verify as verify_store
 
 _HEX = re.compile(r"^[0-9a-f]+$")
 
@@ -83,37 +70,6 @@ class RemoveResult:
     digest: str
     blobs_removed: int
     bytes_freed: int
-
-
-@dataclass
-class VerifyReport:
-    blobs_checked: int = 0
-    corrupt_blobs: list[str] = field(default_factory=list)
-    missing_blobs: list[str] = field(default_factory=list)      # indexed, file gone
-    unindexed_blobs: list[str] = field(default_factory=list)    # sound file, no row (crash leftover)
-    stray_files: list[str] = field(default_factory=list)        # not named by a digest
-    models_checked: int = 0
-    damaged_models: dict[str, list[str]] = field(default_factory=dict)
-    orphan_models: list[str] = field(default_factory=list)
-    repaired: list[str] = field(default_factory=list)
-
-    @property
-    def ok(self) -> bool:
-        return not (self.corrupt_blobs or self.missing_blobs or self.damaged_models or self.stray_files)
-
-
-def _fill_report(report: GcReport, plan: GcPlan, snap: Snapshot, index: Index) -> None:
-    report.store_bytes_before = sum(size for size, _ in snap.blobs.values())
-    report.unreferenced_blobs = len(plan.unreferenced) + len(plan.leftovers)
-    report.unreferenced_bytes = (sum(snap.blobs[d][0] for d in plan.unreferenced)
-                                 + sum(snap.unindexed[d][0] for d in plan.leftovers))
-    report.evicted_models = list(plan.evicted_models)
-    report.evicted_blobs = len(plan.evicted_blobs)
-    report.evicted_bytes = sum(snap.blobs[d][0] for d in plan.evicted_blobs)
-    report.partial_models = [{"manifest_sha256": d, "names": index.names_of(d)}
-                             for d in made_partial(snap, plan.evicted_blobs)]
-    report.store_bytes_after = (report.store_bytes_before - report.evicted_bytes
-                                - sum(snap.blobs[d][0] for d in plan.unreferenced))
 
 
 class Store:
@@ -191,7 +147,7 @@ class Store:
                 if self.index.carton(checked.digest) is None:
                     # A model directory of a carton the index does not know is a
                     # leftover (of a crash in rm or an older gc): never serve it.
-                    stale = self._take_model_away(checked.digest)
+                    stale = self.take_model_away(checked.digest)
                 if name is not None:  # before any blob moves: a refusal leaves the store as it was
                     self.index.read(lambda conn: check_move(conn, name, checked.digest, force=force))
                 return commit_carton(checked, staging, self.index, self.blobs, name=name, source=source,
@@ -330,13 +286,13 @@ class Store:
             if leases := self.index.live_leases(digest):
                 raise removal_refused(digest, leases)
             orphans = self.index.remove_carton(digest)
-            trash = self._take_model_away(digest)
+            trash = self.take_model_away(digest)
             freed = sum(self.blobs.delete(d) for d in orphans)
         if trash is not None:
             remove_tree(trash)
         return RemoveResult(digest, len(orphans), freed)
 
-    def _take_model_away(self, digest: str) -> Path | None:
+    def take_model_away(self, digest: str) -> Path | None:
         """Rename a model directory into tmp/ (owned by this process) so it
         disappears whole: deleting it in place could leave, after a crash, a
         half-empty directory that the next `path` would serve as it is."""
@@ -347,166 +303,12 @@ class Store:
         os.rename(model, away)
         return away
 
-    # -- collecting ------------------------------------------------------------
+    # -- collecting and verifying ------------------------------------------------
 
     def collect(self, policy: GcPolicy | None = None) -> GcReport:
-        """Collect garbage (see store/gc.py); with policy.dry_run, only report.
-
-        The snapshot and plan are made without the store lock; under it
-        (briefly) the plan is checked against leases and cartons that appeared
-        meanwhile, rows are deleted in one transaction, then blob files are
-        unlinked and doomed model directories renamed into tmp/; they are
-        deleted after the lock is released."""
-        policy = policy or GcPolicy()
-        now = time.time()
-        report = GcReport(dry_run=policy.dry_run)
-        for path in tmp_leftovers(self.layout.tmp_dir, now):
-            report.tmp_entries += 1
-            report.tmp_bytes += size_of(path)
-            if not policy.dry_run:
-                remove_path(path)
-        snap = self._gc_snapshot(now)
-        plan = plan_collection(snap, policy)
-        with self.lock():
-            if policy.dry_run:
-                report.expired_leases = self.index.count_expired_leases(now)
-            else:
-                report.expired_leases = self.index.expire_leases(now)
-                self._revalidate(plan, snap, {c.digest for c in snap.cartons})
-                self.index.record_blobs([(d, snap.unindexed[d][0]) for d in plan.adopt if self.blobs.has(d)])
-        if not policy.dry_run:
-            self._apply(plan, snap)
-        _fill_report(report, plan, snap, self.index)
-        return report
-
-    def _gc_snapshot(self, now: float) -> Snapshot:
-        cartons, listed, keep = self.index.carton_listing()
-        leased = self.index.leased_cartons(now)
-        blobs = self.index.blob_table()
-        models = set(os.listdir(self.layout.models_dir)) if self.layout.models_dir.is_dir() else set()
-        uses = tuple(CartonUse(c.digest, c.last_used, c.digest in models, c.digest in leased,
-                               frozenset(listed.get(c.digest, ())), frozenset(keep.get(c.digest, ())))
-                     for c in cartons)
-        known = {c.digest for c in cartons}
-        return Snapshot(blobs, unindexed_files(self.blobs.iter_digests(), set(blobs), self.blobs.path), uses,
-                        tuple(sorted(m for m in models if m not in known and is_sha256(m))),
-                        disk_free(self.root), now)
-
-    def _revalidate(self, plan: GcPlan, snap: Snapshot, known: set[str]) -> None:
-        """Drop from the plan what became needed since the snapshot: cartons
-        leased meanwhile, blobs listed by them or by cartons added meanwhile
-        (``known``: the cartons of the snapshot). Called under the store lock,
-        once per turn of _apply, so it must cost well under a millisecond."""
-        leased = self.index.leased_cartons(time.time())
-        newcomers = [d for d in self.index.cartons_added_since(snap.now - 1) if d not in known]
-        needed = set(newcomers)
-        for carton in leased | set(newcomers):
-            needed.update(e.digest for e in self.index.entries(carton))
-        plan.evicted_models = [d for d in plan.evicted_models if d not in leased]
-        plan.orphan_models = [d for d in plan.orphan_models if d not in needed]
-        plan.evicted_blobs -= needed
-        plan.unreferenced -= needed
-        plan.leftovers -= needed
-
-    def _apply(self, plan: GcPlan, snap: Snapshot) -> None:
-        """Apply in turns of about GC_TURN_SECONDS under the store lock, each
-        checked again first, so a lease or a commit waits a couple of
-        milliseconds, never the whole collection. Model directories renamed
-        into tmp/ in a turn are deleted after it, and the WAL is checkpointed
-        after it, both outside the lock."""
-        known = {c.digest for c in snap.cartons}
-        work = [(d, True) for d in plan.evicted_models + plan.orphan_models]
-        work += [(d, False) for d in sorted(plan.unreferenced | plan.evicted_blobs | plan.leftovers)]
-        done = 0
-        with self.index.checkpoints_deferred() as checkpoint:
-            while done < len(work):
-                with self.lock():
-                    self._revalidate(plan, snap, known)
-                    done, trash = self._apply_turn(plan, work, done)
-                for path in trash:
-                    remove_tree(path)
-                checkpoint()
-                # flock hands nothing over: without a pause this process would
-                # take the lock again before a woken waiter gets to run.
-                time.sleep(GC_TURN_SECONDS / 2)
-
-    def _apply_turn(self, plan: GcPlan, work: list[tuple[str, bool]], done: int) -> tuple[int, list[Path]]:
-        """Under the store lock: work from ``done`` on, in chunks (rows first,
-        one transaction, then files), until the turn's time is up. Returns
-        how far it got and the model directories it moved away."""
-        models = set(plan.evicted_models) | set(plan.orphan_models)
-        trash: list[Path] = []
-        turn_ends = time.monotonic() + GC_TURN_SECONDS
-        while done < len(work):
-            part = [(d, is_model) for d, is_model in work[done:done + GC_CHUNK]
-                    if (d in models if is_model else
-                        d in plan.unreferenced or d in plan.evicted_blobs or d in plan.leftovers)]
-            done += GC_CHUNK
-            self.index.forget_blobs([d for d, is_model in part if not is_model])
-            for digest, is_model in part:
-                if not is_model:
-                    self.blobs.delete(digest)
-                elif (away := self._take_model_away(digest)) is not None:
-                    trash.append(away)
-            if time.monotonic() >= turn_ends:
-                break
-        return done, trash
-
-    # -- verifying -----------------------------------------------------------
+        """Collect garbage (see store/collection.py); with policy.dry_run, only report."""
+        return collect_garbage(self, policy)
 
     def verify(self, *, repair: bool = False) -> VerifyReport:
-        report = VerifyReport()
-        indexed = dict(self.index.blob_rows())
-        on_disk = set()
-        for name in self.blobs.iter_digests():
-            if not is_sha256(name):
-                report.stray_files.append(str(self.layout.blobs_dir / name[:2] / name))
-                continue
-            on_disk.add(name)
-            report.blobs_checked += 1
-            if self.blobs.rehash(name) != name:
-                report.corrupt_blobs.append(name)
-            elif name not in indexed:
-                report.unindexed_blobs.append(name)
-        report.missing_blobs = sorted(set(indexed) - on_disk)
-        self._verify_models(report)
-        if repair:
-            self._repair(report)
-        return report
-
-    def _verify_models(self, report: VerifyReport) -> None:
-        if not self.layout.models_dir.is_dir():
-            return
-        from .blobs import hash_file
-
-        for d in sorted(os.listdir(self.layout.models_dir)):
-            if not is_sha256(d) or self.index.carton(d) is None:
-                report.orphan_models.append(d)
-                continue
-            report.models_checked += 1
-            plan = plan_tree(self.index.entries(d), d)
-            problems = check_tree(plan, self.layout.model_path(d), self.blobs.path, hash_file,
-                                  frozenset(report.corrupt_blobs))
-            if problems:
-                report.damaged_models[d] = problems
-
-    def _repair(self, report: VerifyReport) -> None:
-        quarantine = self.layout.quarantine_dir
-        with self.lock():
-            for digest in report.corrupt_blobs:
-                quarantine.mkdir(exist_ok=True)
-                shutil.move(str(self.blobs.path(digest)), quarantine / f"{digest}.{int(time.time())}")
-                self.index.forget_blob(digest)
-                report.repaired.append(f"quarantined corrupt blob {digest}")
-            for digest in report.missing_blobs:
-                self.index.forget_blob(digest)
-                report.repaired.append(f"forgot missing blob {digest}")
-            trash = [self._take_model_away(d) for d in report.damaged_models]
-            report.repaired += [f"removed damaged model directory {d}" for d in report.damaged_models]
-        for path in trash:
-            if path is not None:
-                remove_tree(path)
-        for digest in report.damaged_models:
-            if not self.index.missing_blobs(digest):
-                self.materialize(digest)
-                report.repaired.append(f"rebuilt model directory {digest}")
+        """Rehash every blob and check every model directory (store/verification.py)."""
+        return verify_store(self, repair=repair)

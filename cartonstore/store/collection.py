@@ -1,0 +1,163 @@
+"""Collecting garbage in a store (Store.collect): the plan of store/gc.py,
+applied under the store lock in short turns.
+
+The snapshot and plan are made without the lock; each turn checks the plan
+again against leases and cartons that appeared meanwhile, deletes rows in
+one transaction, then unlinks blob files and moves doomed model directories
+into tmp/ (deleted after the turn, outside the lock).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ..format.manifest import is_sha256
+from .gc import (
+    CartonUse,
+    GcPlan,
+    GcPolicy,
+    GcReport,
+    Snapshot,
+    disk_free,
+    made_partial,
+    plan_collection,
+    remove_path,
+    size_of,
+    tmp_leftovers,
+    unindexed_files,
+)
+from .index import Index
+from .materialize import remove_tree
+
+if TYPE_CHECKING:
+    from .store import Store
+
+# gc holds the store lock for about this long at a time (leases wait on it),
+# deleting this many rows and files between looks at the clock.
+GC_TURN_SECONDS = 0.002
+GC_CHUNK = 16
+
+
+def collect(store: Store, policy: GcPolicy | None = None) -> GcReport:
+    """Collect garbage (see store/gc.py); with policy.dry_run, only report.
+
+    The snapshot and plan are made without the store lock; under it
+    (briefly) the plan is checked against leases and cartons that appeared
+    meanwhile, rows are deleted in one transaction, then blob files are
+    unlinked and doomed model directories renamed into tmp/; they are
+    deleted after the lock is released."""
+    policy = policy or GcPolicy()
+    now = time.time()
+    report = GcReport(dry_run=policy.dry_run)
+    for path in tmp_leftovers(store.layout.tmp_dir, now):
+        report.tmp_entries += 1
+        report.tmp_bytes += size_of(path)
+        if not policy.dry_run:
+            remove_path(path)
+    snap = _snapshot(store, now)
+    plan = plan_collection(snap, policy)
+    with store.lock():
+        if policy.dry_run:
+            report.expired_leases = store.index.count_expired_leases(now)
+        else:
+            report.expired_leases = store.index.expire_leases(now)
+            _revalidate(store, plan, snap, {c.digest for c in snap.cartons})
+            store.index.record_blobs([(d, snap.unindexed[d][0]) for d in plan.adopt if store.blobs.has(d)])
+    if not policy.dry_run:
+        _apply(store, plan, snap)
+    _fill_report(report, plan, snap, store.index)
+    return report
+
+
+def _snapshot(store: Store, now: float) -> Snapshot:
+    cartons, listed, keep = store.index.carton_listing()
+    leased = store.index.leased_cartons(now)
+    blobs = store.index.blob_table()
+    models = set(os.listdir(store.layout.models_dir)) if store.layout.models_dir.is_dir() else set()
+    uses = tuple(CartonUse(c.digest, c.last_used, c.digest in models, c.digest in leased,
+                           frozenset(listed.get(c.digest, ())), frozenset(keep.get(c.digest, ())))
+                 for c in cartons)
+    known = {c.digest for c in cartons}
+    return Snapshot(blobs, unindexed_files(store.blobs.iter_digests(), set(blobs), store.blobs.path), uses,
+                    tuple(sorted(m for m in models if m not in known and is_sha256(m))),
+                    disk_free(store.root), now)
+
+
+def _revalidate(store: Store, plan: GcPlan, snap: Snapshot, known: set[str]) -> None:
+    """Drop from the plan what became needed since the snapshot: cartons
+    leased meanwhile, blobs listed by them or by cartons added meanwhile
+    (``known``: the cartons of the snapshot). Called under the store lock,
+    once per turn of _apply, so it must cost well under a millisecond."""
+    leased = store.index.leased_cartons(time.time())
+    newcomers = [d for d in store.index.cartons_added_since(snap.now - 1) if d not in known]
+    needed = set(newcomers)
+    for carton in leased | set(newcomers):
+        needed.update(e.digest for e in store.index.entries(carton))
+    plan.evicted_models = [d for d in plan.evicted_models if d not in leased]
+    plan.orphan_models = [d for d in plan.orphan_models if d not in needed]
+    plan.evicted_blobs -= needed
+    plan.unreferenced -= needed
+    plan.leftovers -= needed
+
+
+def _apply(store: Store, plan: GcPlan, snap: Snapshot) -> None:
+    """Apply in turns of about GC_TURN_SECONDS under the store lock, each
+    checked again first, so a lease or a commit waits a couple of
+    milliseconds, never the whole collection. Model directories renamed
+    into tmp/ in a turn are deleted after it, and the WAL is checkpointed
+    after it, both outside the lock."""
+    known = {c.digest for c in snap.cartons}
+    work = [(d, True) for d in plan.evicted_models + plan.orphan_models]
+    work += [(d, False) for d in sorted(plan.unreferenced | plan.evicted_blobs | plan.leftovers)]
+    done = 0
+    with store.index.checkpoints_deferred() as checkpoint:
+        while done < len(work):
+            with store.lock():
+                _revalidate(store, plan, snap, known)
+                done, trash = _apply_turn(store, plan, work, done)
+            for path in trash:
+                remove_tree(path)
+            checkpoint()
+            # flock hands nothing over: without a pause this process would
+            # take the lock again before a woken waiter gets to run.
+            time.sleep(GC_TURN_SECONDS / 2)
+
+
+def _apply_turn(store: Store, plan: GcPlan, work: list[tuple[str, bool]], done: int) -> tuple[int, list[Path]]:
+    """Under the store lock: work from ``done`` on, in chunks (rows first,
+    one transaction, then files), until the turn's time is up. Returns
+    how far it got and the model directories it moved away."""
+    models = set(plan.evicted_models) | set(plan.orphan_models)
+    trash: list[Path] = []
+    turn_ends = time.monotonic() + GC_TURN_SECONDS
+    while done < len(work):
+        part = [(d, is_model) for d, is_model in work[done:done + GC_CHUNK]
+                if (d in models if is_model else
+                    d in plan.unreferenced or d in plan.evicted_blobs or d in plan.leftovers)]
+        done += GC_CHUNK
+        store.index.forget_blobs([d for d, is_model in part if not is_model])
+        for digest, is_model in part:
+            if not is_model:
+                store.blobs.delete(digest)
+            elif (away := store.take_model_away(digest)) is not None:
+                trash.append(away)
+        if time.monotonic() >= turn_ends:
+            break
+    return done, trash
+
+
+def _fill_report(report: GcReport, plan: GcPlan, snap: Snapshot, index: Index) -> None:
+    report.store_bytes_before = sum(size for size, _ in snap.blobs.values())
+    report.unreferenced_blobs = len(plan.unreferenced) + len(plan.leftovers)
+    report.unreferenced_bytes = (sum(snap.blobs[d][0] for d in plan.unreferenced)
+                                 + sum(snap.unindexed[d][0] for d in plan.leftovers))
+    report.evicted_models = list(plan.evicted_models)
+    report.evicted_blobs = len(plan.evicted_blobs)
+    report.evicted_bytes = sum(snap.blobs[d][0] for d in plan.evicted_blobs)
+    report.partial_models = [{"manifest_sha256": d, "names": index.names_of(d)}
+                             for d in made_partial(snap, plan.evicted_blobs)]
+    report.store_bytes_after = (report.store_bytes_before - report.evicted_bytes
+                                - sum(snap.blobs[d][0] for d in plan.unreferenced))
