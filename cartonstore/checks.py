@@ -61,14 +61,18 @@ def hash_stream(stream: BinaryIO) -> str:
     return h.hexdigest()
 
 
-def compute_manifest(view: CartonView) -> bytes:
+def compute_manifest(view: CartonView, hash_file: Callable[[str], str] | None = None) -> bytes:
     """MANIFEST for a directory that has none (pack, unpacked sources).
-    A kept symlink is listed with the hash of the file it resolves to."""
+    A kept symlink is listed with the hash of the file it resolves to.
+    ``hash_file(path)`` hashes one file (ingest stages it in the same read)."""
     if "carton.toml" not in view.files:
         raise InvalidCarton("carton.toml", f"missing from {view.label}: every carton must have one")
     digests: dict[str, str] = {}
     for path, f in view.files.items():
         if f.kind == "file":
+            if hash_file is not None:
+                digests[path] = hash_file(path)
+                continue
             with view.open(path) as s:
                 digests[path] = hash_stream(s)
     for path, f in view.files.items():

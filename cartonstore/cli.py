@@ -18,11 +18,12 @@ from typing import Any, Callable, Sequence
 from . import __version__
 from .errors import CartonStoreError, IntegrityError, exit_code_for
 from .cli_args import arrange_argv
+from .cli_service import cmd_gc, cmd_serve
 from .config import Config, load_config
 from .fetch.puller import Puller
 from .progress import MODES, Progress
 from .store import Store
-from .units import format_size, parse_duration, parse_size
+from .units import format_size, parse_size
 
 EPILOG = """\
 examples:
@@ -222,59 +223,6 @@ def cmd_verify(store: Store, args: argparse.Namespace, out: Output) -> int:
     return 0 if r.ok or (args.repair and r.repaired) else exit_code_for(IntegrityError("verify failed"))
 
 
-def cmd_serve(store: Store | None, args: argparse.Namespace, out: Output) -> None:
-    from .server.daemon import DaemonSettings, run_daemon, setup_logging
-    from .server.loaded_model import LeaseSettings
-    from .store.gc import GcPolicy
-
-    cfg: Config = args.settings
-    if args.print_config:
-        import tomli_w
-
-        print(tomli_w.dumps(cfg.as_dict()), end="")
-        return
-    cfg.store.root.mkdir(parents=True, exist_ok=True)
-    setup_logging(cfg.server.log_format, cfg.server.log_level)
-    run_daemon(DaemonSettings(
-        root=cfg.store.root, socket=cfg.socket_path, socket_mode=cfg.server.socket_mode,
-        socket_group=cfg.server.socket_group or None, listen=cfg.server.listen or None,
-        leases=LeaseSettings(cfg.leases.default_ttl, cfg.leases.max_ttl, cfg.leases.pin_ttl),
-        fetch=cfg.fetch_config(), zip_limits=cfg.zip_limits(), max_request_size=cfg.server.max_request_size,
-        shutdown_timeout=cfg.server.shutdown_timeout, access_log=cfg.server.access_log,
-        gc=GcPolicy(max_size=cfg.gc.max_size, min_free=cfg.gc.min_free, grace=cfg.gc.grace),
-        gc_interval=cfg.gc.interval, runners=cfg.runners))
-
-
-def cmd_gc(store: Store | None, args: argparse.Namespace, out: Output) -> None:
-    from .client import Client, DaemonUnavailable
-    from .store.gc import GcPolicy, eviction_summary
-
-    cfg: Config = args.settings
-    policy = GcPolicy(
-        max_size=parse_size(args.max_size) if args.max_size else cfg.gc.max_size,
-        min_free=parse_size(args.min_free) if args.min_free else cfg.gc.min_free,
-        grace=parse_duration(args.grace) if args.grace else cfg.gc.grace, dry_run=args.dry_run)
-    report = None
-    if not args.local and cfg.socket_path.exists():
-        try:  # the daemon serving this store runs it, between its own requests
-            report = Client(cfg.socket_path).collect(max_size=policy.max_size, min_free=policy.min_free,
-                                                     grace=policy.grace, dry_run=policy.dry_run)
-            report["ran_in"] = "daemon"
-        except DaemonUnavailable:
-            report = None
-    if report is None:
-        with Store(cfg.store.root, zip_limits=cfg.zip_limits()) as local:
-            report = {**local.collect(policy).as_dict(), "ran_in": "this process"}
-    verb = "would free" if policy.dry_run else "freed"
-    out.emit(report, [
-        f"expired leases dropped: {report['expired_leases']}",
-        f"unreferenced blobs: {report['unreferenced_blobs']} ({format_size(report['unreferenced_bytes'])})",
-        f"tmp/ leftovers: {report['tmp_entries']} ({format_size(report['tmp_bytes'])})",
-        eviction_summary(report),
-        f"{verb} {format_size(report['freed_bytes'])} (ran in {report['ran_in']})",
-    ])
-
-
 # -- parser --------------------------------------------------------------------
 
 
@@ -372,6 +320,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--min-free", metavar="SIZE", help="evict LRU models until SIZE is free on the disk")
     sp.add_argument("--grace", metavar="DURATION", help="keep unreferenced blobs younger than this (default 1h)")
     sp.add_argument("--dry-run", action="store_true", help="only report what would be freed")
+    sp.add_argument("--forget-unrecoverable", action="store_true",
+                    help="remove whole (as rm) the models whose blobs have no source to fetch them again, "
+                         "instead of keeping those blobs")
     sp.add_argument("--local", action="store_true", help="run here even when a daemon serves the store")
     sp.add_argument("--socket", help="the daemon's socket (default: $CARTONSTORE_SOCKET or ROOT/cartonstore.sock)")
 

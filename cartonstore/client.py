@@ -317,9 +317,11 @@ class Client:
         self._request("DELETE", _lease_url(lease_id), None, lease_id, timeout)
 
     def collect(self, *, max_size: int | None = None, min_free: int | None = None, grace: float = 3600.0,
-                dry_run: bool = False, timeout: float = DEFAULT_ACQUIRE_TIMEOUT) -> dict[str, Any]:
+                dry_run: bool = False, timeout: float = DEFAULT_ACQUIRE_TIMEOUT,
+                forget_unrecoverable: bool = False) -> dict[str, Any]:
         """Ask the daemon to collect garbage now; returns its report."""
-        body = {"max_size": max_size, "min_free": min_free, "grace": grace, "dry_run": dry_run}
+        body = {"max_size": max_size, "min_free": min_free, "grace": grace, "dry_run": dry_run,
+                "forget_unrecoverable": forget_unrecoverable}
         return self._request("POST", "/v1/gc", body, None, timeout)
 
     def ready(self) -> bool:

@@ -234,6 +234,7 @@ class GcSettings:
     min_free: int | None = v.size_setting(None, 0, optional=True)
     grace: float = v.duration_setting(3600.0, positive=False)
     interval: float = v.duration_setting(600.0, positive=True)
+    forget_unrecoverable: bool = v.setting(False, v.boolean)
 
 
 _SECTIONS: Mapping[str, type] = MappingProxyType({

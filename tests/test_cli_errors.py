@@ -72,6 +72,7 @@ def test_a_remote_file_that_does_not_match_its_manifest_line_exits_5(root: Path,
     code, _, err = run(capsys, "add", origin.url("/tampered.carton"), "--root", str(root), "--config", str(fast),
                        "--progress", "none")
     assert code == 5 and "model/w.bin: does not match MANIFEST" in err, err
+    assert f"MANIFEST: {origin.url('/tampered.carton')}: bytes hash to" in err, err  # names the source
     assert snapshot(root) == before
 
 

@@ -13,14 +13,16 @@ import os
 from typing import Sequence
 
 from ..checks import check_safetensors, is_safetensors
+from ..errors import ManifestMismatch
 from ..flights import SingleFlight
 from ..store import Store
 from ..store.blobs import StagedBlob
 from ..store.locks import async_file_lock
 from .config import FetchConfig
 from .http import HttpClient
+from .policy import describe
 from .stats import TransferStats
-from .transfer import fetch_blob
+from .transfer import SourcesFailed, fetch_blob
 
 
 class BlobFetcher:
@@ -63,6 +65,23 @@ class BlobFetcher:
             finally:
                 staged.discard()
             return True
+
+    async def stage_instead(self, path: str, digest: str, failed: str, problem: str,
+                            urls: Sequence[str] = ()) -> StagedBlob:
+        """The bytes of ``path`` from source ``failed`` (a carton's URL) did not
+        hash to ``digest``: stage the blob from its other sources (``urls``, the
+        carton's LINKS for it, then the index's and each mirror) instead. Raises
+        ManifestMismatch naming every source tried and why it failed."""
+        tried = [f"{describe(failed)}: {problem}"]
+        others = [u for u in self.sources_for(digest, urls) if u != failed]
+        if not others:
+            raise ManifestMismatch(path, tried[0])
+        try:
+            return await fetch_blob(self.client, self.store.blobs, digest, others, self.config, stats=self.stats,
+                                    kind_of=self.kind_of)
+        except SourcesFailed as e:
+            tried += e.problems
+        raise ManifestMismatch(path, f"no source delivered its bytes ({len(tried)} tried):\n  " + "\n  ".join(tried))
 
     def _validate(self, staged: StagedBlob) -> None:
         """A blob is checked by the names cartons give it (safetensors headers)."""

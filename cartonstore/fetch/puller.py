@@ -34,6 +34,8 @@ from ..zipfmt import ZipEntry
 from .blob_fetcher import BlobFetcher
 from .config import FetchConfig
 from .http import HttpClient
+from .holds import holding
+from .local_source import restore_from_local
 from .policy import describe
 from .remote_zip import RemoteCartonView, open_remote_zip, prefetch_view, read_entries
 from .stats import SOURCE_KINDS, TransferStats
@@ -124,16 +126,7 @@ class Puller:
             read = [result.bytes_added, result.blobs_added]
         if result.naming is not None and (note := result.naming.note(result.digest)):
             self.on_event({"event": "name", "message": note, **result.naming.as_json()})
-        try:
-            if not lazy:
-                await self.complete(result.digest)
-        except NotFound:
-            if is_url(source):
-                raise
-            # A collection evicted blobs of this carton between its commit and
-            # now; the local source still holds them: add it once more.
-            result = await asyncio.to_thread(self.store.add, source, name=name, force=force)
-            read = [read[0] + result.bytes_added, read[1] + result.blobs_added]
+        if not lazy:  # blobs a collection evicted meanwhile come back from their local source
             await self.complete(result.digest)
         missing = await asyncio.to_thread(self.store.missing_blobs, result.digest)
         moved = self.stats.since(before)
@@ -203,8 +196,9 @@ class Puller:
             for digest, w in writers.items():
                 try:
                     staging.add_staged(await asyncio.to_thread(w.stage, expected_digest=digest))
-                except IntegrityError as e:
-                    raise ManifestMismatch(paths[digest], e.message) from None
+                except IntegrityError as e:  # the blob's other sources (LINKS, mirrors) may have it right
+                    staging.add_staged(await self.fetcher.stage_instead(
+                        paths[digest], digest, view.rz.url, e.message, checked.links.get(digest, ())))
             await asyncio.to_thread(check_staged_safetensors, checked, staging)
             return staging
         except BaseException:
@@ -229,22 +223,35 @@ class Puller:
     # -- completing --------------------------------------------------------------
 
     async def complete(self, digest: str) -> int:
-        """Fetch every missing blob of a known carton (LINKS URLs, mirrors,
-        and the carton's own remote zip). Returns how many were fetched."""
+        """Fetch every missing blob of a known carton (its local sources,
+        LINKS URLs, mirrors, the carton's own remote zip), held against
+        eviction meanwhile (holds.py). Returns how many were fetched."""
+        if not await asyncio.to_thread(self.store.missing_blobs, digest):
+            return 0
+        async with holding(self.store, digest, "completing"):
+            return await self._complete_held(digest)
+
+    async def _complete_held(self, digest: str) -> int:
         missing = await asyncio.to_thread(self.store.missing_blobs, digest)
         if not missing:
             return 0
+        # The local files they were added from first (local_source.py), then the network.
+        fetched, local_reasons = await asyncio.to_thread(restore_from_local, self.store, missing,
+                                                         self.fetcher.commit, lock_timeout=self.config.lock_timeout)
+        missing = [d for d in missing if not self.store.blobs.has(d)]
         row = await asyncio.to_thread(self.store.index.carton, digest)
         unlinked = [d for d in missing if not self.store.index.links_for(d)]
-        fetched = 0
         if unlinked and row is not None and row.source and is_url(row.source):
             # In the carton's own zip, not in LINKS: read them from there again.
             fetched += await self._refetch_from_zip(row.source, digest, set(unlinked))
         linked = [d for d in missing if not self.store.blobs.has(d)]
         sourceless = [d for d in linked if not self.fetcher.sources_for(d)]
         if sourceless:
+            why = "".join(f"; {r}" for r in list(dict.fromkeys(
+                r for d in sourceless for r in local_reasons.get(d, ())))[:3])
             raise NotFound(f"carton {digest} is missing {len(sourceless)} blob(s) with no known source "
-                           f"(e.g. {sourceless[0]}); add it again from a source that holds them", subject=digest)
+                           f"(e.g. {sourceless[0]}){why}; add it again from a source that holds them",
+                           subject=digest)
         results = await asyncio.gather(*(self.fetcher.ensure(d) for d in linked), return_exceptions=True)
         errors = [r for r in results if isinstance(r, BaseException)]
         for r in errors:
@@ -283,5 +290,9 @@ class Puller:
             if not is_url(ref) and not Path(ref).exists():
                 raise
             digest = (await self.add(ref)).digest
-        await self.complete(digest)
-        return await asyncio.to_thread(self.store.materialize, digest)
+        if self.store.layout.model_path(digest).is_dir():
+            await self.complete(digest)
+            return await asyncio.to_thread(self.store.materialize, digest)
+        async with holding(self.store, digest, "materializing"):  # nothing evicted before the build
+            await self._complete_held(digest)
+            return await asyncio.to_thread(self.store.materialize, digest)

@@ -20,7 +20,7 @@ from .http import HttpClient, Response, with_retries
 from .policy import describe
 from .stats import Tally, TransferStats, retry_hook
 
-__all__ = ["TransferStats", "download", "fetch_blob", "pump"]
+__all__ = ["SourcesFailed", "TransferStats", "download", "fetch_blob", "pump"]
 
 
 def _feed(decoder: ContentDecoder, writer: BlobWriter, chunk: bytes) -> None:
@@ -170,6 +170,14 @@ async def download_parts(client: HttpClient, url: str, first: Response, writer: 
     await asyncio.to_thread(writer.hash_written, size)
 
 
+class SourcesFailed(FetchError):
+    """No source delivered a blob; ``problems`` says why, one line per source."""
+
+    def __init__(self, message: str, *, subject: str | None, problems: Sequence[str]) -> None:
+        super().__init__(message, subject=subject)
+        self.problems = list(problems)
+
+
 async def fetch_blob(client: HttpClient, blobs: BlobStore, digest: str, urls: Sequence[str],
                      config: FetchConfig, *, stats: TransferStats | None = None,
                      kind_of: Callable[[str], str] | None = None) -> StagedBlob:
@@ -196,5 +204,5 @@ async def fetch_blob(client: HttpClient, blobs: BlobStore, digest: str, urls: Se
         stats.errors.extend(problems)
     if not urls:
         raise FetchError(f"blob {digest} is missing and no URL or mirror is known for it", subject=digest)
-    raise FetchError(f"could not fetch blob {digest} from any of its {len(urls)} source(s):\n  "
-                     + "\n  ".join(problems), subject=digest)
+    raise SourcesFailed(f"could not fetch blob {digest} from any of its {len(urls)} source(s):\n  "
+                        + "\n  ".join(problems), subject=digest, problems=problems)

@@ -118,21 +118,17 @@ def parse_carton_toml(raw: bytes) -> CartonConfig:
     Raises InvalidCarton("carton.toml", problem, field=...) for the first
     field that breaks the v1 spec: wrong TOML type, spec_version missing or
     not 1, [runner] or its required keys missing, an unknown dtype, a bad
-    shape, duplicate or empty tensor names, inputs without outputs (or the
-    reverse), self tests or examples without declared inputs and outputs,
+    shape, duplicate or empty tensor names, self tests or examples without
+    declared inputs (or referring to tensors not declared),
     references to undeclared tensors or in the wrong form, a
     short_description over 100 characters.
     """
     top = TomlTable(load_toml(raw, CARTON_TOML), CARTON_TOML)
     spec_version = _spec_version(top)
     inputs = _tensor_specs(top, "input")
+    # Inputs without outputs (or the reverse) are accepted, as Carton's own
+    # loader accepts them (both are optional there): the absent side is None.
     outputs = _tensor_specs(top, "output")
-    if (inputs is None) != (outputs is None):
-        given, missing = ("input", "output") if outputs is None else ("output", "input")
-        raise top.error(
-            missing,
-            f"is missing: a carton that declares any {given} must declare its {missing}s too",
-        )
     return CartonConfig(
         spec_version=spec_version,
         model_name=top.opt_str("model_name"),
@@ -245,7 +241,7 @@ def _self_tests(
     top: TomlTable, inputs: tuple[TensorSpec, ...] | None, outputs: tuple[TensorSpec, ...] | None
 ) -> tuple[SelfTest, ...]:
     tables = top.opt_tables("self_test") or []
-    _require_declared(top, "self_test", tables, inputs)
+    _require_declared(top, "self_test", tables, inputs, outputs)
     return tuple(
         SelfTest(
             name=table.opt_str("name"),
@@ -261,7 +257,7 @@ def _examples(
     top: TomlTable, inputs: tuple[TensorSpec, ...] | None, outputs: tuple[TensorSpec, ...] | None
 ) -> tuple[Example, ...]:
     tables = top.opt_tables("example") or []
-    _require_declared(top, "example", tables, inputs)
+    _require_declared(top, "example", tables, inputs, outputs)
     return tuple(
         Example(
             name=table.opt_str("name"),
@@ -274,11 +270,13 @@ def _examples(
 
 
 def _require_declared(
-    top: TomlTable, key: str, tables: list[TomlTable], inputs: tuple[TensorSpec, ...] | None
+    top: TomlTable, key: str, tables: list[TomlTable], inputs: tuple[TensorSpec, ...] | None,
+    outputs: tuple[TensorSpec, ...] | None,
 ) -> None:
-    # inputs and outputs are both present or both absent (checked earlier).
+    # A reference to an output when none are declared is caught by _refs.
     if tables and inputs is None:
-        raise top.error(key, f"[[{key}]] needs [[input]] and [[output]] to be declared")
+        also = " and [[output]]" if outputs is None else ""
+        raise top.error(key, f"[[{key}]] needs [[input]]{also} to be declared")
 
 
 def _opt_refs(

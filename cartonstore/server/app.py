@@ -189,11 +189,12 @@ def gc_policy_from(body: dict[str, Any]) -> GcPolicy:
             raise InvalidInput(f"'{key}' must be a number >= 0, got {value!r}")
         return value
 
-    dry_run = body.get("dry_run", False)
-    if not isinstance(dry_run, bool):
-        raise InvalidInput("'dry_run' must be a boolean")
+    flags = {key: body.get(key, False) for key in ("dry_run", "forget_unrecoverable")}
+    for key, value in flags.items():
+        if not isinstance(value, bool):
+            raise InvalidInput(f"'{key}' must be a boolean")
     return GcPolicy(max_size=number("max_size", None), min_free=number("min_free", None),
-                    grace=number("grace", 3600.0), dry_run=dry_run)
+                    grace=number("grace", 3600.0), **flags)
 
 
 # -- blobs and metrics ------------------------------------------------------------

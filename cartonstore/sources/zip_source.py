@@ -88,6 +88,10 @@ class ZipCartonView:
     def open(self, path: str) -> BinaryIO:
         return self._zip.open(self._entries[path])  # type: ignore[return-value]
 
+    def entry(self, path: str) -> ZipEntry:
+        """The zip entry that holds a carton path (to record it as a source)."""
+        return self._entries[path]
+
     def raw_span(self, path: str) -> tuple[int, int] | None:
         """(offset, length) of a Stored entry's bytes in the zip, for a fast
         copy that skips the decoder; None for compressed entries."""

@@ -65,6 +65,11 @@ class BlobWriter:
             view = view[n:]
         self.size += len(data)
 
+    @property
+    def digest(self) -> str:
+        """sha256 of the bytes written so far (in order)."""
+        return self._hash.hexdigest()
+
     def write_at(self, offset: int, data: bytes | memoryview) -> None:
         """Positional write for parallel parts; nothing is hashed until
         hash_written() reads the assembled file back."""

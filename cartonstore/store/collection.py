@@ -31,6 +31,7 @@ from .gc import (
 )
 from .index import Index
 from .materialize import remove_tree
+from .sources import unsourced_blobs
 
 if TYPE_CHECKING:
     from .store import Store
@@ -66,9 +67,15 @@ def collect(store: Store, policy: GcPolicy | None = None) -> GcReport:
             report.expired_leases = store.index.expire_leases(now)
             _revalidate(store, plan, snap, {c.digest for c in snap.cartons})
             store.index.record_blobs([(d, snap.unindexed[d][0]) for d in plan.adopt if store.blobs.has(d)])
+    names = {d: store.index.names_of(d) for d in (*plan.kept, *plan.forgotten)}  # before rm drops them
     if not policy.dry_run:
+        _forget(store, plan, snap)
         _apply(store, plan, snap)
     _fill_report(report, plan, snap, store.index)
+    report.kept_unrecoverable = _described(plan.kept, snap, names)
+    report.forgotten_models = _described(plan.forgotten, snap, names)
+    report.partial_models = [m for m in report.partial_models if m["manifest_sha256"] not in plan.forgotten]
+    report.store_bytes_after -= sum(m["bytes"] for m in report.forgotten_models)
     return report
 
 
@@ -83,7 +90,7 @@ def _snapshot(store: Store, now: float) -> Snapshot:
     known = {c.digest for c in cartons}
     return Snapshot(blobs, unindexed_files(store.blobs.iter_digests(), set(blobs), store.blobs.path), uses,
                     tuple(sorted(m for m in models if m not in known and is_sha256(m))),
-                    disk_free(store.root), now)
+                    disk_free(store.root), now, unsourced_blobs(store.index, blobs))
 
 
 def _revalidate(store: Store, plan: GcPlan, snap: Snapshot, known: set[str]) -> None:
@@ -97,10 +104,35 @@ def _revalidate(store: Store, plan: GcPlan, snap: Snapshot, known: set[str]) -> 
     for carton in leased | set(newcomers):
         needed.update(e.digest for e in store.index.entries(carton))
     plan.evicted_models = [d for d in plan.evicted_models if d not in leased]
+    for d in leased & set(plan.forgotten):
+        del plan.forgotten[d]
     plan.orphan_models = [d for d in plan.orphan_models if d not in needed]
     plan.evicted_blobs -= needed
     plan.unreferenced -= needed
     plan.leftovers -= needed
+
+
+def _forget(store: Store, plan: GcPlan, snap: Snapshot) -> None:
+    """--forget-unrecoverable: each planned carton is removed whole, as by
+    rm (one carton a turn under the store lock, checked again first); the
+    blobs no other carton lists go with it."""
+    known = {c.digest for c in snap.cartons}
+    for digest in list(plan.forgotten):
+        with store.lock():
+            _revalidate(store, plan, snap, known)
+            if digest not in plan.forgotten:
+                continue
+            orphans = store.index.remove_carton(digest)
+            trash = store.take_model_away(digest)
+            for d in orphans:
+                store.blobs.delete(d)
+        if trash is not None:
+            remove_tree(trash)
+
+
+def _described(cartons: dict[str, set[str]], snap: Snapshot, names: dict[str, list[str]]) -> list[dict]:
+    return [{"manifest_sha256": d, "names": names.get(d, []), "blobs": len(blobs),
+             "bytes": sum(snap.blobs[b][0] for b in blobs)} for d, blobs in cartons.items()]
 
 
 def _apply(store: Store, plan: GcPlan, snap: Snapshot) -> None:

@@ -28,6 +28,9 @@ class GcPolicy:
     min_free: int | None = None   # bytes that must stay free on the store's filesystem
     grace: float = 3600.0         # unreferenced blobs younger than this are kept
     dry_run: bool = False
+    # a carton whose blobs eviction would take but that has no source to
+    # fetch them again: removed whole (like rm) instead of kept
+    forget_unrecoverable: bool = False
 
 
 @dataclass(frozen=True)
@@ -48,6 +51,9 @@ class Snapshot:
     orphan_models: tuple[str, ...]           # models/ dirs of cartons the index does not know
     disk_free: int
     now: float
+    # blobs with no way back once evicted (no LINKS URL, carton URL or live
+    # local source): eviction never takes them (store/sources.py)
+    unsourced: frozenset[str] = frozenset()
 
 
 @dataclass
@@ -58,6 +64,8 @@ class GcPlan:
     evicted_models: list[str] = field(default_factory=list)
     evicted_blobs: set[str] = field(default_factory=set)
     orphan_models: list[str] = field(default_factory=list)
+    kept: dict[str, set[str]] = field(default_factory=dict)       # carton -> blobs kept: no source
+    forgotten: dict[str, set[str]] = field(default_factory=dict)  # carton removed whole -> blobs it frees
 
 
 @dataclass
@@ -76,10 +84,16 @@ class GcReport:
     partial_models: list[dict] = field(default_factory=list)
     store_bytes_before: int = 0
     store_bytes_after: int = 0
+    # what eviction left because nothing could bring it back, and (with
+    # forget_unrecoverable) the cartons removed whole instead:
+    # [{"manifest_sha256", "names", "blobs", "bytes"}]
+    kept_unrecoverable: list[dict] = field(default_factory=list)
+    forgotten_models: list[dict] = field(default_factory=list)
 
     @property
     def freed_bytes(self) -> int:
-        return self.unreferenced_bytes + self.tmp_bytes + self.evicted_bytes
+        return (self.unreferenced_bytes + self.tmp_bytes + self.evicted_bytes
+                + sum(m["bytes"] for m in self.forgotten_models))
 
     def as_dict(self) -> dict:
         d = dict(self.__dict__)
@@ -109,6 +123,25 @@ def eviction_summary(report: dict) -> str:
     return line
 
 
+def unrecoverable_lines(report: dict) -> list[str]:
+    """A line per carton whose blobs gc kept for lack of a source ("kept: 2
+    blob(s) (5.0 MiB) of model X: no source to fetch them again"), and per
+    carton it forgot instead (--forget-unrecoverable)."""
+    from ..units import format_size
+
+    def label(m: dict) -> str:
+        return ",".join(m["names"]) or m["manifest_sha256"][:12]
+
+    dry = report.get("dry_run", False)
+    lines = [f"{'would keep' if dry else 'kept'}: {m['blobs']} blob(s) ({format_size(m['bytes'])}) of model "
+             f"{label(m)}: no source to fetch them again (--forget-unrecoverable removes it)"
+             for m in report.get("kept_unrecoverable") or []]
+    lines += [f"{'would forget' if dry else 'forgot'} model {label(m)} ({m['manifest_sha256']}, {m['blobs']} "
+              f"blob(s), {format_size(m['bytes'])}): no source to fetch its blobs again"
+              for m in report.get("forgotten_models") or []]
+    return lines
+
+
 def plan_collection(snap: Snapshot, policy: GcPolicy) -> GcPlan:
     """Decide what goes. Pure: the snapshot in, a plan out."""
     plan = GcPlan(orphan_models=list(snap.orphan_models))
@@ -122,7 +155,7 @@ def plan_collection(snap: Snapshot, policy: GcPolicy) -> GcPlan:
     freed = sum(snap.blobs[d][0] for d in plan.unreferenced) + sum(snap.unindexed[d][0] for d in plan.leftovers)
     need = _bytes_needed(snap, policy, freed)
     if need > 0:
-        _evict(snap, plan, need)
+        _evict(snap, plan, need, forget=policy.forget_unrecoverable)
     return plan
 
 
@@ -133,8 +166,16 @@ def _bytes_needed(snap: Snapshot, policy: GcPolicy, freed: int) -> int:
     return max(over, short, 0)
 
 
-def _evict(snap: Snapshot, plan: GcPlan, need: int) -> None:
-    """Least recently used first; a blob goes once no carton left standing lists it."""
+def _evict(snap: Snapshot, plan: GcPlan, need: int, *, forget: bool = False) -> None:
+    """Least recently used first, cartons whose blobs can all be fetched
+    again before the others; a blob goes once no carton left standing lists
+    it, and only if it has a source (snap.unsourced). A carton that would
+    lose a blob with no source keeps it (plan.kept), or with ``forget`` is
+    removed whole (plan.forgotten: the blobs no other carton lists go)."""
+    listers: dict[str, set[str]] = {}
+    for c in snap.cartons:
+        for d in c.listed | {c.digest}:
+            listers.setdefault(d, set()).add(c.digest)
     refs: dict[str, int] = {}
     for c in snap.cartons:
         for d in c.listed:
@@ -142,17 +183,37 @@ def _evict(snap: Snapshot, plan: GcPlan, need: int) -> None:
     protected = set().union(*(c.keep | {c.digest} for c in snap.cartons))
     protected |= set().union(*(c.listed for c in snap.cartons if c.leased)) if snap.cartons else set()
     gone = plan.unreferenced | plan.leftovers
-    for c in sorted((c for c in snap.cartons if not c.leased), key=lambda c: (c.last_used, c.digest)):
+
+    def recoverable(c: CartonUse) -> bool:
+        return not (c.listed - c.keep - {c.digest}) & snap.unsourced
+
+    for c in sorted((c for c in snap.cartons if not c.leased),
+                    key=lambda c: (not recoverable(c), c.last_used, c.digest)):
         if need <= 0:
             break
         freed_here = 0
+        stuck = set()
         for d in c.listed:
             refs[d] -= 1
             if refs[d] == 0 and d not in protected and d not in gone and d in snap.blobs:
+                if d in snap.unsourced:
+                    stuck.add(d)
+                    continue
                 plan.evicted_blobs.add(d)
                 gone.add(d)
                 freed_here += snap.blobs[d][0]
-        if c.materialized:
+        if stuck and forget:
+            forgotten = set(plan.forgotten) | {c.digest}
+            frees = {d for d in c.listed | {c.digest} if d in snap.blobs and d not in gone
+                     and listers[d] <= forgotten}
+            plan.forgotten[c.digest] = frees
+            gone |= frees
+            freed_here += sum(snap.blobs[d][0] for d in frees)
+        elif stuck:
+            plan.kept[c.digest] = stuck
+            if c.materialized and freed_here:  # hardlinks in it would keep the evicted bytes on disk
+                plan.evicted_models.append(c.digest)
+        elif c.materialized:
             plan.evicted_models.append(c.digest)
         need -= freed_here
 

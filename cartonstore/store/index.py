@@ -29,11 +29,11 @@ from .names import NameOutcome, assign_name
 from .schema import SCHEMA, SCHEMA_VERSION
 from .sqlite_ops import rollback, run_ops
 from .sizes import learn_all_sizes, learn_sizes
+from .sources import LocalSource, forget_local_sources, record_local_sources
 
 T = TypeVar("T")
 BUSY_TIMEOUT_MS = 30_000
 WAL_AUTOCHECKPOINT_PAGES = 1000  # SQLite's default
-
 
 
 @dataclass(frozen=True)
@@ -64,6 +64,7 @@ class CartonRecord:
     row: CartonRow
     entries: Sequence[EntryRow]
     links: dict[str, tuple[str, ...]]
+    local_sources: Sequence[LocalSource] = ()
 
 
 class Index:
@@ -187,6 +188,7 @@ class Index:
                                     (digest,)).fetchone()[0]
                 conn.executemany("INSERT OR IGNORE INTO links VALUES (?,?,?)",
                                  [(digest, u, base + i) for i, u in enumerate(urls)])
+            record_local_sources(conn, rec.local_sources)
             return assign_name(conn, r.digest, explicit=name, default=default_name, force=force)
 
     def carton(self, digest: str) -> CartonRow | None:
@@ -240,6 +242,7 @@ class Index:
             for d in orphans:
                 conn.execute("DELETE FROM blobs WHERE digest=?", (d,))
                 conn.execute("DELETE FROM links WHERE digest=?", (d,))
+            forget_local_sources(conn, orphans)
             return orphans
 
     def paths_of_blob(self, digest: str) -> list[str]:

@@ -13,14 +13,15 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, Sequence
 
-from ..checks import CheckedCarton, check_safetensors, is_safetensors
+from ..checks import CheckedCarton, check_carton, check_safetensors, compute_manifest, is_safetensors
 from ..errors import IntegrityError, InvalidCarton, ManifestMismatch
 from ..sources.view import CartonView
 from .blobs import BlobStore, StagedBlob
 from .index import CartonRecord, CartonRow, Index
 from .names import NameOutcome, default_name
+from .sources import LocalSource
 
 
 @dataclass(frozen=True)
@@ -68,6 +69,23 @@ class Staging:
         self.staged[expected] = staged
         return staged
 
+    def add_hashing(self, view: CartonView, path: str) -> str:
+        """Copy a file whose digest is not known yet into tmp/, hashing it in
+        the same read; returns its digest. Bytes the store or this staging
+        already hold are dropped again. A file whose size differs from the
+        one listed changed while it was read: an error."""
+        listed = view.files[path].size
+        with self.blobs.writer() as w:
+            with view.open(path) as src:
+                w.copy_from(src)
+            if listed is not None and w.size != listed:
+                raise IntegrityError(f"{path}: changed while it was read: {listed} bytes when listed, "
+                                     f"{w.size} read", subject=path)
+            digest = w.digest
+            if digest not in self.staged and not self.blobs.has(digest):  # else dropped unsynced
+                self.staged[digest] = w.stage(expected_digest=digest)
+        return digest
+
     def discard(self) -> None:
         for s in self.staged.values():
             s.discard()
@@ -82,21 +100,39 @@ def _copy_span(writer, zip_path: Path, offset: int, length: int) -> None:  # noq
         raise InvalidCarton(zip_path.name, f"zip is truncated: an entry needs {length} bytes, found {writer.size}")
 
 
-def stage_carton(checked: CheckedCarton, view: CartonView, blobs: BlobStore) -> Staging:
-    """Stage what the store lacks and validate safetensors; raises on any
-    problem with everything staged so far discarded."""
-    staging = Staging(blobs)
+def stage_carton(checked: CheckedCarton, view: CartonView, blobs: BlobStore,
+                 staging: Staging | None = None) -> Staging:
+    """Stage what the store lacks (and ``staging`` does not hold yet) and
+    validate safetensors; raises on any problem with everything staged so
+    far discarded."""
+    staging = staging if staging is not None else Staging(blobs)
     try:
         if not blobs.has(checked.digest):
             staging.add_bytes(checked.manifest.raw, checked.digest)
         for digest, path in checked.files_by_digest().items():
-            if not blobs.has(digest):
+            if digest not in staging.staged and not blobs.has(digest):
                 staging.add_from_view(view, path, digest)
         check_staged_safetensors(checked, staging)
         return staging
     except BaseException:
         staging.discard()
         raise
+
+
+def stage_unpacked(view: CartonView, blobs: BlobStore) -> tuple[CheckedCarton, Staging]:
+    """An unpacked carton without a MANIFEST: each file is read once, staged
+    and hashed in the same pass, and MANIFEST is computed from those hashes.
+    What check_carton reads again (carton.toml, tensor_data/index.toml,
+    string tensors) is compared with MANIFEST there, so a file changed
+    meanwhile is caught; the staged bytes are the bytes that were hashed."""
+    staging = Staging(blobs)
+    try:
+        raw = compute_manifest(view, hash_file=lambda path: staging.add_hashing(view, path))
+        checked = check_carton(view, manifest_raw=raw)
+    except BaseException:
+        staging.discard()
+        raise
+    return checked, stage_carton(checked, view, blobs, staging)
 
 
 def check_staged_safetensors(checked: CheckedCarton, staging: Staging) -> None:
@@ -115,9 +151,11 @@ def check_staged_safetensors(checked: CheckedCarton, staging: Staging) -> None:
 
 
 def commit_carton(checked: CheckedCarton, staging: Staging, index: Index, blobs: BlobStore,
-                  *, name: str | None, source: str | None, force: bool = False) -> IngestResult:
-    """Rename staged blobs into place, then record the carton. The caller
-    holds the store lock so a collection cannot interleave."""
+                  *, name: str | None, source: str | None, force: bool = False,
+                  local_sources: Sequence[LocalSource] = ()) -> IngestResult:
+    """Rename staged blobs into place, then record the carton (and the local
+    sources of its blobs, in the same transaction). The caller holds the
+    store lock so a collection cannot interleave."""
     fresh: dict[str, int] = {}
     for digest, staged in staging.staged.items():
         blobs.commit(staged)
@@ -131,7 +169,8 @@ def commit_carton(checked: CheckedCarton, staging: Staging, index: Index, blobs:
                                                          for e in checked.entries) else None
     row = CartonRow(checked.digest, checked.config.model_name, checked.config.runner.runner_name,
                     len(checked.entries), total, source, now, now)
-    naming = index.record_carton(CartonRecord(row, checked.entries, checked.links), blobs=present, name=name,
+    record = CartonRecord(row, checked.entries, checked.links, local_sources)
+    naming = index.record_carton(record, blobs=present, name=name,
                                  default_name=default_name(checked.config.model_name), force=force)
     present_set = {d for d, _ in present}
     complete = all(e.digest in present_set for e in checked.entries)

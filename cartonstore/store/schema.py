@@ -51,4 +51,16 @@ CREATE TABLE IF NOT EXISTS leases (
     expires_at REAL NOT NULL
 );
 CREATE INDEX IF NOT EXISTS leases_by_carton ON leases(carton);
+CREATE TABLE IF NOT EXISTS local_sources (
+    digest TEXT NOT NULL,
+    path TEXT NOT NULL,
+    member TEXT NOT NULL,
+    file_size INTEGER NOT NULL,
+    mtime_ns INTEGER NOT NULL,
+    header_offset INTEGER,
+    compressed_size INTEGER,
+    method INTEGER,
+    added_at REAL NOT NULL,
+    PRIMARY KEY (digest, path, member)
+);
 """

@@ -14,12 +14,12 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Sequence
 
 from ..checks import (
     CheckedCarton,
     check_carton,
     check_safetensors,
-    compute_manifest,
     is_safetensors,
 )
 from ..errors import Conflict, InvalidInput, NotFound
@@ -33,7 +33,7 @@ from .gc import (
 )
 from .index import CartonRow, Index
 from .collection import collect as collect_garbage
-from .ingest import IngestResult, Staging, commit_carton, stage_carton
+from .ingest import IngestResult, Staging, commit_carton, stage_carton, stage_unpacked
 from .layout import StoreLayout
 from .locks import FileLock
 from .materialize import build_tree, plan_tree, remove_tree
@@ -47,6 +47,7 @@ from .names import (
     validate_name,
 )
 from .owner import tmp_name
+from .sources import LocalSource, local_sources_of
 from .verification import VerifyReport
 from .verification import verify as verify_store
 
@@ -118,14 +119,20 @@ class Store:
         view = open_local(Path(source), self.zip_limits)
         try:
             raw = view.read_metadata("MANIFEST")
-            if raw is None and isinstance(view, DirCartonView):
-                raw = compute_manifest(view)
-            checked = check_carton(view, manifest_raw=raw)
-            staging = stage_carton(checked, view, self.blobs)
+            if raw is None and isinstance(view, DirCartonView):  # hashed as staged: each file read once
+                checked, staging = stage_unpacked(view, self.blobs)
+            else:
+                checked = check_carton(view, manifest_raw=raw)
+                staging = stage_carton(checked, view, self.blobs)
+            try:  # where each blob can be read again once evicted (store/sources.py)
+                local = local_sources_of(view, checked, skip_under=self.layout.tmp_dir)
+            except BaseException:
+                staging.discard()
+                raise
         finally:
             view.close()
         return self.commit_checked(checked, staging, name=name, source=source_label or os.path.abspath(text),
-                                   force=force)
+                                   force=force, local_sources=local)
 
     def name_carton(self, digest: str, name: str | None, *, force: bool = False) -> NameOutcome:
         """Name a carton already known (its model_name when name is None),
@@ -138,7 +145,8 @@ class Store:
             return assign_name(conn, digest, explicit=name, default=default, force=force)
 
     def commit_checked(self, checked: CheckedCarton, staging: Staging, *, name: str | None,
-                       source: str | None, force: bool = False) -> IngestResult:
+                       source: str | None, force: bool = False,
+                       local_sources: Sequence[LocalSource] = ()) -> IngestResult:
         """Commit a validated carton and its staged blobs (always discards
         what is left of the staging)."""
         stale = None
@@ -151,7 +159,7 @@ class Store:
                 if name is not None:  # before any blob moves: a refusal leaves the store as it was
                     self.index.read(lambda conn: check_move(conn, name, checked.digest, force=force))
                 return commit_carton(checked, staging, self.index, self.blobs, name=name, source=source,
-                                     force=force)
+                                     force=force, local_sources=local_sources)
         finally:
             staging.discard()
             if stale is not None:

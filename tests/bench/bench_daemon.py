@@ -310,6 +310,8 @@ def main() -> None:
     cpus = sorted(os.sched_getaffinity(0))
     modes = ["shared"] if a.no_pinned or len(cpus) < 2 else ["shared", "pinned"]
     env = {"PYTHONPATH": str(REPO)}
+    if a.workdir:  # a --workdir that does not exist yet is created
+        Path(a.workdir).mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="cs-bench-d-", dir=a.workdir))
     procs: list = []
     results: dict[str, dict[str, list[dict]]] = {k: {m: [] for m in modes} for k in ("baseline", "daemon")}

@@ -589,6 +589,8 @@ def main() -> None:
     if a.files < 2 or per < 1:
         raise SystemExit("need --files >= 2 and --size-mib / --files >= 1")
 
+    if a.workdir:  # a --workdir that does not exist yet is created
+        Path(a.workdir).mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="cs-bench-fetch-", dir=a.workdir))
     origin = None
     rep = Report()

@@ -330,6 +330,8 @@ def main() -> None:
 
     from cartonstore.store.materialize import remove_tree
 
+    if a.workdir:  # a --workdir that does not exist yet is created
+        Path(a.workdir).mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="cs-bench-i-", dir=a.workdir))
     env = {"PYTHONPATH": str(REPO)}
     daemons: list[DaemonProcess] = []

@@ -82,6 +82,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--workdir", default=None)
     a = ap.parse_args()
+    if a.workdir:  # a --workdir that does not exist yet is created
+        Path(a.workdir).mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="cs-bench-", dir=a.workdir))
     try:
         carton = make_carton(work, a.size_mib, a.files)

@@ -1,0 +1,56 @@
+"""A hold: a short lease on a carton while its missing blobs are fetched
+and its model directory is built.
+
+A collection never evicts a leased carton's blobs. Without a hold, a store
+under its size budget could evict a blob just restored, before the carton
+was complete or its directory built, and the add or the load failed with
+"missing blob" although every source was fine. The hold is taken under the
+shared store lock, so it lands between two turns of a running collection
+and every later turn sees it; it is renewed while the work goes on and
+dropped after, and a process that dies leaves it to expire.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from typing import AsyncIterator
+
+from ..errors import CartonStoreError
+from ..store import Store
+
+log = logging.getLogger("cartonstore.fetch")
+
+HOLD_TTL = 300.0
+
+
+def _take(store: Store, digest: str, holder: str) -> str:
+    with store.lock(shared=True):
+        return store.index.create_lease(digest, HOLD_TTL, holder).id
+
+
+@contextlib.asynccontextmanager
+async def holding(store: Store, digest: str, what: str) -> AsyncIterator[None]:
+    """Hold digest against eviction for the duration of the block."""
+    lease_id = await asyncio.to_thread(_take, store, digest, f"cartonstore {what} (pid {os.getpid()})")
+    renewal = asyncio.create_task(_renew(store, lease_id))
+    try:
+        yield
+    finally:
+        renewal.cancel()
+        await asyncio.gather(renewal, return_exceptions=True)
+        try:
+            await asyncio.to_thread(store.index.delete_lease, lease_id)
+        except CartonStoreError as e:  # it expires on its own
+            log.warning("could not drop hold %s on %s: %s", lease_id, digest[:12], e)
+
+
+async def _renew(store: Store, lease_id: str) -> None:
+    while True:
+        await asyncio.sleep(HOLD_TTL / 3)
+        try:
+            await asyncio.to_thread(store.index.renew_lease, lease_id, HOLD_TTL)
+        except CartonStoreError as e:
+            log.warning("could not renew hold %s: %s", lease_id, e)

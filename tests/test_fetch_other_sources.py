@@ -1,0 +1,72 @@
+"""Every source is retried (issue 11 §2): a remote-zip entry whose bytes fail
+their MANIFEST hash comes from the blob's other sources (its LINKS URLs, the
+mirrors) before the add fails, and a failure names every source and why."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from cartonstore.errors import ManifestMismatch
+from cartonstore.format.links import build_links
+from cartonstore.store import Store
+from conftest import MINIMAL_TOML, carton_entries, manifest_for, sha, snapshot, write_zip
+from fetchkit import blob_files, fast_config, pull, tmp_files
+from origin import Fault
+
+GOOD = {"carton.toml": MINIMAL_TOML, "model/w.bin": b"good bytes " * 1000}
+W = sha(GOOD["model/w.bin"])
+
+
+def bad_zip(tmp_path: Path, links: dict[str, list[str]] | None = None) -> Path:
+    """A carton whose model/w.bin entry holds other bytes than MANIFEST lists."""
+    files = {**GOOD, "model/w.bin": b"evil bytes " * 1000}
+    return write_zip(tmp_path / "bad.carton", carton_entries(
+        files, manifest=manifest_for(GOOD), links=build_links(links) if links else None))
+
+
+def test_an_entry_with_wrong_bytes_comes_from_its_links_url(store: Store, tmp_path: Path, origin) -> None:  # noqa: ANN001
+    origin.put(f"/blobs/{W}", GOOD["model/w.bin"])
+    origin.put_file("/bad.carton", bad_zip(tmp_path, {W: [origin.url(f"/blobs/{W}")]}))
+    r = pull(store, origin.url("/bad.carton"))
+    assert r.complete and r.digest == sha(manifest_for(GOOD))
+    assert store.blobs.path(W).read_bytes() == GOOD["model/w.bin"]
+    assert origin.count(f"/blobs/{W}") == 1
+    assert store.verify().ok and tmp_files(store) == []
+
+
+def test_an_entry_with_wrong_bytes_comes_from_a_mirror(store: Store, tmp_path: Path, origin) -> None:  # noqa: ANN001
+    origin.put(f"/mirror/{W}", GOOD["model/w.bin"])
+    origin.put_file("/bad.carton", bad_zip(tmp_path))
+    r = pull(store, origin.url("/bad.carton"), fast_config(mirrors=(origin.url("/mirror"),)))
+    assert r.complete and store.blobs.path(W).read_bytes() == GOOD["model/w.bin"]
+    assert r.sources["mirror"] == {"bytes": len(GOOD["model/w.bin"]), "blobs": 1}
+    assert store.verify().ok and tmp_files(store) == []
+
+
+def test_every_source_failing_is_named_with_its_reason(store: Store, tmp_path: Path, origin) -> None:  # noqa: ANN001
+    origin.put(f"/mirror/{W}", b"also wrong")
+    origin.put(f"/gone/{W}", b"x", fault=Fault(status_sequence=[404] * 10))
+    origin.put_file("/bad.carton", bad_zip(tmp_path, {W: [origin.url(f"/gone/{W}")]}))
+    before = snapshot(store.root)
+    with pytest.raises(ManifestMismatch) as info:
+        pull(store, origin.url("/bad.carton"), fast_config(mirrors=(origin.url("/mirror"),)))
+    msg = str(info.value)
+    assert msg.startswith("model/w.bin: does not match MANIFEST: no source delivered its bytes (3 tried)"), msg
+    lines = msg.splitlines()[1:]
+    assert len(lines) == 3, msg
+    assert lines[0].strip().startswith(origin.url("/bad.carton") + ": bytes hash to"), msg
+    assert origin.url(f"/gone/{W}") in lines[1] and "404" in lines[1], msg
+    assert lines[2].strip().startswith(origin.url(f"/mirror/{W}") + ": bytes hash to"), msg
+    assert snapshot(store.root) == before and blob_files(store) == [] and tmp_files(store) == []
+
+
+def test_with_no_other_source_the_error_names_the_carton_url(store: Store, tmp_path: Path, origin) -> None:  # noqa: ANN001
+    origin.put_file("/bad.carton", bad_zip(tmp_path))
+    before = snapshot(store.root)
+    with pytest.raises(ManifestMismatch) as info:
+        pull(store, origin.url("/bad.carton"))
+    assert str(info.value).startswith(f"model/w.bin: does not match MANIFEST: {origin.url('/bad.carton')}: "
+                                      "bytes hash to sha256 "), str(info.value)
+    assert snapshot(store.root) == before and tmp_files(store) == []

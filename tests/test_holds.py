@@ -1,0 +1,70 @@
+"""A carton being completed or materialized is held against eviction: a
+collection under its size budget may run at any moment, and must not take
+the blobs just restored before the carton is whole or its directory built."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from pathlib import Path
+
+from cartonstore.fetch.holds import holding
+from cartonstore.fetch.puller import Puller
+from cartonstore.store import Store
+from cartonstore.store.gc import GcPolicy
+from fetchkit import fast_config
+from test_gc import _carton
+
+
+def _weights(store: Store, digest: str) -> list[str]:
+    return [e.digest for e in store.index.entries(digest) if e.path.startswith("model/")]
+
+
+def test_a_held_carton_keeps_its_blobs_through_a_collection(store: Store, tmp_path: Path) -> None:
+    d = store.add(_carton(tmp_path, "held", {"model/w": b"w" * 50_000})).digest
+
+    async def collect_while_held() -> object:
+        async with holding(store, d, "test"):
+            assert store.index.count_live_leases() == 1
+            return await asyncio.to_thread(store.collect, GcPolicy(max_size=0, grace=0))
+
+    report = asyncio.run(collect_while_held())
+    assert report.evicted_blobs == 0 and all(store.blobs.has(w) for w in _weights(store, d))
+    assert store.index.count_live_leases() == 0, "the hold is dropped after the block"
+    assert store.collect(GcPolicy(max_size=0, grace=0)).evicted_blobs == 1
+
+
+def test_completing_under_a_collection_that_never_stops_ends_complete(store: Store, tmp_path: Path) -> None:
+    """Blobs come back from the local file while a collection with a zero
+    budget runs in a loop: without the hold, it evicts them again before the
+    last check and the add fails with 'missing blob(s) with no known source'."""
+    files = {f"model/w{i}": bytes([i]) * 20_000 for i in range(40)}
+    source = _carton(tmp_path, "busy", files)
+    d = store.add(source).digest
+    stop = threading.Event()
+    collections = [0]
+
+    def collect_forever() -> None:
+        with Store(store.root) as other:  # another process's view: its own connection and locks
+            while not stop.is_set():
+                other.collect(GcPolicy(max_size=0, grace=0))
+                collections[0] += 1
+
+    collector = threading.Thread(target=collect_forever)
+    collector.start()
+    try:
+        async def add_and_materialize() -> Path:
+            async with Puller(store, fast_config()) as p:
+                for _ in range(60):
+                    r = await p.add(str(source))
+                    assert r.digest == d
+                return await p.materialize(d)
+
+        model = asyncio.run(add_and_materialize())
+    finally:
+        stop.set()
+        collector.join(30)
+    assert collections[0] > 0
+    # Returned once built; unleased, the next collection may take it away at once.
+    assert model == store.layout.model_path(d)
+    assert store.index.count_live_leases() == 0
