@@ -68,3 +68,49 @@ def test_completing_under_a_collection_that_never_stops_ends_complete(store: Sto
     # Returned once built; unleased, the next collection may take it away at once.
     assert model == store.layout.model_path(d)
     assert store.index.count_live_leases() == 0
+
+
+HOLD_THEN_SLEEP = """
+import asyncio, sys
+from cartonstore.fetch.holds import holding
+from cartonstore.store import Store
+
+async def main():
+    with Store(sys.argv[1]) as store:
+        async with holding(store, sys.argv[2], "test"):
+            print("held", flush=True)
+            await asyncio.sleep(600)
+
+asyncio.run(main())
+"""
+
+
+def _held_then_killed(store: Store, digest: str) -> None:
+    """A process holds digest, the store sees it live, then SIGKILL."""
+    import signal
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-c", HOLD_THEN_SLEEP, str(store.root), digest],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "held"
+        assert store.index.live_leases(digest)[0].holder.startswith("cartonstore test (pid")
+        # while its process lives, a hold is a lease like any other
+        store.collect(GcPolicy(max_size=0, grace=0))
+        assert all(store.blobs.has(w) for w in _weights(store, digest))
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+        proc.stdout.close()
+
+
+def test_the_hold_of_a_killed_process_blocks_neither_rm_nor_gc(store: Store, tmp_path: Path) -> None:
+    a, b = (_carton(tmp_path, n, {"model/w": n.encode() * 5000}) for n in ("a", "b"))
+    _held_then_killed(store, store.add(a).digest)
+    store.remove(store.add(a).digest)  # its dead hold is dropped, not a Conflict
+    digest = store.add(b).digest
+    _held_then_killed(store, digest)
+    report = store.collect(GcPolicy(max_size=0, grace=0))
+    assert report.expired_leases == 1 and not store.blobs.has(_weights(store, digest)[0])
+    assert store.index.count_live_leases() == 0

@@ -7,7 +7,8 @@ was complete or its directory built, and the add or the load failed with
 "missing blob" although every source was fine. The hold is taken under the
 shared store lock, so it lands between two turns of a running collection
 and every later turn sees it; it is renewed while the work goes on and
-dropped after, and a process that dies leaves it to expire.
+dropped after. A process that dies leaves it to the next rm or collection,
+which drop it at once (store/holds.py).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import AsyncIterator
 
 from ..errors import CartonStoreError
 from ..store import Store
+from ..store.holds import new_hold_id
 
 log = logging.getLogger("cartonstore.fetch")
 
@@ -28,7 +30,7 @@ HOLD_TTL = 300.0
 
 def _take(store: Store, digest: str, holder: str) -> str:
     with store.lock(shared=True):
-        return store.index.create_lease(digest, HOLD_TTL, holder).id
+        return store.index.create_lease(digest, HOLD_TTL, holder, new_hold_id(store)).id
 
 
 @contextlib.asynccontextmanager

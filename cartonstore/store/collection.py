@@ -29,6 +29,7 @@ from .gc import (
     tmp_leftovers,
     unindexed_files,
 )
+from .holds import drop_orphan_holds
 from .index import Index
 from .materialize import remove_tree
 from .sources import unsourced_blobs
@@ -58,13 +59,17 @@ def collect(store: Store, policy: GcPolicy | None = None) -> GcReport:
         report.tmp_bytes += size_of(path)
         if not policy.dry_run:
             remove_path(path)
+    orphans = 0
+    if not policy.dry_run:  # holds of dead processes, before the snapshot counts them as leases
+        with store.lock():
+            orphans = drop_orphan_holds(store)
     snap = _snapshot(store, now)
     plan = plan_collection(snap, policy)
     with store.lock():
         if policy.dry_run:
             report.expired_leases = store.index.count_expired_leases(now)
         else:
-            report.expired_leases = store.index.expire_leases(now)
+            report.expired_leases = store.index.expire_leases(now) + orphans
             _revalidate(store, plan, snap, {c.digest for c in snap.cartons})
             store.index.record_blobs([(d, snap.unindexed[d][0]) for d in plan.adopt if store.blobs.has(d)])
     names = {d: store.index.names_of(d) for d in (*plan.kept, *plan.forgotten)}  # before rm drops them

@@ -392,6 +392,13 @@ class Index:
     def stored_bytes(self) -> int:
         return self._rows("SELECT coalesce(sum(size), 0) FROM blobs")[0][0]
 
+    def lease_ids_with_prefix(self, prefix: str) -> list[str]:
+        return [r[0] for r in self._rows("SELECT id FROM leases WHERE substr(id, 1, ?)=?", (len(prefix), prefix))]
+
+    def delete_leases(self, ids: list[str]) -> None:
+        with self.transaction() as conn:
+            conn.executemany("DELETE FROM leases WHERE id=?", [(i,) for i in ids])
+
     def live_leases(self, carton: str, now: float | None = None) -> list[LeaseRow]:
         now = time.time() if now is None else now
         rows = self._rows("SELECT * FROM leases WHERE carton=? AND expires_at>? ORDER BY expires_at", (carton, now))

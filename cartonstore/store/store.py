@@ -31,6 +31,7 @@ from .gc import (
     GcPolicy,
     GcReport,
 )
+from .holds import drop_orphan_holds
 from .index import CartonRow, Index
 from .collection import collect as collect_garbage
 from .ingest import IngestResult, Staging, commit_carton, stage_carton, stage_unpacked
@@ -291,6 +292,7 @@ class Store:
         carton lists. Refuses while a live lease holds it."""
         digest = self.resolve(ref)
         with self.lock():
+            drop_orphan_holds(self)
             if leases := self.index.live_leases(digest):
                 raise removal_refused(digest, leases)
             orphans = self.index.remove_carton(digest)
