@@ -65,8 +65,6 @@ class ManifestMismatch(IntegrityError):
     carton is damaged or was tampered with. An integrity failure (exit 5);
     to the HTTP API it is a bad carton from the caller (400)."""
 
-    http_status = 400
-
     def __init__(self, file: str, problem: str) -> None:
         super().__init__(f"{file}: does not match MANIFEST: {problem}", subject=file)
         self.file = file
@@ -102,6 +100,7 @@ class FetchNotFound(FetchError, NotFound):
 CATEGORIES: list[tuple[type[CartonStoreError], int, int]] = [
     (NotFound, 3, 404),
     (InvalidInput, 4, 400),
+    (ManifestMismatch, 5, 400),   # the caller's carton is bad, not the store
     (IntegrityError, 5, 500),
     (Unavailable, 6, 503),
     (Conflict, 7, 409),
@@ -115,5 +114,4 @@ def exit_code_for(exc: CartonStoreError) -> int:
 
 
 def http_status_for(exc: CartonStoreError) -> int:
-    own = getattr(exc, "http_status", None)  # a class that differs from its category's
-    return own if own is not None else next(status for cls, _, status in CATEGORIES if isinstance(exc, cls))
+    return next(status for cls, _, status in CATEGORIES if isinstance(exc, cls))

@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 
 from .carton_writer import WrittenCarton, plan_links, write_carton
-from .checks import check_carton, check_safetensors, compute_manifest, is_safetensors
+from .checks import check_carton, check_safetensors, check_top_level, compute_manifest, is_safetensors
 from .errors import InvalidInput
 from .sources.dir_source import DirCartonView
 
@@ -23,6 +23,7 @@ def pack_directory(src: Path, out: Path, *, compression: str = "zstd", link_pref
         raise InvalidInput("--link-min-size needs --link-prefix")
     view = DirCartonView(src)
     drop_own_output(view, out)
+    check_top_level(view, {})  # before any file is read
     checked = check_carton(view, manifest_raw=compute_manifest(view), links_raw=b"")
     for e in checked.entries:
         f = view.files[e.path]

@@ -5,13 +5,13 @@ found in /proc."""
 
 from __future__ import annotations
 
-import textwrap
 from pathlib import Path
 
 import numpy as np
 
 from cartonstore.pack import pack_directory
 from prockit import live_pids
+from runnerkit import onnx_model_dir
 
 NUMERIC = ["float32", "float64", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64"]
 DTYPES = NUMERIC + ["string"]
@@ -62,39 +62,8 @@ def echo_carton(dest: Path, *, label: str = "v1", startup: str = "pass", **toml:
 
 
 def onnx_carton(dest: Path) -> Path:
-    """y = x * 2 + 1 on float32 [n, 4], run by onnxruntime."""
-    import onnx
-    from onnx import TensorProto, helper
-
-    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 4])
-    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 4])
-    two = helper.make_tensor("two", TensorProto.FLOAT, [], [2.0])
-    one = helper.make_tensor("one", TensorProto.FLOAT, [], [1.0])
-    graph = helper.make_graph([helper.make_node("Mul", ["x", "two"], ["t"]), helper.make_node("Add", ["t", "one"], ["y"])],
-                              "affine", [x], [y], initializer=[two, one])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
-    model.ir_version = 8
-    (dest / "model").mkdir(parents=True, exist_ok=True)
-    onnx.save(model, str(dest / "model" / "model.onnx"))
-    (dest / "carton.toml").write_text(textwrap.dedent('''\
-        spec_version = 1
-        model_name = "affine"
-        [[input]]
-        name = "x"
-        dtype = "float32"
-        shape = ["n", 4]
-        [[output]]
-        name = "y"
-        dtype = "float32"
-        shape = ["n", 4]
-        [runner]
-        runner_name = "onnx"
-        required_framework_version = ">=1.10"
-        runner_compat_version = 1
-        [runner.opts]
-        intra_op_num_threads = 1
-        '''))
-    return dest
+    """y = x * 2 + 1 on float32 [n, 4] (x its one input), run by onnxruntime on one thread."""
+    return onnx_model_dir(dest.parent, name=dest.name, ids=False, opts={"intra_op_num_threads": 1})
 
 
 def packed(src: Path, out: Path) -> Path:

@@ -156,23 +156,23 @@ ONNX_DECLS_IN: list[TensorDecl] = [("x", "float32", ["N", 4]), ("ids", "int64", 
 ONNX_DECLS_OUT: list[TensorDecl] = [("y", "float32", ["N", 4]), ("ids_out", "int64", ["N"])]
 
 
-def onnx_model_dir(tmp: Path, *, name: str = "affine", model_file: str | None = None) -> Path:
-    """y = x * 2 + 1 on float32 [N, 4]; ids_out = Identity(ids) on int64 [N]."""
+def onnx_model_dir(tmp: Path, *, name: str = "affine", model_file: str | None = None, ids: bool = True,
+                   opts: dict[str, Any] | None = None) -> Path:
+    """y = x * 2 + 1 on float32 [N, 4]; with ids, also ids_out = Identity(ids)
+    on int64 [N] (without, x is the one input, as a raw binary request needs)."""
     import onnx
     from onnx import TensorProto, helper
 
-    graph = helper.make_graph(
-        [helper.make_node("Mul", ["x", "two"], ["doubled"]),
-         helper.make_node("Add", ["doubled", "one"], ["y"]),
-         helper.make_node("Identity", ["ids"], ["ids_out"])],
-        "affine",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4]),
-         helper.make_tensor_value_info("ids", TensorProto.INT64, ["N"])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4]),
-         helper.make_tensor_value_info("ids_out", TensorProto.INT64, ["N"])],
-        [helper.make_tensor("two", TensorProto.FLOAT, [], [2.0]),
-         helper.make_tensor("one", TensorProto.FLOAT, [], [1.0])],
-    )
+    nodes = [helper.make_node("Mul", ["x", "two"], ["doubled"]), helper.make_node("Add", ["doubled", "one"], ["y"])]
+    ins = [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])]
+    outs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])]
+    if ids:
+        nodes.append(helper.make_node("Identity", ["ids"], ["ids_out"]))
+        ins.append(helper.make_tensor_value_info("ids", TensorProto.INT64, ["N"]))
+        outs.append(helper.make_tensor_value_info("ids_out", TensorProto.INT64, ["N"]))
+    graph = helper.make_graph(nodes, "affine", ins, outs,
+                              [helper.make_tensor("two", TensorProto.FLOAT, [], [2.0]),
+                               helper.make_tensor("one", TensorProto.FLOAT, [], [1.0])])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
     model.ir_version = 8  # readable by any onnxruntime from 1.10 on
     onnx.checker.check_model(model)
@@ -180,9 +180,10 @@ def onnx_model_dir(tmp: Path, *, name: str = "affine", model_file: str | None = 
     path = root / "model" / (model_file or "model.onnx")
     path.parent.mkdir(parents=True)
     path.write_bytes(model.SerializeToString())
-    opts = {"model_file": model_file} if model_file else None
+    opts = {**(opts or {}), **({"model_file": model_file} if model_file else {})}
     (root / "carton.toml").write_text(carton_toml("onnx", ">=1.10", opts, model_name=name,
-                                                  inputs=ONNX_DECLS_IN, outputs=ONNX_DECLS_OUT))
+                                                  inputs=ONNX_DECLS_IN[:2 if ids else 1],
+                                                  outputs=ONNX_DECLS_OUT[:2 if ids else 1]))
     return root
 
 

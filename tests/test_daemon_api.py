@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,7 @@ import tritonclient.http.aio as triton_aio
 from tritonclient.utils import InferenceServerException
 
 from cartonstore.cli import main
+from cartonstore.store import Store
 from conftest import FIXTURE_CARTON, FIXTURE_DIGEST
 from daemonkit import DaemonProcess, unix_session
 
@@ -271,3 +273,23 @@ def test_metrics(served: DaemonProcess) -> None:
     assert "cartonstore_cache_misses_total 1.0" in text and "cartonstore_cache_hits_total 1.0" in text
     assert "cartonstore_leases 2.0" in text
     assert "cartonstore_store_bytes" in text and "_created" not in text
+
+
+def test_a_loaded_models_pin_is_neither_renewed_nor_released_by_a_client(served: DaemonProcess) -> None:
+    """A short ttl on a pin would let gc take the files a runner serves."""
+    assert call(served, "POST", "/v2/repository/models/fx/load")[0] == 200
+    status, err = call(served, "POST", "/v1/leases/pin:fx/renew", json={"ttl": 1})
+    assert status == 400 and "the daemon's own" in err["error"]
+    status, err = call(served, "DELETE", "/v1/leases/pin:fx")
+    assert status == 400 and "unloading" in err["error"]
+    with Store(served.root) as store:
+        assert store.index.live_leases(FIXTURE_DIGEST)[0].expires_at > time.time() + 30
+    assert call(served, "POST", "/v2/repository/models/fx/unload")[0] == 200
+
+
+def test_a_load_with_a_bad_name_leaves_nothing_behind(served: DaemonProcess) -> None:
+    status, err = call(served, "POST", "/v2/repository/models/bad%20name/load",
+                       json={"parameters": {"source": str(FIXTURE_CARTON)}})
+    assert status == 400 and "invalid name" in err["error"]
+    status, index = call(served, "POST", "/v2/repository/index")
+    assert "bad name" not in {row["name"] for row in index}

@@ -42,6 +42,7 @@ def test_an_entry_with_wrong_bytes_comes_from_a_mirror(store: Store, tmp_path: P
     r = pull(store, origin.url("/bad.carton"), fast_config(mirrors=(origin.url("/mirror"),)))
     assert r.complete and store.blobs.path(W).read_bytes() == GOOD["model/w.bin"]
     assert r.sources["mirror"] == {"bytes": len(GOOD["model/w.bin"]), "blobs": 1}
+    assert r.blobs_fetched == len(list(store.blobs.iter_digests())), "each blob counted once"
     assert store.verify().ok and tmp_files(store) == []
 
 

@@ -278,3 +278,44 @@ def test_a_source_changed_after_eviction_is_skipped_with_its_reason(tmp_path: Pa
         reason = "its bytes no longer match the blob" if change.endswith("(dir)") else "CRC-32 mismatch"
     code, _, err = cli(capsys, "path", "m", "--root", root)
     assert code == 3 and reason in err and str(src) in err, err
+
+
+def test_a_model_directory_of_the_store_is_no_source(tmp_path: Path) -> None:
+    """Adding ROOT/models/<hash> (what `path` printed) must not record the
+    store's own hardlinks as a source: gc would evict the blob and the
+    directory with it, and nothing could bring it back."""
+    src, files = _zip(tmp_path, "self")
+    with Store(tmp_path / "root") as store:
+        d = store.add(src).digest
+        src.unlink()  # the only lasting source is gone
+        model = store.materialize(d)
+        assert store.add(model).digest == d
+        report = store.collect(GcPolicy(max_size=1, grace=0))
+        assert report.evicted_blobs == 0 and [m["manifest_sha256"] for m in report.kept_unrecoverable] == [d]
+        assert not store.missing_blobs(d)
+
+
+def test_a_carton_added_again_during_a_collection_is_not_forgotten(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """--forget-unrecoverable plans from a snapshot; a carton added again
+    (with a live source) before the plan is applied is no longer unrecoverable."""
+    import cartonstore.store.collection as collection
+
+    src, _ = _zip(tmp_path, "again")
+    away = tmp_path / "away.carton"
+    with Store(tmp_path / "root") as store:
+        d = store.add(src).digest
+        src.rename(away)
+        planned = collection.plan_collection
+
+        def plan_then_add_again(snap, policy):  # noqa: ANN001, ANN202
+            plan = planned(snap, policy)
+            assert d in plan.forgotten
+            away.rename(src)
+            store.add(src)
+            return plan
+
+        monkeypatch.setattr(collection, "plan_collection", plan_then_add_again)
+        report = store.collect(GcPolicy(max_size=1, grace=0, forget_unrecoverable=True))
+        assert d not in {m["manifest_sha256"] for m in report.forgotten_models}
+        assert store.index.carton(d) is not None

@@ -114,3 +114,28 @@ def test_the_hold_of_a_killed_process_blocks_neither_rm_nor_gc(store: Store, tmp
     report = store.collect(GcPolicy(max_size=0, grace=0))
     assert report.expired_leases == 1 and not store.blobs.has(_weights(store, digest)[0])
     assert store.index.count_live_leases() == 0
+
+
+def test_a_request_cancelled_while_its_hold_is_taken_leaves_no_hold(store: Store, tmp_path: Path) -> None:
+    """A client gone while the daemon takes the hold: the worker thread
+    takes it anyway, and it must be dropped, not left for 5 minutes."""
+    d = store.add(_carton(tmp_path, "gone", {"model/w": b"w" * 1000})).digest
+
+    async def cancelled_then_settle() -> None:
+        async def hold() -> None:
+            async with holding(store, d, "test"):
+                await asyncio.sleep(60)
+
+        with store.lock():  # the hold's thread waits on the shared lock: cancel it meanwhile
+            task = asyncio.ensure_future(hold())
+            await asyncio.sleep(0.1)
+            task.cancel()
+            await asyncio.sleep(0.05)
+        for _ in range(100):
+            if store.index.count_live_leases() == 0 and task.done():
+                break
+            await asyncio.sleep(0.02)
+        await asyncio.sleep(0.2)
+
+    asyncio.run(cancelled_then_settle())
+    assert store.index.count_live_leases() == 0

@@ -170,6 +170,8 @@ BAD_REQUESTS = [
      {"hl": True}, "input 'x'"),
     ("unknown output", _header([{**X4, "data": [1, 2, 3, 4]}], outputs=[{"name": "nope"}]), {}, "'nope'"),
     ("fp16 as json", _header([{**X4, "datatype": "FP16", "data": [1, 2, 3, 4]}]), {}, "input 'x'"),
+    ("datatype not a string", _header([{**X4, "datatype": ["FP32"], "data": [1, 2, 3, 4]}]), {},
+     "unknown datatype ['FP32']"),
     ("header length not a number", _header([{**X4, "data": [1, 2, 3, 4]}]),
      {"Inference-Header-Content-Length": "ten"}, "Inference-Header-Content-Length"),
     ("header length not ascii digits", _header([{**X4, "data": [1, 2, 3, 4]}]),

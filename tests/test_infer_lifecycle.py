@@ -415,3 +415,29 @@ def test_infer_cli_names_a_bad_input(daemon: DaemonProcess, tmp_path: Path, caps
     capsys.readouterr()
     assert main(["infer", "cli", "--input", arg, "--root", root]) == 4
     assert fragment in capsys.readouterr().err
+
+
+def test_a_failed_load_leaves_a_name_someone_else_moved_meanwhile(daemon: DaemonProcess, tmp_path: Path) -> None:
+    """The load points the name at its carton, then its runner fails; if
+    another process moved the name in between, that move stands."""
+    import subprocess
+    import sys
+
+    slow_bad = echo_carton(tmp_path / "bad", label="bad", startup="import time; time.sleep(2); raise SystemExit('no')",
+                           **SMALL)
+    other = echo_carton(tmp_path / "other", label="other", **SMALL)
+
+    async def go() -> tuple[int, str]:
+        async with unix_session(daemon.socket_path) as s:
+            loading = asyncio.ensure_future(load(s, "m", slow_bad))
+            assert await asyncio.to_thread(wait_for, lambda: "m" in names_and_pins(daemon.root)[0], 20)
+            argv = [sys.executable, "-m", "cartonstore.cli", "add", str(other), "--name", "m", "--force",
+                    "--root", str(daemon.root), "--progress", "none"]
+            cp = await asyncio.to_thread(subprocess.run, argv, capture_output=True, text=True)
+            assert cp.returncode == 0, cp.stderr
+            status, _ = await loading
+            return status, cp.stdout.strip().splitlines()[-1]
+
+    status, other_digest = asyncio.run(go())
+    assert status == 400
+    assert names_and_pins(daemon.root)[0]["m"] == other_digest

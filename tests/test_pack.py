@@ -232,3 +232,30 @@ def test_a_carton_already_stored_is_not_checked_for_its_top_level_again(make_car
     finally:
         view.close()
     assert "NOTES.txt" in {e.path for e in checked.entries}
+
+
+def test_entries_outside_the_format_are_refused_before_any_file_is_read(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stale out.carton or a .git/ may be gigabytes: pack and add refuse
+    them from the listing, without reading (or, for add, copying) a file."""
+    from cartonstore.sources.dir_source import DirCartonView
+
+    src = tmp_path / "m"
+    (src / "model").mkdir(parents=True)
+    (src / "carton.toml").write_bytes(MINIMAL_TOML)
+    (src / "model" / "w").write_bytes(b"w" * 1000)
+    (src / ".git").mkdir()
+    (src / ".git" / "pack").write_bytes(b"p" * 100_000)
+    opened: list[str] = []
+    original = DirCartonView.open
+
+    def counting(self: DirCartonView, path: str):  # noqa: ANN202
+        opened.append(path)
+        return original(self, path)
+
+    monkeypatch.setattr(DirCartonView, "open", counting)
+    with pytest.raises(InvalidCarton, match=r"\.git/: outside the carton format"):
+        pack_directory(src, tmp_path / "out.carton")
+    with Store(tmp_path / "root") as store, pytest.raises(InvalidCarton, match=r"\.git/: outside the carton format"):
+        store.add(src)
+    assert opened == []

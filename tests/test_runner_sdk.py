@@ -419,3 +419,16 @@ def test_the_documented_example_runs(doubler_dir: Path) -> None:
         assert out["y"].tolist() == [2, 4]
     finally:
         assert stop_runner(proc)[0] == 0
+
+
+def test_integer_options_from_triton_load_parameters_arrive_as_strings() -> None:
+    """Triton's load-time parameters are string_value: "4" sets an integer option."""
+    import pytest
+
+    from cartonstore.runner.context import LoadError, RunnerContext
+
+    ctx = RunnerContext(Path("/m"), Path("/s"), {"max_concurrency": "4", "bad": "4x", "low": "0"}, ["cpu"], "m", "1")
+    assert ctx.opt_int("max_concurrency", 1, minimum=1) == 4
+    for key in ("bad", "low"):
+        with pytest.raises(LoadError, match=f"runner option '{key}' must be an integer >= 1"):
+            ctx.opt_int(key, 1, minimum=1)

@@ -149,3 +149,37 @@ def test_unreachable_socket(tmp_path: Path) -> None:
             await RunnerClient(str(tmp_path / "nobody.sock")).request("GET", "/", {})
 
     asyncio.run(go())
+
+
+def test_an_answer_cut_short_by_close_is_an_error_not_zero_padding(tmp_path: Path) -> None:
+    """The connection closed (the client closing it: a runner stopped) while
+    a Content-Length body arrives: the half-received body must not come
+    back as a whole answer padded with zero bytes."""
+    async def go() -> object:
+        got_head = asyncio.Event()
+
+        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await reader.readuntil(b"\r\n\r\n")
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\n" + b"x" * 10)
+            await writer.drain()
+            got_head.set()
+            await asyncio.sleep(5)
+            writer.close()
+
+        sock = str(tmp_path / "s.sock")
+        srv = await asyncio.start_unix_server(handle, sock)
+        client = RunnerClient(sock)
+        try:
+            pending = asyncio.ensure_future(client.request("GET", "/", {}))
+            await got_head.wait()
+            await asyncio.sleep(0.05)
+            client.close()
+            try:
+                return await pending
+            except Exception as e:  # noqa: BLE001 - the outcome under test
+                return e
+        finally:
+            srv.close()
+
+    outcome = asyncio.run(go())
+    assert isinstance(outcome, BadResponse) and "mid-answer" in str(outcome), outcome

@@ -57,7 +57,8 @@ class BlobFetcher:
         async with self._slots, async_file_lock(lock, timeout=self.config.lock_timeout):
             if self.store.blobs.has(digest):  # another process got it while we waited
                 return False
-            staged = await fetch_blob(self.client, self.store.blobs, digest, self.sources_for(digest, urls),
+            sources = await asyncio.to_thread(self.sources_for, digest, urls)  # SQLite: off the loop
+            staged = await fetch_blob(self.client, self.store.blobs, digest, sources,
                                       self.config, stats=self.stats, kind_of=self.kind_of)
             try:
                 await asyncio.to_thread(self._validate, staged)
@@ -73,7 +74,7 @@ class BlobFetcher:
         carton's LINKS for it, then the index's and each mirror) instead. Raises
         ManifestMismatch naming every source tried and why it failed."""
         tried = [f"{describe(failed)}: {problem}"]
-        others = [u for u in self.sources_for(digest, urls) if u != failed]
+        others = [u for u in await asyncio.to_thread(self.sources_for, digest, urls) if u != failed]
         if not others:
             raise ManifestMismatch(path, tried[0])
         try:

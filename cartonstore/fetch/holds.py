@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 from typing import AsyncIterator
@@ -36,7 +37,12 @@ def _take(store: Store, digest: str, holder: str) -> str:
 @contextlib.asynccontextmanager
 async def holding(store: Store, digest: str, what: str) -> AsyncIterator[None]:
     """Hold digest against eviction for the duration of the block."""
-    lease_id = await asyncio.to_thread(_take, store, digest, f"cartonstore {what} (pid {os.getpid()})")
+    taking = asyncio.ensure_future(asyncio.to_thread(_take, store, digest, f"cartonstore {what} (pid {os.getpid()})"))
+    try:
+        lease_id = await asyncio.shield(taking)
+    except asyncio.CancelledError:  # the thread takes it anyway: drop it once taken
+        taking.add_done_callback(functools.partial(_drop_once_taken, store))
+        raise
     renewal = asyncio.create_task(_renew(store, lease_id))
     try:
         yield
@@ -47,6 +53,11 @@ async def holding(store: Store, digest: str, what: str) -> AsyncIterator[None]:
             await asyncio.to_thread(store.index.delete_lease, lease_id)
         except CartonStoreError as e:  # it expires on its own
             log.warning("could not drop hold %s on %s: %s", lease_id, digest[:12], e)
+
+
+def _drop_once_taken(store: Store, taking: asyncio.Future) -> None:
+    if not taking.cancelled() and taking.exception() is None:
+        asyncio.ensure_future(asyncio.to_thread(store.index.delete_lease, taking.result()))
 
 
 async def _renew(store: Store, lease_id: str) -> None:

@@ -139,7 +139,7 @@ class Puller:
 
     async def _add_url(self, url: str, name: str | None, force: bool) -> IngestResult:
         url = self.config.policy.check(url)
-        return await self._urls_in_flight.run(f"{url}\n{name}", lambda: self._add_url_once(url, name, force))
+        return await self._urls_in_flight.run(f"{url}\n{name}\n{force}", lambda: self._add_url_once(url, name, force))
 
     async def _add_url_once(self, url: str, name: str | None, force: bool) -> IngestResult:
         started = time.time()
@@ -156,10 +156,10 @@ class Puller:
                 return await self._add_whole_download(url, name, force)
             view = await prefetch_view(self.client, rz, self.config, self.stats)
             checked = await asyncio.to_thread(check_carton, view)
-            staging = await self._stage_remote(checked, view)
+            staging, elsewhere = await self._stage_remote(checked, view)
             result = await asyncio.to_thread(self.store.commit_checked, checked, staging, name=name, source=url,
                                              force=force)
-            self.stats.blobs("url", result.blobs_added)
+            self.stats.blobs("url", result.blobs_added - elsewhere)
             return result
 
     async def _add_whole_download(self, url: str, name: str | None, force: bool) -> IngestResult:
@@ -171,10 +171,12 @@ class Puller:
             self.stats.blobs("url", result.blobs_added)
             return result
 
-    async def _stage_remote(self, checked: CheckedCarton, view: RemoteCartonView) -> Staging:
+    async def _stage_remote(self, checked: CheckedCarton, view: RemoteCartonView) -> tuple[Staging, int]:
         """Stage the blobs the store lacks from the remote zip (small files
-        are already in memory); verify each against MANIFEST."""
+        are already in memory); verify each against MANIFEST. Also returns
+        how many came from the blob's other sources instead (counted there)."""
         staging = Staging(self.store.blobs)
+        elsewhere = 0
         writers: dict[str, BlobWriter] = {}
         try:
             await asyncio.to_thread(self._stage_small, checked, view, staging)
@@ -199,8 +201,9 @@ class Puller:
                 except IntegrityError as e:  # the blob's other sources (LINKS, mirrors) may have it right
                     staging.add_staged(await self.fetcher.stage_instead(
                         paths[digest], digest, view.rz.url, e.message, checked.links.get(digest, ())))
+                    elsewhere += 1
             await asyncio.to_thread(check_staged_safetensors, checked, staging)
-            return staging
+            return staging, elsewhere
         except BaseException:
             staging.discard()
             raise
@@ -232,20 +235,18 @@ class Puller:
             return await self._complete_held(digest)
 
     async def _complete_held(self, digest: str) -> int:
+        # Looked at again under the hold: a collection may have taken more meanwhile.
         missing = await asyncio.to_thread(self.store.missing_blobs, digest)
         if not missing:
             return 0
         # The local files they were added from first (local_source.py), then the network.
         fetched, local_reasons = await asyncio.to_thread(restore_from_local, self.store, missing,
                                                          self.fetcher.commit, lock_timeout=self.config.lock_timeout)
-        missing = [d for d in missing if not self.store.blobs.has(d)]
-        row = await asyncio.to_thread(self.store.index.carton, digest)
-        unlinked = [d for d in missing if not self.store.index.links_for(d)]
+        missing, row, unlinked = await asyncio.to_thread(self._still_missing, digest, missing)
         if unlinked and row is not None and row.source and is_url(row.source):
             # In the carton's own zip, not in LINKS: read them from there again.
             fetched += await self._refetch_from_zip(row.source, digest, set(unlinked))
-        linked = [d for d in missing if not self.store.blobs.has(d)]
-        sourceless = [d for d in linked if not self.fetcher.sources_for(d)]
+        linked, sourceless = await asyncio.to_thread(self._with_no_source, missing)
         if sourceless:
             why = "".join(f"; {r}" for r in list(dict.fromkeys(
                 r for d in sourceless for r in local_reasons.get(d, ())))[:3])
@@ -263,6 +264,17 @@ class Puller:
                              subject=digest)
         return fetched + sum(1 for r in results if r is True)
 
+    def _still_missing(self, digest: str, missing: list[str]):  # noqa: ANN202
+        """In a thread (a stat per blob, SQLite per blob): those of missing the
+        store still lacks, the carton's row, and those of them no LINKS lists."""
+        left = [d for d in missing if not self.store.blobs.has(d)]
+        return left, self.store.index.carton(digest), [d for d in left if not self.store.index.links_for(d)]
+
+    def _with_no_source(self, missing: list[str]) -> tuple[list[str], list[str]]:
+        """In a thread: those of missing still lacking, and those of them no URL can bring."""
+        left = [d for d in missing if not self.store.blobs.has(d)]
+        return left, [d for d in left if not self.fetcher.sources_for(d)]
+
     async def _refetch_from_zip(self, url: str, digest: str, wanted: set[str]) -> int:
         """Blobs evicted after an add by URL come back from the same zip."""
         rz = await open_remote_zip(self.client, url, self.config, self.store.zip_limits, self.stats)
@@ -274,9 +286,9 @@ class Puller:
         if checked.digest != digest:
             raise FetchError(f"{describe(url)} now serves a different carton ({checked.digest}, not {digest})",
                              subject=url)
-        staging = await self._stage_remote(checked, view)
+        staging, elsewhere = await self._stage_remote(checked, view)
         result = await asyncio.to_thread(self.store.commit_checked, checked, staging, name=None, source=url)
-        self.stats.blobs("url", result.blobs_added)
+        self.stats.blobs("url", result.blobs_added - elsewhere)
         return len(wanted)
 
     # -- materializing -------------------------------------------------------------

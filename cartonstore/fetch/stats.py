@@ -31,7 +31,6 @@ SOURCE_KINDS = ("file", "url", "mirror")
 class TransferStats:
     bytes_received: int = 0      # on the wire (encoded)
     requests: int = 0
-    errors: list[str] = field(default_factory=list)
     bytes_expected: int = 0      # what the requests made or planned so far will bring
     retries: int = 0
     source_bytes: dict[str, int] = field(default_factory=lambda: dict.fromkeys(SOURCE_KINDS, 0))

@@ -200,8 +200,6 @@ async def fetch_blob(client: HttpClient, blobs: BlobStore, digest: str, urls: Se
             problems.append(e.message)
         except CartonStoreError as e:
             problems.append(e.message if describe(url) in e.message else f"{describe(url)}: {e.message}")
-    if stats is not None:
-        stats.errors.extend(problems)
     if not urls:
         raise FetchError(f"blob {digest} is missing and no URL or mirror is known for it", subject=digest)
     raise SourcesFailed(f"could not fetch blob {digest} from any of its {len(urls)} source(s):\n  "

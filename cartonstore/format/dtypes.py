@@ -137,3 +137,9 @@ def shape_to_v2_dims(shape: str | Sequence[int | str] | None) -> list[int]:
     if shape is None or isinstance(shape, str):
         return [-1]
     return [dim if isinstance(dim, int) else -1 for dim in shape]
+
+
+def tensor_metadata(specs) -> list[dict]:  # noqa: ANN001 - TensorSpec-like: name, dtype, shape
+    """KServe v2 model metadata for carton.toml's tensors (inputs or outputs; None: [])."""
+    return [{"name": s.name, "datatype": carton_dtype_to_v2(s.dtype), "shape": shape_to_v2_dims(s.shape)}
+            for s in specs or ()]

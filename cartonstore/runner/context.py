@@ -56,6 +56,8 @@ class RunnerContext:
         value = self.opts.get(key, default)
         if value is None:
             return None
+        if type(value) is str and value.strip().isdigit():  # Triton's load-time string_value parameters
+            value = int(value)
         if type(value) is not int or value < minimum:
             raise LoadError(f"runner option {key!r} must be an integer >= {minimum}, not {value!r}")
         return value

@@ -16,8 +16,7 @@ from typing import Any
 from aiohttp import web
 
 from cartonstore.errors import InvalidInput
-from cartonstore.format.carton_toml import TensorSpec
-from cartonstore.format.dtypes import carton_dtype_to_v2, shape_to_v2_dims
+from cartonstore.format.dtypes import tensor_metadata
 from cartonstore.runner.context import Model, RunnerContext
 from cartonstore.runner.infer import (
     BodyParts,
@@ -95,13 +94,6 @@ def _state_for(request: web.Request) -> RunnerState:
     return state
 
 
-def _tensor_metadata(specs: list[TensorSpec] | None) -> list[dict[str, Any]]:
-    return [
-        {"name": s.name, "datatype": carton_dtype_to_v2(s.dtype), "shape": shape_to_v2_dims(s.shape)}
-        for s in specs or []
-    ]
-
-
 async def _server_metadata(request: web.Request) -> web.Response:
     return web.json_response({"name": "cartonstore-runner", "extensions": ["binary_tensor_data", "statistics"]})
 
@@ -128,8 +120,8 @@ async def _metadata(request: web.Request) -> web.Response:
             "name": ctx.name,
             "versions": [ctx.version],
             "platform": f"carton_{ctx.runner_name}" if ctx.runner_name else "cartonstore",
-            "inputs": _tensor_metadata(ctx.inputs),
-            "outputs": _tensor_metadata(ctx.outputs),
+            "inputs": tensor_metadata(ctx.inputs),
+            "outputs": tensor_metadata(ctx.outputs),
         }
     )
 

@@ -7,47 +7,27 @@ import asyncio
 import os
 import signal
 import socket
-import stat
 import sys
 from pathlib import Path
 from typing import Callable
 
 from aiohttp import web
 
+from cartonstore.errors import CartonStoreError
 from cartonstore.runner.args import parse_runner_args
 from cartonstore.runner.context import LoadError, Model, RunnerContext
 from cartonstore.runner.rest import RunnerState, build_app
 from cartonstore.runner.lifecycle import describe_load_exception, die_with_parent, fail_load
-
-# sun_path holds 108 bytes including the terminating NUL.
-_SOCKET_PATH_MAX = 107
-
+from cartonstore.server.sockets import bind_unix
 
 def bind_unix_socket(path: Path) -> socket.socket:
-    """A stream socket bound at ``path`` with mode 0600 (not yet listening,
-    so nobody can connect before the mode is set). A stale socket file is
-    replaced; any other file there is refused."""
-    encoded = os.fsencode(path)
-    if len(encoded) > _SOCKET_PATH_MAX:
-        raise LoadError(
-            f"socket path {path} is {len(encoded)} bytes, over the {_SOCKET_PATH_MAX}-byte limit of Unix sockets"
-        )
+    """The daemon's own binding (mode 0600, set before anyone can connect; a
+    stale socket replaced, a live one or any other file refused), with its
+    errors as load errors."""
     try:
-        mode = os.lstat(path).st_mode
-    except FileNotFoundError:
-        pass
-    else:
-        if not stat.S_ISSOCK(mode):
-            raise LoadError(f"socket path {path} exists and is not a socket")
-        os.unlink(path)
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        sock.bind(encoded)
-        os.chmod(path, 0o600)
-    except OSError as exc:
-        sock.close()
-        raise LoadError(f"cannot listen on {path}: {exc.strerror or exc}") from None
-    return sock
+        return bind_unix(path, mode=0o600)
+    except CartonStoreError as e:
+        raise LoadError(f"cannot listen on {path}: {e}") from None
 
 
 async def _serve(model: Model, ctx: RunnerContext, max_concurrency: int) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import time
 from typing import Any, Awaitable, Callable
 
@@ -24,6 +25,7 @@ from .bodies import IN_THREAD_FROM, request_body
 from .infer_api import infer
 from .metrics import CONTENT_TYPE, Metrics
 from .responses import ERROR_TEXT, POLLED, error
+from .runners.settings import RunnersBusy
 from .service import ModelService
 
 log = logging.getLogger("cartonstore.server")
@@ -43,9 +45,8 @@ async def errors_and_metrics(request: web.Request, handler: Handler) -> web.Stre
         response = await handler(request)
     except CartonStoreError as e:
         response = error(http_status_for(e), str(e))
-        retry_after = getattr(e, "retry_after", None)
-        if retry_after is not None:
-            response.headers["Retry-After"] = str(retry_after)
+        if isinstance(e, RunnersBusy):  # a source's Retry-After (FetchError's) is not the daemon's to give
+            response.headers["Retry-After"] = str(math.ceil(e.retry_after))
     except web.HTTPException as e:
         response = error(e.status, e.reason or "error") if e.status >= 400 else e
     except Exception:  # noqa: BLE001 - a bug must not take the daemon down
@@ -143,7 +144,8 @@ async def model_ready(request: web.Request) -> web.Response:
     if svc(request).loaded(name, version) is not None:
         return web.Response(status=200)
     model = svc(request).models.get(name)
-    why = f": {model.as_index_row()['reason']}" if model is not None and model.as_index_row()["reason"] else ""
+    reason = model.as_index_row()["reason"] if model is not None else ""
+    why = f": {reason}" if reason else ""
     return error(400, f"model {name!r}{' version ' + version if version else ''} is not ready{why}", polled=True)
 
 

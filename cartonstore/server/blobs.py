@@ -21,22 +21,25 @@ from .metrics import Metrics
 CHUNK = 1 << 20
 
 
-def pick_encoding(accept: str) -> str | None:
-    """zstd, else gzip, if the Accept-Encoding header allows it (q > 0)."""
+def pick_encoding(accept: str, preferred: tuple[str, ...] = ("zstd", "gzip"), *,
+                  wildcard: bool = False) -> str | None:
+    """The first of ``preferred`` that the Accept-Encoding header allows
+    (q > 0); with ``wildcard``, "*" allows what it does not name."""
     offered = {}
     for item in accept.split(","):
         name, _, params = item.strip().partition(";")
         q = 1.0
         for p in params.split(";"):
             key, _, val = p.strip().partition("=")
-            if key == "q":
+            if key.strip().lower() == "q":
                 try:
                     q = float(val)
                 except ValueError:
                     q = 0.0
         offered[name.strip().lower()] = q
-    for name in ("zstd", "gzip"):
-        if offered.get(name, 0) > 0:
+    default = offered.get("*", 0.0) if wildcard else 0.0
+    for name in preferred:
+        if offered.get(name, default) > 0:
             return name
     return None
 

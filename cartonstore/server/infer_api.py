@@ -25,6 +25,7 @@ from ..v2.framing import (
 )
 from ..v2.framing import header_length as header_length_of
 from ..v2.validate import parse_raw_binary_for, validate_request
+from .blobs import pick_encoding
 from .bodies import ENCODINGS, IN_THREAD_FROM, request_body
 from .responses import ERROR_TEXT
 
@@ -73,26 +74,6 @@ def _framed(req: InferRequest) -> tuple[list, int]:
     return [header, tensor.data], len(header)
 
 
-def _accepted_encoding(request: web.Request) -> str | None:
-    """gzip or deflate when Accept-Encoding takes it with a weight above 0."""
-    weights: dict[str, float] = {}
-    for part in request.headers.get("Accept-Encoding", "").split(","):
-        coding, _, params = part.partition(";")
-        q = 1.0
-        for param in params.split(";"):
-            key, _, value = param.strip().partition("=")
-            if key.strip().lower() == "q":
-                try:
-                    q = float(value)
-                except ValueError:
-                    q = 0.0
-        weights[coding.strip().lower()] = q
-    for coding in ENCODINGS:
-        if weights.get(coding, weights.get("*", 0.0)) > 0:
-            return coding
-    return None
-
-
 def _compress(body: bytes, coding: str) -> bytes:
     c = zlib.compressobj(1, zlib.DEFLATED, 31 if coding == "gzip" else 15)
     return c.compress(body) + c.flush()
@@ -105,12 +86,12 @@ async def infer(request: web.Request) -> web.Response:
     name, version = request.match_info["name"], request.match_info.get("version")
     model = serving_model(service, name, version)  # an unknown model is refused before its body is read
     body = await request_body(request)
-    header_length = header_length_of(request.headers.get(HEADER_LENGTH))
-    parts, header_length = await _checked_off_loop(model, body, header_length)
+    sent_length = header_length_of(request.headers.get(HEADER_LENGTH))  # 0: a raw binary request
+    parts, header_length = await _checked_off_loop(model, body, sent_length)
     current = serving_model(service, name, version)  # the version may have switched while the body arrived
     if current is not model:
         model = current
-        parts, header_length = await _checked_off_loop(model, body, header_length)
+        parts, header_length = await _checked_off_loop(model, body, sent_length)
     headers = {"Content-Type": "application/octet-stream" if header_length is not None else "application/json"}
     if header_length is not None:
         headers[HEADER_LENGTH] = str(header_length)
@@ -118,7 +99,8 @@ async def infer(request: web.Request) -> web.Response:
     out_headers = dict(answer.headers)
     payload = answer.body
     already = any(k.lower() == "content-encoding" for k in out_headers)
-    coding = _accepted_encoding(request) if answer.status == 200 and not already else None
+    coding = pick_encoding(request.headers.get("Accept-Encoding", ""), ENCODINGS, wildcard=True) \
+        if answer.status == 200 and not already else None
     if coding is not None and len(payload) > 512:
         payload = _compress(payload, coding) if len(payload) < IN_THREAD_FROM else \
             await asyncio.to_thread(_compress, payload, coding)

@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Any
 
 from ..format.carton_toml import CartonConfig
-from ..format.dtypes import carton_dtype_to_v2, shape_to_v2_dims
 from ..store.index import LeaseRow
 from .model_runtime import files_only_note
 from .runners import ModelRunners
@@ -61,6 +60,9 @@ class Granted:
                 "expires_at": self.lease.expires_at}
 
 
+OWNED_LEASE_PREFIXES = ("pin:", "switch:")   # leases the daemon takes and renews itself
+
+
 def pin_id(name: str) -> str:
     return f"pin:{name}"
 
@@ -68,8 +70,3 @@ def pin_id(name: str) -> str:
 def ready_reason(model: LoadedModel) -> str:
     """What the index says of a READY model: nothing, or that it runs no runner."""
     return "" if model.runners is not None else files_only_note(model.carton.runner.runner_name)
-
-
-def tensor_metadata(specs) -> list[dict[str, Any]]:  # noqa: ANN001
-    return [{"name": s.name, "datatype": carton_dtype_to_v2(s.dtype), "shape": shape_to_v2_dims(s.shape)}
-            for s in specs or ()]

@@ -17,6 +17,7 @@ from typing import Any
 from ..errors import CartonStoreError, InvalidInput, NotFound, Unavailable
 from ..fetch.puller import Puller
 from ..flights import SingleFlight
+from ..format.dtypes import tensor_metadata
 from ..format.manifest import is_sha256
 from ..runner_settings import RunnerSettings as RunnerConfig
 from ..store import Store
@@ -30,6 +31,7 @@ from .group_commit import GroupCommit
 from .load_params import b64_parameter, parse_triton_config, write_tree
 from .metrics import Metrics
 from .loaded_model import (
+    OWNED_LEASE_PREFIXES,
     READY,
     UNAVAILABLE,
     Granted,
@@ -37,7 +39,6 @@ from .loaded_model import (
     LoadedModel,
     pin_id,
     ready_reason,
-    tensor_metadata,
 )
 from .model_runtime import RunnerHost
 from .runner_plan import instance_devices
@@ -134,12 +135,16 @@ class ModelService:
         return await self._commits.on_db_thread(fn, *args)
 
     async def renew_lease(self, lease_id: str, ttl: float) -> Granted:
+        if lease_id in self._pins:  # a short ttl on a pin would let gc take a serving model's files
+            raise InvalidInput(f"lease {lease_id!r} is the daemon's own (a loaded model's pin or a version "
+                               "switch): it renews it itself")
         row = await self._batch(lambda conn: self.store.index.extend_lease(conn, lease_id, ttl))
         return Granted(row, self.store.layout.model_path(row.carton))
 
     async def release_lease(self, lease_id: str) -> None:
-        if lease_id.startswith("pin:"):
-            raise InvalidInput("pins of loaded models are released by unloading the model")
+        if lease_id.startswith(OWNED_LEASE_PREFIXES) or lease_id in self._pins:
+            raise InvalidInput(f"lease {lease_id!r} is the daemon's own (a loaded model's pin or a version "
+                               "switch): pins of loaded models are released by unloading the model")
         if not await self._batch(lambda conn: self.store.index.drop_lease(conn, lease_id)):
             raise NotFound(f"no lease {lease_id!r} (never taken, already released, or expired)", subject=lease_id)
 
@@ -151,8 +156,10 @@ class ModelService:
         runner). Loading another version of a loaded name starts the new
         runners, switches traffic, then stops the old ones; if the new
         version fails, the old one keeps serving."""
-        lock = self._load_locks.setdefault(name, asyncio.Lock())
-        async with lock:
+        if params.get("source") or any(k.startswith("file:") for k in params):
+            # This load names a carton: a bad name is refused before any state is kept for it.
+            validate_name(name)
+        async with self._load_locks.setdefault(name, asyncio.Lock()):
             return await self._load_locked(name, params)
 
     async def _load_locked(self, name: str, params: dict[str, Any]) -> LoadedModel:
@@ -162,11 +169,13 @@ class ModelService:
         if serving is None:
             self.models[name] = model
         named_before = await self._batch(lambda conn: carton_named(conn, name))
+        renames = bool(params.get("source")) or any(k.startswith("file:") for k in params)
+        moved_to: str | None = None   # where this load pointed the name, once known
         try:
             model.config = parse_triton_config(params.get("config"))
             instance_devices(model.config, self.runner_host.config.devices)  # a bad config fails before any work
-            ref = await self._load_source(name, params)
-            digest = await self._resolve_known(ref)
+            digest = await self._load_source(name, params)
+            moved_to = digest if renames else None
             if serving is not None and serving.digest == digest and serving.config == model.config and \
                     serving.serving_state == READY:
                 serving.reason = ready_reason(serving)  # drops a "reload failed" left by an earlier load
@@ -182,7 +191,9 @@ class ModelService:
         except BaseException as e:
             reason = str(e) if isinstance(e, CartonStoreError) else f"load failed: {type(e).__name__}"
             log.warning("load of %s failed: %s", name, reason)
-            await self._restore(name, serving, model, reason, named_before)
+            if moved_to is not None:  # this load pointed the name at its carton: point it back
+                await self._batch(lambda conn: restore_name(conn, name, named_before, only_from=moved_to))
+            await self._restore(name, serving, model, reason)
             raise
         model.state = READY
         model.reason = ready_reason(model)
@@ -190,16 +201,15 @@ class ModelService:
         log.info("model %s version %s loaded%s", name, model.digest[:12],
                  "" if model.runners is not None else " (files only: no runner configured)")
         if serving is not None:
-            await self.runner_host.stop(serving.runners)
-            await self._let_go(f"switch:{name}")
+            try:
+                await self.runner_host.stop(serving.runners)
+            finally:
+                await self._let_go(f"switch:{name}")
         return model
 
-    async def _restore(self, name: str, serving: LoadedModel | None, model: LoadedModel, reason: str,
-                       named_before: str | None) -> None:
+    async def _restore(self, name: str, serving: LoadedModel | None, model: LoadedModel, reason: str) -> None:
         """A failed load: the version that served before goes on serving
-        (its pin restored), else the name is UNAVAILABLE with the reason.
-        The name points where it pointed before the load either way."""
-        await self._batch(lambda conn: restore_name(conn, name, named_before))
+        (its pin restored), else the name is UNAVAILABLE with the reason."""
         if serving is not None:
             serving.reason = f"reload failed, still serving this version: {reason}"
             self.models[name] = serving
@@ -220,10 +230,6 @@ class ModelService:
         self._pins.pop(lease_id, None)
         await self._batch(lambda conn: self.store.index.drop_lease(conn, lease_id))
 
-    async def _resolve_known(self, ref: str) -> str:
-        digest = await self._batch(lambda conn: _resolve_on(conn, ref))
-        return digest if digest is not None else await asyncio.to_thread(self.store.resolve, ref)
-
     async def _load_source(self, name: str, params: dict[str, Any]) -> str:
         files = {k[len("file:"):]: v for k, v in params.items() if k.startswith("file:")}
         source = params.get("source")
@@ -231,28 +237,26 @@ class ModelService:
             raise InvalidInput(f"parameter 'source' must be a string (a URL or a path), got {type(source).__name__}")
         if files and source:
             raise InvalidInput("give either 'source' or 'file:' parameters, not both")
-        if files or source:
-            # This load names a carton; the daemon moving its own loaded
-            # name is a version switch, so it is forced (leases stay valid).
-            validate_name(name)
+        # The name was checked by load(); the daemon moving its own loaded
+        # name is a version switch, so the add is forced (leases stay valid).
         if files:
             return await self._add_uploaded(name, files)
         if source:
-            result = await self._flights.run(f"add:{source}:{name}",
-                                             lambda: self.puller.add(source, name=name, force=True))
+            # Loads of one name queue on its lock, so nothing here could share an add.
+            result = await self.puller.add(source, name=name, force=True)
             self.metrics.dedup_saved_bytes.inc(result.bytes_reused)
             return result.digest
-        if not await self._known(name):
+        digest = await self._known(name)
+        if digest is None:
             raise NotFound(f"unknown model {name!r}: not in the store; load it with a 'source' parameter",
                            subject=name)
-        return name
+        return digest
 
-    async def _known(self, ref: str) -> bool:
-        """Whether ref names a known carton: a name or hash in a batch (no
-        thread hop when nothing waits), a hash prefix on a worker thread."""
-        if await self._batch(lambda conn: _resolve_on(conn, ref)) is not None:
-            return True
-        return await asyncio.to_thread(self._resolve_fast, ref) is not None
+    async def _known(self, ref: str) -> str | None:
+        """The carton ref names: a name or hash in a batch (no thread hop
+        when nothing waits), a hash prefix on a worker thread."""
+        digest = await self._batch(lambda conn: _resolve_on(conn, ref))
+        return digest if digest is not None else await asyncio.to_thread(self._resolve_fast, ref)
 
     async def _add_uploaded(self, name: str, files: dict[str, Any]) -> str:
         """Triton's file:<version>/<path> uploads: one .carton, or the files of
@@ -278,15 +282,18 @@ class ModelService:
     async def unload(self, name: str) -> None:
         model = self.models.get(name)
         never_loaded = model is None or model.digest is None
-        if never_loaded and not await self._known(name):
+        lock = self._load_locks.get(name)
+        loading = lock is not None and lock.locked()  # a first load still fetching: unload after it
+        if never_loaded and not loading and await self._known(name) is None:
             raise NotFound(f"unknown model {name!r}", subject=name)
-        lock = self._load_locks.setdefault(name, asyncio.Lock())
-        async with lock:  # after a load in progress; runners stop before the pin goes
+        async with self._load_locks.setdefault(name, asyncio.Lock()):  # after a load in progress
             model = self.models.get(name)
             if model is not None:
                 model.state, model.reason = UNAVAILABLE, "unloading"
-                await self.runner_host.stop(model.runners)
-            await self._let_go(pin_id(name))
+            try:
+                await self.runner_host.stop(model.runners if model is not None else None)
+            finally:
+                await self._let_go(pin_id(name))
             self.models[name] = LoadedModel(name, model.digest if model else None, UNAVAILABLE, "unloaded")
             log.info("model %s unloaded", name)
 
@@ -380,7 +387,7 @@ class ModelService:
     def live_values(self) -> dict[str, float]:
         stats = self.puller.stats
         return {"store_bytes": self.store.index.stored_bytes(), "leases": self.store.index.count_live_leases(),
-                "loaded_models": sum(1 for m in tuple(self.models.values()) if m.state == READY),  # see statuses()
+                "loaded_models": sum(1 for m in tuple(self.models.values()) if m.serving_state == READY),  # see statuses()
                 "runners": self.runner_host.statuses(),
                 "fetched_bytes": stats.bytes_received, "fetch_requests": stats.requests}
 

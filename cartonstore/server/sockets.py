@@ -53,8 +53,8 @@ def bind_unix(path: Path, *, mode: int = 0o660, group: str | None = None) -> soc
     """Bind a Unix socket at path. A live socket there belongs to another
     daemon and is left alone (Conflict); a stale one from a crash is replaced;
     anything else at that path is an error."""
-    if len(os.fsencode(path)) > MAX_UNIX_PATH:
-        raise InvalidInput(f"socket path {path} is longer than the {MAX_UNIX_PATH} bytes Unix sockets allow")
+    if (size := len(os.fsencode(path))) > MAX_UNIX_PATH:
+        raise InvalidInput(f"socket path {path} is {size} bytes, longer than the {MAX_UNIX_PATH}-byte limit of Unix sockets")
     if not path.parent.is_dir():
         raise InvalidInput(f"cannot create socket {path}: directory {path.parent} does not exist", subject=str(path))
     if os.path.lexists(path):

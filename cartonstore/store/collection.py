@@ -109,8 +109,11 @@ def _revalidate(store: Store, plan: GcPlan, snap: Snapshot, known: set[str]) -> 
     for carton in leased | set(newcomers):
         needed.update(e.digest for e in store.index.entries(carton))
     plan.evicted_models = [d for d in plan.evicted_models if d not in leased]
-    for d in leased & set(plan.forgotten):
-        del plan.forgotten[d]
+    for d in list(plan.forgotten):
+        # added again (a new source, maybe) or used since the snapshot: not forgotten after all
+        row = store.index.carton(d)
+        if d in leased or (row is not None and row.last_used > snap.now):
+            del plan.forgotten[d]
     plan.orphan_models = [d for d in plan.orphan_models if d not in needed]
     plan.evicted_blobs -= needed
     plan.unreferenced -= needed

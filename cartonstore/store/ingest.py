@@ -15,7 +15,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Sequence
 
-from ..checks import CheckedCarton, check_carton, check_safetensors, compute_manifest, is_safetensors
+from ..checks import (
+    CheckedCarton,
+    check_carton,
+    check_safetensors,
+    check_top_level,
+    compute_manifest,
+    is_safetensors,
+)
 from ..errors import IntegrityError, InvalidCarton, ManifestMismatch
 from ..sources.view import CartonView
 from .blobs import BlobStore, StagedBlob
@@ -125,6 +132,7 @@ def stage_unpacked(view: CartonView, blobs: BlobStore) -> tuple[CheckedCarton, S
     What check_carton reads again (carton.toml, tensor_data/index.toml,
     string tensors) is compared with MANIFEST there, so a file changed
     meanwhile is caught; the staged bytes are the bytes that were hashed."""
+    check_top_level(view, {})  # before any file is read and copied
     staging = Staging(blobs)
     try:
         raw = compute_manifest(view, hash_file=lambda path: staging.add_hashing(view, path))

@@ -27,7 +27,7 @@ MAX_NAME_BYTES = 255
 # Triton's model names: letters, digits, '_', '-', '.'; never a leading '.'
 # (that would also allow '.' and '..', which are not names in a URL path).
 _NAME = re.compile(r"[A-Za-z0-9_\-][A-Za-z0-9_.\-]*")
-_HEX = re.compile(r"[0-9a-f]+")
+HEX = re.compile(r"[0-9a-f]+")
 PIN_PREFIX = "pin:"
 
 
@@ -46,7 +46,7 @@ def validate_name(name: str) -> str:
     if not _NAME.fullmatch(name):
         raise InvalidInput(f"invalid name {name!r}: names use only letters, digits, '_', '-' and '.', "
                            "and do not start with '.' (Triton's model-name rules)", subject=name)
-    if len(name) >= MIN_PREFIX and _HEX.fullmatch(name):
+    if len(name) >= MIN_PREFIX and HEX.fullmatch(name):
         raise InvalidInput(f"invalid name {name!r}: it would read as a manifest hash prefix", subject=name)
     return name
 
@@ -157,10 +157,12 @@ def _write(conn, name: str, digest: str) -> None:  # noqa: ANN001
     conn.execute("INSERT OR REPLACE INTO names VALUES (?,?,?)", (name, digest, time.time()))
 
 
-def restore_name(conn, name: str, digest: str | None) -> None:  # noqa: ANN001
+def restore_name(conn, name: str, digest: str | None, *, only_from: str) -> None:  # noqa: ANN001
     """Point name back at digest (None: no carton), as before a failed load
-    moved it; a carton removed meanwhile is not pointed at."""
-    if carton_named(conn, name) == digest:
+    pointed it at only_from; a name someone else moved since is left alone,
+    and a carton removed meanwhile is not pointed at."""
+    current = carton_named(conn, name)
+    if current == digest or current != only_from:
         return
     if digest is None:
         conn.execute("DELETE FROM names WHERE name=?", (name,))

@@ -57,8 +57,9 @@ _COLUMNS = "digest, path, member, file_size, mtime_ns, header_offset, compressed
 
 def local_sources_of(view: CartonView, checked: CheckedCarton, *, skip_under: Path) -> list[LocalSource]:
     """The local sources a carton view offers for its blobs; none for a view
-    under ``skip_under`` (the store's tmp/: uploads and whole downloads are
-    deleted once added, so they are no lasting source)."""
+    under ``skip_under`` (the store's root: uploads and whole downloads in
+    tmp/ are deleted once added, and a model directory under models/ is the
+    store's own hardlinks, gone with the blobs gc evicts)."""
     from ..sources import DirCartonView, ZipCartonView
 
     out: list[LocalSource] = []

@@ -11,7 +11,6 @@ Collecting lives in collection.py, verifying in verification.py.
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -39,6 +38,7 @@ from .layout import StoreLayout
 from .locks import FileLock
 from .materialize import build_tree, plan_tree, remove_tree
 from .names import (
+    HEX,
     MIN_PREFIX,
     NameOutcome,
     assign_name,
@@ -52,7 +52,6 @@ from .sources import LocalSource, local_sources_of
 from .verification import VerifyReport
 from .verification import verify as verify_store
 
-_HEX = re.compile(r"^[0-9a-f]+$")
 
 
 @dataclass(frozen=True)
@@ -126,7 +125,7 @@ class Store:
                 checked = check_carton(view, manifest_raw=raw)
                 staging = stage_carton(checked, view, self.blobs)
             try:  # where each blob can be read again once evicted (store/sources.py)
-                local = local_sources_of(view, checked, skip_under=self.layout.tmp_dir)
+                local = local_sources_of(view, checked, skip_under=self.root)
             except BaseException:
                 staging.discard()
                 raise
@@ -178,14 +177,14 @@ class Store:
         by_name = self.index.carton_for_name(ref)
         if by_name:
             return by_name
-        if len(ref) >= MIN_PREFIX and _HEX.match(ref):
+        if len(ref) >= MIN_PREFIX and HEX.fullmatch(ref):
             found = self.index.cartons_with_prefix(ref)
             if len(found) == 1:
                 return found[0]
             if len(found) > 1:
                 raise Conflict(f"{ref!r} is ambiguous: it prefixes {', '.join(found)}", subject=ref)
         hint = (f"; a hash prefix needs at least {MIN_PREFIX} hex digits"
-                if len(ref) < MIN_PREFIX and _HEX.match(ref) else "")
+                if len(ref) < MIN_PREFIX and HEX.fullmatch(ref) else "")
         raise NotFound(f"no carton matches {ref!r} (not a known manifest hash, hash prefix or name{hint})",
                        subject=ref)
 

@@ -167,7 +167,7 @@ def _parse_tensors(entries: Any, binary: memoryview | None, role: str) -> list[W
     for index, entry in enumerate(entries):
         name, parameters = _named_entry(entry, index, role)
         datatype = entry.get("datatype")
-        if datatype not in ELEMENT_SIZES:
+        if type(datatype) is not str or datatype not in ELEMENT_SIZES:  # a list is unhashable
             check_datatype(datatype, f"{role} {name!r}")
         shape = entry.get("shape")
         if type(shape) is not list or not _is_dims(shape):

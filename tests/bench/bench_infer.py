@@ -16,8 +16,8 @@ Targets (issue), each against a baseline measured in the same run:
 
     python tests/bench/bench_infer.py [--quick] [--requests 2000] [--seconds 5] [--rounds 2]
 
-Every request goes through tests/bench/http11.py, a bare asyncio HTTP/1.1
-client (--client aiohttp for the stock one), one connection per client, in
+Every request goes through tests/bench/http11.py: the daemon's own lean
+HTTP/1.1 client (--client aiohttp for the stock one), one connection per client, in
 this process. Rounds alternate which server goes first. Latency figures pool
 every round's samples; throughput figures are the best round's. CPU per
 request of each server process (from /proc/<pid>/stat) says where time goes.

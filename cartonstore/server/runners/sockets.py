@@ -11,11 +11,10 @@ import stat
 from pathlib import Path
 
 from ...errors import InvalidInput
-from ..sockets import is_live_socket
+from ..sockets import MAX_UNIX_PATH, is_live_socket
 
 log = logging.getLogger("cartonstore.server.runners")
 
-MAX_UNIX_PATH = 107
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
 
 

@@ -79,9 +79,13 @@ class _Connection(asyncio.BufferedProtocol):
         self.got_any = False   # any byte of the current answer: tells "no answer" from "cut short"
 
     @classmethod
-    async def open(cls, path: str) -> _Connection:
+    async def open(cls, address: str | tuple[str, int]) -> _Connection:
+        """address: a Unix socket path, or (host, port) over TCP."""
         loop = asyncio.get_running_loop()
-        _, conn = await loop.create_unix_connection(cls, path)
+        if isinstance(address, str):
+            _, conn = await loop.create_unix_connection(cls, address)
+        else:
+            _, conn = await loop.create_connection(cls, *address)
         sock = conn.transport.get_extra_info("socket")
         for option in (socket.SO_SNDBUF, socket.SO_RCVBUF):
             sock.setsockopt(socket.SOL_SOCKET, option, SOCKET_BUFFER)
@@ -114,7 +118,7 @@ class _Connection(asyncio.BufferedProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.eof = True
         self.lost = exc or ConnectionAbortedError("connection closed")
-        self.target = None
+        # target stays: readexactly's next _more() sees eof and fails the cut-short answer
         _wake(self.waiter)
         _wake(self.drained)
 
@@ -206,12 +210,13 @@ class _Connection(asyncio.BufferedProtocol):
 
 
 class RunnerClient:
-    """Requests to the HTTP server on ``socket_path``. Connections are opened
-    as needed and kept while the server keeps them alive; ``close`` aborts
-    every one, which fails requests still waiting on them."""
+    """Requests to the HTTP server at ``address`` (a Unix socket path; or
+    (host, port), which benches use to reach other servers the same way).
+    Connections are opened as needed and kept while the server keeps them
+    alive; ``close`` aborts every one, which fails requests still waiting on them."""
 
-    def __init__(self, socket_path: str) -> None:
-        self.socket_path = socket_path
+    def __init__(self, address: str | tuple[str, int]) -> None:
+        self.address = address
         self._idle: list[_Connection] = []
         self._busy: set[_Connection] = set()
         self.closed = False
@@ -223,7 +228,7 @@ class RunnerClient:
             if conn.usable(now):
                 return conn
             conn.close()
-        return await _Connection.open(self.socket_path)
+        return await _Connection.open(self.address)
 
     async def request(self, method: str, path: str, headers: Mapping[str, str],
                       body: Sequence[bytes | bytearray | memoryview] = ()) -> tuple[int, dict[str, str], bytes | bytearray]:
