@@ -39,6 +39,10 @@ class InvalidInput(CartonStoreError):
     """The caller gave something malformed: a bad carton, request or config."""
 
 
+class TooLarge(InvalidInput):
+    """A request bigger than the daemon takes (HTTP 413)."""
+
+
 class InvalidCarton(InvalidInput):
     """A carton (or one file in it) breaks the format.
 
@@ -99,6 +103,7 @@ class FetchNotFound(FetchError, NotFound):
 # subclasses come before their bases).
 CATEGORIES: list[tuple[type[CartonStoreError], int, int]] = [
     (NotFound, 3, 404),
+    (TooLarge, 4, 413),
     (InvalidInput, 4, 400),
     (ManifestMismatch, 5, 400),   # the caller's carton is bad, not the store
     (IntegrityError, 5, 500),

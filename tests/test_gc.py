@@ -273,6 +273,7 @@ def test_work_in_tmp_helper_ignores_owner_locks(store: Store) -> None:
 @pytest.mark.parametrize("returncode, out, err, expected", [
     (0, '{"report": {"dry_run": true, "expired_leases": 2, "freed_bytes": 9}}\n', "", "report"),
     (4, '{"error": "cannot create store at /x: Not a directory", "subject": "/x"}', "", "InvalidInput"),
+    (5, '{"error": "blob 3f2a... does not match its digest", "subject": null}', "", "IntegrityError"),
     (6, '{"error": "timed out after 600s waiting for lock s.lock", "subject": null}', "", "Unavailable"),
     (7, '{"error": "held", "subject": null}', "", "Conflict"),
     (-9, "", "", "gc process was killed by signal 9: no output"),

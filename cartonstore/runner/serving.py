@@ -14,6 +14,7 @@ from typing import Callable
 from aiohttp import web
 
 from cartonstore.errors import CartonStoreError
+from cartonstore.malloc_tuning import keep_big_buffers
 from cartonstore.runner.args import parse_runner_args
 from cartonstore.runner.context import LoadError, Model, RunnerContext
 from cartonstore.runner.rest import RunnerState, build_app
@@ -89,6 +90,7 @@ def main(load: Callable[[RunnerContext], Model], argv: list[str] | None = None) 
     """A runner's whole life: parse the standard argv, die with the parent,
     load (status 3 on failure), serve until SIGTERM, exit 0."""
     die_with_parent()
+    keep_big_buffers()
     prog = None if argv is not None else os.path.basename(sys.argv[0])
     try:
         ctx = parse_runner_args(argv, prog=prog)

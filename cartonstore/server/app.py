@@ -38,33 +38,47 @@ ACCESS_LOG: web.AppKey[bool] = web.AppKey("access_log", bool)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
+def failure(exc: Exception, method: str, path: str) -> tuple[int, str, dict[str, str]]:
+    """The status, message and extra headers that answer an exception from
+    a handler; an unexpected one is logged with its traceback (a bug must
+    not take the daemon down)."""
+    if isinstance(exc, CartonStoreError):
+        # a source's Retry-After (FetchError's) is not the daemon's to give
+        extra = {"Retry-After": str(math.ceil(exc.retry_after))} if isinstance(exc, RunnersBusy) else {}
+        return http_status_for(exc), str(exc), extra
+    log.exception("unexpected error handling %s %s", method, path)
+    return 500, "internal error (see the daemon's log)", {}
+
+
+def record_request(app: web.Application, route: str, method: str, path_qs: str, status: int,
+                   error_text: str | None, polled: bool, started: float) -> None:
+    """The request counter, and the log line: one per error, one per
+    request with the access log on."""
+    app[METRICS].count_request(route, method, status)
+    if status >= 400:
+        # Every error answered leaves a line: an operator sees why a load failed.
+        # "Not ready" is what a waiting client polls for: a line per poll at debug only.
+        level = logging.WARNING if status >= 500 else logging.DEBUG if polled else logging.INFO
+        log.log(level, "%s %s -> %d: %s", method, path_qs, status, error_text)
+    elif app[ACCESS_LOG] or log.isEnabledFor(logging.DEBUG):
+        log.log(logging.INFO if app[ACCESS_LOG] else logging.DEBUG, "%s %s -> %d in %.2f ms",
+                method, path_qs, status, (time.perf_counter() - started) * 1000)
+
+
 @web.middleware
 async def errors_and_metrics(request: web.Request, handler: Handler) -> web.StreamResponse:
     started = time.perf_counter()
     try:
         response = await handler(request)
-    except CartonStoreError as e:
-        response = error(http_status_for(e), str(e))
-        if isinstance(e, RunnersBusy):  # a source's Retry-After (FetchError's) is not the daemon's to give
-            response.headers["Retry-After"] = str(math.ceil(e.retry_after))
     except web.HTTPException as e:
         response = error(e.status, e.reason or "error") if e.status >= 400 else e
-    except Exception:  # noqa: BLE001 - a bug must not take the daemon down
-        log.exception("unexpected error handling %s %s", request.method, request.path)
-        response = error(500, "internal error (see the daemon's log)")
+    except Exception as e:  # noqa: BLE001 - failure() logs what was not expected
+        status, message, extra = failure(e, request.method, request.path)
+        response = error(status, message)
+        response.headers.update(extra)
     route = request.match_info.route.resource.canonical if request.match_info.route.resource else "unmatched"
-    request.app[METRICS].requests.labels(route, request.method, str(response.status)).inc()
-    if response.status >= 400:
-        # Every error answered leaves a line: an operator sees why a load failed.
-        # "Not ready" is what a waiting client polls for: a line per poll at debug only.
-        level = logging.WARNING if response.status >= 500 else \
-            logging.DEBUG if response.get(POLLED) else logging.INFO
-        log.log(level, "%s %s -> %d: %s",
-                request.method, request.path_qs, response.status,
-                response.get(ERROR_TEXT) or response.reason)
-    elif request.app[ACCESS_LOG] or log.isEnabledFor(logging.DEBUG):
-        log.log(logging.INFO if request.app[ACCESS_LOG] else logging.DEBUG, "%s %s -> %d in %.2f ms",
-                request.method, request.path_qs, response.status, (time.perf_counter() - started) * 1000)
+    record_request(request.app, route, request.method, request.path_qs, response.status,
+                   response.get(ERROR_TEXT) or response.reason, bool(response.get(POLLED)), started)
     return response
 
 

@@ -13,11 +13,23 @@ import asyncio
 
 from aiohttp import web
 
-from ..errors import FetchError, InvalidInput
+from ..errors import FetchError, InvalidInput, TooLarge
 from ..fetch.encoding import ContentDecoder, DecodedTooLarge
 
 IN_THREAD_FROM = 256 * 1024   # smaller bodies: decoding on the loop beats a thread hop
 ENCODINGS = ("gzip", "deflate")
+
+
+def content_coding(header: str | None) -> str:
+    """identity, gzip or deflate, from a request's Content-Encoding header."""
+    coding = (header or "identity").strip().lower() or "identity"
+    if coding not in ("identity", *ENCODINGS):
+        raise InvalidInput(f"Content-Encoding {coding!r} is not supported (gzip, deflate or identity)")
+    return coding
+
+
+def too_large(size: int, limit: int) -> TooLarge:
+    return TooLarge(f"request body of {size} bytes is larger than max_request_size ({limit} bytes)")
 
 
 async def request_body(request: web.Request) -> bytes | bytearray:
@@ -26,14 +38,16 @@ async def request_body(request: web.Request) -> bytes | bytearray:
     compressed body could otherwise grow into gigabytes on the event loop.
     Here the decoded size is bounded by the request limit, and big bodies
     are decoded in a thread."""
-    coding = request.headers.get("Content-Encoding", "identity").strip().lower() or "identity"
-    if coding not in ("identity", *ENCODINGS):
-        raise InvalidInput(f"Content-Encoding {coding!r} is not supported (gzip, deflate or identity)")
+    coding = content_coding(request.headers.get("Content-Encoding"))
     length = request.content_length
     raw = await _body_of_length(request, length) if length else await request.read()
+    return await decoded_body(raw, coding, request.client_max_size)
+
+
+async def decoded_body(raw: bytes | bytearray, coding: str, limit: int) -> bytes | bytearray:
+    """raw decoded from ``coding``, at most ``limit`` bytes of it (TooLarge)."""
     if coding == "identity":
         return raw
-    limit = request.client_max_size
     if len(raw) < IN_THREAD_FROM:
         return _decoded(raw, coding, limit)
     return await asyncio.to_thread(_decoded, raw, coding, limit)
@@ -48,7 +62,7 @@ def _decoded(raw: bytes | bytearray, coding: str, limit: int) -> bytearray:
             out += piece
         decoder.finish()
     except DecodedTooLarge:
-        raise web.HTTPRequestEntityTooLarge(max_size=limit, actual_size=limit + 1) from None
+        raise TooLarge(f"request body decodes to more than max_request_size ({limit} bytes)") from None
     except FetchError as e:
         raise InvalidInput(f"request body could not be read as {coding} data: {e}") from None
     return out
@@ -59,7 +73,7 @@ async def _body_of_length(request: web.Request, length: int) -> bytearray:
     (request.read() copies a tensor three times: into a growing bytearray,
     when joining chunks, and into bytes)."""
     if length > request.client_max_size:
-        raise web.HTTPRequestEntityTooLarge(max_size=request.client_max_size, actual_size=length)
+        raise too_large(length, request.client_max_size)
     request.content.set_read_chunk_size(length)   # fewer pause/resume cycles of the socket
     body = bytearray(length)
     view = memoryview(body)

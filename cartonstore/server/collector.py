@@ -65,7 +65,11 @@ def report_from_child(returncode: int | None, out: str, err: str) -> GcReport:
         fields = {k: v for k, v in message["report"].items() if k != "freed_bytes"}
         return GcReport(**fields)
     if isinstance(message, dict) and "error" in message:
-        cls = next((c for c, code, _ in CATEGORIES if code == returncode), CartonStoreError)
+        # The most general class of the code: 5 is IntegrityError, not its
+        # ManifestMismatch (whose constructor takes other arguments); 4 is
+        # InvalidInput, not TooLarge.
+        same = [c for c, code, _ in CATEGORIES if code == returncode]
+        cls = next((c for c in same if not any(c is not o and issubclass(c, o) for o in same)), CartonStoreError)
         raise cls(f"gc: {message['error']}", subject=message.get("subject"))
     how = f"was killed by signal {-returncode}" if returncode and returncode < 0 else f"exited {returncode}"
     tail = err.strip().splitlines()[-1] if err.strip() else "no output"

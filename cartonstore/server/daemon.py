@@ -22,11 +22,14 @@ from aiohttp import web
 
 from ..fetch.config import FetchConfig
 from ..fetch.puller import Puller
+from ..malloc_tuning import keep_big_buffers
 from ..runner_settings import RunnerSettings as RunnerConfig
 from ..store import Store
 from ..store.gc import GcPolicy
 from ..zipfmt import ZipLimits
 from .app import build_app
+from .event_loop import loop_name, run_loop
+from .front import FrontServer
 from .metrics import Metrics
 from .loaded_model import LeaseSettings
 from .service import ModelService
@@ -135,16 +138,19 @@ class Daemon:
             if self._owned_socket is not None:
                 self._owned_socket.unlink(missing_ok=True)
             raise
+        assert runner.server is not None
+        front = FrontServer(app, runner.server, max_request_size=self.settings.max_request_size)
         try:
             for sock in socks:
-                await web.SockSite(runner, sock).start()
+                await front.listen(sock)
                 self.bound.append(describe_socket(sock))
             loop = asyncio.get_running_loop()
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, self.stop)
             keeper = asyncio.gather(service.keep_pins(),
                                     service.keep_within_budget(self.settings.gc, self.settings.gc_interval))
-            log.info("cartonstore serving %s on %s", self.settings.root, ", ".join(self.bound))
+            log.info("cartonstore serving %s on %s (%s event loop)", self.settings.root, ", ".join(self.bound),
+                     loop_name())
             notify("READY=1\nSTATUS=serving " + " ".join(self.bound))
             await self._stop.wait()
             log.info("shutting down")
@@ -154,7 +160,10 @@ class Daemon:
             await asyncio.gather(keeper, return_exceptions=True)
         finally:
             started = time.monotonic()
-            await runner.cleanup()  # stop accepting, then wait for in-flight requests
+            await front.close(self.settings.shutdown_timeout)  # stop accepting, then wait for in-flight requests
+            for sock in socks:   # those a failed start left unserved; closing a served one again is harmless
+                sock.close()
+            await runner.cleanup()
             await service.shutdown()
             if self._owned_socket is not None:
                 self._owned_socket.unlink(missing_ok=True)
@@ -162,4 +171,5 @@ class Daemon:
 
 
 def run_daemon(settings: DaemonSettings) -> None:
-    asyncio.run(Daemon(settings).run())
+    keep_big_buffers()
+    run_loop(Daemon(settings).run())

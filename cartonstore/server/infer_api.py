@@ -13,6 +13,7 @@ import asyncio
 import json
 import socket
 import zlib
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from aiohttp import web
@@ -79,38 +80,60 @@ def _compress(body: bytes, coding: str) -> bytes:
     return c.compress(body) + c.flush()
 
 
-async def infer(request: web.Request) -> web.Response:
-    from .app import SERVICE  # the app module imports this one
+@dataclass
+class InferAnswer:
+    """What the runner answered, as the client gets it (maybe compressed)."""
 
-    service: ModelService = request.app[SERVICE]
-    name, version = request.match_info["name"], request.match_info.get("version")
-    model = serving_model(service, name, version)  # an unknown model is refused before its body is read
-    body = await request_body(request)
-    sent_length = header_length_of(request.headers.get(HEADER_LENGTH))  # 0: a raw binary request
-    parts, header_length = await _checked_off_loop(model, body, sent_length)
+    status: int
+    headers: dict[str, str]
+    payload: bytes | bytearray
+    error_text: str | None = None   # for the daemon's log line, on errors
+
+
+async def proxied_infer(service: ModelService, model: LoadedModel, name: str, version: str | None,
+                        body: bytes | bytearray, sent_length: str | None, accept_encoding: str) -> InferAnswer:
+    """Validate a whole (decoded) request body against ``model`` and forward
+    it; the runner's answer, compressed when ``accept_encoding`` asks."""
+    header_length = header_length_of(sent_length)  # 0: a raw binary request
+    parts, forward_length = await _checked_off_loop(model, body, header_length)
     current = serving_model(service, name, version)  # the version may have switched while the body arrived
     if current is not model:
         model = current
-        parts, header_length = await _checked_off_loop(model, body, sent_length)
-    headers = {"Content-Type": "application/octet-stream" if header_length is not None else "application/json"}
-    if header_length is not None:
-        headers[HEADER_LENGTH] = str(header_length)
+        parts, forward_length = await _checked_off_loop(model, body, header_length)
+    headers = {"Content-Type": "application/octet-stream" if forward_length is not None else "application/json"}
+    if forward_length is not None:
+        headers[HEADER_LENGTH] = str(forward_length)
     answer = await model.runners.forward(f"/v2/models/{name}/infer", parts, headers)
     out_headers = dict(answer.headers)
     payload = answer.body
     already = any(k.lower() == "content-encoding" for k in out_headers)
-    coding = pick_encoding(request.headers.get("Accept-Encoding", ""), ENCODINGS, wildcard=True) \
+    coding = pick_encoding(accept_encoding, ENCODINGS, wildcard=True) \
         if answer.status == 200 and not already else None
     if coding is not None and len(payload) > 512:
         payload = _compress(payload, coding) if len(payload) < IN_THREAD_FROM else \
             await asyncio.to_thread(_compress, payload, coding)
         out_headers["Content-Encoding"] = coding
         out_headers["Vary"] = "Accept-Encoding"
-    elif len(payload) >= STREAM_ANSWER:
-        return await _streamed(request, answer.status, out_headers, payload)
-    response = web.Response(status=answer.status, body=payload, headers=out_headers)
-    if answer.status >= 400:
-        response[ERROR_TEXT] = f"runner: {_error_text(payload)}"
+    return InferAnswer(answer.status, out_headers, payload,
+                       f"runner: {_error_text(payload)}" if answer.status >= 400 else None)
+
+
+async def infer(request: web.Request) -> web.StreamResponse:
+    """The aiohttp route; the daemon's front (front.py) answers most infer
+    requests itself, and gives aiohttp those it does not frame (chunked)."""
+    from .app import SERVICE  # the app module imports this one
+
+    service: ModelService = request.app[SERVICE]
+    name, version = request.match_info["name"], request.match_info.get("version")
+    model = serving_model(service, name, version)  # an unknown model is refused before its body is read
+    body = await request_body(request)
+    answer = await proxied_infer(service, model, name, version, body, request.headers.get(HEADER_LENGTH),
+                                 request.headers.get("Accept-Encoding", ""))
+    if len(answer.payload) >= STREAM_ANSWER:
+        return await _streamed(request, answer.status, answer.headers, answer.payload)
+    response = web.Response(status=answer.status, body=answer.payload, headers=answer.headers)
+    if answer.error_text:
+        response[ERROR_TEXT] = answer.error_text
     return response
 
 

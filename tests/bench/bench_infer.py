@@ -328,6 +328,7 @@ def main() -> None:
     from daemonkit import DaemonProcess
     from inferkit import echo_carton, runner_pids
 
+    from cartonstore.server.event_loop import loop_name
     from cartonstore.store.materialize import remove_tree
 
     if a.workdir:  # a --workdir that does not exist yet is created
@@ -336,6 +337,7 @@ def main() -> None:
     env = {"PYTHONPATH": str(REPO)}
     daemons: list[DaemonProcess] = []
     mlserver: subprocess.Popen | None = None
+    helpers: list[subprocess.Popen] = []
     verdicts: list = []
     small_bin, big_bin = payload(SMALL, True), payload(BIG, True)
     try:
@@ -354,21 +356,38 @@ def main() -> None:
                             {"daemon": [d.proc.pid], "runner": [rpid]})
         direct = Server("runner direct (unix)", Address(unix=str(rsock)), "echo", {"runner": [rpid]})
 
-        lat = compare_latency([via_daemon, direct], small_bin, a,
+        # The floor: a Python process that only forwards bytes, on the daemon's event loop.
+        floor = subprocess.Popen([sys.executable, str(HERE.parent / "floor_proxy.py"), str(work / "floor.sock"),
+                                  str(rsock), "--loop", loop_name()], stdout=subprocess.PIPE, text=True)
+        helpers.append(floor)
+        floor.stdout.readline()
+        via_floor = Server(f"floor proxy ({loop_name()})", Address(unix=str(work / "floor.sock")), "echo",
+                           {"proxy": [floor.pid], "runner": [rpid]})
+        print(f"daemon event loop: {loop_name()}; floor proxy: forwards bytes only, no HTTP parsed, same loop\n")
+
+        lat = compare_latency([via_daemon, direct, via_floor], small_bin, a,
                               f"1. latency, {SMALL} FP32 binary, sequential, one keep-alive connection:")
         overhead50 = lat[via_daemon.label]["p50"] - lat[direct.label]["p50"]
         overhead99 = lat[via_daemon.label]["p99"] - lat[direct.label]["p99"]
+        floor50 = lat[via_floor.label]["p50"] - lat[direct.label]["p50"]
         print(f"  overhead p50 = {overhead50:.3f} ms, p99 = {overhead99:.3f} ms; "
-              f"daemon/direct p50 ratio {lat[via_daemon.label]['p50'] / lat[direct.label]['p50']:.2f}\n")
+              f"daemon/direct p50 ratio {lat[via_daemon.label]['p50'] / lat[direct.label]['p50']:.2f}")
+        print(f"  floor proxy overhead p50 = {floor50:.3f} ms: the daemon's own work adds "
+              f"{overhead50 - floor50:.3f} ms above it\n")
+        verdict(verdicts, "1. floor: a byte-forwarding Python proxy's overhead p50", None, f"{floor50:.3f} ms")
         verdict(verdicts, "1. proxy overhead p50 <= 0.25 ms", overhead50 <= 0.25, f"{overhead50:.3f} ms "
                 f"(daemon {lat[via_daemon.label]['p50']:.3f} - direct {lat[direct.label]['p50']:.3f})")
 
         for clients in client_counts:
-            best = compare_throughput([via_daemon, direct], big_bin, clients, a,
+            best = compare_throughput([via_daemon, direct, via_floor], big_bin, clients, a,
                                       f"2. throughput, 4 MiB FP32 binary in and out, {clients} client(s):")
             ratio = best[via_daemon.label]["rps"] / best[direct.label]["rps"]
+            floor_ratio = best[via_floor.label]["rps"] / best[direct.label]["rps"]
             print(f"  best: daemon {best[via_daemon.label]['mibps']:.1f} MiB/s, direct "
-                  f"{best[direct.label]['mibps']:.1f} MiB/s; ratio daemon/direct {ratio:.2f}\n")
+                  f"{best[direct.label]['mibps']:.1f} MiB/s; ratio daemon/direct {ratio:.2f} "
+                  f"(floor proxy/direct {floor_ratio:.2f})\n")
+            verdict(verdicts, f"2. floor: byte-forwarding proxy/direct, 4 MiB, {clients} client(s)", None,
+                    f"{floor_ratio:.2f}")
             verdict(verdicts, f"2. 4 MiB throughput, {clients} client(s): daemon >= 0.8 x direct", ratio >= 0.8,
                     f"{ratio:.2f} ({best[via_daemon.label]['rps']:.1f} vs {best[direct.label]['rps']:.1f} req/s)")
         daemon_rss_after = rss_mib(d.proc.pid)
@@ -459,6 +478,8 @@ def main() -> None:
             print(f"  {'INFO' if ok is None else 'PASS' if ok else 'FAIL'}  {name}: {value}")
     finally:
         stop_group(mlserver)
+        for helper in helpers:
+            stop_proc(helper)
         for dp in daemons:
             if dp.proc is not None and dp.proc.poll() is None:
                 stop_proc(dp.proc)

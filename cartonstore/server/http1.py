@@ -1,0 +1,140 @@
+"""HTTP/1.1 message heads, as the daemon's front connection reads and
+writes them (front.py). Pure: bytes in, values out; no sockets.
+
+Only what the fast inference route needs is parsed into fields; the front
+hands every request it does not answer itself to aiohttp, head and all, so
+nothing here has to cover the whole of RFC 9112.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from http import HTTPStatus
+
+MAX_HEAD = 64 * 1024          # request line and headers together (aiohttp allows 8190 per line)
+_TOKEN = re.compile(rb"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")
+_REQUEST_LINE = re.compile(rb"^([A-Z]+) (\S+) HTTP/(1\.[01])$")
+
+
+class BadHead(Exception):
+    """A request head that is not HTTP/1.1: answered with ``status`` and the
+    connection closed."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass
+class RequestHead:
+    method: str
+    target: str          # as sent: path and query
+    version: str         # "1.1" or "1.0"
+    headers: dict[str, str]   # lower-case names; repeated fields joined with ", "
+    raw: bytes           # the head as received, up to and including the blank line
+
+    @property
+    def path(self) -> str:
+        return self.target.split("?", 1)[0]
+
+    @property
+    def connection_tokens(self) -> set[str]:
+        return {t.strip().lower() for t in self.headers.get("connection", "").split(",") if t.strip()}
+
+    @property
+    def keep_alive(self) -> bool:
+        tokens = self.connection_tokens
+        return "keep-alive" in tokens if self.version == "1.0" else "close" not in tokens
+
+    def content_length(self) -> int | None:
+        """The declared body length; None when there is none (or chunked)."""
+        if "transfer-encoding" in self.headers:
+            return None
+        value = self.headers.get("content-length")
+        if value is None:
+            return 0
+        if not value.isdigit() or "," in value:
+            raise BadHead(400, f"Content-Length {value!r} is not a length")
+        return int(value)
+
+
+_TCHAR = r"[!#$%&'*+\-.^_`|~0-9A-Za-z]"
+# A whole well-formed head in one match: the common case costs one regex, not one per line.
+_WELL_FORMED = re.compile(r"([A-Z]+) (\S+) HTTP/(1\.[01])\r\n((?:" + _TCHAR + r"+:[^\r\n\x00]*\r\n)*)\r\n")
+
+
+def parse_request_head(raw: bytes) -> RequestHead:
+    """raw: request line and headers, ending with the blank line."""
+    text = raw.decode("latin-1")
+    match = _WELL_FORMED.fullmatch(text)
+    if match is None:
+        raise _what_is_wrong(raw)
+    headers: dict[str, str] = {}
+    for line in match[4].split("\r\n")[:-1]:
+        name, _, value = line.partition(":")
+        key, value = name.lower(), value.strip(" \t")
+        if key in headers:
+            if key == "content-length":
+                if headers[key] != value:
+                    raise BadHead(400, "more than one Content-Length")
+                continue
+            value = f"{headers[key]}, {value}"
+        headers[key] = value
+    return RequestHead(match[1], match[2], match[3], headers, raw)
+
+
+def _what_is_wrong(raw: bytes) -> BadHead:
+    """The first fault of a head the regex refused, named."""
+    lines = raw.split(b"\r\n")
+    if len(lines) < 3 or lines[-1] or lines[-2]:
+        return BadHead(400, "request head does not end with an empty line")
+    if _REQUEST_LINE.match(lines[0]) is None:
+        return BadHead(400, f"bad request line {lines[0][:200]!r}")
+    for line in lines[1:-2]:
+        name, sep, value = line.partition(b":")
+        if not sep or not _TOKEN.match(name):
+            return BadHead(400, f"bad header line {line[:200]!r}")
+        if b"\0" in value or b"\r" in value:
+            return BadHead(400, f"bad header value in {name.decode()!r}")
+    return BadHead(400, "bad request head")
+
+
+def response_head(status: int, headers: dict[str, str] | list[tuple[str, str]], *,
+                  close: bool = False) -> bytes:
+    """A status line and headers, ending with the blank line. Content-Length
+    is the caller's to give; Connection: close when the connection ends."""
+    try:
+        reason = HTTPStatus(status).phrase
+    except ValueError:
+        reason = "Unknown"
+    items = headers.items() if isinstance(headers, dict) else headers
+    lines = [f"HTTP/1.1 {status} {reason}"]
+    lines += [f"{k}: {v}" for k, v in items if k.lower() != "connection"]
+    if close:
+        lines.append("Connection: close")
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+
+
+def for_one_request(head: RequestHead) -> bytes:
+    """The head again, asking the server behind the front to close after
+    its answer (its Connection header replaced by "close"): that close is
+    how the front knows aiohttp's answer is complete."""
+    lines = head.raw.split(b"\r\n")
+    kept = [line for line in lines[1:-2] if line.split(b":", 1)[0].strip().lower() != b"connection"]
+    return b"\r\n".join([lines[0], *kept, b"Connection: close", b"", b""])
+
+
+def without_connection_close(head: bytes) -> bytes:
+    """A response head with its Connection header dropped: the front keeps
+    the client's connection open although aiohttp closed its side."""
+    lines = head.split(b"\r\n")
+    return b"\r\n".join(line for line in lines if line.split(b":", 1)[0].strip().lower() != b"connection")
+
+
+def response_status(head: bytes) -> int:
+    """The status code of a response head (b"HTTP/1.1 200 OK\\r\\n...")."""
+    parts = head.split(b" ", 2)
+    if len(parts) < 2 or not parts[1][:3].isdigit():
+        raise ValueError(f"not a response head: {head[:100]!r}")
+    return int(parts[1][:3])
