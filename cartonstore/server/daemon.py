@@ -29,7 +29,7 @@ from ..store.gc import GcPolicy
 from ..zipfmt import ZipLimits
 from .app import build_app
 from .event_loop import loop_name, run_loop
-from .front import FrontServer
+from .front_server import FrontServer
 from .metrics import Metrics
 from .loaded_model import LeaseSettings
 from .service import ModelService

@@ -5,9 +5,9 @@ out, runner in, client out). On uvloop the daemon's CPU per small request
 fell from ~405 to ~320 us and its proxy overhead p50 from 0.46 to 0.36 ms
 (tests/bench/bench_infer.py, same run, 2-core VM).
 
-What it costs: uvloop has no loop.sendfile, so aiohttp sends blobs
-(GET /v1/blobs/...) by reading the file in chunks instead of sendfile(2).
-CARTONSTORE_EVENT_LOOP=asyncio keeps asyncio's loop, and sendfile.
+uvloop has no loop.sendfile; that costs nothing here, since requests
+relayed to aiohttp cannot use sendfile on either loop (relay.py says why).
+CARTONSTORE_EVENT_LOOP=asyncio keeps asyncio's loop.
 """
 
 from __future__ import annotations

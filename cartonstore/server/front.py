@@ -18,14 +18,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import re
 import socket
 import time
 from typing import TYPE_CHECKING
 
-from aiohttp import web
-
-from .app import SERVICE, failure, record_request
+from .app import failure, record_request
 from .bodies import content_coding, decoded_body, too_large
 from .http1 import MAX_HEAD, BadHead, RequestHead, for_one_request, parse_request_head, response_head
 from .infer_api import CLIENT_SEND_BUFFER, STREAM_ANSWER, InferAnswer, proxied_infer, serving_model
@@ -34,7 +33,12 @@ from .relay import RelayTransport
 if TYPE_CHECKING:
     from aiohttp.web_protocol import RequestHandler
 
+    from .front_server import FrontServer
+
+log = logging.getLogger("cartonstore.server")
+
 RECV_CHUNK = 256 * 1024
+LINGER = 5.0    # after refusing a body too big to take: seconds spent dropping it, so the client reads the 413
 MAX_PENDING = 256 * 1024   # pipelined bytes held while a request is answered; reading pauses past it
 _INFER = re.compile(r"^/v2/models/([^/%?]+)(?:/versions/([^/%?]+))?/infer$")
 _DROPPED = frozenset({"content-length", "transfer-encoding", "connection", "keep-alive", "date", "server"})
@@ -45,65 +49,6 @@ HEAD, BODY, BUSY, RELAY_BODY, RELAY_WAIT, DISCARD, HANDED, CLOSED = range(8)
 
 class ClientGone(Exception):
     """The client closed its connection before its request was whole."""
-
-
-class FrontServer:
-    """The daemon's connections, on any number of listening sockets."""
-
-    def __init__(self, app: web.Application, aiohttp_server: web.Server, *, max_request_size: int,
-                 keepalive_timeout: float = 75.0) -> None:
-        self.app = app
-        self.service = app[SERVICE]
-        self.aiohttp_server = aiohttp_server
-        self.max_request_size = max_request_size
-        self.keepalive_timeout = keepalive_timeout
-        self.connections: set[FrontConnection] = set()
-        self.closing = False
-        self._listeners: list[asyncio.AbstractServer] = []
-        self._sweeper: asyncio.Task[None] | None = None
-
-    async def listen(self, sock: socket.socket) -> None:
-        loop = asyncio.get_running_loop()
-        if sock.family == socket.AF_UNIX:
-            server = await loop.create_unix_server(lambda: FrontConnection(self), sock=sock)
-        else:
-            server = await loop.create_server(lambda: FrontConnection(self), sock=sock)
-        self._listeners.append(server)
-        if self._sweeper is None:
-            self._sweeper = asyncio.create_task(self._sweep())
-
-    async def close(self, timeout: float) -> None:
-        """Stop accepting; let requests in flight be answered (up to
-        ``timeout``), closing each connection after its answer; then close
-        whatever is left."""
-        self.closing = True
-        for server in self._listeners:
-            server.close()
-        if self._sweeper is not None:
-            self._sweeper.cancel()
-        deadline = time.monotonic() + timeout
-        while True:
-            # A handed-over connection is aiohttp's: its own shutdown (AppRunner.cleanup) ends it.
-            ours = [conn for conn in self.connections if conn.mode != HANDED]
-            for conn in ours:
-                if conn.idle():
-                    conn.transport.close()
-            if not ours or time.monotonic() >= deadline:
-                break
-            await asyncio.sleep(0.02)
-        for conn in list(self.connections):
-            if conn.mode != HANDED:
-                conn.transport.abort()
-
-    async def _sweep(self) -> None:
-        """Close connections silent for keepalive_timeout between requests
-        or in the middle of sending one (a client that stalls)."""
-        while True:
-            await asyncio.sleep(min(10.0, self.keepalive_timeout / 2))
-            limit = time.monotonic() - self.keepalive_timeout
-            for conn in list(self.connections):
-                if conn.mode in (HEAD, BODY, DISCARD) and conn.last_active < limit:
-                    conn.transport.close()
 
 
 class FrontConnection(asyncio.BufferedProtocol):
@@ -122,6 +67,9 @@ class FrontConnection(asyncio.BufferedProtocol):
         self.relay_left = 0                 # body bytes aiohttp has yet to be fed
         self.discard_left = 0               # body bytes of an answered request, dropped as they come
         self.drained: asyncio.Future[None] | None = None
+        self.write_paused = False
+        self.relay_paused = False           # the relayed handler was told to pause writing
+        self.close_after_discard = False
         self.peer_eof = False
         self.last_active = time.monotonic()
         self._big_send_buffer = False
@@ -158,13 +106,18 @@ class FrontConnection(asyncio.BufferedProtocol):
             take = min(nbytes, self.discard_left)
             self.discard_left -= take
             if self.discard_left == 0:
+                if self.close_after_discard:
+                    self._close()
+                    return
                 self.mode = HEAD
             data = data[take:]
         if len(data):
             self.pending += data
         if self.mode == HEAD:
             self._next_request()
-        elif len(self.pending) > MAX_PENDING and self.mode != CLOSED:
+        elif self.mode == DISCARD or self.mode == CLOSED:
+            return
+        elif len(self.pending) > MAX_PENDING:
             self.transport.pause_reading()
 
     def eof_received(self) -> bool:
@@ -184,25 +137,42 @@ class FrontConnection(asyncio.BufferedProtocol):
             handler.connection_lost(exc)
 
     def pause_writing(self) -> None:
-        if self.relayed is not None:
-            self.relayed.pause_writing()
-        elif self.drained is None:
+        self.write_paused = True
+        if self.drained is None:
             self.drained = asyncio.get_running_loop().create_future()
+        if self.relayed is not None and not self.relay_paused:
+            self.relay_paused = True
+            self.relayed.pause_writing()
 
     def resume_writing(self) -> None:
-        if self.relayed is not None:
+        self.write_paused = False
+        if self.relayed is not None and self.relay_paused:
+            self.relay_paused = False
             self.relayed.resume_writing()
         _wake(self.drained)
         self.drained = None
 
     def idle(self) -> bool:
-        """Between requests, with nothing of the next one received."""
-        return self.mode == HEAD and not self.pending
+        """Between requests (a partial head is dropped at shutdown, as aiohttp did)."""
+        return self.mode == HEAD
+
+    def _close(self) -> None:
+        self.transport.close()
+        self.mode = CLOSED
 
     # -- requests ---------------------------------------------------------------
 
     def _next_request(self) -> None:
-        """Start on the next whole request head in ``pending``, if any."""
+        """Start on the next whole request head in ``pending``, if any. A
+        fault here must not leave the connection half-way: it is dropped."""
+        try:
+            self._start_next()
+        except Exception:  # noqa: BLE001 - a bug: logged, and this connection ends
+            log.exception("front connection failed starting a request")
+            self.mode = CLOSED
+            self.transport.abort()
+
+    def _start_next(self) -> None:
         while self.pending[:2] == b"\r\n":   # empty lines between requests are allowed
             del self.pending[:2]
         end = self.pending.find(b"\r\n\r\n")
@@ -249,9 +219,14 @@ class FrontConnection(asyncio.BufferedProtocol):
             answer = InferAnswer(status, {"Content-Type": "application/json; charset=utf-8", **extra},
                                  json.dumps({"error": message}).encode(), message)
         route = "/v2/models/{name}/infer" if version is None else "/v2/models/{name}/versions/{version}/infer"
-        record_request(self.front.app, route, head.method, head.target, answer.status, answer.error_text,
-                       False, started)
-        await self._answer(head, answer, unread)
+        try:
+            record_request(self.front.app, route, head.method, head.target, answer.status, answer.error_text,
+                           False, started)
+            await self._answer(head, answer, unread)
+        except Exception:  # noqa: BLE001 - a bug: logged, and this connection ends
+            log.exception("front connection failed answering %s %s", head.method, head.target)
+            self.mode = CLOSED
+            self.transport.abort()
 
     async def _read_body(self, length: int) -> bytearray:
         """The body, in one buffer: what is pending, the rest received in place."""
@@ -274,8 +249,11 @@ class FrontConnection(asyncio.BufferedProtocol):
     async def _answer(self, head: RequestHead, answer: InferAnswer, unread: int) -> None:
         if self.mode == CLOSED:
             return
-        close = (not head.keep_alive or self.front.closing or self.peer_eof
-                 or unread > self.front.max_request_size)
+        # A client told to go on (100 Continue) may not send a refused body at
+        # all: only a close tells it where the next request would start.
+        expected = unread and head.headers.get("expect", "").lower() == "100-continue"
+        too_big = unread > self.front.max_request_size
+        close = not head.keep_alive or self.front.closing or self.peer_eof or bool(expected) or too_big
         headers = [(k, v) for k, v in answer.headers.items() if k.lower() not in _DROPPED]
         headers.append(("Content-Length", str(len(answer.payload))))
         out = response_head(answer.status, headers, close=close)
@@ -285,15 +263,34 @@ class FrontConnection(asyncio.BufferedProtocol):
             self._big_buffers()
             self.transport.write(out)
             self.transport.write(memoryview(answer.payload))
-        if close:
-            self.transport.close()
-            self.mode = CLOSED
+        if too_big and not expected and not self.peer_eof:
+            self._linger(unread)
             return
-        if self.drained is not None:   # the client reads slower than it asks
+        if close:
+            self._close()
+            return
+        if self.write_paused:   # the client reads slower than it asks
             await self.drained
             if self.mode == CLOSED:
                 return
         self._between_requests(unread)
+
+    def _linger(self, unread: int) -> None:
+        """Drop the refused body for a while before closing: a client still
+        sending it would get a reset, not the answer, if we closed at once."""
+        take = min(unread, len(self.pending))
+        del self.pending[:take]
+        self.discard_left = unread - take
+        if not self.discard_left:
+            self._close()
+            return
+        self.mode, self.close_after_discard = DISCARD, True
+        self._resume_reading()
+        asyncio.get_running_loop().call_later(LINGER, self._close_if_open)
+
+    def _close_if_open(self) -> None:
+        if self.mode != CLOSED:
+            self._close()
 
     def _between_requests(self, unread: int) -> None:
         """After an answer: drop what is left of its body, go on to the next."""
@@ -327,6 +324,9 @@ class FrontConnection(asyncio.BufferedProtocol):
             data, self.pending = bytes(self.pending), bytearray()
             handler.data_received(head.raw + data)
             return
+        if self.write_paused:
+            self.relay_paused = True
+            handler.pause_writing()
         take = min(length, len(self.pending))
         first = for_one_request(head) + bytes(self.pending[:take])
         del self.pending[:take]
@@ -342,7 +342,7 @@ class FrontConnection(asyncio.BufferedProtocol):
 
     def _after_relay(self, handler: RequestHandler | None, reusable: bool) -> None:
         if handler is not None and handler is self.relayed:
-            self.relayed = None
+            self.relayed, self.relay_paused = None, False
             handler.connection_lost(None)
         if self.mode == CLOSED:
             return

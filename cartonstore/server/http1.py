@@ -14,6 +14,7 @@ from http import HTTPStatus
 
 MAX_HEAD = 64 * 1024          # request line and headers together (aiohttp allows 8190 per line)
 _TOKEN = re.compile(rb"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")
+_LENGTH = re.compile(r"[0-9]{1,18}")   # ASCII digits only ("²".isdigit() is True), at most an exabyte
 _REQUEST_LINE = re.compile(rb"^([A-Z]+) (\S+) HTTP/(1\.[01])$")
 
 
@@ -44,8 +45,9 @@ class RequestHead:
 
     @property
     def keep_alive(self) -> bool:
-        tokens = self.connection_tokens
-        return "keep-alive" in tokens if self.version == "1.0" else "close" not in tokens
+        # HTTP/1.0's opt-in keep-alive would need "Connection: keep-alive" on
+        # every answer, aiohttp's included: a 1.0 connection ends after one.
+        return self.version != "1.0" and "close" not in self.connection_tokens
 
     def content_length(self) -> int | None:
         """The declared body length; None when there is none (or chunked)."""
@@ -54,7 +56,7 @@ class RequestHead:
         value = self.headers.get("content-length")
         if value is None:
             return 0
-        if not value.isdigit() or "," in value:
+        if not _LENGTH.fullmatch(value):
             raise BadHead(400, f"Content-Length {value!r} is not a length")
         return int(value)
 

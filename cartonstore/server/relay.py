@@ -9,9 +9,15 @@ learns that the answer is complete, and the client's connection stays open
 for the next request (the "Connection: close" aiohttp wrote is taken out of
 the answer's head again).
 
-Everything the relay does not override (sendfile's private hooks, the
-socket, the write buffer) is the client transport's own, so FileResponse
-still sends blobs with sendfile(2).
+The connection is kept only when the answer is provably whole: a
+Content-Length body fully written, or a chunked body's last chunk. An
+answer aiohttp abandons half-way (an error after the head went out) ends
+the connection, so no client reads one answer's bytes as another's.
+
+No sendfile(2) through a relay: asyncio's native sendfile re-registers
+the transport it is given in the loop's weak map of transports, and a
+relay lives for one request, so a second blob on the connection would
+fail. FileResponse then writes the file in chunks, as on uvloop.
 """
 
 from __future__ import annotations
@@ -36,11 +42,15 @@ class RelayTransport(asyncio.Transport):
         self._head_done = False
         self._closed = False
         self.reusable = False           # the answer is complete and framed: the connection may go on
+        self._body_left: int | None = None   # Content-Length bytes still to come
+        self._chunked = False
+        self._tail = b""                # the last bytes of a chunked body, to see its end
 
-    def __getattr__(self, name: str) -> Any:
-        # Only reached for what this class lacks: sendfile's _sendfile_compatible,
-        # _sock, _make_empty_waiter and the like belong to the client transport.
-        return getattr(self._client, name)
+    @property
+    def _sendfile_compatible(self) -> Any:
+        # loop.sendfile() reads this first; aiohttp's FileResponse answers
+        # NotImplementedError by writing the file through write().
+        raise NotImplementedError("no sendfile through a relay")
 
     # -- writing: the answer's head is inspected, then everything passes through
 
@@ -48,6 +58,7 @@ class RelayTransport(asyncio.Transport):
         if self._closed:
             return
         if self._head_done:
+            self._count(data)
             self._client.write(data)
             return
         self._head += data
@@ -62,10 +73,42 @@ class RelayTransport(asyncio.Transport):
                 continue
             self._head_done = True
             self._head = bytearray()
-            self.reusable = self._keep_alive and _framed(head)
+            self.reusable = self._keep_alive and self._framing(head)
             self._client.write(without_connection_close(head) if self.reusable else head)
             if rest:
+                self._count(rest)
                 self._client.write(bytes(rest))
+
+    def _framing(self, head: bytes) -> bool:
+        """Learn how the answer's body ends; False when only a close ends it."""
+        status = response_status(head)
+        lower = head.lower()
+        if status in (204, 304):
+            self._body_left = 0
+            return True
+        if b"\r\ntransfer-encoding: chunked" in lower:
+            self._chunked = True
+            return True
+        start = lower.find(b"\r\ncontent-length:")
+        if start < 0:
+            return False
+        end = lower.find(b"\r\n", start + 2)
+        value = lower[start + 17:end].strip()
+        if not value.isdigit():
+            return False
+        self._body_left = int(value)
+        return True
+
+    def _count(self, data: bytes | bytearray | memoryview) -> None:
+        if self._body_left is not None:
+            self._body_left -= len(data)
+        elif self._chunked:
+            self._tail = (self._tail + bytes(data[-5:]))[-5:]
+
+    def _whole(self) -> bool:
+        if self._body_left is not None:
+            return self._body_left == 0
+        return self._chunked and self._tail == b"0\r\n\r\n"
 
     def writelines(self, list_of_data: Any) -> None:
         for data in list_of_data:
@@ -92,7 +135,7 @@ class RelayTransport(asyncio.Transport):
         if self._closed:
             return
         self._closed = True
-        self.reusable = self.reusable and self._head_done
+        self.reusable = self.reusable and self._head_done and self._whole()
         self._on_done(self.reusable)
 
     def abort(self) -> None:
@@ -121,13 +164,3 @@ class RelayTransport(asyncio.Transport):
 
     def get_protocol(self) -> asyncio.BaseProtocol:
         return self._client.get_protocol()
-
-
-def _framed(head: bytes) -> bool:
-    """Whether the answer's length is known without a close: a
-    Content-Length, chunked, or a status that has no body."""
-    status = response_status(head)
-    if status in (204, 304):
-        return True
-    lower = head.lower()
-    return b"\r\ncontent-length:" in lower or b"\r\ntransfer-encoding: chunked" in lower
