@@ -326,3 +326,21 @@ def test_malloc_keeps_big_buffers_unless_the_environment_says_otherwise(monkeypa
     assert keep_big_buffers() is True   # glibc: this test machine's libc
     monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "131072")
     assert keep_big_buffers() is False
+
+
+def test_a_refused_body_that_never_comes_ends_the_connection_after_the_linger(served: DaemonProcess) -> None:
+    c = Conn(served.socket_path)
+    try:
+        c.send((f"POST /v2/models/echo/infer HTTP/1.1\r\nHost: x\r\n{HL}: 10\r\n"
+                f"Content-Length: {5 << 20}\r\n\r\n").encode() + b"\0" * 1000)   # then nothing more
+        started = time.monotonic()
+        assert c.answer()[0] == 413
+        assert c.closed_by_peer() and time.monotonic() - started < 15   # LINGER is 5 s
+    finally:
+        c.close()
+    c = Conn(served.socket_path)   # the daemon itself is unharmed
+    try:
+        c.send(infer_request([2]))
+        assert echoed(c.answer()) == [2]
+    finally:
+        c.close()

@@ -216,8 +216,7 @@ class FrontConnection(asyncio.BufferedProtocol):
             return   # nothing reached the runner, and no one is left to answer
         except Exception as e:  # noqa: BLE001 - failure() logs what was not expected
             status, message, extra = failure(e, head.method, head.path)
-            answer = InferAnswer(status, {"Content-Type": "application/json; charset=utf-8", **extra},
-                                 json.dumps({"error": message}).encode(), message)
+            answer = error_answer(status, message, extra)
         route = "/v2/models/{name}/infer" if version is None else "/v2/models/{name}/versions/{version}/infer"
         try:
             record_request(self.front.app, route, head.method, head.target, answer.status, answer.error_text,
@@ -278,10 +277,7 @@ class FrontConnection(asyncio.BufferedProtocol):
     def _linger(self, unread: int) -> None:
         """Drop the refused body for a while before closing: a client still
         sending it would get a reset, not the answer, if we closed at once."""
-        take = min(unread, len(self.pending))
-        del self.pending[:take]
-        self.discard_left = unread - take
-        if not self.discard_left:
+        if not self._drop_body(unread):
             self._close()
             return
         self.mode, self.close_after_discard = DISCARD, True
@@ -294,22 +290,27 @@ class FrontConnection(asyncio.BufferedProtocol):
 
     def _between_requests(self, unread: int) -> None:
         """After an answer: drop what is left of its body, go on to the next."""
-        take = min(unread, len(self.pending))
-        del self.pending[:take]
-        self.discard_left = unread - take
-        self.mode = DISCARD if self.discard_left else HEAD
+        self.mode = DISCARD if self._drop_body(unread) else HEAD
         self._resume_reading()
         if self.mode == HEAD:
             self._next_request()
 
+    def _drop_body(self, unread: int) -> int:
+        """Drop an answered request's unread body from ``pending``; what is
+        still to come is dropped as it arrives (DISCARD). Returns that."""
+        take = min(unread, len(self.pending))
+        del self.pending[:take]
+        self.discard_left = unread - take
+        return self.discard_left
+
     def _refuse(self, status: int, message: str) -> None:
         """An answer to a head that cannot be read; the connection ends."""
         record_request(self.front.app, "unmatched", "?", "?", status, message, False, time.perf_counter())
-        body = json.dumps({"error": message}).encode()
-        self.transport.write(response_head(status, {"Content-Type": "application/json; charset=utf-8",
-                                                    "Content-Length": str(len(body))}, close=True) + body)
-        self.transport.close()
-        self.mode = CLOSED
+        answer = error_answer(status, message)
+        self.transport.write(response_head(status, [*answer.headers.items(),
+                                                    ("Content-Length", str(len(answer.payload)))], close=True)
+                             + answer.payload)
+        self._close()
 
     # -- aiohttp's requests ------------------------------------------------------------
 
@@ -377,3 +378,8 @@ def _fail(waiter: asyncio.Future[None] | None, exc: BaseException) -> None:
     if waiter is not None and not waiter.done():
         waiter.set_exception(exc)
 
+
+def error_answer(status: int, message: str, extra: dict[str, str] | None = None) -> InferAnswer:
+    """{"error": message}, as every error answer of the API is shaped."""
+    return InferAnswer(status, {"Content-Type": "application/json; charset=utf-8", **(extra or {})},
+                       json.dumps({"error": message}).encode(), message)
