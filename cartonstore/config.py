@@ -162,6 +162,7 @@ class ServerSettings:
     log_level: str = v.setting("info", v.choice("debug", "info", "warning", "error"))
     access_log: bool = v.setting(False, v.boolean)
     max_request_size: int = v.size_setting(256 << 20, 1)
+    shared_memory_over_tcp: bool = v.setting(False, v.boolean)  # Triton's system shared memory, off TCP by default
     shutdown_timeout: float = v.duration_setting(10.0, positive=False)
 
     @property

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from cartonstore.errors import InvalidInput
+from cartonstore.v2.shm_params import RegionTooSmall, ShmRef, ShmSink
 from cartonstore.v2.datatypes import (
     ELEMENT_SIZES,
     carton_to_v2,
@@ -392,7 +393,23 @@ BAD_REQUESTS = [
     (body_of([{"datatype": "FP32", "shape": [1], "data": [1]}]), "input #0: \"name\" must be a non-empty string"),
     (body_of([3]), "input #0: must be a JSON object"),
     (body_of([fp32(data=[1, 2], parameters=[])]), "input 'x': \"parameters\" must be a JSON object"),
-    (body_of([fp32(parameters={"shared_memory_region": "r"})]), "input 'x': shared memory tensors are not supported"),
+    (body_of([fp32(parameters={"shared_memory_region": "r"})]),
+     "input 'x': shared_memory_region and shared_memory_byte_size must be given together (given: shared_memory_region)"),
+    (body_of([fp32(parameters={"shared_memory_offset": 8})]), "must be given together (given: shared_memory_offset)"),
+    (body_of([fp32(parameters={"shared_memory_region": "", "shared_memory_byte_size": 8})]),
+     "input 'x': shared_memory_region must be a non-empty string"),
+    (body_of([fp32(parameters={"shared_memory_region": "r", "shared_memory_byte_size": -8})]),
+     "input 'x': shared_memory_byte_size must be an integer >= 0, not -8"),
+    (body_of([fp32(parameters={"shared_memory_region": "r", "shared_memory_byte_size": 8,
+                               "shared_memory_offset": "4"})]),
+     "input 'x': shared_memory_offset must be an integer >= 0, not '4'"),
+    (body_of([fp32(data=[1, 2], parameters={"shared_memory_region": "r", "shared_memory_byte_size": 8})]),
+     "input 'x': names a shared memory region and also has \"data\""),
+    (body_of([fp32(parameters={"shared_memory_region": "r", "shared_memory_byte_size": 8, "binary_data_size": 8})],
+             b"\0" * 8),
+     "input 'x': names a shared memory region and also has binary_data_size"),
+    (body_of([], outputs=[{"name": "o", "parameters": {"shared_memory_byte_size": 8}}]),
+     "requested output 'o': shared_memory_region and shared_memory_byte_size must be given together"),
     (body_of([], outputs=[{"name": "o"}, {"name": "o"}]), "requested output 'o': is requested twice"),
     (body_of([], outputs=[{"name": "o", "parameters": {"binary_data": "yes"}}]), "binary_data must be true or false"),
     (body_of([], outputs=[{}]), "requested output #0: \"name\""),
@@ -470,3 +487,35 @@ def test_a_repeated_key_is_refused_not_resolved() -> None:
     body = b'{"inputs": [{"name": "a", "datatype": "FP32", "shape": [1], "data": [1]}], "inputs": []}'
     with pytest.raises(InvalidInput, match="'inputs' appears twice"):
         parse_infer_request(body, None)
+
+
+def test_shared_memory_tensors_are_parsed_without_data():
+    body = json.dumps({"inputs": [fp32(shape=(4,), parameters={"shared_memory_region": "in", "shared_memory_byte_size": 16,
+                                                             "shared_memory_offset": 64})],
+                       "outputs": [{"name": "y", "parameters": {"shared_memory_region": "out",
+                                                                "shared_memory_byte_size": 32}},
+                                   {"name": "z"}]}).encode()
+    req = parse_infer_request(body, None)
+    (x,) = req.inputs
+    assert (x.data, x.json_data, x.shm) == (None, None, ShmRef("in", 64, 16))
+    assert x.shm.end == 80
+    assert req.shm_outputs() == {"y": ShmRef("out", 0, 32)}
+
+
+def test_outputs_written_into_shared_memory_and_a_region_too_small():
+    region = bytearray(32)
+    parts, header_length = encode_infer_response(
+        model_name="m", model_version="1", request_id=None,
+        outputs={"y": np.arange(4, dtype=np.float32), "z": np.ones(2, np.int8)}, binary=lambda _: True,
+        sinks={"y": ShmSink("out", memoryview(region)[8:24])})
+    header = json.loads(parts[0])
+    assert header["outputs"][0]["parameters"] == {"shared_memory_region": "out", "shared_memory_byte_size": 16}
+    assert "data" not in header["outputs"][0]
+    assert np.frombuffer(region[8:24], np.float32).tolist() == [0, 1, 2, 3]
+    assert bytes(parts[1]) == b"\1\1" and header_length == len(parts[0])
+    with pytest.raises(RegionTooSmall, match="output 'y': shared memory region 'out' gives it 8 bytes, but it needs 16"):
+        encode_infer_response(model_name="m", model_version=None, request_id=None,
+                              outputs={"y": np.arange(4, dtype=np.float32)}, binary=lambda _: True,
+                              sinks={"y": ShmSink("out", memoryview(region)[:8])})
+    doc, arrays = parse_infer_response(b"".join(bytes(p) for p in parts), header_length)
+    assert list(arrays) == ["z"]   # the shared-memory output is the caller's to read from its region

@@ -12,7 +12,7 @@ import sys
 import time
 import traceback
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -25,7 +25,11 @@ from cartonstore.v2.framing import (
     parse_infer_request,
     tensor_to_numpy,
 )
+from cartonstore.v2.shm_params import RegionTooSmall, ShmSink
 from cartonstore.v2.validate import parse_raw_binary_for, validate_request
+
+if TYPE_CHECKING:
+    from cartonstore.runner.shm import MappedRegions
 
 BodyParts = list[bytes | memoryview]
 
@@ -35,19 +39,34 @@ class ModelFailed(Exception):
 
 
 def decode_request(
-    body: memoryview, header_length: int | None, ctx: RunnerContext
+    body: memoryview, header_length: int | None, ctx: RunnerContext, regions: MappedRegions | None = None
 ) -> tuple[InferRequest, dict[str, np.ndarray]]:
     """The parsed request and its inputs as numpy arrays (binary numeric
-    inputs are views of ``body``, not copies)."""
+    inputs are views of ``body``, or of the shared memory in ``regions``
+    they name, not copies)."""
     if header_length == 0:
         req = parse_raw_binary_for(body, ctx.inputs)
     else:
         req = parse_infer_request(body, header_length)
+    if any(t.shm is not None for t in req.inputs) or req.shm_outputs():
+        if regions is None:
+            raise InvalidInput("this runner takes no shared memory tensors", subject="shared_memory")
+        for tensor in req.inputs:
+            if tensor.shm is not None:
+                tensor.data = regions.view(tensor.shm, tensor.what)
+        _output_sinks(req, regions)   # an unknown region is refused before the model runs
     # The structural checks (duplicates, data that fills its shape, known
     # outputs); datatypes and shapes are the model's to refuse, as with any
     # v2 server: the daemon checks those against carton.toml before forwarding.
     validate_request(req, None, ctx.outputs)
     return req, {tensor.name: tensor_to_numpy(tensor) for tensor in req.inputs}
+
+
+def _output_sinks(req: InferRequest, regions: MappedRegions | None) -> dict[str, ShmSink]:
+    if regions is None:
+        return {}
+    return {name: ShmSink(ref.region, regions.view(ref, f"requested output {name!r}"))
+            for name, ref in req.shm_outputs().items()}
 
 
 def run_and_encode(
@@ -57,9 +76,12 @@ def run_and_encode(
     inputs: dict[str, np.ndarray],
     stats: InferStats,
     queued_ns: int,
+    regions: MappedRegions | None = None,
 ) -> tuple[BodyParts, int | None]:
     """Call the model and encode its answer (runs in a worker thread:
-    encoding JSON or BYTES outputs is CPU work too)."""
+    encoding JSON or BYTES outputs is CPU work too). Outputs requested in
+    shared memory are written into ``regions``; RegionTooSmall when one
+    does not fit."""
     started = time.monotonic_ns()
     try:
         result = model.infer(inputs, dict(req.parameters))
@@ -70,6 +92,7 @@ def run_and_encode(
         stats.record_execution(started - queued_ns, time.monotonic_ns() - started)
     outputs, parameters = _split_result(result)
     selected = _select_outputs(outputs, req)
+    sinks = _output_sinks(req, regions)   # looked up again: the object may have shrunk while the model ran
     try:
         return encode_infer_response(
             model_name=ctx.name,
@@ -78,7 +101,10 @@ def run_and_encode(
             outputs=selected,
             binary=req.wants_binary,
             parameters=parameters,
+            sinks=sinks,
         )
+    except RegionTooSmall:
+        raise
     except InvalidInput as exc:
         raise ModelFailed(f"cannot send the model's outputs: {exc.message}") from None
 

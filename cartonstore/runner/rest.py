@@ -1,8 +1,9 @@
 """The runner's KServe v2 REST app (aiohttp), served on its Unix socket.
 
 Routes: GET /v2, /v2/health/live, /v2/health/ready,
-/v2/models/{name}[/versions/{v}] (metadata), .../ready, .../stats, and
-POST .../infer. The model runs in worker threads so the event loop keeps
+/v2/models/{name}[/versions/{v}] (metadata), .../ready, .../stats,
+POST .../infer, and Triton's system shared-memory extension
+(/v2/systemsharedmemory/..., shm.py). The model runs in worker threads so the event loop keeps
 answering health checks while it computes.
 """
 
@@ -24,6 +25,7 @@ from cartonstore.runner.infer import (
     decode_request,
     run_and_encode,
 )
+from cartonstore.runner.shm import MappedRegions
 from cartonstore.runner.stats import InferStats
 from cartonstore.v2.framing import HEADER_LENGTH
 from cartonstore.v2.framing import header_length as header_length_of
@@ -45,6 +47,7 @@ class RunnerState:
         self.ctx = ctx
         self.executor = ThreadPoolExecutor(max_workers=max_concurrency, thread_name_prefix="infer")
         self.stats = InferStats()
+        self.regions = MappedRegions()
         self.draining = False
         self._in_flight = 0
         self._idle = asyncio.Event()
@@ -72,13 +75,15 @@ def _error(status: int, message: str) -> web.Response:
 
 @web.middleware
 async def _json_errors(request: web.Request, handler: Any) -> web.StreamResponse:
-    """aiohttp's own 404/405/413 answers as {"error": ...} like every other."""
+    """aiohttp's own 404/405/413 answers, and refusals, as {"error": ...}."""
     try:
         return await handler(request)
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
         return _error(exc.status, exc.reason if exc.text is None else exc.text)
+    except InvalidInput as exc:   # the shared-memory routes' refusals
+        return _error(400, exc.message)
 
 
 def _state_for(request: web.Request) -> RunnerState:
@@ -95,7 +100,8 @@ def _state_for(request: web.Request) -> RunnerState:
 
 
 async def _server_metadata(request: web.Request) -> web.Response:
-    return web.json_response({"name": "cartonstore-runner", "extensions": ["binary_tensor_data", "statistics"]})
+    return web.json_response({"name": "cartonstore-runner",
+                              "extensions": ["binary_tensor_data", "statistics", "system_shared_memory"]})
 
 
 async def _live(request: web.Request) -> web.Response:
@@ -167,9 +173,10 @@ async def _infer(request: web.Request) -> web.StreamResponse:
             body = await _read_body(request)
             header_length = header_length_of(request.headers.get(HEADER_LENGTH))
             if len(body) < DECODE_IN_THREAD_FROM:
-                req, inputs = decode_request(body, header_length, state.ctx)
+                req, inputs = decode_request(body, header_length, state.ctx, state.regions)
             else:  # JSON or BYTES of this size would hold the loop (and health checks) for a while
-                req, inputs = await asyncio.to_thread(decode_request, body, header_length, state.ctx)
+                req, inputs = await asyncio.to_thread(decode_request, body, header_length, state.ctx,
+                                                      state.regions)
         except InvalidInput as exc:
             return _error(400, exc.message)
         except Exception as exc:  # noqa: BLE001 - a malformed request must never take the runner down
@@ -178,8 +185,10 @@ async def _infer(request: web.Request) -> web.StreamResponse:
         try:
             parts, out_header_length = await loop.run_in_executor(
                 state.executor, run_and_encode, state.model, state.ctx, req, inputs, state.stats,
-                time.monotonic_ns(),
+                time.monotonic_ns(), state.regions,
             )
+        except InvalidInput as exc:   # an output that does not fit its shared memory, a region gone meanwhile
+            return _error(400, exc.message)
         except ModelFailed as exc:
             return _error(500, str(exc))
         except Exception as exc:  # noqa: BLE001 - a bug here must not take the runner down either
@@ -209,6 +218,24 @@ async def _write_parts(request: web.Request, parts: BodyParts, header_length: in
     return response
 
 
+async def _shm_status(request: web.Request) -> web.Response:
+    return web.json_response(request.app[_STATE].regions.status(request.match_info.get("name")))
+
+
+async def _shm_register(request: web.Request) -> web.Response:
+    try:
+        doc = await request.json()
+    except ValueError as exc:
+        raise InvalidInput(f"the register request is not JSON: {exc}") from None
+    request.app[_STATE].regions.register(request.match_info["name"], doc)
+    return web.Response(status=200)
+
+
+async def _shm_unregister(request: web.Request) -> web.Response:
+    request.app[_STATE].regions.unregister(request.match_info.get("name"))
+    return web.Response(status=200)
+
+
 def build_app(state: RunnerState) -> web.Application:
     app = web.Application(client_max_size=_MAX_BODY, middlewares=[_json_errors])
     app[_STATE] = state
@@ -220,4 +247,10 @@ def build_app(state: RunnerState) -> web.Application:
         app.router.add_get(prefix + "/ready", _model_ready)
         app.router.add_get(prefix + "/stats", _stats)
         app.router.add_post(prefix + "/infer", _infer)
+    shm = "/v2/systemsharedmemory"
+    app.router.add_get(shm + "/status", _shm_status)
+    app.router.add_get(shm + "/region/{name}/status", _shm_status)
+    app.router.add_post(shm + "/region/{name}/register", _shm_register)
+    app.router.add_post(shm + "/unregister", _shm_unregister)
+    app.router.add_post(shm + "/region/{name}/unregister", _shm_unregister)
     return app

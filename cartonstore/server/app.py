@@ -23,6 +23,7 @@ from ..store.gc import GcPolicy
 from .blobs import serve_blob
 from .bodies import IN_THREAD_FROM, request_body
 from .infer_api import infer
+from . import shm_api
 from .metrics import CONTENT_TYPE, Metrics
 from .responses import ERROR_TEXT, POLLED, error
 from .runners.settings import RunnersBusy
@@ -30,7 +31,8 @@ from .service import ModelService
 
 log = logging.getLogger("cartonstore.server")
 
-EXTENSIONS = ["binary_tensor_data", "model_repository", "cartonstore_leases", "cartonstore_blobs"]
+EXTENSIONS = ["binary_tensor_data", "model_repository", "system_shared_memory", "cartonstore_leases",
+              "cartonstore_blobs"]
 SERVICE: web.AppKey[ModelService] = web.AppKey("service", ModelService)
 METRICS: web.AppKey[Metrics] = web.AppKey("metrics", Metrics)
 ACCESS_LOG: web.AppKey[bool] = web.AppKey("access_log", bool)
@@ -251,6 +253,7 @@ def build_app(service: ModelService, metrics_: Metrics, *, max_request_size: int
     r.add_get("/v2/models/{name}/versions/{version}/ready", model_ready)
     r.add_post("/v2/models/{name}/infer", infer)
     r.add_post("/v2/models/{name}/versions/{version}/infer", infer)
+    shm_api.add_routes(r)
     r.add_post("/v1/leases", take_lease)
     r.add_post("/v1/leases/{lease}/renew", renew_lease)
     r.add_delete("/v1/leases/{lease}", release_lease)

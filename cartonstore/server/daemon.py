@@ -49,6 +49,7 @@ class DaemonSettings:
     fetch: FetchConfig = field(default_factory=FetchConfig)
     zip_limits: ZipLimits = field(default_factory=ZipLimits)
     max_request_size: int = 256 << 20
+    shared_memory_over_tcp: bool = False
     shutdown_timeout: float = 10.0
     access_log: bool = False   # a line per request (errors always get one)
     gc: GcPolicy = field(default_factory=GcPolicy)
@@ -111,7 +112,8 @@ class Daemon:
             store = Store(s.root, zip_limits=s.zip_limits)
             try:
                 async with Puller(store, s.fetch) as puller:
-                    service = ModelService(store, puller, s.leases, Metrics(), s.runners)
+                    service = ModelService(store, puller, s.leases, Metrics(), s.runners,
+                                           shm_over_tcp=s.shared_memory_over_tcp)
                     service.runner_host.prepare()
                     app = build_app(service, service.metrics, max_request_size=s.max_request_size,
                                     access_log=s.access_log)

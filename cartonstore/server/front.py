@@ -29,6 +29,7 @@ from .bodies import content_coding, decoded_body, too_large
 from .http1 import MAX_HEAD, BadHead, RequestHead, for_one_request, parse_request_head, response_head
 from .infer_api import CLIENT_SEND_BUFFER, STREAM_ANSWER, InferAnswer, proxied_infer, serving_model
 from .relay import RelayTransport
+from .shm_regions import Peer, peer_of
 
 if TYPE_CHECKING:
     from aiohttp.web_protocol import RequestHandler
@@ -73,11 +74,13 @@ class FrontConnection(asyncio.BufferedProtocol):
         self.peer_eof = False
         self.last_active = time.monotonic()
         self._big_send_buffer = False
+        self.peer = Peer(None)
 
     # -- protocol callbacks -------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+        self.peer = peer_of(transport)
         self.front.connections.add(self)
 
     def get_buffer(self, sizehint: int) -> memoryview:
@@ -211,7 +214,7 @@ class FrontConnection(asyncio.BufferedProtocol):
             body = await decoded_body(raw, coding, self.front.max_request_size)
             answer = await proxied_infer(service, model, name, version, body,
                                          head.headers.get("inference-header-content-length"),
-                                         head.headers.get("accept-encoding", ""))
+                                         head.headers.get("accept-encoding", ""), self.peer)
         except ClientGone:
             return   # nothing reached the runner, and no one is left to answer
         except Exception as e:  # noqa: BLE001 - failure() logs what was not expected

@@ -28,7 +28,9 @@ from ..v2.framing import header_length as header_length_of
 from ..v2.validate import parse_raw_binary_for, validate_request
 from .blobs import pick_encoding
 from .bodies import ENCODINGS, IN_THREAD_FROM, request_body
+from .infer_shm import ShmUse, attach_regions, renamed_answer, renamed_request, uses_shm
 from .responses import ERROR_TEXT
+from .shm_regions import Peer, ShmRegions, peer_of
 
 if TYPE_CHECKING:
     from .loaded_model import LoadedModel
@@ -56,15 +58,23 @@ def serving_model(service: ModelService, name: str, version: str | None) -> Load
     return model
 
 
-def checked_request(model: LoadedModel, body: bytes | bytearray, header_length: int | None) -> tuple[list, int | None]:
-    """Parse and validate; returns what to forward (body parts, header length)."""
+def checked_request(model: LoadedModel, body: bytes | bytearray, header_length: int | None,
+                    shm: tuple[ShmRegions, Peer]) -> tuple[list, int | None, ShmUse | None]:
+    """Parse and validate; returns what to forward (body parts, header
+    length) and the shared memory regions the request names, checked for
+    the caller (``shm``: the registry and who is asking)."""
     inputs, outputs = model.carton.inputs, model.carton.outputs
     if header_length == 0:
         req = parse_raw_binary_for(body, inputs)
         validate_request(req, inputs, outputs)
-        return _framed(req)
-    validate_request(parse_infer_request(body, header_length), inputs, outputs)
-    return [body], header_length
+        return *_framed(req), None
+    req = parse_infer_request(body, header_length)
+    if not uses_shm(req):
+        validate_request(req, inputs, outputs)
+        return [body], header_length, None
+    use = attach_regions(req, *shm)
+    validate_request(req, inputs, outputs)
+    return *renamed_request(body, header_length, use), use
 
 
 def _framed(req: InferRequest) -> tuple[list, int]:
@@ -91,21 +101,27 @@ class InferAnswer:
 
 
 async def proxied_infer(service: ModelService, model: LoadedModel, name: str, version: str | None,
-                        body: bytes | bytearray, sent_length: str | None, accept_encoding: str) -> InferAnswer:
-    """Validate a whole (decoded) request body against ``model`` and forward
-    it; the runner's answer, compressed when ``accept_encoding`` asks."""
+                        body: bytes | bytearray, sent_length: str | None, accept_encoding: str,
+                        peer: Peer) -> InferAnswer:
+    """Validate a whole (decoded) request body from ``peer`` against
+    ``model`` and forward it; the runner's answer, compressed when
+    ``accept_encoding`` asks."""
     header_length = header_length_of(sent_length)  # 0: a raw binary request
-    parts, forward_length = await _checked_off_loop(model, body, header_length)
+    shm = (service.shm_regions, peer)
+    parts, forward_length, use = await _checked_off_loop(model, body, header_length, shm)
     current = serving_model(service, name, version)  # the version may have switched while the body arrived
     if current is not model:
         model = current
-        parts, forward_length = await _checked_off_loop(model, body, header_length)
+        parts, forward_length, use = await _checked_off_loop(model, body, header_length, shm)
     headers = {"Content-Type": "application/octet-stream" if forward_length is not None else "application/json"}
     if forward_length is not None:
         headers[HEADER_LENGTH] = str(forward_length)
-    answer = await model.runners.forward(f"/v2/models/{name}/infer", parts, headers)
+    regions = list(use.regions.values()) if use is not None else ()
+    answer = await model.runners.forward(f"/v2/models/{name}/infer", parts, headers, regions)
     out_headers = dict(answer.headers)
     payload = answer.body
+    if use is not None:
+        payload = renamed_answer(answer.status, out_headers, payload, use)
     already = any(k.lower() == "content-encoding" for k in out_headers)
     coding = pick_encoding(accept_encoding, ENCODINGS, wildcard=True) \
         if answer.status == 200 and not already else None
@@ -128,7 +144,7 @@ async def infer(request: web.Request) -> web.StreamResponse:
     model = serving_model(service, name, version)  # an unknown model is refused before its body is read
     body = await request_body(request)
     answer = await proxied_infer(service, model, name, version, body, request.headers.get(HEADER_LENGTH),
-                                 request.headers.get("Accept-Encoding", ""))
+                                 request.headers.get("Accept-Encoding", ""), peer_of(request.transport))
     if len(answer.payload) >= STREAM_ANSWER:
         return await _streamed(request, answer.status, answer.headers, answer.payload)
     response = web.Response(status=answer.status, body=answer.payload, headers=answer.headers)
@@ -148,13 +164,13 @@ def _error_text(payload: bytes | bytearray) -> str:
     return f"{len(payload)} byte(s), not a JSON error: {first[0] if first else ''}"
 
 
-async def _checked_off_loop(model: LoadedModel, body: bytes | bytearray,
-                            header_length: int | None) -> tuple[list, int | None]:
+async def _checked_off_loop(model: LoadedModel, body: bytes | bytearray, header_length: int | None,
+                            shm: tuple[ShmRegions, Peer]) -> tuple[list, int | None, ShmUse | None]:
     """checked_request; in a thread for big bodies, whose JSON or BYTES
     elements would hold the event loop for as long as they take to walk."""
     if len(body) < IN_THREAD_FROM:
-        return checked_request(model, body, header_length)
-    return await asyncio.to_thread(checked_request, model, body, header_length)
+        return checked_request(model, body, header_length, shm)
+    return await asyncio.to_thread(checked_request, model, body, header_length, shm)
 
 
 async def _streamed(request: web.Request, status: int, headers: dict[str, str],

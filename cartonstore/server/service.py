@@ -42,13 +42,15 @@ from .loaded_model import (
 )
 from .model_runtime import RunnerHost
 from .runner_plan import instance_devices
+from .shm_regions import ShmRegions
 
 log = logging.getLogger("cartonstore.server")
 
 class ModelService:
     def __init__(self, store: Store, puller: Puller, leases: LeaseSettings, metrics: Metrics,
-                 runners: RunnerConfig | None = None) -> None:
+                 runners: RunnerConfig | None = None, *, shm_over_tcp: bool = False) -> None:
         self.store = store
+        self.shm_regions = ShmRegions(allow_tcp=shm_over_tcp)
         self.runner_host = RunnerHost(runners or RunnerConfig(), store.layout.root / "run" / "runners")
         self._load_locks: dict[str, asyncio.Lock] = {}
         self._pins: dict[str, tuple[str, str]] = {}  # leases this daemon renews: id -> (carton, holder)
@@ -383,6 +385,7 @@ class ModelService:
             await self._db(self.store.index.delete_lease, lease_id)
             self._pins.pop(lease_id, None)
         self._commits.close()
+        self.shm_regions.close()
 
     def live_values(self) -> dict[str, float]:
         stats = self.puller.stats

@@ -39,13 +39,14 @@ def shape_text(shape: list[int]) -> str:
     return "[" + ", ".join(map(str, shape)) + "]"
 
 
-def check_numeric_size(what: str, datatype: str, shape: list[int], size: int) -> None:
+def check_numeric_size(what: str, datatype: str, shape: list[int], size: int,
+                       field: str = "binary_data_size") -> None:
     """Binary numeric data must hold exactly prod(shape) elements."""
     expected = prod(shape) * ELEMENT_SIZES[datatype]  # type: ignore[operator]
     if size != expected:
         raise fail(
             what,
-            f"binary_data_size {size} does not match shape {shape_text(shape)} "
+            f"{field} {size} does not match shape {shape_text(shape)} "
             f"of {datatype} ({expected} bytes)",
         )
 

@@ -12,30 +12,21 @@ from __future__ import annotations
 
 import json
 from math import prod
-from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from cartonstore.errors import InvalidInput
-from cartonstore.v2.datatypes import BINARY_ONLY_DATATYPES, ELEMENT_SIZES, check_datatype, datatype_of
+from cartonstore.v2.datatypes import ELEMENT_SIZES, check_datatype
 from cartonstore.v2.elements import check_numeric_size, fail
-# The numpy side of tensors lives in tensors.py; it is re-exported here so
-# callers find the whole wire format in one place.
-from cartonstore.v2.tensors import (
-    numpy_to_binary,
-    numpy_to_json_data,
-    tensor_to_numpy,
-    to_binary,
-    to_json,
-)
+from cartonstore.v2.shm_params import ShmRef, shm_ref
+# Encoding (encode.py) and the numpy side of tensors (tensors.py) are
+# re-exported here so callers find the whole wire format in one place.
+from cartonstore.v2.encode import encode_infer_request, encode_infer_response
+from cartonstore.v2.tensors import numpy_to_binary, numpy_to_json_data, tensor_to_numpy
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
-
-# Triton's shared-memory parameters ("shared_memory_region", ...) name
-# server-side memory regions that a Unix-socket runner cannot map; they are
-# refused rather than ignored.
 
 
 @dataclass(slots=True)
@@ -49,6 +40,7 @@ class WireTensor:
     data: memoryview | None = None  # binary bytes (binary_data_size given), else None
     json_data: Any | None = None  # the JSON "data" field, else None
     role: str = "input"  # "input" or "output": only for error messages
+    shm: ShmRef | None = None  # where its bytes are in shared memory (then data is filled by who maps it)
 
     @property
     def what(self) -> str:
@@ -60,6 +52,7 @@ class RequestedOutput:
     name: str
     binary: bool | None
     parameters: dict[str, Any]
+    shm: ShmRef | None = None  # written into this shared memory, not sent
 
 
 @dataclass(slots=True)
@@ -77,6 +70,10 @@ class InferRequest:
                 if output.name == output_name and output.binary is not None:
                     return output.binary
         return self.binary_data_output
+
+    def shm_outputs(self) -> dict[str, ShmRef]:
+        """The requested outputs to be written into shared memory."""
+        return {} if self.outputs is None else {o.name: o.shm for o in self.outputs if o.shm is not None}
 
 
 # ---------------------------------------------------------------- parsing
@@ -154,8 +151,6 @@ def _named_entry(entry: Any, index: int, role: str) -> tuple[str, dict[str, Any]
         return name, {}
     if type(parameters) is not dict:
         raise fail(f"{role} {name!r}", '"parameters" must be a JSON object')
-    if "shared_memory_region" in parameters:
-        raise fail(f"{role} {name!r}", "shared memory tensors are not supported")
     return name, parameters
 
 
@@ -172,6 +167,13 @@ def _parse_tensors(entries: Any, binary: memoryview | None, role: str) -> list[W
         shape = entry.get("shape")
         if type(shape) is not list or not _is_dims(shape):
             raise fail(f"{role} {name!r}", f'"shape" must be an array of integers >= 0, not {shape!r}')
+        shm = shm_ref(parameters, f"{role} {name!r}")
+        if shm is not None:
+            if "data" in entry or "binary_data_size" in parameters:
+                given = '"data"' if "data" in entry else "binary_data_size"
+                raise fail(f"{role} {name!r}", f"names a shared memory region and also has {given}")
+            tensors.append(WireTensor(name, datatype, shape, parameters, None, None, role, shm))
+            continue
         size = parameters.get("binary_data_size")
         if size is None:
             if "data" not in entry:
@@ -226,7 +228,7 @@ def _parse_requested_outputs(entries: Any) -> list[RequestedOutput] | None:
         binary = parameters.get("binary_data")
         if binary is not None and type(binary) is not bool:
             raise fail(f"requested output {name!r}", f"binary_data must be true or false, not {binary!r}")
-        outputs.append(RequestedOutput(name, binary, parameters))
+        outputs.append(RequestedOutput(name, binary, parameters, shm_ref(parameters, f"requested output {name!r}")))
     return outputs
 
 
@@ -330,97 +332,6 @@ def _deduce_raw_shape(what: str, datatype: str, dims: list[int], size: int) -> l
     return shape
 
 
-# ---------------------------------------------------------------- encoding
-
-
-def _encode_tensors(
-    arrays: Mapping[str, np.ndarray],
-    role: str,
-    binary: Callable[[str], bool],
-    chunks: list[bytes | memoryview],
-) -> tuple[list[dict[str, Any]], bool]:
-    entries: list[dict[str, Any]] = []
-    any_binary = False
-    for name, array in arrays.items():
-        what = f"{role} {name!r}"
-        array = np.asarray(array)
-        try:
-            datatype = datatype_of(array)
-        except InvalidInput as exc:
-            raise fail(what, exc.message) from None
-        entry: dict[str, Any] = {"name": name, "datatype": datatype, "shape": list(array.shape)}
-        if binary(name) or datatype in BINARY_ONLY_DATATYPES:
-            chunk = to_binary(what, array, datatype)
-            entry["parameters"] = {"binary_data_size": len(chunk)}
-            any_binary = True
-            if len(chunk):
-                chunks.append(chunk)
-        else:
-            entry["data"] = to_json(what, array, datatype)
-        entries.append(entry)
-    return entries, any_binary
-
-
-def _finish(
-    doc: dict[str, Any], chunks: list[bytes | memoryview], any_binary: bool
-) -> tuple[list[bytes | memoryview], int | None]:
-    header = json.dumps(doc, separators=(",", ":")).encode("utf-8")
-    return [header, *chunks], (len(header) if any_binary else None)
-
-
-def encode_infer_request(
-    inputs: Mapping[str, np.ndarray],
-    *,
-    binary: bool = True,
-    outputs: Sequence[str] | None = None,
-    binary_outputs: bool = True,
-    request_id: str | None = None,
-    parameters: Mapping[str, Any] | None = None,
-) -> tuple[list[bytes | memoryview], int | None]:
-    """An infer request as body parts (JSON header first, then binary
-    chunks) and the Inference-Header-Content-Length, None when the body is
-    all JSON. FP16/BF16 go binary even when ``binary`` is False."""
-    chunks: list[bytes | memoryview] = []
-    entries, any_binary = _encode_tensors(inputs, "input", lambda _: binary, chunks)
-    doc: dict[str, Any] = {}
-    if request_id is not None:
-        doc["id"] = request_id
-    request_parameters = dict(parameters or {})
-    if outputs is None:
-        request_parameters["binary_data_output"] = binary_outputs
-    if request_parameters:
-        doc["parameters"] = request_parameters
-    doc["inputs"] = entries
-    if outputs is not None:
-        doc["outputs"] = [{"name": name, "parameters": {"binary_data": binary_outputs}} for name in outputs]
-    return _finish(doc, chunks, any_binary)
-
-
-def encode_infer_response(
-    *,
-    model_name: str,
-    model_version: str | None,
-    request_id: str | None,
-    outputs: Mapping[str, np.ndarray],
-    binary: Callable[[str], bool],
-    parameters: Mapping[str, Any] | None = None,
-) -> tuple[list[bytes | memoryview], int | None]:
-    """An infer response as body parts and header length (None: all JSON).
-    ``binary(name)`` says which outputs go binary (InferRequest.wants_binary);
-    FP16/BF16 outputs always do."""
-    chunks: list[bytes | memoryview] = []
-    entries, any_binary = _encode_tensors(outputs, "output", binary, chunks)
-    doc: dict[str, Any] = {"model_name": model_name}
-    if model_version is not None:
-        doc["model_version"] = model_version
-    if request_id is not None:
-        doc["id"] = request_id
-    if parameters:
-        doc["parameters"] = dict(parameters)
-    doc["outputs"] = entries
-    return _finish(doc, chunks, any_binary)
-
-
 def parse_infer_response(
     body: bytes | bytearray | memoryview, header_length: int | None
 ) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
@@ -431,7 +342,8 @@ def parse_infer_response(
     for tensor in tensors:
         if tensor.name in arrays:
             raise fail(tensor.what, "appears twice in the response")
-        arrays[tensor.name] = tensor_to_numpy(tensor)
+        if tensor.shm is None:  # one in shared memory is read from there by the caller
+            arrays[tensor.name] = tensor_to_numpy(tensor)
     return doc, arrays
 
 

@@ -24,6 +24,7 @@ from cartonstore.v2.elements import (
     fail,
     shape_text,
 )
+from cartonstore.v2.shm_params import BYTE_SIZE
 from cartonstore.v2.framing import (
     HEADER_LENGTH,
     InferRequest,
@@ -83,7 +84,14 @@ def check_tensor_data(tensor: WireTensor) -> None:
     """The tensor's data fills its shape exactly, in its datatype."""
     datatype = tensor.datatype
     data = tensor.data
-    if data is None:
+    if data is None and tensor.shm is not None:
+        # Its bytes are in shared memory nobody here has read: numeric data
+        # is checked by size. BYTES need their framing walked, so whoever
+        # holds the region fills ``data`` first (read_bytes_inputs).
+        if datatype == "BYTES":
+            raise fail(tensor.what, "BYTES in shared memory must be read before they are checked")
+        check_numeric_size(tensor.what, datatype, tensor.shape, tensor.shm.byte_size, BYTE_SIZE)
+    elif data is None:
         check_json_data(tensor.what, datatype, tensor.shape, tensor.json_data)
     elif datatype == "BYTES":
         check_bytes_framing(tensor.what, tensor.shape, data)

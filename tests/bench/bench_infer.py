@@ -12,9 +12,11 @@ Targets (issue), each against a baseline measured in the same run:
      project dependency) serving an echo MLModel, vs cartonstore over
      loopback TCP, same client: cartonstore 4 MiB throughput >= 2x
      MLServer's and 16-float p50 <= half of MLServer's;
-  4. (figures) idle RSS of one runner, and of the daemon with 10 models loaded.
+  4. (figures) idle RSS of one runner, and of the daemon with 10 models loaded;
+  5. 64 MiB FP32 in and out through Triton's system shared memory vs a
+     bare numpy copy and vs binary over the socket (shm_section.py).
 
-    python tests/bench/bench_infer.py [--quick] [--requests 2000] [--seconds 5] [--rounds 2]
+    python tests/bench/bench_infer.py [--quick] [--requests 2000] [--seconds 5] [--rounds 2] [--only-shm]
 
 Every request goes through tests/bench/http11.py: the daemon's own lean
 HTTP/1.1 client (--client aiohttp for the stock one), one connection per client, in
@@ -43,6 +45,7 @@ sys.path[:0] = [str(REPO), str(HERE.parents[1]), str(HERE.parent)]
 
 import numpy as np
 from bench_daemon import cpu_seconds, percentile, rss_mib, stop_proc
+import shm_section
 from http11 import CLIENTS, Address
 from mlserver_echo import (
     MLSERVER_VENV,
@@ -320,6 +323,8 @@ def main() -> None:
     ap.add_argument("--mlserver-workers", type=int, default=None,
                     help="MLServer parallel_workers (default: MLServer's own default)")
     ap.add_argument("--workdir", default=None)
+    ap.add_argument("--shm-requests", type=int, default=20, help="64 MiB requests per way in section 5 (default 20)")
+    ap.add_argument("--only-shm", action="store_true", help="section 5 alone")
     a = ap.parse_args()
     if a.quick:
         a.requests, a.warmup, a.seconds, a.rounds = 500, 100, 2.0, 1
@@ -365,20 +370,24 @@ def main() -> None:
                            {"proxy": [floor.pid], "runner": [rpid]})
         print(f"daemon event loop: {loop_name()}; floor proxy: forwards bytes only, no HTTP parsed, same loop\n")
 
-        lat = compare_latency([via_daemon, direct, via_floor], small_bin, a,
-                              f"1. latency, {SMALL} FP32 binary, sequential, one keep-alive connection:")
-        overhead50 = lat[via_daemon.label]["p50"] - lat[direct.label]["p50"]
-        overhead99 = lat[via_daemon.label]["p99"] - lat[direct.label]["p99"]
-        floor50 = lat[via_floor.label]["p50"] - lat[direct.label]["p50"]
-        print(f"  overhead p50 = {overhead50:.3f} ms, p99 = {overhead99:.3f} ms; "
-              f"daemon/direct p50 ratio {lat[via_daemon.label]['p50'] / lat[direct.label]['p50']:.2f}")
-        print(f"  floor proxy overhead p50 = {floor50:.3f} ms: the daemon's own work adds "
-              f"{overhead50 - floor50:.3f} ms above it\n")
-        verdict(verdicts, "1. floor: a byte-forwarding Python proxy's overhead p50", None, f"{floor50:.3f} ms")
-        verdict(verdicts, "1. proxy overhead p50 <= 0.25 ms", overhead50 <= 0.25, f"{overhead50:.3f} ms "
-                f"(daemon {lat[via_daemon.label]['p50']:.3f} - direct {lat[direct.label]['p50']:.3f})")
+        if a.only_shm:
+            a.no_mlserver, a.models = True, 1
+        else:
+            lat = compare_latency([via_daemon, direct, via_floor], small_bin, a,
+                                  f"1. latency, {SMALL} FP32 binary, sequential, one keep-alive connection:")
+            overhead50 = lat[via_daemon.label]["p50"] - lat[direct.label]["p50"]
+            overhead99 = lat[via_daemon.label]["p99"] - lat[direct.label]["p99"]
+            floor50 = lat[via_floor.label]["p50"] - lat[direct.label]["p50"]
+            print(f"  overhead p50 = {overhead50:.3f} ms, p99 = {overhead99:.3f} ms; "
+                  f"daemon/direct p50 ratio {lat[via_daemon.label]['p50'] / lat[direct.label]['p50']:.2f}")
+            print(f"  floor proxy overhead p50 = {floor50:.3f} ms: the daemon's own work adds "
+                  f"{overhead50 - floor50:.3f} ms above it\n")
+            verdict(verdicts, "1. floor: a byte-forwarding Python proxy's overhead p50", None, f"{floor50:.3f} ms")
+            verdict(verdicts, "1. proxy overhead p50 <= 0.25 ms", overhead50 <= 0.25, f"{overhead50:.3f} ms "
+                    f"(daemon {lat[via_daemon.label]['p50']:.3f} - direct {lat[direct.label]['p50']:.3f})")
 
-        for clients in client_counts:
+        shm_section.run(d.socket_path, "echo", a.shm_requests, lambda *row: verdict(verdicts, *row))
+        for clients in client_counts if not a.only_shm else ():
             best = compare_throughput([via_daemon, direct, via_floor], big_bin, clients, a,
                                       f"2. throughput, 4 MiB FP32 binary in and out, {clients} client(s):")
             ratio = best[via_daemon.label]["rps"] / best[direct.label]["rps"]

@@ -7,14 +7,18 @@ import asyncio
 import logging
 import signal
 import time
-from typing import Any, Awaitable, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Mapping, Sequence
 
 from ...errors import Unavailable
 from .process import RunnerFailed, RunnerProcess, seconds
 from .settings import FORWARDED_RESPONSE_HEADERS, LOADING, READY, UNAVAILABLE, InstanceSpec, RunnerResponse, \
     RunnerSettings
+from .shm_link import RunnerShmLink
 from .sockets import remove_socket
 from .wire import BadResponse, RunnerClient
+
+if TYPE_CHECKING:
+    from ..shm_regions import Region
 
 log = logging.getLogger("cartonstore.server.runners")
 
@@ -36,6 +40,16 @@ def _abandon(spawn: asyncio.Future[RunnerProcess]) -> None:
         asyncio.ensure_future(spawn.result().terminate(0.0))
 
 
+async def _mapped_then(shm: RunnerShmLink, regions: Sequence[Region], request: Awaitable[Any]) -> Any:
+    if regions:
+        try:
+            await shm.ensure(regions)
+        except BaseException:
+            request.close()   # never awaited: the coroutine is dropped, not left to warn
+            raise
+    return await request
+
+
 class RunnerInstance:
     """Instance ``index`` of a model's runners. ``label`` names it in logs
     and errors: "runner for <model> (instance <i>)"."""
@@ -54,6 +68,7 @@ class RunnerInstance:
         self._on_change = on_change
         self._proc: RunnerProcess | None = None
         self._client: RunnerClient | None = None
+        self._shm: RunnerShmLink | None = None   # the regions this process has mapped
         self._ready_since = 0.0
         self._failures = 0
         self._supervisor: asyncio.Task[None] | None = None
@@ -86,6 +101,7 @@ class RunnerInstance:
             spawn.add_done_callback(_abandon)
             raise
         self._client = RunnerClient(str(self.spec.socket_path))
+        self._shm = RunnerShmLink(self._client, self.label)
         await self._proc.wait_ready(self._client, self.settings.ready_timeout)
         self._ready_since = time.monotonic()
         log.info("[%s] ready (pid %d) after %.2fs", self._log_name, self._proc.pid,
@@ -107,6 +123,7 @@ class RunnerInstance:
         if self._client is not None:
             client, self._client = self._client, None
             client.close()
+        self._shm = None
 
     async def _supervise(self) -> None:
         """Watch the process; when it ends, restart it with doubling backoff.
@@ -158,17 +175,20 @@ class RunnerInstance:
 
     # -- requests -----------------------------------------------------------
 
-    async def post(self, path: str, body: Sequence[bytes | memoryview], headers: Mapping[str, str]) -> RunnerResponse:
-        """POST to this instance. Failures become Unavailable naming the runner:
-        it died, it did not answer in time (then it is killed; the supervisor
-        restarts it), or it broke the HTTP exchange."""
-        proc, client = self._proc, self._client
-        if proc is None or client is None or client.closed:
+    async def post(self, path: str, body: Sequence[bytes | memoryview], headers: Mapping[str, str],
+                   regions: Sequence[Region] = ()) -> RunnerResponse:
+        """POST to this instance, once it has mapped the shared memory
+        ``regions`` the request names. Failures become Unavailable naming
+        the runner: it died, it did not answer in time (then it is killed;
+        the supervisor restarts it), or it broke the HTTP exchange."""
+        proc, client, shm = self._proc, self._client, self._shm
+        if proc is None or client is None or shm is None or client.closed:
             raise Unavailable(f"{self.label} is not running: {self.reason or 'restarting'}")
         timeout = self.settings.request_timeout
         self.outstanding += 1
         try:
-            status, headers_in, answer = await _within(client.request("POST", path, headers, body), timeout)
+            exchange = _mapped_then(shm, regions, client.request("POST", path, headers, body))
+            status, headers_in, answer = await _within(exchange, timeout)
         except asyncio.TimeoutError:
             if proc.returncode is None:
                 proc.kill(f"killed after not answering a request within {seconds(timeout)}")

@@ -12,12 +12,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from ...errors import InvalidInput, Unavailable
 from .instance import RunnerInstance
 from .process import RunnerFailed
 from .settings import LOADING, READY, UNAVAILABLE, InstanceSpec, RunnerResponse, RunnersBusy, RunnerSettings
+
+if TYPE_CHECKING:
+    from ..shm_regions import Region
 
 log = logging.getLogger("cartonstore.server.runners")
 
@@ -188,10 +191,11 @@ class ModelRunners:
         return best
 
     async def forward(self, path: str, body: list[bytes | memoryview] | bytes | memoryview,
-                      headers: Mapping[str, str]) -> RunnerResponse:
+                      headers: Mapping[str, str], regions: Sequence[Region] = ()) -> RunnerResponse:
         """POST body to ``path`` (e.g. "/v2/models/{name}/infer") on a runner
-        and return its answer, whatever its status. Raises RunnersBusy when the
-        model is at max_inflight, Unavailable when no runner can answer."""
+        (which maps the shared memory ``regions`` first) and return its
+        answer, whatever its status. Raises RunnersBusy when the model is at
+        max_inflight, Unavailable when no runner can answer."""
         if self._closing:
             raise Unavailable(f"model {self.name} version {self.version} is being unloaded", subject=self.name)
         if self.outstanding >= self.settings.max_inflight:
@@ -205,7 +209,7 @@ class ModelRunners:
         parts = [body] if isinstance(body, (bytes, bytearray, memoryview)) else body
         self.outstanding += 1
         try:
-            return await inst.post(path, parts, send)
+            return await inst.post(path, parts, send, regions)
         finally:
             self.outstanding -= 1
             if self._closing and not self.outstanding:

@@ -1,0 +1,129 @@
+"""A runner's side of Triton's system shared-memory extension: regions
+registered with it are mapped once, and the tensors of a request that
+names them are numpy views of the mapping (inputs) or are written into it
+(outputs), so their bytes never cross the runner's socket.
+
+Regions are registered by the daemon (cartonstore.server.runners.shm_link),
+or by anyone talking to a runner directly; the runner's socket is the
+daemon's alone (mode 0600), so there is no owner to check here.
+
+Touching a mapped page past the end of a truncated object is SIGBUS, which
+Python cannot turn into an exception; so the object's size is checked
+when a request takes a view and again right before outputs are written.
+An object truncated while the model is reading it still kills the runner
+(the daemon answers 503 and restarts it); the daemon itself never maps.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from cartonstore.errors import InvalidInput
+from cartonstore.shm_objects import object_size_problem, open_object
+from cartonstore.v2.shm_params import ShmRef
+
+_PAGE = mmap.ALLOCATIONGRANULARITY
+
+
+@dataclass(eq=False)
+class MappedRegion:
+    name: str
+    key: str
+    offset: int
+    byte_size: int
+    fd: int
+    mapping: mmap.mmap
+    view: memoryview      # the region's bytes within the mapping
+
+    def status(self) -> dict[str, Any]:
+        return {"name": self.name, "key": self.key, "offset": self.offset, "byte_size": self.byte_size}
+
+    def release(self) -> None:
+        """Unmap, unless a tensor still holds a view (then the mapping goes
+        when the last view does)."""
+        os.close(self.fd)
+        try:
+            self.view.release()
+            self.mapping.close()
+        except BufferError:
+            pass
+
+
+def _number(doc: dict[str, Any], key: str, name: str, least: int) -> int:
+    value = doc.get(key, 0 if key == "offset" else None)
+    if type(value) is not int or value < least:
+        raise InvalidInput(f"region {name!r}: {key} must be an integer >= {least}, not {value!r}", subject=name)
+    return value
+
+
+class MappedRegions:
+    def __init__(self) -> None:
+        self._regions: dict[str, MappedRegion] = {}
+        self._lock = threading.Lock()   # requests take views in worker threads
+
+    def register(self, name: str, doc: Any) -> None:
+        if type(doc) is not dict:
+            raise InvalidInput("a register request must be a JSON object with key, offset and byte_size",
+                               subject=name)
+        offset, size = _number(doc, "offset", name, 0), _number(doc, "byte_size", name, 1)
+        key = doc.get("key")
+        with self._lock:
+            if name in self._regions:
+                raise InvalidInput(f"shared memory region {name!r} is already registered", subject=name)
+        fd, st = open_object(key, writable=True)
+        try:
+            if st.st_size < offset + size:
+                raise InvalidInput(f"region {name!r}: offset {offset} + byte_size {size} runs past the end of "
+                                   f"the {st.st_size}-byte object {key!r}", subject=name)
+            start = offset - offset % _PAGE
+            mapping = mmap.mmap(fd, offset + size - start, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE,
+                                offset=start)
+        except BaseException:
+            os.close(fd)
+            raise
+        region = MappedRegion(name, key, offset, size, fd, mapping,
+                              memoryview(mapping)[offset - start: offset - start + size])
+        with self._lock:
+            if name in self._regions:
+                region.release()
+                raise InvalidInput(f"shared memory region {name!r} is already registered", subject=name)
+            self._regions[name] = region
+
+    def status(self, name: str | None = None) -> list[dict[str, Any]]:
+        with self._lock:
+            if name is None:
+                return [self._regions[n].status() for n in sorted(self._regions)]
+            if name not in self._regions:
+                raise InvalidInput(f"unable to find system shared memory region: {name!r}", subject=name)
+            return [self._regions[name].status()]
+
+    def unregister(self, name: str | None = None) -> None:
+        with self._lock:
+            names = list(self._regions) if name is None else [name] if name in self._regions else []
+            gone = [self._regions.pop(n) for n in names]
+        for region in gone:
+            region.release()
+
+    def view(self, ref: ShmRef, what: str) -> memoryview:
+        """The bytes ``ref`` names, writable, once the object still holds them."""
+        with self._lock:
+            region = self._regions.get(ref.region)
+            if region is None:
+                raise InvalidInput(f"{what}: unable to find system shared memory region {ref.region!r}",
+                                   subject=what)
+            if ref.end > region.byte_size:
+                raise InvalidInput(f"{what}: shared_memory_offset {ref.offset} + shared_memory_byte_size "
+                                   f"{ref.byte_size} runs past the end of region {ref.region!r} "
+                                   f"({region.byte_size} bytes)", subject=what)
+            problem = object_size_problem(region.fd, region.key, region.offset + region.byte_size)
+            if problem:
+                raise InvalidInput(f"{what}: shared memory region {ref.region!r} cannot be used: {problem}",
+                                   subject=what)
+            return region.view[ref.offset:ref.end]
+
+    def close(self) -> None:
+        self.unregister()

@@ -1,0 +1,88 @@
+"""The shared-memory regions one runner process has mapped.
+
+A runner is a v2 server of its own, so the daemon registers a client's
+region with it through the same extension (POST
+/v2/systemsharedmemory/region/{name}/register), under the daemon's name
+for it (Region.runner_name): two uids' regions may share a client name,
+never a runner name. Regions are registered on a runner the first time a
+request there uses them, and unregistered when the client unregisters
+them. A restarted runner gets a new link, with nothing registered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from typing import TYPE_CHECKING, Iterable
+
+from ...errors import InvalidInput
+
+if TYPE_CHECKING:
+    from ..shm_regions import Region
+    from .wire import RunnerClient
+
+log = logging.getLogger("cartonstore.server.runners")
+_JSON = {"Content-Type": "application/json"}
+
+
+def _error_of(body: bytes | bytearray) -> str:
+    try:
+        return str(json.loads(bytes(body))["error"])
+    except (ValueError, KeyError, TypeError):
+        return bytes(body[:200]).decode("utf-8", "replace")
+
+
+class RunnerShmLink:
+    def __init__(self, client: RunnerClient, label: str) -> None:
+        self._client = client
+        self._label = label
+        self._registered: dict[str, asyncio.Future[None]] = {}
+        self._tasks: set[asyncio.Task[None]] = set()   # unregisters under way (the loop keeps only weak refs)
+
+    async def ensure(self, regions: Iterable[Region]) -> None:
+        """Every region in ``regions`` registered on the runner (concurrent
+        requests wait for one registration); InvalidInput when the runner
+        cannot map one or does not speak the extension."""
+        for region in regions:
+            done = self._registered.get(region.runner_name)
+            if done is None:
+                done = asyncio.get_running_loop().create_future()
+                self._registered[region.runner_name] = done
+                try:
+                    await self._register(region)
+                except BaseException as e:
+                    del self._registered[region.runner_name]
+                    done.set_exception(e)
+                    done.exception()   # retrieved: waiters, if any, get it too
+                    raise
+                done.set_result(None)
+                region.links.add(self)
+            else:
+                await asyncio.shield(done)
+
+    async def _register(self, region: Region) -> None:
+        body = json.dumps({"key": region.key, "offset": region.offset, "byte_size": region.byte_size}).encode()
+        status, _, answer = await self._client.request(
+            "POST", f"/v2/systemsharedmemory/region/{region.runner_name}/register", _JSON, [body])
+        if status == 404:
+            raise InvalidInput(f"{self._label} does not support Triton's system shared memory extension, so "
+                               f"region {region.name!r} cannot be used with this model", subject=region.name)
+        if status != 200:
+            raise InvalidInput(f"{self._label} could not map shared memory region {region.name!r}: "
+                               f"{_error_of(answer)}", subject=region.name)
+
+    def forget(self, region: Region) -> None:
+        """The client unregistered ``region``: the runner unmaps it too (in
+        the background; a runner that died has nothing left to unmap)."""
+        if self._registered.pop(region.runner_name, None) is None or self._client.closed:
+            return
+        task = asyncio.get_running_loop().create_task(self._unregister(region.runner_name))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _unregister(self, runner_name: str) -> None:
+        try:
+            await self._client.request("POST", f"/v2/systemsharedmemory/region/{runner_name}/unregister", _JSON)
+        except Exception as e:  # noqa: BLE001 - a runner that went away has unmapped everything
+            log.debug("%s: unregister of %s failed: %s", self._label, runner_name, e)

@@ -1,0 +1,59 @@
+"""Triton's system shared-memory extension, as its protocol defines it:
+
+    GET  /v2/systemsharedmemory[/region/{name}]/status
+    POST /v2/systemsharedmemory/region/{name}/register   {"key", "offset", "byte_size"}
+    POST /v2/systemsharedmemory[/region/{name}]/unregister   (empty body)
+
+Every caller sees and changes only its own regions (shm_regions.py).
+"""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from ..errors import InvalidInput
+from .bodies import request_body
+from .shm_regions import Region, peer_of
+
+PREFIX = "/v2/systemsharedmemory"
+
+
+def _registry(request: web.Request):  # noqa: ANN202 - ShmRegions; app imports this module
+    from .app import svc
+
+    return svc(request).shm_regions
+
+
+async def status(request: web.Request) -> web.Response:
+    regions = _registry(request).status(peer_of(request.transport), request.match_info.get("name"))
+    return web.json_response(regions)
+
+
+async def register(request: web.Request) -> web.Response:
+    from .app import body_json
+
+    doc = await body_json(request)
+    _registry(request).register(peer_of(request.transport), request.match_info["name"], doc)
+    return web.Response(status=200)
+
+
+async def unregister(request: web.Request) -> web.Response:
+    if (await request_body(request)).strip():
+        raise InvalidInput("an unregister request has an empty body (the region is named in the URL)")
+    gone = _registry(request).unregister(peer_of(request.transport), request.match_info.get("name"))
+    _tell_runners(gone)
+    return web.Response(status=200)
+
+
+def _tell_runners(gone: list[Region]) -> None:
+    for region in gone:
+        for link in list(region.links):
+            link.forget(region)
+
+
+def add_routes(router: web.UrlDispatcher) -> None:
+    router.add_get(PREFIX + "/status", status)
+    router.add_get(PREFIX + "/region/{name}/status", status)
+    router.add_post(PREFIX + "/region/{name}/register", register)
+    router.add_post(PREFIX + "/unregister", unregister)
+    router.add_post(PREFIX + "/region/{name}/unregister", unregister)

@@ -1,0 +1,79 @@
+"""POSIX shared memory objects named by the "key" of Triton's system
+shared-memory extension, as shm_open(3) names them: one name after any
+leading slashes ("/input0" and "input0" are the same object), never a path.
+Both the daemon and the runners open them here.
+
+Linux keeps them as files in /dev/shm; they are opened with O_NOFOLLOW,
+so a symlink planted there does not lead anywhere else.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+from cartonstore.errors import InvalidInput
+
+SHM_DIR = Path("/dev/shm")
+NAME_MAX = 255
+
+
+def object_name(key: object) -> str:
+    """The object's name (what shm_open looks up) for a region's key, or
+    InvalidInput saying why the key is not one."""
+    if type(key) is not str or not key:
+        raise InvalidInput(f'"key" must be a non-empty string naming a POSIX shared memory object, not {key!r}',
+                           subject="key")
+    name = key.lstrip("/")
+    if not name or name in (".", "..") or "/" in name or "\0" in name:
+        raise InvalidInput(f"key {key!r} is not a POSIX shared memory object name: it must be one name "
+                           f'such as "/input0", without other slashes (a path is not a key)', subject="key")
+    if len(name.encode("utf-8", "surrogateescape")) > NAME_MAX:
+        raise InvalidInput(f"key {key[:40]!r}... is longer than {NAME_MAX} bytes", subject="key")
+    return name
+
+
+def open_object(key: str, *, writable: bool) -> tuple[int, os.stat_result]:
+    """An fd on the object and its status; InvalidInput when it cannot be
+    opened or is not a shared memory object."""
+    name = object_name(key)
+    flags = (os.O_RDWR if writable else os.O_RDONLY) | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+    try:
+        fd = os.open(SHM_DIR / name, flags)
+    except FileNotFoundError:
+        raise InvalidInput(f"no shared memory object {key!r} exists (create it with shm_open before registering)",
+                           subject="key") from None
+    except OSError as e:
+        raise InvalidInput(f"cannot open shared memory object {key!r}: {e.strerror}"
+                           f"{' (the daemon runs as uid %d)' % os.getuid() if e.errno == 13 else ''}",
+                           subject="key") from None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise InvalidInput(f"{key!r} is not a shared memory object", subject="key")
+    return fd, st
+
+
+def object_size_problem(fd: int, key: str, end: int) -> str | None:
+    """Why the object no longer holds ``end`` bytes (it was truncated), or
+    None. Touching mapped pages past an object's end is SIGBUS, so this is
+    asked before every use."""
+    size = os.fstat(fd).st_size
+    if size < end:
+        return f"its object {key!r} is now {size} bytes, short of the {end} bytes it was registered with " \
+               f"(truncated)"
+    return None
+
+
+def unlinked_problem(fd: int, key: str) -> str | None:
+    """Why ``key`` no longer names the object ``fd`` is open on (unlinked,
+    or replaced by another object of that name), or None."""
+    held = os.fstat(fd)
+    try:
+        now = os.stat(SHM_DIR / object_name(key), follow_symlinks=False)
+    except FileNotFoundError:
+        return f"its object {key!r} was unlinked"
+    if (now.st_dev, now.st_ino) != (held.st_dev, held.st_ino):
+        return f"its object {key!r} was unlinked and another object took its name"
+    return None

@@ -1,0 +1,126 @@
+"""Encoding KServe v2 infer requests and responses with Triton's binary
+tensor data extension: a JSON header, then the bytes of the tensors sent
+binary (contiguous arrays are not copied: the parts are views of them).
+Outputs requested in shared memory are written there instead.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from cartonstore.errors import InvalidInput
+from cartonstore.v2.datatypes import BINARY_ONLY_DATATYPES, datatype_of
+from cartonstore.v2.elements import fail
+from cartonstore.v2.shm_params import BYTE_SIZE, REGION, RegionTooSmall, ShmSink
+from cartonstore.v2.tensors import to_binary, to_json
+
+
+def _encode_tensors(
+    arrays: Mapping[str, np.ndarray],
+    role: str,
+    binary: Callable[[str], bool],
+    chunks: list[bytes | memoryview],
+    sinks: Mapping[str, ShmSink] | None = None,
+) -> tuple[list[dict[str, Any]], bool]:
+    entries: list[dict[str, Any]] = []
+    any_binary = False
+    for name, array in arrays.items():
+        what = f"{role} {name!r}"
+        array = np.asarray(array)
+        try:
+            datatype = datatype_of(array)
+        except InvalidInput as exc:
+            raise fail(what, exc.message) from None
+        entry: dict[str, Any] = {"name": name, "datatype": datatype, "shape": list(array.shape)}
+        sink = sinks.get(name) if sinks else None
+        if sink is not None:
+            entry["parameters"] = _write_to_shm(what, to_binary(what, array, datatype), sink)
+        elif binary(name) or datatype in BINARY_ONLY_DATATYPES:
+            chunk = to_binary(what, array, datatype)
+            entry["parameters"] = {"binary_data_size": len(chunk)}
+            any_binary = True
+            if len(chunk):
+                chunks.append(chunk)
+        else:
+            entry["data"] = to_json(what, array, datatype)
+        entries.append(entry)
+    return entries, any_binary
+
+
+def _write_to_shm(what: str, chunk: bytes | memoryview, sink: ShmSink) -> dict[str, Any]:
+    size = len(chunk)
+    if size > len(sink.view):
+        raise RegionTooSmall(
+            f"{what}: shared memory region {sink.region!r} gives it {len(sink.view)} bytes, "
+            f"but it needs {size} bytes",
+            subject=what,
+        )
+    # numpy's copy lets go of the GIL for big tensors; a memoryview slice assignment would not
+    np.copyto(np.frombuffer(sink.view, np.uint8, count=size), np.frombuffer(chunk, np.uint8))
+    return {REGION: sink.region, BYTE_SIZE: size}
+
+
+def _finish(
+    doc: dict[str, Any], chunks: list[bytes | memoryview], any_binary: bool
+) -> tuple[list[bytes | memoryview], int | None]:
+    header = json.dumps(doc, separators=(",", ":")).encode("utf-8")
+    return [header, *chunks], (len(header) if any_binary else None)
+
+
+def encode_infer_request(
+    inputs: Mapping[str, np.ndarray],
+    *,
+    binary: bool = True,
+    outputs: Sequence[str] | None = None,
+    binary_outputs: bool = True,
+    request_id: str | None = None,
+    parameters: Mapping[str, Any] | None = None,
+) -> tuple[list[bytes | memoryview], int | None]:
+    """An infer request as body parts (JSON header first, then binary
+    chunks) and the Inference-Header-Content-Length, None when the body is
+    all JSON. FP16/BF16 go binary even when ``binary`` is False."""
+    chunks: list[bytes | memoryview] = []
+    entries, any_binary = _encode_tensors(inputs, "input", lambda _: binary, chunks)
+    doc: dict[str, Any] = {}
+    if request_id is not None:
+        doc["id"] = request_id
+    request_parameters = dict(parameters or {})
+    if outputs is None:
+        request_parameters["binary_data_output"] = binary_outputs
+    if request_parameters:
+        doc["parameters"] = request_parameters
+    doc["inputs"] = entries
+    if outputs is not None:
+        doc["outputs"] = [{"name": name, "parameters": {"binary_data": binary_outputs}} for name in outputs]
+    return _finish(doc, chunks, any_binary)
+
+
+def encode_infer_response(
+    *,
+    model_name: str,
+    model_version: str | None,
+    request_id: str | None,
+    outputs: Mapping[str, np.ndarray],
+    binary: Callable[[str], bool],
+    parameters: Mapping[str, Any] | None = None,
+    sinks: Mapping[str, ShmSink] | None = None,
+) -> tuple[list[bytes | memoryview], int | None]:
+    """An infer response as body parts and header length (None: all JSON).
+    ``binary(name)`` says which outputs go binary (InferRequest.wants_binary);
+    FP16/BF16 outputs always do. Outputs in ``sinks`` are written into
+    their shared memory instead (RegionTooSmall when one does not fit)."""
+    chunks: list[bytes | memoryview] = []
+    entries, any_binary = _encode_tensors(outputs, "output", binary, chunks, sinks)
+    doc: dict[str, Any] = {"model_name": model_name}
+    if model_version is not None:
+        doc["model_version"] = model_version
+    if request_id is not None:
+        doc["id"] = request_id
+    if parameters:
+        doc["parameters"] = dict(parameters)
+    doc["outputs"] = entries
+    return _finish(doc, chunks, any_binary)

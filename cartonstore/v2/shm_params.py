@@ -1,0 +1,74 @@
+"""The shared-memory parameters of Triton's shared-memory extension, on
+request inputs and requested outputs: "shared_memory_region" (a registered
+region's name), "shared_memory_byte_size" and the optional
+"shared_memory_offset" (bytes into the region, default 0). Pure parsing;
+the regions themselves are cartonstore.shm's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from cartonstore.errors import InvalidInput
+from cartonstore.v2.elements import fail
+
+REGION = "shared_memory_region"
+BYTE_SIZE = "shared_memory_byte_size"
+OFFSET = "shared_memory_offset"
+_KEYS = (REGION, BYTE_SIZE, OFFSET)
+
+
+@dataclass(frozen=True, slots=True)
+class ShmRef:
+    """Where a tensor's bytes are: ``byte_size`` bytes at ``offset`` into
+    the region named ``region``."""
+
+    region: str
+    offset: int
+    byte_size: int
+
+    @property
+    def end(self) -> int:
+        return self.offset + self.byte_size
+
+
+@dataclass(frozen=True, slots=True)
+class ShmSink:
+    """Where an output requested in shared memory is written: ``view`` is
+    its ``byte_size`` bytes of the region, ``region`` the name the response
+    gives."""
+
+    region: str
+    view: memoryview
+
+
+class RegionTooSmall(InvalidInput):
+    """An output does not fit the shared memory the request gave it: the
+    request's fault (400), though it is found only after the model ran."""
+
+
+def shm_ref(parameters: dict[str, Any], what: str) -> ShmRef | None:
+    """The tensor's place in shared memory, None when it names none.
+    Triton's rule: region and byte size come together; the offset may not
+    come alone."""
+    if not any(key in parameters for key in _KEYS):
+        return None
+    region = parameters.get(REGION)
+    size = parameters.get(BYTE_SIZE)
+    if region is None or size is None:
+        given = ", ".join(key for key in _KEYS if key in parameters)
+        raise fail(what, f"{REGION} and {BYTE_SIZE} must be given together (given: {given})")
+    if type(region) is not str or not region:
+        raise fail(what, f"{REGION} must be a non-empty string, not {region!r}")
+    offset = parameters.get(OFFSET, 0)
+    for key, value in ((BYTE_SIZE, size), (OFFSET, offset)):
+        if type(value) is not int or value < 0:
+            raise fail(what, f"{key} must be an integer >= 0, not {value!r}")
+    return ShmRef(region, offset, size)
+
+
+def with_region(parameters: dict[str, Any], region: str) -> dict[str, Any]:
+    """``parameters`` naming ``region`` instead (the daemon's own name for
+    a client's region, on the way to a runner, and back)."""
+    return {**parameters, REGION: region}
