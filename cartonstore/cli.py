@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from . import __version__
-from .errors import CartonStoreError, IntegrityError, exit_code_for
+from .errors import CartonStoreError, IntegrityError, InvalidInput, exit_code_for
 from .cli_args import arrange_argv
 from .cli_service import cmd_gc, cmd_serve
 from .config import Config, load_config
@@ -122,6 +122,37 @@ def cmd_infer(store: Store, args: argparse.Namespace, out: Output) -> None:
         print(json.dumps({"outputs": outputs_as_json(outputs)}, indent=2, sort_keys=True))
     else:
         print("\n".join(describe_outputs(outputs)))
+
+
+SELFTEST_FAILED = 8   # `selftest`: the model ran, and failed a test
+
+
+def cmd_selftest(store: Store, args: argparse.Namespace, out: Output) -> int:
+    from .client import DaemonUnavailable
+    from .infer_client import InferClient
+
+    client = InferClient(args.settings.socket_path)
+    runners = args.settings.runners
+    rtol = runners.selftest_rtol if args.rtol is None else args.rtol
+    atol = runners.selftest_atol if args.atol is None else args.atol
+    try:
+        if not client.is_ready(args.ref):
+            try:
+                client.load(args.ref)
+            except InvalidInput as e:   # the daemon ran them on load (runners.selftest_on_load) and they failed
+                if not e.message.startswith("self-test failed"):
+                    raise
+                print(f"cartonstore selftest: {e.message}", file=sys.stderr)
+                return SELFTEST_FAILED
+        report = client.selftest(args.ref, rtol=rtol, atol=atol)
+    except DaemonUnavailable:
+        from .local_infer import selftest_locally
+
+        report = selftest_locally(store, args.settings, args.ref, rtol, atol).as_json()
+    lines = [f"{'PASS' if t['passed'] else 'FAIL'} {t['name']}" + (f": {t['error']}" if "error" in t else "")
+             + "".join(f"\n  {m['problem']}" for m in t.get("mismatches", [])) for t in report["tests"]]
+    out.emit(report, [*lines, report["summary"]])
+    return 0 if report["passed"] else SELFTEST_FAILED
 
 
 def cmd_path(store: Store, args: argparse.Namespace, out: Output) -> None:
@@ -276,6 +307,14 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("ref", help="the model's name (or, with no daemon, any REF)")
     sp.add_argument("--input", action="append", default=[], metavar="NAME=FILE.npy|JSON",
                     help="an input tensor: a .npy file, or JSON data typed by the model's declared dtype")
+    sp.add_argument("--socket", help="the daemon's socket (default: $CARTONSTORE_SOCKET or ROOT/cartonstore.sock)")
+
+    sp = add("selftest", cmd_selftest, "run a carton's [[self_test]]s through its runner (in the daemon, "
+             "loading the model if needed; with no daemon serving, a runner started here); exit 1 if one fails",
+             "cartonstore selftest resnet --rtol 1e-4 --json")
+    sp.add_argument("ref", help="the model's name (or, with no daemon, any REF)")
+    sp.add_argument("--rtol", type=float, help="relative tolerance (default: runners.selftest_rtol)")
+    sp.add_argument("--atol", type=float, help="absolute tolerance (default: runners.selftest_atol)")
     sp.add_argument("--socket", help="the daemon's socket (default: $CARTONSTORE_SOCKET or ROOT/cartonstore.sock)")
 
     add("ls", cmd_ls, "list the cartons in the store", "cartonstore ls --json")

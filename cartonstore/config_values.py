@@ -115,6 +115,21 @@ def boolean(value: object) -> bool:
     raise BadValue(f"expected true or false, got {value!r}")
 
 
+def tolerance(value: object) -> float:
+    """A comparison tolerance: a finite number >= 0 (1e-5, "0.001")."""
+    number: float | None = None
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        number = float(value)
+    elif isinstance(value, str):
+        try:
+            number = float(value)
+        except ValueError:
+            pass
+    if number is None or not math.isfinite(number) or number < 0:
+        raise BadValue(f"expected a number >= 0 such as 1e-5, got {value!r}")
+    return number
+
+
 def path(*, empty: object) -> Parser:
     """A path with ~ expanded; ``empty`` is what "" means. The loader makes
     relative paths absolute."""

@@ -61,6 +61,15 @@ class InferClient:
     def is_ready(self, model: str) -> bool:
         return self._exchange("GET", _model_path(model, None) + "/ready", None, {})[0] == 200
 
+    def selftest(self, model: str, *, version: str | None = None, rtol: float | None = None,
+                 atol: float | None = None) -> dict[str, Any]:
+        """The model's self-test report ({"passed", "summary", "tests": [...]});
+        a failing test is in the report, not an exception."""
+        doc = {k: v for k, v in (("rtol", rtol), ("atol", atol)) if v is not None}
+        status, _, body = self._exchange("POST", _model_path(model, version) + "/selftest", json.dumps(doc).encode(),
+                                         {"Content-Type": "application/json"})
+        return _json_body(status, body, model)
+
     def load(self, model: str) -> None:
         status, _, body = self._exchange("POST", f"/v2/repository/models/{quote(model, safe='')}/load", b"{}",
                                          {"Content-Type": "application/json"})

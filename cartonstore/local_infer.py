@@ -1,12 +1,14 @@
-"""`cartonstore infer` with no daemon serving: start the model's runner
-here, run one request through it (validated like the daemon does), stop it.
+"""`cartonstore infer` and `cartonstore selftest` with no daemon serving:
+start the model's runner here, run the requests through it (validated like
+the daemon does), stop it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
-from typing import Mapping
+from pathlib import Path
+from typing import Awaitable, Callable, Mapping, TypeVar
 
 import numpy as np
 
@@ -14,37 +16,40 @@ from .config import Config
 from .errors import CartonStoreError
 from .fetch.puller import Puller
 from .store import Store
-from .v2.framing import HEADER_LENGTH, encode_infer_request, parse_infer_request, parse_infer_response
-from .v2.validate import validate_request
+from .format.carton_toml import CartonConfig
+from .selftest import SelfTestReport, infer_via, run_self_tests, self_test_cases
+from .server.runners import ModelRunners
+
+T = TypeVar("T")
 
 
 def infer_locally(store: Store, settings: Config, ref: str, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    return asyncio.run(_infer(store, settings, ref, inputs))
+    async def one(runners: ModelRunners, cfg: CartonConfig, model_dir: Path) -> dict[str, np.ndarray]:
+        return await infer_via(runners, cfg, inputs)
+    return asyncio.run(with_local_runner(store, settings, ref, one))
 
 
-async def _infer(store: Store, settings: Config, ref: str, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+def selftest_locally(store: Store, settings: Config, ref: str, rtol: float, atol: float) -> SelfTestReport:
+    async def tests(runners: ModelRunners, cfg: CartonConfig, model_dir: Path) -> SelfTestReport:
+        cases = await asyncio.to_thread(self_test_cases, cfg, model_dir)
+        return await run_self_tests(cases, lambda inputs: infer_via(runners, cfg, inputs), rtol=rtol, atol=atol)
+    return asyncio.run(with_local_runner(store, settings, ref, tests))
+
+
+async def with_local_runner(store: Store, settings: Config, ref: str,
+                            use: Callable[[ModelRunners, CartonConfig, Path], Awaitable[T]]) -> T:
+    """``use`` with the model's runner started here, stopped after."""
     from .server.model_runtime import RunnerHost, files_only_note
 
     async with Puller(store, settings.fetch_config()) as puller:
         model_dir = await puller.materialize(ref)
     cfg = await asyncio.to_thread(store.config_of, model_dir.name)
-    parts, header_length = encode_infer_request(inputs, binary=True, binary_outputs=True)
-    body = b"".join(parts)
-    validate_request(parse_infer_request(body, header_length), cfg.inputs, cfg.outputs)
     host = RunnerHost(settings.runners, store.layout.root / "run" / "runners")
     host.prepare()
-    name = f"cli-{os.getpid()}"
-    runners = await host.start(name, model_dir.name, model_dir, cfg, None)
+    runners = await host.start(f"cli-{os.getpid()}", model_dir.name, model_dir, cfg, None)
     if runners is None:
         raise CartonStoreError(files_only_note(cfg.runner.runner_name), subject=ref)
     try:
-        answer = await runners.forward(f"/v2/models/{name}/infer", [body],
-                                       {"Content-Type": "application/octet-stream",
-                                        HEADER_LENGTH: str(header_length)})
+        return await use(runners, cfg, model_dir)
     finally:
         await host.stop(runners)
-    if answer.status != 200:
-        raise CartonStoreError(f"the runner answered {answer.status}: {answer.body[:500].decode('utf-8', 'replace')}",
-                               subject=ref)
-    length = {k.lower(): v for k, v in answer.headers.items()}.get(HEADER_LENGTH.lower())
-    return parse_infer_response(answer.body, int(length) if length is not None else None)[1]

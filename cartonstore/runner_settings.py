@@ -108,5 +108,12 @@ class RunnerSettings:
     max_restarts: int = v.setting(5, v.integer(0))
     restart_backoff: float = v.duration_setting(0.5, positive=False)
     max_inflight: int = v.setting(64, v.integer(1))
+    # On by default: a model failing its packager's own tests on this host
+    # (a wrong framework build, a damaged weight file that still loads,
+    # numerics beyond tolerance) is not one to send traffic to; cartons
+    # without [[self_test]] are unaffected.
+    selftest_on_load: bool = v.setting(True, v.boolean)
+    selftest_rtol: float = v.setting(1e-5, v.tolerance)
+    selftest_atol: float = v.setting(1e-8, v.tolerance)
     commands: Mapping[str, RunnerCommand] = v.setting(None, parse_commands, _show_commands,
                                                      factory=lambda: MappingProxyType({}))

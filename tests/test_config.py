@@ -119,6 +119,9 @@ DEFAULTS = {
     "runners.max_restarts": 5,
     "runners.restart_backoff": 0.5,
     "runners.max_inflight": 64,
+    "runners.selftest_on_load": True,
+    "runners.selftest_rtol": 1e-5,
+    "runners.selftest_atol": 1e-8,
     "runners.commands": {},
 }
 
@@ -231,6 +234,9 @@ FILE_VALUES = [
     ("runners.max_restarts", "0", 0),
     ("runners.restart_backoff", '"100ms"', 0.1),
     ("runners.max_inflight", "1", 1),
+    ("runners.selftest_on_load", "false", False),
+    ("runners.selftest_rtol", "0.001", 0.001),
+    ("runners.selftest_atol", '"1e-6"', 1e-6),
 ]
 
 
@@ -470,6 +476,9 @@ BAD_VALUES = [
     ("runners.max_restarts", "-1", "expected an integer >= 0"),
     ("runners.restart_backoff", "true", "expected a duration"),
     ("runners.max_inflight", "0", "expected an integer >= 1"),
+    ("runners.selftest_on_load", '"maybe"', "expected true or false"),
+    ("runners.selftest_rtol", "-1", "expected a number >= 0"),
+    ("runners.selftest_atol", '"nan"', "expected a number >= 0"),
 ]
 
 

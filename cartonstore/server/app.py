@@ -23,7 +23,8 @@ from ..store.gc import GcPolicy
 from .blobs import serve_blob
 from .bodies import IN_THREAD_FROM, request_body
 from .infer_api import infer
-from . import shm_api
+from . import selftest_api, shm_api
+from .selftest_api import SelfTestFailed
 from .metrics import CONTENT_TYPE, Metrics
 from .responses import ERROR_TEXT, POLLED, error
 from .runners.settings import RunnersBusy
@@ -140,7 +141,12 @@ async def repository_index(request: web.Request) -> web.Response:
 
 async def load(request: web.Request) -> web.Response:
     params = parameters(await body_json(request))
-    await svc(request).load(request.match_info["name"], params)
+    try:
+        await svc(request).load(request.match_info["name"], params)
+    except SelfTestFailed as e:   # the report goes with the 400
+        response = web.json_response({"error": str(e), "selftest": e.report.as_json()}, status=400)
+        response[ERROR_TEXT] = str(e)
+        return response
     return web.json_response({})
 
 
@@ -254,6 +260,7 @@ def build_app(service: ModelService, metrics_: Metrics, *, max_request_size: int
     r.add_post("/v2/models/{name}/infer", infer)
     r.add_post("/v2/models/{name}/versions/{version}/infer", infer)
     shm_api.add_routes(r)
+    selftest_api.add_routes(r)
     r.add_post("/v1/leases", take_lease)
     r.add_post("/v1/leases/{lease}/renew", renew_lease)
     r.add_delete("/v1/leases/{lease}", release_lease)

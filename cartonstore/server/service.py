@@ -42,6 +42,7 @@ from .loaded_model import (
 )
 from .model_runtime import RunnerHost
 from .runner_plan import instance_devices
+from .selftest_api import self_tested_on_load
 from .shm_regions import ShmRegions
 
 log = logging.getLogger("cartonstore.server")
@@ -190,6 +191,7 @@ class ModelService:
             model.carton = await asyncio.to_thread(self.store.config_of, model.digest)
             model.runners = await self.runner_host.start(name, model.digest, granted.path, model.carton,
                                                          model.config)
+            await self_tested_on_load(self, model)
         except BaseException as e:
             reason = str(e) if isinstance(e, CartonStoreError) else f"load failed: {type(e).__name__}"
             log.warning("load of %s failed: %s", name, reason)

@@ -1,0 +1,214 @@
+"""A carton's own self-tests ([[self_test]] in carton.toml), run through
+the model's runner: inputs come from tensor_data/, outputs are compared with
+expected_out (numbers with numpy's allclose, strings exactly).
+
+The daemon runs them on load (runners.selftest_on_load) and on
+POST /v2/models/{name}/selftest; `cartonstore selftest` runs them through
+the daemon, or through a runner of its own when no daemon serves.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from .errors import CartonStoreError, InvalidInput
+from .format.carton_toml import TENSOR_PREFIX, CartonConfig
+from .format.tensor_data import INDEX, load_tensors, parse_tensor_index
+from .v2.framing import HEADER_LENGTH, encode_infer_request, parse_infer_request, parse_infer_response
+from .v2.validate import validate_request
+
+if TYPE_CHECKING:
+    from .server.runners import ModelRunners
+
+DEFAULT_RTOL = 1e-5
+DEFAULT_ATOL = 1e-8
+Infer = Callable[[Mapping[str, np.ndarray]], Awaitable[Mapping[str, np.ndarray]]]
+
+
+@dataclass
+class SelfTestCase:
+    name: str
+    inputs: dict[str, np.ndarray]
+    expected: dict[str, np.ndarray]    # empty: the test passes when the model answers
+
+
+@dataclass
+class TestResult:
+    name: str
+    passed: bool
+    error: str | None = None           # the request failed: why
+    mismatches: list[dict[str, Any]] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def as_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"name": self.name, "passed": self.passed, "seconds": round(self.seconds, 6)}
+        if self.error is not None:
+            out["error"] = self.error
+        if self.mismatches:
+            out["mismatches"] = self.mismatches
+        return out
+
+    def line(self) -> str:
+        if self.passed:
+            return f"PASS {self.name} ({self.seconds * 1e3:.1f} ms)"
+        if self.error is not None:
+            return f"FAIL {self.name}: {self.error}"
+        return f"FAIL {self.name}: " + "; ".join(m["problem"] for m in self.mismatches)
+
+
+@dataclass
+class SelfTestReport:
+    tests: list[TestResult]
+    rtol: float
+    atol: float
+
+    @property
+    def passed(self) -> bool:
+        return all(t.passed for t in self.tests)
+
+    def summary(self) -> str:
+        if not self.tests:
+            return "no self-tests: the carton declares none"
+        failed = [t for t in self.tests if not t.passed]
+        if not failed:
+            return f"{len(self.tests)} self-test(s) passed"
+        return f"{len(failed)} of {len(self.tests)} self-test(s) failed: " + " | ".join(t.line()[5:] for t in failed)
+
+    def as_json(self) -> dict[str, Any]:
+        return {"passed": self.passed, "summary": self.summary(), "rtol": self.rtol, "atol": self.atol,
+                "tests": [t.as_json() for t in self.tests]}
+
+
+def self_test_cases(carton: CartonConfig, model_dir: Path) -> list[SelfTestCase]:
+    """Every [[self_test]] with its tensors read from ``model_dir``'s
+    tensor_data/. A test naming a nested tensor cannot be sent over v2:
+    InvalidInput says so."""
+    if not carton.self_tests:
+        return []
+    entries = parse_tensor_index((model_dir / INDEX).read_bytes())
+    tensors = load_tensors(entries, lambda path: (model_dir / path).read_bytes())
+    cases = []
+    for index, test in enumerate(carton.self_tests):
+        name = test.name or f"self_test[{index}]"
+        cases.append(SelfTestCase(name, _arrays(tensors, test.inputs, name),
+                                  _arrays(tensors, test.expected_out or {}, name)))
+    return cases
+
+
+def _arrays(tensors: Mapping[str, Any], refs: Mapping[str, str], test: str) -> dict[str, np.ndarray]:
+    out = {}
+    for key, ref in refs.items():
+        value = tensors.get(ref[len(TENSOR_PREFIX):])
+        if not isinstance(value, np.ndarray):
+            raise InvalidInput(f"self-test {test!r}: {key} = {ref!r} is a nested tensor, which KServe v2 "
+                               f"cannot carry", subject=test)
+        out[key] = value
+    return out
+
+
+def compare(expected: Mapping[str, np.ndarray], got: Mapping[str, np.ndarray], rtol: float,
+            atol: float) -> list[dict[str, Any]]:
+    """One entry per output that differs: its name, shapes, the largest
+    difference and where it is."""
+    out = []
+    for name, want in expected.items():
+        have = got.get(name)
+        info: dict[str, Any] = {"output": name, "expected_shape": list(want.shape)}
+        if have is None:
+            out.append({**info, "problem": f"output {name!r} is missing from the answer"})
+            continue
+        info["shape"] = list(have.shape)
+        if have.shape != want.shape:
+            out.append({**info, "problem": f"output {name!r} has shape {list(have.shape)}, "
+                                           f"expected {list(want.shape)}"})
+        elif want.dtype == object or have.dtype == object:
+            problem = _string_problem(name, want, have)
+            if problem:
+                out.append({**info, **problem})
+        else:
+            problem = _numeric_problem(name, want, have, rtol, atol)
+            if problem:
+                out.append({**info, **problem})
+    return out
+
+
+def _text(value: Any) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+def _string_problem(name: str, want: np.ndarray, have: np.ndarray) -> dict[str, Any] | None:
+    flat_want, flat_have = want.reshape(-1), have.reshape(-1)
+    for i in range(flat_want.size):
+        if _text(flat_want[i]) != _text(flat_have[i]):
+            where = [int(k) for k in np.unravel_index(i, want.shape)]
+            return {"index": where, "problem": f"output {name!r} differs at {where}: "
+                                               f"{_text(flat_have[i])[:60]!r}, expected {_text(flat_want[i])[:60]!r}"}
+    return None
+
+
+def _numeric_problem(name: str, want: np.ndarray, have: np.ndarray, rtol: float,
+                     atol: float) -> dict[str, Any] | None:
+    if np.allclose(have, want, rtol=rtol, atol=atol, equal_nan=True):
+        return None
+    diff = np.abs(have.astype(np.float64) - want.astype(np.float64))
+    diff = np.where(np.isnan(diff), np.inf, diff)   # a NaN on one side only is as far off as it gets
+    flat = int(np.argmax(diff))
+    where = [int(k) for k in np.unravel_index(flat, want.shape)] if want.shape else []
+    largest = float(diff.reshape(-1)[flat])
+    return {"index": where, "max_abs_diff": largest,
+            "problem": f"output {name!r} differs by up to {largest:.6g} at {where} "
+                       f"({have.reshape(-1)[flat]!r} vs expected {want.reshape(-1)[flat]!r}; "
+                       f"rtol {rtol:g}, atol {atol:g})"}
+
+
+async def run_self_tests(cases: list[SelfTestCase], infer: Infer, *, rtol: float = DEFAULT_RTOL,
+                         atol: float = DEFAULT_ATOL) -> SelfTestReport:
+    """Each case through ``infer``, one after another; a failed request
+    fails its test with the error, it does not stop the others."""
+    results = []
+    for case in cases:
+        started = time.perf_counter()
+        try:
+            got = await infer(case.inputs)
+        except CartonStoreError as e:
+            results.append(TestResult(case.name, False, e.message, seconds=time.perf_counter() - started))
+            continue
+        seconds = time.perf_counter() - started
+        mismatches = await asyncio.to_thread(compare, case.expected, got, rtol, atol)
+        results.append(TestResult(case.name, not mismatches, None, mismatches, seconds))
+    return SelfTestReport(results, rtol, atol)
+
+
+def _error_of(body: bytes | bytearray) -> str:
+    try:
+        return str(json.loads(bytes(body))["error"])
+    except (ValueError, KeyError, TypeError):
+        return bytes(body[:500]).decode("utf-8", "replace")
+
+
+async def infer_via(runners: ModelRunners, carton: CartonConfig, inputs: Mapping[str, np.ndarray],
+                    name: str | None = None) -> dict[str, np.ndarray]:
+    """One request to ``runners``, validated against the carton first as
+    the daemon validates any request; every output, binary."""
+    parts, header_length = encode_infer_request(inputs, binary=True, binary_outputs=True)
+    body = b"".join(parts)
+
+    def check() -> None:
+        validate_request(parse_infer_request(body, header_length), carton.inputs, carton.outputs)
+    await asyncio.to_thread(check)
+    headers = {"Content-Type": "application/octet-stream"}
+    if header_length is not None:
+        headers[HEADER_LENGTH] = str(header_length)
+    answer = await runners.forward(f"/v2/models/{name or runners.name}/infer", [body], headers)
+    if answer.status != 200:
+        raise CartonStoreError(f"the runner answered {answer.status}: {_error_of(answer.body)}")
+    length = {k.lower(): v for k, v in answer.headers.items()}.get(HEADER_LENGTH.lower())
+    return parse_infer_response(answer.body, int(length) if length is not None else None)[1]
