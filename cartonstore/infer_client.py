@@ -70,6 +70,21 @@ class InferClient:
                                          {"Content-Type": "application/json"})
         return _json_body(status, body, model)
 
+    def tensor(self, model: str, name: str, *, version: str | None = None) -> np.ndarray:
+        """Tensor ``name`` of the model's tensor_data/, as a numpy array."""
+        status, headers, body = self._exchange("GET", f"{_model_path(model, version)}/tensors/{quote(name, safe='')}",
+                                               None, {"Accept": "application/octet-stream"})
+        if status != 200:
+            raise _error_for(status, body, model)
+        length = headers.get(HEADER_LENGTH.lower())
+        return parse_infer_response(body, int(length) if length is not None else None)[1][name]
+
+    def examples(self, model: str, *, version: str | None = None) -> list[dict[str, Any]]:
+        """The carton's [[example]] entries, each input and sample output a
+        link: {"tensor", "url"} or {"file", "url", "content_type"}."""
+        status, _, body = self._exchange("GET", _model_path(model, version) + "/examples", None, {})
+        return _json_body(status, body, model)["examples"]
+
     def load(self, model: str) -> None:
         status, _, body = self._exchange("POST", f"/v2/repository/models/{quote(model, safe='')}/load", b"{}",
                                          {"Content-Type": "application/json"})

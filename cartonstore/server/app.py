@@ -23,7 +23,7 @@ from ..store.gc import GcPolicy
 from .blobs import serve_blob
 from .bodies import IN_THREAD_FROM, request_body
 from .infer_api import infer
-from . import selftest_api, shm_api
+from . import examples_api, selftest_api, shm_api
 from .selftest_api import SelfTestFailed
 from .metrics import CONTENT_TYPE, Metrics
 from .responses import ERROR_TEXT, POLLED, error
@@ -261,6 +261,7 @@ def build_app(service: ModelService, metrics_: Metrics, *, max_request_size: int
     r.add_post("/v2/models/{name}/versions/{version}/infer", infer)
     shm_api.add_routes(r)
     selftest_api.add_routes(r)
+    examples_api.add_routes(r)
     r.add_post("/v1/leases", take_lease)
     r.add_post("/v1/leases/{lease}/renew", renew_lease)
     r.add_delete("/v1/leases/{lease}", release_lease)

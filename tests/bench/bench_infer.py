@@ -14,9 +14,11 @@ Targets (issue), each against a baseline measured in the same run:
      MLServer's and 16-float p50 <= half of MLServer's;
   4. (figures) idle RSS of one runner, and of the daemon with 10 models loaded;
   5. 64 MiB FP32 in and out through Triton's system shared memory vs a
-     bare numpy copy and vs binary over the socket (shm_section.py).
+     bare numpy copy and vs binary over the socket (shm_section.py);
+  6. (figures) a carton's 10 self-tests of 1 MiB run by the daemon vs the
+     same requests straight to the runner (selftest_section.py).
 
-    python tests/bench/bench_infer.py [--quick] [--requests 2000] [--seconds 5] [--rounds 2] [--only-shm]
+    python tests/bench/bench_infer.py [--quick] [--requests 2000] [--seconds 5] [--rounds 2] [--only shm|selftest]
 
 Every request goes through tests/bench/http11.py: the daemon's own lean
 HTTP/1.1 client (--client aiohttp for the stock one), one connection per client, in
@@ -45,6 +47,7 @@ sys.path[:0] = [str(REPO), str(HERE.parents[1]), str(HERE.parent)]
 
 import numpy as np
 from bench_daemon import cpu_seconds, percentile, rss_mib, stop_proc
+import selftest_section
 import shm_section
 from http11 import CLIENTS, Address
 from mlserver_echo import (
@@ -324,7 +327,7 @@ def main() -> None:
                     help="MLServer parallel_workers (default: MLServer's own default)")
     ap.add_argument("--workdir", default=None)
     ap.add_argument("--shm-requests", type=int, default=20, help="64 MiB requests per way in section 5 (default 20)")
-    ap.add_argument("--only-shm", action="store_true", help="section 5 alone")
+    ap.add_argument("--only", choices=["shm", "selftest"], help="section 5 (shm) or 6 (selftest) alone")
     a = ap.parse_args()
     if a.quick:
         a.requests, a.warmup, a.seconds, a.rounds = 500, 100, 2.0, 1
@@ -370,7 +373,7 @@ def main() -> None:
                            {"proxy": [floor.pid], "runner": [rpid]})
         print(f"daemon event loop: {loop_name()}; floor proxy: forwards bytes only, no HTTP parsed, same loop\n")
 
-        if a.only_shm:
+        if a.only:
             a.no_mlserver, a.models = True, 1
         else:
             lat = compare_latency([via_daemon, direct, via_floor], small_bin, a,
@@ -386,8 +389,11 @@ def main() -> None:
             verdict(verdicts, "1. proxy overhead p50 <= 0.25 ms", overhead50 <= 0.25, f"{overhead50:.3f} ms "
                     f"(daemon {lat[via_daemon.label]['p50']:.3f} - direct {lat[direct.label]['p50']:.3f})")
 
-        shm_section.run(d.socket_path, "echo", a.shm_requests, lambda *row: verdict(verdicts, *row))
-        for clients in client_counts if not a.only_shm else ():
+        if a.only != "selftest":
+            shm_section.run(d.socket_path, "echo", a.shm_requests, lambda *row: verdict(verdicts, *row))
+        if a.only != "shm":
+            selftest_section.run(d.socket_path, work, 5, load_model, runner_of, lambda *row: verdict(verdicts, *row))
+        for clients in client_counts if not a.only else ():
             best = compare_throughput([via_daemon, direct, via_floor], big_bin, clients, a,
                                       f"2. throughput, 4 MiB FP32 binary in and out, {clients} client(s):")
             ratio = best[via_daemon.label]["rps"] / best[direct.label]["rps"]
