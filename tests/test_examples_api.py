@@ -43,12 +43,14 @@ def served(tmp_path_factory: pytest.TempPathFactory):
     config = base / "c.toml"
     config.write_text("[runners]\nbuiltin = false\n")
     d = DaemonProcess(base / "root", listen=None, extra_args=["--config", str(config)]).start()
-    for name, source in (("fx", FIXTURE), ("nested", nested_carton(base / "nested"))):
-        status, body, _ = get(d, f"/v2/repository/models/{name}/load", method="POST",
-                           data=json.dumps({"parameters": {"source": str(source)}}).encode())
-        assert status == 200, body
-    yield d
-    d.stop()
+    try:
+        for name, source in (("fx", FIXTURE), ("nested", nested_carton(base / "nested"))):
+            status, body, _ = get(d, f"/v2/repository/models/{name}/load", method="POST",
+                                  data=json.dumps({"parameters": {"source": str(source)}}).encode())
+            assert status == 200, body
+        yield d
+    finally:
+        d.stop()
 
 
 def get(d: DaemonProcess, path: str, headers: dict | None = None, method: str = "GET",

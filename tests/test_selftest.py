@@ -120,8 +120,10 @@ def index(d: DaemonProcess) -> dict[str, dict]:
 def served(tmp_path_factory: pytest.TempPathFactory):
     base = tmp_path_factory.mktemp("selftest")
     d = DaemonProcess(base / "root", listen=None).start()
-    yield d, base
-    d.stop()
+    try:
+        yield d, base
+    finally:
+        d.stop()
     assert wait_for(lambda: not runner_pids(d.root), 10), runner_pids(d.root)
 
 

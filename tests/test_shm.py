@@ -35,10 +35,12 @@ def served(tmp_path_factory: pytest.TempPathFactory):
     sock_dir = Path(tempfile.mkdtemp(prefix="cs-shm-", dir="/tmp"))
     sock_dir.chmod(0o755)
     d = DaemonProcess(base / "root", socket_path=sock_dir / "d.sock", extra_args=["--config", str(config)]).start()
-    _load(d, "echo", echo_carton(base / "echo", dtypes=["float32", "string"]))
-    _load(d, "affine", onnx_carton(base / "affine"))
-    yield d
-    d.stop()
+    try:
+        _load(d, "echo", echo_carton(base / "echo", dtypes=["float32", "string"]))
+        _load(d, "affine", onnx_carton(base / "affine"))
+        yield d
+    finally:
+        d.stop()
     assert wait_for(lambda: not runner_pids(d.root), 10), runner_pids(d.root)
     (sock_dir / "d.sock").unlink(missing_ok=True)
     sock_dir.rmdir()

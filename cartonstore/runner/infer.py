@@ -54,7 +54,7 @@ def decode_request(
         for tensor in req.inputs:
             if tensor.shm is not None:
                 tensor.data = regions.view(tensor.shm, tensor.what)
-        _output_sinks(req, regions)   # an unknown region is refused before the model runs
+        _close(_output_sinks(req, regions))   # an unknown region is refused before the model runs
     # The structural checks (duplicates, data that fills its shape, known
     # outputs); datatypes and shapes are the model's to refuse, as with any
     # v2 server: the daemon checks those against carton.toml before forwarding.
@@ -63,10 +63,21 @@ def decode_request(
 
 
 def _output_sinks(req: InferRequest, regions: MappedRegions | None) -> dict[str, ShmSink]:
-    if regions is None:
-        return {}
-    return {name: ShmSink(ref.region, regions.view(ref, f"requested output {name!r}"))
-            for name, ref in req.shm_outputs().items()}
+    """Where the outputs requested in shared memory go (close them after)."""
+    sinks: dict[str, ShmSink] = {}
+    if regions is not None:
+        try:
+            for name, ref in req.shm_outputs().items():
+                sinks[name] = regions.sink(ref, f"requested output {name!r}")
+        except BaseException:
+            _close(sinks)
+            raise
+    return sinks
+
+
+def _close(sinks: dict[str, ShmSink]) -> None:
+    for sink in sinks.values():
+        sink.close()
 
 
 def run_and_encode(
@@ -107,6 +118,8 @@ def run_and_encode(
         raise
     except InvalidInput as exc:
         raise ModelFailed(f"cannot send the model's outputs: {exc.message}") from None
+    finally:
+        _close(sinks)
 
 
 def _split_result(result: Any) -> tuple[Mapping[str, Any], dict[str, Any]]:

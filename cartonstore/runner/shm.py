@@ -24,7 +24,7 @@ from typing import Any
 
 from cartonstore.errors import InvalidInput
 from cartonstore.shm_objects import object_size_problem, open_object
-from cartonstore.v2.shm_params import ShmRef
+from cartonstore.v2.shm_params import ShmRef, ShmSink
 
 _PAGE = mmap.ALLOCATIONGRANULARITY
 
@@ -63,7 +63,7 @@ def _number(doc: dict[str, Any], key: str, name: str, least: int) -> int:
 class MappedRegions:
     def __init__(self) -> None:
         self._regions: dict[str, MappedRegion] = {}
-        self._lock = threading.Lock()   # requests take views in worker threads
+        self._lock = threading.RLock()   # requests take views in worker threads; sink() calls view()
 
     def register(self, name: str, doc: Any) -> None:
         if type(doc) is not dict:
@@ -125,5 +125,30 @@ class MappedRegions:
                                    subject=what)
             return region.view[ref.offset:ref.end]
 
+    def sink(self, ref: ShmRef, what: str) -> FdSink:
+        """Where an output named ``ref`` is written: through a dup of the
+        object's fd (pwrite), not through the mapping, so an object
+        truncated meanwhile is written past its end (it grows back) instead
+        of raising SIGBUS. Close it when done."""
+        with self._lock:
+            self.view(ref, what).release()     # the same checks as an input's
+            region = self._regions[ref.region]
+            return FdSink(ref.region, os.dup(region.fd), region.offset + ref.offset, ref.byte_size)
+
     def close(self) -> None:
         self.unregister()
+
+
+class FdSink(ShmSink):
+    def __init__(self, region: str, fd: int, at: int, capacity: int) -> None:
+        self.region, self.capacity = region, capacity
+        self._fd, self._at = fd, at
+
+    def write(self, chunk: bytes | memoryview) -> None:
+        view = memoryview(chunk).cast("B")
+        done = 0
+        while done < len(view):   # pwrite lets go of the GIL, and may write less than asked
+            done += os.pwrite(self._fd, view[done:], self._at + done)
+
+    def close(self) -> None:
+        os.close(self._fd)

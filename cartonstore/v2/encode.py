@@ -53,14 +53,13 @@ def _encode_tensors(
 
 def _write_to_shm(what: str, chunk: bytes | memoryview, sink: ShmSink) -> dict[str, Any]:
     size = len(chunk)
-    if size > len(sink.view):
+    if size > sink.capacity:
         raise RegionTooSmall(
-            f"{what}: shared memory region {sink.region!r} gives it {len(sink.view)} bytes, "
+            f"{what}: shared memory region {sink.region!r} gives it {sink.capacity} bytes, "
             f"but it needs {size} bytes",
             subject=what,
         )
-    # numpy's copy lets go of the GIL for big tensors; a memoryview slice assignment would not
-    np.copyto(np.frombuffer(sink.view, np.uint8, count=size), np.frombuffer(chunk, np.uint8))
+    sink.write(chunk)
     return {REGION: sink.region, BYTE_SIZE: size}
 
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from cartonstore.errors import InvalidInput
 from cartonstore.v2.elements import fail
 
@@ -33,14 +35,24 @@ class ShmRef:
         return self.offset + self.byte_size
 
 
-@dataclass(frozen=True, slots=True)
 class ShmSink:
-    """Where an output requested in shared memory is written: ``view`` is
-    its ``byte_size`` bytes of the region, ``region`` the name the response
-    gives."""
+    """Where an output requested in shared memory goes: up to ``capacity``
+    bytes, written by ``write``; ``region`` is the name the response gives.
+    This one writes into a buffer (a view of a mapping); a runner's writes
+    go through its fd instead (cartonstore.runner.shm)."""
 
-    region: str
-    view: memoryview
+    def __init__(self, region: str, view: memoryview) -> None:
+        self.region = region
+        self.capacity = len(view)
+        self._view = view
+
+    def write(self, chunk: bytes | memoryview) -> None:
+        size = len(chunk)
+        # numpy's copy lets go of the GIL for big tensors; a memoryview slice assignment would not
+        np.copyto(np.frombuffer(self._view, np.uint8, count=size), np.frombuffer(chunk, np.uint8))
+
+    def close(self) -> None:
+        pass
 
 
 class RegionTooSmall(InvalidInput):
