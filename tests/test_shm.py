@@ -19,10 +19,32 @@ import tritonclient.utils.shared_memory as shm
 from tritonclient.utils import InferenceServerException, serialize_byte_tensor, serialized_byte_size
 
 from daemonkit import DaemonProcess, unix_session, wait_for
-from inferkit import echo_carton, onnx_carton, runner_pids, runner_sockets
+from inferkit import echo_carton, echo_toml, onnx_carton, runner_pids, runner_sockets
 from test_infer_api import _load, runner_count
 
 SHM = "/dev/shm"
+
+
+SLOW_MAIN = """
+import time
+
+
+class Slow:
+    def infer_with_tensors(self, tensors):
+        time.sleep(1.0)                   # the client truncates its region meanwhile
+        return {"y_float32": tensors["x_float32"] * 2}
+
+
+def get_model():
+    return Slow()
+"""
+
+
+def slow_carton(dest: Path) -> Path:
+    (dest / "model").mkdir(parents=True)
+    (dest / "carton.toml").write_text(echo_toml("slow", ["float32"]))
+    (dest / "model" / "main.py").write_text(SLOW_MAIN)
+    return dest
 
 
 @pytest.fixture(scope="module")
@@ -38,6 +60,7 @@ def served(tmp_path_factory: pytest.TempPathFactory):
     try:
         _load(d, "echo", echo_carton(base / "echo", dtypes=["float32", "string"]))
         _load(d, "affine", onnx_carton(base / "affine"))
+        _load(d, "slow", slow_carton(base / "slow"))
         yield d
     finally:
         d.stop()
@@ -374,4 +397,34 @@ def test_the_daemon_never_maps_a_region(served: DaemonProcess, objects) -> None:
     assert post(served, "/v2/models/affine/infer", _shm_request("nomap", 32, out="nomap"))[0] == 200
     maps = Path(f"/proc/{served.proc.pid}/maps").read_text()
     assert key not in maps      # only runners map; the daemon cannot be SIGBUSed by a truncation
+    assert post(served, "/v2/systemsharedmemory/unregister", None)[0] == 200
+
+
+def test_a_region_truncated_while_the_model_reads_it(served: DaemonProcess, objects) -> None:  # noqa: ANN001
+    """The one crash a client can cause: SIGBUS in the runner that maps its
+    region. The daemon (which never maps) answers 503 saying so, and the
+    runner is restarted."""
+    key = objects("race", 1 << 20)
+    assert post(served, "/v2/systemsharedmemory/region/race/register", {"key": key, "byte_size": 1 << 20})[0] == 200
+    doc = {"inputs": [{"name": "x_float32", "datatype": "FP32", "shape": [512, 512], "parameters": {
+        "shared_memory_region": "race", "shared_memory_byte_size": 1 << 20}}]}
+    pids = set(runner_pids(served.root))
+
+    async def go() -> tuple[int, dict]:
+        async with unix_session(served.socket_path) as s:
+            answer = asyncio.ensure_future(s.post("/v2/models/slow/infer", json=doc))
+            await asyncio.sleep(0.5)
+            os.truncate(SHM + key, 0)
+            r = await answer
+            return r.status, await r.json()
+    status, answer = asyncio.run(go())
+    assert status == 503 and "SIGBUS" in answer["error"] and "truncated" in answer["error"], answer
+    assert served.proc.poll() is None
+    def ready() -> bool:
+        async def go() -> int:
+            async with unix_session(served.socket_path) as s:
+                return (await s.get("/v2/models/slow/ready")).status
+        return asyncio.run(go()) == 200
+    assert wait_for(ready, 20)
+    assert set(runner_pids(served.root)) != pids        # a new runner took the dead one's place
     assert post(served, "/v2/systemsharedmemory/unregister", None)[0] == 200

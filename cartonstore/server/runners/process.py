@@ -62,6 +62,9 @@ def seconds(value: float) -> str:
 
 
 def describe_exit(returncode: int) -> str:
+    if returncode == -signal.SIGBUS:   # the one way a client can crash a runner it shares memory with
+        return (f"exited with signal {-returncode} (SIGBUS: it touched mapped memory past the end of a file, "
+                f"such as a shared memory region truncated while the model read it)")
     if returncode < 0:
         try:
             return f"exited with signal {-returncode} ({signal.Signals(-returncode).name})"
