@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import tomli_w
 
+from cartonstore.infer_client import InferClient
 from cartonstore.selftest import compare
 from daemonkit import DaemonProcess, unix_session, wait_for
 from inferkit import runner_pids
@@ -137,6 +138,9 @@ def test_a_model_that_passes_loads_and_selftest_reports_each_test(served) -> Non
     assert report["summary"] == "2 self-test(s) passed" and report["rtol"] == 1e-5
     status, report = post(d, "/v2/models/good/selftest", {"rtol": 0.1, "atol": 0})
     assert status == 200 and (report["rtol"], report["atol"]) == (0.1, 0.0)
+    with InferClient(d.socket_path) as c:
+        report = c.selftest("good", atol=0.5)
+        assert report["passed"] and report["atol"] == 0.5 and len(report["tests"]) == 2
     for doc, fragment in (({"rtol": -1}, "rtol: expected a number >= 0"), ({"tol": 1}, "unknown field(s)"),
                           ({"atol": "x"}, "atol: expected a number >= 0")):
         status, answer = post(d, "/v2/models/good/selftest", doc)
