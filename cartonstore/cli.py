@@ -310,7 +310,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--socket", help="the daemon's socket (default: $CARTONSTORE_SOCKET or ROOT/cartonstore.sock)")
 
     sp = add("selftest", cmd_selftest, "run a carton's [[self_test]]s through its runner (in the daemon, "
-             "loading the model if needed; with no daemon serving, a runner started here); exit 1 if one fails",
+             "loading the model if needed; with no daemon serving, a runner started here); exit 8 if one fails",
              "cartonstore selftest resnet --rtol 1e-4 --json")
     sp.add_argument("ref", help="the model's name (or, with no daemon, any REF)")
     sp.add_argument("--rtol", type=float, help="relative tolerance (default: runners.selftest_rtol)")

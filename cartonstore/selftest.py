@@ -156,17 +156,24 @@ def _string_problem(name: str, want: np.ndarray, have: np.ndarray) -> dict[str, 
 
 def _numeric_problem(name: str, want: np.ndarray, have: np.ndarray, rtol: float,
                      atol: float) -> dict[str, Any] | None:
-    if np.allclose(have, want, rtol=rtol, atol=atol, equal_nan=True):
+    if have.dtype != want.dtype:
+        return {"problem": f"output {name!r} is {have.dtype}, expected {want.dtype}"}
+    if want.dtype.kind in "iub":   # integers and booleans: exactly (float64 would round big ones)
+        bad = have != want
+    else:                          # NaN matches NaN, inf matches inf of its sign
+        bad = ~np.isclose(have, want, rtol=rtol, atol=atol, equal_nan=True)
+    if not bad.any():
         return None
-    diff = np.abs(have.astype(np.float64) - want.astype(np.float64))
-    diff = np.where(np.isnan(diff), np.inf, diff)   # a NaN on one side only is as far off as it gets
-    flat = int(np.argmax(diff))
+    with np.errstate(invalid="ignore", over="ignore"):
+        diff = np.abs(have.astype(np.float64) - want.astype(np.float64))
+    diff = np.where(np.isnan(diff), np.inf, diff)   # NaN against a number is as far off as it gets
+    flat = int(np.argmax(np.where(bad, diff, -1.0).reshape(-1)))   # the worst element that fails
     where = [int(k) for k in np.unravel_index(flat, want.shape)] if want.shape else []
     largest = float(diff.reshape(-1)[flat])
-    return {"index": where, "max_abs_diff": largest,
-            "problem": f"output {name!r} differs by up to {largest:.6g} at {where} "
-                       f"({have.reshape(-1)[flat]!r} vs expected {want.reshape(-1)[flat]!r}; "
-                       f"rtol {rtol:g}, atol {atol:g})"}
+    rule = "exactly" if want.dtype.kind in "iub" else f"rtol {rtol:g}, atol {atol:g}"
+    return {"index": where, "max_abs_diff": largest, "mismatched": int(bad.sum()),
+            "problem": f"output {name!r} differs in {int(bad.sum())} element(s), worst by {largest:.6g} at "
+                       f"{where} ({have.reshape(-1)[flat]!r} vs expected {want.reshape(-1)[flat]!r}; {rule})"}
 
 
 async def run_self_tests(cases: list[SelfTestCase], infer: Infer, *, rtol: float = DEFAULT_RTOL,

@@ -9,11 +9,12 @@ so a symlink planted there does not lead anywhere else.
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 from pathlib import Path
 
-from cartonstore.errors import InvalidInput
+from cartonstore.errors import InvalidInput, Unavailable
 
 SHM_DIR = Path("/dev/shm")
 NAME_MAX = 255
@@ -26,10 +27,14 @@ def object_name(key: object) -> str:
         raise InvalidInput(f'"key" must be a non-empty string naming a POSIX shared memory object, not {key!r}',
                            subject="key")
     name = key.lstrip("/")
+    try:
+        encoded = name.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidInput(f"key {key!r} is not valid UTF-8 text", subject="key") from None
     if not name or name in (".", "..") or "/" in name or "\0" in name:
         raise InvalidInput(f"key {key!r} is not a POSIX shared memory object name: it must be one name "
                            f'such as "/input0", without other slashes (a path is not a key)', subject="key")
-    if len(name.encode("utf-8", "surrogateescape")) > NAME_MAX:
+    if len(encoded) > NAME_MAX:
         raise InvalidInput(f"key {key[:40]!r}... is longer than {NAME_MAX} bytes", subject="key")
     return name
 
@@ -45,6 +50,9 @@ def open_object(key: str, *, writable: bool) -> tuple[int, os.stat_result]:
         raise InvalidInput(f"no shared memory object {key!r} exists (create it with shm_open before registering)",
                            subject="key") from None
     except OSError as e:
+        if e.errno in (errno.EMFILE, errno.ENFILE):
+            raise Unavailable(f"cannot open shared memory object {key!r}: {e.strerror} (too many open files); "
+                              f"unregister regions no longer used", subject="key") from None
         raise InvalidInput(f"cannot open shared memory object {key!r}: {e.strerror}"
                            f"{' (the daemon runs as uid %d)' % os.getuid() if e.errno == 13 else ''}",
                            subject="key") from None

@@ -78,16 +78,24 @@ def test_compare_names_the_output_the_shapes_and_the_largest_difference() -> Non
     assert compare(want, {"y": want["y"] + 1e-7}, 1e-5, 1e-8) == []
     (m,) = compare(want, {"y": np.array([[1.0, 2.0], [3.0, 4.5]], np.float32)}, 1e-5, 1e-8)
     assert (m["output"], m["index"], m["max_abs_diff"], m["shape"]) == ("y", [1, 1], 0.5, [2, 2])
-    assert "output 'y' differs by up to 0.5 at [1, 1]" in m["problem"]
+    assert "output 'y' differs in 1 element(s), worst by 0.5 at [1, 1]" in m["problem"]
     assert compare(want, {"y": want["y"] + 0.4}, 0.0, 0.5) == []      # tolerances as given
     (m,) = compare(want, {"y": np.zeros((4,), np.float32)}, 1e-5, 1e-8)
     assert m["problem"] == "output 'y' has shape [4], expected [2, 2]"
     (m,) = compare(want, {}, 1e-5, 1e-8)
     assert m["problem"] == "output 'y' is missing from the answer"
-    nan = {"y": np.array([np.nan, 1.0])}
-    assert compare(nan, {"y": np.array([np.nan, 1.0])}, 1e-5, 1e-8) == []
-    (m,) = compare(nan, {"y": np.array([0.0, 1.0])}, 1e-5, 1e-8)
+    nan = {"y": np.array([np.nan, 1.0, np.inf])}
+    assert compare(nan, {"y": np.array([np.nan, 1.0, np.inf])}, 1e-5, 1e-8) == []
+    (m,) = compare(nan, {"y": np.array([0.0, 1.0, np.inf])}, 1e-5, 1e-8)
     assert m["index"] == [0] and m["max_abs_diff"] == float("inf")
+    # the element that fails is named, not the one with the largest absolute difference
+    (m,) = compare({"y": np.array([1e6, 1.0])}, {"y": np.array([1e6 + 5, 2.0])}, 1e-5, 1e-8)
+    assert m["index"] == [1] and m["mismatched"] == 1
+    # integers exactly, even where float64 would round them; dtypes must match
+    big = np.array([2**53], np.int64)
+    assert compare({"y": big}, {"y": big + 1}, 1.0, 1.0)[0]["index"] == [0]
+    (m,) = compare({"y": np.ones(2, np.float32)}, {"y": np.ones(2, np.int64)}, 1e-5, 1e-8)
+    assert m["problem"] == "output 'y' is int64, expected float32"
 
 
 def test_compare_strings_exactly_bytes_against_str() -> None:
@@ -157,7 +165,7 @@ def test_a_model_that_fails_never_becomes_ready(served) -> None:  # noqa: ANN001
     status, answer = load(d, "bad", doubler_carton(base / "bad", expected_y=wrong))
     assert status == 400, answer
     assert answer["error"].startswith("self-test failed, so the model was not made ready: 1 of 1 self-test(s) "
-                                      "failed: doubles-0: output 'y' differs by up to 0.5 at [1, 2]"), answer
+                                      "failed: doubles-0: output 'y' differs in 1 element(s), worst by 0.5 at [1, 2]"), answer
     (test,) = answer["selftest"]["tests"]
     assert test["mismatches"][0]["index"] == [1, 2] and test["mismatches"][0]["max_abs_diff"] == 0.5
     row = index(d)["bad"]

@@ -9,6 +9,7 @@ import asyncio
 import json
 import os
 import socket
+import struct
 import tempfile
 from pathlib import Path
 
@@ -215,6 +216,7 @@ def test_bad_registrations_name_the_problem(served: DaemonProcess, objects, tmp_
             ({"key": key, "offset": -1, "byte_size": 8}, "offset must be an integer >= 0"),
             ({"key": key, "byte_size": 8, "extra": 1}, "unknown field(s) in the register request: extra"),
             ({"key": 5, "byte_size": 8}, '"key" must be a non-empty string'),
+            ({"key": "/\ud800x", "byte_size": 8}, "is not valid UTF-8 text"),
             ([1, 2], "request body must be a JSON object"),
         ]
         for doc, fragment in cases:
@@ -334,7 +336,7 @@ def _call_unix(path: str, method: str, target: str, doc: object = None) -> tuple
 def _as_nobody(path: str, key_mine: str, key_root: str) -> dict:
     fd = os.open(SHM + key_mine, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
     os.ftruncate(fd, 64)
-    os.close(fd)
+    os.pwrite(fd, struct.pack("<8f", *range(8)), 0)
     use_roots = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [2, 4], "parameters": {
         "shared_memory_region": "root-only", "shared_memory_byte_size": 32}}]}
     try:
@@ -344,10 +346,18 @@ def _as_nobody(path: str, key_mine: str, key_root: str) -> dict:
             "register_roots": _call_unix(path, "POST", "/v2/systemsharedmemory/region/s/register",
                                          {"key": key_root, "byte_size": 64}),
             "status": _call_unix(path, "GET", "/v2/systemsharedmemory/status"),
+            "infer_mine": _call_unix(path, "POST", "/v2/models/echo/infer", {
+                "inputs": [{"name": "x_float32", "datatype": "FP32", "shape": [2, 4], "parameters": {
+                    "shared_memory_region": "r", "shared_memory_byte_size": 32}},
+                    {"name": "x_string", "datatype": "BYTES", "shape": [2, 1], "data": ["s", "t"]}],
+                "outputs": [{"name": "y_float32", "parameters": {"shared_memory_region": "r",
+                             "shared_memory_byte_size": 32, "shared_memory_offset": 32}}]}),
+            "output": [list(os.pread(fd, 32, 32))],
             "use_roots": _call_unix(path, "POST", "/v2/models/affine/infer", use_roots),
             "unregister_all": _call_unix(path, "POST", "/v2/systemsharedmemory/unregister"),
         }
     finally:
+        os.close(fd)
         os.unlink(SHM + key_mine)
 
 
@@ -383,6 +393,9 @@ def test_each_uid_sees_and_uses_only_its_own_regions(served: DaemonProcess, obje
     assert out["register_mine"] == (200, None)
     assert out["register_roots"][0] == 400 and "belongs to uid 0, not your uid 65534" in out["register_roots"][1]["error"]
     assert out["status"] == (200, [{"name": "r", "key": key_mine, "offset": 0, "byte_size": 64}])
+    # its own region works, the runner copying its inputs (another uid's truncation must not SIGBUS it)
+    assert out["infer_mine"][0] == 200, out["infer_mine"]
+    assert np.frombuffer(bytes(out["output"][0]), "<f4").tolist() == list(range(8))
     assert out["use_roots"][0] == 400 and "unable to find system shared memory region 'root-only'" in \
         out["use_roots"][1]["error"]
     assert out["unregister_all"][0] == 200
@@ -427,4 +440,21 @@ def test_a_region_truncated_while_the_model_reads_it(served: DaemonProcess, obje
         return asyncio.run(go()) == 200
     assert wait_for(ready, 20)
     assert set(runner_pids(served.root)) != pids        # a new runner took the dead one's place
+    assert post(served, "/v2/systemsharedmemory/unregister", None)[0] == 200
+
+
+def test_bytes_in_shared_memory_are_bounded_before_they_are_read(served: DaemonProcess, objects) -> None:  # noqa: ANN001
+    key = objects("huge", 300 << 20)   # sparse: no memory behind it
+    assert post(served, "/v2/systemsharedmemory/region/huge/register", {"key": key, "byte_size": 300 << 20})[0] == 200
+    x = {"name": "x_float32", "datatype": "FP32", "shape": [1, 1], "data": [1.0]}
+
+    def strings(shape: list, size: int) -> dict:
+        return {"inputs": [x, {"name": "x_string", "datatype": "BYTES", "shape": shape, "parameters": {
+            "shared_memory_region": "huge", "shared_memory_byte_size": size}}]}
+    status, answer = post(served, "/v2/models/echo/infer", strings([1, 1], 300 << 20))
+    assert status == 400 and "more than server.max_request_size (268435456) allows" in answer["error"], answer
+    status, answer = post(served, "/v2/models/echo/infer", strings([1, 4], 12))
+    assert status == 400 and "cannot hold 4 BYTES elements" in answer["error"], answer
+    status, answer = post(served, "/v2/models/echo/infer", strings([1, 1], 8))
+    assert status == 400 and "input 'x_string'" in answer["error"], answer    # zeros: a 0-length element + 4 stray
     assert post(served, "/v2/systemsharedmemory/unregister", None)[0] == 200

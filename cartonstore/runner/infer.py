@@ -53,7 +53,7 @@ def decode_request(
             raise InvalidInput("this runner takes no shared memory tensors", subject="shared_memory")
         for tensor in req.inputs:
             if tensor.shm is not None:
-                tensor.data = regions.view(tensor.shm, tensor.what)
+                tensor.data = regions.input_bytes(tensor.shm, tensor.what)
         _close(_output_sinks(req, regions))   # an unknown region is refused before the model runs
     # The structural checks (duplicates, data that fills its shape, known
     # outputs); datatypes and shapes are the model's to refuse, as with any

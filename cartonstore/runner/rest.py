@@ -172,9 +172,9 @@ async def _infer(request: web.Request) -> web.StreamResponse:
         try:
             body = await _read_body(request)
             header_length = header_length_of(request.headers.get(HEADER_LENGTH))
-            if len(body) < DECODE_IN_THREAD_FROM:
+            if len(body) < DECODE_IN_THREAD_FROM and b"shared_memory_region" not in body:
                 req, inputs = decode_request(body, header_length, state.ctx, state.regions)
-            else:  # JSON or BYTES of this size would hold the loop (and health checks) for a while
+            else:  # JSON or BYTES of this size (or in shared memory) would hold the loop for a while
                 req, inputs = await asyncio.to_thread(decode_request, body, header_length, state.ctx,
                                                       state.regions)
         except InvalidInput as exc:

@@ -38,6 +38,7 @@ class MappedRegion:
     fd: int
     mapping: mmap.mmap
     view: memoryview      # the region's bytes within the mapping
+    copy_inputs: bool = False
 
     def status(self) -> dict[str, Any]:
         return {"name": self.name, "key": self.key, "offset": self.offset, "byte_size": self.byte_size}
@@ -72,10 +73,17 @@ class MappedRegions:
         offset, size = _number(doc, "offset", name, 0), _number(doc, "byte_size", name, 1)
         key = doc.get("key")
         with self._lock:
-            if name in self._regions:
+            known = self._regions.get(name)
+            if known is not None:
+                if (known.key, known.offset, known.byte_size) == (key, offset, size):
+                    return   # the same registration again (a caller retrying after a lost answer)
                 raise InvalidInput(f"shared memory region {name!r} is already registered", subject=name)
         fd, st = open_object(key, writable=True)
         try:
+            expected = doc.get("cartonstore_object")
+            if expected is not None and list(expected) != [st.st_dev, st.st_ino]:
+                raise InvalidInput(f"region {name!r}: {key!r} now names another object than the one the daemon "
+                                   f"checked (replaced since)", subject=name)
             if st.st_size < offset + size:
                 raise InvalidInput(f"region {name!r}: offset {offset} + byte_size {size} runs past the end of "
                                    f"the {st.st_size}-byte object {key!r}", subject=name)
@@ -86,7 +94,8 @@ class MappedRegions:
             os.close(fd)
             raise
         region = MappedRegion(name, key, offset, size, fd, mapping,
-                              memoryview(mapping)[offset - start: offset - start + size])
+                              memoryview(mapping)[offset - start: offset - start + size],
+                              doc.get("cartonstore_copy_inputs") is True)
         with self._lock:
             if name in self._regions:
                 region.release()
@@ -107,6 +116,31 @@ class MappedRegions:
             gone = [self._regions.pop(n) for n in names]
         for region in gone:
             region.release()
+
+    def input_bytes(self, ref: ShmRef, what: str) -> memoryview:
+        """An input's bytes: a view of the mapping, or, for a region of
+        another uid than the daemon's, a copy read with pread. Only the
+        daemon's own uid may make a runner's reads SIGBUS by truncating a
+        region: another uid could otherwise crash a runner every uid uses."""
+        view = self.view(ref, what)
+        with self._lock:
+            region = self._regions.get(ref.region)
+            if region is None or not region.copy_inputs:
+                return view
+            view.release()
+            fd = os.dup(region.fd)
+        try:
+            copy = bytearray(ref.byte_size)
+            done = 0
+            while done < ref.byte_size:
+                got = os.preadv(fd, [memoryview(copy)[done:]], region.offset + ref.offset + done)
+                if got == 0:
+                    raise InvalidInput(f"{what}: shared memory region {ref.region!r} ended while being read "
+                                       f"(truncated)", subject=what)
+                done += got
+        finally:
+            os.close(fd)
+        return memoryview(copy)
 
     def view(self, ref: ShmRef, what: str) -> memoryview:
         """The bytes ``ref`` names, writable, once the object still holds them."""

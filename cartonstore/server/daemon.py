@@ -113,7 +113,8 @@ class Daemon:
             try:
                 async with Puller(store, s.fetch) as puller:
                     service = ModelService(store, puller, s.leases, Metrics(), s.runners,
-                                           shm_over_tcp=s.shared_memory_over_tcp)
+                                           shm_over_tcp=s.shared_memory_over_tcp,
+                                           max_request_size=s.max_request_size)
                     service.runner_host.prepare()
                     app = build_app(service, service.metrics, max_request_size=s.max_request_size,
                                     access_log=s.access_log)

@@ -149,7 +149,10 @@ async def misc_file(request: web.Request) -> web.StreamResponse:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise NotFound(f"misc/{rel} is not a file", subject=rel)
         head = f.read(SNIFF_BYTES)
-    return web.FileResponse(path, headers={"Content-Type": media_type(rel, head)})
+    # A carton's file, on an API without authentication: never sniffed into
+    # something else, and never run as a page (an .html or .svg may hold script).
+    return web.FileResponse(path, headers={"Content-Type": media_type(rel, head), "X-Content-Type-Options": "nosniff",
+                                           "Content-Security-Policy": "sandbox"})
 
 
 def add_routes(router: web.UrlDispatcher) -> None:

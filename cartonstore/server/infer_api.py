@@ -28,6 +28,7 @@ from ..v2.framing import header_length as header_length_of
 from ..v2.validate import parse_raw_binary_for, validate_request
 from .blobs import pick_encoding
 from .bodies import ENCODINGS, IN_THREAD_FROM, request_body
+from ..v2.shm_params import REGION
 from .infer_shm import ShmUse, attach_regions, renamed_answer, renamed_request, uses_shm
 from .responses import ERROR_TEXT
 from .shm_regions import Peer, ShmRegions, peer_of
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
     from .loaded_model import LoadedModel
     from .service import ModelService
 
+SHM_MARK = REGION.encode()
 STREAM_ANSWER = 64 * 1024         # larger answers: headers and body written apart, so neither is copied
 CLIENT_SEND_BUFFER = 4 << 20      # a 4 MiB answer leaves in one send, not copied into asyncio's buffer
 
@@ -142,9 +144,12 @@ async def infer(request: web.Request) -> web.StreamResponse:
     service: ModelService = request.app[SERVICE]
     name, version = request.match_info["name"], request.match_info.get("version")
     model = serving_model(service, name, version)  # an unknown model is refused before its body is read
+    if request.transport is None:
+        raise InvalidInput("the connection closed before its request was read")
+    peer = peer_of(request.transport)   # before an await: a connection gone meanwhile has no socket to ask
     body = await request_body(request)
     answer = await proxied_infer(service, model, name, version, body, request.headers.get(HEADER_LENGTH),
-                                 request.headers.get("Accept-Encoding", ""), peer_of(request.transport))
+                                 request.headers.get("Accept-Encoding", ""), peer)
     if len(answer.payload) >= STREAM_ANSWER:
         return await _streamed(request, answer.status, answer.headers, answer.payload)
     response = web.Response(status=answer.status, body=answer.payload, headers=answer.headers)
@@ -168,7 +173,8 @@ async def _checked_off_loop(model: LoadedModel, body: bytes | bytearray, header_
                             shm: tuple[ShmRegions, Peer]) -> tuple[list, int | None, ShmUse | None]:
     """checked_request; in a thread for big bodies, whose JSON or BYTES
     elements would hold the event loop for as long as they take to walk."""
-    if len(body) < IN_THREAD_FROM:
+    # A small body naming shared memory may still have big BYTES to read there.
+    if len(body) < IN_THREAD_FROM and SHM_MARK not in body:
         return checked_request(model, body, header_length, shm)
     return await asyncio.to_thread(checked_request, model, body, header_length, shm)
 

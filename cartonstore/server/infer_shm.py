@@ -10,10 +10,14 @@ on as they came.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..v2.framing import HEADER_LENGTH, InferRequest
+from math import prod
+
+from ..v2.elements import fail
+from ..v2.framing import HEADER_LENGTH, InferRequest, WireTensor
 from ..v2.shm_params import REGION, with_region
 from .shm_regions import Peer, Region, ShmRegions
 
@@ -35,12 +39,26 @@ def uses_shm(req: InferRequest) -> bool:
     return any(t.shm is not None for t in req.inputs) or bool(req.shm_outputs())
 
 
+def _check_bytes_size(tensor: WireTensor, max_read: int) -> None:
+    """BYTES in shared memory are read to be checked: not past the request
+    size bound, and not before their size could hold the shape at all."""
+    size, least = tensor.shm.byte_size, 4 * prod(tensor.shape)   # type: ignore[union-attr]
+    if size < least:
+        raise fail(tensor.what, f"shared_memory_byte_size {size} cannot hold {prod(tensor.shape)} BYTES elements "
+                                f"(each takes at least 4 bytes)")
+    if size > max_read:
+        raise fail(tensor.what, f"BYTES in shared memory of {size} bytes are more than server.max_request_size "
+                                f"({max_read}) allows")
+
+
 def attach_regions(req: InferRequest, registry: ShmRegions, peer: Peer) -> ShmUse:
     """Check every region ``req`` names; fill the data of BYTES inputs so
     their framing can be validated like any other."""
     use = ShmUse()
     for tensor in req.inputs:
         if tensor.shm is not None:
+            if tensor.datatype == "BYTES":
+                _check_bytes_size(tensor, registry.max_read)
             region, data = registry.check(peer, tensor.shm, tensor.what, read=tensor.datatype == "BYTES")
             if data is not None:
                 tensor.data = memoryview(data)
@@ -83,11 +101,11 @@ def renamed_answer(status: int, headers: dict[str, str], payload: bytes | bytear
     outputs' parameters; in an error, the message). ``headers`` gets the new
     header length."""
     names = use.client_names()
-    if status != 200:
+    if status != 200:   # one pass: a client's region may be named like another's runner name
         text = bytes(payload).decode("utf-8", "replace")
-        for runner_name, name in names.items():
-            text = text.replace(repr(runner_name), json.dumps(repr(name))[1:-1])
-        return text.encode("utf-8")
+        quoted = {repr(runner_name): json.dumps(repr(name))[1:-1] for runner_name, name in names.items()}
+        pattern = re.compile("|".join(re.escape(q) for q in quoted))
+        return pattern.sub(lambda m: quoted[m.group(0)], text).encode("utf-8")
     length_key = next((k for k in headers if k.lower() == HEADER_LENGTH.lower()), None)
     end = int(headers[length_key]) if length_key else len(payload)
     view = memoryview(payload)

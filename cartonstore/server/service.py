@@ -49,9 +49,10 @@ log = logging.getLogger("cartonstore.server")
 
 class ModelService:
     def __init__(self, store: Store, puller: Puller, leases: LeaseSettings, metrics: Metrics,
-                 runners: RunnerConfig | None = None, *, shm_over_tcp: bool = False) -> None:
+                 runners: RunnerConfig | None = None, *, shm_over_tcp: bool = False,
+                 max_request_size: int = 256 << 20) -> None:
         self.store = store
-        self.shm_regions = ShmRegions(allow_tcp=shm_over_tcp)
+        self.shm_regions = ShmRegions(allow_tcp=shm_over_tcp, max_read=max_request_size)
         self.runner_host = RunnerHost(runners or RunnerConfig(), store.layout.root / "run" / "runners")
         self._load_locks: dict[str, asyncio.Lock] = {}
         self._pins: dict[str, tuple[str, str]] = {}  # leases this daemon renews: id -> (carton, holder)

@@ -13,7 +13,7 @@ from aiohttp import web
 
 from ..errors import InvalidInput
 from .bodies import request_body
-from .shm_regions import Region, peer_of
+from .shm_regions import Peer, Region, peer_of
 
 PREFIX = "/v2/systemsharedmemory"
 
@@ -24,23 +24,33 @@ def _registry(request: web.Request):  # noqa: ANN202 - ShmRegions; app imports t
     return svc(request).shm_regions
 
 
+def _peer(request: web.Request) -> Peer:
+    """Who asks, read before any await: a connection gone meanwhile has no
+    socket left to tell, and must not be taken for a TCP caller."""
+    if request.transport is None:
+        raise InvalidInput("the connection closed before its request was read")
+    return peer_of(request.transport)
+
+
 async def status(request: web.Request) -> web.Response:
-    regions = _registry(request).status(peer_of(request.transport), request.match_info.get("name"))
+    regions = _registry(request).status(_peer(request), request.match_info.get("name"))
     return web.json_response(regions)
 
 
 async def register(request: web.Request) -> web.Response:
     from .app import body_json
 
+    peer = _peer(request)
     doc = await body_json(request)
-    _registry(request).register(peer_of(request.transport), request.match_info["name"], doc)
+    _registry(request).register(peer, request.match_info["name"], doc)
     return web.Response(status=200)
 
 
 async def unregister(request: web.Request) -> web.Response:
+    peer = _peer(request)
     if (await request_body(request)).strip():
         raise InvalidInput("an unregister request has an empty body (the region is named in the URL)")
-    gone = _registry(request).unregister(peer_of(request.transport), request.match_info.get("name"))
+    gone = _registry(request).unregister(peer, request.match_info.get("name"))
     _tell_runners(gone)
     return web.Response(status=200)
 

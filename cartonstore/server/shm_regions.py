@@ -62,6 +62,9 @@ class Region:
     byte_size: int
     fd: int
     runner_name: str        # its name on runners, unique for the daemon's life
+    gone: bool = False      # unregistered (a runner mapping it meanwhile unmaps it again)
+    object_id: tuple[int, int] = (0, 0)   # the object's (st_dev, st_ino): runners must open this one
+    foreign: bool = False   # owned by another uid than the daemon's: runners copy its inputs (see runner/shm.py)
     # the runner links that registered it, told when it goes (weak: a dead runner's link just vanishes)
     links: weakref.WeakSet = field(default_factory=weakref.WeakSet)
 
@@ -73,8 +76,9 @@ class ShmRegions:
     """Every owner's regions. Thread-safe: requests check regions in worker
     threads while the event loop registers and unregisters them."""
 
-    def __init__(self, *, allow_tcp: bool) -> None:
+    def __init__(self, *, allow_tcp: bool, max_read: int = 256 << 20) -> None:
         self.allow_tcp = allow_tcp
+        self.max_read = max_read    # the most bytes read from a region to check them (BYTES inputs)
         self._by_owner: dict[int | None, dict[str, Region]] = {}
         self._lock = threading.Lock()
         self._serial = itertools.count(1)
@@ -106,7 +110,7 @@ class ShmRegions:
             if name in self._by_owner.get(peer.uid, {}):
                 raise InvalidInput(f"shared memory region {name!r} is already registered; unregister it first",
                                    subject=name)
-        fd, st = open_object(key, writable=False)
+        fd, st = open_object(key, writable=True)   # as the runner will: a read-only object fails here, not at use
         try:
             owner_ok = st.st_uid == (os.getuid() if peer.uid is None else peer.uid) or peer.uid == 0
             if not owner_ok:
@@ -116,7 +120,8 @@ class ShmRegions:
             if st.st_size < offset + size:
                 raise InvalidInput(f"region {name!r}: offset {offset} + byte_size {size} runs past the end of "
                                    f"the {st.st_size}-byte object {key!r}", subject=name)
-            region = Region(name, key, offset, size, fd, f"cs{next(self._serial)}")
+            region = Region(name, key, offset, size, fd, f"cs{next(self._serial)}",
+                            object_id=(st.st_dev, st.st_ino), foreign=st.st_uid != os.getuid())
             with self._lock:
                 owned = self._by_owner.setdefault(peer.uid, {})
                 if name in owned:
@@ -150,6 +155,7 @@ class ShmRegions:
             gone = list(owned.values()) if name is None else [owned[name]] if name in owned else []
             for region in gone:
                 del owned[region.name]
+                region.gone = True
                 os.close(region.fd)
         return gone
 
@@ -158,6 +164,7 @@ class ShmRegions:
             gone = [r for owned in self._by_owner.values() for r in owned.values()]
             self._by_owner.clear()
             for region in gone:
+                region.gone = True
                 os.close(region.fd)
         return gone
 

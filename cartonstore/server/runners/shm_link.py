@@ -16,7 +16,7 @@ import json
 import logging
 from typing import TYPE_CHECKING, Iterable
 
-from ...errors import InvalidInput
+from ...errors import InvalidInput, Unavailable
 
 if TYPE_CHECKING:
     from ..shm_regions import Region
@@ -46,23 +46,34 @@ class RunnerShmLink:
         cannot map one or does not speak the extension."""
         for region in regions:
             done = self._registered.get(region.runner_name)
-            if done is None:
-                done = asyncio.get_running_loop().create_future()
-                self._registered[region.runner_name] = done
-                try:
-                    await self._register(region)
-                except BaseException as e:
-                    del self._registered[region.runner_name]
-                    done.set_exception(e)
-                    done.exception()   # retrieved: waiters, if any, get it too
-                    raise
-                done.set_result(None)
-                region.links.add(self)
-            else:
+            if done is not None:
                 await asyncio.shield(done)
+                continue
+            done = asyncio.get_running_loop().create_future()
+            self._registered[region.runner_name] = done
+            region.links.add(self)   # now: an unregister while this registers must reach this runner
+            try:
+                await self._register(region)
+            except BaseException as e:
+                self._registered.pop(region.runner_name, None)
+                region.links.discard(self)
+                # Waiters get an error of their own, never this task's cancellation.
+                failed = e if isinstance(e, Exception) else Unavailable(
+                    f"mapping shared memory region {region.name!r} in {self._label} was interrupted")
+                done.set_exception(failed)
+                done.exception()   # retrieved, whether or not anyone waits
+                raise
+            done.set_result(None)
+            if region.gone:   # unregistered while the runner mapped it: the unmap may have gone first
+                self._registered.pop(region.runner_name, None)
+                self._unregister_soon(region.runner_name)
+                raise InvalidInput(f"shared memory region {region.name!r} was unregistered", subject=region.name)
 
     async def _register(self, region: Region) -> None:
-        body = json.dumps({"key": region.key, "offset": region.offset, "byte_size": region.byte_size}).encode()
+        # Triton's three fields, and two of cartonstore's own that other v2 servers ignore.
+        body = json.dumps({"key": region.key, "offset": region.offset, "byte_size": region.byte_size,
+                           "cartonstore_object": list(region.object_id),
+                           "cartonstore_copy_inputs": region.foreign}).encode()
         status, _, answer = await self._client.request(
             "POST", f"/v2/systemsharedmemory/region/{region.runner_name}/register", _JSON, [body])
         if status == 404:
@@ -75,9 +86,14 @@ class RunnerShmLink:
     def forget(self, region: Region) -> None:
         """The client unregistered ``region``: the runner unmaps it too (in
         the background; a runner that died has nothing left to unmap)."""
-        if self._registered.pop(region.runner_name, None) is None or self._client.closed:
+        if self._registered.pop(region.runner_name, None) is None:
             return
-        task = asyncio.get_running_loop().create_task(self._unregister(region.runner_name))
+        self._unregister_soon(region.runner_name)
+
+    def _unregister_soon(self, runner_name: str) -> None:
+        if self._client.closed:
+            return
+        task = asyncio.get_running_loop().create_task(self._unregister(runner_name))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
