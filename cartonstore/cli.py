@@ -149,7 +149,8 @@ def cmd_selftest(store: Store, args: argparse.Namespace, out: Output) -> int:
         from .local_infer import selftest_locally
 
         report = selftest_locally(store, args.settings, args.ref, rtol, atol).as_json()
-    lines = [f"{'PASS' if t['passed'] else 'FAIL'} {t['name']}" + (f": {t['error']}" if "error" in t else "")
+    lines = [f"{t['outcome'].upper().replace('PASSED', 'PASS').replace('FAILED', 'FAIL')} {t['name']}"
+             + (f": {t['error']}" if "error" in t else "")
              + "".join(f"\n  {m['problem']}" for m in t.get("mismatches", [])) for t in report["tests"]]
     out.emit(report, [*lines, report["summary"]])
     return 0 if report["passed"] else SELFTEST_FAILED

@@ -38,18 +38,32 @@ class SelfTestCase:
     name: str
     inputs: dict[str, np.ndarray]
     expected: dict[str, np.ndarray]    # empty: the test passes when the model answers
+    invalid: str | None = None         # why the test cannot be sent at all (then inputs are empty)
+
+
+PASSED, FAILED, INVALID = "passed", "failed", "invalid"
 
 
 @dataclass
 class TestResult:
+    """One test's outcome: passed; failed (the model answered wrong, or
+    with an error); or invalid (the test itself is broken: its tensors do
+    not fit the model's declared inputs, so no request was sent; that says
+    nothing of the model)."""
+
     name: str
-    passed: bool
-    error: str | None = None           # the request failed: why
+    outcome: str
+    error: str | None = None           # failed or invalid: why
     mismatches: list[dict[str, Any]] = field(default_factory=list)
     seconds: float = 0.0
 
+    @property
+    def passed(self) -> bool:
+        return self.outcome == PASSED
+
     def as_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"name": self.name, "passed": self.passed, "seconds": round(self.seconds, 6)}
+        out: dict[str, Any] = {"name": self.name, "passed": self.passed, "outcome": self.outcome,
+                               "seconds": round(self.seconds, 6)}
         if self.error is not None:
             out["error"] = self.error
         if self.mismatches:
@@ -59,9 +73,10 @@ class TestResult:
     def line(self) -> str:
         if self.passed:
             return f"PASS {self.name} ({self.seconds * 1e3:.1f} ms)"
+        label = "INVALID" if self.outcome == INVALID else "FAIL"
         if self.error is not None:
-            return f"FAIL {self.name}: {self.error}"
-        return f"FAIL {self.name}: " + "; ".join(m["problem"] for m in self.mismatches)
+            return f"{label} {self.name}: {self.error}"
+        return f"{label} {self.name}: " + "; ".join(m["problem"] for m in self.mismatches)
 
 
 @dataclass
@@ -74,23 +89,37 @@ class SelfTestReport:
     def passed(self) -> bool:
         return all(t.passed for t in self.tests)
 
+    @property
+    def model_failed(self) -> bool:
+        """Whether the model failed a test it was sent (what stops a load;
+        an invalid test does not)."""
+        return any(t.outcome == FAILED for t in self.tests)
+
     def summary(self) -> str:
         if not self.tests:
             return "no self-tests: the carton declares none"
-        failed = [t for t in self.tests if not t.passed]
-        if not failed:
+        failed = [t for t in self.tests if t.outcome == FAILED]
+        invalid = [t for t in self.tests if t.outcome == INVALID]
+        if not failed and not invalid:
             return f"{len(self.tests)} self-test(s) passed"
-        return f"{len(failed)} of {len(self.tests)} self-test(s) failed: " + " | ".join(t.line()[5:] for t in failed)
+        parts = []
+        if failed:
+            parts.append(f"{len(failed)} of {len(self.tests)} self-test(s) failed: "
+                         + " | ".join(t.line().split(" ", 1)[1] for t in failed))
+        if invalid:
+            parts.append(f"{len(invalid)} of {len(self.tests)} self-test(s) could not be sent (the test is "
+                         f"broken, not the model): " + " | ".join(t.line().split(" ", 1)[1] for t in invalid))
+        return "; ".join(parts)
 
     def as_json(self) -> dict[str, Any]:
-        return {"passed": self.passed, "summary": self.summary(), "rtol": self.rtol, "atol": self.atol,
-                "tests": [t.as_json() for t in self.tests]}
+        return {"passed": self.passed, "model_failed": self.model_failed, "summary": self.summary(),
+                "rtol": self.rtol, "atol": self.atol, "tests": [t.as_json() for t in self.tests]}
 
 
 def self_test_cases(carton: CartonConfig, model_dir: Path) -> list[SelfTestCase]:
     """Every [[self_test]] with its tensors read from ``model_dir``'s
-    tensor_data/. A test naming a nested tensor cannot be sent over v2:
-    InvalidInput says so."""
+    tensor_data/. A test naming a nested tensor cannot be sent over v2: it
+    comes back invalid."""
     if not carton.self_tests:
         return []
     entries = parse_tensor_index((model_dir / INDEX).read_bytes())
@@ -98,8 +127,11 @@ def self_test_cases(carton: CartonConfig, model_dir: Path) -> list[SelfTestCase]
     cases = []
     for index, test in enumerate(carton.self_tests):
         name = test.name or f"self_test[{index}]"
-        cases.append(SelfTestCase(name, _arrays(tensors, test.inputs, name),
-                                  _arrays(tensors, test.expected_out or {}, name)))
+        try:
+            cases.append(SelfTestCase(name, _arrays(tensors, test.inputs, name),
+                                      _arrays(tensors, test.expected_out or {}, name)))
+        except InvalidInput as e:
+            cases.append(SelfTestCase(name, {}, {}, e.message))
     return cases
 
 
@@ -179,18 +211,26 @@ def _numeric_problem(name: str, want: np.ndarray, have: np.ndarray, rtol: float,
 async def run_self_tests(cases: list[SelfTestCase], infer: Infer, *, rtol: float = DEFAULT_RTOL,
                          atol: float = DEFAULT_ATOL) -> SelfTestReport:
     """Each case through ``infer``, one after another; a failed request
-    fails its test with the error, it does not stop the others."""
+    fails its test with the error, it does not stop the others. ``infer``
+    raises InvalidInput for a request refused before the model saw it
+    (the test is invalid), any other CartonStoreError for the model's error."""
     results = []
     for case in cases:
+        if case.invalid is not None:
+            results.append(TestResult(case.name, INVALID, case.invalid))
+            continue
         started = time.perf_counter()
         try:
             got = await infer(case.inputs)
+        except InvalidInput as e:
+            results.append(TestResult(case.name, INVALID, e.message, seconds=time.perf_counter() - started))
+            continue
         except CartonStoreError as e:
-            results.append(TestResult(case.name, False, e.message, seconds=time.perf_counter() - started))
+            results.append(TestResult(case.name, FAILED, e.message, seconds=time.perf_counter() - started))
             continue
         seconds = time.perf_counter() - started
         mismatches = await asyncio.to_thread(compare, case.expected, got, rtol, atol)
-        results.append(TestResult(case.name, not mismatches, None, mismatches, seconds))
+        results.append(TestResult(case.name, FAILED if mismatches else PASSED, None, mismatches, seconds))
     return SelfTestReport(results, rtol, atol)
 
 

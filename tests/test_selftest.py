@@ -234,3 +234,23 @@ def test_cli_runs_self_tests_with_its_own_runner(tmp_path: Path) -> None:
     assert report["passed"] is False and report["tests"][0]["mismatches"][0]["index"] == [0, 1]
     assert cli(root, "selftest", "bad", "--atol", "200").returncode == 0
     assert not runner_pids(root)
+
+
+FIXTURE = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "carton-repo-test.carton"
+
+
+def test_a_broken_test_is_invalid_and_does_not_stop_the_load(tmp_path: Path) -> None:
+    """Carton's own test carton declares a self-test whose tensors do not
+    fit its inputs ('b' is float64, the test gives it strings): no request
+    can be sent, which says nothing of the model."""
+    with DaemonProcess(tmp_path / "root", listen=None) as d:
+        status, answer = load(d, "fx", FIXTURE)
+        assert status == 200, answer
+        status, report = post(d, "/v2/models/fx/selftest", {})
+        assert status == 200 and report["passed"] is False and report["model_failed"] is False
+        (test,) = report["tests"]
+        assert test["outcome"] == "invalid" and test["error"] == "input 'b': datatype is BYTES but the model expects FP64"
+        assert "could not be sent (the test is broken, not the model)" in report["summary"]
+        d.stop()
+        assert "self-test(s) could not be sent" in d.proc.stderr.read()
+    assert wait_for(lambda: not runner_pids(tmp_path / "root"), 10)
