@@ -25,7 +25,8 @@ from pathlib import Path
 from typing import Sequence
 
 from ..errors import CATEGORIES, CartonStoreError, Unavailable, exit_code_for
-from ..store.gc import GcPolicy, GcReport
+from ..store.gc import GcPolicy, GcReport, eviction_summary
+from ..units import format_size
 
 CHILD_NICENESS = 10  # gc is background work: the daemon's requests come first
 
@@ -96,3 +97,11 @@ def child_main(argv: Sequence[str]) -> int:
 
 if __name__ == "__main__":
     sys.exit(child_main(sys.argv[1:]))
+
+
+def gc_summary(report: GcReport) -> str:
+    """One line for the daemon's log: what a collection freed, and why."""
+    return (f"freed {format_size(report.freed_bytes)}: {report.unreferenced_blobs} unreferenced blob(s), "
+            f"{eviction_summary(report.as_dict())}, {report.tmp_entries} tmp/ leftover(s), "
+            f"{report.expired_leases} expired lease(s); "
+            f"store {format_size(report.store_bytes_before)} -> {format_size(report.store_bytes_after)}")

@@ -21,12 +21,11 @@ from ..format.dtypes import tensor_metadata
 from ..format.manifest import is_sha256
 from ..runner_settings import RunnerSettings as RunnerConfig
 from ..store import Store
-from ..store.gc import GcPolicy, GcReport, eviction_summary
+from ..store.gc import GcPolicy, GcReport
 from ..store.materialize import remove_tree
 from ..store.names import carton_named, restore_name, validate_name
 from ..store.owner import tmp_name
-from ..units import format_size
-from .collector import collect_in_child
+from .collector import collect_in_child, gc_summary
 from .group_commit import GroupCommit
 from .load_params import b64_parameter, parse_triton_config, write_tree
 from .metrics import Metrics
@@ -396,14 +395,6 @@ class ModelService:
                 "loaded_models": sum(1 for m in tuple(self.models.values()) if m.serving_state == READY),  # see statuses()
                 "runners": self.runner_host.statuses(),
                 "fetched_bytes": stats.bytes_received, "fetch_requests": stats.requests}
-
-
-def gc_summary(report: GcReport) -> str:
-    """One line for the daemon's log: what a collection freed, and why."""
-    return (f"freed {format_size(report.freed_bytes)}: {report.unreferenced_blobs} unreferenced blob(s), "
-            f"{eviction_summary(report.as_dict())}, {report.tmp_entries} tmp/ leftover(s), "
-            f"{report.expired_leases} expired lease(s); "
-            f"store {format_size(report.store_bytes_before)} -> {format_size(report.store_bytes_after)}")
 
 
 def _resolve_on(conn, ref: str) -> str | None:  # noqa: ANN001
