@@ -344,3 +344,37 @@ def test_a_refused_body_that_never_comes_ends_the_connection_after_the_linger(se
         assert echoed(c.answer()) == [2]
     finally:
         c.close()
+
+
+def test_leases_are_answered_by_the_front_on_one_connection(served: DaemonProcess) -> None:
+    """Take, renew, release, and their refusals, pipelined with an infer and
+    a relayed request: each answered in order, exactly as aiohttp's routes
+    answered them."""
+    c = Conn(served.socket_path)
+    try:
+        c.send(post_json("/v1/leases", {"model": "echo", "ttl": 30, "holder": "front-test"}))
+        status, headers, body = c.answer()
+        assert status == 200 and headers["content-type"].startswith("application/json"), body
+        lease = json.loads(body)
+        assert Path(lease["path"]).is_dir() and lease["expires_at"] > time.time()
+        c.send(post_json(f"/v1/leases/{lease['lease']}/renew", {"ttl": 60}) + infer_request([7])
+               + get("/v2/health/live"))
+        status, _, body = c.answer()
+        assert status == 200 and json.loads(body)["expires_at"] > lease["expires_at"]
+        assert echoed(c.answer()) == [7]
+        assert c.answer()[0] == 200
+        c.send(f"DELETE /v1/leases/{lease['lease']} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+        assert c.answer()[:1] == (200,)
+        for request, status, fragment in (
+            (post_json("/v1/leases", {"ttl": 30}), 400, "'model' must be a non-empty string"),
+            (b"POST /v1/leases HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\n{nope", 400,
+             "request body is not valid JSON"),
+            (post_json("/v1/leases", {"model": "no-such-model"}), 404, "no-such-model"),
+            (f"DELETE /v1/leases/{lease['lease']} HTTP/1.1\r\nHost: x\r\n\r\n".encode(), 404, lease["lease"]),
+            (get("/v1/leases"), 404, "no such endpoint: GET /v1/leases"),   # aiohttp answers, through the relay
+        ):
+            c.send(request)
+            got, _, body = c.answer()
+            assert got == status and fragment in body.decode(), (request[:40], got, body)
+    finally:
+        c.close()

@@ -9,7 +9,6 @@ Content-Type; an empty body means "no options".
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import math
 import time
@@ -21,9 +20,10 @@ from .. import __version__
 from ..errors import CartonStoreError, InvalidInput, http_status_for
 from ..store.gc import GcPolicy
 from .blobs import serve_blob
-from .bodies import IN_THREAD_FROM, request_body
+from .bodies import request_body
 from .infer_api import infer
-from . import examples_api, selftest_api, shm_api
+from . import examples_api, lease_api, selftest_api, shm_api
+from .lease_api import body_object
 from .selftest_api import SelfTestFailed
 from .metrics import CONTENT_TYPE, Metrics
 from .responses import ERROR_TEXT, POLLED, error
@@ -87,17 +87,7 @@ async def errors_and_metrics(request: web.Request, handler: Handler) -> web.Stre
 
 async def body_json(request: web.Request) -> dict[str, Any]:
     """The JSON object in the body; {} for an empty body. No Content-Type needed."""
-    raw = await request_body(request)
-    if not raw.strip():
-        return {}
-    try:
-        # A load with file: uploads is a JSON body of up to max_request_size.
-        data = json.loads(raw) if len(raw) < IN_THREAD_FROM else await asyncio.to_thread(json.loads, raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise InvalidInput(f"request body is not valid JSON: {e}") from None
-    if not isinstance(data, dict):
-        raise InvalidInput(f"request body must be a JSON object, got {type(data).__name__}")
-    return data
+    return await body_object(await request_body(request))
 
 
 def parameters(body: dict[str, Any]) -> dict[str, Any]:
@@ -175,28 +165,16 @@ async def model_ready(request: web.Request) -> web.Response:
 
 
 async def take_lease(request: web.Request) -> web.Response:
-    body = await body_json(request)
-    model = body.get("model")
-    if not isinstance(model, str) or not model:
-        raise InvalidInput("'model' must be a non-empty string: a manifest hash, a name or a source")
-    holder = body.get("holder")
-    if holder is not None and not isinstance(holder, str):
-        raise InvalidInput("'holder' must be a string")
-    service = svc(request)
-    granted = await service.take_lease(model, service.ttl(body.get("ttl")), holder)
-    return web.json_response(granted.as_json())
+    return web.json_response(await lease_api.take(svc(request), await body_json(request)))
 
 
 async def renew_lease(request: web.Request) -> web.Response:
     body = await body_json(request)
-    service = svc(request)
-    granted = await service.renew_lease(request.match_info["lease"], service.ttl(body.get("ttl")))
-    return web.json_response(granted.as_json())
+    return web.json_response(await lease_api.renew(svc(request), request.match_info["lease"], body))
 
 
 async def release_lease(request: web.Request) -> web.Response:
-    await svc(request).release_lease(request.match_info["lease"])
-    return web.json_response({})
+    return web.json_response(await lease_api.release(svc(request), request.match_info["lease"]))
 
 
 async def gc(request: web.Request) -> web.Response:

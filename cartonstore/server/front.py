@@ -1,5 +1,6 @@
 """The daemon's listening sockets: HTTP/1.1 connections whose inference
-requests are answered here, and every other request by aiohttp.
+and lease requests are answered here (front_routes.py), and every other
+request by aiohttp.
 
 Why inference does not go through aiohttp: its request and response
 machinery costs ~0.25 ms of CPU per request on a 2-core VM, as much as the
@@ -19,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import re
 import socket
 import time
 from typing import TYPE_CHECKING
@@ -27,7 +27,8 @@ from typing import TYPE_CHECKING
 from .app import failure, record_request
 from .bodies import content_coding, decoded_body, too_large
 from .http1 import MAX_HEAD, BadHead, RequestHead, for_one_request, parse_request_head, response_head
-from .infer_api import CLIENT_SEND_BUFFER, STREAM_ANSWER, InferAnswer, proxied_infer, serving_model
+from .front_routes import NativeRoute, native_route
+from .infer_api import CLIENT_SEND_BUFFER, STREAM_ANSWER, InferAnswer
 from .relay import RelayTransport
 from .shm_regions import Peer, peer_of
 
@@ -41,7 +42,6 @@ log = logging.getLogger("cartonstore.server")
 RECV_CHUNK = 256 * 1024
 LINGER = 5.0    # after refusing a body too big to take: seconds spent dropping it, so the client reads the 413
 MAX_PENDING = 256 * 1024   # pipelined bytes held while a request is answered; reading pauses past it
-_INFER = re.compile(r"^/v2/models/([^/%?]+)(?:/versions/([^/%?]+))?/infer$")
 _DROPPED = frozenset({"content-length", "transfer-encoding", "connection", "keep-alive", "date", "server"})
 
 # What a connection is doing; each mode says where received bytes go.
@@ -191,19 +191,19 @@ class FrontConnection(asyncio.BufferedProtocol):
         except BadHead as e:
             self._refuse(e.status, str(e))
             return
-        route = _INFER.match(head.path) if head.method == "POST" and length is not None else None
-        if route is None or "upgrade" in head.headers:
+        route = native_route(head) if length is not None and "upgrade" not in head.headers else None
+        if route is None:
             self._relay(head, length)
             return
         self.mode = BUSY
-        asyncio.get_running_loop().create_task(self._infer(head, length, route[1], route[2]))
+        asyncio.get_running_loop().create_task(self._serve(head, length, route))
 
-    async def _infer(self, head: RequestHead, length: int, name: str, version: str | None) -> None:
+    async def _serve(self, head: RequestHead, length: int, route: NativeRoute) -> None:
         started = time.perf_counter()
         unread = length
         try:
             service = self.front.service
-            model = serving_model(service, name, version)  # an unknown model is refused before its body is read
+            first = route.check_first(service)  # an unknown model is refused before its body is read
             coding = content_coding(head.headers.get("content-encoding"))
             if length > self.front.max_request_size:
                 raise too_large(length, self.front.max_request_size)
@@ -212,17 +212,14 @@ class FrontConnection(asyncio.BufferedProtocol):
             raw = await self._read_body(length)
             unread = 0
             body = await decoded_body(raw, coding, self.front.max_request_size)
-            answer = await proxied_infer(service, model, name, version, body,
-                                         head.headers.get("inference-header-content-length"),
-                                         head.headers.get("accept-encoding", ""), self.peer)
+            answer = await route.produce(service, head, self.peer, first, body)
         except ClientGone:
             return   # nothing reached the runner, and no one is left to answer
         except Exception as e:  # noqa: BLE001 - failure() logs what was not expected
             status, message, extra = failure(e, head.method, head.path)
             answer = error_answer(status, message, extra)
-        route = "/v2/models/{name}/infer" if version is None else "/v2/models/{name}/versions/{version}/infer"
         try:
-            record_request(self.front.app, route, head.method, head.target, answer.status, answer.error_text,
+            record_request(self.front.app, route.label, head.method, head.target, answer.status, answer.error_text,
                            False, started)
             await self._answer(head, answer, unread)
         except Exception:  # noqa: BLE001 - a bug: logged, and this connection ends
