@@ -10,7 +10,6 @@ the daemon, or through a runner of its own when no daemon serves.
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -23,6 +22,7 @@ from .errors import CartonStoreError, InvalidInput
 from .format.carton_toml import TENSOR_PREFIX, CartonConfig
 from .format.tensor_data import INDEX, load_tensors, parse_tensor_index
 from .v2.framing import HEADER_LENGTH, encode_infer_request, parse_infer_request, parse_infer_response
+from .server.runners.settings import error_text
 from .v2.validate import validate_request
 
 if TYPE_CHECKING:
@@ -123,7 +123,11 @@ def self_test_cases(carton: CartonConfig, model_dir: Path) -> list[SelfTestCase]
     if not carton.self_tests:
         return []
     entries = parse_tensor_index((model_dir / INDEX).read_bytes())
-    tensors = load_tensors(entries, lambda path: (model_dir / path).read_bytes())
+    # Only what the self-tests name is read: examples' tensors may be big, and are not sent.
+    wanted = {ref[len(TENSOR_PREFIX):] for test in carton.self_tests
+              for ref in (*test.inputs.values(), *(test.expected_out or {}).values())}
+    wanted |= {name for e in entries if e.name in wanted and e.inner for name in e.inner}
+    tensors = load_tensors([e for e in entries if e.name in wanted], lambda path: (model_dir / path).read_bytes())
     cases = []
     for index, test in enumerate(carton.self_tests):
         name = test.name or f"self_test[{index}]"
@@ -234,13 +238,6 @@ async def run_self_tests(cases: list[SelfTestCase], infer: Infer, *, rtol: float
     return SelfTestReport(results, rtol, atol)
 
 
-def _error_of(body: bytes | bytearray) -> str:
-    try:
-        return str(json.loads(bytes(body))["error"])
-    except (ValueError, KeyError, TypeError):
-        return bytes(body[:500]).decode("utf-8", "replace")
-
-
 async def infer_via(runners: ModelRunners, carton: CartonConfig, inputs: Mapping[str, np.ndarray],
                     name: str | None = None) -> dict[str, np.ndarray]:
     """One request to ``runners``, validated against the carton first as
@@ -256,6 +253,6 @@ async def infer_via(runners: ModelRunners, carton: CartonConfig, inputs: Mapping
         headers[HEADER_LENGTH] = str(header_length)
     answer = await runners.forward(f"/v2/models/{name or runners.name}/infer", [body], headers)
     if answer.status != 200:
-        raise CartonStoreError(f"the runner answered {answer.status}: {_error_of(answer.body)}")
+        raise CartonStoreError(f"the runner answered {answer.status}: {error_text(answer.body)}")
     length = {k.lower(): v for k, v in answer.headers.items()}.get(HEADER_LENGTH.lower())
     return parse_infer_response(answer.body, int(length) if length is not None else None)[1]

@@ -13,6 +13,7 @@ import errno
 import os
 import stat
 from pathlib import Path
+from typing import Any
 
 from cartonstore.errors import InvalidInput, Unavailable
 
@@ -61,6 +62,43 @@ def open_object(key: str, *, writable: bool) -> tuple[int, os.stat_result]:
         os.close(fd)
         raise InvalidInput(f"{key!r} is not a shared memory object", subject="key")
     return fd, st
+
+
+def register_fields(doc: Any, name: str) -> tuple[str, int, int]:
+    """(key, offset, byte_size) of a register request's JSON (unchecked key)."""
+    if type(doc) is not dict:
+        raise InvalidInput("a register request must be a JSON object with key, offset and byte_size", subject=name)
+    offset, size = doc.get("offset", 0), doc.get("byte_size")
+    if type(offset) is not int or offset < 0:
+        raise InvalidInput(f"region {name!r}: offset must be an integer >= 0, not {offset!r}", subject=name)
+    if type(size) is not int or size <= 0:
+        raise InvalidInput(f"region {name!r}: byte_size must be an integer > 0, not {size!r}", subject=name)
+    return doc.get("key"), offset, size
+
+
+def open_region(key: str, name: str, offset: int, size: int) -> tuple[int, os.stat_result]:
+    """open_object, read-write (runners write outputs into it), once the
+    object holds the region's bytes."""
+    fd, st = open_object(key, writable=True)
+    if st.st_size < offset + size:
+        os.close(fd)
+        raise InvalidInput(f"region {name!r}: offset {offset} + byte_size {size} runs past the end of the "
+                           f"{st.st_size}-byte object {key!r}", subject=name)
+    return fd, st
+
+
+def read_region(fd: int, at: int, size: int, what: str, region: str) -> bytearray:
+    """``size`` bytes at ``at``, read (pread cannot SIGBUS where a mapping
+    of a truncated object would)."""
+    out = bytearray(size)
+    done = 0
+    while done < size:
+        got = os.preadv(fd, [memoryview(out)[done:]], at + done)
+        if got == 0:
+            raise InvalidInput(f"{what}: shared memory region {region!r} ended while being read (truncated)",
+                               subject=what)
+        done += got
+    return out
 
 
 def object_size_problem(fd: int, key: str, end: int) -> str | None:

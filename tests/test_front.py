@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import signal
 import socket
 import time
 from pathlib import Path
@@ -93,6 +94,12 @@ class Conn:
     def close(self) -> None:
         self.sock.close()
 
+    def __enter__(self) -> Conn:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
 
 def infer_request(values: list[float], *, name: str = "echo", extra: bytes = b"", chunked: bool = False) -> bytes:
     data = np.asarray(values, dtype=np.float32).reshape(1, -1)
@@ -125,8 +132,7 @@ def post_json(path: str, doc: dict) -> bytes:
 
 
 def test_infer_and_other_requests_share_one_keep_alive_connection(served: DaemonProcess) -> None:
-    c = Conn(served.socket_path)
-    try:
+    with Conn(served.socket_path) as c:
         c.send(get("/v2/health/ready"))
         status, headers, _ = c.answer()
         assert status == 200 and "close" not in headers.get("connection", "")   # aiohttp's close is not passed on
@@ -139,65 +145,50 @@ def test_infer_and_other_requests_share_one_keep_alive_connection(served: Daemon
         assert status == 200 and any(m["name"] == "echo" for m in json.loads(body))
         c.send(infer_request([4, 5]))
         assert echoed(c.answer()) == [4, 5]
-    finally:
-        c.close()
 
 
 def test_pipelined_requests_are_answered_in_order(served: DaemonProcess) -> None:
-    c = Conn(served.socket_path)
-    try:
+    with Conn(served.socket_path) as c:
         c.send(infer_request([1]) + get("/v2/models/echo") + infer_request([2]) + get("/v2/health/live"))
         assert echoed(c.answer()) == [1]
         status, _, body = c.answer()
         assert status == 200 and json.loads(body)["name"] == "echo"
         assert echoed(c.answer()) == [2]
         assert c.answer()[0] == 200
-    finally:
-        c.close()
 
 
 def test_a_chunked_infer_request_is_answered_by_aiohttp_on_the_same_connection(served: DaemonProcess) -> None:
-    c = Conn(served.socket_path)
-    try:
+    with Conn(served.socket_path) as c:
         c.send(infer_request([7, 8], chunked=True))
         assert echoed(c.answer()) == [7, 8]
         c.send(get("/v2/health/live"))
         assert c.answer()[0] == 200
-    finally:
-        c.close()
 
 
 def test_expect_100_continue_is_answered_before_the_body(served: DaemonProcess) -> None:
-    c = Conn(served.socket_path)
-    try:
+    with Conn(served.socket_path) as c:
         request = infer_request([3], extra=b"Expect: 100-continue\r\n")
         head, body = request.split(b"\r\n\r\n", 1)
         c.send(head + b"\r\n\r\n")
         assert c.answer()[0] == 100
         c.send(body)
         assert echoed(c.answer()) == [3]
-    finally:
-        c.close()
 
 
 def test_an_unknown_model_is_refused_and_its_body_dropped_keeping_the_connection(served: DaemonProcess) -> None:
     before = runner_count(served, "echo")
-    c = Conn(served.socket_path)
-    try:
+    with Conn(served.socket_path) as c:
         request = infer_request(list(range(20_000)), name="nope")   # ~80 KB: arrives in several reads
         c.send(request[:3000])
         status, _, body = c.answer()   # refused before the body is read
         assert status == 404 and "unknown model 'nope'" in json.loads(body)["error"]
         c.send(request[3000:] + infer_request([9]))
         assert echoed(c.answer()) == [9]
-    finally:
-        c.close()
     assert runner_count(served, "echo") == before + 1
 
 
 def test_too_large_is_413_and_the_connection_ends(served: DaemonProcess) -> None:
-    c = Conn(served.socket_path)
-    try:
+    with Conn(served.socket_path) as c:
         head = (f"POST /v2/models/echo/infer HTTP/1.1\r\nHost: x\r\n{HL}: 10\r\n"
                 f"Content-Length: {5 << 20}\r\n\r\n").encode()
         c.send(head)
@@ -206,8 +197,6 @@ def test_too_large_is_413_and_the_connection_ends(served: DaemonProcess) -> None
         assert headers["connection"] == "close"
         c.send(b"\0" * (5 << 20))   # taken and dropped (a client that sends first, reads after, gets its 413)
         assert c.closed_by_peer()
-    finally:
-        c.close()
 
 
 @pytest.mark.parametrize("raw, status, words", [
@@ -225,26 +214,20 @@ def test_too_large_is_413_and_the_connection_ends(served: DaemonProcess) -> None
 def test_a_head_that_cannot_be_read_is_answered_and_closed(served: DaemonProcess, raw: bytes, status: int,
                                                            words: str) -> None:
     before = runner_count(served, "echo")
-    c = Conn(served.socket_path)
-    try:
+    with Conn(served.socket_path) as c:
         c.send(raw)
         got, headers, body = c.answer()
         assert got == status and words in json.loads(body)["error"], body
         assert headers["connection"] == "close" and c.closed_by_peer()
-    finally:
-        c.close()
     assert runner_count(served, "echo") == before
 
 
 def test_connection_close_is_honoured_on_infer_and_relayed_requests(served: DaemonProcess) -> None:
     for request in (infer_request([1], extra=b"Connection: close\r\n"), get("/v2/health/live", "Connection: close\r\n")):
-        c = Conn(served.socket_path)
-        try:
+        with Conn(served.socket_path) as c:
             c.send(request)
             status, headers, _ = c.answer()
             assert status == 200 and headers["connection"] == "close" and c.closed_by_peer()
-        finally:
-            c.close()
 
 
 def test_a_client_gone_mid_body_never_reaches_the_runner(served: DaemonProcess) -> None:
@@ -253,28 +236,22 @@ def test_a_client_gone_mid_body_never_reaches_the_runner(served: DaemonProcess) 
     c.send(infer_request(list(range(1000)))[:2000])
     c.close()
     time.sleep(0.3)
-    c = Conn(served.socket_path)
-    try:
+    with Conn(served.socket_path) as c:
         c.send(infer_request([5]))
         assert echoed(c.answer()) == [5]
-    finally:
-        c.close()
     assert runner_count(served, "echo") == before + 1
 
 
 def test_blobs_through_the_relay_then_an_infer(served: DaemonProcess) -> None:
     main_py = next((served.root / "models").glob("*/model/main.py")).read_bytes()
     digest = hashlib.sha256(main_py).hexdigest()
-    c = Conn(served.socket_path)
-    try:
+    with Conn(served.socket_path) as c:
         for _ in range(3):   # asyncio's native sendfile broke the second one through a relay
             c.send(get(f"/v1/blobs/{digest}"))
             status, _, body = c.answer()
             assert status == 200 and body == main_py
         c.send(infer_request([6]))
         assert echoed(c.answer()) == [6]
-    finally:
-        c.close()
 
 
 def test_heads_parse_and_rewrite() -> None:
@@ -329,29 +306,22 @@ def test_malloc_keeps_big_buffers_unless_the_environment_says_otherwise(monkeypa
 
 
 def test_a_refused_body_that_never_comes_ends_the_connection_after_the_linger(served: DaemonProcess) -> None:
-    c = Conn(served.socket_path)
-    try:
+    with Conn(served.socket_path) as c:
         c.send((f"POST /v2/models/echo/infer HTTP/1.1\r\nHost: x\r\n{HL}: 10\r\n"
                 f"Content-Length: {5 << 20}\r\n\r\n").encode() + b"\0" * 1000)   # then nothing more
         started = time.monotonic()
         assert c.answer()[0] == 413
         assert c.closed_by_peer() and time.monotonic() - started < 15   # LINGER is 5 s
-    finally:
-        c.close()
-    c = Conn(served.socket_path)   # the daemon itself is unharmed
-    try:
+    with Conn(served.socket_path) as c:   # the daemon itself is unharmed
         c.send(infer_request([2]))
         assert echoed(c.answer()) == [2]
-    finally:
-        c.close()
 
 
 def test_leases_are_answered_by_the_front_on_one_connection(served: DaemonProcess) -> None:
     """Take, renew, release, and their refusals, pipelined with an infer and
     a relayed request: each answered in order, exactly as aiohttp's routes
     answered them."""
-    c = Conn(served.socket_path)
-    try:
+    with Conn(served.socket_path) as c:
         c.send(post_json("/v1/leases", {"model": "echo", "ttl": 30, "holder": "front-test"}))
         status, headers, body = c.answer()
         assert status == 200 and headers["content-type"].startswith("application/json"), body
@@ -376,5 +346,33 @@ def test_leases_are_answered_by_the_front_on_one_connection(served: DaemonProces
             c.send(request)
             got, _, body = c.answer()
             assert got == status and fragment in body.decode(), (request[:40], got, body)
+
+
+def test_a_head_request_keeps_its_connection(served: DaemonProcess) -> None:
+    """A HEAD answer says Content-Length but has no body: the relay must
+    not wait for one, and the connection goes on."""
+    with Conn(served.socket_path) as c:
+        c.send("HEAD /v2/models/echo HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+        while b"\r\n\r\n" not in c.buf:
+            assert c._fill()
+        head, c.buf = c.buf.split(b"\r\n\r\n", 1)
+        assert head.startswith(b"HTTP/1.1 200") and b"close" not in head.lower()
+        c.send(infer_request([9]))
+        assert echoed(c.answer()) == [9]
+
+
+def test_sigterm_lets_an_infer_the_front_answers_finish(tmp_path: Path) -> None:
+    from test_shm import slow_carton
+
+    d = DaemonProcess(tmp_path / "root", listen=None).start()
+    try:
+        _load(d, "slow", slow_carton(tmp_path / "slow"))
+        with Conn(d.socket_path) as c:
+            c.send(infer_request([1.5, 2.5], name="slow"))   # the model takes 1 s
+            time.sleep(0.3)
+            d.proc.send_signal(signal.SIGTERM)
+            assert echoed(c.answer()) == [3.0, 5.0]
+        assert d.proc.wait(30) == 0
     finally:
-        c.close()
+        d.stop()
+    assert wait_for(lambda: not runner_pids(tmp_path / "root"), 10)

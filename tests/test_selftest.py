@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import tomli
 import tomli_w
 
 from cartonstore.infer_client import InferClient
@@ -254,3 +255,26 @@ def test_a_broken_test_is_invalid_and_does_not_stop_the_load(tmp_path: Path) -> 
         d.stop()
         assert "self-test(s) could not be sent" in d.proc.stderr.read()
     assert wait_for(lambda: not runner_pids(tmp_path / "root"), 10)
+
+
+def test_only_the_tensors_a_self_test_names_are_read_and_nested_ones_are_invalid(tmp_path: Path) -> None:
+    """An example's tensor is not read to run self-tests (this one's file is
+    damaged: reading it would fail them all), and a test naming a nested
+    tensor, which v2 cannot carry, is invalid rather than an error."""
+    from cartonstore.format.carton_toml import parse_carton_toml
+    from cartonstore.selftest import self_test_cases
+
+    src = doubler_carton(tmp_path / "c")
+    toml = tomli.loads((src / "carton.toml").read_text())
+    toml["self_test"].append({"name": "nested", "inputs": {"x": "@tensor_data/pair", "s": "@tensor_data/s"}})
+    toml["example"] = [{"name": "big", "inputs": {"x": "@tensor_data/example_x"}, "sample_out": {}}]
+    (src / "carton.toml").write_text(tomli_w.dumps(toml))
+    index = tomli.loads((src / "tensor_data" / "index.toml").read_text())
+    index["tensor"] += [{"name": "example_x", "dtype": "float32", "shape": [1000], "file": "example_x.bin"},
+                        {"name": "pair", "dtype": "nested", "inner": ["x"]}]
+    (src / "tensor_data" / "index.toml").write_text(tomli_w.dumps(index))
+    (src / "tensor_data" / "example_x.bin").write_bytes(b"\0" * 7)   # not 4000 bytes
+    cases = self_test_cases(parse_carton_toml((src / "carton.toml").read_bytes()), src)
+    assert [(c.name, c.invalid is None) for c in cases] == [("doubles-0", True), ("nested", False)]
+    assert "'@tensor_data/pair' is a nested tensor" in cases[1].invalid
+    assert np.array_equal(cases[0].inputs["x"], X)

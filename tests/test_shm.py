@@ -458,3 +458,73 @@ def test_bytes_in_shared_memory_are_bounded_before_they_are_read(served: DaemonP
     status, answer = post(served, "/v2/models/echo/infer", strings([1, 1], 8))
     assert status == 400 and "input 'x_string'" in answer["error"], answer    # zeros: a 0-length element + 4 stray
     assert post(served, "/v2/systemsharedmemory/unregister", None)[0] == 200
+
+
+def test_bytes_outputs_written_into_shared_memory(client: triton.InferenceServerClient, regions) -> None:  # noqa: ANN001
+    s = np.array([b"alpha", b"", "\u00e9t\u00e9".encode()], dtype=object).reshape(3, 1)
+    x = np.zeros((3, 1), np.float32)
+    out = regions("bytes-out", 256)
+    client.register_system_shared_memory("bytes-out", out._shm_key, 256)
+    xi = triton.InferInput("x_float32", [3, 1], "FP32")
+    xi.set_data_from_numpy(x)
+    si = triton.InferInput("x_string", [3, 1], "BYTES")
+    si.set_data_from_numpy(s)
+    so = triton.InferRequestedOutput("y_string")
+    so.set_shared_memory("bytes-out", 256)
+    result = client.infer("echo", [xi, si], outputs=[so])
+    y = result.get_output("y_string")
+    assert y["parameters"]["shared_memory_byte_size"] == sum(4 + len(v) for v in s.reshape(-1))
+    got = shm.get_contents_as_numpy(out, np.object_, y["shape"])
+    assert list(got.reshape(-1)) == list(s.reshape(-1))
+
+
+def test_concurrent_first_uses_of_a_region_map_it_once(served: DaemonProcess, objects) -> None:  # noqa: ANN001
+    """Eight requests race to be the first to use a region on a runner: one
+    registration is made, every request waits for it, none fails."""
+    key = objects("race-first", 64)
+    assert post(served, "/v2/systemsharedmemory/region/first/register", {"key": key, "byte_size": 64})[0] == 200
+
+    async def go() -> list[int]:
+        async with unix_session(served.socket_path) as s:
+            async def one() -> int:
+                r = await s.post("/v2/models/affine/infer", json=_shm_request("first", 32, out="first"))
+                await r.read()
+                return r.status
+            return await asyncio.gather(*(one() for _ in range(8)))
+    assert asyncio.run(go()) == [200] * 8
+    mapped = [r for r in _runner_call(served, "GET", "/v2/systemsharedmemory/status")[1] if r["key"] == key]
+    assert len(mapped) == 1
+    assert post(served, "/v2/systemsharedmemory/unregister", None)[0] == 200
+
+
+def _runner_call(d: DaemonProcess, method: str, path: str, doc: object = None) -> tuple[int, object]:
+    sock = next(p for p in runner_sockets(d.root) if p.name.startswith("affine.g"))
+
+    async def go() -> tuple[int, object]:
+        async with unix_session(sock) as s:
+            r = await s.request(method, path, json=doc)
+            text = await r.text()
+            return r.status, (json.loads(text) if text else None)
+    return asyncio.run(go())
+
+
+def test_a_runner_registers_only_the_object_the_daemon_checked(served: DaemonProcess, objects) -> None:  # noqa: ANN001
+    """The runner's side of registration, spoken to directly: a repeat of
+    the same registration is fine, a different one under the name is not,
+    and an object replaced under its key since the daemon's check is refused."""
+    key = objects("direct", 64)
+    st = os.stat(SHM + key)
+    doc = {"key": key, "offset": 0, "byte_size": 64, "cartonstore_object": [st.st_dev, st.st_ino]}
+    base = "/v2/systemsharedmemory/region/direct"
+    assert _runner_call(served, "POST", base + "/register", doc)[0] == 200
+    assert _runner_call(served, "POST", base + "/register", doc)[0] == 200          # a retry
+    status, answer = _runner_call(served, "POST", base + "/register", {**doc, "byte_size": 32})
+    assert status == 400 and "'direct' is already registered" in answer["error"]
+    status, answer = _runner_call(served, "POST", "/v2/systemsharedmemory/region/other/register",
+                                  {**doc, "cartonstore_object": [st.st_dev, st.st_ino + 1]})
+    assert status == 400 and "now names another object than the one the daemon checked" in answer["error"]
+    status, answer = _runner_call(served, "POST", "/v2/systemsharedmemory/region/other/register",
+                                  {"key": key, "byte_size": 0})
+    assert status == 400 and "byte_size must be an integer > 0" in answer["error"]
+    assert _runner_call(served, "POST", base + "/unregister")[0] == 200
+    assert "direct" not in [r["name"] for r in _runner_call(served, "GET", "/v2/systemsharedmemory/status")[1]]

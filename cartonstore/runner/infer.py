@@ -54,7 +54,8 @@ def decode_request(
         for tensor in req.inputs:
             if tensor.shm is not None:
                 tensor.data = regions.input_bytes(tensor.shm, tensor.what)
-        _close(_output_sinks(req, regions))   # an unknown region is refused before the model runs
+        for name, ref in req.shm_outputs().items():   # an unknown region is refused before the model runs
+            regions.check(ref, f"requested output {name!r}")
     # The structural checks (duplicates, data that fills its shape, known
     # outputs); datatypes and shapes are the model's to refuse, as with any
     # v2 server: the daemon checks those against carton.toml before forwarding.

@@ -28,12 +28,14 @@ from cartonstore.runner.infer import (
 from cartonstore.runner.shm import MappedRegions
 from cartonstore.runner.stats import InferStats
 from cartonstore.v2.framing import HEADER_LENGTH
+from cartonstore.v2.shm_params import REGION
 from cartonstore.v2.framing import header_length as header_length_of
 
 # Big binary outputs are written in slices so the transport never holds a
 # second full copy of a tensor in its buffer.
 _WRITE_SLICE = 4 * 1024 * 1024
 DECODE_IN_THREAD_FROM = 256 * 1024
+SHM_MARK = REGION.encode()   # a body naming shared memory may have big BYTES to walk there
 # The daemon bounds request sizes; a runner used directly takes what it is sent.
 _MAX_BODY = 2**62
 
@@ -172,7 +174,7 @@ async def _infer(request: web.Request) -> web.StreamResponse:
         try:
             body = await _read_body(request)
             header_length = header_length_of(request.headers.get(HEADER_LENGTH))
-            if len(body) < DECODE_IN_THREAD_FROM and b"shared_memory_region" not in body:
+            if len(body) < DECODE_IN_THREAD_FROM and SHM_MARK not in body:
                 req, inputs = decode_request(body, header_length, state.ctx, state.regions)
             else:  # JSON or BYTES of this size (or in shared memory) would hold the loop for a while
                 req, inputs = await asyncio.to_thread(decode_request, body, header_length, state.ctx,

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from cartonstore.errors import InvalidInput
-from cartonstore.shm_objects import object_size_problem, open_object
-from cartonstore.v2.shm_params import ShmRef, ShmSink
+from cartonstore.shm_objects import object_size_problem, open_region, read_region, register_fields
+from cartonstore.v2.shm_params import ShmRef, ShmSink, check_within, missing_region
 
 _PAGE = mmap.ALLOCATIONGRANULARITY
 
@@ -54,39 +54,25 @@ class MappedRegion:
             pass
 
 
-def _number(doc: dict[str, Any], key: str, name: str, least: int) -> int:
-    value = doc.get(key, 0 if key == "offset" else None)
-    if type(value) is not int or value < least:
-        raise InvalidInput(f"region {name!r}: {key} must be an integer >= {least}, not {value!r}", subject=name)
-    return value
-
-
 class MappedRegions:
     def __init__(self) -> None:
         self._regions: dict[str, MappedRegion] = {}
-        self._lock = threading.RLock()   # requests take views in worker threads; sink() calls view()
+        self._lock = threading.Lock()   # requests take views in worker threads
 
     def register(self, name: str, doc: Any) -> None:
-        if type(doc) is not dict:
-            raise InvalidInput("a register request must be a JSON object with key, offset and byte_size",
-                               subject=name)
-        offset, size = _number(doc, "offset", name, 0), _number(doc, "byte_size", name, 1)
-        key = doc.get("key")
+        key, offset, size = register_fields(doc, name)
         with self._lock:
             known = self._regions.get(name)
             if known is not None:
                 if (known.key, known.offset, known.byte_size) == (key, offset, size):
                     return   # the same registration again (a caller retrying after a lost answer)
                 raise InvalidInput(f"shared memory region {name!r} is already registered", subject=name)
-        fd, st = open_object(key, writable=True)
+        fd, st = open_region(key, name, offset, size)
         try:
             expected = doc.get("cartonstore_object")
             if expected is not None and list(expected) != [st.st_dev, st.st_ino]:
                 raise InvalidInput(f"region {name!r}: {key!r} now names another object than the one the daemon "
                                    f"checked (replaced since)", subject=name)
-            if st.st_size < offset + size:
-                raise InvalidInput(f"region {name!r}: offset {offset} + byte_size {size} runs past the end of "
-                                   f"the {st.st_size}-byte object {key!r}", subject=name)
             start = offset - offset % _PAGE
             mapping = mmap.mmap(fd, offset + size - start, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE,
                                 offset=start)
@@ -117,47 +103,37 @@ class MappedRegions:
         for region in gone:
             region.release()
 
+    def _usable(self, ref: ShmRef, what: str) -> MappedRegion:
+        """The region ``ref`` names, once it holds the bytes named and its
+        object still holds the region (call with the lock held)."""
+        region = self._regions.get(ref.region)
+        if region is None:
+            raise missing_region(ref, what)
+        check_within(ref, region.byte_size, what)
+        problem = object_size_problem(region.fd, region.key, region.offset + region.byte_size)
+        if problem:
+            raise InvalidInput(f"{what}: shared memory region {ref.region!r} cannot be used: {problem}",
+                               subject=what)
+        return region
+
+    def check(self, ref: ShmRef, what: str) -> None:
+        with self._lock:
+            self._usable(ref, what)
+
     def input_bytes(self, ref: ShmRef, what: str) -> memoryview:
         """An input's bytes: a view of the mapping, or, for a region of
         another uid than the daemon's, a copy read with pread. Only the
         daemon's own uid may make a runner's reads SIGBUS by truncating a
         region: another uid could otherwise crash a runner every uid uses."""
-        view = self.view(ref, what)
         with self._lock:
-            region = self._regions.get(ref.region)
-            if region is None or not region.copy_inputs:
-                return view
-            view.release()
-            fd = os.dup(region.fd)
+            region = self._usable(ref, what)
+            if not region.copy_inputs:
+                return region.view[ref.offset:ref.end]
+            fd = os.dup(region.fd)   # read outside the lock: an unregister may close the original
         try:
-            copy = bytearray(ref.byte_size)
-            done = 0
-            while done < ref.byte_size:
-                got = os.preadv(fd, [memoryview(copy)[done:]], region.offset + ref.offset + done)
-                if got == 0:
-                    raise InvalidInput(f"{what}: shared memory region {ref.region!r} ended while being read "
-                                       f"(truncated)", subject=what)
-                done += got
+            return memoryview(read_region(fd, region.offset + ref.offset, ref.byte_size, what, ref.region))
         finally:
             os.close(fd)
-        return memoryview(copy)
-
-    def view(self, ref: ShmRef, what: str) -> memoryview:
-        """The bytes ``ref`` names, writable, once the object still holds them."""
-        with self._lock:
-            region = self._regions.get(ref.region)
-            if region is None:
-                raise InvalidInput(f"{what}: unable to find system shared memory region {ref.region!r}",
-                                   subject=what)
-            if ref.end > region.byte_size:
-                raise InvalidInput(f"{what}: shared_memory_offset {ref.offset} + shared_memory_byte_size "
-                                   f"{ref.byte_size} runs past the end of region {ref.region!r} "
-                                   f"({region.byte_size} bytes)", subject=what)
-            problem = object_size_problem(region.fd, region.key, region.offset + region.byte_size)
-            if problem:
-                raise InvalidInput(f"{what}: shared memory region {ref.region!r} cannot be used: {problem}",
-                                   subject=what)
-            return region.view[ref.offset:ref.end]
 
     def sink(self, ref: ShmRef, what: str) -> FdSink:
         """Where an output named ``ref`` is written: through a dup of the
@@ -165,8 +141,7 @@ class MappedRegions:
         truncated meanwhile is written past its end (it grows back) instead
         of raising SIGBUS. Close it when done."""
         with self._lock:
-            self.view(ref, what).release()     # the same checks as an input's
-            region = self._regions[ref.region]
+            region = self._usable(ref, what)
             return FdSink(ref.region, os.dup(region.fd), region.offset + ref.offset, ref.byte_size)
 
     def close(self) -> None:

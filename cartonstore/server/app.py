@@ -23,7 +23,7 @@ from .blobs import serve_blob
 from .bodies import request_body
 from .infer_api import infer
 from . import examples_api, lease_api, selftest_api, shm_api
-from .lease_api import body_object
+from .bodies import body_object
 from .selftest_api import SelfTestFailed
 from .metrics import CONTENT_TYPE, Metrics
 from .responses import ERROR_TEXT, POLLED, error

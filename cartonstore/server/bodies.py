@@ -10,6 +10,8 @@ reads an identity body with a Content-Length into one buffer.
 from __future__ import annotations
 
 import asyncio
+import json
+from typing import Any
 
 from aiohttp import web
 
@@ -85,3 +87,22 @@ async def _body_of_length(request: web.Request, length: int) -> bytearray:
         view[got:got + len(chunk)] = chunk
         got += len(chunk)
     return body
+
+
+def json_object(raw: bytes | bytearray) -> dict[str, Any]:
+    """The JSON object in a request body; {} for an empty one."""
+    if not raw.strip():
+        return {}
+    try:
+        data = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise InvalidInput(f"request body is not valid JSON: {e}") from None
+    if not isinstance(data, dict):
+        raise InvalidInput(f"request body must be a JSON object, got {type(data).__name__}")
+    return data
+
+
+async def body_object(raw: bytes | bytearray) -> dict[str, Any]:
+    """json_object, in a thread for a big body (a load may upload files as
+    base64 parameters, up to max_request_size)."""
+    return json_object(raw) if len(raw) < IN_THREAD_FROM else await asyncio.to_thread(json_object, raw)

@@ -95,13 +95,13 @@ def child_main(argv: Sequence[str]) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    sys.exit(child_main(sys.argv[1:]))
-
-
 def gc_summary(report: GcReport) -> str:
     """One line for the daemon's log: what a collection freed, and why."""
     return (f"freed {format_size(report.freed_bytes)}: {report.unreferenced_blobs} unreferenced blob(s), "
             f"{eviction_summary(report.as_dict())}, {report.tmp_entries} tmp/ leftover(s), "
             f"{report.expired_leases} expired lease(s); "
             f"store {format_size(report.store_bytes_before)} -> {format_size(report.store_bytes_after)}")
+
+
+if __name__ == "__main__":
+    sys.exit(child_main(sys.argv[1:]))

@@ -27,25 +27,18 @@ from ..format.paths import validate_carton_path
 from ..format.tensor_data import INDEX, TensorEntry, load_tensors, parse_tensor_index
 from ..media_types import SNIFF_BYTES, media_type
 from ..v2.framing import HEADER_LENGTH, encode_infer_response
-from .loaded_model import READY
+from .infer_api import ready_model
 
 if TYPE_CHECKING:
     from .loaded_model import LoadedModel
-    from .service import ModelService
 
 
-def _loaded(request: web.Request) -> tuple[ModelService, LoadedModel, Path]:
+def _loaded(request: web.Request) -> tuple[LoadedModel, Path]:
     from .app import svc
 
     service = svc(request)
-    name, version = request.match_info["name"], request.match_info.get("version")
-    model = service.models.get(name)
-    if model is None or model.digest is None or model.state != READY:
-        raise NotFound(f"model {name!r} is not loaded: load it first (POST /v2/repository/models/{name}/load)",
-                       subject=name)
-    if version is not None and version != model.digest:
-        raise NotFound(f"model {name!r} has no loaded version {version!r} (loaded: {model.digest})", subject=version)
-    return service, model, service.store.layout.model_path(model.digest)
+    model = ready_model(service, request.match_info["name"], request.match_info.get("version"))
+    return model, service.store.layout.model_path(model.digest)
 
 
 def _base(request: web.Request) -> str:
@@ -78,7 +71,7 @@ def _wants_json(request: web.Request) -> bool:
 
 
 async def tensor(request: web.Request) -> web.StreamResponse:
-    _, model, model_dir = _loaded(request)
+    model, model_dir = _loaded(request)
     name = request.match_info["tensor"]
 
     def read() -> Any:
@@ -119,7 +112,7 @@ def _head(path: Path) -> bytes:
 
 
 async def examples(request: web.Request) -> web.Response:
-    _, model, model_dir = _loaded(request)
+    model, model_dir = _loaded(request)
     base = _base(request)
 
     def listing() -> list[dict[str, Any]]:
@@ -134,7 +127,7 @@ async def examples(request: web.Request) -> web.Response:
 
 
 async def misc_file(request: web.Request) -> web.StreamResponse:
-    _, model, model_dir = _loaded(request)
+    model, model_dir = _loaded(request)
     rel = request.match_info["path"]
     try:
         validate_carton_path(f"misc/{rel}")

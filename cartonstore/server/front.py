@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import socket
 import time
 from typing import TYPE_CHECKING
 
@@ -28,7 +27,7 @@ from .app import failure, record_request
 from .bodies import content_coding, decoded_body, too_large
 from .http1 import MAX_HEAD, BadHead, RequestHead, for_one_request, parse_request_head, response_head
 from .front_routes import NativeRoute, native_route
-from .infer_api import CLIENT_SEND_BUFFER, STREAM_ANSWER, InferAnswer
+from .infer_api import STREAM_ANSWER, InferAnswer, widen_send_buffer
 from .relay import RelayTransport
 from .shm_regions import Peer, peer_of
 
@@ -42,7 +41,6 @@ log = logging.getLogger("cartonstore.server")
 RECV_CHUNK = 256 * 1024
 LINGER = 5.0    # after refusing a body too big to take: seconds spent dropping it, so the client reads the 413
 MAX_PENDING = 256 * 1024   # pipelined bytes held while a request is answered; reading pauses past it
-_DROPPED = frozenset({"content-length", "transfer-encoding", "connection", "keep-alive", "date", "server"})
 
 # What a connection is doing; each mode says where received bytes go.
 HEAD, BODY, BUSY, RELAY_BODY, RELAY_WAIT, DISCARD, HANDED, CLOSED = range(8)
@@ -60,7 +58,6 @@ class FrontConnection(asyncio.BufferedProtocol):
         self.transport: asyncio.Transport = None  # type: ignore[assignment]  # set by connection_made
         self.mode = HEAD
         self.pending = bytearray()          # received, not yet consumed: heads, pipelined requests
-        self.scratch = memoryview(bytearray(RECV_CHUNK))
         self.body: memoryview | None = None  # the unfilled rest of an infer body, received in place
         self.body_got = 0
         self.body_waiter: asyncio.Future[None] | None = None
@@ -84,7 +81,8 @@ class FrontConnection(asyncio.BufferedProtocol):
         self.front.connections.add(self)
 
     def get_buffer(self, sizehint: int) -> memoryview:
-        return self.body[self.body_got:] if self.mode == BODY else self.scratch  # type: ignore[index]
+        # One buffer for every connection: each buffer_updated copies out what it keeps before returning.
+        return self.body[self.body_got:] if self.mode == BODY else self.front.scratch  # type: ignore[index]
 
     def buffer_updated(self, nbytes: int) -> None:
         self.last_active = time.monotonic()
@@ -94,7 +92,7 @@ class FrontConnection(asyncio.BufferedProtocol):
                 self.body, self.mode = None, BUSY
                 _wake(self.body_waiter)
             return
-        data = self.scratch[:nbytes]
+        data = self.front.scratch[:nbytes]
         if self.mode == HANDED:
             self.relayed.data_received(bytes(data))  # type: ignore[union-attr]
             return
@@ -163,6 +161,10 @@ class FrontConnection(asyncio.BufferedProtocol):
         self.transport.close()
         self.mode = CLOSED
 
+    def _abort(self) -> None:
+        self.transport.abort()
+        self.mode = CLOSED
+
     # -- requests ---------------------------------------------------------------
 
     def _next_request(self) -> None:
@@ -172,8 +174,7 @@ class FrontConnection(asyncio.BufferedProtocol):
             self._start_next()
         except Exception:  # noqa: BLE001 - a bug: logged, and this connection ends
             log.exception("front connection failed starting a request")
-            self.mode = CLOSED
-            self.transport.abort()
+            self._abort()
 
     def _start_next(self) -> None:
         while self.pending[:2] == b"\r\n":   # empty lines between requests are allowed
@@ -196,7 +197,7 @@ class FrontConnection(asyncio.BufferedProtocol):
             self._relay(head, length)
             return
         self.mode = BUSY
-        asyncio.get_running_loop().create_task(self._serve(head, length, route))
+        self.front.track(asyncio.get_running_loop().create_task(self._serve(head, length, route)))
 
     async def _serve(self, head: RequestHead, length: int, route: NativeRoute) -> None:
         started = time.perf_counter()
@@ -224,8 +225,7 @@ class FrontConnection(asyncio.BufferedProtocol):
             await self._answer(head, answer, unread)
         except Exception:  # noqa: BLE001 - a bug: logged, and this connection ends
             log.exception("front connection failed answering %s %s", head.method, head.target)
-            self.mode = CLOSED
-            self.transport.abort()
+            self._abort()
 
     async def _read_body(self, length: int) -> bytearray:
         """The body, in one buffer: what is pending, the rest received in place."""
@@ -253,9 +253,7 @@ class FrontConnection(asyncio.BufferedProtocol):
         expected = unread and head.headers.get("expect", "").lower() == "100-continue"
         too_big = unread > self.front.max_request_size
         close = not head.keep_alive or self.front.closing or self.peer_eof or bool(expected) or too_big
-        headers = [(k, v) for k, v in answer.headers.items() if k.lower() not in _DROPPED]
-        headers.append(("Content-Length", str(len(answer.payload))))
-        out = response_head(answer.status, headers, close=close)
+        out = response_head(answer.status, _with_length(answer), close=close)
         if len(answer.payload) < STREAM_ANSWER:
             self.transport.write(out + answer.payload)
         else:
@@ -307,9 +305,7 @@ class FrontConnection(asyncio.BufferedProtocol):
         """An answer to a head that cannot be read; the connection ends."""
         record_request(self.front.app, "unmatched", "?", "?", status, message, False, time.perf_counter())
         answer = error_answer(status, message)
-        self.transport.write(response_head(status, [*answer.headers.items(),
-                                                    ("Content-Length", str(len(answer.payload)))], close=True)
-                             + answer.payload)
+        self.transport.write(response_head(status, _with_length(answer), close=True) + answer.payload)
         self._close()
 
     # -- aiohttp's requests ------------------------------------------------------------
@@ -334,7 +330,8 @@ class FrontConnection(asyncio.BufferedProtocol):
         self.relay_left = length - take
         self.mode = RELAY_BODY if self.relay_left else RELAY_WAIT
         keep_alive = head.keep_alive and not self.front.closing
-        handler.connection_made(RelayTransport(self.transport, self._relay_done, keep_alive=keep_alive))
+        handler.connection_made(RelayTransport(self.transport, self._relay_done, keep_alive=keep_alive,
+                                               bodiless=head.method == "HEAD"))
         handler.data_received(first)
 
     def _relay_done(self, reusable: bool) -> None:
@@ -349,8 +346,7 @@ class FrontConnection(asyncio.BufferedProtocol):
             return
         unread, self.relay_left = self.relay_left, 0
         if not reusable or self.front.closing or self.peer_eof or unread > self.front.max_request_size:
-            self.transport.close()
-            self.mode = CLOSED
+            self._close()
             return
         self._between_requests(unread)
 
@@ -359,14 +355,14 @@ class FrontConnection(asyncio.BufferedProtocol):
             self.transport.resume_reading()
 
     def _big_buffers(self) -> None:
-        """A big answer leaves a Unix socket in one send, not copied into
-        asyncio's buffer (TCP tunes its own buffers)."""
-        if self._big_send_buffer:
-            return
-        self._big_send_buffer = True
-        sock = self.transport.get_extra_info("socket")
-        if sock is not None and sock.family == socket.AF_UNIX:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, CLIENT_SEND_BUFFER)
+        if not self._big_send_buffer:
+            self._big_send_buffer = True
+            widen_send_buffer(self.transport)
+
+
+def _with_length(answer: InferAnswer) -> list[tuple[str, str]]:
+    # Headers come whitelisted (a runner's, runners.settings.FORWARDED_RESPONSE_HEADERS) or are the daemon's own.
+    return [*answer.headers.items(), ("Content-Length", str(len(answer.payload)))]
 
 
 def _wake(waiter: asyncio.Future[None] | None) -> None:

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .infer_api import InferAnswer, proxied_infer, serving_model
-from .lease_api import body_object, release, renew, take
+from .bodies import body_object
+from .lease_api import release, renew, take
 
 if TYPE_CHECKING:
     from .http1 import RequestHead

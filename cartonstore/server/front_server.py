@@ -10,23 +10,32 @@ import time
 from aiohttp import web
 
 from .app import SERVICE
-from .front import BODY, DISCARD, HANDED, HEAD, FrontConnection
+from .front import BODY, DISCARD, HANDED, HEAD, RECV_CHUNK, FrontConnection
+
+KEEPALIVE_TIMEOUT = 75.0   # seconds a connection may stay silent between requests (aiohttp's default)
 
 
 class FrontServer:
     """The daemon's connections, on any number of listening sockets."""
 
-    def __init__(self, app: web.Application, aiohttp_server: web.Server, *, max_request_size: int,
-                 keepalive_timeout: float = 75.0) -> None:
+    def __init__(self, app: web.Application, aiohttp_server: web.Server, *, max_request_size: int) -> None:
         self.app = app
         self.service = app[SERVICE]
         self.aiohttp_server = aiohttp_server
         self.max_request_size = max_request_size
-        self.keepalive_timeout = keepalive_timeout
+        self.keepalive_timeout = KEEPALIVE_TIMEOUT
+        # What every connection receives into (front.py copies out what it keeps at once), and its requests.
+        self.scratch = memoryview(bytearray(RECV_CHUNK))
+        self._tasks: set[asyncio.Task[None]] = set()
         self.connections: set[FrontConnection] = set()
         self.closing = False
         self._listeners: list[asyncio.AbstractServer] = []
         self._sweeper: asyncio.Task[None] | None = None
+
+    def track(self, task: asyncio.Task[None]) -> None:
+        """Hold a request's task until it ends (the loop keeps only weak references)."""
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     async def listen(self, sock: socket.socket) -> None:
         loop = asyncio.get_running_loop()

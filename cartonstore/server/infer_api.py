@@ -27,6 +27,7 @@ from ..v2.framing import (
 from ..v2.framing import header_length as header_length_of
 from ..v2.validate import parse_raw_binary_for, validate_request
 from .blobs import pick_encoding
+from .runners.settings import error_text
 from .bodies import ENCODINGS, IN_THREAD_FROM, request_body
 from ..v2.shm_params import REGION
 from .infer_shm import ShmUse, attach_regions, renamed_answer, renamed_request, uses_shm
@@ -42,17 +43,24 @@ STREAM_ANSWER = 64 * 1024         # larger answers: headers and body written apa
 CLIENT_SEND_BUFFER = 4 << 20      # a 4 MiB answer leaves in one send, not copied into asyncio's buffer
 
 
-def serving_model(service: ModelService, name: str, version: str | None) -> LoadedModel:
-    """The loaded model a request is for, or the error that says why not."""
+def ready_model(service: ModelService, name: str, version: str | None) -> LoadedModel:
+    """The READY model (version) a request names, runner or not (its files
+    are served either way), or the error that says why not."""
     model = service.models.get(name)
     if model is None or model.digest is None:
-        raise NotFound(f"unknown model {name!r}: load it first (POST /v2/repository/models/{name}/load)",
-                       subject=name)
+        raise NotFound(f"unknown model {name!r}: model {name!r} is not loaded; load it first "
+                       f"(POST /v2/repository/models/{name}/load)", subject=name)
     if version is not None and version != model.digest:
         raise NotFound(f"model {name!r} has no loaded version {version!r} (loaded: {model.digest})",
                        subject=version)
     if model.state != "READY":
         raise InvalidInput(f"model {name!r} is not ready ({model.state.lower()}: {model.reason})", subject=name)
+    return model
+
+
+def serving_model(service: ModelService, name: str, version: str | None) -> LoadedModel:
+    """The loaded model an infer request is for: READY, with runners."""
+    model = ready_model(service, name, version)
     if model.runners is None:
         runner = model.carton.runner.runner_name if model.carton else "?"
         raise InvalidInput(f"model {name!r} is loaded as files only: no runner is configured for its "
@@ -133,7 +141,7 @@ async def proxied_infer(service: ModelService, model: LoadedModel, name: str, ve
         out_headers["Content-Encoding"] = coding
         out_headers["Vary"] = "Accept-Encoding"
     return InferAnswer(answer.status, out_headers, payload,
-                       f"runner: {_error_text(payload)}" if answer.status >= 400 else None)
+                       f"runner: {error_text(payload)}" if answer.status >= 400 else None)
 
 
 async def infer(request: web.Request) -> web.StreamResponse:
@@ -158,17 +166,6 @@ async def infer(request: web.Request) -> web.StreamResponse:
     return response
 
 
-def _error_text(payload: bytes | bytearray) -> str:
-    """The message of a runner's error answer, for the daemon's log line."""
-    if len(payload) <= 1 << 20:
-        try:
-            return str(json.loads(bytes(payload))["error"])
-        except (ValueError, KeyError, TypeError):
-            pass
-    first = bytes(payload[:300]).decode("utf-8", "replace").splitlines()
-    return f"{len(payload)} byte(s), not a JSON error: {first[0] if first else ''}"
-
-
 async def _checked_off_loop(model: LoadedModel, body: bytes | bytearray, header_length: int | None,
                             shm: tuple[ShmRegions, Peer]) -> tuple[list, int | None, ShmUse | None]:
     """checked_request; in a thread for big bodies, whose JSON or BYTES
@@ -179,6 +176,14 @@ async def _checked_off_loop(model: LoadedModel, body: bytes | bytearray, header_
     return await asyncio.to_thread(checked_request, model, body, header_length, shm)
 
 
+def widen_send_buffer(transport: object) -> None:
+    """A big answer leaves a Unix socket in one send, not copied into the
+    transport's buffer (TCP tunes its own buffers)."""
+    sock = transport.get_extra_info("socket") if transport is not None else None  # type: ignore[attr-defined]
+    if sock is not None and sock.family == socket.AF_UNIX:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, CLIENT_SEND_BUFFER)
+
+
 async def _streamed(request: web.Request, status: int, headers: dict[str, str],
                     payload: bytes | bytearray) -> web.StreamResponse:
     """A big answer sent without copies: aiohttp would join it with the
@@ -186,9 +191,7 @@ async def _streamed(request: web.Request, status: int, headers: dict[str, str],
     keeps a copy of whatever the socket did not take at once."""
     response = web.StreamResponse(status=status, headers=headers)
     response.content_length = len(payload)
-    sock = request.transport.get_extra_info("socket") if request.transport is not None else None
-    if sock is not None and sock.family == socket.AF_UNIX:   # TCP tunes its own buffers
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, CLIENT_SEND_BUFFER)
+    widen_send_buffer(request.transport)
     await response.prepare(request)
     try:
         await response.write(b"")   # the headers alone

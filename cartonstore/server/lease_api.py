@@ -9,34 +9,12 @@ with a decoded JSON body.
 
 from __future__ import annotations
 
-import asyncio
-import json
 from typing import TYPE_CHECKING, Any
 
 from ..errors import InvalidInput
-from .bodies import IN_THREAD_FROM
 
 if TYPE_CHECKING:
     from .service import ModelService
-
-
-def json_object(raw: bytes | bytearray) -> dict[str, Any]:
-    """The JSON object in a request body; {} for an empty one."""
-    if not raw.strip():
-        return {}
-    try:
-        data = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise InvalidInput(f"request body is not valid JSON: {e}") from None
-    if not isinstance(data, dict):
-        raise InvalidInput(f"request body must be a JSON object, got {type(data).__name__}")
-    return data
-
-
-async def body_object(raw: bytes | bytearray) -> dict[str, Any]:
-    """json_object, in a thread for a big body (a load may upload files as
-    base64 parameters, up to max_request_size)."""
-    return json_object(raw) if len(raw) < IN_THREAD_FROM else await asyncio.to_thread(json_object, raw)
 
 
 async def take(service: ModelService, body: dict[str, Any]) -> dict[str, Any]:

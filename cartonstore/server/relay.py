@@ -33,11 +33,13 @@ _INTERIM = range(100, 200)
 class RelayTransport(asyncio.Transport):
     """The client's transport, as one aiohttp handler sees it."""
 
-    def __init__(self, client: asyncio.Transport, on_done: Callable[[bool], None], *, keep_alive: bool) -> None:
+    def __init__(self, client: asyncio.Transport, on_done: Callable[[bool], None], *, keep_alive: bool,
+                 bodiless: bool = False) -> None:
         super().__init__()
         self._client = client
         self._on_done = on_done
         self._keep_alive = keep_alive   # the client asked for a persistent connection
+        self._bodiless = bodiless       # a HEAD request: its answer's Content-Length has no body behind it
         self._head = bytearray()        # the answer's head, until it is whole
         self._head_done = False
         self._closed = False
@@ -83,7 +85,7 @@ class RelayTransport(asyncio.Transport):
         """Learn how the answer's body ends; False when only a close ends it."""
         status = response_status(head)
         lower = head.lower()
-        if status in (204, 304):
+        if status in (204, 304) or self._bodiless:
             self._body_left = 0
             return True
         if b"\r\ntransfer-encoding: chunked" in lower:

@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import InvalidInput
-from ..shm_objects import object_size_problem, open_object, unlinked_problem
-from ..v2.shm_params import ShmRef
+from ..shm_objects import object_size_problem, open_region, read_region, register_fields, unlinked_problem
+from ..v2.shm_params import ShmRef, check_within, missing_region
 
 MAX_REGIONS = 4096     # per owner: each holds an fd
 _UCRED = struct.Struct("3i")
@@ -94,32 +94,21 @@ class ShmRegions:
         self._check_peer(peer)
         if not name or len(name) > 255:
             raise InvalidInput(f"a region name must be 1 to 255 characters, not {name!r}", subject=name)
-        if type(doc) is not dict:
-            raise InvalidInput("a register request must be a JSON object with key, offset and byte_size",
-                               subject=name)
+        key, offset, size = register_fields(doc, name)
         unknown = sorted(set(doc) - {"key", "offset", "byte_size"})
         if unknown:
             raise InvalidInput(f"unknown field(s) in the register request: {', '.join(unknown)}", subject=name)
-        offset, size = doc.get("offset", 0), doc.get("byte_size")
-        if type(offset) is not int or offset < 0:
-            raise InvalidInput(f"region {name!r}: offset must be an integer >= 0, not {offset!r}", subject=name)
-        if type(size) is not int or size <= 0:
-            raise InvalidInput(f"region {name!r}: byte_size must be an integer > 0, not {size!r}", subject=name)
-        key = doc.get("key")
         with self._lock:
             if name in self._by_owner.get(peer.uid, {}):
                 raise InvalidInput(f"shared memory region {name!r} is already registered; unregister it first",
                                    subject=name)
-        fd, st = open_object(key, writable=True)   # as the runner will: a read-only object fails here, not at use
+        fd, st = open_region(key, name, offset, size)   # read-write as a runner's: a read-only one fails here
         try:
             owner_ok = st.st_uid == (os.getuid() if peer.uid is None else peer.uid) or peer.uid == 0
             if not owner_ok:
                 who = "the daemon's uid" if peer.uid is None else f"your uid {peer.uid}"
                 raise InvalidInput(f"shared memory object {key!r} belongs to uid {st.st_uid}, not {who}: "
                                    f"only its owner may register it", subject="key")
-            if st.st_size < offset + size:
-                raise InvalidInput(f"region {name!r}: offset {offset} + byte_size {size} runs past the end of "
-                                   f"the {st.st_size}-byte object {key!r}", subject=name)
             region = Region(name, key, offset, size, fd, f"cs{next(self._serial)}",
                             object_id=(st.st_dev, st.st_ino), foreign=st.st_uid != os.getuid())
             with self._lock:
@@ -176,12 +165,8 @@ class ShmRegions:
         with self._lock:
             region = self._by_owner.get(peer.uid, {}).get(ref.region)
             if region is None:
-                raise InvalidInput(f"{what}: unable to find system shared memory region {ref.region!r}: "
-                                   f"register it first", subject=what)
-            if ref.end > region.byte_size:
-                raise InvalidInput(f"{what}: shared_memory_offset {ref.offset} + shared_memory_byte_size "
-                                   f"{ref.byte_size} runs past the end of region {ref.region!r} "
-                                   f"({region.byte_size} bytes)", subject=what)
+                raise missing_region(ref, what)
+            check_within(ref, region.byte_size, what)
             problem = unlinked_problem(region.fd, region.key) or \
                 object_size_problem(region.fd, region.key, region.offset + region.byte_size)
             if problem:
@@ -191,10 +176,6 @@ class ShmRegions:
         if not read:
             return region, None
         try:
-            data = os.pread(fd, ref.byte_size, region.offset + ref.offset)
+            return region, read_region(fd, region.offset + ref.offset, ref.byte_size, what, ref.region)
         finally:
             os.close(fd)
-        if len(data) != ref.byte_size:
-            raise InvalidInput(f"{what}: shared memory region {ref.region!r} ended while being read "
-                               f"(truncated)", subject=what)
-        return region, data

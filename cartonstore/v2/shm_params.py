@@ -80,6 +80,17 @@ def shm_ref(parameters: dict[str, Any], what: str) -> ShmRef | None:
     return ShmRef(region, offset, size)
 
 
+def missing_region(ref: ShmRef, what: str) -> InvalidInput:
+    return fail(what, f"unable to find system shared memory region {ref.region!r}: register it first")
+
+
+def check_within(ref: ShmRef, region_size: int, what: str) -> None:
+    """The bytes ``ref`` names lie inside its region of ``region_size`` bytes."""
+    if ref.end > region_size:
+        raise fail(what, f"{OFFSET} {ref.offset} + {BYTE_SIZE} {ref.byte_size} runs past the end of region "
+                         f"{ref.region!r} ({region_size} bytes)")
+
+
 def with_region(parameters: dict[str, Any], region: str) -> dict[str, Any]:
     """``parameters`` naming ``region`` instead (the daemon's own name for
     a client's region, on the way to a runner, and back)."""

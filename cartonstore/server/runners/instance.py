@@ -40,16 +40,6 @@ def _abandon(spawn: asyncio.Future[RunnerProcess]) -> None:
         asyncio.ensure_future(spawn.result().terminate(0.0))
 
 
-async def _mapped_then(shm: RunnerShmLink, regions: Sequence[Region], request: Awaitable[Any]) -> Any:
-    if regions:
-        try:
-            await shm.ensure(regions)
-        except BaseException:
-            request.close()   # never awaited: the coroutine is dropped, not left to warn
-            raise
-    return await request
-
-
 class RunnerInstance:
     """Instance ``index`` of a model's runners. ``label`` names it in logs
     and errors: "runner for <model> (instance <i>)"."""
@@ -182,13 +172,16 @@ class RunnerInstance:
         the runner: it died, it did not answer in time (then it is killed;
         the supervisor restarts it), or it broke the HTTP exchange."""
         proc, client, shm = self._proc, self._client, self._shm
-        if proc is None or client is None or shm is None or client.closed:
+        if proc is None or client is None or client.closed:
             raise Unavailable(f"{self.label} is not running: {self.reason or 'restarting'}")
         timeout = self.settings.request_timeout
         self.outstanding += 1
         try:
-            exchange = _mapped_then(shm, regions, client.request("POST", path, headers, body))
-            status, headers_in, answer = await _within(exchange, timeout)
+            async def exchange() -> tuple[int, dict[str, str], bytes | bytearray]:
+                if regions:
+                    await shm.ensure(regions)   # type: ignore[union-attr]  # set with the client
+                return await client.request("POST", path, headers, body)
+            status, headers_in, answer = await _within(exchange(), timeout)
         except asyncio.TimeoutError:
             if proc.returncode is None:
                 proc.kill(f"killed after not answering a request within {seconds(timeout)}")

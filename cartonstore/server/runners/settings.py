@@ -3,6 +3,7 @@ one runner instance, and what a forwarded request brings back."""
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -74,6 +75,18 @@ class RunnerResponse:
     status: int
     headers: dict[str, str]
     body: bytes
+
+
+def error_text(payload: bytes | bytearray) -> str:
+    """The message of a runner's error answer: its {"error": ...}, else
+    what the answer was instead."""
+    if len(payload) <= 1 << 20:
+        try:
+            return str(json.loads(bytes(payload))["error"])
+        except (ValueError, KeyError, TypeError):
+            pass
+    first = bytes(payload[:300]).decode("utf-8", "replace").splitlines()
+    return f"{len(payload)} byte(s), not a JSON error: {first[0] if first else ''}"
 
 
 class RunnersBusy(Unavailable):

@@ -17,6 +17,7 @@ import logging
 from typing import TYPE_CHECKING, Iterable
 
 from ...errors import InvalidInput, Unavailable
+from .settings import error_text
 
 if TYPE_CHECKING:
     from ..shm_regions import Region
@@ -24,13 +25,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("cartonstore.server.runners")
 _JSON = {"Content-Type": "application/json"}
-
-
-def _error_of(body: bytes | bytearray) -> str:
-    try:
-        return str(json.loads(bytes(body))["error"])
-    except (ValueError, KeyError, TypeError):
-        return bytes(body[:200]).decode("utf-8", "replace")
 
 
 class RunnerShmLink:
@@ -63,11 +57,14 @@ class RunnerShmLink:
                 done.set_exception(failed)
                 done.exception()   # retrieved, whether or not anyone waits
                 raise
-            done.set_result(None)
             if region.gone:   # unregistered while the runner mapped it: the unmap may have gone first
                 self._registered.pop(region.runner_name, None)
                 self._unregister_soon(region.runner_name)
-                raise InvalidInput(f"shared memory region {region.name!r} was unregistered", subject=region.name)
+                gone = InvalidInput(f"shared memory region {region.name!r} was unregistered", subject=region.name)
+                done.set_exception(gone)   # requests waiting on this registration fail alike
+                done.exception()
+                raise gone
+            done.set_result(None)
 
     async def _register(self, region: Region) -> None:
         # Triton's three fields, and two of cartonstore's own that other v2 servers ignore.
@@ -81,7 +78,7 @@ class RunnerShmLink:
                                f"region {region.name!r} cannot be used with this model", subject=region.name)
         if status != 200:
             raise InvalidInput(f"{self._label} could not map shared memory region {region.name!r}: "
-                               f"{_error_of(answer)}", subject=region.name)
+                               f"{error_text(answer)}", subject=region.name)
 
     def forget(self, region: Region) -> None:
         """The client unregistered ``region``: the runner unmaps it too (in
