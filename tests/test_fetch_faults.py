@@ -204,6 +204,22 @@ def test_parts_fall_back_to_one_stream_when_ranges_are_ignored(store: Store, ori
     assert store.blobs.path(digest).read_bytes() == PAYLOAD
 
 
+def test_parts_that_keep_failing_fail_cleanly(store: Store, origin, served) -> None:  # noqa: ANN001
+    """Every response breaks off: the add fails naming the URL, with the
+    hasher that was following the parts stopped, and nothing left behind."""
+    import threading
+
+    carton, digest = served
+    origin.set_fault(f"/blobs/{digest}", Fault(reset_at=30_000))
+    with pytest.raises(FetchError, match=f"/blobs/{digest}"):
+        pull(store, str(carton), fast_config(**PARTS))
+    assert digest not in blob_files(store) and tmp_files(store) == []
+    assert [t.name for t in threading.enumerate() if t.name.startswith("cartonstore-")] == []
+    origin.set_fault(f"/blobs/{digest}", None)
+    assert pull(store, str(carton), fast_config(**PARTS)).complete
+    assert store.blobs.path(digest).read_bytes() == PAYLOAD
+
+
 def test_parts_with_wrong_bytes_are_rejected(store: Store, origin, served) -> None:  # noqa: ANN001
     carton, digest = served
     origin.set_fault(f"/blobs/{digest}", Fault(wrong_bytes=True))

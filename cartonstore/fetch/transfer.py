@@ -4,7 +4,7 @@ For each URL in turn: GET with retries; an identity-encoded body that breaks
 off resumes with a Range from the bytes already hashed; an encoded one starts
 over. The decoded bytes are hashed as they are written; a hash mismatch
 discards them and moves on to the next URL. Decoding, hashing and writing
-run in a worker thread, overlapped with receiving the next chunk.
+run in the stream's own thread (sink.py), overlapped with receiving.
 """
 
 from __future__ import annotations
@@ -18,46 +18,50 @@ from .config import FetchConfig
 from .encoding import ContentDecoder
 from .http import HttpClient, Response, with_retries
 from .policy import describe
+from .sink import StreamSink, in_own_thread
 from .stats import Tally, TransferStats, retry_hook
 
 __all__ = ["SourcesFailed", "TransferStats", "download", "fetch_blob", "pump"]
 
 
-def _feed(decoder: ContentDecoder, writer: BlobWriter, chunk: bytes) -> None:
-    for piece in decoder.feed(chunk):
-        writer.write(piece)
-
-
-def _finish(decoder: ContentDecoder, writer: BlobWriter) -> None:
-    rest = decoder.finish()
-    for piece in rest or ():
-        writer.write(piece)
-
-
-async def pump(response: Response, decoder: ContentDecoder, writer: BlobWriter, *, tally: Tally | None = None) -> int:
+async def pump(response: Response, decoder: ContentDecoder, writer: BlobWriter, *, tally: Tally | None = None,
+               reserve: int = 0) -> int:
     """Move a response body through decoder into writer; returns body bytes.
-    At most one write is in flight while the next chunk is awaited."""
-    pending: asyncio.Future | None = None
+    Decoding, hashing and writing run in the stream's own thread (StreamSink)
+    while the loop receives. With ``reserve``, the file's space for that many
+    bytes is allocated first (in that thread: the body is read from the start)."""
+
+    def work(chunk: bytes) -> None:
+        nonlocal reserve
+        if reserve:
+            writer.reserve(reserve)
+            reserve = 0
+        for piece in decoder.feed(chunk):
+            writer.write(piece)
+
     received = 0
+    sink = StreamSink(work, name="fetch")
     try:
-        async for chunk in response.chunks():
-            received += len(chunk)
-            if tally is not None:
-                tally.add(len(chunk))
-            if pending is not None:
-                await pending
-            pending = asyncio.ensure_future(asyncio.to_thread(_feed, decoder, writer, chunk))
-        if pending is not None:
-            await pending
-            pending = None
-    finally:
-        if pending is not None:  # never leave a thread writing into a file we may reset
-            await asyncio.gather(pending, return_exceptions=True)
+        try:
+            async for chunk in response.chunks():
+                received += len(chunk)
+                if tally is not None:
+                    tally.add(len(chunk))
+                await sink.put(chunk)
+        finally:  # what arrived is written even when the body broke off: a resume starts after it
+            await sink.close()
+    finally:  # never leave a thread writing into a file we may reset
+        await sink.abort()
     if response.length is not None and received != response.length:
         raise FetchError(f"{describe(response.url)}: body has {received} bytes, Content-Length said "
                          f"{response.length}", subject=response.url, retryable=True)
     await asyncio.to_thread(_finish, decoder, writer)
     return received
+
+
+def _finish(decoder: ContentDecoder, writer: BlobWriter) -> None:
+    for piece in decoder.finish() or ():
+        writer.write(piece)
 
 
 class _RangesRefused(FetchError):
@@ -98,11 +102,26 @@ async def download(client: HttpClient, url: str, writer: BlobWriter, config: Fet
                     return
                 resumable = not response.encodings and response.accepts_ranges
                 decoder = ContentDecoder(response.encodings, url=url, max_output=config.max_blob_size)
-                await pump(response, decoder, writer, tally=tally)
+                size = response.start + response.length if not response.encodings and response.length else 0
+                await pump(response, decoder, writer, tally=tally, reserve=size)
             finally:
                 tally.settle()
 
     await with_retries(config, attempt, on_retry=retry_hook(stats, config, url))
+
+
+class _Part:
+    """One Range part of a blob: [start, end), written up to ``written``
+    (advanced by the part's sink thread)."""
+
+    def __init__(self, writer: BlobWriter, start: int, end: int) -> None:
+        self.writer = writer
+        self.written = start
+        self.end = end
+
+    def write(self, chunk: bytes) -> None:
+        self.writer.write_at(self.written, chunk)
+        self.written += len(chunk)
 
 
 def split_parts(size: int, parts: int) -> list[tuple[int, int]]:
@@ -113,7 +132,8 @@ def split_parts(size: int, parts: int) -> list[tuple[int, int]]:
 async def download_parts(client: HttpClient, url: str, first: Response, writer: BlobWriter, config: FetchConfig, *,
                          tally: Tally) -> None:
     """Fetch [0, size) as parallel Range parts written in place; the first part
-    comes from the response already open. The file is hashed once assembled.
+    comes from the response already open. The file is hashed in order as its
+    prefix grows (PrefixHasher), overlapped with the parts still arriving.
     Every part counts into ``tally``, which planned the whole size."""
     stats = tally.stats
     size = first.length or 0
@@ -121,53 +141,66 @@ async def download_parts(client: HttpClient, url: str, first: Response, writer: 
         raise FetchError(f"{describe(url)}: body is {size} bytes, over the {config.max_blob_size} allowed",
                          subject=url)
 
-    async def fill(response: Response, pos: int, end: int) -> int:
-        async for chunk in response.chunks():
-            take = chunk[: end - pos]
-            tally.add(len(chunk))
-            if len(take) < len(chunk):  # the first response runs on past its part
-                tally.more(len(chunk) - len(take))
-            await asyncio.to_thread(writer.write_at, pos, take)
-            pos += len(take)
-            if pos >= end:
-                break
-        return pos
+    async def fill(response: Response, part: _Part) -> None:
+        """Write the response's bytes from part.written on, up to part.end.
+        On any failure, part.written is where the written bytes end: each
+        byte is written once (the hasher may already have read it)."""
+        queued = part.written
+        sink = StreamSink(part.write, name="part")
+        try:
+            try:
+                async for chunk in response.chunks():
+                    take = chunk[: part.end - queued]
+                    tally.add(len(chunk))
+                    if len(take) < len(chunk):  # the first response runs on past its part
+                        tally.more(len(chunk) - len(take))
+                    await sink.put(take)
+                    queued += len(take)
+                    if queued >= part.end:
+                        break
+            finally:  # bytes that arrived before a break-off are kept: the retry asks for the rest
+                await sink.close()
+        finally:
+            await sink.abort()
 
-    async def part(start: int, end: int, opened: Response | None = None) -> None:
-        pos = start
+    async def fetch_part(start: int, end: int, opened: Response | None = None) -> None:
+        part = _Part(writer, start, end)
         if opened is not None:
             try:
-                pos = await fill(opened, pos, end)
+                await fill(opened, part)
             except FetchError as e:
                 if not e.retryable:
                     raise
 
         async def attempt(_n: int) -> None:
-            nonlocal pos
-            if pos >= end:
+            if part.written >= end:
                 return
             if stats is not None:
                 stats.request()
-            async with client.get(url, start=pos, end=end, encoded=False) as response:
+            async with client.get(url, start=part.written, end=end, encoded=False) as response:
                 if response.status != 206:
                     raise _RangesRefused(f"{describe(url)}: ignored a Range request for a part", subject=url)
-                pos = await fill(response, pos, end)
-                if pos < end:
-                    raise FetchError(f"{describe(url)}: part ended at {pos}, expected {end}", subject=url,
+                await fill(response, part)
+                if part.written < end:
+                    raise FetchError(f"{describe(url)}: part ended at {part.written}, expected {end}", subject=url,
                                      retryable=True)
 
         await with_retries(config, attempt, on_retry=retry_hook(stats, config, url))
 
+    hasher = await asyncio.to_thread(writer.hash_parts, size)
+    hashing = in_own_thread(hasher.run, name="hash")  # follows the parts as they land
     ranges = split_parts(size, config.parallel_parts)
-    tasks = [asyncio.ensure_future(part(*ranges[0], opened=first))]
-    tasks += [asyncio.ensure_future(part(s, e)) for s, e in ranges[1:]]
+    tasks = [asyncio.ensure_future(fetch_part(*ranges[0], opened=first))]
+    tasks += [asyncio.ensure_future(fetch_part(s, e)) for s, e in ranges[1:]]
     try:
         await asyncio.gather(*tasks)
+        await asyncio.shield(hashing)  # cancelled or not, the thread is waited for below
     finally:
         for t in tasks:  # one part failing stops the others before the file is reused
             t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-    await asyncio.to_thread(writer.hash_written, size)
+        hasher.stop()  # a worker thread cannot be cancelled: told, and waited for
+        await asyncio.gather(*tasks, hashing, return_exceptions=True)
+    writer.parts_hashed()
 
 
 class SourcesFailed(FetchError):

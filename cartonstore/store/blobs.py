@@ -17,8 +17,10 @@ from pathlib import Path
 from typing import BinaryIO, Iterator
 
 from ..errors import IntegrityError, Unavailable
+from .filespace import WRITEBACK_STEP, reserve, start_writeback
 from .layout import StoreLayout
 from .owner import tmp_name
+from .prefix_hash import PrefixHasher
 
 CHUNK = 1 << 20
 BLOB_MODE = 0o444
@@ -52,7 +54,18 @@ class BlobWriter:
             raise _translate_write_error(e, self.tmp_path) from e
         self._hash = hashlib.sha256()
         self.size = 0
+        self._written_back = 0   # writeback started for [0, _written_back)
+        self._parts: PrefixHasher | None = None
         self._staged = False
+
+    def reserve(self, size: int) -> None:
+        """The blob will be about ``size`` bytes: allocate its disk space now
+        (filespace.py: cheaper writes, and a full disk fails before the
+        download, not after). Does not change what the file holds."""
+        try:
+            reserve(self._fd, size)
+        except OSError as e:
+            raise _translate_write_error(e, self.tmp_path) from e
 
     def write(self, data: bytes | memoryview) -> None:
         self._hash.update(data)
@@ -64,50 +77,61 @@ class BlobWriter:
                 raise _translate_write_error(e, self.tmp_path) from e
             view = view[n:]
         self.size += len(data)
+        if self.size - self._written_back >= WRITEBACK_STEP:
+            start_writeback(self._fd, self._written_back, self.size - self._written_back)
+            self._written_back = self.size
 
     @property
     def digest(self) -> str:
         """sha256 of the bytes written so far (in order)."""
         return self._hash.hexdigest()
 
+    def hash_parts(self, size: int) -> PrefixHasher:
+        """Before write_at(): the file will be ``size`` bytes written as parts.
+        The caller runs the returned hasher's run() in a worker thread while
+        the parts are written, then calls parts_hashed()."""
+        self.reserve(size)
+        self._parts = PrefixHasher(self._fd, size, name=str(self.tmp_path))
+        return self._parts
+
     def write_at(self, offset: int, data: bytes | memoryview) -> None:
-        """Positional write for parallel parts; nothing is hashed until
-        hash_written() reads the assembled file back."""
+        """Positional write of a part (after hash_parts); thread-safe."""
         view = memoryview(data)
+        length = len(view)
+        at = offset
         while view:
             try:
-                n = os.pwrite(self._fd, view, offset)
+                n = os.pwrite(self._fd, view, at)
             except OSError as e:
                 raise _translate_write_error(e, self.tmp_path) from e
             view = view[n:]
-            offset += n
+            at += n
+        if self._parts is not None:
+            self._parts.landed(offset, length)
 
-    def hash_written(self, size: int) -> None:
-        """After write_at(): hash the file's first ``size`` bytes as if they
-        had been written in order."""
-        os.ftruncate(self._fd, size)
-        self._hash = hashlib.sha256()
-        buf = bytearray(CHUNK)
-        view = memoryview(buf)
-        pos = 0
-        while pos < size:
-            n = os.preadv(self._fd, [view[: min(CHUNK, size - pos)]], pos)
-            if n <= 0:
-                raise Unavailable(f"short read hashing {self.tmp_path}", subject=str(self.tmp_path))
-            self._hash.update(view[:n])
-            pos += n
-        self.size = size
-        os.lseek(self._fd, size, os.SEEK_SET)
+    def parts_hashed(self) -> None:
+        """After the hasher's run() returned: the file is its ``size`` bytes,
+        hashed in order, as if they had been written with write()."""
+        hasher = self._parts
+        assert hasher is not None and hasher.hashed == hasher.size, "parts_hashed() before the hasher finished"
+        os.ftruncate(self._fd, hasher.size)
+        self._hash = hasher.hash
+        self.size = self._written_back = hasher.size
+        self._parts = None
+        os.lseek(self._fd, hasher.size, os.SEEK_SET)
 
     def reset(self) -> None:
         """Start over (a download that cannot resume): empty file, fresh hash."""
         os.ftruncate(self._fd, 0)
         os.lseek(self._fd, 0, os.SEEK_SET)
         self._hash = hashlib.sha256()
-        self.size = 0
+        self.size = self._written_back = 0
+        self._parts = None
 
     def copy_from(self, src: BinaryIO, limit: int | None = None) -> None:
         """Copy src (to EOF, or ``limit`` bytes) through the hash into the file."""
+        if limit is not None:
+            self.reserve(limit)
         buf = bytearray(CHUNK)
         remaining = limit
         while remaining is None or remaining > 0:

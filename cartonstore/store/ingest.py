@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Sequence
@@ -42,8 +43,14 @@ class IngestResult:
     naming: NameOutcome | None = None
 
 
+STAGE_WORKERS = max(1, min(8, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1))
+"""Files of one carton copied at once: one per core, up to 8 (more streams
+than that only share the disk)."""
+
+
 class Staging:
-    """Blobs staged in tmp/ for one carton; discarded unless committed."""
+    """Blobs staged in tmp/ for one carton; discarded unless committed.
+    add_from_view may run in several threads at once (one file each)."""
 
     def __init__(self, blobs: BlobStore) -> None:
         self.blobs = blobs
@@ -68,6 +75,9 @@ class Staging:
                 if span is not None:
                     _copy_span(w, view.zip_path, *span)  # type: ignore[attr-defined]
                 else:
+                    size = getattr(view.files.get(path), "size", None)
+                    if size:
+                        w.reserve(size)
                     with view.open(path) as src:
                         w.copy_from(src)
                 staged = w.stage(expected_digest=expected)
@@ -116,14 +126,34 @@ def stage_carton(checked: CheckedCarton, view: CartonView, blobs: BlobStore,
     try:
         if not blobs.has(checked.digest):
             staging.add_bytes(checked.manifest.raw, checked.digest)
-        for digest, path in checked.files_by_digest().items():
-            if digest not in staging.staged and not blobs.has(digest):
-                staging.add_from_view(view, path, digest)
+        wanted = [(digest, path) for digest, path in checked.files_by_digest().items()
+                  if digest not in staging.staged and not blobs.has(digest)]
+        _stage_at_once(staging, view, wanted)
         check_staged_safetensors(checked, staging)
         return staging
     except BaseException:
         staging.discard()
         raise
+
+
+def _stage_at_once(staging: Staging, view: CartonView, wanted: list[tuple[str, str]]) -> None:
+    """Copy several files at once, each read, hashed and written by its own
+    worker: sha256 runs on one core per stream (hashlib and file I/O release
+    the GIL), so a carton of several large files ingests at the speed of
+    several cores, not one. The first failure in file order is raised, once
+    every copy already running has ended (so discard() sees all of them)."""
+    workers = min(STAGE_WORKERS, len(wanted))
+    if workers <= 1:
+        for digest, path in wanted:
+            staging.add_from_view(view, path, digest)
+        return
+    pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="cartonstore-ingest")
+    try:
+        futures = [pool.submit(staging.add_from_view, view, path, digest) for digest, path in wanted]
+        for f in futures:
+            f.result()
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 def stage_unpacked(view: CartonView, blobs: BlobStore) -> tuple[CheckedCarton, Staging]:

@@ -1,0 +1,114 @@
+"""StreamSink: one worker thread per stream, fed by the event loop."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import pytest
+
+from cartonstore.fetch.sink import StreamSink
+
+
+def test_chunks_are_worked_in_order_in_one_other_thread() -> None:
+    done: list[bytes] = []
+    threads: set[int] = set()
+
+    def work(chunk: bytes) -> None:
+        threads.add(threading.get_ident())
+        done.append(chunk)
+
+    async def main() -> None:
+        sink = StreamSink(work, window=64)
+        for i in range(500):
+            await sink.put(str(i).encode())
+        await sink.close()
+
+    asyncio.run(main())
+    assert done == [str(i).encode() for i in range(500)]
+    assert len(threads) == 1 and threading.get_ident() not in threads
+
+
+def test_the_window_bounds_what_is_queued() -> None:
+    """A slow worker makes put() wait: never more than the window plus one
+    chunk is held."""
+    held: list[int] = []
+    pending = [0]
+    lock = threading.Lock()
+
+    def work(chunk: bytes) -> None:
+        time.sleep(0.002)
+        with lock:
+            pending[0] -= len(chunk)
+
+    async def main() -> None:
+        sink = StreamSink(work, window=10_000)
+        for _ in range(100):
+            with lock:
+                pending[0] += 1000
+                held.append(pending[0])
+            await sink.put(b"x" * 1000)
+        await sink.close()
+
+    asyncio.run(main())
+    assert max(held) <= 11_000
+    assert pending[0] == 0
+
+
+def test_an_error_in_the_work_stops_the_stream_and_reaches_the_loop() -> None:
+    worked: list[int] = []
+
+    def work(chunk: bytes) -> None:
+        if chunk == b"3":
+            raise OSError("disk on fire")
+        worked.append(int(chunk))
+
+    async def main() -> None:
+        sink = StreamSink(work, window=1)   # every put waits: the error shows at the next one
+        with pytest.raises(OSError, match="disk on fire"):
+            for i in range(10):
+                await sink.put(str(i).encode())
+        with pytest.raises(OSError, match="disk on fire"):
+            await sink.close()
+
+    asyncio.run(main())
+    assert worked == [0, 1, 2]
+
+
+def test_abort_drops_the_queue_and_waits_for_the_chunk_in_hand() -> None:
+    started = threading.Event()
+    finished: list[bytes] = []
+
+    def work(chunk: bytes) -> None:
+        started.set()
+        time.sleep(0.05)
+        finished.append(chunk)
+
+    async def main() -> None:
+        sink = StreamSink(work, window=1 << 20)
+        for i in range(20):
+            await sink.put(bytes([i]))
+        await asyncio.to_thread(started.wait)
+        await sink.abort()
+        count = len(finished)
+        await asyncio.sleep(0.1)
+        assert len(finished) == count  # nothing ran after abort returned
+        await sink.abort()              # twice is fine
+
+    asyncio.run(main())
+    assert 1 <= len(finished) < 20
+
+
+def test_a_closed_sink_leaves_no_thread() -> None:
+    before = {t.ident for t in threading.enumerate()}
+
+    async def main() -> None:
+        sink = StreamSink(lambda _c: None)
+        await sink.put(b"x")
+        await sink.close()
+        await sink.abort()
+
+    asyncio.run(main())
+    time.sleep(0.05)
+    assert {t.ident for t in threading.enumerate() if t.name.startswith("cartonstore-")} - before == set()
