@@ -22,8 +22,8 @@ from .format.tensor_data import (
     TensorEntry,
     check_tensor_files,
     check_tensor_index_present,
-    decode_string,
     parse_tensor_index,
+    string_data,
 )
 from .sources.view import METADATA_LIMITS, STRING_TENSOR_LIMIT, CartonView, read_limited
 
@@ -204,7 +204,7 @@ def _check_tensor_data(view: CartonView, listed: dict[str, str]) -> tuple[Tensor
     for t in tensors:
         path = f"tensor_data/{t.file}" if t.file else None
         if t.dtype == "string" and path in view.files:
-            decode_string(t, _read_checked(view, path, listed, STRING_TENSOR_LIMIT))
+            string_data(t, _read_checked(view, path, listed, STRING_TENSOR_LIMIT))
     return tensors
 
 

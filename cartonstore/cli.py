@@ -8,22 +8,23 @@ chosen by their category (see EXIT_CODES); nothing else is caught.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import sys
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from . import __version__
 from .errors import CartonStoreError, IntegrityError, InvalidInput, exit_code_for
 from .cli_args import arrange_argv
 from .cli_service import cmd_gc, cmd_serve
-from .config import Config, load_config
-from .fetch.puller import Puller
 from .progress import MODES, Progress
-from .store import Store
 from .units import format_size, parse_size
+
+if TYPE_CHECKING:
+    from .config import Config
+    from .fetch.puller import Puller
+    from .store import Store
 
 EPILOG = """\
 examples:
@@ -61,6 +62,8 @@ class Output:
 def load_settings(args: argparse.Namespace) -> Config:
     """The settings file (--config or $CARTONSTORE_CONFIG), the environment,
     then this command's flags, each overriding the one before."""
+    from .config import load_config  # imported here, as Store in main: --help needs neither
+
     overrides = {
         "store.root": args.root,
         "server.socket": getattr(args, "socket", None),
@@ -76,6 +79,12 @@ def load_settings(args: argparse.Namespace) -> Config:
 
 def with_puller(store: Store, args: argparse.Namespace, work):  # noqa: ANN001, ANN201
     """Run ``work(puller)`` on an event loop with progress shown as asked."""
+    # Imported here: commands that never fetch (path of a built model, ls,
+    # inspect) must not pay for asyncio and aiohttp (issue 14).
+    import asyncio
+
+    from .fetch.puller import Puller
+
     progress = Progress(args.progress)
 
     async def run():  # noqa: ANN202
@@ -156,8 +165,30 @@ def cmd_selftest(store: Store, args: argparse.Namespace, out: Output) -> int:
     return 0 if report["passed"] else SELFTEST_FAILED
 
 
+def already_materialized(store: Store, args: argparse.Namespace) -> Path | None:
+    """`path` of a carton that is complete and built needs no network: answered
+    here without an event loop or HTTP client, as the puller would answer it
+    (Store.materialized), progress closed as with_puller closes it. None when
+    REF needs the puller: not resolvable (a URL or a local path to add, or an
+    error it reports), blobs missing, or no model directory yet."""
+    try:
+        digest = store.resolve(args.ref)
+    except CartonStoreError:
+        return None
+    progress = Progress(args.progress)
+    nothing_moved = {"requests": 0, "retries": 0}
+    try:
+        path = store.materialized(digest)
+    except BaseException:
+        progress.close(nothing_moved)
+        raise
+    if path is not None:
+        progress.close(nothing_moved)
+    return path
+
+
 def cmd_path(store: Store, args: argparse.Namespace, out: Output) -> None:
-    path = with_puller(store, args, lambda p: p.materialize(args.ref))
+    path = already_materialized(store, args) or with_puller(store, args, lambda p: p.materialize(args.ref))
     out.emit({"manifest_sha256": path.name, "path": str(path)}, [str(path)])
 
 
@@ -383,6 +414,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.settings = load_settings(args)
         if args.command in ("serve", "gc"):
             return args.func(None, args, out) or 0
+        from .store import Store
+
         with Store(args.settings.store.root, zip_limits=args.settings.zip_limits()) as store:
             return args.func(store, args, out) or 0
     except CartonStoreError as e:

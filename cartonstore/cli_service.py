@@ -6,12 +6,12 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-from .config import Config
-from .store import Store
 from .units import format_size, parse_duration, parse_size
 
 if TYPE_CHECKING:
     from .cli import Output
+    from .config import Config
+    from .store import Store
 
 
 def cmd_serve(store: Store | None, args: argparse.Namespace, out: Output) -> None:
@@ -41,6 +41,7 @@ def cmd_serve(store: Store | None, args: argparse.Namespace, out: Output) -> Non
 
 def cmd_gc(store: Store | None, args: argparse.Namespace, out: Output) -> None:
     from .client import Client, DaemonUnavailable
+    from .store import Store
     from .store.gc import GcPolicy, eviction_summary, unrecoverable_lines
 
     cfg: Config = args.settings

@@ -25,7 +25,6 @@ file's directory; elsewhere to the working directory.
 
 from __future__ import annotations
 
-import difflib
 import ipaddress
 import os
 import re
@@ -34,8 +33,6 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
-
-import tomli
 
 from . import config_values as v
 from .config_values import duration_text, size_text  # noqa: F401 - part of this module's API
@@ -329,6 +326,8 @@ def load_config(path: Path | None = None, *, env: Mapping[str, str] | None = Non
 
 def _file_layer(path: Path) -> _Layer:
     origin = f"config {path}"
+    import tomli  # imported here: most commands run with no settings file
+
     try:
         data = tomli.loads(path.read_bytes().decode("utf-8"))
     except OSError as error:
@@ -368,6 +367,8 @@ def _suggest(name: str, candidates: list[str]) -> str:
 
     A known name in the wrong section is the likeliest slip, then a typo
     in the whole key, then a typo in the name alone."""
+    import difflib  # imported here: only a mistake needs it
+
     leaves = {candidate.rpartition(".")[2]: candidate for candidate in candidates}
     leaf = name.rpartition(".")[2]
     guess = leaves.get(leaf) \

@@ -10,13 +10,15 @@ anything, however many requests run at once.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import sys
 import time
-from typing import Protocol, TextIO
+from typing import TYPE_CHECKING, Protocol, TextIO
 
 from .units import format_size
+
+if TYPE_CHECKING:
+    import asyncio
 
 MODES = ("auto", "bar", "plain", "json", "none")
 # Seconds between updates: a few a second on a terminal and for scripts,
@@ -52,6 +54,8 @@ class Progress:
         """Show counts.progress() as it moves: every interval, by a task on
         the running event loop (without one, whenever tick() is called)."""
         self._counts = counts
+        import asyncio  # imported here: `path` of a built model closes a Progress without any event loop
+
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
@@ -60,6 +64,8 @@ class Progress:
             self._ticker = loop.create_task(self._tick_forever())
 
     async def _tick_forever(self) -> None:
+        import asyncio  # loaded already: this runs on its loop
+
         while True:
             await asyncio.sleep(self.interval)
             self.tick()

@@ -34,9 +34,6 @@ from dataclasses import dataclass
 from functools import lru_cache
 from urllib.parse import urljoin
 
-import idna
-from yarl import URL
-
 from cartonstore.errors import FetchError, InvalidInput
 
 ALLOWED_SCHEMES = ("http", "https")
@@ -135,6 +132,8 @@ def _host_of(url: str) -> str | IpAddress:
     if _has_controls(url):
         raise InvalidInput(f"URL contains whitespace or control characters: {describe(url)}",
                            subject=url)
+    from yarl import URL  # imported here: every command loads this module, few check a URL
+
     try:
         parsed = URL(url)
         parsed.port  # noqa: B018 - yarl validates the port when asked
@@ -167,6 +166,8 @@ def _parse_host(text: str) -> str | IpAddress | None:
             return None
     name = text.removesuffix(".")
     if not name.isascii():
+        import idna  # imported here: only names beyond ASCII need it
+
         try:
             name = idna.encode(name, uts46=True).decode("ascii")
         except idna.IDNAError:

@@ -302,7 +302,9 @@ class Puller:
             if not is_url(ref) and not Path(ref).exists():
                 raise
             digest = (await self.add(ref)).digest
-        if self.store.layout.model_path(digest).is_dir():
+        if (ready := await asyncio.to_thread(self.store.materialized, digest)) is not None:
+            return ready
+        if self.store.layout.model_path(digest).is_dir():  # built, but blobs are missing: fetch them back
             await self.complete(digest)
             return await asyncio.to_thread(self.store.materialize, digest)
         async with holding(self.store, digest, "materializing"):  # nothing evicted before the build

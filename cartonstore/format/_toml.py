@@ -12,8 +12,6 @@ import datetime
 import re
 from typing import Any
 
-import tomli
-
 from cartonstore.errors import InvalidCarton
 
 _BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
@@ -27,6 +25,8 @@ def load_toml(raw: bytes, file: str) -> dict[str, Any]:
     UTF-8 or not TOML.
     """
     text = decode_utf8(raw, file)
+    import tomli  # imported here: manifest.py, loaded by every command, needs only decode_utf8
+
     try:
         document = tomli.loads(text)
     except tomli.TOMLDecodeError as e:

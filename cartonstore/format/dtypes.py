@@ -9,8 +9,10 @@ error (``ValueError``), not a bad carton.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-import numpy as np
+if TYPE_CHECKING:
+    import numpy as np
 
 # Carton v1 dtype -> numpy dtype string (little-endian, as tensor_data .bin
 # files are). "string" has no fixed-size numpy form: it lives in TOML files.
@@ -92,6 +94,18 @@ def is_numeric_carton_dtype(dtype: str) -> bool:
     return CARTON_DTYPES.get(dtype) is not None
 
 
+def carton_dtype_itemsize(dtype: str) -> int:
+    """Bytes per element of a numeric carton dtype, read from its numpy
+    typestr ("<f4": 4) without numpy.
+
+    Raises ValueError for "string" and for names that are not carton dtypes.
+    """
+    np_name = CARTON_DTYPES.get(dtype)
+    if np_name is None:
+        raise ValueError(f"{dtype!r} is not a numeric carton dtype")
+    return int(np_name[2:])
+
+
 def carton_numpy_dtype(dtype: str) -> np.dtype:
     """The numpy dtype of a numeric carton dtype (little-endian).
 
@@ -100,6 +114,8 @@ def carton_numpy_dtype(dtype: str) -> np.dtype:
     np_name = CARTON_DTYPES.get(dtype)
     if np_name is None:
         raise ValueError(f"{dtype!r} is not a numeric carton dtype")
+    import numpy as np  # imported here: the tables serve parsing (path, ls, inspect), which never needs numpy
+
     return np.dtype(np_name)
 
 

@@ -12,13 +12,20 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from cartonstore.errors import InvalidCarton
 from cartonstore.format._toml import TomlTable, is_int, load_toml, type_name
-from cartonstore.format.dtypes import CARTON_DTYPES, carton_numpy_dtype, is_numeric_carton_dtype
+from cartonstore.format.dtypes import (
+    CARTON_DTYPES,
+    carton_dtype_itemsize,
+    carton_numpy_dtype,
+    is_numeric_carton_dtype,
+)
 from cartonstore.format.paths import validate_carton_path
+
+if TYPE_CHECKING:
+    import numpy as np
 
 TENSOR_DIR = "tensor_data/"
 INDEX = "tensor_data/index.toml"
@@ -142,7 +149,7 @@ def expected_bin_size(entry: TensorEntry) -> int:
     """
     if entry.shape is None or not is_numeric_carton_dtype(entry.dtype):
         raise ValueError(f"tensor {entry.name!r} ({entry.dtype}) has no fixed binary size")
-    return math.prod(entry.shape) * carton_numpy_dtype(entry.dtype).itemsize
+    return math.prod(entry.shape) * carton_dtype_itemsize(entry.dtype)
 
 
 def check_tensor_index_present(manifest_paths: Collection[str]) -> bool:
@@ -207,6 +214,8 @@ def decode_numeric(entry: TensorEntry, data: bytes) -> np.ndarray:
     if entry.path is None or not is_numeric_carton_dtype(entry.dtype):
         raise ValueError(f"tensor {entry.name!r} ({entry.dtype}) is not numeric")
     _check_size(entry, entry.path, len(data))
+    import numpy as np  # imported here: checking a carton (add, inspect) never decodes numeric data
+
     dtype = carton_numpy_dtype(entry.dtype)
     flat = np.frombuffer(data, dtype=dtype)
     try:
@@ -220,6 +229,19 @@ def decode_numeric(entry: TensorEntry, data: bytes) -> np.ndarray:
 
 def decode_string(entry: TensorEntry, raw_toml: bytes) -> np.ndarray:
     """The object array of str stored in a string entry's .toml file (``data = [...]``).
+
+    Raises InvalidCarton(tensor_data/<file>, ...) as string_data does.
+    """
+    strings = string_data(entry, raw_toml)
+    import numpy as np  # imported here: checking a carton (add, inspect) needs only string_data
+
+    array = np.empty(len(strings), dtype=object)
+    array[:] = strings  # element-wise, so numpy never reinterprets the strings
+    return array.reshape(entry.shape)
+
+
+def string_data(entry: TensorEntry, raw_toml: bytes) -> list[str]:
+    """The strings of a string entry's .toml file (``data = [...]``), flat.
 
     Raises InvalidCarton(tensor_data/<file>, ...) when the file is not TOML,
     ``data`` is not a list of strings, or its length does not match the shape.
@@ -237,9 +259,7 @@ def decode_string(entry: TensorEntry, raw_toml: bytes) -> np.ndarray:
             f"but the file has {len(strings)}",
             field="data",
         )
-    array = np.empty(len(strings), dtype=object)
-    array[:] = strings  # element-wise, so numpy never reinterprets the strings
-    return array.reshape(entry.shape)
+    return strings
 
 
 def load_tensors(

@@ -21,8 +21,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, Sequence, TypeVar
 
-import sqlite_utils
-
 from ..entry import EntryRow
 from ..errors import CartonStoreError, NotFound, Unavailable
 from .names import NameOutcome, assign_name
@@ -74,11 +72,12 @@ class Index:
         try:
             conn = sqlite3.connect(path, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None,
                                    check_same_thread=False)
-            self.db = sqlite_utils.Database(conn)
+            # Plain sqlite3: sqlite_utils (~100 ms to import on every command) served only the journal mode.
+            self.conn = conn
             conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
             conn.execute("PRAGMA foreign_keys=ON")
-            if self.db.journal_mode != "wal":
-                self.db.enable_wal()
+            if conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
+                conn.execute("PRAGMA journal_mode=wal")
             # NORMAL in WAL mode may lose the last commits on power loss, never
             # corrupt. That is safe here: files are made durable before the rows
             # that claim them, so a lost commit leaves files without rows
@@ -96,12 +95,12 @@ class Index:
 
     def close(self) -> None:
         with self._lock:
-            self.db.conn.close()
+            self.conn.close()
 
     @contextmanager
     def transaction(self) -> Iterator[sqlite3.Connection]:
         with self._lock:
-            conn = self.db.conn
+            conn = self.conn
             try:
                 conn.execute("BEGIN IMMEDIATE")
             except sqlite3.OperationalError as e:
@@ -119,11 +118,11 @@ class Index:
     def read(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         """fn(conn) outside a write transaction (plain reads)."""
         with self._lock:
-            return fn(self.db.conn)
+            return fn(self.conn)
 
     def _rows(self, sql: str, params: Sequence | dict = ()) -> list[tuple]:
         with self._lock:
-            return self.db.conn.execute(sql, params).fetchall()
+            return self.conn.execute(sql, params).fetchall()
 
     # -- blobs -------------------------------------------------------------
 
@@ -293,12 +292,12 @@ class Index:
         leases wait on the store lock; an automatic checkpoint (pages copied,
         files synced) inside one of them would hold the lock for tens of ms."""
         with self._lock:
-            self.db.conn.execute("PRAGMA wal_autocheckpoint=0")
+            self.conn.execute("PRAGMA wal_autocheckpoint=0")
         try:
             yield self.checkpoint
         finally:
             with self._lock:
-                self.db.conn.execute(f"PRAGMA wal_autocheckpoint={WAL_AUTOCHECKPOINT_PAGES}")
+                self.conn.execute(f"PRAGMA wal_autocheckpoint={WAL_AUTOCHECKPOINT_PAGES}")
             self.checkpoint()
 
     def checkpoint(self) -> None:
@@ -306,7 +305,7 @@ class Index:
         (PASSIVE: writers in other connections go on meanwhile)."""
         with self._lock:
             try:
-                self.db.conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+                self.conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
             except sqlite3.Error as e:
                 raise Unavailable(f"index {self.path}: checkpoint failed: {e}", subject=str(self.path)) from e
 

@@ -3,7 +3,6 @@ kernel when a process dies, so a SIGKILL never leaves a store locked)."""
 
 from __future__ import annotations
 
-import asyncio
 import fcntl
 import os
 import time
@@ -108,6 +107,8 @@ class HeldLock:
 @asynccontextmanager
 async def async_file_lock(path: Path, *, timeout: float, poll: float = 0.05) -> AsyncIterator[None]:
     """An exclusive flock waited for without blocking the event loop."""
+    import asyncio  # imported here: the store's blocking users (path, ls) never load it
+
     fd = _open_lock_file(path)
     try:
         deadline = time.monotonic() + timeout

@@ -13,27 +13,14 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
-from ..checks import (
-    CheckedCarton,
-    check_carton,
-    check_safetensors,
-    is_safetensors,
-)
 from ..errors import Conflict, InvalidInput, NotFound
 from ..format.manifest import is_sha256
-from ..sources import DirCartonView, open_local
 from ..zipfmt import ZipLimits
 from .blobs import BlobStore
-from .gc import (
-    GcPolicy,
-    GcReport,
-)
 from .holds import drop_orphan_holds
 from .index import CartonRow, Index
-from .collection import collect as collect_garbage
-from .ingest import IngestResult, Staging, commit_carton, stage_carton, stage_unpacked
 from .layout import StoreLayout
 from .locks import FileLock
 from .materialize import build_tree, plan_tree, remove_tree
@@ -52,6 +39,12 @@ from .sources import LocalSource, local_sources_of
 from .verification import VerifyReport
 from .verification import verify as verify_store
 
+# Checking, ingesting and collecting are imported by the methods that do
+# them: opening a store to answer `path` or `ls` stays cheap (issue 14).
+if TYPE_CHECKING:
+    from ..checks import CheckedCarton
+    from .gc import GcPolicy, GcReport
+    from .ingest import IngestResult, Staging
 
 
 @dataclass(frozen=True)
@@ -116,6 +109,10 @@ class Store:
                                "(the CLI does this for you)", subject=text)
         if name is not None:  # before any work; whether it may move is known at commit
             validate_name(name)
+        from ..checks import check_carton
+        from ..sources import DirCartonView, open_local
+        from .ingest import stage_carton, stage_unpacked
+
         view = open_local(Path(source), self.zip_limits)
         try:
             raw = view.read_metadata("MANIFEST")
@@ -149,6 +146,8 @@ class Store:
                        local_sources: Sequence[LocalSource] = ()) -> IngestResult:
         """Commit a validated carton and its staged blobs (always discards
         what is left of the staging)."""
+        from .ingest import commit_carton
+
         stale = None
         try:
             with self.lock():
@@ -221,6 +220,14 @@ class Store:
         self.index.touch(digest)
         return dest
 
+    def materialized(self, digest: str) -> Path | None:
+        """materialize() of a carton that needs nothing more: its model
+        directory is built and no blob is missing. None when it needs work
+        (fetching, or a first build, which callers hold against eviction)."""
+        if not self.layout.model_path(digest).is_dir() or self.missing_blobs(digest):
+            return None
+        return self.materialize(digest)
+
     def missing_blobs(self, digest: str) -> list[str]:
         """Blobs the carton lists that the store lacks. A blob file present
         without its row (a crash between rename and index commit) is adopted:
@@ -252,6 +259,8 @@ class Store:
     # -- inspecting ----------------------------------------------------------
 
     def safetensors_of(self, digest: str) -> dict[str, list[dict]]:
+        from ..checks import check_safetensors, is_safetensors
+
         out: dict[str, list[dict]] = {}
         for e in self.index.entries(digest):
             if e.kind == "file" and is_safetensors(e.path) and self.blobs.has(e.digest):
@@ -274,6 +283,7 @@ class Store:
     def export(self, ref: str, out: Path, *, link_prefix: str | None = None, link_min_size: int = 0,
                compression: str = "zstd"):  # noqa: ANN201
         from ..carton_writer import plan_links, write_carton
+        from ..checks import check_carton
         from .export_view import StoreCartonView
 
         digest = self.resolve(ref)
@@ -316,6 +326,8 @@ class Store:
 
     def collect(self, policy: GcPolicy | None = None) -> GcReport:
         """Collect garbage (see store/collection.py); with policy.dry_run, only report."""
+        from .collection import collect as collect_garbage
+
         return collect_garbage(self, policy)
 
     def verify(self, *, repair: bool = False) -> VerifyReport:

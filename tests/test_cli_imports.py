@@ -1,0 +1,127 @@
+"""Commands that never fetch import only what they need (issue 14).
+
+`--help`, `path` of a model already built, `ls` and `inspect` of a local
+carton run in real child processes under ``-X importtime``, which names every
+module the process imported; none of them may load aiohttp or asyncio (the
+fetcher), numpy (tensor decoding) or sqlite_utils (no longer used by the
+index). `--help` imports neither the settings nor the store; the others do,
+and with them, besides the standard library, brotli and zstandard (the
+settings' accept-encoding and the zip limits) and ctypes (the blob writer's
+kernel hints), and, for inspect, tomli (carton.toml).
+
+No timer here: tests/bench/bench_cli.py measures the time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from cartonstore.store import Store
+from conftest import FIXTURE_CARTON, FIXTURE_DIGEST
+
+NOT_WANTED = ("aiohttp", "asyncio", "numpy", "sqlite_utils")
+_LINE = re.compile(r"import time:\s+\d+ \|\s+\d+ \|( *)(\S+)")
+
+
+def run_cli(*argv: str, cwd: Path) -> tuple[subprocess.CompletedProcess, list[tuple[int, str]]]:
+    """Run the CLI in a child under -X importtime: its result, and every
+    import as (depth, module) in the order -X importtime reports them (a
+    module after the modules it imported)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CARTONSTORE_")}
+    p = subprocess.run([sys.executable, "-X", "importtime", "-m", "cartonstore.cli", *argv], cwd=cwd, env=env,
+                       capture_output=True, text=True, timeout=120, check=False)
+    imports = [(len(m[1]), m[2]) for m in map(_LINE.match, p.stderr.splitlines()) if m]
+    p.stderr = "\n".join(line for line in p.stderr.splitlines() if not line.startswith("import time:"))
+    return p, imports
+
+
+def chain(imports: list[tuple[int, str]], index: int) -> str:
+    """Who imported imports[index]: "numpy <- cartonstore.format.dtypes <- ... <- cartonstore.cli"."""
+    depth, name = imports[index]
+    names = [name]
+    for d, n in imports[index + 1:]:
+        if d < depth:
+            names.append(n)
+            depth = d
+    return " <- ".join([*names, "cartonstore.cli"])  # depth 1: imported by the command's own module
+
+
+def assert_lean(imports: list[tuple[int, str]]) -> None:
+    found = [chain(imports, i) for i, (_, name) in enumerate(imports) if name in NOT_WANTED]
+    assert not found, "imported: " + "; ".join(found)
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A store holding the fixture carton, named demo, its model directory built."""
+    root = tmp_path_factory.mktemp("imports") / "root"
+    with Store(root) as s:
+        s.add(FIXTURE_CARTON, name="demo")
+        s.materialize("demo")
+    return root
+
+
+def test_help_imports_no_fetcher_and_no_numpy(tmp_path: Path) -> None:
+    p, imports = run_cli("--help", cwd=tmp_path)
+    assert p.returncode == 0 and "cartonstore path resnet" in p.stdout
+    names = {n for _, n in imports}
+    assert "cartonstore.cli_args" in names  # the check sees what the CLI imports...
+    assert "cartonstore.config" not in names and "cartonstore.store" not in names  # ...and help needs no store
+    assert_lean(imports)
+
+
+def test_path_of_a_built_model_imports_no_fetcher_and_no_numpy(built: Path, tmp_path: Path) -> None:
+    p, imports = run_cli("path", "demo", "--root", str(built), cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout == f"{built / 'models' / FIXTURE_DIGEST}\n"
+    assert "cartonstore.store.index" in {n for _, n in imports}
+    assert_lean(imports)
+
+
+def test_ls_imports_no_fetcher_and_no_numpy(built: Path, tmp_path: Path) -> None:
+    p, imports = run_cli("ls", "--root", str(built), cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.startswith(FIXTURE_DIGEST[:16]) and "demo" in p.stdout
+    assert_lean(imports)
+
+
+def test_inspect_of_a_local_carton_imports_no_fetcher_and_no_numpy(tmp_path: Path) -> None:
+    """The carton is added first (checked, its string tensors too), then described."""
+    shutil.copy(FIXTURE_CARTON, tmp_path / "local.carton")
+    p, imports = run_cli("inspect", "./local.carton", "--root", str(tmp_path / "root"), cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.splitlines()[-1] == FIXTURE_DIGEST and "tensor_data" in p.stdout
+    assert "cartonstore.checks" in {n for _, n in imports}
+    assert_lean(imports)
+
+
+def test_path_of_a_built_model_answers_as_the_fetcher_does(tmp_path: Path) -> None:
+    """The first `path` builds the model (through the fetcher), the second
+    only finds it: same output, same closing progress event, last use touched."""
+    root = tmp_path / "root"
+    with Store(root) as s:
+        s.add(FIXTURE_CARTON, name="demo")
+        used = s.index.carton(FIXTURE_DIGEST).last_used
+    argv = ("path", "demo", "--root", str(root), "--json", "--progress", "json")
+    first, _ = run_cli(*argv, cwd=tmp_path)
+    second, second_imports = run_cli(*argv, cwd=tmp_path)
+    assert first.returncode == second.returncode == 0, (first.stderr, second.stderr)
+    assert json.loads(first.stdout) == json.loads(second.stdout) == {
+        "manifest_sha256": FIXTURE_DIGEST, "path": str(root / "models" / FIXTURE_DIGEST)}
+    events = [{k: v for k, v in json.loads(p.stderr).items() if k != "seconds"} for p in (first, second)]
+    assert events[0] == events[1] == {"event": "done", "bytes": 0, "total": None, "requests": 0, "retries": 0}
+    with Store(root) as s:
+        touched = s.index.carton(FIXTURE_DIGEST).last_used
+    assert touched > used
+    assert_lean(second_imports)
+    second, _ = run_cli(*argv, cwd=tmp_path)
+    with Store(root) as s:
+        assert s.index.carton(FIXTURE_DIGEST).last_used > touched
