@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
+import shutil
 import sqlite3
+import stat
+import tempfile
 import zipfile
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import pytest
 
@@ -54,6 +58,50 @@ def carton_entries(files: dict[str, bytes], *, manifest: bytes | None = None,
     if links is not None:
         entries.append(("LINKS", links))
     return entries
+
+
+# A Unix socket's path is at most 107 bytes. tmp_path is not short: it is
+# /tmp/pytest-of-USER/pytest-N/[popen-gwN/ under xdist]TEST_NAME_30_CHARS0/,
+# longer still under --basetemp or a long $TMPDIR. So a test puts its
+# sockets, and every store root a daemon or runner binds sockets in (the
+# daemon's ROOT/cartonstore.sock, runners' ROOT/run/runners/*.sock, which
+# need ROOT at about 68 bytes at most), under a short_dir() instead.
+SHORT_BASE = "/tmp"
+
+
+def _rmtree(path: Path) -> None:
+    """shutil.rmtree that also gets through the store's read-only trees
+    (models/ is read-only) when not running as root."""
+    try:
+        shutil.rmtree(path)
+    except FileNotFoundError:
+        pass
+    except OSError:
+        for dirpath, dirnames, _ in os.walk(path):
+            for name in dirnames:
+                sub = os.path.join(dirpath, name)
+                if not os.path.islink(sub):
+                    with contextlib.suppress(OSError):
+                        os.chmod(sub, stat.S_IRWXU)
+        shutil.rmtree(path, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def short_dir(prefix: str = "cs-") -> Iterator[Path]:
+    """A fresh directory with a short path (/tmp/cs-XXXXXXXX), removed on
+    exit: for Unix sockets and the store roots that hold them."""
+    path = Path(tempfile.mkdtemp(dir=SHORT_BASE, prefix=prefix))
+    try:
+        yield path
+    finally:
+        _rmtree(path)
+
+
+@pytest.fixture
+def short_tmp() -> Iterator[Path]:
+    """Like tmp_path, but short enough for Unix sockets whatever tmp_path's length."""
+    with short_dir() as path:
+        yield path
 
 
 @pytest.fixture
@@ -119,10 +167,10 @@ def origin():
 
 
 @pytest.fixture
-def daemon(tmp_path: Path):
+def daemon(short_tmp: Path):
     """A real `cartonstore serve` on a Unix socket and a loopback port."""
     from daemonkit import DaemonProcess
 
-    d = DaemonProcess(tmp_path / "root").start()
+    d = DaemonProcess(short_tmp / "root").start()
     yield d
     d.stop()

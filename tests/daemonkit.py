@@ -2,16 +2,20 @@
 
 The test plays systemd's part: it binds a datagram socket, passes it as
 NOTIFY_SOCKET and waits for READY=1, whose STATUS line carries the bound
-addresses (so port 0 works).
+addresses (so port 0 works). The notify socket lives in a directory of its
+own under /tmp, not beside the store root: a Unix socket path has at most
+107 bytes, and tmp_path can be longer than that (pytest-xdist, --basetemp).
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -30,7 +34,6 @@ class DaemonProcess:
         self.pass_fds = pass_fds
         self.proc: subprocess.Popen | None = None
         self.status = ""
-        self.notify_path = root.parent / f"notify-{os.getpid()}-{id(self)}.sock"
 
     def argv(self) -> list[str]:
         args = [sys.executable, "-m", "cartonstore.cli", "serve", "--root", str(self.root),
@@ -41,24 +44,31 @@ class DaemonProcess:
 
     def start(self, timeout: float = 30.0) -> "DaemonProcess":
         self.root.mkdir(parents=True, exist_ok=True)
+        notify_dir = tempfile.mkdtemp(dir="/tmp", prefix="cs-notify-")
+        notify_path = os.path.join(notify_dir, "notify.sock")
         notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        notify.bind(str(self.notify_path))
-        notify.settimeout(timeout)
-        env = {**os.environ, "NOTIFY_SOCKET": str(self.notify_path), **self.env}
-        self.proc = subprocess.Popen(self.argv(), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     text=True, pass_fds=self.pass_fds)
         try:
+            notify.bind(notify_path)
+            notify.settimeout(0.2)
+            env = {**os.environ, "NOTIFY_SOCKET": notify_path, **self.env}
+            self.proc = subprocess.Popen(self.argv(), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                         text=True, pass_fds=self.pass_fds)
+            deadline = time.monotonic() + timeout
             while True:
                 try:
                     msg = notify.recv(4096).decode()
                 except socket.timeout:
-                    raise RuntimeError(f"daemon not ready in {timeout}s: {self.stop_and_read()}") from None
+                    if self.proc.poll() is not None:  # it exited: no need to wait out the timeout
+                        raise RuntimeError(f"daemon exited before ready: {self.stop_and_read()}") from None
+                    if time.monotonic() > deadline:
+                        raise RuntimeError(f"daemon not ready in {timeout}s: {self.stop_and_read()}") from None
+                    continue
                 if "READY=1" in msg:
                     self.status = msg
                     return self
         finally:
             notify.close()
-            self.notify_path.unlink(missing_ok=True)
+            shutil.rmtree(notify_dir, ignore_errors=True)
 
     @property
     def http_url(self) -> str:

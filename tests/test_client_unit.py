@@ -14,7 +14,6 @@ import hashlib
 import json
 import logging
 import socket
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -146,16 +145,6 @@ class FakeDaemon:
     async def _ready(self, request: web.Request) -> web.Response:
         await self._body(request)
         return web.json_response({}) if self.is_ready else web.Response(status=400)
-
-
-@pytest.fixture
-def short_tmp(tmp_path: Path):
-    """tmp_path, unless too long for a Unix socket path (~108 bytes)."""
-    if len(str(tmp_path)) < 80:
-        yield tmp_path
-        return
-    with tempfile.TemporaryDirectory(prefix="cs-") as d:
-        yield Path(d)
 
 
 @pytest.fixture

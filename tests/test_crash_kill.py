@@ -58,6 +58,12 @@ from crashkit import (
 from fetchkit import fast_config, materialize
 from origin import Fault, Origin
 
+# With `pytest -n N --dist loadgroup` (README, .ci/run) the suite's long,
+# process-heavy tests (this module, test_stress.py) run one after another on
+# one worker rather than side by side, slowing each other down: the kill
+# windows here are calibrated on how long a command takes.
+pytestmark = pytest.mark.xdist_group("heavy")
+
 SEED = int(os.environ.get("CARTONSTORE_CRASH_SEED", "20240917"))
 MB = 1 << 20
 

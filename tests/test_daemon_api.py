@@ -16,7 +16,7 @@ from tritonclient.utils import InferenceServerException
 
 from cartonstore.cli import main
 from cartonstore.store import Store
-from conftest import FIXTURE_CARTON, FIXTURE_DIGEST
+from conftest import FIXTURE_CARTON, FIXTURE_DIGEST, short_dir
 from daemonkit import DaemonProcess, unix_session
 
 
@@ -157,11 +157,10 @@ BAD_REQUESTS = [
 
 
 @pytest.fixture(scope="module")
-def shared_daemon(tmp_path_factory):  # noqa: ANN001, ANN201
+def shared_daemon():  # noqa: ANN201
     """One daemon for the requests that change nothing."""
-    root = tmp_path_factory.mktemp("shared") / "root"
-    with DaemonProcess(root) as d:
-        assert main(["add", str(FIXTURE_CARTON), "--name", "fx", "--root", str(root), "--progress", "none"]) == 0
+    with short_dir() as base, DaemonProcess(base / "root") as d:
+        assert main(["add", str(FIXTURE_CARTON), "--name", "fx", "--root", str(d.root), "--progress", "none"]) == 0
         yield d
 
 

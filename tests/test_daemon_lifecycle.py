@@ -21,8 +21,8 @@ from conftest import FIXTURE_CARTON, FIXTURE_DIGEST, work_in_tmp
 from daemonkit import DaemonProcess, unix_session, wait_for
 
 
-def test_notify_ready_then_sigterm_stops_cleanly(tmp_path: Path) -> None:
-    d = DaemonProcess(tmp_path / "root").start()
+def test_notify_ready_then_sigterm_stops_cleanly(short_tmp: Path) -> None:
+    d = DaemonProcess(short_tmp / "root").start()
     assert "READY=1" in d.status and f"unix:{d.socket_path}" in d.status
     assert d.socket_path.exists()
     assert stat.S_IMODE(os.stat(d.socket_path).st_mode) == 0o660, "socket_mode's default"
@@ -32,11 +32,11 @@ def test_notify_ready_then_sigterm_stops_cleanly(tmp_path: Path) -> None:
     assert "shutting down" in err and "stopped" in err
 
 
-def test_sigterm_waits_for_an_in_flight_request(tmp_path: Path, origin) -> None:  # noqa: ANN001
+def test_sigterm_waits_for_an_in_flight_request(short_tmp: Path, origin) -> None:  # noqa: ANN001
     from origin import Fault
 
     origin.put("/slow.carton", FIXTURE_CARTON.read_bytes(), fault=Fault(delay=1.0, times=2))
-    d = DaemonProcess(tmp_path / "root").start()
+    d = DaemonProcess(short_tmp / "root").start()
 
     async def load() -> int:
         async with unix_session(d.socket_path) as s:
@@ -59,11 +59,11 @@ def test_sigterm_waits_for_an_in_flight_request(tmp_path: Path, origin) -> None:
         assert s.index.count_live_leases() == 0  # the pin of the loaded model went with the daemon
 
 
-def test_a_client_that_disconnects_mid_load_leaves_nothing_half_done(tmp_path: Path, origin) -> None:  # noqa: ANN001
+def test_a_client_that_disconnects_mid_load_leaves_nothing_half_done(short_tmp: Path, origin) -> None:  # noqa: ANN001
     from origin import Fault
 
     origin.put("/slow.carton", FIXTURE_CARTON.read_bytes(), fault=Fault(delay=0.5, times=3))
-    with DaemonProcess(tmp_path / "root") as d:
+    with DaemonProcess(short_tmp / "root") as d:
         async def give_up() -> None:
             async with unix_session(d.socket_path) as s:
                 with pytest.raises(asyncio.TimeoutError):
@@ -81,8 +81,8 @@ def test_a_client_that_disconnects_mid_load_leaves_nothing_half_done(tmp_path: P
         assert s.verify().ok
 
 
-def test_stale_socket_from_a_crash_is_replaced(tmp_path: Path) -> None:
-    root = tmp_path / "root"
+def test_stale_socket_from_a_crash_is_replaced(short_tmp: Path) -> None:
+    root = short_tmp / "root"
     first = DaemonProcess(root).start()
     first.stop(signal.SIGKILL)
     assert first.socket_path.exists(), "a killed daemon leaves its socket file"
@@ -90,8 +90,8 @@ def test_stale_socket_from_a_crash_is_replaced(tmp_path: Path) -> None:
         assert "READY=1" in second.status
 
 
-def test_a_live_socket_is_never_hijacked(tmp_path: Path) -> None:
-    root = tmp_path / "root"
+def test_a_live_socket_is_never_hijacked(short_tmp: Path) -> None:
+    root = short_tmp / "root"
     with DaemonProcess(root, listen=None) as first:
         p = subprocess.run([sys.executable, "-m", "cartonstore.cli", "serve", "--root", str(root),
                             "--socket", str(first.socket_path)], capture_output=True, text=True, timeout=30)
@@ -112,22 +112,22 @@ async def _health(sock: Path) -> None:
     (lambda t: (t / "file.txt", (t / "file.txt").write_text("x"))[0], 4, "not a socket"),
     (lambda t: t / ("x" * 120 + ".sock"), 4, "longer than"),
 ])
-def test_bad_socket_paths(tmp_path: Path, make, code: int, pattern: str) -> None:  # noqa: ANN001
-    path = make(tmp_path)
-    p = subprocess.run([sys.executable, "-m", "cartonstore.cli", "serve", "--root", str(tmp_path / "root"),
+def test_bad_socket_paths(short_tmp: Path, make, code: int, pattern: str) -> None:  # noqa: ANN001
+    path = make(short_tmp)
+    p = subprocess.run([sys.executable, "-m", "cartonstore.cli", "serve", "--root", str(short_tmp / "root"),
                         "--socket", str(path)], capture_output=True, text=True, timeout=30)
     assert p.returncode == code and pattern in p.stderr, p.stderr
 
 
-def test_socket_activation(tmp_path: Path) -> None:
+def test_socket_activation(short_tmp: Path) -> None:
     """systemd passes the listening socket as fd 3 with LISTEN_FDS/LISTEN_PID."""
-    sock_path = tmp_path / "activated.sock"
+    sock_path = short_tmp / "activated.sock"
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(str(sock_path))
     listener.listen(16)
     fd = listener.fileno()
-    root = tmp_path / "root"
-    notify_path = tmp_path / "notify.sock"
+    root = short_tmp / "root"
+    notify_path = short_tmp / "notify.sock"
     notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     notify.bind(str(notify_path))
     notify.settimeout(30)
@@ -154,8 +154,8 @@ def test_socket_activation(tmp_path: Path) -> None:
         notify.close()
 
 
-def test_listen_port_zero_is_logged_and_served(tmp_path: Path) -> None:
-    with DaemonProcess(tmp_path / "root", listen="127.0.0.1:0") as d:
+def test_listen_port_zero_is_logged_and_served(short_tmp: Path) -> None:
+    with DaemonProcess(short_tmp / "root", listen="127.0.0.1:0") as d:
         import urllib.request
 
         with urllib.request.urlopen(d.http_url + "/v2") as r:
@@ -163,12 +163,12 @@ def test_listen_port_zero_is_logged_and_served(tmp_path: Path) -> None:
     assert d.http_url in d.proc.stderr.read()
 
 
-def test_leases_are_visible_to_every_process(tmp_path: Path, capsys) -> None:  # noqa: ANN001
-    root = tmp_path / "root"
+def test_leases_are_visible_to_every_process(short_tmp: Path, capsys) -> None:  # noqa: ANN001
+    root = short_tmp / "root"
     main(["add", str(FIXTURE_CARTON), "--name", "fx", "--root", str(root), "--progress", "none"])
     capsys.readouterr()
-    with DaemonProcess(root, listen=None, socket_path=tmp_path / "a.sock") as a, \
-            DaemonProcess(root, listen=None, socket_path=tmp_path / "b.sock") as b:
+    with DaemonProcess(root, listen=None, socket_path=short_tmp / "a.sock") as a, \
+            DaemonProcess(root, listen=None, socket_path=short_tmp / "b.sock") as b:
         async def lease_on_a_release_on_b() -> tuple[int, int]:
             async with unix_session(a.socket_path) as s:
                 async with s.post("/v1/leases", json={"model": "fx", "ttl": 30}) as r:

@@ -30,10 +30,10 @@ def _log_of(d: DaemonProcess) -> str:
     return d.proc.stderr.read()
 
 
-def test_errors_loads_unloads_and_collections_each_leave_a_line(tmp_path: Path) -> None:
-    d = DaemonProcess(tmp_path / "root").start()
+def test_errors_loads_unloads_and_collections_each_leave_a_line(short_tmp: Path) -> None:
+    d = DaemonProcess(short_tmp / "root").start()
     try:
-        missing = tmp_path / "no-such.carton"
+        missing = short_tmp / "no-such.carton"
         assert _call(d, "POST", "/v2/repository/models/ghost/load",
                      {"parameters": {"source": str(missing)}}) == 404
         assert _call(d, "POST", "/v2/repository/models/bad%20name/load",
@@ -63,8 +63,8 @@ def test_errors_loads_unloads_and_collections_each_leave_a_line(tmp_path: Path) 
     assert not [x for x in lines if "GET /v2 ->" in x], "a success is logged only with access_log on"
 
 
-def test_at_debug_level_a_not_ready_poll_is_logged_too(tmp_path: Path) -> None:
-    d = DaemonProcess(tmp_path / "root", extra_args=["--log-level", "debug"]).start()
+def test_at_debug_level_a_not_ready_poll_is_logged_too(short_tmp: Path) -> None:
+    d = DaemonProcess(short_tmp / "root", extra_args=["--log-level", "debug"]).start()
     try:
         assert _call(d, "GET", "/v2/models/nobody/ready") == 400
     finally:
@@ -72,8 +72,8 @@ def test_at_debug_level_a_not_ready_poll_is_logged_too(tmp_path: Path) -> None:
     assert "GET /v2/models/nobody/ready -> 400: model 'nobody' is not ready" in log, log
 
 
-def test_access_log_adds_a_line_per_request(tmp_path: Path) -> None:
-    d = DaemonProcess(tmp_path / "root", env={"CARTONSTORE_ACCESS_LOG": "true"}).start()
+def test_access_log_adds_a_line_per_request(short_tmp: Path) -> None:
+    d = DaemonProcess(short_tmp / "root", env={"CARTONSTORE_ACCESS_LOG": "true"}).start()
     try:
         assert _call(d, "GET", "/v2") == 200
         assert _call(d, "GET", "/v2/health/live") == 200

@@ -93,14 +93,14 @@ def test_materialize_out_of_inodes(small_fs, tmp_path: Path) -> None:  # noqa: A
         assert store.verify().ok
 
 
-def test_daemon_keeps_serving_on_a_full_disk(small_fs, tmp_path: Path, capsys) -> None:  # noqa: ANN001
+def test_daemon_keeps_serving_on_a_full_disk(small_fs, tmp_path: Path, short_tmp: Path, capsys) -> None:  # noqa: ANN001
     from cartonstore.cli import main
     from daemonkit import DaemonProcess, unix_session
 
     root = small_fs("4m") / "root"
     assert main(["add", str(FIXTURE_CARTON), "--name", "fx", "--root", str(root), "--progress", "none"]) == 0
     big = _big_dir(tmp_path, 6 << 20)
-    with DaemonProcess(root, listen=None, socket_path=tmp_path / "d.sock") as d:
+    with DaemonProcess(root, listen=None, socket_path=short_tmp / "d.sock") as d:
         async def scenario() -> tuple[int, str, int]:
             async with unix_session(d.socket_path) as s:
                 async with s.post("/v2/repository/models/big/load", json={"parameters": {"source": str(big)}}) as r:

@@ -16,6 +16,7 @@ import tritonclient.http as triton
 from cartonstore.errors import NotFound
 from cartonstore.infer_client import InferClient
 from cartonstore.media_types import media_type
+from conftest import short_dir
 from daemonkit import DaemonProcess, unix_session
 
 FIXTURE = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "carton-repo-test.carton"
@@ -36,21 +37,21 @@ def nested_carton(dest: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory):
+def served():
     """The fixture loaded as files only (no built-in runners): its python
     runner and its (broken) self-test are not what is tested here."""
-    base = tmp_path_factory.mktemp("examples")
-    config = base / "c.toml"
-    config.write_text("[runners]\nbuiltin = false\n")
-    d = DaemonProcess(base / "root", listen=None, extra_args=["--config", str(config)]).start()
-    try:
-        for name, source in (("fx", FIXTURE), ("nested", nested_carton(base / "nested"))):
-            status, body, _ = get(d, f"/v2/repository/models/{name}/load", method="POST",
-                                  data=json.dumps({"parameters": {"source": str(source)}}).encode())
-            assert status == 200, body
-        yield d
-    finally:
-        d.stop()
+    with short_dir() as base:
+        config = base / "c.toml"
+        config.write_text("[runners]\nbuiltin = false\n")
+        d = DaemonProcess(base / "root", listen=None, extra_args=["--config", str(config)]).start()
+        try:
+            for name, source in (("fx", FIXTURE), ("nested", nested_carton(base / "nested"))):
+                status, body, _ = get(d, f"/v2/repository/models/{name}/load", method="POST",
+                                      data=json.dumps({"parameters": {"source": str(source)}}).encode())
+                assert status == 200, body
+            yield d
+        finally:
+            d.stop()
 
 
 def get(d: DaemonProcess, path: str, headers: dict | None = None, method: str = "GET",

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from cartonstore.server.http1 import BadHead, for_one_request, parse_request_head, without_connection_close
+from conftest import short_dir
 from daemonkit import DaemonProcess, wait_for
 from inferkit import echo_carton, runner_pids
 from test_infer_api import _load, runner_count
@@ -25,15 +26,15 @@ HL = "Inference-Header-Content-Length"
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory):
-    base = tmp_path_factory.mktemp("front")
-    config = base / "cartonstore.toml"
-    config.write_text('[server]\nmax_request_size = "1MiB"\n')
-    d = DaemonProcess(base / "root", extra_args=["--config", str(config)]).start()
-    _load(d, "echo", echo_carton(base / "echo", dtypes=["float32"]))
-    yield d
-    d.stop()
-    assert wait_for(lambda: not runner_pids(d.root), 10), runner_pids(d.root)
+def served():
+    with short_dir() as base:
+        config = base / "cartonstore.toml"
+        config.write_text('[server]\nmax_request_size = "1MiB"\n')
+        d = DaemonProcess(base / "root", extra_args=["--config", str(config)]).start()
+        _load(d, "echo", echo_carton(base / "echo", dtypes=["float32"]))
+        yield d
+        d.stop()
+        assert wait_for(lambda: not runner_pids(d.root), 10), runner_pids(d.root)
 
 
 class Conn:
@@ -272,12 +273,12 @@ def test_heads_parse_and_rewrite() -> None:
             parse_request_head(bad)
 
 
-def test_on_asyncios_loop_too_blobs_and_infers_share_a_connection(tmp_path: Path) -> None:
+def test_on_asyncios_loop_too_blobs_and_infers_share_a_connection(short_tmp: Path) -> None:
     """asyncio's loop has a native sendfile, which the relay must refuse
     (it re-registers the transport it is given; the relay lives for one request)."""
-    d = DaemonProcess(tmp_path / "root", env={"CARTONSTORE_EVENT_LOOP": "asyncio"}).start()
+    d = DaemonProcess(short_tmp / "root", env={"CARTONSTORE_EVENT_LOOP": "asyncio"}).start()
     try:
-        _load(d, "echo", echo_carton(tmp_path / "echo", dtypes=["float32"]))
+        _load(d, "echo", echo_carton(short_tmp / "echo", dtypes=["float32"]))
         test_blobs_through_the_relay_then_an_infer(d)
         test_pipelined_requests_are_answered_in_order(d)
     finally:
@@ -286,13 +287,13 @@ def test_on_asyncios_loop_too_blobs_and_infers_share_a_connection(tmp_path: Path
     assert wait_for(lambda: not runner_pids(d.root), 10)
 
 
-def test_an_unknown_event_loop_is_refused_by_name(tmp_path: Path) -> None:
+def test_an_unknown_event_loop_is_refused_by_name(short_tmp: Path) -> None:
     import os
     import subprocess
     import sys
 
-    r = subprocess.run([sys.executable, "-m", "cartonstore.cli", "serve", "--root", str(tmp_path / "root"),
-                        "--socket", str(tmp_path / "s.sock")], capture_output=True, text=True, timeout=60,
+    r = subprocess.run([sys.executable, "-m", "cartonstore.cli", "serve", "--root", str(short_tmp / "root"),
+                        "--socket", str(short_tmp / "s.sock")], capture_output=True, text=True, timeout=60,
                        env={**os.environ, "CARTONSTORE_EVENT_LOOP": "trio"})
     assert r.returncode == 4 and "CARTONSTORE_EVENT_LOOP='trio': use uvloop or asyncio" in r.stderr, r.stderr
 
@@ -361,12 +362,12 @@ def test_a_head_request_keeps_its_connection(served: DaemonProcess) -> None:
         assert echoed(c.answer()) == [9]
 
 
-def test_sigterm_lets_an_infer_the_front_answers_finish(tmp_path: Path) -> None:
+def test_sigterm_lets_an_infer_the_front_answers_finish(short_tmp: Path) -> None:
     from test_shm import slow_carton
 
-    d = DaemonProcess(tmp_path / "root", listen=None).start()
+    d = DaemonProcess(short_tmp / "root", listen=None).start()
     try:
-        _load(d, "slow", slow_carton(tmp_path / "slow"))
+        _load(d, "slow", slow_carton(short_tmp / "slow"))
         with Conn(d.socket_path) as c:
             c.send(infer_request([1.5, 2.5], name="slow"))   # the model takes 1 s
             time.sleep(0.3)
@@ -375,4 +376,4 @@ def test_sigterm_lets_an_infer_the_front_answers_finish(tmp_path: Path) -> None:
         assert d.proc.wait(30) == 0
     finally:
         d.stop()
-    assert wait_for(lambda: not runner_pids(tmp_path / "root"), 10)
+    assert wait_for(lambda: not runner_pids(short_tmp / "root"), 10)

@@ -219,14 +219,14 @@ def test_cli_gc_counts_the_models_it_made_partial(tmp_path: Path, capsys) -> Non
     assert "evicted 0 blob(s) (0 B)\n" in capsys.readouterr().out
 
 
-def test_the_daemon_collects_on_its_own_over_budget(tmp_path: Path, capsys) -> None:  # noqa: ANN001
+def test_the_daemon_collects_on_its_own_over_budget(short_tmp: Path, capsys) -> None:  # noqa: ANN001
     from daemonkit import DaemonProcess, wait_for
 
-    root = tmp_path / "root"
-    assert main(["add", str(_carton(tmp_path, "a", {"model/w": os.urandom(100_000)})), "--root", str(root),
+    root = short_tmp / "root"
+    assert main(["add", str(_carton(short_tmp, "a", {"model/w": os.urandom(100_000)})), "--root", str(root),
                  "--progress", "none"]) == 0
     assert main(["path", "a", "--root", str(root)]) == 0
-    cfg = tmp_path / "cs.toml"
+    cfg = short_tmp / "cs.toml"
     cfg.write_text('[gc]\nmax_size = "10KiB"\ninterval = "0.2s"\n')
     with DaemonProcess(root, listen=None, extra_args=["--config", str(cfg)]):
         assert wait_for(lambda: not any((root / "models").iterdir()), timeout=15)
@@ -234,13 +234,13 @@ def test_the_daemon_collects_on_its_own_over_budget(tmp_path: Path, capsys) -> N
         assert s.verify().ok and s.info(s.resolve("a")).missing_blobs
 
 
-def test_evicted_linked_blobs_come_back_on_lease(tmp_path: Path, origin) -> None:  # noqa: ANN001
+def test_evicted_linked_blobs_come_back_on_lease(short_tmp: Path, origin) -> None:  # noqa: ANN001
     from daemonkit import DaemonProcess, unix_session
     from fetchkit import linked_carton
 
     payload = os.urandom(200_000)
-    carton, shas = linked_carton(tmp_path, origin, {"model/w.bin": payload})
-    root = tmp_path / "root"
+    carton, shas = linked_carton(short_tmp, origin, {"model/w.bin": payload})
+    root = short_tmp / "root"
     with DaemonProcess(root, listen=None) as d:
         import asyncio
 

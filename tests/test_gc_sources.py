@@ -127,22 +127,22 @@ async def _post(socket: Path, path: str, body: dict) -> tuple[int, dict]:
             return r.status, await r.json(content_type=None)
 
 
-def test_every_kind_of_source_comes_back_by_path_lease_and_load(tmp_path: Path, origin, capsys) -> None:  # noqa: ANN001
+def test_every_kind_of_source_comes_back_by_path_lease_and_load(short_tmp: Path, origin, capsys) -> None:  # noqa: ANN001
     from daemonkit import DaemonProcess
     from fetchkit import linked_carton
 
-    root = tmp_path / "root"
+    root = short_tmp / "root"
     expected: dict[str, bytes] = {}
-    stored, files = _zip(tmp_path, "stored")
+    stored, files = _zip(short_tmp, "stored")
     expected["stored"] = files["model/w.bin"]
-    deflated, files = _zip(tmp_path, "deflated", zipfile.ZIP_DEFLATED)
+    deflated, files = _zip(short_tmp, "deflated", zipfile.ZIP_DEFLATED)
     expected["deflated"] = files["model/w.bin"]
-    unpacked, files = _dir(tmp_path, "unpacked")
+    unpacked, files = _dir(short_tmp, "unpacked")
     expected["unpacked"] = files["model/w.bin"]
     expected["linked"] = os.urandom(30_000)
-    linked, _ = linked_carton(tmp_path, origin, {"model/w.bin": expected["linked"]}, extra={
+    linked, _ = linked_carton(short_tmp, origin, {"model/w.bin": expected["linked"]}, extra={
         "carton.toml": TOML % b"linked"})
-    remote, files = _zip(tmp_path, "remote")
+    remote, files = _zip(short_tmp, "remote")
     expected["remote"] = files["model/w.bin"]
     origin.put("/remote.carton", remote.read_bytes())
     remote.unlink()  # only the URL holds it now

@@ -16,6 +16,7 @@ import tritonclient.http as triton
 import tritonclient.http.aio as triton_aio
 from tritonclient.utils import InferenceServerException
 
+from conftest import short_dir
 from daemonkit import DaemonProcess, unix_session, wait_for
 from inferkit import DTYPES, NUMERIC, echo_carton, onnx_carton, runner_pids, runner_sockets, sample
 
@@ -24,17 +25,17 @@ V2 = {"float32": "FP32", "float64": "FP64", "int8": "INT8", "int16": "INT16", "i
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory):
+def served():
     """One daemon with the echo (python) and affine (onnx) models loaded."""
-    base = tmp_path_factory.mktemp("infer")
-    config = base / "cartonstore.toml"
-    config.write_text('[server]\nmax_request_size = "64MiB"\n')  # a bomb test that stops soon
-    d = DaemonProcess(base / "root", extra_args=["--config", str(config)]).start()
-    _load(d, "echo", echo_carton(base / "echo"))
-    _load(d, "affine", onnx_carton(base / "affine"))
-    yield d
-    d.stop()
-    assert wait_for(lambda: not runner_pids(d.root), 10), runner_pids(d.root)
+    with short_dir() as base:
+        config = base / "cartonstore.toml"
+        config.write_text('[server]\nmax_request_size = "64MiB"\n')  # a bomb test that stops soon
+        d = DaemonProcess(base / "root", extra_args=["--config", str(config)]).start()
+        _load(d, "echo", echo_carton(base / "echo"))
+        _load(d, "affine", onnx_carton(base / "affine"))
+        yield d
+        d.stop()
+        assert wait_for(lambda: not runner_pids(d.root), 10), runner_pids(d.root)
 
 
 def _load(d: DaemonProcess, name: str, source: Path, **params: str) -> None:

@@ -32,10 +32,10 @@ max_inflight = 4
 
 
 @pytest.fixture
-def daemon(tmp_path: Path):
-    config = tmp_path / "cartonstore.toml"
+def daemon(short_tmp: Path):
+    config = short_tmp / "cartonstore.toml"
     config.write_text(FAST)
-    d = DaemonProcess(tmp_path / "root", extra_args=["--config", str(config)]).start()
+    d = DaemonProcess(short_tmp / "root", extra_args=["--config", str(config)]).start()
     yield d
     d.stop()
     assert wait_for(lambda: not runner_pids(d.root), 10), runner_pids(d.root)
@@ -302,9 +302,9 @@ def test_busy_model_answers_503_with_retry_after(daemon: DaemonProcess, tmp_path
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
-def test_no_runner_outlives_the_daemon(tmp_path: Path, sig: int) -> None:
-    d = DaemonProcess(tmp_path / "root").start()
-    src = echo_carton(tmp_path / "m", **SMALL)
+def test_no_runner_outlives_the_daemon(short_tmp: Path, sig: int) -> None:
+    d = DaemonProcess(short_tmp / "root").start()
+    src = echo_carton(short_tmp / "m", **SMALL)
 
     async def go() -> None:
         async with unix_session(d.socket_path) as s:
@@ -316,26 +316,26 @@ def test_no_runner_outlives_the_daemon(tmp_path: Path, sig: int) -> None:
         d.stop(sig)
     assert wait_for(lambda: not runner_pids(d.root), 10), runner_pids(d.root)
     if sig == signal.SIGKILL:  # the next daemon cleans the dead runners' sockets
-        d2 = DaemonProcess(tmp_path / "root").start()
+        d2 = DaemonProcess(short_tmp / "root").start()
         try:
-            assert not list((tmp_path / "root" / "run" / "runners").glob("*.sock"))
+            assert not list((short_tmp / "root" / "run" / "runners").glob("*.sock"))
         finally:
             d2.stop()
 
 
-def test_infer_cli_through_the_daemon_and_without_one(daemon: DaemonProcess, tmp_path: Path, capsys) -> None:  # noqa: ANN001
+def test_infer_cli_through_the_daemon_and_without_one(daemon: DaemonProcess, short_tmp: Path, capsys) -> None:  # noqa: ANN001
     from cartonstore.cli import main
 
-    src = echo_carton(tmp_path / "m", **SMALL)
+    src = echo_carton(short_tmp / "m", **SMALL)
     root = str(daemon.root)
     assert main(["add", str(src), "--name", "cli", "--root", root, "--progress", "none"]) == 0
-    np.save(tmp_path / "x.npy", np.array([[1.5, 2.5]], np.float32))
+    np.save(short_tmp / "x.npy", np.array([[1.5, 2.5]], np.float32))
     capsys.readouterr()
-    assert main(["infer", "cli", "--input", f"x_float32={tmp_path / 'x.npy'}", "--root", root, "--json"]) == 0
+    assert main(["infer", "cli", "--input", f"x_float32={short_tmp / 'x.npy'}", "--root", root, "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["outputs"]["y_float32"] == {"datatype": "FP32", "shape": [1, 2], "data": [1.5, 2.5]}
     assert main(["infer", "cli", "--input", "x_float32=[[7]]", "--root", root, "--socket",
-                 str(tmp_path / "nobody.sock"), "--json"]) == 0
+                 str(short_tmp / "nobody.sock"), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["outputs"]["y_float32"]["data"] == [7.0]
     assert main(["infer", "cli", "--input", "nope=[1]", "--root", root]) == 4

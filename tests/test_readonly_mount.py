@@ -31,12 +31,12 @@ def ro_view(tmp_path: Path):
     subprocess.run(["umount", "-l", str(view)], capture_output=True)
 
 
-def test_read_only_view_through_the_socket(ro_view, tmp_path: Path, capsys) -> None:  # noqa: ANN001
+def test_read_only_view_through_the_socket(ro_view, short_tmp: Path, capsys) -> None:  # noqa: ANN001
     root, view = ro_view
     assert main(["add", str(FIXTURE_CARTON), "--name", "fx", "--root", str(root), "--progress", "none"]) == 0
     with pytest.raises(OSError):
         (view / "probe").write_text("x")  # the container's view really is read-only
-    with DaemonProcess(root, listen=None, socket_path=tmp_path / "d.sock") as d:
+    with DaemonProcess(root, listen=None, socket_path=short_tmp / "d.sock") as d:
         with Client(d.socket_path).lease("fx") as model_dir:
             inside = view / Path(model_dir).relative_to(root)  # the same directory, as the container sees it
             manifest = (inside / "MANIFEST").read_bytes()

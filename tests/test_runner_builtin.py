@@ -20,6 +20,7 @@ from cartonstore.runner.builtin import BUILTIN_RUNNERS, FRAMEWORK_VERSION_PROBES
 from cartonstore.runner.lifecycle import EXIT_LOAD_FAILED
 from cartonstore.server.runners.command import fill_argv
 from cartonstore.v2.framing import encode_infer_request, parse_infer_response
+from conftest import short_dir
 from runnerkit import (ALL_CARTON_DTYPES, all_dtype_decls, onnx_model_dir, pack_dir, processes_with,
                        python_echo_model_dir, runner_session, start_runner, stop_runner, torchscript_model_dir,
                        unix_get, unix_request, wait_gone, wait_ready)
@@ -29,8 +30,10 @@ HAVE_TORCH = importlib.util.find_spec("torch") is not None
 
 
 @pytest.fixture(scope="module")
-def base(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("builtin")
+def base():  # noqa: ANN201
+    """The models and the runners' sockets (hence short: see conftest.short_dir)."""
+    with short_dir() as path:
+        yield path
 
 
 SHARED = ("echo.sock", "typed.sock", "onnx.sock")

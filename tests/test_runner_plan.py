@@ -93,15 +93,15 @@ def test_load_parameters_override_runner_opts() -> None:
         runner_opts(cfg, {"parameters": ["x"]})
 
 
-def test_instance_specs_fill_the_template_with_unique_sockets(tmp_path: Path) -> None:
+def test_instance_specs_fill_the_template_with_unique_sockets(short_tmp: Path) -> None:
     plan = plan_runner(carton(), settings())
     assert plan is not None
-    first = instance_specs(plan, model_dir=tmp_path / "m", name="echo", version="ab" * 32, opts={"k": 1},
-                           devices=["cpu", "cuda:0"], run_dir=tmp_path, generation=1)
-    again = instance_specs(plan, model_dir=tmp_path / "m", name="echo", version="ab" * 32, opts={"k": 1},
-                           devices=["cpu"], run_dir=tmp_path, generation=2)
+    first = instance_specs(plan, model_dir=short_tmp / "m", name="echo", version="ab" * 32, opts={"k": 1},
+                           devices=["cpu", "cuda:0"], run_dir=short_tmp, generation=1)
+    again = instance_specs(plan, model_dir=short_tmp / "m", name="echo", version="ab" * 32, opts={"k": 1},
+                           devices=["cpu"], run_dir=short_tmp, generation=2)
     assert [s.device for s in first] == ["cpu", "cuda:0"]
     assert len({s.socket_path for s in first + again}) == 3
     argv = first[1].argv
     assert argv[argv.index("--opts") + 1] == '{"k": 1}' and argv[argv.index("--devices") + 1] == "cuda:0"
-    assert str(tmp_path / "m") in argv and str(first[1].socket_path) in argv
+    assert str(short_tmp / "m") in argv and str(first[1].socket_path) in argv

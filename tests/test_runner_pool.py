@@ -113,9 +113,9 @@ asyncio.run(main())
 '''
 
 @pytest.fixture
-def script(tmp_path: Path):  # noqa: ANN201
+def script(short_tmp: Path):  # noqa: ANN201
     """The fake runner, written for this test; no process running it may be left after."""
-    path = tmp_path / "fake_runner.py"
+    path = short_tmp / "fake_runner.py"
     path.write_text(RUNNER)
     yield path
     left = [pid for pid in live_pids(str(path)) if not wait_gone(pid, 5.0)]
@@ -125,9 +125,9 @@ def script(tmp_path: Path):  # noqa: ANN201
 FAST = dict(ready_timeout=20.0, request_timeout=10.0, stop_grace=5.0, restart_backoff=0.05, max_restarts=3)
 
 
-def spec(script: Path, tmp_path: Path, i: int = 0, *extra: str, device: str = "cpu",
+def spec(script: Path, short_tmp: Path, i: int = 0, *extra: str, device: str = "cpu",
          env: dict[str, str] | None = None) -> InstanceSpec:
-    sock = tmp_path / f"r{i}.sock"
+    sock = short_tmp / f"r{i}.sock"
     return InstanceSpec([PY, str(script), "--socket", str(sock), *extra], env or {}, sock, device)
 
 
@@ -151,11 +151,11 @@ async def until(predicate, timeout: float = 10.0) -> None:
 # -- normal life ------------------------------------------------------------------
 
 
-def test_start_forward_stop(script: Path, tmp_path: Path) -> None:
+def test_start_forward_stop(script: Path, short_tmp: Path) -> None:
     changes: list[str] = []
 
     async def go() -> None:
-        runners = ModelRunners("m", "1", [spec(script, tmp_path, env={"RUNNER_TEST_EXTRA": "x1"}, device="cuda:3")],
+        runners = ModelRunners("m", "1", [spec(script, short_tmp, env={"RUNNER_TEST_EXTRA": "x1"}, device="cuda:3")],
                                RunnerSettings(**FAST), on_change=lambda: changes.append(runners.state))
         assert runners.state == "LOADING"
         await runners.start()
@@ -185,7 +185,7 @@ def test_start_forward_stop(script: Path, tmp_path: Path) -> None:
         finally:
             await runners.stop()
         assert runners.state == "UNAVAILABLE" and runners.reason == "unloaded"
-        assert not (tmp_path / "r0.sock").exists()
+        assert not (short_tmp / "r0.sock").exists()
         with pytest.raises(Unavailable, match="being unloaded"):
             await runners.forward(INFER, b"x", {})
         await runners.stop()  # twice is fine
@@ -194,9 +194,9 @@ def test_start_forward_stop(script: Path, tmp_path: Path) -> None:
     assert "READY" in changes and changes[-1] == "UNAVAILABLE"
 
 
-def test_cpu_instance_sees_no_gpu(script: Path, tmp_path: Path) -> None:
+def test_cpu_instance_sees_no_gpu(script: Path, short_tmp: Path) -> None:
     async def go() -> None:
-        runners = ModelRunners("m", "1", [spec(script, tmp_path)], RunnerSettings(**FAST))
+        runners = ModelRunners("m", "1", [spec(script, short_tmp)], RunnerSettings(**FAST))
         await runners.start()
         try:
             assert (await infer(runners))["cuda"] == ""
@@ -209,9 +209,9 @@ def test_cpu_instance_sees_no_gpu(script: Path, tmp_path: Path) -> None:
 # -- failures at start ----------------------------------------------------------
 
 
-def test_runner_that_exits_at_start(script: Path, tmp_path: Path) -> None:
+def test_runner_that_exits_at_start(script: Path, short_tmp: Path) -> None:
     async def go() -> None:
-        runners = ModelRunners("m", "1", [spec(script, tmp_path, 0, "--start", "exit")], RunnerSettings(**FAST))
+        runners = ModelRunners("m", "1", [spec(script, short_tmp, 0, "--start", "exit")], RunnerSettings(**FAST))
         with pytest.raises(InvalidInput) as e:
             await runners.start()
         assert str(e.value) == ("runner for m failed to start: exited with status 3; "
@@ -221,23 +221,23 @@ def test_runner_that_exits_at_start(script: Path, tmp_path: Path) -> None:
     run(go())
 
 
-def test_runner_that_never_gets_ready(script: Path, tmp_path: Path) -> None:
+def test_runner_that_never_gets_ready(script: Path, short_tmp: Path) -> None:
     async def go() -> None:
-        specs = [spec(script, tmp_path, 0), spec(script, tmp_path, 1, "--start", "never", "--fork-helper")]
+        specs = [spec(script, short_tmp, 0), spec(script, short_tmp, 1, "--start", "never", "--fork-helper")]
         runners = ModelRunners("m", "1", specs, RunnerSettings(**{**FAST, "ready_timeout": 1.5}))
         started = time.monotonic()
         with pytest.raises(InvalidInput, match=r"^runner for m \(instance 1\) failed to start: not ready after 1.5s$"):
             await runners.start()
         assert time.monotonic() - started < 5
-        assert not (tmp_path / "r0.sock").exists()  # the healthy one was stopped too
+        assert not (short_tmp / "r0.sock").exists()  # the healthy one was stopped too
 
     run(go())
 
 
-def test_command_that_cannot_run(tmp_path: Path) -> None:
+def test_command_that_cannot_run(short_tmp: Path) -> None:
     async def go() -> None:
-        sock = tmp_path / "r.sock"
-        runners = ModelRunners("m", "1", [InstanceSpec([str(tmp_path / "no-such-runner")], {}, sock, "cpu")],
+        sock = short_tmp / "r.sock"
+        runners = ModelRunners("m", "1", [InstanceSpec([str(short_tmp / "no-such-runner")], {}, sock, "cpu")],
                                RunnerSettings(**FAST))
         with pytest.raises(InvalidInput, match="runner for m failed to start: cannot run .*no-such-runner"):
             await runners.start()
@@ -248,11 +248,11 @@ def test_command_that_cannot_run(tmp_path: Path) -> None:
 # -- failures in life -----------------------------------------------------------
 
 
-def test_crash_on_request_fails_it_and_restarts(script: Path, tmp_path: Path) -> None:
+def test_crash_on_request_fails_it_and_restarts(script: Path, short_tmp: Path) -> None:
     async def go() -> None:
         changes = []
         # the helper keeps stderr open after the runner dies: that must not hide how it died
-        runners = ModelRunners("m", "1", [spec(script, tmp_path, 0, "--fork-helper")], RunnerSettings(**FAST),
+        runners = ModelRunners("m", "1", [spec(script, short_tmp, 0, "--fork-helper")], RunnerSettings(**FAST),
                                on_change=lambda: changes.append(runners.state))
         await runners.start()
         try:
@@ -269,9 +269,9 @@ def test_crash_on_request_fails_it_and_restarts(script: Path, tmp_path: Path) ->
     run(go())
 
 
-def test_killed_runner_is_restarted_then_given_up(script: Path, tmp_path: Path) -> None:
+def test_killed_runner_is_restarted_then_given_up(script: Path, short_tmp: Path) -> None:
     async def go() -> None:
-        runners = ModelRunners("m", "1", [spec(script, tmp_path)], RunnerSettings(**FAST))
+        runners = ModelRunners("m", "1", [spec(script, short_tmp)], RunnerSettings(**FAST))
         await runners.start()
         try:
             first = runners.status()["instances"][0]["pid"]
@@ -288,10 +288,10 @@ def test_killed_runner_is_restarted_then_given_up(script: Path, tmp_path: Path) 
     run(go())
 
 
-def test_runner_that_keeps_dying_becomes_unavailable(script: Path, tmp_path: Path) -> None:
+def test_runner_that_keeps_dying_becomes_unavailable(script: Path, short_tmp: Path) -> None:
     async def go() -> None:
         settings = RunnerSettings(**{**FAST, "max_restarts": 2, "restart_backoff": 0.01})
-        runners = ModelRunners("m", "1", [spec(script, tmp_path, 0, "--start", "die-after:0.2")], settings)
+        runners = ModelRunners("m", "1", [spec(script, short_tmp, 0, "--start", "die-after:0.2")], settings)
         await runners.start()
         try:
             await until(lambda: runners.state == "UNAVAILABLE", timeout=20)
@@ -306,9 +306,9 @@ def test_runner_that_keeps_dying_becomes_unavailable(script: Path, tmp_path: Pat
     run(go())
 
 
-def test_request_timeout_kills_and_restarts(script: Path, tmp_path: Path) -> None:
+def test_request_timeout_kills_and_restarts(script: Path, short_tmp: Path) -> None:
     async def go() -> None:
-        runners = ModelRunners("m", "1", [spec(script, tmp_path, 0, "--fork-helper")],
+        runners = ModelRunners("m", "1", [spec(script, short_tmp, 0, "--fork-helper")],
                                RunnerSettings(**{**FAST, "request_timeout": 0.5}))
         await runners.start()
         try:
@@ -330,9 +330,9 @@ def test_request_timeout_kills_and_restarts(script: Path, tmp_path: Path) -> Non
 
 
 @pytest.mark.parametrize("body", [b"garbage", b"close"])
-def test_garbage_answer_fails_request_but_keeps_runner(script: Path, tmp_path: Path, body: bytes) -> None:
+def test_garbage_answer_fails_request_but_keeps_runner(script: Path, short_tmp: Path, body: bytes) -> None:
     async def go() -> None:
-        runners = ModelRunners("m", "1", [spec(script, tmp_path)], RunnerSettings(**FAST))
+        runners = ModelRunners("m", "1", [spec(script, short_tmp)], RunnerSettings(**FAST))
         await runners.start()
         try:
             first = (await infer(runners))["pid"]
@@ -349,9 +349,9 @@ def test_garbage_answer_fails_request_but_keeps_runner(script: Path, tmp_path: P
 # -- dispatch and limits ------------------------------------------------------------
 
 
-def test_least_outstanding_dispatch(script: Path, tmp_path: Path) -> None:
+def test_least_outstanding_dispatch(script: Path, short_tmp: Path) -> None:
     async def go() -> None:
-        runners = ModelRunners("m", "1", [spec(script, tmp_path, 0), spec(script, tmp_path, 1)],
+        runners = ModelRunners("m", "1", [spec(script, short_tmp, 0), spec(script, short_tmp, 1)],
                                RunnerSettings(**FAST))
         await runners.start()
         try:
@@ -371,9 +371,9 @@ def test_least_outstanding_dispatch(script: Path, tmp_path: Path) -> None:
     run(go())
 
 
-def test_max_inflight_answers_busy(script: Path, tmp_path: Path) -> None:
+def test_max_inflight_answers_busy(script: Path, short_tmp: Path) -> None:
     async def go() -> None:
-        runners = ModelRunners("m", "1", [spec(script, tmp_path)], RunnerSettings(**{**FAST, "max_inflight": 2}))
+        runners = ModelRunners("m", "1", [spec(script, short_tmp)], RunnerSettings(**{**FAST, "max_inflight": 2}))
         await runners.start()
         try:
             slow = [asyncio.ensure_future(infer(runners, b"sleep:0.5")) for _ in range(2)]
@@ -389,9 +389,9 @@ def test_max_inflight_answers_busy(script: Path, tmp_path: Path) -> None:
     run(go())
 
 
-def test_stop_lets_in_flight_request_finish(script: Path, tmp_path: Path) -> None:
+def test_stop_lets_in_flight_request_finish(script: Path, short_tmp: Path) -> None:
     async def go() -> None:
-        runners = ModelRunners("m", "1", [spec(script, tmp_path, 0, "--fork-helper")], RunnerSettings(**FAST))
+        runners = ModelRunners("m", "1", [spec(script, short_tmp, 0, "--fork-helper")], RunnerSettings(**FAST))
         await runners.start()
         pending = asyncio.ensure_future(infer(runners, b"sleep:0.5"))
         await until(lambda: runners.outstanding == 1)
@@ -401,9 +401,9 @@ def test_stop_lets_in_flight_request_finish(script: Path, tmp_path: Path) -> Non
     run(go())
 
 
-def test_stop_while_starting(script: Path, tmp_path: Path) -> None:
+def test_stop_while_starting(script: Path, short_tmp: Path) -> None:
     async def go() -> None:
-        runners = ModelRunners("m", "1", [spec(script, tmp_path)], RunnerSettings(**FAST))
+        runners = ModelRunners("m", "1", [spec(script, short_tmp)], RunnerSettings(**FAST))
         starting = asyncio.ensure_future(runners.start())
         await asyncio.sleep(0.1)
         await runners.stop()
@@ -416,10 +416,10 @@ def test_stop_while_starting(script: Path, tmp_path: Path) -> None:
 # -- the daemon dies --------------------------------------------------------------------
 
 
-def test_sigkilled_owner_takes_its_runner_along(script: Path, tmp_path: Path) -> None:
-    parent_script = tmp_path / "fake_daemon.py"
+def test_sigkilled_owner_takes_its_runner_along(script: Path, short_tmp: Path) -> None:
+    parent_script = short_tmp / "fake_daemon.py"
     parent_script.write_text(PARENT)
-    parent = subprocess.Popen([PY, str(parent_script), str(script), str(tmp_path / "p.sock")],
+    parent = subprocess.Popen([PY, str(parent_script), str(script), str(short_tmp / "p.sock")],
                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:
         line = parent.stdout.readline().split()
@@ -439,8 +439,8 @@ def test_sigkilled_owner_takes_its_runner_along(script: Path, tmp_path: Path) ->
 # -- sockets and command templates ----------------------------------------------------------
 
 
-def test_clean_stale_sockets(tmp_path: Path) -> None:
-    run_dir = ensure_run_dir(tmp_path / "run" / "runners")
+def test_clean_stale_sockets(short_tmp: Path) -> None:
+    run_dir = ensure_run_dir(short_tmp / "run" / "runners")
     assert run_dir.stat().st_mode & 0o777 == 0o700
     stale = socket.socket(socket.AF_UNIX)
     stale.bind(str(run_dir / "old-12345678-0.sock"))
@@ -454,17 +454,17 @@ def test_clean_stale_sockets(tmp_path: Path) -> None:
         assert sorted(p.name for p in run_dir.iterdir()) == ["live-12345678-0.sock", "notes.sock"]
     finally:
         live.close()
-    assert clean_stale_sockets(tmp_path / "missing") == []
+    assert clean_stale_sockets(short_tmp / "missing") == []
 
 
-def test_instance_socket_path(tmp_path: Path) -> None:
-    assert instance_socket_path(tmp_path, "resnet", "0123456789abcdef", 2) == tmp_path / "resnet-01234567-2.sock"
-    assert instance_socket_path(tmp_path, "team/model x", "v1", 0).name == "team_model_x-v1-0.sock"
-    long = instance_socket_path(tmp_path, "n" * 200, "0123456789", 0)
+def test_instance_socket_path(short_tmp: Path) -> None:
+    assert instance_socket_path(short_tmp, "resnet", "0123456789abcdef", 2) == short_tmp / "resnet-01234567-2.sock"
+    assert instance_socket_path(short_tmp, "team/model x", "v1", 0).name == "team_model_x-v1-0.sock"
+    long = instance_socket_path(short_tmp, "n" * 200, "0123456789", 0)
     assert len(os.fsencode(long)) <= 107 and long.name.endswith("-01234567-0.sock")
-    assert long != instance_socket_path(tmp_path, "n" * 199 + "m", "0123456789", 0)
+    assert long != instance_socket_path(short_tmp, "n" * 199 + "m", "0123456789", 0)
     with pytest.raises(InvalidInput, match="too long"):
-        instance_socket_path(tmp_path / ("d" * 120), "m", "v", 0)
+        instance_socket_path(short_tmp / ("d" * 120), "m", "v", 0)
 
 
 def test_fill_argv() -> None:
@@ -484,13 +484,13 @@ def test_fill_argv() -> None:
         fill_argv([])
 
 
-def test_settings_and_spec_are_checked(tmp_path: Path) -> None:
+def test_settings_and_spec_are_checked(short_tmp: Path) -> None:
     with pytest.raises(InvalidInput, match="runners.max_inflight: must be greater than 0"):
         RunnerSettings(max_inflight=0)
     with pytest.raises(InvalidInput, match="runners.max_restarts: must be a whole number"):
         RunnerSettings(max_restarts=1.5)
     RunnerSettings(max_restarts=0, restart_backoff=0)
     with pytest.raises(InvalidInput, match="device 'gpu0'"):
-        InstanceSpec(["x"], {}, tmp_path / "s", "gpu0")
+        InstanceSpec(["x"], {}, short_tmp / "s", "gpu0")
     with pytest.raises(InvalidInput, match="share one socket"):
-        ModelRunners("m", "1", [InstanceSpec(["x"], {}, tmp_path / "s", "cpu")] * 2, RunnerSettings())
+        ModelRunners("m", "1", [InstanceSpec(["x"], {}, short_tmp / "s", "cpu")] * 2, RunnerSettings())

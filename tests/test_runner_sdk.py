@@ -25,6 +25,7 @@ from cartonstore.runner.context import cuda_ordinal
 from cartonstore.runner.lifecycle import EXIT_LOAD_FAILED
 from cartonstore.runner.requirements import unmet_requirements
 from cartonstore.v2.framing import encode_infer_request, parse_infer_response
+from conftest import short_dir
 from runnerkit import (PY, carton_toml, processes_with, runner_argv, start_runner, stop_runner, unix_get,
                        unix_request, wait_gone, wait_ready)
 
@@ -60,15 +61,17 @@ main(load)
 
 
 @pytest.fixture(scope="module")
-def doubler_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("sdk")
-    (root / "doubler.py").write_text(DOUBLER)
-    model = root / "carton"
-    model.mkdir()
-    (model / "carton.toml").write_text(carton_toml(
-        "doubler", "*", {"answer": 42}, inputs=[("x", "float32", ["N"])],
-        outputs=[("y", "float32", ["N"]), ("n", "int64", [])]))
-    return root
+def doubler_dir():  # noqa: ANN201
+    """The runner script, its carton and the runners' sockets (hence short:
+    see conftest.short_dir)."""
+    with short_dir() as root:
+        (root / "doubler.py").write_text(DOUBLER)
+        model = root / "carton"
+        model.mkdir()
+        (model / "carton.toml").write_text(carton_toml(
+            "doubler", "*", {"answer": 42}, inputs=[("x", "float32", ["N"])],
+            outputs=[("y", "float32", ["N"]), ("n", "int64", [])]))
+        yield root
 
 
 def assert_none_left(marker: str, but: str | None = None) -> None:

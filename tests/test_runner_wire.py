@@ -49,11 +49,11 @@ class CannedServer:
         writer.close()
 
 
-def talk(tmp_path: Path, server: CannedServer, *calls: tuple) -> list:
+def talk(short_tmp: Path, server: CannedServer, *calls: tuple) -> list:
     """Run the calls (method, path, headers, body) in order on one client;
     each result is the answer or the exception raised."""
     async def go() -> list:
-        sock = str(tmp_path / "s.sock")
+        sock = str(short_tmp / "s.sock")
         srv = await asyncio.start_unix_server(server.handle, sock)
         client = RunnerClient(sock)
         results: list = []
@@ -77,9 +77,9 @@ OK = b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 2\r\n\r\no
 POST = ("POST", "/v2/models/m/infer", {"Inference-Header-Content-Length": "3"}, [b"abc", memoryview(b"defg")])
 
 
-def test_request_bytes_and_keep_alive(tmp_path: Path) -> None:
+def test_request_bytes_and_keep_alive(short_tmp: Path) -> None:
     server = CannedServer([OK, OK, OK])
-    results = talk(tmp_path, server, POST, POST, ("GET", "/v2/health/ready", {}))
+    results = talk(short_tmp, server, POST, POST, ("GET", "/v2/health/ready", {}))
     assert results == [(200, {"content-type": "text/plain", "content-length": "2"}, b"ok")] * 3
     assert server.requests[0] == (b"POST /v2/models/m/infer HTTP/1.1\r\nHost: runner\r\nContent-Length: 7\r\n"
                                   b"Inference-Header-Content-Length: 3\r\n\r\nabcdefg")
@@ -87,21 +87,21 @@ def test_request_bytes_and_keep_alive(tmp_path: Path) -> None:
     assert server.connections == 1
 
 
-def test_memoryview_of_wide_items_is_sent_as_bytes(tmp_path: Path) -> None:
+def test_memoryview_of_wide_items_is_sent_as_bytes(short_tmp: Path) -> None:
     floats = array.array("f", [1.0, 2.0, 3.0])
     server = CannedServer([OK])
-    talk(tmp_path, server, ("POST", "/x", {}, [memoryview(floats)]))
+    talk(short_tmp, server, ("POST", "/x", {}, [memoryview(floats)]))
     assert server.requests[0].endswith(b"Content-Length: 12\r\n\r\n" + floats.tobytes())
 
 
-def test_response_framings(tmp_path: Path) -> None:
+def test_response_framings(short_tmp: Path) -> None:
     chunked = (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
                b"3;ext=1\r\nabc\r\n0A\r\n0123456789\r\n0\r\nX-Trailer: t\r\n\r\n")
     interim = b"HTTP/1.1 100 Continue\r\n\r\n" + OK
     no_content = b"HTTP/1.1 204 No Content\r\n\r\n"
     until_close = b"HTTP/1.0 500 Oops\r\n\r\nall of this" + CLOSE
     server = CannedServer([chunked, interim, no_content, until_close, OK])
-    results = talk(tmp_path, server, POST, POST, POST, POST, POST)
+    results = talk(short_tmp, server, POST, POST, POST, POST, POST)
     assert results[0][0] == 200 and results[0][2] == b"abc0123456789"
     assert results[1] == (200, {"content-type": "text/plain", "content-length": "2"}, b"ok")
     assert results[2] == (204, {}, b"")
@@ -110,9 +110,9 @@ def test_response_framings(tmp_path: Path) -> None:
     assert server.connections == 2   # the close-framed answer ended its connection
 
 
-def test_connection_closed_by_server_between_requests_is_not_reused(tmp_path: Path) -> None:
+def test_connection_closed_by_server_between_requests_is_not_reused(short_tmp: Path) -> None:
     server = CannedServer([OK, OK], close_after=True)
-    results = talk(tmp_path, server, POST, POST)
+    results = talk(short_tmp, server, POST, POST)
     assert [r[2] for r in results] == [b"ok", b"ok"]
     assert server.connections == 2
 
@@ -127,31 +127,31 @@ def test_connection_closed_by_server_between_requests_is_not_reused(tmp_path: Pa
     (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabcXY", "chunk not followed by CRLF"),
     (None, "closed the connection without answering"),
 ])
-def test_broken_answers(tmp_path: Path, answer: bytes | None, message: str) -> None:
+def test_broken_answers(short_tmp: Path, answer: bytes | None, message: str) -> None:
     server = CannedServer([answer, OK], close_after=True)
-    broken, after = talk(tmp_path, server, POST, POST)
+    broken, after = talk(short_tmp, server, POST, POST)
     assert isinstance(broken, BadResponse) and message in str(broken)
     assert after[2] == b"ok"   # a fresh connection works again
 
 
-def test_bad_request_inputs(tmp_path: Path) -> None:
+def test_bad_request_inputs(short_tmp: Path) -> None:
     server = CannedServer([OK])
-    injected, no_slash, fine = talk(tmp_path, server, ("POST", "/x", {"X-Evil": "a\r\nHost: b"}, [b""]),
+    injected, no_slash, fine = talk(short_tmp, server, ("POST", "/x", {"X-Evil": "a\r\nHost: b"}, [b""]),
                                     ("POST", "x", {}, [b""]), ("POST", "/m a", {}, [b""]))
     assert isinstance(injected, InvalidInput) and "X-Evil" in str(injected)
     assert isinstance(no_slash, InvalidInput) and "must start with '/'" in str(no_slash)
     assert server.requests[0].startswith(b"POST /m%20a HTTP/1.1\r\n")
 
 
-def test_unreachable_socket(tmp_path: Path) -> None:
+def test_unreachable_socket(short_tmp: Path) -> None:
     async def go() -> None:
         with pytest.raises(FileNotFoundError):
-            await RunnerClient(str(tmp_path / "nobody.sock")).request("GET", "/", {})
+            await RunnerClient(str(short_tmp / "nobody.sock")).request("GET", "/", {})
 
     asyncio.run(go())
 
 
-def test_an_answer_cut_short_by_close_is_an_error_not_zero_padding(tmp_path: Path) -> None:
+def test_an_answer_cut_short_by_close_is_an_error_not_zero_padding(short_tmp: Path) -> None:
     """The connection closed (the client closing it: a runner stopped) while
     a Content-Length body arrives: the half-received body must not come
     back as a whole answer padded with zero bytes."""
@@ -166,7 +166,7 @@ def test_an_answer_cut_short_by_close_is_an_error_not_zero_padding(tmp_path: Pat
             await asyncio.sleep(5)
             writer.close()
 
-        sock = str(tmp_path / "s.sock")
+        sock = str(short_tmp / "s.sock")
         srv = await asyncio.start_unix_server(handle, sock)
         client = RunnerClient(sock)
         try:

@@ -20,6 +20,7 @@ import tomli_w
 
 from cartonstore.infer_client import InferClient
 from cartonstore.selftest import compare
+from conftest import short_dir
 from daemonkit import DaemonProcess, unix_session, wait_for
 from inferkit import runner_pids
 
@@ -127,14 +128,14 @@ def index(d: DaemonProcess) -> dict[str, dict]:
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory):
-    base = tmp_path_factory.mktemp("selftest")
-    d = DaemonProcess(base / "root", listen=None).start()
-    try:
-        yield d, base
-    finally:
-        d.stop()
-    assert wait_for(lambda: not runner_pids(d.root), 10), runner_pids(d.root)
+def served():
+    with short_dir() as base:
+        d = DaemonProcess(base / "root", listen=None).start()
+        try:
+            yield d, base
+        finally:
+            d.stop()
+        assert wait_for(lambda: not runner_pids(d.root), 10), runner_pids(d.root)
 
 
 def test_a_model_that_passes_loads_and_selftest_reports_each_test(served) -> None:  # noqa: ANN001
@@ -196,18 +197,18 @@ def test_a_carton_without_self_tests_says_so(served) -> None:  # noqa: ANN001
     assert report["summary"] == "no self-tests: the carton declares none"
 
 
-def test_selftest_on_load_off_loads_and_reports(tmp_path: Path) -> None:
-    config = tmp_path / "c.toml"
+def test_selftest_on_load_off_loads_and_reports(short_tmp: Path) -> None:
+    config = short_tmp / "c.toml"
     config.write_text("[runners]\nselftest_on_load = false\nselftest_atol = 0.6\n")
     wrong = X * 2
     wrong[0, 0] += 0.5
-    with DaemonProcess(tmp_path / "root", listen=None, extra_args=["--config", str(config)]) as d:
-        assert load(d, "m", doubler_carton(tmp_path / "m", expected_y=wrong))[0] == 200
+    with DaemonProcess(short_tmp / "root", listen=None, extra_args=["--config", str(config)]) as d:
+        assert load(d, "m", doubler_carton(short_tmp / "m", expected_y=wrong))[0] == 200
         assert post(d, "/v2/models/m/selftest", {})[1]["passed"] is True          # atol 0.6 from the config
         status, report = post(d, "/v2/models/m/selftest", {"atol": 0.1})
         assert status == 200 and report["passed"] is False
         assert report["tests"][0]["mismatches"][0]["index"] == [0, 0]
-    assert wait_for(lambda: not runner_pids(tmp_path / "root"), 10)
+    assert wait_for(lambda: not runner_pids(short_tmp / "root"), 10)
 
 
 # -- the CLI, with no daemon ------------------------------------------------------------
@@ -219,16 +220,16 @@ def cli(root: Path, *args: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=120, env=env)
 
 
-def test_cli_runs_self_tests_with_its_own_runner(tmp_path: Path) -> None:
-    root = tmp_path / "root"
-    good = cli(root, "add", str(doubler_carton(tmp_path / "good")), "--name", "good")
+def test_cli_runs_self_tests_with_its_own_runner(short_tmp: Path) -> None:
+    root = short_tmp / "root"
+    good = cli(root, "add", str(doubler_carton(short_tmp / "good")), "--name", "good")
     assert good.returncode == 0, good.stderr
     done = cli(root, "selftest", "good")
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == ["PASS doubles-0", "1 self-test(s) passed"]
     wrong = X * 2
     wrong[0, 1] = 100
-    assert cli(root, "add", str(doubler_carton(tmp_path / "bad", expected_y=wrong)), "--name", "bad").returncode == 0
+    assert cli(root, "add", str(doubler_carton(short_tmp / "bad", expected_y=wrong)), "--name", "bad").returncode == 0
     done = cli(root, "selftest", "bad", "--json")
     assert done.returncode == 8, done.stderr
     report = json.loads(done.stdout)
@@ -240,11 +241,11 @@ def test_cli_runs_self_tests_with_its_own_runner(tmp_path: Path) -> None:
 FIXTURE = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "carton-repo-test.carton"
 
 
-def test_a_broken_test_is_invalid_and_does_not_stop_the_load(tmp_path: Path) -> None:
+def test_a_broken_test_is_invalid_and_does_not_stop_the_load(short_tmp: Path) -> None:
     """Carton's own test carton declares a self-test whose tensors do not
     fit its inputs ('b' is float64, the test gives it strings): no request
     can be sent, which says nothing of the model."""
-    with DaemonProcess(tmp_path / "root", listen=None) as d:
+    with DaemonProcess(short_tmp / "root", listen=None) as d:
         status, answer = load(d, "fx", FIXTURE)
         assert status == 200, answer
         status, report = post(d, "/v2/models/fx/selftest", {})
@@ -254,7 +255,7 @@ def test_a_broken_test_is_invalid_and_does_not_stop_the_load(tmp_path: Path) -> 
         assert "could not be sent (the test is broken, not the model)" in report["summary"]
         d.stop()
         assert "self-test(s) could not be sent" in d.proc.stderr.read()
-    assert wait_for(lambda: not runner_pids(tmp_path / "root"), 10)
+    assert wait_for(lambda: not runner_pids(short_tmp / "root"), 10)
 
 
 def test_only_the_tensors_a_self_test_names_are_read_and_nested_ones_are_invalid(tmp_path: Path) -> None:

@@ -10,7 +10,6 @@ import json
 import os
 import socket
 import struct
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +18,7 @@ import tritonclient.http as triton
 import tritonclient.utils.shared_memory as shm
 from tritonclient.utils import InferenceServerException, serialize_byte_tensor, serialized_byte_size
 
+from conftest import short_dir
 from daemonkit import DaemonProcess, unix_session, wait_for
 from inferkit import echo_carton, echo_toml, onnx_carton, runner_pids, runner_sockets
 from test_infer_api import _load, runner_count
@@ -49,25 +49,22 @@ def slow_carton(dest: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory):
+def served():
     """A daemon that allows shared memory over TCP (tritonclient.http has no
     Unix socket), on a socket any uid can reach (the per-uid tests)."""
-    base = tmp_path_factory.mktemp("shm")
-    config = base / "cartonstore.toml"
-    config.write_text('[server]\nshared_memory_over_tcp = true\nsocket_mode = "0666"\n')
-    sock_dir = Path(tempfile.mkdtemp(prefix="cs-shm-", dir="/tmp"))
-    sock_dir.chmod(0o755)
-    d = DaemonProcess(base / "root", socket_path=sock_dir / "d.sock", extra_args=["--config", str(config)]).start()
-    try:
-        _load(d, "echo", echo_carton(base / "echo", dtypes=["float32", "string"]))
-        _load(d, "affine", onnx_carton(base / "affine"))
-        _load(d, "slow", slow_carton(base / "slow"))
-        yield d
-    finally:
-        d.stop()
-    assert wait_for(lambda: not runner_pids(d.root), 10), runner_pids(d.root)
-    (sock_dir / "d.sock").unlink(missing_ok=True)
-    sock_dir.rmdir()
+    with short_dir() as base, short_dir(prefix="cs-shm-") as sock_dir:
+        config = base / "cartonstore.toml"
+        config.write_text('[server]\nshared_memory_over_tcp = true\nsocket_mode = "0666"\n')
+        sock_dir.chmod(0o755)
+        d = DaemonProcess(base / "root", socket_path=sock_dir / "d.sock", extra_args=["--config", str(config)]).start()
+        try:
+            _load(d, "echo", echo_carton(base / "echo", dtypes=["float32", "string"]))
+            _load(d, "affine", onnx_carton(base / "affine"))
+            _load(d, "slow", slow_carton(base / "slow"))
+            yield d
+        finally:
+            d.stop()
+        assert wait_for(lambda: not runner_pids(d.root), 10), runner_pids(d.root)
 
 
 @pytest.fixture
@@ -302,9 +299,9 @@ def test_unregister_unmaps_the_region_in_the_runner(served: DaemonProcess, objec
     assert wait_for(lambda: runner_regions() == [], 5)
 
 
-def test_shared_memory_is_refused_over_tcp_by_default(tmp_path: Path, objects) -> None:  # noqa: ANN001
+def test_shared_memory_is_refused_over_tcp_by_default(short_tmp: Path, objects) -> None:  # noqa: ANN001
     key = objects("tcp", 64)
-    with DaemonProcess(tmp_path / "root") as d:
+    with DaemonProcess(short_tmp / "root") as d:
         c = triton.InferenceServerClient(d.host_port)
         try:
             with pytest.raises(InferenceServerException, match="served only on the daemon's Unix socket"):

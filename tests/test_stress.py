@@ -28,6 +28,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pytest
+
 from cartonstore.client import Client
 from cartonstore.errors import CartonStoreError
 from cartonstore.format.links import build_links
@@ -36,6 +38,12 @@ from cartonstore.store.gc import GcPolicy
 from conftest import carton_entries, sha, write_zip
 from crashkit import Carton, cli_argv, hash_path, run_cli, toml_for, verify_problems
 from daemonkit import DaemonProcess
+
+# With `pytest -n N --dist loadgroup` (README, .ci/run) the suite's long,
+# process-heavy tests (this module, test_crash_kill.py) run one after another
+# on one worker rather than side by side, slowing each other down: this test
+# must reach its operation count within TIME_LIMIT.
+pytestmark = pytest.mark.xdist_group("heavy")
 
 SEED = int(os.environ.get("CARTONSTORE_STRESS_SEED", "4242"))
 TARGET_OPS = 1200           # operations by the workers and the gc loop together
@@ -323,17 +331,17 @@ class Worker:
 # -- the test ----------------------------------------------------------------------------
 
 
-def test_two_daemons_cli_and_gc_on_one_store(tmp_path: Path, origin) -> None:  # noqa: ANN001
+def test_two_daemons_cli_and_gc_on_one_store(tmp_path: Path, short_tmp: Path, origin) -> None:  # noqa: ANN001
     rng = random.Random(f"{SEED}:setup")
     cartons = build_cartons(tmp_path, origin, rng)
     total = sum(sc.carton.size for sc in cartons)
     budget = total * 2 // 5  # gc keeps evicting whatever is not leased
-    root = tmp_path / "root"
+    root = short_tmp / "root"   # a daemon's root is short: runner sockets go under it
     Store(root).close()
 
     board = Board()
     stop = threading.Event()
-    daemons = [DaemonProcess(root, listen=None, socket_path=tmp_path / f"d{i}.sock",
+    daemons = [DaemonProcess(root, listen=None, socket_path=short_tmp / f"d{i}.sock",
                              extra_args=["--log-level", "warning"]) for i in (1, 2)]
     logs: list[list[str]] = [[], []]
     drains: list[threading.Thread] = []

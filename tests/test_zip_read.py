@@ -273,12 +273,14 @@ def test_opening_10000_entries_is_fast(tmp_path: Path) -> None:
     with ZipWriter(path) as writer:
         for index in range(10_000):
             writer.add_bytes(f"model/part-{index:05d}.bin", b"%d" % index, method=STORED)
+    # CPU time, not wall time: other processes (pytest-xdist workers) share
+    # the CPUs, and what is measured is the reader's work.
     timings = []
     for _ in range(3):
-        start = time.perf_counter()
+        start = time.process_time()
         with ZipReader(path) as reader:
             assert len(reader.entries) == 10_000
-        timings.append(time.perf_counter() - start)
+        timings.append(time.process_time() - start)
     assert min(timings) < 0.25
 
 
