@@ -314,7 +314,7 @@ def phase_zstd(a, work: Path, origin: Origin, blobs: list[Blob], carton_url: str
         check_sizes(plain, blobs)
         pipes.append(rp.seconds)
         fresh_dir(dl)
-        durable.append(child_run(["bash", "-c", f"{p_script} && sync {shlex.join(map(str, plain))}"]).seconds)
+        durable.append(child_run(["bash", "-c", f"({p_script}) && sync {shlex.join(map(str, plain))}"]).seconds)
         shutil.rmtree(dl)
         r, result = ours(carton_url, root)
         mine.append(r.seconds)
