@@ -243,3 +243,39 @@ def test_verify_repair_refetches_a_corrupt_blob(store: Store, origin, served, ca
     assert "quarantined corrupt blob" in out and "refetched 1 blob(s)" in out
     assert store.blobs.path(digest).read_bytes() == PAYLOAD
     assert main(["verify", "--root", root]) == 0
+
+
+@pytest.mark.parametrize("config", [{}, PARTS], ids=["one-stream", "parts"])
+def test_a_body_over_max_blob_size_is_refused(store: Store, origin, served, config: dict) -> None:  # noqa: ANN001
+    """The limit holds whether the body comes whole or in parts, and no space
+    is reserved for a size the store will not take."""
+    carton, digest = served
+    with pytest.raises(FetchError, match="larger than 100000 bytes|over the 100000 allowed"):
+        pull(store, str(carton), fast_config(max_blob_size=100_000, **config))
+    assert digest not in blob_files(store) and tmp_files(store) == []
+
+
+def test_a_pull_cancelled_while_parts_arrive_leaves_nothing(store: Store, origin, served) -> None:  # noqa: ANN001
+    """Cancelled mid-way (a stalled part keeps it busy): every stream's
+    thread and the hasher end, and tmp/ is empty."""
+    import asyncio
+    import threading
+
+    from cartonstore.fetch.puller import Puller
+
+    carton, digest = served
+    origin.set_fault(f"/blobs/{digest}", Fault(stall_at=10_000, stall_seconds=30))
+
+    async def run() -> None:
+        async with Puller(store, fast_config(**PARTS)) as p:
+            task = asyncio.ensure_future(p.add(str(carton)))
+            while not any(r.path == f"/blobs/{digest}" and r.range for r in origin.requests):
+                await asyncio.sleep(0.01)
+            await asyncio.sleep(0.2)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+
+    asyncio.run(run())
+    assert [t.name for t in threading.enumerate() if t.name.startswith("cartonstore-")] == []
+    assert digest not in blob_files(store) and tmp_files(store) == []

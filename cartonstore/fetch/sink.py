@@ -71,6 +71,20 @@ class StreamSink:
         self._queue.put(_END)
         await asyncio.shield(self._done)
 
+    async def __aenter__(self) -> "StreamSink":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        """Leaving the block, normally or not, writes what was queued (a
+        body that broke off keeps the bytes that arrived, so a resume starts
+        after them) and raises the work's error; if that wait is itself
+        interrupted, the rest is dropped and the chunk in hand waited for,
+        so no thread writes into a file its caller is about to reuse."""
+        try:
+            await self.close()
+        finally:
+            await self.abort()
+
     def _run(self) -> None:
         try:
             while (chunk := self._queue.get()) is not _END:

@@ -40,28 +40,17 @@ async def pump(response: Response, decoder: ContentDecoder, writer: BlobWriter, 
             writer.write(piece)
 
     received = 0
-    sink = StreamSink(work, name="fetch")
-    try:
-        try:
-            async for chunk in response.chunks():
-                received += len(chunk)
-                if tally is not None:
-                    tally.add(len(chunk))
-                await sink.put(chunk)
-        finally:  # what arrived is written even when the body broke off: a resume starts after it
-            await sink.close()
-    finally:  # never leave a thread writing into a file we may reset
-        await sink.abort()
+    async with StreamSink(work, name="fetch") as sink:
+        async for chunk in response.chunks():
+            received += len(chunk)
+            if tally is not None:
+                tally.add(len(chunk))
+            await sink.put(chunk)
     if response.length is not None and received != response.length:
         raise FetchError(f"{describe(response.url)}: body has {received} bytes, Content-Length said "
                          f"{response.length}", subject=response.url, retryable=True)
-    await asyncio.to_thread(_finish, decoder, writer)
+    decoder.finish()  # only checks that every stream ended: nothing is left to write
     return received
-
-
-def _finish(decoder: ContentDecoder, writer: BlobWriter) -> None:
-    for piece in decoder.finish() or ():
-        writer.write(piece)
 
 
 class _RangesRefused(FetchError):
@@ -103,6 +92,8 @@ async def download(client: HttpClient, url: str, writer: BlobWriter, config: Fet
                 resumable = not response.encodings and response.accepts_ranges
                 decoder = ContentDecoder(response.encodings, url=url, max_output=config.max_blob_size)
                 size = response.start + response.length if not response.encodings and response.length else 0
+                if config.max_blob_size is not None and size > config.max_blob_size:
+                    size = 0  # not reserved: the decoder refuses the body as too large, naming why
                 await pump(response, decoder, writer, tally=tally, reserve=size)
             finally:
                 tally.settle()
@@ -146,22 +137,16 @@ async def download_parts(client: HttpClient, url: str, first: Response, writer: 
         On any failure, part.written is where the written bytes end: each
         byte is written once (the hasher may already have read it)."""
         queued = part.written
-        sink = StreamSink(part.write, name="part")
-        try:
-            try:
-                async for chunk in response.chunks():
-                    take = chunk[: part.end - queued]
-                    tally.add(len(chunk))
-                    if len(take) < len(chunk):  # the first response runs on past its part
-                        tally.more(len(chunk) - len(take))
-                    await sink.put(take)
-                    queued += len(take)
-                    if queued >= part.end:
-                        break
-            finally:  # bytes that arrived before a break-off are kept: the retry asks for the rest
-                await sink.close()
-        finally:
-            await sink.abort()
+        async with StreamSink(part.write, name="part") as sink:
+            async for chunk in response.chunks():
+                take = chunk[: part.end - queued]
+                tally.add(len(chunk))
+                if len(take) < len(chunk):  # the first response runs on past its part
+                    tally.more(len(chunk) - len(take))
+                await sink.put(take)
+                queued += len(take)
+                if queued >= part.end:
+                    break
 
     async def fetch_part(start: int, end: int, opened: Response | None = None) -> None:
         part = _Part(writer, start, end)

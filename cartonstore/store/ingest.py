@@ -74,10 +74,7 @@ class Staging:
             try:
                 if span is not None:
                     _copy_span(w, view.zip_path, *span)  # type: ignore[attr-defined]
-                else:
-                    size = getattr(view.files.get(path), "size", None)
-                    if size:
-                        w.reserve(size)
+                else:  # a decoded entry: its declared size is a claim, so no space is reserved on it
                     with view.open(path) as src:
                         w.copy_from(src)
                 staged = w.stage(expected_digest=expected)
