@@ -289,8 +289,30 @@ def cmd_verify(store: Store, args: argparse.Namespace, out: Output) -> int:
 # -- parser --------------------------------------------------------------------
 
 
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """argparse's, with the width found as shutil.get_terminal_size finds it
+    but without importing shutil: argparse makes a formatter for every
+    add_argument (to check its metavar), and `path` must start fast."""
+
+    def __init__(self, prog: str, **kwargs: Any) -> None:
+        if kwargs.get("width") is None:
+            kwargs["width"] = _terminal_columns() - 2  # what argparse subtracts
+        super().__init__(prog, **kwargs)
+
+
+def _terminal_columns() -> int:
+    try:
+        return int(os.environ["COLUMNS"])
+    except (KeyError, ValueError):
+        pass
+    try:
+        return os.get_terminal_size(sys.__stdout__.fileno()).columns or 80
+    except (AttributeError, ValueError, OSError):
+        return 80
+
+
 def build_parser() -> argparse.ArgumentParser:
-    common = argparse.ArgumentParser(add_help=False)
+    common = argparse.ArgumentParser(add_help=False, formatter_class=_HelpFormatter)
     common.add_argument("--root", type=Path, default=None,
                         help="store root (default: $CARTONSTORE_ROOT or ~/.cache/cartonstore)")
     common.add_argument("--json", action="store_true", help="print machine-readable JSON")
@@ -299,18 +321,18 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = argparse.ArgumentParser(prog="cartonstore", description="A shared, content-addressed store "
                                 "of ML models packaged as cartons.", epilog=EPILOG,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+                                formatter_class=_HelpFormatter)
     p.add_argument("--version", action="version", version=f"cartonstore {__version__}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def add(name: str, fn: Callable, help: str, example: str,
             parents: Sequence[argparse.ArgumentParser] = ()) -> argparse.ArgumentParser:
         sp = sub.add_parser(name, parents=[common, *parents], help=help, description=help,
-                            epilog=f"example:\n  {example}", formatter_class=argparse.RawDescriptionHelpFormatter)
+                            epilog=f"example:\n  {example}", formatter_class=_HelpFormatter)
         sp.set_defaults(func=fn)
         return sp
 
-    fetching = argparse.ArgumentParser(add_help=False)
+    fetching = argparse.ArgumentParser(add_help=False, formatter_class=_HelpFormatter)
     fetching.add_argument("--mirror", action="append", metavar="URL",
                           help="also fetch blobs from URL/<sha256> (repeatable)")
     fetching.add_argument("--allow-host", action="append", metavar="HOST",

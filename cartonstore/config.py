@@ -25,7 +25,6 @@ file's directory; elsewhere to the working directory.
 
 from __future__ import annotations
 
-import ipaddress
 import os
 import re
 from collections.abc import Mapping
@@ -38,7 +37,7 @@ from . import config_values as v
 from .config_values import duration_text, size_text  # noqa: F401 - part of this module's API
 from .errors import InvalidInput
 from .fetch.config import FetchConfig
-from .fetch.encoding import DEFAULT_ACCEPT_ENCODING, SUPPORTED_CODINGS
+from .fetch.codings import DEFAULT_ACCEPT_ENCODING, SUPPORTED_CODINGS
 from .fetch.policy import UrlPolicy, describe
 from .runner_settings import RunnerSettings
 from .store.layout import default_root
@@ -83,6 +82,8 @@ def _split_listen(text: str) -> tuple[str, int]:
     if match and int(match["port"]) <= 65535:
         if match["host"]:
             return match["host"], int(match["port"])
+        import ipaddress  # here, not at the top: only a listen address needs it (`path` starts fast)
+
         try:
             ipaddress.IPv6Address(match["ipv6"])
             return match["ipv6"], int(match["port"])
@@ -446,6 +447,8 @@ def _conflict(origins: Mapping[str, tuple[int, str]], keys: tuple[str, ...],
 def _is_loopback(host: str) -> bool:
     if host.lower().rstrip(".") == "localhost":
         return True
+    import ipaddress
+
     try:
         address = ipaddress.ip_address(host)
     except ValueError:

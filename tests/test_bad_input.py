@@ -88,14 +88,16 @@ def corrupted(method: int):  # noqa: ANN201
     """A carton of fresh bytes (the store cannot skip them as present)
     with its compressed data damaged in the middle."""
     def build(path: Path) -> Path:
-        from cartonstore.zipfmt import ZipWriter
+        from cartonstore.zipfmt import ZipReader, ZipWriter
 
         files = {**GOOD, "model/fresh.bin": os.urandom(20_000) * 5}
         with ZipWriter(path) as zw:
             for name, data in carton_entries(files):
                 zw.add_bytes(name, data, method=method)
+        with ZipReader(path) as z:  # the entry's data, wherever alignment padding put it
+            offset, length = z.data_span(next(e for e in z.entries if e.name == "model/fresh.bin"))
         data = bytearray(path.read_bytes())
-        start = data.index(b"model/fresh.bin") + 200
+        start = offset + length // 2
         for i in range(start, start + 64):
             data[i] ^= 0x5A
         return _write(path, bytes(data))

@@ -222,3 +222,40 @@ def test_writes_into_a_file_object_and_leaves_it_open() -> None:
 def test_compression_methods_by_name() -> None:
     assert COMPRESSION_METHODS == {"stored": 0, "deflate": 8, "zstd": 93}
     assert (STORED, DEFLATED, ZSTD) == (0, 8, 93)
+
+
+def _local_extra(data: bytes, offset: int) -> bytes:
+    name_length, extra_length = struct.unpack_from("<HH", data, offset + 26)
+    return data[offset + 30 + name_length: offset + 30 + name_length + extra_length]
+
+
+def test_big_stored_entries_start_block_aligned(tmp_path: Path) -> None:
+    """A stored entry of 64 KiB or more starts at a multiple of 4096, so a
+    store on XFS or btrfs can reflink it (tests/test_reflink.py); the padding
+    is zipalign's extra field (0xD935: the alignment, then zeros), which other
+    readers skip. Small and compressed entries get none."""
+    from cartonstore.zipfmt.writer import ALIGN_MIN, ALIGNMENT, ALIGNMENT_EXTRA_ID
+
+    big = os.urandom(ALIGN_MIN)
+    path = tmp_path / "aligned.zip"
+    with ZipWriter(path) as writer:
+        writer.add_bytes("a", b"small", method=STORED)
+        writer.add_bytes("model/big.bin", big, method=STORED)
+        writer.add_file("model/streamed.bin", io.BytesIO(big), method=STORED)  # size unknown: zip64, aligned too
+        writer.add_bytes("model/just-under.bin", big[:-1], method=STORED)
+        writer.add_bytes("model/zstd.bin", big, method=ZSTD)
+    data = path.read_bytes()
+    with ZipReader(path) as reader:
+        spans = {e.name: (e.local_header_offset, *reader.data_span(e)) for e in reader.entries}
+    for name in ("model/big.bin", "model/streamed.bin"):
+        header, start, length = spans[name]
+        assert start % ALIGNMENT == 0 and data[start:start + length] == big, name
+        extra = _local_extra(data, header)
+        at = extra.index(struct.pack("<H", ALIGNMENT_EXTRA_ID))
+        ident, size, alignment = struct.unpack_from("<HHH", extra, at)
+        assert alignment == ALIGNMENT and extra[at + 6:] == bytes(size - 2), name
+    for name in ("a", "model/just-under.bin", "model/zstd.bin"):
+        assert struct.pack("<H", ALIGNMENT_EXTRA_ID) not in _local_extra(data, spans[name][0]), name
+    with zipfile.ZipFile(path) as z:  # another reader sees the same files
+        assert z.read("model/big.bin") == z.read("model/streamed.bin") == big
+        assert z.read("model/just-under.bin") == big[:-1] and z.read("a") == b"small"

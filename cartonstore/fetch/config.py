@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .encoding import DEFAULT_ACCEPT_ENCODING
+from .codings import DEFAULT_ACCEPT_ENCODING
 from .policy import UrlPolicy
 
 

@@ -32,37 +32,15 @@ from collections.abc import Iterator, Sequence
 import brotli
 
 from cartonstore.errors import FetchError, InvalidCarton
+from cartonstore.fetch.codings import DEFAULT_ACCEPT_ENCODING, PIECE_SIZE, SUPPORTED_CODINGS
 from cartonstore.fetch.policy import describe
 from cartonstore.zipfmt import STORED, ZSTD, Decoder, make_decoder
-
-PIECE_SIZE = 1 << 20
-"""The largest piece ``ContentDecoder.feed`` yields, and each stage's step."""
 
 MAX_STACKED_CODINGS = 2
 """Real servers apply one coding, rarely two (a pre-compressed file served
 through a compressing proxy). More is only ever a way to multiply work."""
 
 _ALIASES = {"x-gzip": "gzip"}  # RFC 9110, 8.4.1.3
-
-
-def _brotli_is_bounded() -> bool:
-    # output_buffer_limit arrived in brotli 1.2; without it one small chunk
-    # of a brotli bomb decodes to gigabytes in a single call, so older
-    # versions do not get "br" offered or accepted at all.
-    try:
-        brotli.Decompressor().process(b"", output_buffer_limit=PIECE_SIZE)
-    except TypeError:
-        return False
-    return True
-
-
-SUPPORTED_CODINGS: tuple[str, ...] = tuple(
-    coding for coding in ("zstd", "br", "gzip", "deflate")
-    if coding != "br" or _brotli_is_bounded()
-)
-
-DEFAULT_ACCEPT_ENCODING = ", ".join(SUPPORTED_CODINGS)
-"""The Accept-Encoding to send: "zstd, br, gzip, deflate"."""
 
 
 def parse_content_encoding(value: str | None, *, url: str) -> tuple[str, ...]:

@@ -28,18 +28,23 @@ signatures of presigned URLs), out of every message.
 
 from __future__ import annotations
 
-import ipaddress
 import re
 from dataclasses import dataclass
 from functools import lru_cache
-from urllib.parse import urljoin
+from typing import TYPE_CHECKING
 
 from cartonstore.errors import FetchError, InvalidInput
 
 ALLOWED_SCHEMES = ("http", "https")
 
-IpAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
-IpNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+# ipaddress and urllib.parse are imported where hosts are parsed: the
+# settings import this module for its defaults, and `cartonstore path` must
+# start fast (issue 14).
+if TYPE_CHECKING:
+    import ipaddress
+
+    IpAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+    IpNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 _NAME = re.compile(r"[a-z0-9_-]+(\.[a-z0-9_-]+)*")
 # What resolvers (inet_aton, WHATWG URL) would take for an IPv4 address.
@@ -82,6 +87,8 @@ def redirect_target(base_url: str, location: str) -> str:
             f"{describe(location)} (from {describe(base_url)})",
             subject=base_url,
         )
+    from urllib.parse import urljoin
+
     return urljoin(base_url, location)
 
 
@@ -158,6 +165,8 @@ def _host_of(url: str) -> str | IpAddress:
 def _parse_host(text: str) -> str | IpAddress | None:
     """An IP address or a lowercase ASCII name without trailing dot; None if
     ``text`` is neither."""
+    import ipaddress
+
     text = text.strip("[]").lower()
     if ":" in text:
         try:
@@ -205,6 +214,8 @@ def _compile(patterns: tuple[str, ...], field: str) -> tuple[_Pattern, ...]:
 
 
 def _compile_one(pattern: str, field: str) -> _Pattern:
+    import ipaddress
+
     text = pattern.strip()
     if "/" in text:
         try:

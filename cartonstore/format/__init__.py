@@ -5,7 +5,7 @@ Every problem with the input raises cartonstore.errors.InvalidCarton naming
 the file inside the carton, the field or line, and what is wrong.
 """
 
-import importlib
+from cartonstore.lazy_names import lazy_names
 
 # Each name is imported from its module on first use (PEP 562): a caller that
 # needs one module (the store: manifest.is_sha256) must not load every parser
@@ -15,27 +15,15 @@ _MODULE_NAMES = {
     "dtypes": "CARTON_DTYPES SAFETENSORS_DTYPE_BITS carton_dtype_to_v2 carton_numpy_dtype "
               "is_numeric_carton_dtype safetensors_dtype_to_v2 shape_to_v2_dims",
     "links": "build_links parse_links",
-    "manifest": "Manifest build_manifest is_sha256 parse_manifest",
+    "digest": "is_sha256",
+    "manifest": "Manifest build_manifest parse_manifest",
     "paths": "carton_path_problem is_valid_carton_path is_within resolve_symlink_target validate_carton_path",
     "safetensors": "SAFETENSORS_HEADER_LIMIT SafetensorsHeader SafetensorsTensor parse_header_size "
                    "parse_safetensors parse_safetensors_header",
     "tensor_data": "TensorEntry check_tensor_files check_tensor_index_present decode_numeric decode_string "
                    "expected_bin_size load_tensors parse_tensor_index",
 }
-_MODULE_OF = {name: module for module, names in _MODULE_NAMES.items() for name in names.split()}
-
-
-def __getattr__(name: str) -> object:
-    module = _MODULE_OF.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_MODULE_OF})
+__getattr__, __dir__ = lazy_names(__name__, _MODULE_NAMES)
 
 
 __all__ = [

@@ -15,18 +15,13 @@ from functools import cached_property
 
 from cartonstore.errors import InvalidCarton
 from cartonstore.format._toml import decode_utf8
+from cartonstore.format.digest import is_sha256
 from cartonstore.format.paths import validate_carton_path
 
 MANIFEST = "MANIFEST"
-_SHA256 = re.compile(r"[0-9a-f]{64}")
 _SHA256_ANY_CASE = re.compile(r"[0-9a-fA-F]{64}")
 # Files the MANIFEST never lists: itself, and LINKS (which only the loader sees).
 _UNLISTED = frozenset({"MANIFEST", "LINKS"})
-
-
-def is_sha256(s: object) -> bool:
-    """True for a sha256 digest written as 64 lowercase hex digits."""
-    return isinstance(s, str) and _SHA256.fullmatch(s) is not None
 
 
 def sha256_problem(s: object) -> str | None:

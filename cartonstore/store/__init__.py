@@ -1,6 +1,11 @@
 """The content-addressed store: blobs, index, materialized models."""
 
-from .names import validate_name
-from .store import CartonInfo, RemoveResult, Store, VerifyReport
+from cartonstore.lazy_names import lazy_names
+
+# `cartonstore.store.layout` alone (the settings need it for the default
+# root) must not bring the whole store with it (issue 14).
+__getattr__, __dir__ = lazy_names(__name__, {"names": "validate_name",
+                                              "store": "CartonInfo RemoveResult Store",
+                                              "verification": "VerifyReport"})
 
 __all__ = ["CartonInfo", "RemoveResult", "Store", "VerifyReport", "validate_name"]

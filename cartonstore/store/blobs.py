@@ -9,18 +9,25 @@ only if its bytes hash to its name (invariant 1), whatever crashes when.
 from __future__ import annotations
 
 import errno
-import hashlib
 import os
 import stat
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Iterator
+from typing import TYPE_CHECKING, BinaryIO, Iterator
 
 from ..errors import IntegrityError, Unavailable
-from .filespace import WRITEBACK_STEP, reserve, start_writeback
+from .filespace import WRITEBACK_STEP, clone_range, reserve, start_writeback
 from .layout import StoreLayout
 from .owner import tmp_name
-from .prefix_hash import PrefixHasher
+
+if TYPE_CHECKING:
+    from .prefix_hash import PrefixHasher
+
+
+def _sha256():  # noqa: ANN202 - hashlib imported on first use: opening a store to read it (`path`) hashes nothing
+    import hashlib
+
+    return hashlib.sha256()
 
 CHUNK = 1 << 20
 BLOB_MODE = 0o444
@@ -52,7 +59,7 @@ class BlobWriter:
             self._fd = os.open(self.tmp_path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
         except OSError as e:
             raise _translate_write_error(e, self.tmp_path) from e
-        self._hash = hashlib.sha256()
+        self._hash = _sha256()
         self.size = 0
         self._written_back = 0   # writeback started for [0, _written_back)
         self._parts: PrefixHasher | None = None
@@ -81,6 +88,39 @@ class BlobWriter:
             start_writeback(self._fd, self._written_back, self.size - self._written_back)
             self._written_back = self.size
 
+    def copy_range(self, src_fd: int, offset: int, length: int) -> None:
+        """Append ``length`` bytes of src_fd from ``offset``. Where the
+        filesystem shares blocks (XFS, btrfs) and the range is block-aligned
+        in both files, its whole blocks are reflinked (filespace.clone_range:
+        no copy, no space) and then hashed as they now are in this file, so
+        what is verified is what the file holds; the rest, and everything
+        elsewhere, is copied through the hash as copy_from does (on ext4 that
+        is faster than copy_file_range plus a read back). Stops early at the
+        source's end (the caller checks the size)."""
+        block = os.fstat(self._fd).st_blksize or 4096
+        shared = length - length % block if offset % block == 0 and self.size % block == 0 else 0
+        if shared and clone_range(src_fd, offset, shared, self._fd, self.size):
+            self._hash_from_file(self.size, shared)
+            self.size += shared
+            self._written_back = self.size  # nothing to write back: no new data
+            os.lseek(self._fd, self.size, os.SEEK_SET)  # the ioctl moved no file position: write() goes on here
+            offset, length = offset + shared, length - shared
+        if length:
+            with os.fdopen(os.dup(src_fd), "rb", buffering=0) as src:
+                src.seek(offset)
+                self.copy_from(src, limit=length)
+
+    def _hash_from_file(self, start: int, length: int) -> None:
+        buf = bytearray(CHUNK)
+        view = memoryview(buf)
+        end = start + length
+        while start < end:
+            got = os.preadv(self._fd, [view[:min(CHUNK, end - start)]], start)
+            if not got:  # cannot happen to a file just extended; the digest check would catch it
+                break
+            self._hash.update(view[:got])
+            start += got
+
     @property
     def digest(self) -> str:
         """sha256 of the bytes written so far (in order)."""
@@ -90,6 +130,8 @@ class BlobWriter:
         """Before write_at(): the file will be ``size`` bytes written as parts.
         The caller runs the returned hasher's run() in a worker thread while
         the parts are written, then calls parts_hashed()."""
+        from .prefix_hash import PrefixHasher
+
         self.reserve(size)
         self._parts = PrefixHasher(self._fd, size, name=str(self.tmp_path))
         return self._parts
@@ -124,7 +166,7 @@ class BlobWriter:
         """Start over (a download that cannot resume): empty file, fresh hash."""
         os.ftruncate(self._fd, 0)
         os.lseek(self._fd, 0, os.SEEK_SET)
-        self._hash = hashlib.sha256()
+        self._hash = _sha256()
         self.size = self._written_back = 0
         self._parts = None
 
@@ -257,7 +299,7 @@ class BlobStore:
 
 
 def hash_file(path: Path) -> str:
-    h = hashlib.sha256()
+    h = _sha256()
     with open(path, "rb", buffering=0) as f:
         buf = bytearray(CHUNK)
         view = memoryview(buf)

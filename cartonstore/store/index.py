@@ -12,7 +12,6 @@ processes queue on the busy timeout instead of failing on lock upgrade.
 
 from __future__ import annotations
 
-import secrets
 import sqlite3
 import threading
 import time
@@ -337,6 +336,8 @@ class Index:
     def insert_lease(self, conn: sqlite3.Connection, carton: str, ttl: float, holder: str | None,
                      lease_id: str | None) -> LeaseRow:
         now = time.time()
+        import secrets  # here: opening the index to read it (`path`) needs no random source
+
         row = LeaseRow(lease_id or secrets.token_urlsafe(16), carton, holder, now, now + ttl)
         conn.execute("INSERT OR REPLACE INTO leases VALUES (?,?,?,?,?)",
                      (row.id, row.carton, row.holder, row.created_at, row.expires_at))

@@ -6,7 +6,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..format.manifest import is_sha256
+from ..format.digest import is_sha256
 
 
 @dataclass(frozen=True)

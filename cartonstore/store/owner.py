@@ -13,7 +13,6 @@ from __future__ import annotations
 import fcntl
 import os
 import re
-import secrets
 import threading
 from pathlib import Path
 
@@ -30,7 +29,7 @@ def owner_token(tmp_dir: Path) -> str:
         held = _owners.get(tmp_dir)
         if held is not None and held[0] == os.getpid():
             return held[1]
-        token = secrets.token_hex(6)
+        token = os.urandom(6).hex()  # secrets.token_hex, without importing secrets (hashlib, random)
         try:
             fd = os.open(tmp_dir / f"owner-{token}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         except OSError as e:
@@ -41,7 +40,7 @@ def owner_token(tmp_dir: Path) -> str:
 
 
 def tmp_name(tmp_dir: Path, kind: str) -> Path:
-    return tmp_dir / f"{kind}-{owner_token(tmp_dir)}-{secrets.token_hex(6)}"
+    return tmp_dir / f"{kind}-{owner_token(tmp_dir)}-{os.urandom(6).hex()}"
 
 
 def token_of(name: str) -> str | None:

@@ -16,14 +16,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
 from ..errors import Conflict, InvalidInput, NotFound
-from ..format.manifest import is_sha256
+from ..format.digest import is_sha256
 from ..zipfmt import ZipLimits
 from .blobs import BlobStore
-from .holds import drop_orphan_holds
 from .index import CartonRow, Index
 from .layout import StoreLayout
 from .locks import FileLock
-from .materialize import build_tree, plan_tree, remove_tree
 from .names import (
     HEX,
     MIN_PREFIX,
@@ -35,14 +33,14 @@ from .names import (
     validate_name,
 )
 from .owner import tmp_name
-from .sources import LocalSource, local_sources_of
-from .verification import VerifyReport
-from .verification import verify as verify_store
 
-# Checking, ingesting and collecting are imported by the methods that do
-# them: opening a store to answer `path` or `ls` stays cheap (issue 14).
+# Checking, ingesting, building, collecting and verifying are imported by
+# the methods that do them: opening a store to answer `path` or `ls` stays
+# cheap (issue 14).
 if TYPE_CHECKING:
     from ..checks import CheckedCarton
+    from .sources import LocalSource
+    from .verification import VerifyReport
     from .gc import GcPolicy, GcReport
     from .ingest import IngestResult, Staging
 
@@ -112,6 +110,7 @@ class Store:
         from ..checks import check_carton
         from ..sources import DirCartonView, open_local
         from .ingest import stage_carton, stage_unpacked
+        from .sources import local_sources_of
 
         view = open_local(Path(source), self.zip_limits)
         try:
@@ -147,6 +146,7 @@ class Store:
         """Commit a validated carton and its staged blobs (always discards
         what is left of the staging)."""
         from .ingest import commit_carton
+        from .materialize import remove_tree
 
         stale = None
         try:
@@ -252,6 +252,8 @@ class Store:
             raise NotFound(
                 f"carton {digest} is missing {len(missing)} blob(s) (e.g. {missing[0]}); "
                 "add the carton again from a source that holds them", subject=digest)
+        from .materialize import build_tree, plan_tree
+
         plan = plan_tree(self.index.entries(digest), digest)
         with self.lock(shared=True):
             build_tree(plan, self.blobs.path, self.layout.tmp_dir, dest)
@@ -299,6 +301,9 @@ class Store:
     def remove(self, ref: str) -> RemoveResult:
         """Forget a carton, delete its model directory and the blobs no other
         carton lists. Refuses while a live lease holds it."""
+        from .holds import drop_orphan_holds
+        from .materialize import remove_tree
+
         digest = self.resolve(ref)
         with self.lock():
             drop_orphan_holds(self)
@@ -332,4 +337,6 @@ class Store:
 
     def verify(self, *, repair: bool = False) -> VerifyReport:
         """Rehash every blob and check every model directory (store/verification.py)."""
+        from .verification import verify as verify_store
+
         return verify_store(self, repair=repair)

@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from ..format.manifest import is_sha256
+from ..format.digest import is_sha256
 from .materialize import check_tree, plan_tree, remove_tree
 
 if TYPE_CHECKING:

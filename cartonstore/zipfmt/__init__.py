@@ -7,30 +7,23 @@ overlapping entries. Every malformed or hostile archive raises
 ``cartonstore.errors.InvalidCarton`` naming the entry (or ``"zip"``).
 """
 
-from cartonstore.zipfmt.central import (
-    LOCAL_HEADER_FIXED,
-    TAIL_READ_SIZE,
-    CentralDirectoryLocation,
-    ZipEntry,
-    ZipLimits,
-    check_directory_limits,
-    check_entry_limits,
-    check_no_overlap,
-    local_header_length,
-    local_header_variable_length,
-    locate_central_directory,
-    parse_central_directory,
-)
-from cartonstore.zipfmt.decode import Decoder, make_decoder
-from cartonstore.zipfmt.entry_decoder import EntryDecoder
-from cartonstore.zipfmt.reader import EntryStream, ZipReader
-from cartonstore.zipfmt.writer import (
-    COMPRESSION_METHODS,
-    DEFLATED,
-    STORED,
-    ZSTD,
-    ZipWriter,
-)
+from cartonstore.lazy_names import lazy_names
+
+# Each name is imported from its module on first use (PEP 562): the settings
+# and the store need ZipLimits alone, and must not load the codecs with it
+# (zstandard, zlib) so that `cartonstore path` starts fast (issue 14).
+_MODULE_NAMES = {
+    "limits": "ZipLimits",
+    "central": "LOCAL_HEADER_FIXED TAIL_READ_SIZE CentralDirectoryLocation ZipEntry check_directory_limits "
+               "check_entry_limits check_no_overlap local_header_length local_header_variable_length "
+               "locate_central_directory parse_central_directory",
+    "decode": "Decoder make_decoder",
+    "entry_decoder": "EntryDecoder",
+    "reader": "EntryStream ZipReader",
+    "writer": "COMPRESSION_METHODS DEFLATED STORED ZSTD ZipWriter",
+}
+__getattr__, __dir__ = lazy_names(__name__, _MODULE_NAMES)
+
 
 __all__ = [
     "COMPRESSION_METHODS",

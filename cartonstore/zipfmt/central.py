@@ -17,6 +17,7 @@ import struct
 from dataclasses import dataclass
 
 from cartonstore.errors import InvalidCarton
+from cartonstore.zipfmt.limits import MiB, TiB, ZipLimits  # noqa: F401 - part of this module's API
 from cartonstore.zipfmt.layout import (
     CENTRAL_HEADER,
     CENTRAL_HEADER_SIG,
@@ -43,8 +44,6 @@ from cartonstore.zipfmt.layout import (
     ZIP64_LOCATOR_SIG,
 )
 
-MiB = 1 << 20
-TiB = 1 << 40
 
 ARCHIVE = "zip"
 """The ``file`` of errors about the archive as a whole rather than one entry."""
@@ -74,22 +73,6 @@ _ZIP64_FIELDS = (
     ("local header offset", 8, MAX_U32),
     ("disk number", 4, MAX_U16),
 )
-
-
-@dataclass(frozen=True)
-class ZipLimits:
-    """What a zip may declare before we refuse to read it.
-
-    ``ratio_floor`` exempts entries smaller than it from the ratio check:
-    small files of zeros legitimately compress far better than 1000:1, and
-    they cannot do much harm anyway.
-    """
-
-    max_entries: int = 200_000
-    max_ratio: int = 1000
-    ratio_floor: int = 64 * MiB
-    max_entry_size: int = 1 * TiB
-    max_central_directory_size: int = 128 * MiB
 
 
 @dataclass(frozen=True)

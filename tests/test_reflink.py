@@ -1,0 +1,122 @@
+"""Ingest shares the disk blocks of stored entries where the filesystem can
+(issue 14): on XFS (btrfs alike) a block-aligned stored entry is reflinked
+into the store, not copied, and still hashed from the blob file it became.
+
+A real XFS filesystem: an image made by mkfs.xfs (Debian: xfsprogs) and
+loop-mounted by the test, which needs root; the tests skip, naming what is
+missing, where either is not there. The fallback (ext4, tmpfs, unaligned
+entries) is what every other ingest test runs on.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from cartonstore.errors import ManifestMismatch
+from cartonstore.store import Store
+from cartonstore.store.filespace import clone_range
+from cartonstore.zipfmt import STORED, ZipWriter
+from conftest import MINIMAL_TOML, carton_entries, manifest_for, sha, snapshot, write_zip
+
+ENTRY = 32 << 20
+
+
+@pytest.fixture(scope="module")
+def xfs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A freshly made XFS filesystem (reflink on), mounted for this module."""
+    if os.geteuid() != 0:
+        pytest.skip("loop-mounting an XFS image needs root")
+    mkfs = shutil.which("mkfs.xfs")
+    if mkfs is None:
+        pytest.skip("mkfs.xfs is not installed (Debian package xfsprogs)")
+    base = tmp_path_factory.mktemp("xfs")
+    image, mnt = base / "fs.img", base / "mnt"
+    mnt.mkdir()
+    with open(image, "wb") as f:
+        f.truncate(512 << 20)
+    subprocess.run([mkfs, "-q", "-f", "-m", "reflink=1", str(image)], check=True, capture_output=True)
+    mounted = subprocess.run(["mount", "-o", "loop", str(image), str(mnt)], capture_output=True, text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot loop-mount an XFS image here: {mounted.stderr.strip()}")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", str(mnt)], check=False)
+        if os.path.ismount(mnt):
+            subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def used_bytes(path: Path) -> int:
+    os.sync()
+    st = os.statvfs(path)
+    return (st.f_blocks - st.f_bfree) * st.f_frsize
+
+
+def pack(path: Path, files: dict[str, bytes], manifest: bytes | None = None) -> Path:
+    with ZipWriter(path) as writer:  # stored entries of 64 KiB or more start block-aligned
+        for name, data in carton_entries(files, manifest=manifest):
+            writer.add_bytes(name, data, method=STORED)
+    return path
+
+
+def test_an_aligned_stored_entry_is_shared_not_copied(xfs: Path) -> None:
+    weights = os.urandom(ENTRY)
+    carton = pack(xfs / "shared.carton", {"carton.toml": MINIMAL_TOML, "model/w.bin": weights})
+    before = used_bytes(xfs)
+    with Store(xfs / "root-shared") as store:
+        result = store.add(carton)
+        blob = store.blobs.path(sha(weights))
+        assert result.complete and blob.read_bytes() == weights
+        assert store.verify().ok
+    grew = used_bytes(xfs) - before
+    assert grew < ENTRY // 4, f"the store grew by {grew} bytes for a {ENTRY}-byte entry it should share"
+
+
+def test_an_unaligned_entry_is_copied(xfs: Path) -> None:
+    """Python's zipfile aligns nothing: the bytes are copied, as on ext4."""
+    weights = os.urandom(ENTRY)
+    files = {"carton.toml": MINIMAL_TOML, "model/w.bin": weights}
+    carton = write_zip(xfs / "unaligned.carton", carton_entries(files))
+    before = used_bytes(xfs)
+    with Store(xfs / "root-copied") as store:
+        assert store.add(carton).complete
+        assert store.blobs.path(sha(weights)).read_bytes() == weights
+    assert used_bytes(xfs) - before >= ENTRY
+
+
+def test_shared_bytes_that_do_not_match_manifest_are_refused(xfs: Path) -> None:
+    """The reflinked bytes are hashed like copied ones: a wrong entry is named,
+    and the store is as it was (nothing staged is left in tmp/)."""
+    claimed, actual = os.urandom(ENTRY), os.urandom(ENTRY)
+    good = {"carton.toml": MINIMAL_TOML, "model/w.bin": claimed}
+    carton = pack(xfs / "lying.carton", {**good, "model/w.bin": actual}, manifest=manifest_for(good))
+    root = xfs / "root-lying"
+    Store(root).close()
+    before = snapshot(root)
+    with Store(root) as store, pytest.raises(ManifestMismatch, match="model/w.bin"):
+        store.add(carton)
+    assert snapshot(root) == before
+    assert not any(p.name.startswith("ingest-") for p in (root / "tmp").iterdir())
+
+
+def test_clone_range_says_no_where_blocks_cannot_be_shared(tmp_path: Path) -> None:
+    """tmpfs shares no blocks: clone_range answers False, and the caller copies."""
+    shm = Path("/dev/shm")
+    if not shm.is_dir():
+        pytest.skip("no /dev/shm (tmpfs) here")
+    src, dst = shm / f"cs-clone-{os.getpid()}-a", shm / f"cs-clone-{os.getpid()}-b"
+    try:
+        src.write_bytes(os.urandom(1 << 16))
+        with open(src, "rb") as s, open(dst, "wb") as d:
+            assert clone_range(s.fileno(), 0, 1 << 16, d.fileno(), 0) is False
+        assert dst.stat().st_size == 0
+    finally:
+        src.unlink(missing_ok=True)
+        dst.unlink(missing_ok=True)
+
