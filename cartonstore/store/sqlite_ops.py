@@ -46,9 +46,11 @@ class ImmediateWriter:
     """
 
     # A lease commit writes 3 or 4 pages (the row, two index entries, maybe
-    # the carton's last_used): 250 commits make about SQLite's default
-    # 1,000-page checkpoint interval.
-    CHECKPOINT_EVERY = 250
+    # the carton's last_used): 1,000 commits make a WAL of about 16 MiB
+    # before a checkpoint lets it start over. Each checkpoint makes writes
+    # wait a few ms (server/group_commit.py), so fewer are better for the
+    # tail; the bigger WAL is synced beforehand, off the loop.
+    CHECKPOINT_EVERY = 1000
 
     def __init__(self, path: Path) -> None:
         self.path = path
