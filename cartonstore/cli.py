@@ -8,17 +8,16 @@ chosen by their category (see EXIT_CODES); nothing else is caught.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from . import __version__
+from . import cli_parser
 from .errors import CartonStoreError, IntegrityError, InvalidInput, exit_code_for
 from .cli_args import arrange_argv
 from .cli_service import cmd_gc, cmd_serve
-from .progress import MODES, Progress
+from .progress import Progress
 from .units import format_size, parse_size
 
 if TYPE_CHECKING:
@@ -26,22 +25,11 @@ if TYPE_CHECKING:
     from .fetch.puller import Puller
     from .store import Store
 
-EPILOG = """\
-examples:
-  cartonstore add ./resnet.carton --name resnet
-  cartonstore path resnet                 # prints the model directory
-  cartonstore inspect f1cae514 --json
-  cartonstore pack ./my-model -o my-model.carton --compression zstd
-  cartonstore export resnet -o copy.carton
-  cartonstore verify --repair
 
-REF is a manifest hash, a unique prefix of at least 8 hex digits, a name,
-or (for path and inspect) a local .carton file or directory to add first.
-The store root is --root, else $CARTONSTORE_ROOT, else ~/.cache/cartonstore.
-A command's options may also come before it: cartonstore --root DIR ls.
-Exit status: 0 ok, 2 usage, 3 not found, 4 invalid input, 5 integrity
-failure, 6 unavailable (disk, lock, network), 7 conflict, 1 other errors.
-"""
+def _json_text(data: object, **kwargs: Any) -> str:
+    import json  # here, not at the top: `path` and `ls` without --json never need it (issue 14)
+
+    return json.dumps(data, **kwargs)
 
 
 class Output:
@@ -50,7 +38,7 @@ class Output:
 
     def emit(self, data: dict[str, Any], lines: Sequence[str]) -> None:
         if self.as_json:
-            print(json.dumps(data, indent=2, sort_keys=True))
+            print(_json_text(data, indent=2, sort_keys=True))
         else:
             for line in lines:
                 print(line)
@@ -128,7 +116,7 @@ def cmd_infer(store: Store, args: argparse.Namespace, out: Output) -> None:
         inputs = dict(parse_input_arg(text, datatypes) for text in args.input)
         outputs = infer_locally(store, args.settings, args.ref, inputs)
     if out.as_json:
-        print(json.dumps({"outputs": outputs_as_json(outputs)}, indent=2, sort_keys=True))
+        print(_json_text({"outputs": outputs_as_json(outputs)}, indent=2, sort_keys=True))
     else:
         print("\n".join(describe_outputs(outputs)))
 
@@ -201,7 +189,7 @@ def cmd_ls(store: Store, args: argparse.Namespace, out: Output) -> None:
              f"{format_size(r['size']) if r['size'] is not None else '?':>10}  {','.join(r['names']) or '-'}"
              for r in rows]
     if out.as_json:
-        print(json.dumps(rows, indent=2, sort_keys=True))
+        print(_json_text(rows, indent=2, sort_keys=True))
     else:
         print("\n".join(lines) if lines else "(the store holds no cartons)")
 
@@ -211,7 +199,7 @@ def cmd_inspect(store: Store, args: argparse.Namespace, out: Output) -> None:
 
     data = describe_carton(store, store.resolve_or_add(args.ref))
     if out.as_json:
-        print(json.dumps(data, indent=2, sort_keys=True))
+        print(_json_text(data, indent=2, sort_keys=True))
         return
     from .inspect import render_text
 
@@ -288,147 +276,24 @@ def cmd_verify(store: Store, args: argparse.Namespace, out: Output) -> int:
 
 # -- parser --------------------------------------------------------------------
 
-
-class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
-    """argparse's, with the width found as shutil.get_terminal_size finds it
-    but without importing shutil: argparse makes a formatter for every
-    add_argument (to check its metavar), and `path` must start fast."""
-
-    def __init__(self, prog: str, **kwargs: Any) -> None:
-        if kwargs.get("width") is None:
-            kwargs["width"] = _terminal_columns() - 2  # what argparse subtracts
-        super().__init__(prog, **kwargs)
+HANDLERS: dict[str, Callable] = {
+    "add": cmd_add, "path": cmd_path, "infer": cmd_infer, "selftest": cmd_selftest, "ls": cmd_ls,
+    "inspect": cmd_inspect, "export": cmd_export, "pack": cmd_pack, "rm": cmd_rm, "serve": cmd_serve,
+    "gc": cmd_gc, "verify": cmd_verify,
+}
 
 
-def _terminal_columns() -> int:
-    try:
-        return int(os.environ["COLUMNS"])
-    except (KeyError, ValueError):
-        pass
-    try:
-        return os.get_terminal_size(sys.__stdout__.fileno()).columns or 80
-    except (AttributeError, ValueError, OSError):
-        return 80
-
-
-def build_parser() -> argparse.ArgumentParser:
-    common = argparse.ArgumentParser(add_help=False, formatter_class=_HelpFormatter)
-    common.add_argument("--root", type=Path, default=None,
-                        help="store root (default: $CARTONSTORE_ROOT or ~/.cache/cartonstore)")
-    common.add_argument("--json", action="store_true", help="print machine-readable JSON")
-    common.add_argument("--config", type=Path, default=None,
-                        help="TOML settings file (default: $CARTONSTORE_CONFIG; see config/cartonstore.toml)")
-
-    p = argparse.ArgumentParser(prog="cartonstore", description="A shared, content-addressed store "
-                                "of ML models packaged as cartons.", epilog=EPILOG,
-                                formatter_class=_HelpFormatter)
-    p.add_argument("--version", action="version", version=f"cartonstore {__version__}")
-    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
-    def add(name: str, fn: Callable, help: str, example: str,
-            parents: Sequence[argparse.ArgumentParser] = ()) -> argparse.ArgumentParser:
-        sp = sub.add_parser(name, parents=[common, *parents], help=help, description=help,
-                            epilog=f"example:\n  {example}", formatter_class=_HelpFormatter)
-        sp.set_defaults(func=fn)
-        return sp
-
-    fetching = argparse.ArgumentParser(add_help=False, formatter_class=_HelpFormatter)
-    fetching.add_argument("--mirror", action="append", metavar="URL",
-                          help="also fetch blobs from URL/<sha256> (repeatable)")
-    fetching.add_argument("--allow-host", action="append", metavar="HOST",
-                          help="fetch only from these hosts (repeatable; *.example.com, 10.0.0.0/8)")
-    fetching.add_argument("--deny-host", action="append", metavar="HOST", help="never fetch from these hosts")
-    fetching.add_argument("--progress", choices=MODES, default="auto",
-                          help="auto: a bar on a terminal, plain lines otherwise; json: JSON lines on stderr")
-
-    sp = add("add", cmd_add, "add a carton (file, directory or URL); prints its manifest hash",
-             "cartonstore add https://models.example.com/resnet.carton --name resnet", parents=[fetching])
-    sp.add_argument("source", help="a .carton file, an unpacked carton directory, or an http(s) URL")
-    sp.add_argument("--name", help="name to refer to the carton by (default: its model_name, when no other "
-                    "carton has that name); moves the name from another carton, and says so")
-    sp.add_argument("--force", action="store_true",
-                    help="move --name even from a model the daemon has loaded (its leases stay valid)")
-    sp.add_argument("--lazy", action="store_true",
-                    help="only make the carton known; fetch LINKS blobs later, on path")
-
-    sp = add("path", cmd_path, "materialize a carton, fetching what is missing; prints its model directory",
-             "cartonstore path my-model", parents=[fetching])
-    sp.add_argument("ref")
-
-    sp = add("infer", cmd_infer, "run one inference request through the daemon (loading the model if needed; "
-             "with no daemon serving, the model's runner is started here) and print the outputs",
-             "cartonstore infer resnet --input x=image.npy --input k='[1, 2, 3]' --json")
-    sp.add_argument("ref", help="the model's name (or, with no daemon, any REF)")
-    sp.add_argument("--input", action="append", default=[], metavar="NAME=FILE.npy|JSON",
-                    help="an input tensor: a .npy file, or JSON data typed by the model's declared dtype")
-    sp.add_argument("--socket", help="the daemon's socket (default: $CARTONSTORE_SOCKET or ROOT/cartonstore.sock)")
-
-    sp = add("selftest", cmd_selftest, "run a carton's [[self_test]]s through its runner (in the daemon, "
-             "loading the model if needed; with no daemon serving, a runner started here); exit 8 if one fails",
-             "cartonstore selftest resnet --rtol 1e-4 --json")
-    sp.add_argument("ref", help="the model's name (or, with no daemon, any REF)")
-    sp.add_argument("--rtol", type=float, help="relative tolerance (default: runners.selftest_rtol)")
-    sp.add_argument("--atol", type=float, help="absolute tolerance (default: runners.selftest_atol)")
-    sp.add_argument("--socket", help="the daemon's socket (default: $CARTONSTORE_SOCKET or ROOT/cartonstore.sock)")
-
-    add("ls", cmd_ls, "list the cartons in the store", "cartonstore ls --json")
-
-    sp = add("inspect", cmd_inspect, "show a carton's metadata, files and tensors",
-             "cartonstore inspect my-model")
-    sp.add_argument("ref")
-
-    sp = add("export", cmd_export, "write a carton from the store to a .carton file",
-             "cartonstore export my-model -o my-model.carton")
-    sp.add_argument("ref")
-    sp.add_argument("-o", "--output", required=True)
-    sp.add_argument("--links", metavar="URL_PREFIX",
-                    help="leave files out of the zip and list them in LINKS as URL_PREFIX/<sha256>")
-    sp.add_argument("--link-min-size", default="0", metavar="SIZE",
-                    help="with --links, link only files at least this big (e.g. 1M)")
-    sp.add_argument("--compression", choices=["zstd", "deflate", "stored"], default="zstd")
-
-    sp = add("pack", cmd_pack, "pack an unpacked carton directory into a .carton file",
-             "cartonstore pack ./my-model -o my-model.carton --link-prefix https://cdn/x --link-min-size 64M")
-    sp.add_argument("directory")
-    sp.add_argument("-o", "--output", required=True)
-    sp.add_argument("--compression", choices=["zstd", "deflate", "stored"], default="zstd")
-    sp.add_argument("--link-prefix", metavar="URL", help="URL prefix for files listed in LINKS")
-    sp.add_argument("--link-min-size", metavar="SIZE", help="files at least this big go to LINKS")
-
-    sp = add("rm", cmd_rm, "remove a carton, its model directory and blobs no other carton uses",
-             "cartonstore rm my-model")
-    sp.add_argument("ref")
-
-    sp = add("serve", cmd_serve, "run the daemon: the KServe v2 / Triton API and leases on a Unix socket",
-             "cartonstore serve --listen 127.0.0.1:8000")
-    sp.add_argument("--print-config", action="store_true", help="print the settings in effect (TOML) and exit")
-    sp.add_argument("--socket", help="Unix socket path (default: $CARTONSTORE_SOCKET or ROOT/cartonstore.sock)")
-    sp.add_argument("--listen", metavar="HOST:PORT", help="also serve on a loopback TCP port (0: any free port)")
-    sp.add_argument("--log-format", choices=["text", "json"])
-    sp.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
-
-    sp = add("gc", cmd_gc, "collect garbage: expired leases, unreferenced blobs, tmp/ leftovers, "
-             "and least recently used models over the budget", "cartonstore gc --max-size 200G --dry-run")
-    sp.add_argument("--max-size", metavar="SIZE", help="evict LRU models until blobs fit in SIZE")
-    sp.add_argument("--min-free", metavar="SIZE", help="evict LRU models until SIZE is free on the disk")
-    sp.add_argument("--grace", metavar="DURATION", help="keep unreferenced blobs younger than this (default 1h)")
-    sp.add_argument("--dry-run", action="store_true", help="only report what would be freed")
-    sp.add_argument("--forget-unrecoverable", action="store_true",
-                    help="remove whole (as rm) the models whose blobs have no source to fetch them again, "
-                         "instead of keeping those blobs")
-    sp.add_argument("--local", action="store_true", help="run here even when a daemon serves the store")
-    sp.add_argument("--socket", help="the daemon's socket (default: $CARTONSTORE_SOCKET or ROOT/cartonstore.sock)")
-
-    sp = add("verify", cmd_verify, "rehash every blob and check model directories against MANIFEST",
-             "cartonstore verify --repair")
-    sp.add_argument("--repair", action="store_true",
-                    help="quarantine corrupt blobs and rebuild damaged model directories")
-    return p
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """Every command's parser, or (``only``) just that command's: see cli_parser.py."""
+    return cli_parser.build_parser(HANDLERS, only=only)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(arrange_argv(parser, sys.argv[1:] if argv is None else argv))
+    argv = sys.argv[1:] if argv is None else list(argv)
+    # The usual `cartonstore COMMAND ...` needs that command's parser only;
+    # options before the command, --help and mistakes get all of them.
+    parser = build_parser(only=argv[0] if argv and argv[0] in HANDLERS else None)
+    args = parser.parse_args(arrange_argv(parser, argv))
     out = Output(args.json)
     try:
         if args.command == "pack":

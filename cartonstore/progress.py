@@ -10,7 +10,6 @@ anything, however many requests run at once.
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from typing import TYPE_CHECKING, Protocol, TextIO
@@ -147,4 +146,6 @@ class Progress:
             print(line, file=self.stream, flush=True)
 
     def _json(self, data: dict) -> None:
+        import json  # here: a command without --progress json (a quick `path`) never needs it
+
         print(json.dumps(data, sort_keys=True), file=self.stream, flush=True)

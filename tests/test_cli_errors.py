@@ -5,6 +5,8 @@ store did not change."""
 
 from __future__ import annotations
 
+import argparse
+
 import asyncio
 import json
 import socket
@@ -262,3 +264,40 @@ def test_a_second_serve_on_a_live_socket_prints_only_the_conflict(daemon: Daemon
             async with session.get("/v2/health/live") as r:
                 return r.status
     assert asyncio.run(live()) == 200, "the first daemon still serves"
+
+
+# -- one command's parser ---------------------------------------------------------
+# main() builds only the parser of the command it runs (cli_parser.py); it
+# must read every argv, and show every help, as the whole parser does.
+
+
+def subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    return dict(next(a for a in parser._actions if a.dest == "command").choices)
+
+
+@pytest.mark.parametrize("argv", [
+    ["path", "m", "--root", "/r", "--json", "--progress", "json", "--mirror", "http://a", "--mirror", "http://b"],
+    ["add", "f.carton", "--name", "n", "--lazy", "--allow-host", "*.example.com"],
+    ["gc", "--max-size", "-5G", "--dry-run", "--forget-unrecoverable"],
+    ["export", "m", "-o", "out.carton", "--links", "http://cdn", "--link-min-size", "1M"],
+    ["infer", "m", "--input", "x=a.npy", "--input", "k=[1]", "--socket", "/s"],
+    ["serve", "--listen", "127.0.0.1:0", "--log-format", "json"],
+    ["ls"], ["verify", "--repair"], ["selftest", "m", "--rtol", "0.1"], ["pack", "d", "-o", "x"],
+])
+def test_one_commands_parser_reads_argv_as_the_whole_parser_does(argv: list[str]) -> None:
+    whole, one = build_parser(), build_parser(only=argv[0])
+    assert vars(one.parse_args(arrange_argv(one, argv))) == vars(whole.parse_args(arrange_argv(whole, argv)))
+    assert list(subparsers(one)) == [argv[0]]
+
+
+def test_one_commands_help_is_the_whole_parsers() -> None:
+    whole = subparsers(build_parser())
+    for name, sp in whole.items():
+        assert subparsers(build_parser(only=name))[name].format_help() == sp.format_help(), name
+
+
+def test_a_mistyped_command_is_named_by_the_whole_parser(capsys) -> None:  # noqa: ANN001
+    with pytest.raises(SystemExit) as stop:
+        main(["pth", "m"])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and "invalid choice: 'pth'" in err and "path" in err

@@ -7,8 +7,8 @@ fetcher), numpy (tensor decoding) or sqlite_utils (no longer used by the
 index). `--help` imports neither the settings nor the store; the others do.
 `path` and `ls` go further: they read the index and nothing else, so they
 load no codec (zstandard, zlib), no hashing (hashlib), no zip reader, no
-ctypes (the blob writer's kernel hints), and no shutil (argparse imports
-it for every parser unless told the terminal width).
+json (without --json), no ctypes (the blob writer's kernel hints), and no
+shutil (argparse imports it for every parser unless told the terminal width).
 
 No timer here: tests/bench/bench_cli.py measures the time.
 """
@@ -19,8 +19,10 @@ import json
 import os
 import re
 import shutil
+import sqlite3
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -29,7 +31,7 @@ from cartonstore.store import Store
 from conftest import FIXTURE_CARTON, FIXTURE_DIGEST
 
 NOT_WANTED = ("aiohttp", "asyncio", "numpy", "sqlite_utils")
-NOT_WANTED_TO_READ = (*NOT_WANTED, "zstandard", "zlib", "hashlib", "ctypes", "shutil", "cartonstore.zipfmt.reader",
+NOT_WANTED_TO_READ = (*NOT_WANTED, "json", "zstandard", "zlib", "hashlib", "ctypes", "shutil", "cartonstore.zipfmt.reader",
                       "cartonstore.format.manifest", "cartonstore.store.materialize")
 _LINE = re.compile(r"import time:\s+\d+ \|\s+\d+ \|( *)(\S+)")
 
@@ -108,23 +110,32 @@ def test_inspect_of_a_local_carton_imports_no_fetcher_and_no_numpy(tmp_path: Pat
 
 def test_path_of_a_built_model_answers_as_the_fetcher_does(tmp_path: Path) -> None:
     """The first `path` builds the model (through the fetcher), the second
-    only finds it: same output, same closing progress event, last use touched."""
+    only finds it: same output, same closing progress event, last use
+    touched (once it is older than TOUCH_AFTER; a use within it writes nothing)."""
     root = tmp_path / "root"
     with Store(root) as s:
         s.add(FIXTURE_CARTON, name="demo")
-        used = s.index.carton(FIXTURE_DIGEST).last_used
+
+    def last_used(set_to: float | None = None) -> float:
+        with sqlite3.connect(root / "index.db") as conn:
+            if set_to is not None:
+                conn.execute("UPDATE cartons SET last_used=?", (set_to,))
+            return conn.execute("SELECT last_used FROM cartons").fetchone()[0]
+
+    long_ago = time.time() - 3600
+    last_used(long_ago)
     argv = ("path", "demo", "--root", str(root), "--json", "--progress", "json")
     first, _ = run_cli(*argv, cwd=tmp_path)
+    assert last_used() > long_ago
+    last_used(long_ago)
     second, second_imports = run_cli(*argv, cwd=tmp_path)
     assert first.returncode == second.returncode == 0, (first.stderr, second.stderr)
     assert json.loads(first.stdout) == json.loads(second.stdout) == {
         "manifest_sha256": FIXTURE_DIGEST, "path": str(root / "models" / FIXTURE_DIGEST)}
     events = [{k: v for k, v in json.loads(p.stderr).items() if k != "seconds"} for p in (first, second)]
     assert events[0] == events[1] == {"event": "done", "bytes": 0, "total": None, "requests": 0, "retries": 0}
-    with Store(root) as s:
-        touched = s.index.carton(FIXTURE_DIGEST).last_used
-    assert touched > used
+    touched = last_used()
+    assert touched > long_ago
     assert_lean(second_imports)
-    second, _ = run_cli(*argv, cwd=tmp_path)
-    with Store(root) as s:
-        assert s.index.carton(FIXTURE_DIGEST).last_used > touched
+    third, _ = run_cli(*argv, cwd=tmp_path)
+    assert third.returncode == 0 and last_used() == touched, "used again within TOUCH_AFTER: nothing written"

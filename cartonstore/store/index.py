@@ -19,15 +19,19 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Iterator, Sequence, TypeVar
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Sequence, TypeVar
 
-from ..entry import EntryRow
 from ..errors import CartonStoreError, NotFound, Unavailable
 from .names import NameOutcome, assign_name
 from .schema import SCHEMA, SCHEMA_VERSION
 from .sqlite_ops import rollback, run_ops
 from .sizes import learn_all_sizes, learn_sizes
-from .sources import LocalSource, forget_local_sources, record_local_sources
+
+# Entries and local sources are imported by the methods that use them: `path`
+# opens the index to read a carton's row and blobs, and starts fast (issue 14).
+if TYPE_CHECKING:
+    from ..entry import EntryRow
+    from .sources import LocalSource
 
 T = TypeVar("T")
 BUSY_TIMEOUT_MS = 30_000
@@ -63,6 +67,10 @@ class CartonRecord:
     entries: Sequence[EntryRow]
     links: dict[str, tuple[str, ...]]
     local_sources: Sequence[LocalSource] = ()
+
+
+TOUCH_AFTER = 10.0
+"""Seconds a carton's last use may lag behind: a use within them writes nothing."""
 
 
 class Index:
@@ -187,6 +195,8 @@ class Index:
                                     (digest,)).fetchone()[0]
                 conn.executemany("INSERT OR IGNORE INTO links VALUES (?,?,?)",
                                  [(digest, u, base + i) for i, u in enumerate(urls)])
+            from .sources import record_local_sources
+
             record_local_sources(conn, rec.local_sources)
             return assign_name(conn, r.digest, explicit=name, default=default_name, force=force)
 
@@ -198,6 +208,8 @@ class Index:
         return [CartonRow(*r) for r in self._rows("SELECT * FROM cartons ORDER BY added_at, digest")]
 
     def entries(self, carton: str) -> list[EntryRow]:
+        from ..entry import EntryRow
+
         rows = self._rows("SELECT path,digest,size,kind,target FROM entries WHERE carton=? ORDER BY path",
                           (carton,))
         return [EntryRow(*r) for r in rows]
@@ -221,8 +233,11 @@ class Index:
             (prefix, prefix + "g"))]
 
     def touch(self, carton: str) -> None:
+        """The carton counts as used now (for LRU eviction): written only
+        when its last use is older than TOUCH_AFTER, so that `path` run in a
+        loop reads the index and writes nothing."""
         with self.transaction() as conn:
-            conn.execute("UPDATE cartons SET last_used=? WHERE digest=?", (time.time(), carton))
+            self._touch(conn, carton, time.time())
 
     def remove_carton(self, carton: str) -> list[str]:
         """Forget a carton; returns the blobs no other carton lists any more
@@ -241,6 +256,8 @@ class Index:
             for d in orphans:
                 conn.execute("DELETE FROM blobs WHERE digest=?", (d,))
                 conn.execute("DELETE FROM links WHERE digest=?", (d,))
+            from .sources import forget_local_sources
+
             forget_local_sources(conn, orphans)
             return orphans
 
@@ -391,7 +408,7 @@ class Index:
     def _touch(conn: sqlite3.Connection, carton: str, now: float) -> None:
         # LRU needs minutes, not microseconds: skipping fresh rows spares a
         # page write on every lease of a busy model.
-        conn.execute("UPDATE cartons SET last_used=? WHERE digest=? AND last_used<?", (now, carton, now - 10))
+        conn.execute("UPDATE cartons SET last_used=? WHERE digest=? AND last_used<?", (now, carton, now - TOUCH_AFTER))
 
     def lease(self, lease_id: str) -> LeaseRow | None:
         rows = self._rows("SELECT * FROM leases WHERE id=?", (lease_id,))
