@@ -232,3 +232,41 @@ def test_leases_are_written_on_the_loop_while_the_wal_is_synced(store: Store, mo
     assert took < 0.25, f"a lease waited {took:.2f} s for the WAL's sync"
     assert lease_count(store.root) == 3
 
+
+
+def test_leases_written_during_the_checkpoint_proper_wait_for_it_then_commit(store: Store, monkeypatch) -> None:  # noqa: ANN001
+    """While the checkpoint proper runs (slowed to 0.4 s here), writes wait
+    for it, none is lost, and they commit the fast way once it ends: the WAL
+    can then start over."""
+    from cartonstore.server.group_commit import GroupCommit
+
+    monkeypatch.setattr(ImmediateWriter, "CHECKPOINT_EVERY", 1)
+    checkpointing = threading.Event()
+    real_checkpoint = type(store.index).checkpoint
+
+    def slow_checkpoint(index) -> None:  # noqa: ANN001
+        checkpointing.set()
+        time.sleep(0.4)
+        real_checkpoint(index)
+
+    monkeypatch.setattr(type(store.index), "checkpoint", slow_checkpoint)
+
+    def insert(lease_id: str):  # noqa: ANN202
+        return lambda conn: conn.execute("INSERT INTO leases VALUES (?, 'c', NULL, 0, 1)", (lease_id,)).rowcount
+
+    async def scenario() -> list[float]:
+        group = GroupCommit(store)
+        try:
+            assert await group.run(insert("first")) == 1  # makes a checkpoint due
+            assert await asyncio.to_thread(checkpointing.wait, 5)
+            t0 = time.monotonic()
+            results = await asyncio.gather(*(group.run(insert(f"during-{n}")) for n in range(5)))
+            assert results == [1] * 5
+            return [time.monotonic() - t0, group._immediate._commits]  # noqa: SLF001 - 1: one batch, on the loop
+        finally:
+            group.close()
+
+    waited, loop_commits = asyncio.run(scenario())
+    assert 0.1 < waited < 5, f"the writes took {waited:.2f} s: they should wait for the checkpoint, and only that long"
+    assert loop_commits == 1, "the five waiting writes should commit together, on the loop"
+    assert lease_count(store.root) == 6

@@ -4,7 +4,8 @@ Every operation queued while the loop is busy shares one transaction. The
 group runs right on the loop when that needs no wait (the shared store lock
 and SQLite's write lock both free: tried, never waited for); otherwise on
 the daemon's one database thread, which waits as long as it must while the
-loop goes on.
+loop goes on. While the checkpoint proper runs (a few ms, see _checkpoint),
+groups wait for it and then run on the loop.
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ class GroupCommit:
         self.store = store
         self._db_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cartonstore-db")
         self._queue: list[tuple[Any, asyncio.Future]] = []
-        self._draining = False
+        self._draining = False        # a flush is scheduled, waits for a checkpoint, or is draining
+        self._drain_running = False   # _drain is sending batches to the database thread
         self._shared_store_lock = HeldLock(store.lock(shared=True))
         # The fast way for the same operations, on the loop itself (see run).
         self._immediate = ImmediateWriter(store.layout.index_db)
@@ -57,12 +59,15 @@ class GroupCommit:
         return result
 
     def _flush(self) -> None:
+        if self._checkpointing:
+            # Writes wait for the checkpoint proper (a few ms; _checkpoint
+            # flushes them when it ends): a checkpoint that writers keep
+            # overtaking never lets the WAL restart from its beginning, and
+            # the file grows without end.
+            return
         batch, self._queue = self._queue, []
         results: object = WOULD_WAIT
-        # While the database thread checkpoints, writes queue behind it there:
-        # a checkpoint that writers keep overtaking never lets the WAL restart
-        # from its beginning, and the file grows without end.
-        if not self._checkpointing and self._immediate_store_lock.try_acquire():
+        if self._immediate_store_lock.try_acquire():
             try:
                 results = self._immediate.try_run([op for op, _ in batch])
             except Exception as e:  # noqa: BLE001 - a bug: handed to every waiter
@@ -82,6 +87,7 @@ class GroupCommit:
     async def _drain(self) -> None:
         """The patient way: batches on the database thread until none is left."""
         loop = asyncio.get_running_loop()
+        self._drain_running = True
         try:
             while self._queue:
                 batch, self._queue = self._queue, []
@@ -91,7 +97,7 @@ class GroupCommit:
                     results = [e] * len(batch)
                 _deliver(batch, results)
         finally:
-            self._draining = False
+            self._draining = self._drain_running = False
 
     async def _checkpoint(self) -> None:
         """The WAL the loop's writes grew, copied back off the loop.
@@ -102,7 +108,8 @@ class GroupCommit:
         So the WAL is synced first, again while a sync takes long (what came
         during one is synced by the next), while the loop's writes go on; the
         checkpoint proper, which writes wait for, then syncs only the last
-        few commits: a few ms."""
+        few commits: a few ms. The writes that came meanwhile run as one
+        group when it ends."""
         try:
             for _ in range(3):  # what was written during one sync is synced by the next, quicker one
                 started = time.monotonic()
@@ -116,6 +123,11 @@ class GroupCommit:
             log.warning("%s", e)
         finally:
             self._checkpointing = self._checkpoint_started = False
+            if self._draining and not self._drain_running:  # the writes that waited for the checkpoint proper
+                if self._queue:
+                    self._flush()
+                else:
+                    self._draining = False
 
     def _run_ops(self, ops: list) -> list:
         with self._shared_store_lock:  # a collection sees all of these leases or none
