@@ -191,6 +191,25 @@ def test_the_wal_is_checkpointed_while_leases_are_written_on_the_loop(served: Da
     assert lease_count(served.root) == 0
 
 
+def slowed(monkeypatch, store: Store, method: str, seconds: float) -> threading.Event:  # noqa: ANN001
+    """Make the index's ``method`` take ``seconds`` longer (in its thread);
+    the event is set when a call starts."""
+    started = threading.Event()
+    real = getattr(type(store.index), method)
+
+    def slow(index) -> None:  # noqa: ANN001
+        started.set()
+        time.sleep(seconds)
+        real(index)
+
+    monkeypatch.setattr(type(store.index), method, slow)
+    return started
+
+
+def insert(lease_id: str):  # noqa: ANN201 - a group-commit operation
+    return lambda conn: conn.execute("INSERT INTO leases VALUES (?, 'c', NULL, 0, 1)", (lease_id,)).rowcount
+
+
 def test_leases_are_written_on_the_loop_while_the_wal_is_synced(store: Store, monkeypatch) -> None:  # noqa: ANN001
     """A checkpoint's long part, the WAL's fsync, runs while the loop goes on
     writing leases the fast way; only the checkpoint proper makes them wait.
@@ -198,18 +217,7 @@ def test_leases_are_written_on_the_loop_while_the_wal_is_synced(store: Store, mo
     from cartonstore.server.group_commit import GroupCommit
 
     monkeypatch.setattr(ImmediateWriter, "CHECKPOINT_EVERY", 2)
-    syncing = threading.Event()
-    real_sync = type(store.index).sync_wal
-
-    def slow_sync(index) -> None:  # noqa: ANN001
-        syncing.set()
-        time.sleep(0.5)
-        real_sync(index)
-
-    monkeypatch.setattr(type(store.index), "sync_wal", slow_sync)
-
-    def insert(lease_id: str):  # noqa: ANN202
-        return lambda conn: conn.execute("INSERT INTO leases VALUES (?, 'c', NULL, 0, 1)", (lease_id,)).rowcount
+    syncing = slowed(monkeypatch, store, "sync_wal", 0.5)
 
     async def scenario() -> float:
         group = GroupCommit(store)
@@ -241,18 +249,7 @@ def test_leases_written_during_the_checkpoint_proper_wait_for_it_then_commit(sto
     from cartonstore.server.group_commit import GroupCommit
 
     monkeypatch.setattr(ImmediateWriter, "CHECKPOINT_EVERY", 1)
-    checkpointing = threading.Event()
-    real_checkpoint = type(store.index).checkpoint
-
-    def slow_checkpoint(index) -> None:  # noqa: ANN001
-        checkpointing.set()
-        time.sleep(0.4)
-        real_checkpoint(index)
-
-    monkeypatch.setattr(type(store.index), "checkpoint", slow_checkpoint)
-
-    def insert(lease_id: str):  # noqa: ANN202
-        return lambda conn: conn.execute("INSERT INTO leases VALUES (?, 'c', NULL, 0, 1)", (lease_id,)).rowcount
+    checkpointing = slowed(monkeypatch, store, "checkpoint", 0.4)
 
     async def scenario() -> list[float]:
         group = GroupCommit(store)
