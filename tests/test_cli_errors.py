@@ -301,3 +301,10 @@ def test_a_mistyped_command_is_named_by_the_whole_parser(capsys) -> None:  # noq
         main(["pth", "m"])
     err = capsys.readouterr().err
     assert stop.value.code == 2 and "invalid choice: 'pth'" in err and "path" in err
+
+
+def test_every_command_has_a_handler_and_every_handler_a_command() -> None:
+    from cartonstore.cli import HANDLERS
+    from cartonstore.cli_parser import COMMANDS
+
+    assert list(HANDLERS) == list(COMMANDS)

@@ -95,3 +95,23 @@ def test_concurrent_processes_add_and_materialize_one_carton(tmp_path: Path) -> 
         report = s.verify()
         assert report.ok and report.blobs_checked == 12 and not report.unindexed_blobs
     assert work_in_tmp(root) == []
+
+
+def test_a_use_within_touch_after_takes_no_write_lock(tmp_path: Path) -> None:
+    """`path` of a carton used moments ago only reads: it does not wait for
+    another process's write transaction (busy_timeout is 30 s)."""
+    import sqlite3
+    import time
+
+    with Store(tmp_path / "root") as store:
+        digest = store.add(FIXTURE_CARTON).digest
+        store.materialize(digest)
+        other = sqlite3.connect(store.layout.index_db, isolation_level=None)
+        other.execute("BEGIN IMMEDIATE")
+        try:
+            t0 = time.monotonic()
+            assert store.materialize(digest).is_dir()
+            assert time.monotonic() - t0 < 5
+        finally:
+            other.execute("ROLLBACK")
+            other.close()

@@ -78,6 +78,19 @@ def test_an_aligned_stored_entry_is_shared_not_copied(xfs: Path) -> None:
     assert grew < ENTRY // 4, f"the store grew by {grew} bytes for a {ENTRY}-byte entry it should share"
 
 
+def test_an_entry_of_whole_blocks_and_a_tail_is_shared_then_copied(xfs: Path) -> None:
+    """The block-aligned part is shared, the last partial block copied after
+    it (written where the shared part ends): the blob is the entry's bytes."""
+    weights = os.urandom(ENTRY + 1000)
+    carton = pack(xfs / "tail.carton", {"carton.toml": MINIMAL_TOML, "model/w.bin": weights})
+    before = used_bytes(xfs)
+    with Store(xfs / "root-tail") as store:
+        assert store.add(carton).complete
+        assert store.blobs.path(sha(weights)).read_bytes() == weights
+        assert store.verify().ok
+    assert used_bytes(xfs) - before < ENTRY // 4
+
+
 def test_an_unaligned_entry_is_copied(xfs: Path) -> None:
     """Python's zipfile aligns nothing: the bytes are copied, as on ext4."""
     weights = os.urandom(ENTRY)

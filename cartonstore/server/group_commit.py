@@ -23,6 +23,9 @@ from ..store.locks import HeldLock
 
 log = logging.getLogger("cartonstore.server")
 
+WAL_SYNC_ROUNDS = 3      # WAL syncs at most before a checkpoint...
+WAL_SYNC_SHORT = 0.005   # ...stopping after one this quick: what is left is a few commits
+
 
 class GroupCommit:
     def __init__(self, store: Store) -> None:
@@ -111,10 +114,10 @@ class GroupCommit:
         few commits: a few ms. The writes that came meanwhile run as one
         group when it ends."""
         try:
-            for _ in range(3):  # what was written during one sync is synced by the next, quicker one
+            for _ in range(WAL_SYNC_ROUNDS):  # what was written during one sync is synced by the next, quicker one
                 started = time.monotonic()
                 await self.on_db_thread(self.store.index.sync_wal)
-                if time.monotonic() - started < 0.005:
+                if time.monotonic() - started < WAL_SYNC_SHORT:
                     break
             self._checkpointing = True
             await self.on_db_thread(self.store.index.checkpoint)

@@ -88,38 +88,31 @@ class BlobWriter:
             start_writeback(self._fd, self._written_back, self.size - self._written_back)
             self._written_back = self.size
 
-    def copy_range(self, src_fd: int, offset: int, length: int) -> None:
-        """Append ``length`` bytes of src_fd from ``offset``. Where the
-        filesystem shares blocks (XFS, btrfs) and the range is block-aligned
-        in both files, its whole blocks are reflinked (filespace.clone_range:
-        no copy, no space) and then hashed as they now are in this file, so
-        what is verified is what the file holds; the rest, and everything
-        elsewhere, is copied through the hash as copy_from does (on ext4 that
-        is faster than copy_file_range plus a read back). Stops early at the
-        source's end (the caller checks the size)."""
+    def copy_range(self, src: BinaryIO, offset: int, length: int) -> None:
+        """Append ``length`` bytes of the file ``src`` from ``offset``. Where
+        the filesystem shares blocks (XFS, btrfs) and the range is
+        block-aligned in both files, its whole blocks are reflinked
+        (filespace.clone_range: no copy, no space) and then hashed as they
+        now are in this file, so what is verified is what the file holds; the
+        rest, and everything elsewhere, is copied through the hash as
+        copy_from does (on ext4 that is faster than copy_file_range plus a
+        read back). Stops early at the source's end (the caller checks the
+        size)."""
         block = os.fstat(self._fd).st_blksize or 4096
         shared = length - length % block if offset % block == 0 and self.size % block == 0 else 0
-        if shared and clone_range(src_fd, offset, shared, self._fd, self.size):
-            self._hash_from_file(self.size, shared)
+        try:
+            cloned = bool(shared) and clone_range(src.fileno(), offset, shared, self._fd, self.size)
+        except OSError as e:  # ENOSPC for the extent maps, EIO: as any failed write
+            raise _translate_write_error(e, self.tmp_path) from e
+        if cloned:
+            hash_span(self._fd, self.size, self.size + shared, self._hash, name=str(self.tmp_path))
             self.size += shared
             self._written_back = self.size  # nothing to write back: no new data
             os.lseek(self._fd, self.size, os.SEEK_SET)  # the ioctl moved no file position: write() goes on here
             offset, length = offset + shared, length - shared
         if length:
-            with os.fdopen(os.dup(src_fd), "rb", buffering=0) as src:
-                src.seek(offset)
-                self.copy_from(src, limit=length)
-
-    def _hash_from_file(self, start: int, length: int) -> None:
-        buf = bytearray(CHUNK)
-        view = memoryview(buf)
-        end = start + length
-        while start < end:
-            got = os.preadv(self._fd, [view[:min(CHUNK, end - start)]], start)
-            if not got:  # cannot happen to a file just extended; the digest check would catch it
-                break
-            self._hash.update(view[:got])
-            start += got
+            src.seek(offset)
+            self.copy_from(src, limit=length)
 
     @property
     def digest(self) -> str:
@@ -173,7 +166,7 @@ class BlobWriter:
     def copy_from(self, src: BinaryIO, limit: int | None = None) -> None:
         """Copy src (to EOF, or ``limit`` bytes) through the hash into the file."""
         if limit is not None:
-            self.reserve(limit)
+            self.reserve(self.size + limit)  # reserve() counts from the file's start
         buf = bytearray(CHUNK)
         remaining = limit
         while remaining is None or remaining > 0:
@@ -296,6 +289,18 @@ class BlobStore:
     def rehash(self, digest: str) -> str:
         """sha256 of the stored bytes (what verify compares with the name)."""
         return hash_file(self.path(digest))
+
+
+def hash_span(fd: int, start: int, end: int, h, *, name: str, buf: bytearray | None = None) -> None:  # noqa: ANN001
+    """Feed bytes [start, end) of fd to the hash ``h``, read in 1 MiB steps
+    (into ``buf`` when given). Raises Unavailable if the file ends first."""
+    view = memoryview(buf if buf is not None else bytearray(CHUNK))
+    while start < end:
+        n = os.preadv(fd, [view[:min(len(view), end - start)]], start)
+        if n <= 0:
+            raise Unavailable(f"short read hashing {name} at {start}", subject=name)
+        h.update(view[:n])
+        start += n
 
 
 def hash_file(path: Path) -> str:

@@ -236,8 +236,12 @@ class Index:
         """The carton counts as used now (for LRU eviction): written only
         when its last use is older than TOUCH_AFTER, so that `path` run in a
         loop reads the index and writes nothing."""
+        now = time.time()
+        fresh = self._rows("SELECT 1 FROM cartons WHERE digest=? AND last_used>=?", (carton, now - TOUCH_AFTER))
+        if fresh:  # no write transaction either: it would wait behind a busy daemon's writers for nothing
+            return
         with self.transaction() as conn:
-            self._touch(conn, carton, time.time())
+            self._touch(conn, carton, now)
 
     def remove_carton(self, carton: str) -> list[str]:
         """Forget a carton; returns the blobs no other carton lists any more

@@ -108,7 +108,7 @@ class Staging:
 
 def _copy_span(writer, zip_path: Path, offset: int, length: int) -> None:  # noqa: ANN001
     with open(zip_path, "rb", buffering=0) as f:
-        writer.copy_range(f.fileno(), offset, length)
+        writer.copy_range(f, offset, length)
     if writer.size != length:
         raise InvalidCarton(zip_path.name, f"zip is truncated: an entry needs {length} bytes, found {writer.size}")
 

@@ -17,10 +17,9 @@ from __future__ import annotations
 
 import bisect
 import hashlib
-import os
 import threading
 
-from ..errors import Unavailable
+from .blobs import hash_span
 from .filespace import WRITEBACK_STEP, start_writeback
 
 CHUNK = 1 << 20
@@ -85,7 +84,6 @@ class PrefixHasher:
         hashed. Also starts writeback of what it has hashed, so the fsync
         that stages the blob has little left to write."""
         buf = bytearray(CHUNK)
-        view = memoryview(buf)
         written_back = 0
         while self.hashed < self.size:
             with self._cond:
@@ -97,11 +95,9 @@ class PrefixHasher:
             while self.hashed < end:
                 if self._stopped:
                     raise HashingStopped(self._name)
-                n = os.preadv(self._fd, [view[: min(CHUNK, end - self.hashed)]], self.hashed)
-                if n <= 0:
-                    raise Unavailable(f"short read hashing {self._name} at {self.hashed}", subject=self._name)
-                self.hash.update(view[:n])
-                self.hashed += n
+                step = min(end, self.hashed + CHUNK)
+                hash_span(self._fd, self.hashed, step, self.hash, name=self._name, buf=buf)
+                self.hashed = step
                 if self.hashed - written_back >= WRITEBACK_STEP:
                     start_writeback(self._fd, written_back, self.hashed - written_back)
                     written_back = self.hashed
