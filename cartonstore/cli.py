@@ -95,6 +95,13 @@ def cmd_add(store: Store, args: argparse.Namespace, out: Output) -> None:
     out.emit(data, [f"added {args.source}: {state}; {r.summary()}", r.digest])
 
 
+def cmd_push(store: Store, args: argparse.Namespace, out: Output) -> None:
+    from .oci.push import push_carton
+
+    r = with_puller(store, args, lambda p: push_carton(p, args.ref, args.target))
+    out.emit(r.as_json(), [r.summary(), r.reference])
+
+
 def cmd_infer(store: Store, args: argparse.Namespace, out: Output) -> None:
     from .client import DaemonUnavailable
     from .infer_client import InferClient, describe_outputs, outputs_as_json, parse_input_arg
@@ -278,8 +285,8 @@ def cmd_verify(store: Store, args: argparse.Namespace, out: Output) -> int:
 
 HANDLERS: dict[str, Callable] = {
     "add": cmd_add, "path": cmd_path, "infer": cmd_infer, "selftest": cmd_selftest, "ls": cmd_ls,
-    "inspect": cmd_inspect, "export": cmd_export, "pack": cmd_pack, "rm": cmd_rm, "serve": cmd_serve,
-    "gc": cmd_gc, "verify": cmd_verify,
+    "inspect": cmd_inspect, "push": cmd_push, "export": cmd_export, "pack": cmd_pack, "rm": cmd_rm,
+    "serve": cmd_serve, "gc": cmd_gc, "verify": cmd_verify,
 }
 
 

@@ -64,7 +64,8 @@ def _terminal_columns() -> int:
 # -- each command's options ----------------------------------------------------------
 
 def _add(sp: argparse.ArgumentParser) -> None:
-    sp.add_argument("source", help="a .carton file, an unpacked carton directory, or an http(s) URL")
+    sp.add_argument("source", help="a .carton file, an unpacked carton directory, an http(s) URL, or an OCI "
+                    "artifact: oci://HOST[:PORT]/REPO:TAG or oci://HOST/REPO@sha256:...")
     sp.add_argument("--name", help="name to refer to the carton by (default: its model_name, when no other "
                     "carton has that name); moves the name from another carton, and says so")
     sp.add_argument("--force", action="store_true",
@@ -89,6 +90,11 @@ def _selftest(sp: argparse.ArgumentParser) -> None:
     sp.add_argument("--rtol", type=float, help="relative tolerance (default: runners.selftest_rtol)")
     sp.add_argument("--atol", type=float, help="absolute tolerance (default: runners.selftest_atol)")
     sp.add_argument("--socket", help=SOCKET_HELP)
+
+
+def _push(sp: argparse.ArgumentParser) -> None:
+    sp.add_argument("ref", help="the carton: a name, a manifest hash or a unique prefix of one")
+    sp.add_argument("target", help="where to push it: oci://HOST[:PORT]/REPO:TAG")
 
 
 def _export(sp: argparse.ArgumentParser) -> None:
@@ -152,6 +158,8 @@ COMMANDS: dict[str, tuple[str, str, bool, Callable[[argparse.ArgumentParser], No
                  "cartonstore selftest resnet --rtol 1e-4 --json", False, _selftest),
     "ls": ("list the cartons in the store", "cartonstore ls --json", False, _nothing),
     "inspect": ("show a carton's metadata, files and tensors", "cartonstore inspect my-model", False, _ref),
+    "push": ("push a carton to an OCI registry as an artifact; prints its reference with the manifest digest",
+             "cartonstore push resnet oci://registry.example.com/models/resnet:v1", True, _push),
     "export": ("write a carton from the store to a .carton file", "cartonstore export my-model -o my-model.carton",
                False, _export),
     "pack": ("pack an unpacked carton directory into a .carton file",

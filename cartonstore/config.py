@@ -39,6 +39,8 @@ from .errors import InvalidInput
 from .fetch.config import FetchConfig
 from .fetch.codings import DEFAULT_ACCEPT_ENCODING, SUPPORTED_CODINGS
 from .fetch.policy import UrlPolicy, describe
+from .hosts import is_loopback
+from .registry_settings import RegistrySettings
 from .runner_settings import RunnerSettings
 from .store.layout import default_root
 from .zipfmt import ZipLimits
@@ -238,7 +240,8 @@ class GcSettings:
 
 _SECTIONS: Mapping[str, type] = MappingProxyType({
     "store": StoreSettings, "server": ServerSettings, "leases": LeaseSettings,
-    "fetch": FetchSettings, "limits": LimitSettings, "gc": GcSettings, "runners": RunnerSettings,
+    "fetch": FetchSettings, "registries": RegistrySettings, "limits": LimitSettings, "gc": GcSettings,
+    "runners": RunnerSettings,
 })
 _PARSERS: Mapping[str, v.Parser] = MappingProxyType({
     f"{section}.{setting.name}": setting.metadata["parse"]
@@ -260,6 +263,7 @@ class Config:
     server: ServerSettings = field(default_factory=ServerSettings)
     leases: LeaseSettings = field(default_factory=LeaseSettings)
     fetch: FetchSettings = field(default_factory=FetchSettings)
+    registries: RegistrySettings = field(default_factory=RegistrySettings)
     limits: LimitSettings = field(default_factory=LimitSettings)
     gc: GcSettings = field(default_factory=GcSettings)
     runners: RunnerSettings = field(default_factory=RunnerSettings)
@@ -273,7 +277,7 @@ class Config:
     def fetch_config(self) -> FetchConfig:
         values = {setting.name: getattr(self.fetch, setting.name) for setting in fields(self.fetch)}
         policy = UrlPolicy(**{name: values.pop(name) for name in _POLICY_FIELDS})
-        return FetchConfig(**values, policy=policy)
+        return FetchConfig(**values, policy=policy, registries=self.registries.registry_config())
 
     def zip_limits(self) -> ZipLimits:
         return ZipLimits(max_entries=self.limits.zip_max_entries,
@@ -413,7 +417,7 @@ def _check(config: Config, origins: Mapping[str, tuple[int, str]]) -> None:
     """Rules between settings; the message blames the key set last (see _conflict)."""
     server, leases, fetch = config.server, config.leases, config.fetch
     address = server.listen_address
-    if address and not server.allow_remote_listen and not _is_loopback(address[0]):
+    if address and not server.allow_remote_listen and not is_loopback(address[0]):
         raise _conflict(origins, ("server.listen", "server.allow_remote_listen"),
                         f"{server.listen!r} is not a loopback address (127.0.0.0/8, ::1, "
                         f"localhost); the API has no authentication, so listening on other "
@@ -442,16 +446,3 @@ def _conflict(origins: Mapping[str, tuple[int, str]], keys: tuple[str, ...],
     key = max(keys, key=lambda key: origins.get(key, (-1, ""))[0])
     origin = origins.get(key, (-1, "defaults"))[1]
     return InvalidInput(f"{origin}: {key}: {problem}", subject=key)
-
-
-def _is_loopback(host: str) -> bool:
-    if host.lower().rstrip(".") == "localhost":
-        return True
-    import ipaddress
-
-    try:
-        address = ipaddress.ip_address(host)
-    except ValueError:
-        return False
-    mapped = getattr(address, "ipv4_mapped", None)
-    return address.is_loopback or (mapped is not None and mapped.is_loopback)

@@ -104,6 +104,10 @@ DEFAULTS = {
     "fetch.allow_hosts": (),
     "fetch.deny_hosts": (),
     "fetch.max_redirects": 5,
+    "registries.insecure": (),
+    "registries.ca_file": None,
+    "registries.auth_file": None,
+    "registries.chunk_size": 64 << 20,
     "limits.zip_max_entries": 200_000,
     "limits.zip_max_ratio": 1000,
     "gc.max_size": None,
@@ -217,6 +221,10 @@ FILE_VALUES = [
     ("fetch.allow_hosts", '["*.example.com", "10.0.0.0/8"]', ("*.example.com", "10.0.0.0/8")),
     ("fetch.deny_hosts", '["169.254.169.254", "::1"]', ("169.254.169.254", "::1")),
     ("fetch.max_redirects", "0", 0),
+    ("registries.insecure", '["registry.lab:5000", "10.0.0.5"]', ("registry.lab:5000", "10.0.0.5")),
+    ("registries.ca_file", '"/etc/cartonstore/ca.pem"', Path("/etc/cartonstore/ca.pem")),
+    ("registries.auth_file", '"/etc/cartonstore/auth.json"', Path("/etc/cartonstore/auth.json")),
+    ("registries.chunk_size", '"16MiB"', 16 << 20),
     ("limits.zip_max_entries", "10", 10),
     ("limits.zip_max_ratio", "50", 50),
     ("gc.max_size", '"500GiB"', 500 * GiB),
@@ -460,6 +468,10 @@ BAD_VALUES = [
     ("fetch.allow_hosts", '["bad host"]', "bad host pattern 'bad host'"),
     ("fetch.deny_hosts", '"10.0.0.0/8"', "expected a list of strings"),
     ("fetch.max_redirects", "-1", "expected an integer >= 0"),
+    ("registries.insecure", '["https://registry.lab"]', "is not a registry host or host:port"),
+    ("registries.ca_file", "5", "expected a path"),
+    ("registries.auth_file", "[]", "expected a path"),
+    ("registries.chunk_size", '"1KiB"', "expected a size"),
     ("limits.zip_max_entries", "0", "expected an integer >= 1"),
     ("limits.zip_max_ratio", '"high"', "expected an integer >= 1, got 'high'"),
     ("gc.max_size", '"-1G"', "expected a size"),
@@ -713,9 +725,16 @@ def test_shipped_config_explains_every_setting() -> None:
 
 
 def test_fetch_settings_mirror_fetch_config() -> None:
-    fetch_fields = {f.name for f in dataclasses.fields(FetchConfig)} - {"policy"}
+    fetch_fields = {f.name for f in dataclasses.fields(FetchConfig)} - {"policy", "registries"}
     policy_fields = {f.name for f in dataclasses.fields(UrlPolicy)}
     assert {f.name for f in dataclasses.fields(FetchSettings)} == fetch_fields | policy_fields
+
+
+def test_registry_settings_reach_fetch_config(tmp_path: Path) -> None:
+    path = write(tmp_path, '[registries]\ninsecure = ["Lab:5000"]\nca_file = "ca.pem"\nchunk_size = "8MiB"\n')
+    registries = load_config(path, env={}).fetch_config().registries
+    assert registries.insecure == ("lab:5000",) and registries.ca_file == tmp_path / "ca.pem"
+    assert registries.chunk_size == 8 << 20 and registries.auth_file is None
 
 
 def test_default_fetch_config_and_zip_limits() -> None:
@@ -768,7 +787,7 @@ zip_max_ratio = 13
 def test_as_dict_is_toml_that_loads_back(tmp_path: Path, overrides: dict) -> None:
     config = load_config(env={}, overrides=overrides)
     shown = config.as_dict()
-    assert list(shown) == ["store", "server", "leases", "fetch", "limits", "gc", "runners"]
+    assert list(shown) == ["store", "server", "leases", "fetch", "registries", "limits", "gc", "runners"]
     assert [f"{s}.{k}" for s, table in shown.items() for k in table] == \
         [key for key in setting_keys() if key not in TABLES]
     path = write(tmp_path, tomli_w.dumps(shown))

@@ -41,10 +41,13 @@ class BlobFetcher:
         return known + [f"{m.rstrip('/')}/{digest}" for m in self.config.mirrors]
 
     def kind_of(self, url: str) -> str:
-        """"mirror" for <mirror>/<sha256>, else "url" (a LINKS URL)."""
+        """"mirror" for <mirror>/<sha256>, "registry" for an OCI registry's
+        .../v2/<repo>/blobs/sha256:<hex>, else "url" (a LINKS URL)."""
         head, _, tail = url.rpartition("/")
         mirrors = {m.rstrip("/") for m in self.config.mirrors}
-        return "mirror" if head in mirrors and len(tail) == 64 else "url"
+        if head in mirrors and len(tail) == 64:
+            return "mirror"
+        return "registry" if "/v2/" in head and head.endswith("/blobs") and tail.startswith("sha256:") else "url"
 
     async def ensure(self, digest: str, urls: Sequence[str] = ()) -> bool:
         """Make the blob present; True if this call downloaded it."""

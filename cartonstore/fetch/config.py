@@ -3,9 +3,22 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from .codings import DEFAULT_ACCEPT_ENCODING
 from .policy import UrlPolicy
+
+
+@dataclass(frozen=True)
+class RegistryConfig:
+    """How OCI registries are reached (the [registries] settings)."""
+
+    # Hosts (host or host:port) that may be reached over plain http when
+    # https fails; loopback registries always may, as docker allows.
+    insecure: tuple[str, ...] = ()
+    ca_file: Path | None = None       # CA certificates trusted besides the system's
+    auth_file: Path | None = None     # docker config.json format, read before docker's own
+    chunk_size: int = 64 << 20        # blobs larger than this are pushed in chunks of this size
 
 
 @dataclass(frozen=True)
@@ -28,3 +41,4 @@ class FetchConfig:
     max_blob_size: int | None = None  # refuse decoded blobs larger than this
     mirrors: tuple[str, ...] = ()     # tried after LINKS URLs, as <mirror>/<sha256>
     policy: UrlPolicy = field(default_factory=UrlPolicy)
+    registries: RegistryConfig = field(default_factory=RegistryConfig)

@@ -18,15 +18,19 @@ import ssl
 import time
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import AsyncIterator, Awaitable, Callable, TypeVar
+from pathlib import Path
+from typing import TYPE_CHECKING, AsyncIterator, Awaitable, Callable, TypeVar
 
 import aiohttp
 from multidict import CIMultiDictProxy
 
-from ..errors import FetchError, FetchNotFound
+from ..errors import FetchError, FetchNotFound, InvalidInput
 from .config import FetchConfig
 from .encoding import parse_content_encoding
 from .policy import describe, redirect_target
+
+if TYPE_CHECKING:
+    from ..oci.auth import RegistryAuth
 
 T = TypeVar("T")
 # Each chunk is one hop to the stream's hashing thread; 1 MiB keeps hops rare
@@ -112,6 +116,17 @@ def _reason(e: BaseException) -> str:
     return text.splitlines()[0][:200]
 
 
+def trust_context(ca_file: Path) -> ssl.SSLContext:
+    """The system's CAs plus those in ca_file (a private registry's or origin's)."""
+    context = ssl.create_default_context()
+    try:
+        context.load_verify_locations(cafile=str(ca_file))
+    except (OSError, ssl.SSLError) as e:
+        raise InvalidInput(f"registries.ca_file {ca_file}: cannot load CA certificates "
+                           f"({getattr(e, 'strerror', None) or e})", subject=str(ca_file)) from None
+    return context
+
+
 def parse_content_range(value: str | None) -> tuple[int, int, int | None] | None:
     m = _CONTENT_RANGE.match((value or "").strip())
     if not m:
@@ -146,15 +161,37 @@ class HttpClient:
     def __init__(self, config: FetchConfig) -> None:
         self.config = config
         self._session: aiohttp.ClientSession | None = None
+        self._auth: RegistryAuth | None = None
 
     async def __aenter__(self) -> "HttpClient":
         timeout = aiohttp.ClientTimeout(total=None, connect=self.config.connect_timeout,
                                         sock_connect=self.config.connect_timeout,
                                         sock_read=self.config.stall_timeout)
+        tls = trust_context(self.config.registries.ca_file) if self.config.registries.ca_file else True
         self._session = aiohttp.ClientSession(auto_decompress=False, timeout=timeout,
-                                              connector=aiohttp.TCPConnector(limit=64),
+                                              connector=aiohttp.TCPConnector(limit=64, ssl=tls),
                                               headers={"User-Agent": "cartonstore"})
         return self
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        assert self._session is not None, "use HttpClient as an async context manager"
+        return self._session
+
+    @property
+    def auth(self) -> "RegistryAuth":
+        """Answers 401 challenges (registries' Basic and Bearer); made on the
+        first one, so a fetch that never meets one reads no credentials."""
+        if self._auth is None:
+            from ..oci.auth import RegistryAuth
+            from ..oci.credentials import docker_config_paths
+
+            self._auth = RegistryAuth(docker_config_paths(self.config.registries.auth_file),
+                                      check_url=self.config.policy.check)
+        return self._auth
+
+    def authorization(self, url: str, *, push: bool = False) -> str | None:
+        return self._auth.header_for(url, push=push) if self._auth is not None else None
 
     async def __aexit__(self, *exc: object) -> None:
         if self._session is not None:
@@ -176,12 +213,25 @@ class HttpClient:
         elif ranged:
             headers["Range"] = f"bytes={start}-{'' if end is None else end - 1}"
         current = self.config.policy.check(url)
-        for _hop in range(self.config.policy.max_redirects + 1):
+        answered: tuple[str, str] | None = None   # (url, Authorization) a 401 was answered with
+        hops = 0
+        while hops <= self.config.policy.max_redirects:
+            sent = answered[1] if answered and answered[0] == current else self.authorization(current)
             try:
-                raw = await self._session.get(current, headers=headers, allow_redirects=False)
+                raw = await self._session.get(current, headers={**headers, "Authorization": sent} if sent else headers,
+                                              allow_redirects=False)
             except Exception as e:  # noqa: BLE001
                 raise translate(e, current) from e
             try:
+                if raw.status == 401:
+                    if answered is not None and answered[0] == current:
+                        raise FetchError(f"{describe(current)}: HTTP 401 Unauthorized: the registry refused the "
+                                         f"authorization it asked for", subject=current)
+                    answered = (current, await self.auth.answer(self._session, current,
+                                                                raw.headers.getall("WWW-Authenticate", []),
+                                                                sent=sent))
+                    continue
+                hops += 1
                 if raw.status in (301, 302, 303, 307, 308):
                     location = raw.headers.get("Location")
                     if not location:

@@ -31,6 +31,7 @@ from ..store.locks import async_file_lock
 from ..store.names import NameOutcome, validate_name
 from ..units import format_size
 from ..zipfmt import ZipEntry
+from ..oci.reference import is_oci_reference, parse_reference
 from .blob_fetcher import BlobFetcher
 from .config import FetchConfig
 from .http import HttpClient
@@ -119,7 +120,9 @@ class Puller:
             validate_name(name)
         before = self.stats.snapshot()
         read = [0, 0]   # bytes, blobs taken from a local source
-        if is_url(source):
+        if is_oci_reference(source):
+            result = await self._add_oci(source, name, force)
+        elif is_url(source):
             result = await self._add_url(source, name, force)
         else:
             result = await asyncio.to_thread(self.store.add, source, name=name, force=force)
@@ -140,6 +143,19 @@ class Puller:
     async def _add_url(self, url: str, name: str | None, force: bool) -> IngestResult:
         url = self.config.policy.check(url)
         return await self._urls_in_flight.run(f"{url}\n{name}\n{force}", lambda: self._add_url_once(url, name, force))
+
+    async def _add_oci(self, text: str, name: str | None, force: bool) -> IngestResult:
+        from ..oci.pull import add_from_registry
+
+        ref = parse_reference(text)
+        key = f"{ref}\n{name}\n{force}"
+        lock = self.store.layout.locks_dir / f"url-{hashlib.sha256(str(ref).encode()).hexdigest()}.lock"
+
+        async def once() -> IngestResult:
+            async with async_file_lock(lock, timeout=self.config.lock_timeout):
+                self.on_event({"event": "carton", "url": str(ref)})
+                return await add_from_registry(self, ref, name, force)
+        return await self._urls_in_flight.run(key, once)
 
     async def _add_url_once(self, url: str, name: str | None, force: bool) -> IngestResult:
         started = time.time()
@@ -243,7 +259,13 @@ class Puller:
         fetched, local_reasons = await asyncio.to_thread(restore_from_local, self.store, missing,
                                                          self.fetcher.commit, lock_timeout=self.config.lock_timeout)
         missing, row, unlinked = await asyncio.to_thread(self._still_missing, digest, missing)
-        if unlinked and row is not None and row.source and is_url(row.source):
+        if unlinked and row is not None and row.source and is_oci_reference(row.source):
+            # The artifact's own MANIFEST (or one rebuilt from its layers): from the manifest again.
+            from ..oci.pull import add_from_registry
+
+            await add_from_registry(self, parse_reference(row.source), None, False)
+            fetched += len(unlinked)
+        elif unlinked and row is not None and row.source and is_url(row.source):
             # In the carton's own zip, not in LINKS: read them from there again.
             fetched += await self._refetch_from_zip(row.source, digest, set(unlinked))
         linked, sourceless = await asyncio.to_thread(self._with_no_source, missing)

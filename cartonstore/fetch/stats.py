@@ -24,7 +24,7 @@ from .config import FetchConfig
 from .http import tls_reason
 from .policy import describe
 
-SOURCE_KINDS = ("file", "url", "mirror")
+SOURCE_KINDS = ("file", "url", "mirror", "registry")
 
 
 @dataclass

@@ -64,9 +64,12 @@ def wants_parts(response: Response, config: FetchConfig, resuming: bool) -> bool
 
 
 async def download(client: HttpClient, url: str, writer: BlobWriter, config: FetchConfig, *,
-                   stats: TransferStats | None = None, source: str = "url") -> None:
+                   stats: TransferStats | None = None, source: str = "url", expected_size: int | None = None) -> None:
     """Fetch url's whole decoded body into writer, retrying and resuming;
-    its bytes count in stats as coming from this kind of source."""
+    its bytes count in stats as coming from this kind of source. With
+    ``expected_size`` (what a registry's manifest says), a body that is or
+    decodes to more is refused as soon as it shows."""
+    limit = config.max_blob_size if expected_size is None else min(expected_size, config.max_blob_size or expected_size)
     resumable = False
     parts_ok = True
 
@@ -82,6 +85,9 @@ async def download(client: HttpClient, url: str, writer: BlobWriter, config: Fet
             try:
                 if response.start != start:  # Range ignored: the body starts at 0 again
                     await asyncio.to_thread(writer.reset)
+                if expected_size is not None and response.total is not None and response.total != expected_size:
+                    raise FetchError(f"{describe(url)}: serves {response.total} bytes, the manifest says "
+                                     f"{expected_size}", subject=url)
                 if parts_ok and wants_parts(response, config, start > 0):
                     try:
                         await download_parts(client, url, response, writer, config, tally=tally)
@@ -90,9 +96,9 @@ async def download(client: HttpClient, url: str, writer: BlobWriter, config: Fet
                         raise FetchError(e.message, subject=url, retryable=True) from None
                     return
                 resumable = not response.encodings and response.accepts_ranges
-                decoder = ContentDecoder(response.encodings, url=url, max_output=config.max_blob_size)
+                decoder = ContentDecoder(response.encodings, url=url, max_output=limit)
                 size = response.start + response.length if not response.encodings and response.length else 0
-                if config.max_blob_size is not None and size > config.max_blob_size:
+                if limit is not None and size > limit:
                     size = 0  # not reserved: the decoder refuses the body as too large, naming why
                 await pump(response, decoder, writer, tally=tally, reserve=size)
             finally:
@@ -198,16 +204,20 @@ class SourcesFailed(FetchError):
 
 async def fetch_blob(client: HttpClient, blobs: BlobStore, digest: str, urls: Sequence[str],
                      config: FetchConfig, *, stats: TransferStats | None = None,
-                     kind_of: Callable[[str], str] | None = None) -> StagedBlob:
-    """Try each URL until one delivers bytes that hash to digest; returns
-    them staged. Raises FetchError listing what went wrong with every URL.
-    ``kind_of(url)`` says what kind of source a URL is ("url", "mirror")."""
+                     kind_of: Callable[[str], str] | None = None, expected_size: int | None = None) -> StagedBlob:
+    """Try each URL until one delivers bytes that hash to digest (and are
+    ``expected_size`` long, when given); returns them staged. Raises
+    FetchError listing what went wrong with every URL. ``kind_of(url)`` says
+    what kind of source a URL is ("url", "mirror", "registry")."""
     problems: list[str] = []
     for url in urls:
         kind = kind_of(url) if kind_of is not None else "url"
         try:
             with blobs.writer(label="fetch") as writer:
-                await download(client, url, writer, config, stats=stats, source=kind)
+                await download(client, url, writer, config, stats=stats, source=kind, expected_size=expected_size)
+                if expected_size is not None and writer.size != expected_size:
+                    raise FetchError(f"{describe(url)}: delivered {writer.size} bytes, the manifest says "
+                                     f"{expected_size}", subject=url)
                 staged = await asyncio.to_thread(writer.stage, expected_digest=digest)
                 if stats is not None:
                     stats.blobs(kind)

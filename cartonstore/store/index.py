@@ -19,7 +19,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Sequence, TypeVar
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Mapping, Sequence, TypeVar
 
 from ..errors import CartonStoreError, NotFound, Unavailable
 from .names import NameOutcome, assign_name
@@ -166,6 +166,11 @@ class Index:
     def links_for(self, digest: str) -> list[str]:
         return [r[0] for r in self._rows("SELECT url FROM links WHERE digest=? ORDER BY position", (digest,))]
 
+    def add_links(self, links: Mapping[str, Sequence[str]]) -> None:
+        """More URLs each blob can be fetched from (after those known)."""
+        with self.transaction() as conn:
+            _insert_links(conn, links)
+
     # -- cartons -----------------------------------------------------------
 
     def record_carton(self, rec: CartonRecord, *, blobs: Iterable[tuple[str, int]], name: str | None,
@@ -190,11 +195,7 @@ class Index:
                 [(r.digest, e.path, e.digest, e.size, e.kind, e.target) for e in rec.entries],
             )
             learn_sizes(conn, (e.digest for e in rec.entries if e.size is None and e.kind == "file"))
-            for digest, urls in rec.links.items():
-                base = conn.execute("SELECT coalesce(max(position)+1, 0) FROM links WHERE digest=?",
-                                    (digest,)).fetchone()[0]
-                conn.executemany("INSERT OR IGNORE INTO links VALUES (?,?,?)",
-                                 [(digest, u, base + i) for i, u in enumerate(urls)])
+            _insert_links(conn, rec.links)
             from .sources import record_local_sources
 
             record_local_sources(conn, rec.local_sources)
@@ -441,3 +442,9 @@ class Index:
         now = time.time() if now is None else now
         rows = self._rows("SELECT * FROM leases WHERE carton=? AND expires_at>? ORDER BY expires_at", (carton, now))
         return [LeaseRow(*r) for r in rows]
+
+
+def _insert_links(conn: sqlite3.Connection, links: Mapping[str, Sequence[str]]) -> None:
+    for digest, urls in links.items():
+        base = conn.execute("SELECT coalesce(max(position)+1, 0) FROM links WHERE digest=?", (digest,)).fetchone()[0]
+        conn.executemany("INSERT OR IGNORE INTO links VALUES (?,?,?)", [(digest, u, base + i) for i, u in enumerate(urls)])

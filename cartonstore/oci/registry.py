@@ -1,0 +1,224 @@
+"""The OCI distribution API, as far as cartons need it.
+
+Manifests are fetched and pushed, blobs checked (HEAD), mounted from another
+repository, and uploaded (upload.py); blob downloads go through the fetch
+path (fetch/http.py, fetch/transfer.py), which answers the same challenges
+through the same RegistryAuth.
+
+The scheme: https always; plain http too, for a registry on loopback
+(127.0.0.0/8, ::1, localhost) or listed in ``registries.insecure``, when
+https cannot be reached there (docker's rule). A certificate is always
+verified when https answers.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Any, AsyncIterator, Callable
+
+from ..errors import FetchError, FetchNotFound, IntegrityError
+from ..fetch.http import HttpClient, translate, with_retries
+from ..fetch.policy import describe, redirect_target
+from ..hosts import is_loopback
+from .artifact import ACCEPT, MAX_MANIFEST_SIZE, OCI_MANIFEST
+from .reference import OciReference
+
+
+@dataclass(frozen=True)
+class Answer:
+    status: int
+    headers: Any          # CIMultiDictProxy
+    body: bytes
+    url: str
+
+
+class Registry:
+    """One repository of one registry, over a shared HttpClient."""
+
+    def __init__(self, client: HttpClient, ref: OciReference) -> None:
+        self.client = client
+        self.ref = ref
+        self.base: str | None = None   # "https://host:port", found by connect()
+
+    @property
+    def config(self):  # noqa: ANN201 - FetchConfig
+        return self.client.config
+
+    def url(self, path: str) -> str:
+        assert self.base is not None, "call connect() first"
+        return f"{self.base}/v2/{self.ref.repository}/{path}"
+
+    def blob_url(self, digest: str) -> str:
+        return self.url(f"blobs/sha256:{digest}")
+
+    async def connect(self) -> str:
+        """Find the scheme the registry answers on (GET /v2/); returns the base URL."""
+        if self.base is not None:
+            return self.base
+        authority = self.ref.authority
+        plain_ok = is_loopback(self.ref.host) or authority.lower() in self.config.registries.insecure \
+            or self.ref.host.lower() in self.config.registries.insecure
+        problems = []
+        for scheme in ("https", "http") if plain_ok else ("https",):
+            base = f"{scheme}://{authority}"
+            try:
+                answer = await self.request("GET", f"{base}/v2/", authorize=False)
+            except FetchError as e:
+                problems.append(f"{scheme}: {e.message}")
+                continue
+            if answer.status in (200, 401):
+                self.base = base
+                return base
+            problems.append(f"{scheme}: GET /v2/ answered HTTP {answer.status}, not an OCI registry")
+        hint = "" if plain_ok else " (plain http is tried only for hosts in registries.insecure)"
+        raise FetchError(f"cannot reach the registry {authority}{hint}: " + "; ".join(problems),
+                         subject=str(self.ref), retryable=True)
+
+    async def request(self, method: str, url: str, *, push: bool = False, headers: dict | None = None,
+                      body: Callable[[], Any] | None = None, limit: int = 1 << 20, authorize: bool = True,
+                      extra_scopes: tuple[str, ...] = ()) -> Answer:
+        """One API call, its 401 answered once; ``body()`` makes the request
+        body afresh (a retry after a 401 sends it again). Bodies over
+        ``limit`` are an error. Redirects are not followed (the API's own
+        answers are 201/202 with a Location)."""
+        url = self.config.policy.check(url)
+        sent = self.client.authorization(url, push=push) if authorize else None
+        for attempt in range(2):
+            call_headers = dict(headers or {})
+            if sent:
+                call_headers["Authorization"] = sent
+            try:
+                async with self.client.session.request(method, url, headers=call_headers,
+                                                       data=body() if body else None,
+                                                       allow_redirects=False) as r:
+                    data = await _read_limited(r, limit, url)
+                    if r.status == 401 and authorize and attempt == 0:
+                        sent = await self.client.auth.answer(self.client.session, url,
+                                                             r.headers.getall("WWW-Authenticate", []),
+                                                             push=push, sent=sent, extra_scopes=extra_scopes)
+                        continue
+                    if r.status == 401 and authorize:
+                        raise FetchError(f"{method} {describe(url)}: HTTP 401 Unauthorized: the registry refused "
+                                         f"the authorization it asked for", subject=url)
+                    return Answer(r.status, r.headers, data, url)
+            except FetchError:
+                raise
+            except Exception as e:  # noqa: BLE001 - translated here, once
+                raise translate(e, url) from e
+        raise AssertionError("unreachable")
+
+    def location(self, answer: Answer) -> str:
+        """The Location of a 201/202, absolute, and allowed by the URL policy."""
+        where = answer.headers.get("Location")
+        if not where:
+            raise FetchError(f"{describe(answer.url)}: HTTP {answer.status} without a Location", subject=answer.url)
+        return self.config.policy.check(redirect_target(answer.url, where))
+
+    async def get_manifest(self) -> tuple[bytes, str, str]:
+        """The manifest's bytes, media type and digest ("sha256:..."), checked:
+        by digest when the reference names one, and against the digest the
+        registry says it served."""
+        await self.connect()
+        url = self.url(f"manifests/{self.ref.reference}")
+
+        async def attempt(_n: int) -> Answer:
+            answer = await self.request("GET", url, headers={"Accept": ACCEPT}, limit=MAX_MANIFEST_SIZE)
+            if answer.status in (404, 410):
+                raise FetchNotFound(f"{self.ref}: the registry has no such manifest (HTTP {answer.status})",
+                                    subject=str(self.ref))
+            if answer.status >= 500 or answer.status in (408, 429):
+                raise FetchError(f"{self.ref}: the registry answered HTTP {answer.status}", subject=str(self.ref),
+                                 retryable=True)
+            if answer.status != 200:
+                raise FetchError(f"{self.ref}: the registry answered HTTP {answer.status} for the manifest",
+                                 subject=str(self.ref))
+            return answer
+
+        answer = await with_retries(self.config, attempt)
+        digest = "sha256:" + hashlib.sha256(answer.body).hexdigest()
+        said = answer.headers.get("Docker-Content-Digest")
+        if self.ref.digest and digest != self.ref.digest:
+            raise IntegrityError(f"{self.ref}: the manifest served hashes to {digest}, not the digest asked for",
+                                 subject=str(self.ref))
+        if said and said.startswith("sha256:") and said != digest:
+            raise IntegrityError(f"{self.ref}: the registry says the manifest is {said}, its bytes hash to {digest}",
+                                 subject=str(self.ref))
+        media_type = answer.headers.get("Content-Type", "").split(";")[0].strip()
+        return answer.body, media_type, digest
+
+    async def put_manifest(self, tag: str, raw: bytes) -> str:
+        """Push the manifest under tag; returns its digest."""
+        await self.connect()
+        answer = await self.request("PUT", self.url(f"manifests/{tag}"), push=True,
+                                    headers={"Content-Type": OCI_MANIFEST}, body=lambda: raw)
+        if answer.status not in (200, 201):
+            raise FetchError(f"{self.ref}: the registry refused the manifest (HTTP {answer.status}: "
+                             f"{said_by_registry(answer)})", subject=str(self.ref))
+        return "sha256:" + hashlib.sha256(raw).hexdigest()
+
+    async def blob_size(self, digest: str) -> int | None:
+        """HEAD a blob: its size if the repository has it, else None."""
+        answer = await self.request("HEAD", self.blob_url(digest), push=True)
+        if answer.status == 200:
+            return int(answer.headers.get("Content-Length") or 0)
+        if answer.status == 404:
+            return None
+        raise FetchError(f"HEAD {describe(answer.url)}: HTTP {answer.status}", subject=answer.url,
+                         retryable=answer.status >= 500)
+
+    async def start_upload(self, mount: tuple[str, str] | None = None) -> str | None:
+        """POST an upload; with ``mount`` (digest, from repository) ask to mount
+        that blob instead. None when the mount was done (201), else the
+        upload's Location."""
+        params = f"?mount=sha256:{mount[0]}&from={mount[1]}" if mount else ""
+        extra = (f"repository:{mount[1]}:pull",) if mount else ()
+        answer = await self.request("POST", self.url(f"blobs/uploads/{params}"), push=True,
+                                    headers={"Content-Length": "0"}, extra_scopes=extra)
+        if answer.status == 201 and mount:
+            return None
+        if answer.status != 202:
+            raise FetchError(f"POST {describe(answer.url)}: the registry did not start an upload (HTTP "
+                             f"{answer.status}: {said_by_registry(answer)})", subject=answer.url,
+                             retryable=answer.status >= 500)
+        return self.location(answer)
+
+
+async def _read_limited(r: Any, limit: int, url: str) -> bytes:
+    parts: list[bytes] = []
+    size = 0
+    async for chunk in r.content.iter_chunked(1 << 16):
+        size += len(chunk)
+        if size > limit:
+            raise FetchError(f"{describe(url)}: answer longer than the {limit} bytes expected", subject=url)
+        parts.append(chunk)
+    return b"".join(parts)
+
+
+def said_by_registry(answer: Answer) -> str:
+    """The registry's own error, from its JSON errors body, in a few words."""
+    try:
+        import json
+
+        errors = json.loads(answer.body).get("errors") or []
+        return "; ".join(f"{e.get('code')}: {e.get('message')}" for e in errors)[:300] or "no detail"
+    except (ValueError, AttributeError):
+        return answer.body[:200].decode(errors="replace") or "no detail"
+
+
+async def iter_file(path: str, start: int, length: int, piece: int = 1 << 20) -> AsyncIterator[bytes]:
+    """length bytes of a file from start, read in worker threads."""
+    import asyncio
+
+    f = await asyncio.to_thread(open, path, "rb")
+    try:
+        await asyncio.to_thread(f.seek, start)
+        left = length
+        while left > 0:
+            data = await asyncio.to_thread(f.read, min(piece, left))
+            if not data:
+                raise FetchError(f"{path}: ended {left} bytes early while uploading", subject=path)
+            left -= len(data)
+            yield data
+    finally:
+        await asyncio.to_thread(f.close)
