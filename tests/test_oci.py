@@ -234,3 +234,61 @@ def test_cli_push_and_add_and_a_daemon_load_by_oci_source(tmp_path: Path, regist
     status, said = call(daemon, "POST", "/v2/repository/models/bad/load",
                         json={"parameters": {"source": registry.ref("models/none:v1")}})
     assert status == 404 and "no such manifest" in json.dumps(said)
+
+
+def test_a_chunk_cut_off_is_resumed_from_where_the_registry_stands(tmp_path: Path, registry: Registry,
+                                                                    make_carton) -> None:  # noqa: ANN001
+    from tokenproxy import TokenProxy
+
+    with TokenProxy(registry.authority, tokens=False, break_patches=2) as proxy, Store(tmp_path / "s") as s:
+        s.add(make_carton(FILES), name="m")
+        r = push(s, "m", f"oci://{proxy.authority}/models/m:v1", config(tmp_path))
+        assert proxy.broken == 2 and r.uploaded == 5
+        with Store(tmp_path / "a") as a:
+            pull(a, registry.ref("models/m:v1"), config(tmp_path))
+            assert a.blobs.path(sha(BIG)).read_bytes() == BIG and a.verify().ok
+
+
+# -- TLS -----------------------------------------------------------------------------------
+
+
+def make_cert(directory: Path) -> tuple[Path, Path]:
+    import shutil
+    import subprocess
+
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl is not installed")
+    cert, key = directory / "cert.pem", directory / "key.pem"
+    directory.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=127.0.0.1",
+                    "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
+                   check=True, capture_output=True, timeout=60)
+    return cert, key
+
+
+def test_https_registry_is_verified_with_the_configured_ca(tmp_path: Path, make_carton, monkeypatch) -> None:  # noqa: ANN001
+    monkeypatch.setenv("DOCKER_CONFIG", str(tmp_path / "docker"))
+    cert, key = make_cert(tmp_path / "tls")
+    with Registry(tmp_path / "registry", tls=(cert, key)) as registry, Store(tmp_path / "s") as s:
+        digest = s.add(make_carton(FILES), name="m").digest
+        with pytest.raises(FetchError, match="https: .*certificate"):
+            push(s, "m", registry.ref("models/m:v1"), config(tmp_path))
+        assert push(s, "m", registry.ref("models/m:v1"), config(tmp_path, ca_file=cert)).uploaded == 5
+        with Store(tmp_path / "a") as a:
+            assert pull(a, registry.ref("models/m:v1"), config(tmp_path, ca_file=cert)).digest == digest
+
+
+def test_credentials_from_a_credential_helper(tmp_path: Path, locked: Registry, make_carton, monkeypatch) -> None:  # noqa: ANN001
+    helpers = tmp_path / "bin"
+    helpers.mkdir()
+    helper = helpers / "docker-credential-fake"
+    helper.write_text(f'#!/bin/sh\nread server\necho "$server" > {tmp_path}/asked\n'
+                      f'echo \'{{"ServerURL": "x", "Username": "{USER}", "Secret": "{PASSWORD}"}}\'\n')
+    helper.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{helpers}:{__import__('os').environ['PATH']}")
+    (tmp_path / "docker").mkdir()
+    (tmp_path / "docker" / "config.json").write_text(json.dumps({"credHelpers": {locked.authority: "fake"}}))
+    with Store(tmp_path / "s") as s:
+        s.add(make_carton(FILES), name="m")
+        assert push(s, "m", locked.ref("models/m:v1"), config(tmp_path)).uploaded == 5
+    assert (tmp_path / "asked").read_text().strip() == locked.authority

@@ -23,9 +23,15 @@ HOP_HEADERS = {"host", "authorization", "connection", "transfer-encoding", "cont
 
 
 class TokenProxy:
-    def __init__(self, upstream: str, *, require_user: bool = False) -> None:
+    def __init__(self, upstream: str, *, require_user: bool = False, tokens: bool = True,
+                 break_patches: int = 0) -> None:
+        """``tokens=False`` forwards without asking for any; ``break_patches``:
+        that many PATCHes (upload chunks) are cut off after part of their body."""
         self.upstream = upstream            # "127.0.0.1:PORT" of the registry
         self.require_user = require_user
+        self.use_tokens = tokens
+        self.break_patches = break_patches
+        self.broken = 0
         self.tokens: dict[str, set[str]] = {}   # token -> scopes granted
         self.token_requests: list[dict] = []
         self.port = 0
@@ -57,10 +63,17 @@ class TokenProxy:
         need = f"repository:{repo.group(1)}:{action}" if repo else None
         given = request.headers.get("Authorization", "")
         granted = self.tokens.get(given[7:]) if given.startswith("Bearer ") else None
-        if granted is None or (need is not None and need not in granted):
+        if self.use_tokens and (granted is None or (need is not None and need not in granted)):
             scope = f',scope="repository:{repo.group(1)}:{"pull" if action == "pull" else "pull,push"}"' if repo else ""
             return web.Response(status=401, headers={
                 "WWW-Authenticate": f'Bearer realm="http://{self.authority}/token",service="{SERVICE}"{scope}'})
+        if request.method == "PATCH" and self.break_patches > 0:
+            self.break_patches -= 1
+            self.broken += 1
+            await request.content.read(1000)
+            assert request.transport is not None
+            request.transport.abort()   # the chunk is cut off: the client sees a reset
+            raise web.HTTPBadRequest()
         headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_HEADERS}
         headers["Host"] = self.authority     # the registry builds its Locations from it
         if request.content_length is not None:

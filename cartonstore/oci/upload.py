@@ -28,9 +28,12 @@ def _with_digest(location: str, digest: str) -> str:
 
 
 def _committed(answer: Answer) -> int:
-    """Bytes the registry holds of the upload, from its Range header."""
+    """Bytes the registry holds of the upload, from its Range header.
+    Distribution answers "0-0" for an empty upload as well as for one byte;
+    chunks are at least 1 MiB, so it is read as empty."""
     m = _RANGE.match(answer.headers.get("Range", "").strip())
-    return int(m.group(1)) + 1 if m else 0
+    last = int(m.group(1)) if m else 0
+    return last + 1 if last else 0
 
 
 async def upload_blob(registry: Registry, path: str, digest: str, size: int, location: str) -> int:
