@@ -127,7 +127,7 @@ def test_skopeo_copies_what_cartonstore_pushed(tmp_path: Path, make_carton, monk
     monkeypatch.setenv("DOCKER_CONFIG", str(tmp_path / "docker"))
     with Registry(tmp_path / "registry") as registry, Store(tmp_path / "s") as s:
         s.add(make_carton(FILES), name="m")
-        push(s, "m", registry.ref("models/m:v1"), config(tmp_path))
+        push(s, "m", registry.ref("models/m:v1"), config())
         out = tmp_path / "copied"
         subprocess.run([SKOPEO, "copy", "--src-tls-verify=false", f"docker://{registry.authority}/models/m:v1",
                         f"dir:{out}"], check=True, capture_output=True, timeout=120)
@@ -152,3 +152,33 @@ def test_an_artifact_skopeo_pushed_is_added(tmp_path: Path, monkeypatch) -> None
                         f"docker://{registry.authority}/by-skopeo/m:v1"], check=True, capture_output=True, timeout=120)
         r = pull(s, registry.ref("by-skopeo/m:v1"), fast_config())
         assert r.complete and r.digest == sha(manifest_for(files)) and s.verify().ok
+
+
+# -- concurrent callers and adding again ------------------------------------------------------
+
+
+def test_concurrent_adds_of_one_reference_share_one_fetch(store: Store, origin) -> None:  # noqa: ANN001
+    import asyncio
+
+    from cartonstore.fetch.puller import Puller
+
+    ref = fake_registry(origin, FILES)
+
+    async def run():  # noqa: ANN202
+        async with Puller(store, fast_config()) as p:
+            return await asyncio.gather(*(p.add(ref) for _ in range(4)))
+
+    results = asyncio.run(run())
+    assert {r.digest for r in results} == {sha(manifest_for(FILES))} and all(r.complete for r in results)
+    assert origin.count("/v2/r/manifests/t") == 1
+    for data in FILES.values():
+        assert origin.count(f"/v2/r/blobs/sha256:{sha(data)}") == 1
+
+
+def test_adding_again_fetches_no_blob(store: Store, origin) -> None:  # noqa: ANN001
+    ref = fake_registry(origin, FILES)
+    first = pull(store, ref, fast_config())
+    origin.reset_counts()
+    again = pull(store, ref, fast_config())
+    assert again.digest == first.digest and again.blobs_fetched == 0
+    assert all(origin.count(f"/v2/r/blobs/sha256:{sha(d)}") == 0 for d in FILES.values())

@@ -87,3 +87,54 @@ def doc(**changes) -> bytes:  # noqa: ANN003
 def test_bad_manifests(raw: bytes, error: type, why: str) -> None:
     with pytest.raises(error, match=why):
         parse_manifest(raw, "oci://h/r:t")
+
+
+# -- credentials files -------------------------------------------------------------------------
+
+
+def test_credentials_keys_entries_and_order(tmp_path) -> None:  # noqa: ANN001
+    import base64
+
+    from cartonstore.oci.credentials import Credentials, find_credentials
+
+    first, second = tmp_path / "first.json", tmp_path / "second.json"
+    first.write_text(json.dumps({"auths": {"https://Reg.Example:5000/v1/": {"username": "u", "password": "p"}}}))
+    second.write_text(json.dumps({"auths": {
+        "reg.example:5000": {"auth": base64.b64encode(b"other:x").decode()},
+        "tok.example": {"identitytoken": "refresh"},
+        "plain.example": {"auth": base64.b64encode(b"a:b:c").decode()}}}))
+    assert find_credentials("reg.example:5000", [first, second]) == Credentials("u", "p")
+    assert find_credentials("tok.example", [tmp_path / "absent.json", second]) == Credentials(identity_token="refresh")
+    assert find_credentials("plain.example", [second]) == Credentials("a", "b:c")
+    assert find_credentials("nowhere.example", [first, second]) is None
+    assert "p" not in repr(Credentials("u", "p"))
+
+
+@pytest.mark.parametrize(("doc", "why"), [
+    ("not json", "not JSON"),
+    ("[]", "not a JSON object"),
+    ('{"auths": {"h": {"auth": "%%%"}}}', "not base64"),
+    ('{"auths": {"h": {"auth": "bm9jb2xvbg=="}}}', "no ':'"),
+    ('{"credHelpers": {"h": "surely-not-installed"}}', "docker-credential-surely-not-installed .* is not installed"),
+    ('{"credsStore": "surely-not-installed"}', "is not installed"),
+])
+def test_bad_credentials_files(tmp_path, doc: str, why: str) -> None:  # noqa: ANN001
+    from cartonstore.oci.credentials import find_credentials
+
+    path = tmp_path / "config.json"
+    path.write_text(doc)
+    with pytest.raises(InvalidInput, match=why):
+        find_credentials("h", [path])
+
+
+def test_a_failing_credential_helper_is_named(tmp_path, monkeypatch) -> None:  # noqa: ANN001
+    from cartonstore.oci.credentials import find_credentials
+
+    helper = tmp_path / "docker-credential-broken"
+    helper.write_text("#!/bin/sh\necho 'keychain locked' >&2\nexit 1\n")
+    helper.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
+    path = tmp_path / "config.json"
+    path.write_text('{"credsStore": "broken"}')
+    with pytest.raises(InvalidInput, match="docker-credential-broken get failed: keychain locked"):
+        find_credentials("h", [path])

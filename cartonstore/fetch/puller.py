@@ -259,13 +259,8 @@ class Puller:
         fetched, local_reasons = await asyncio.to_thread(restore_from_local, self.store, missing,
                                                          self.fetcher.commit, lock_timeout=self.config.lock_timeout)
         missing, row, unlinked = await asyncio.to_thread(self._still_missing, digest, missing)
-        if unlinked and row is not None and row.source and is_oci_reference(row.source):
-            # The artifact's own MANIFEST (or one rebuilt from its layers): from the manifest again.
-            from ..oci.pull import add_from_registry
-
-            await add_from_registry(self, parse_reference(row.source), None, False)
-            fetched += len(unlinked)
-        elif unlinked and row is not None and row.source and is_url(row.source):
+        # A carton from a registry has every blob linked (and a collection keeps its MANIFEST).
+        if unlinked and row is not None and row.source and is_url(row.source) and not is_oci_reference(row.source):
             # In the carton's own zip, not in LINKS: read them from there again.
             fetched += await self._refetch_from_zip(row.source, digest, set(unlinked))
         linked, sourceless = await asyncio.to_thread(self._with_no_source, missing)

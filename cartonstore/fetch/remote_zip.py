@@ -243,18 +243,21 @@ class BytesSink:
         self.buf.write(data)
 
 
+def read_whole_limit(name: str, is_symlink: bool = False) -> int | None:
+    """The size limit of a file check_carton reads whole (metadata,
+    carton.toml, tensor index, string tensors: .toml in tensor_data/,
+    symlink targets), or None for one it never reads."""
+    if name in METADATA_LIMITS:
+        return METADATA_LIMITS[name]
+    if name.startswith("tensor_data/") and name.endswith(".toml"):
+        return STRING_TENSOR_LIMIT
+    return SYMLINK_TARGET_LIMIT if is_symlink else None
+
+
 def small_files_to_prefetch(entries: dict[str, ZipEntry]) -> dict[str, int]:
-    """What check_carton reads whole: metadata, carton.toml, tensor index,
-    string tensors (.toml in tensor_data/) and symlink targets -> size limit."""
-    out = {}
-    for name, e in entries.items():
-        if name in METADATA_LIMITS:
-            out[name] = METADATA_LIMITS[name]
-        elif name.startswith("tensor_data/") and name.endswith(".toml"):
-            out[name] = STRING_TENSOR_LIMIT
-        elif e.is_symlink:
-            out[name] = SYMLINK_TARGET_LIMIT
-    return out
+    """The entries check_carton reads whole -> their size limit."""
+    return {name: limit for name, e in entries.items()
+            if (limit := read_whole_limit(name, e.is_symlink)) is not None}
 
 
 class RemoteCartonView:

@@ -86,8 +86,7 @@ async def download(client: HttpClient, url: str, writer: BlobWriter, config: Fet
                 if response.start != start:  # Range ignored: the body starts at 0 again
                     await asyncio.to_thread(writer.reset)
                 if expected_size is not None and response.total is not None and response.total != expected_size:
-                    raise FetchError(f"{describe(url)}: serves {response.total} bytes, the manifest says "
-                                     f"{expected_size}", subject=url)
+                    raise FetchError(size_lie(url, response.total, expected_size), subject=url)
                 if parts_ok and wants_parts(response, config, start > 0):
                     try:
                         await download_parts(client, url, response, writer, config, tally=tally)
@@ -105,6 +104,11 @@ async def download(client: HttpClient, url: str, writer: BlobWriter, config: Fet
                 tally.settle()
 
     await with_retries(config, attempt, on_retry=retry_hook(stats, config, url))
+
+
+def size_lie(url: str, got: int, expected: int) -> str:
+    return (f"{describe(url)}: sent {got} bytes, its manifest says {expected}; a blob must be exactly the size "
+            f"the manifest says")
 
 
 class _Part:
@@ -216,8 +220,7 @@ async def fetch_blob(client: HttpClient, blobs: BlobStore, digest: str, urls: Se
             with blobs.writer(label="fetch") as writer:
                 await download(client, url, writer, config, stats=stats, source=kind, expected_size=expected_size)
                 if expected_size is not None and writer.size != expected_size:
-                    raise FetchError(f"{describe(url)}: delivered {writer.size} bytes, the manifest says "
-                                     f"{expected_size}", subject=url)
+                    raise FetchError(size_lie(url, writer.size, expected_size), subject=url)
                 staged = await asyncio.to_thread(writer.stage, expected_digest=digest)
                 if stats is not None:
                     stats.blobs(kind)

@@ -18,7 +18,9 @@ for it: a blob redirected to a storage host goes there without it.
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import json
 import re
 import time
 from pathlib import Path
@@ -67,25 +69,25 @@ class RegistryAuth:
         self._credentials: dict[str, Credentials | None] = {}
         self._tokens: dict[tuple[str, str], tuple[str, float]] = {}
         self._basic: set[str] = set()        # authorities that asked for Basic
-        self._bearer: dict[str, Challenge] = {}
         self._flights = SingleFlight()
 
-    def credentials(self, authority: str) -> Credentials | None:
+    async def credentials(self, authority: str) -> Credentials | None:
+        """Read in a thread (files, and perhaps a credential helper process), once."""
         if authority not in self._credentials:
-            self._credentials[authority] = find_credentials(authority, self.credential_files)
+            self._credentials[authority] = await asyncio.to_thread(find_credentials, authority,
+                                                                   self.credential_files)
         return self._credentials[authority]
 
     def header_for(self, url: str, *, push: bool = False) -> str | None:
         """The Authorization value to send with a request to url, if any is known."""
         authority = authority_of(url)
-        if authority in self._basic:
-            creds = self.credentials(authority)
+        if authority in self._basic:   # answer() read its credentials
+            creds = self._credentials.get(authority)
             return _basic(creds) if creds and creds.username else None
-        if authority in self._bearer:
-            for scope in _scopes_covering(scope_for(url, push)):
-                token = self._tokens.get((authority, scope))
-                if token is not None and token[1] > time.monotonic():
-                    return token[0]
+        for scope in _scopes_covering(scope_for(url, push)):
+            token = self._tokens.get((authority, scope))
+            if token is not None and token[1] > time.monotonic():
+                return token[0]
         return None
 
     async def answer(self, session: "aiohttp.ClientSession", url: str, challenges: Iterable[str], *,
@@ -97,7 +99,6 @@ class RegistryAuth:
         parsed = [c for header in challenges for c in parse_challenges(header)]
         bearer = next((c for c in parsed if c.scheme == "bearer" and c.realm), None)
         if bearer is not None:
-            self._bearer[authority] = bearer
             scopes = [s for s in (scope_for(url, push) or bearer.params.get("scope"), *extra_scopes) if s]
             key = " ".join(scopes)
             header = self.header_for(url, push=push)
@@ -106,7 +107,7 @@ class RegistryAuth:
             return await self._flights.run(f"{authority}\n{key}", lambda: self._token(session, authority, bearer,
                                                                                         scopes, where))
         if any(c.scheme == "basic" for c in parsed):
-            creds = self.credentials(authority)
+            creds = await self.credentials(authority)
             if creds is None or not creds.username:
                 raise FetchError(f"{where}: HTTP 401: the registry asks for a user and password, and none is "
                                  f"configured for {authority} ({self._looked_in()})", subject=url)
@@ -125,7 +126,7 @@ class RegistryAuth:
     async def _token(self, session: "aiohttp.ClientSession", authority: str, challenge: Challenge,
                      scopes: list[str], where: str) -> str:
         realm = self.check_url(challenge.realm or "")
-        creds = self.credentials(authority)
+        creds = await self.credentials(authority)
         params = [("service", challenge.params["service"])] if "service" in challenge.params else []
         params += [("scope", s) for s in scopes]
         headers = {}
@@ -152,8 +153,6 @@ class RegistryAuth:
                              f"{' '.join(scopes) or 'this registry'} (HTTP {status})", subject=realm,
                              retryable=status >= 500)
         try:
-            import json
-
             doc = json.loads(body)
             token = doc.get("token") or doc.get("access_token")
             life = float(doc.get("expires_in") or DEFAULT_TOKEN_LIFE)
@@ -162,9 +161,8 @@ class RegistryAuth:
         if not isinstance(token, str) or not token:
             raise FetchError(f"{where}: the token service {describe(realm)} answered without a token", subject=realm)
         header = f"Bearer {token}"
-        expires = time.monotonic() + max(1.0, life - TOKEN_MARGIN)
-        for scope in scopes[:1]:
-            self._tokens[(authority, scope)] = (header, expires)
+        if scopes:  # the request's own scope first: header_for looks tokens up by it
+            self._tokens[(authority, scopes[0])] = (header, time.monotonic() + max(1.0, life - TOKEN_MARGIN))
         return header
 
 

@@ -13,7 +13,9 @@ verified when https answers.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
+import json
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable
 
@@ -84,29 +86,27 @@ class Registry:
         answers are 201/202 with a Location)."""
         url = self.config.policy.check(url)
         sent = self.client.authorization(url, push=push) if authorize else None
-        for attempt in range(2):
-            call_headers = dict(headers or {})
-            if sent:
-                call_headers["Authorization"] = sent
-            try:
-                async with self.client.session.request(method, url, headers=call_headers,
-                                                       data=body() if body else None,
-                                                       allow_redirects=False) as r:
-                    data = await _read_limited(r, limit, url)
-                    if r.status == 401 and authorize and attempt == 0:
-                        sent = await self.client.auth.answer(self.client.session, url,
-                                                             r.headers.getall("WWW-Authenticate", []),
-                                                             push=push, sent=sent, extra_scopes=extra_scopes)
-                        continue
-                    if r.status == 401 and authorize:
-                        raise FetchError(f"{method} {describe(url)}: HTTP 401 Unauthorized: the registry refused "
-                                         f"the authorization it asked for", subject=url)
-                    return Answer(r.status, r.headers, data, url)
-            except FetchError:
-                raise
-            except Exception as e:  # noqa: BLE001 - translated here, once
-                raise translate(e, url) from e
-        raise AssertionError("unreachable")
+        answer = await self._send(method, url, headers, body, limit, sent)
+        if answer.status == 401 and authorize:
+            sent = await self.client.auth.answer(self.client.session, url, answer.headers.getall("WWW-Authenticate", []),
+                                                 push=push, sent=sent, extra_scopes=extra_scopes)
+            answer = await self._send(method, url, headers, body, limit, sent)
+            if answer.status == 401:
+                raise FetchError(f"{method} {describe(url)}: HTTP 401 Unauthorized: the registry refused the "
+                                 f"authorization it asked for", subject=url)
+        return answer
+
+    async def _send(self, method: str, url: str, headers: dict | None, body: Callable[[], Any] | None, limit: int,
+                    authorization: str | None) -> Answer:
+        call_headers = {**(headers or {}), **({"Authorization": authorization} if authorization else {})}
+        try:
+            async with self.client.session.request(method, url, headers=call_headers, data=body() if body else None,
+                                                   allow_redirects=False) as r:
+                return Answer(r.status, r.headers, await _read_limited(r, limit, url), url)
+        except FetchError:
+            raise
+        except Exception as e:  # noqa: BLE001 - translated here, once
+            raise translate(e, url) from e
 
     def location(self, answer: Answer) -> str:
         """The Location of a 201/202, absolute, and allowed by the URL policy."""
@@ -198,8 +198,6 @@ async def _read_limited(r: Any, limit: int, url: str) -> bytes:
 def said_by_registry(answer: Answer) -> str:
     """The registry's own error, from its JSON errors body, in a few words."""
     try:
-        import json
-
         errors = json.loads(answer.body).get("errors") or []
         return "; ".join(f"{e.get('code')}: {e.get('message')}" for e in errors)[:300] or "no detail"
     except (ValueError, AttributeError):
@@ -208,8 +206,6 @@ def said_by_registry(answer: Answer) -> str:
 
 async def iter_file(path: str, start: int, length: int, piece: int = 1 << 20) -> AsyncIterator[bytes]:
     """length bytes of a file from start, read in worker threads."""
-    import asyncio
-
     f = await asyncio.to_thread(open, path, "rb")
     try:
         await asyncio.to_thread(f.seek, start)

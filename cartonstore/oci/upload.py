@@ -12,6 +12,7 @@ file again, never held whole in memory.
 
 from __future__ import annotations
 
+import asyncio
 import re
 
 from ..errors import FetchError
@@ -63,8 +64,6 @@ async def upload_blob(registry: Registry, path: str, digest: str, size: int, loc
             failures += 1
             if not e.retryable or failures > registry.config.retries:
                 raise
-            import asyncio
-
             await asyncio.sleep(backoff_delay(failures - 1, registry.config, e.retry_after))
             offset, location = await _where_upload_stands(registry, location)
     answer = await registry.request("PUT", _with_digest(location, digest), push=True,
