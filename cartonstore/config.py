@@ -39,7 +39,9 @@ from .errors import InvalidInput
 from .fetch.config import FetchConfig
 from .fetch.codings import DEFAULT_ACCEPT_ENCODING, SUPPORTED_CODINGS
 from .fetch.policy import UrlPolicy, describe
+from .fetch.proxies import check_no_proxy, proxy_parser
 from .hosts import is_loopback
+from .peer_settings import PeerSettings
 from .registry_settings import RegistrySettings
 from .runner_settings import RunnerSettings
 from .store.layout import default_root
@@ -164,6 +166,11 @@ class ServerSettings:
     max_request_size: int = v.size_setting(256 << 20, 1)
     shared_memory_over_tcp: bool = v.setting(False, v.boolean)  # Triton's system shared memory, off TCP by default
     shutdown_timeout: float = v.duration_setting(10.0, positive=False)
+    # TLS on the TCP listener (PEM files; the key may be in tls_cert); with tls_client_ca, /v1/blobs takes
+    # only clients with a certificate it signed. Checked when the daemon starts.
+    tls_cert: Path | None = v.setting(None, v.path(empty=None), v.show_path)  # noqa: RUF009 - a field()
+    tls_key: Path | None = v.setting(None, v.path(empty=None), v.show_path)  # noqa: RUF009 - a field()
+    tls_client_ca: Path | None = v.setting(None, v.path(empty=None), v.show_path)  # noqa: RUF009 - a field()
 
     @property
     def listen_address(self) -> tuple[str, int] | None:
@@ -212,6 +219,8 @@ class FetchSettings:
     lock_timeout: float = v.duration_setting(_FETCH.lock_timeout, positive=True)
     max_blob_size: int | None = v.size_setting(_FETCH.max_blob_size, 1, optional=True)
     mirrors: tuple[str, ...] = v.setting(_FETCH.mirrors, v.strings(_check_mirrors))
+    proxy: str | None = v.setting(None, proxy_parser("fetch.proxy"), lambda p: p or "")
+    no_proxy: tuple[str, ...] = v.setting(_FETCH.no_proxy, v.strings(check_no_proxy))
     allow_hosts: tuple[str, ...] = v.setting(
         _POLICY.allow_hosts, v.strings(lambda hosts: UrlPolicy(allow_hosts=hosts)))
     deny_hosts: tuple[str, ...] = v.setting(
@@ -241,7 +250,7 @@ class GcSettings:
 _SECTIONS: Mapping[str, type] = MappingProxyType({
     "store": StoreSettings, "server": ServerSettings, "leases": LeaseSettings,
     "fetch": FetchSettings, "registries": RegistrySettings, "limits": LimitSettings, "gc": GcSettings,
-    "runners": RunnerSettings,
+    "peers": PeerSettings, "runners": RunnerSettings,
 })
 _PARSERS: Mapping[str, v.Parser] = MappingProxyType({
     f"{section}.{setting.name}": setting.metadata["parse"]
@@ -266,6 +275,7 @@ class Config:
     registries: RegistrySettings = field(default_factory=RegistrySettings)
     limits: LimitSettings = field(default_factory=LimitSettings)
     gc: GcSettings = field(default_factory=GcSettings)
+    peers: PeerSettings = field(default_factory=PeerSettings)
     runners: RunnerSettings = field(default_factory=RunnerSettings)
     source: Path | None = field(default=None, compare=False)
 
@@ -277,7 +287,8 @@ class Config:
     def fetch_config(self) -> FetchConfig:
         values = {setting.name: getattr(self.fetch, setting.name) for setting in fields(self.fetch)}
         policy = UrlPolicy(**{name: values.pop(name) for name in _POLICY_FIELDS})
-        return FetchConfig(**values, policy=policy, registries=self.registries.registry_config())
+        return FetchConfig(**values, policy=policy, registries=self.registries.registry_config(),
+                           peers=self.peers.peer_config())
 
     def zip_limits(self) -> ZipLimits:
         return ZipLimits(max_entries=self.limits.zip_max_entries,
@@ -430,13 +441,15 @@ def _check(config: Config, origins: Mapping[str, tuple[int, str]]) -> None:
         raise _conflict(origins, ("fetch.backoff_base", "fetch.backoff_max"),
                         f"fetch.backoff_base ({v.duration_text(fetch.backoff_base)}) must not "
                         f"exceed fetch.backoff_max ({v.duration_text(fetch.backoff_max)})")
-    policy = config.fetch_config().policy
-    for mirror in fetch.mirrors:
-        try:
-            policy.check(mirror)
-        except InvalidInput as error:
-            raise _conflict(origins, ("fetch.mirrors", "fetch.allow_hosts", "fetch.deny_hosts"),
-                            f"mirror {describe(mirror)} would never be used: {error}") from None
+    policy = UrlPolicy(**{name: getattr(fetch, name) for name in _POLICY_FIELDS})
+    for key, what, urls in (("fetch.mirrors", "mirror", fetch.mirrors), ("peers.urls", "peer", config.peers.urls)):
+        for url in urls:
+            try:
+                policy.check(url)
+            except InvalidInput as error:
+                raise _conflict(origins, (key, "fetch.allow_hosts", "fetch.deny_hosts"),
+                                f"{what} {describe(url)} would never be used: {error}") from None
+
 
 
 def _conflict(origins: Mapping[str, tuple[int, str]], keys: tuple[str, ...],

@@ -5,6 +5,7 @@
     ca_file = "/etc/cartonstore/registry-ca.pem"
     auth_file = "/etc/cartonstore/registry-auth.json"
     chunk_size = "64MiB"
+    proxy = "http://proxy.lab:3128"    # "" for none; fetch.no_proxy applies
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from pathlib import Path
 from . import config_values as v
 from .errors import InvalidInput
 from .fetch.config import RegistryConfig
+from .fetch.proxies import proxy_parser
 
 _DEFAULTS = RegistryConfig()
 _AUTHORITY = re.compile(r"(?:[A-Za-z0-9.-]+|\[[0-9A-Fa-f:.]+\])(?::[0-9]{1,5})?")
@@ -35,7 +37,8 @@ class RegistrySettings:
     ca_file: Path | None = v.setting(None, v.path(empty=None), v.show_path)  # noqa: RUF009 - a field()
     auth_file: Path | None = v.setting(None, v.path(empty=None), v.show_path)  # noqa: RUF009 - a field()
     chunk_size: int = v.size_setting(_DEFAULTS.chunk_size, 1 << 20)
+    proxy: str | None = v.setting(None, proxy_parser("registries.proxy"), lambda p: p or "")
 
     def registry_config(self) -> RegistryConfig:
         return RegistryConfig(tuple(h.lower() for h in self.insecure), self.ca_file, self.auth_file,
-                              self.chunk_size)
+                              self.chunk_size, self.proxy)

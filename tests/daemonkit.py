@@ -72,11 +72,11 @@ class DaemonProcess:
 
     @property
     def http_url(self) -> str:
-        return next(w for w in self.status.split() if w.startswith("http://"))
+        return next(w for w in self.status.split() if w.startswith(("http://", "https://")))
 
     @property
     def host_port(self) -> str:
-        return self.http_url.removeprefix("http://")
+        return self.http_url.split("://", 1)[1]
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 30.0) -> int:
         assert self.proc is not None

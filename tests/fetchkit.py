@@ -54,3 +54,11 @@ def blob_files(store: Store) -> list[str]:
 
 def tmp_files(store: Store) -> list[str]:
     return work_in_tmp(store.root)
+
+
+def linked_cartons_for_proxy(tmp_path: Path, origin, blobs: dict[str, bytes]) -> str:
+    """A carton at origin's /m.carton whose files ``blobs`` are only in LINKS
+    (origin's /blobs/<sha256>); returns its URL."""
+    path, _ = linked_carton(tmp_path, origin, blobs)
+    origin.put_file("/m.carton", path)
+    return origin.url("/m.carton")

@@ -40,3 +40,17 @@ def wait_gone(pid: int, timeout: float = 10.0) -> bool:
             return True
         time.sleep(0.02)
     return False
+
+
+def stop_process(proc, timeout: float = 10.0) -> None:  # noqa: ANN001 - a subprocess.Popen
+    """SIGTERM, then SIGKILL after ``timeout``; reaped either way."""
+    import subprocess
+
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    assert wait_gone(proc.pid)

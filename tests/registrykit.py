@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from prockit import wait_gone
+from prockit import stop_process
 
 BINARY = shutil.which("docker-registry") or shutil.which("registry")
 USER, PASSWORD = "alice", "s3cret"
@@ -80,15 +80,8 @@ class Registry:
         raise RuntimeError(f"docker-registry did not listen on {self.port} ({scheme})")
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-            assert wait_gone(self.proc.pid)
         if self.proc is not None:
+            stop_process(self.proc)
             self.log.close()
         self.proc = None
 

@@ -85,6 +85,9 @@ DEFAULTS = {
     "server.max_request_size": 256 * MiB,
     "server.shared_memory_over_tcp": False,
     "server.shutdown_timeout": 10.0,
+    "server.tls_cert": None,
+    "server.tls_key": None,
+    "server.tls_client_ca": None,
     "leases.default_ttl": 60.0,
     "leases.max_ttl": 3600.0,
     "leases.pin_ttl": 120.0,
@@ -101,6 +104,8 @@ DEFAULTS = {
     "fetch.lock_timeout": 3600.0,
     "fetch.max_blob_size": None,
     "fetch.mirrors": (),
+    "fetch.proxy": None,
+    "fetch.no_proxy": (),
     "fetch.allow_hosts": (),
     "fetch.deny_hosts": (),
     "fetch.max_redirects": 5,
@@ -108,6 +113,7 @@ DEFAULTS = {
     "registries.ca_file": None,
     "registries.auth_file": None,
     "registries.chunk_size": 64 << 20,
+    "registries.proxy": None,
     "limits.zip_max_entries": 200_000,
     "limits.zip_max_ratio": 1000,
     "gc.max_size": None,
@@ -115,6 +121,15 @@ DEFAULTS = {
     "gc.grace": 3600.0,
     "gc.interval": 600.0,
     "gc.forget_unrecoverable": False,
+    "peers.urls": (),
+    "peers.token": "",
+    "peers.token_file": None,
+    "peers.timeout": 2.0,
+    "peers.down_for": 30.0,
+    "peers.wait": 10.0,
+    "peers.tls_cert": None,
+    "peers.tls_key": None,
+    "peers.ca_file": None,
     "runners.devices": ("cpu",),
     "runners.builtin": True,
     "runners.ready_timeout": 120.0,
@@ -225,6 +240,24 @@ FILE_VALUES = [
     ("registries.ca_file", '"/etc/cartonstore/ca.pem"', Path("/etc/cartonstore/ca.pem")),
     ("registries.auth_file", '"/etc/cartonstore/auth.json"', Path("/etc/cartonstore/auth.json")),
     ("registries.chunk_size", '"16MiB"', 16 << 20),
+    ("registries.proxy", '"http://proxy.lab:3128"', "http://proxy.lab:3128"),
+    ("registries.proxy", '""', None),
+    ("fetch.proxy", '"http://user:pw@10.0.0.9:3128"', "http://user:pw@10.0.0.9:3128"),
+    ("fetch.no_proxy", '["*"]', ("*",)),
+    ("fetch.no_proxy", '[".internal", "models.lab", "10.0.0.0/8", "::1", "*.corp"]',
+     (".internal", "models.lab", "10.0.0.0/8", "::1", "*.corp")),
+    ("server.tls_cert", '"/etc/cartonstore/node.pem"', Path("/etc/cartonstore/node.pem")),
+    ("server.tls_key", '"/etc/cartonstore/node.key"', Path("/etc/cartonstore/node.key")),
+    ("server.tls_client_ca", '"/etc/cartonstore/fleet-ca.pem"', Path("/etc/cartonstore/fleet-ca.pem")),
+    ("peers.urls", '["http://10.0.0.2:7070", "https://node3:7070/"]', ("http://10.0.0.2:7070", "https://node3:7070/")),
+    ("peers.token", '"s3cret-token"', "s3cret-token"),
+    ("peers.token_file", '"/etc/cartonstore/peer-token"', Path("/etc/cartonstore/peer-token")),
+    ("peers.timeout", '"500ms"', 0.5),
+    ("peers.down_for", '"1m"', 60.0),
+    ("peers.wait", "0", 0.0),
+    ("peers.tls_cert", '"/etc/cartonstore/node.pem"', Path("/etc/cartonstore/node.pem")),
+    ("peers.tls_key", '"/etc/cartonstore/node.key"', Path("/etc/cartonstore/node.key")),
+    ("peers.ca_file", '"/etc/cartonstore/fleet-ca.pem"', Path("/etc/cartonstore/fleet-ca.pem")),
     ("limits.zip_max_entries", "10", 10),
     ("limits.zip_max_ratio", "50", 50),
     ("gc.max_size", '"500GiB"', 500 * GiB),
@@ -472,6 +505,25 @@ BAD_VALUES = [
     ("registries.ca_file", "5", "expected a path"),
     ("registries.auth_file", "[]", "expected a path"),
     ("registries.chunk_size", '"1KiB"', "expected a size"),
+    ("registries.proxy", '"https://proxy.lab:3128"', "a proxy is http://HOST:PORT"),
+    ("fetch.proxy", '"socks5://10.0.0.9:1080"', "a proxy is http://HOST:PORT"),
+    ("fetch.proxy", '"http://proxy.lab:3128/path"', "no path or query"),
+    ("fetch.proxy", "3128", "expected a proxy URL"),
+    ("fetch.no_proxy", '["models.lab:8080"]', "'models.lab:8080' is not a host, .domain, IP address or CIDR"),
+    ("fetch.no_proxy", '"*"', "expected a list of strings"),
+    ("server.tls_cert", "5", "expected a path"),
+    ("server.tls_key", "[]", "expected a path"),
+    ("server.tls_client_ca", "true", "expected a path"),
+    ("peers.urls", '["node2/x"]', "no scheme"),
+    ("peers.urls", '["http://10.0.0.2:7070/v1/blobs"]', "with no path or query"),
+    ("peers.token", '"two words"', "without spaces"),
+    ("peers.token_file", "1", "expected a path"),
+    ("peers.timeout", "0", "expected a duration > 0"),
+    ("peers.down_for", '"a while"', "expected a duration"),
+    ("peers.wait", "-1", "expected a duration"),
+    ("peers.tls_cert", "[]", "expected a path"),
+    ("peers.tls_key", "1", "expected a path"),
+    ("peers.ca_file", "false", "expected a path"),
     ("limits.zip_max_entries", "0", "expected an integer >= 1"),
     ("limits.zip_max_ratio", '"high"', "expected an integer >= 1, got 'high'"),
     ("gc.max_size", '"-1G"', "expected a size"),
@@ -725,9 +777,30 @@ def test_shipped_config_explains_every_setting() -> None:
 
 
 def test_fetch_settings_mirror_fetch_config() -> None:
-    fetch_fields = {f.name for f in dataclasses.fields(FetchConfig)} - {"policy", "registries"}
+    fetch_fields = {f.name for f in dataclasses.fields(FetchConfig)} - {"policy", "registries", "peers"}
     policy_fields = {f.name for f in dataclasses.fields(UrlPolicy)}
     assert {f.name for f in dataclasses.fields(FetchSettings)} == fetch_fields | policy_fields
+
+
+def test_peer_settings_reach_fetch_config(tmp_path: Path) -> None:
+    (tmp_path / "token").write_text("from-the-file\n")
+    path = write(tmp_path, '[peers]\nurls = ["http://10.0.0.2:7070/"]\ntoken = "inline"\ntoken_file = "token"\n'
+                           'timeout = "1s"\n[fetch]\nproxy = "http://10.0.0.9:3128"\n')
+    fetch = load_config(path, env={}).fetch_config()
+    assert fetch.peers.urls == ("http://10.0.0.2:7070",) and fetch.peers.token == "from-the-file"
+    assert fetch.peers.timeout == 1.0 and fetch.proxy == "http://10.0.0.9:3128" and fetch.registries.proxy is None
+    (tmp_path / "token").write_text("two words")
+    with pytest.raises(InvalidInput, match="peers.token_file .*token: expected one token without spaces"):
+        load_config(path, env={}).fetch_config()
+    (tmp_path / "token").unlink()
+    with pytest.raises(InvalidInput, match="peers.token_file .*token: cannot read it"):
+        load_config(path, env={}).fetch_config()
+
+
+def test_a_peer_the_url_policy_refuses_is_an_error(tmp_path: Path) -> None:
+    path = write(tmp_path, '[peers]\nurls = ["http://10.0.0.2:7070"]\n[fetch]\ndeny_hosts = ["10.0.0.0/8"]\n')
+    with pytest.raises(InvalidInput, match="peer http://10.0.0.2:7070 would never be used: host '10.0.0.2' is denied"):
+        load_config(path, env={})
 
 
 def test_registry_settings_reach_fetch_config(tmp_path: Path) -> None:
@@ -787,7 +860,7 @@ zip_max_ratio = 13
 def test_as_dict_is_toml_that_loads_back(tmp_path: Path, overrides: dict) -> None:
     config = load_config(env={}, overrides=overrides)
     shown = config.as_dict()
-    assert list(shown) == ["store", "server", "leases", "fetch", "registries", "limits", "gc", "runners"]
+    assert list(shown) == ["store", "server", "leases", "fetch", "registries", "limits", "gc", "peers", "runners"]
     assert [f"{s}.{k}" for s, table in shown.items() for k in table] == \
         [key for key in setting_keys() if key not in TABLES]
     path = write(tmp_path, tomli_w.dumps(shown))

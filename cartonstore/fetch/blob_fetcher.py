@@ -3,26 +3,31 @@
 Concurrent callers asking for the same digest (tasks of this process, or
 other processes on the same store root) share one download: tasks await
 the same future, processes queue on ROOT/locks/blob-<digest>.lock and
-find the blob present once the holder commits it.
+find the blob present once the holder commits it. Peers that have the blob
+(peers.py) are asked before any of its sources.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 from typing import Sequence
 
 from ..checks import check_safetensors, is_safetensors
-from ..errors import ManifestMismatch
+from ..errors import CartonStoreError, ManifestMismatch
 from ..flights import SingleFlight
 from ..store import Store
 from ..store.blobs import StagedBlob
 from ..store.locks import async_file_lock
 from .config import FetchConfig
 from .http import HttpClient
+from .peers import ORIGIN, Claim, PeerSet
 from .policy import describe
 from .stats import TransferStats
 from .transfer import SourcesFailed, fetch_blob
+
+log = logging.getLogger("cartonstore.fetch")
 
 
 class BlobFetcher:
@@ -34,6 +39,7 @@ class BlobFetcher:
         self.stats = stats if stats is not None else TransferStats()
         self._flights = SingleFlight()
         self._slots = asyncio.Semaphore(config.max_concurrency)
+        self.peers = PeerSet(config.peers, client)
 
     def sources_for(self, digest: str, urls: Sequence[str] = ()) -> list[str]:
         """LINKS URLs given, then those in the index, then each mirror."""
@@ -42,7 +48,10 @@ class BlobFetcher:
 
     def kind_of(self, url: str) -> str:
         """"mirror" for <mirror>/<sha256>, "registry" for an OCI registry's
-        .../v2/<repo>/blobs/sha256:<hex>, else "url" (a LINKS URL)."""
+        .../v2/<repo>/blobs/sha256:<hex>, "peer" for a peer's, else "url"
+        (a LINKS URL)."""
+        if self.peers.is_peer_url(url):
+            return "peer"
         head, _, tail = url.rpartition("/")
         mirrors = {m.rstrip("/") for m in self.config.mirrors}
         if head in mirrors and len(tail) == 64:
@@ -57,11 +66,14 @@ class BlobFetcher:
 
     async def _fetch(self, digest: str, urls: Sequence[str]) -> bool:
         lock = self.store.layout.locks_dir / f"blob-{digest}.lock"
-        async with self._slots, async_file_lock(lock, timeout=self.config.lock_timeout):
+        # Claimed before queueing: a peer asking meanwhile waits for this download rather than doing its own.
+        async with self.peers.claiming([digest]) as claims, self._slots, \
+                async_file_lock(lock, timeout=self.config.lock_timeout):
             if self.store.blobs.has(digest):  # another process got it while we waited
                 return False
             sources = await asyncio.to_thread(self.sources_for, digest, urls)  # SQLite: off the loop
-            staged = await fetch_blob(self.client, self.store.blobs, digest, sources,
+            at_peer = await self.peers.locate(digest, claims.get(digest))
+            staged = await fetch_blob(self.client, self.store.blobs, digest, [at_peer, *sources] if at_peer else sources,
                                       self.config, stats=self.stats, kind_of=self.kind_of)
             try:
                 await asyncio.to_thread(self._validate, staged)
@@ -69,6 +81,23 @@ class BlobFetcher:
             finally:
                 staged.discard()
             return True
+
+    async def stage_from_peer(self, digest: str, claim: Claim | None, *,
+                              expected_size: int | None = None) -> StagedBlob | None:
+        """The blob staged from a peer that has it; None when no peer has it
+        or the one that did failed to deliver (the caller goes to its
+        sources, and the claim says so)."""
+        url = await self.peers.locate(digest, claim)
+        if url is None:
+            return None
+        try:
+            return await fetch_blob(self.client, self.store.blobs, digest, [url], self.config, stats=self.stats,
+                                    kind_of=lambda _u: "peer", expected_size=expected_size)
+        except CartonStoreError as e:
+            log.warning("blob %s from a peer failed, fetching it from its sources: %s", digest, e)
+            if claim is not None:
+                claim.stage = ORIGIN
+            return None
 
     async def stage_instead(self, path: str, digest: str, failed: str, problem: str,
                             urls: Sequence[str] = ()) -> StagedBlob:

@@ -19,6 +19,21 @@ class RegistryConfig:
     ca_file: Path | None = None       # CA certificates trusted besides the system's
     auth_file: Path | None = None     # docker config.json format, read before docker's own
     chunk_size: int = 64 << 20        # blobs larger than this are pushed in chunks of this size
+    proxy: str | None = None          # HTTP(S) proxy for registries (and their token servers)
+
+
+@dataclass(frozen=True)
+class PeerConfig:
+    """Other nodes whose stores are asked for a blob before its origin (the [peers] settings)."""
+
+    urls: tuple[str, ...] = ()        # their daemons' TCP listeners, http(s)://HOST:PORT
+    token: str = ""                   # sent as a Bearer token; a daemon with one refuses peers without it
+    timeout: float = 2.0              # to connect, and for an answer beyond the wait below
+    down_for: float = 30.0            # a peer that failed is not asked for this long
+    wait: float = 10.0                # a peer fetching a blob holds a probe this long before "not yet"
+    tls_cert: Path | None = None      # client certificate (mTLS) for https peers...
+    tls_key: Path | None = None       # ...and its key
+    ca_file: Path | None = None       # CA that signed the peers' server certificates
 
 
 @dataclass(frozen=True)
@@ -40,5 +55,8 @@ class FetchConfig:
     lock_timeout: float = 3600.0      # wait for another process's download of the same blob
     max_blob_size: int | None = None  # refuse decoded blobs larger than this
     mirrors: tuple[str, ...] = ()     # tried after LINKS URLs, as <mirror>/<sha256>
+    proxy: str | None = None          # HTTP(S) proxy for origins (carton URLs, LINKS URLs, mirrors)
+    no_proxy: tuple[str, ...] = ()    # hosts reached directly whatever the proxies (see proxies.py)
     policy: UrlPolicy = field(default_factory=UrlPolicy)
     registries: RegistryConfig = field(default_factory=RegistryConfig)
+    peers: PeerConfig = field(default_factory=PeerConfig)

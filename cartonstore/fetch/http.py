@@ -25,9 +25,10 @@ import aiohttp
 from multidict import CIMultiDictProxy
 
 from ..errors import FetchError, FetchNotFound, InvalidInput
-from .config import FetchConfig
+from .config import FetchConfig, PeerConfig
 from .encoding import parse_content_encoding
 from .policy import describe, redirect_target
+from .proxies import proxy_for
 
 if TYPE_CHECKING:
     from ..oci.auth import RegistryAuth
@@ -116,14 +117,29 @@ def _reason(e: BaseException) -> str:
     return text.splitlines()[0][:200]
 
 
-def trust_context(ca_file: Path) -> ssl.SSLContext:
+def trust_context(ca_file: Path, field: str = "registries.ca_file") -> ssl.SSLContext:
     """The system's CAs plus those in ca_file (a private registry's or origin's)."""
     context = ssl.create_default_context()
     try:
         context.load_verify_locations(cafile=str(ca_file))
     except (OSError, ssl.SSLError) as e:
-        raise InvalidInput(f"registries.ca_file {ca_file}: cannot load CA certificates "
+        raise InvalidInput(f"{field} {ca_file}: cannot load CA certificates "
                            f"({getattr(e, 'strerror', None) or e})", subject=str(ca_file)) from None
+    return context
+
+
+def peer_context(peers: PeerConfig) -> ssl.SSLContext | None:
+    """The TLS context for https peers: their CA, and this node's client
+    certificate (mTLS); None when neither is set (the session's own)."""
+    if peers.ca_file is None and peers.tls_cert is None:
+        return None
+    context = trust_context(peers.ca_file, "peers.ca_file") if peers.ca_file else ssl.create_default_context()
+    if peers.tls_cert is not None:
+        try:
+            context.load_cert_chain(str(peers.tls_cert), str(peers.tls_key) if peers.tls_key else None)
+        except (OSError, ssl.SSLError) as e:
+            raise InvalidInput(f"peers.tls_cert {peers.tls_cert}: cannot load the certificate and key "
+                               f"({getattr(e, 'strerror', None) or e})", subject=str(peers.tls_cert)) from None
     return context
 
 
@@ -162,12 +178,14 @@ class HttpClient:
         self.config = config
         self._session: aiohttp.ClientSession | None = None
         self._auth: RegistryAuth | None = None
+        self._peer_tls: ssl.SSLContext | None = None
 
     async def __aenter__(self) -> "HttpClient":
         timeout = aiohttp.ClientTimeout(total=None, connect=self.config.connect_timeout,
                                         sock_connect=self.config.connect_timeout,
                                         sock_read=self.config.stall_timeout)
         tls = trust_context(self.config.registries.ca_file) if self.config.registries.ca_file else True
+        self._peer_tls = peer_context(self.config.peers)
         self._session = aiohttp.ClientSession(auto_decompress=False, timeout=timeout,
                                               connector=aiohttp.TCPConnector(limit=64, ssl=tls),
                                               headers={"User-Agent": "cartonstore"})
@@ -187,10 +205,13 @@ class HttpClient:
             from ..oci.credentials import docker_config_paths
 
             self._auth = RegistryAuth(docker_config_paths(self.config.registries.auth_file),
-                                      check_url=self.config.policy.check)
+                                      check_url=self.config.policy.check,
+                                      route=lambda url: self.route(url, "registry"))
         return self._auth
 
-    def authorization(self, url: str, *, push: bool = False) -> str | None:
+    def authorization(self, url: str, *, push: bool = False, kind: str = "url") -> str | None:
+        if kind == "peer":
+            return f"Bearer {self.config.peers.token}" if self.config.peers.token else None
         return self._auth.header_for(url, push=push) if self._auth is not None else None
 
     async def __aexit__(self, *exc: object) -> None:
@@ -198,13 +219,22 @@ class HttpClient:
             await self._session.close()
             self._session = None
 
+    def route(self, url: str, kind: str) -> dict:
+        """How a request for url, a source of this kind, is sent: through
+        which proxy (proxies.py), with which TLS context (peers' own)."""
+        if kind == "peer":
+            return {"ssl": self._peer_tls} if self._peer_tls is not None else {}
+        proxy = proxy_for(self.config, url, kind)
+        return {"proxy": proxy} if proxy else {}
+
     @asynccontextmanager
     async def get(self, url: str, *, start: int = 0, end: int | None = None, suffix: int | None = None,
-                  encoded: bool = True) -> AsyncIterator[Response]:
+                  encoded: bool = True, kind: str = "url") -> AsyncIterator[Response]:
         """GET url (following checked redirects). With start/end/suffix a Range
         is asked and identity encoding requested; a 206 whose Content-Range
         does not match is an error, a 200 means the server ignored the Range
-        (the caller sees start == 0)."""
+        (the caller sees start == 0). ``kind`` is the kind of source (see
+        route)."""
         assert self._session is not None, "use HttpClient as an async context manager"
         headers = {"Accept-Encoding": self.config.accept_encoding if encoded else "identity"}
         ranged = suffix is not None or start > 0 or end is not None
@@ -216,10 +246,10 @@ class HttpClient:
         answered: tuple[str, str] | None = None   # (url, Authorization) a 401 was answered with
         hops = 0
         while hops <= self.config.policy.max_redirects:
-            sent = answered[1] if answered and answered[0] == current else self.authorization(current)
+            sent = answered[1] if answered and answered[0] == current else self.authorization(current, kind=kind)
             try:
                 raw = await self._session.get(current, headers={**headers, "Authorization": sent} if sent else headers,
-                                              allow_redirects=False)
+                                              allow_redirects=False, **self.route(current, kind))
             except Exception as e:  # noqa: BLE001
                 raise translate(e, current) from e
             try:

@@ -238,3 +238,8 @@ def _compile_one(pattern: str, field: str) -> _Pattern:
 
 def _matches(patterns: tuple[_Pattern, ...], host: str | IpAddress) -> bool:
     return any(pattern.matches(host) for pattern in patterns)
+
+
+def host_matches(url: str, patterns: tuple[str, ...], field: str) -> bool:
+    """Whether url's host matches one of ``patterns`` (the grammar above)."""
+    return _matches(_compile(patterns, field), _host_of(url))

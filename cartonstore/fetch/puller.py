@@ -37,6 +37,7 @@ from .config import FetchConfig
 from .http import HttpClient
 from .holds import holding
 from .local_source import restore_from_local
+from .peers import ORIGIN, Claim
 from .policy import describe
 from .remote_zip import RemoteCartonView, open_remote_zip, prefetch_view, read_entries
 from .stats import SOURCE_KINDS, TransferStats
@@ -172,11 +173,7 @@ class Puller:
                 return await self._add_whole_download(url, name, force)
             view = await prefetch_view(self.client, rz, self.config, self.stats)
             checked = await asyncio.to_thread(check_carton, view)
-            staging, elsewhere = await self._stage_remote(checked, view)
-            result = await asyncio.to_thread(self.store.commit_checked, checked, staging, name=name, source=url,
-                                             force=force)
-            self.stats.blobs("url", result.blobs_added - elsewhere)
-            return result
+            return await self._stage_and_commit(checked, view, url, name=name, force=force)
 
     async def _add_whole_download(self, url: str, name: str | None, force: bool) -> IngestResult:
         """The server ignores Range: stream the carton once into tmp/ and add it."""
@@ -187,19 +184,35 @@ class Puller:
             self.stats.blobs("url", result.blobs_added)
             return result
 
-    async def _stage_remote(self, checked: CheckedCarton, view: RemoteCartonView) -> tuple[Staging, int]:
-        """Stage the blobs the store lacks from the remote zip (small files
-        are already in memory); verify each against MANIFEST. Also returns
-        how many came from the blob's other sources instead (counted there)."""
+    async def _stage_and_commit(self, checked: CheckedCarton, view: RemoteCartonView, url: str, *,
+                                name: str | None, force: bool = False) -> IngestResult:
+        """Stage what the store lacks (from peers, else the zip) and commit
+        the carton; its blobs stay claimed (peers.py) until they are in."""
+        async with self.fetcher.peers.claiming(checked.files_by_digest()) as claims:
+            staging, elsewhere = await self._stage_remote(checked, view, claims)
+            result = await asyncio.to_thread(self.store.commit_checked, checked, staging, name=name,
+                                             source=url, force=force)
+        self.stats.blobs("url", result.blobs_added - elsewhere)
+        return result
+
+    async def _stage_remote(self, checked: CheckedCarton, view: RemoteCartonView,
+                            claims: dict[str, Claim]) -> tuple[Staging, int]:
+        """Stage the blobs the store lacks from peers that have them, else
+        from the remote zip (small files are already in memory); verify each
+        against MANIFEST. Also returns how many came from elsewhere than the
+        zip (counted there)."""
         staging = Staging(self.store.blobs)
         elsewhere = 0
         writers: dict[str, BlobWriter] = {}
         try:
             await asyncio.to_thread(self._stage_small, checked, view, staging)
+            lacking = await asyncio.to_thread(
+                lambda: [d for d in checked.files_by_digest() if d not in staging.staged and not self.store.blobs.has(d)])
+            elsewhere += await self._stage_from_peers(lacking, claims, staging)
             wanted: list[tuple[ZipEntry, Callable]] = []
             paths = {}
             for digest, path in checked.files_by_digest().items():
-                if digest in staging.staged or self.store.blobs.has(digest):
+                if digest not in lacking or digest in staging.staged:
                     continue
                 paths[digest] = path
 
@@ -226,6 +239,22 @@ class Puller:
         finally:
             for w in writers.values():
                 w.close()
+
+    async def _stage_from_peers(self, digests: list[str], claims: dict[str, Claim], staging: Staging) -> int:
+        """Stage those of digests a peer has; returns how many."""
+        if not self.fetcher.peers.urls:
+            for claim in claims.values():
+                claim.stage = ORIGIN
+            return 0
+        slots = asyncio.Semaphore(self.config.max_concurrency)
+
+        async def one(digest: str) -> bool:
+            async with slots:
+                staged = await self.fetcher.stage_from_peer(digest, claims.get(digest))
+            if staged is not None:
+                staging.add_staged(staged)
+            return staged is not None
+        return sum(await asyncio.gather(*(one(d) for d in digests)))
 
     @staticmethod
     def _stage_small(checked: CheckedCarton, view: RemoteCartonView, staging: Staging) -> None:
@@ -303,9 +332,7 @@ class Puller:
         if checked.digest != digest:
             raise FetchError(f"{describe(url)} now serves a different carton ({checked.digest}, not {digest})",
                              subject=url)
-        staging, elsewhere = await self._stage_remote(checked, view)
-        result = await asyncio.to_thread(self.store.commit_checked, checked, staging, name=None, source=url)
-        self.stats.blobs("url", result.blobs_added - elsewhere)
+        await self._stage_and_commit(checked, view, url, name=None)
         return len(wanted)
 
     # -- materializing -------------------------------------------------------------

@@ -2,8 +2,9 @@
 
 TransferStats counts bytes received and expected, requests, retries, and
 bytes and blobs by kind of source ("url": a carton's own URL or a LINKS
-URL; "mirror": <mirror>/<sha256>; "file": a local carton, added by the
-puller). Counting is two additions under a lock, cheap enough for every
+URL; "mirror": <mirror>/<sha256>; "registry": an OCI registry's blob;
+"peer": another node's store (peers.py); "file": a local carton, added by
+the puller). Every kind but "peer" is an origin. Counting is two additions under a lock, cheap enough for every
 chunk; whoever shows progress reads the counters at its own pace.
 
 A Tally is one request's share of the expected total: what it planned to
@@ -24,7 +25,7 @@ from .config import FetchConfig
 from .http import tls_reason
 from .policy import describe
 
-SOURCE_KINDS = ("file", "url", "mirror", "registry")
+SOURCE_KINDS = ("file", "url", "mirror", "registry", "peer")
 
 
 @dataclass

@@ -80,7 +80,8 @@ async def download(client: HttpClient, url: str, writer: BlobWriter, config: Fet
             await asyncio.to_thread(writer.reset)
         if stats is not None:
             stats.request()
-        async with client.get(url, start=start, encoded=start == 0) as response:
+        # Peers send stored bytes as they are (sendfile): compressing weights costs more CPU than it saves on a LAN.
+        async with client.get(url, start=start, encoded=start == 0 and source != "peer", kind=source) as response:
             tally = Tally(stats, response.length or 0, source=source)
             try:
                 if response.start != start:  # Range ignored: the body starts at 0 again
@@ -172,7 +173,7 @@ async def download_parts(client: HttpClient, url: str, first: Response, writer: 
                 return
             if stats is not None:
                 stats.request()
-            async with client.get(url, start=part.written, end=end, encoded=False) as response:
+            async with client.get(url, start=part.written, end=end, encoded=False, kind=tally.source) as response:
                 if response.status != 206:
                     raise _RangesRefused(f"{describe(url)}: ignored a Range request for a part", subject=url)
                 await fill(response, part)

@@ -24,16 +24,15 @@ import json
 import re
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterable
+from typing import Callable, Iterable
+
+import aiohttp
 
 from ..errors import FetchError
 from ..flights import SingleFlight
 from ..fetch.policy import describe
 from .challenge import Challenge, parse_challenges
 from .credentials import Credentials, find_credentials
-
-if TYPE_CHECKING:
-    import aiohttp
 
 _REPOSITORY_PATH = re.compile(r"^/v2/(.+?)/(?:blobs|manifests|tags)/")
 TOKEN_MARGIN = 10.0       # renew a token this long before it expires
@@ -62,10 +61,13 @@ def scope_for(url: str, push: bool) -> str | None:
 
 
 class RegistryAuth:
-    def __init__(self, credential_files: list[Path], *, check_url: Callable[[str], str] = lambda u: u) -> None:
-        """``check_url`` vets a token realm before it is asked (the fetch URL policy)."""
+    def __init__(self, credential_files: list[Path], *, check_url: Callable[[str], str] = lambda u: u,
+                 route: Callable[[str], dict] = lambda _u: {}) -> None:
+        """``check_url`` vets a token realm before it is asked (the fetch URL
+        policy); ``route(url)`` gives the request's options (its proxy)."""
         self.credential_files = credential_files
         self.check_url = check_url
+        self.route = route
         self._credentials: dict[str, Credentials | None] = {}
         self._tokens: dict[tuple[str, str], tuple[str, float]] = {}
         self._basic: set[str] = set()        # authorities that asked for Basic
@@ -134,19 +136,24 @@ class RegistryAuth:
             form = dict(params, grant_type="refresh_token", refresh_token=creds.identity_token,
                         client_id="cartonstore")
             form["scope"] = " ".join(scopes)
-            call = session.post(realm, data=form, allow_redirects=False)
+            call = lambda: session.post(realm, data=form, allow_redirects=False, **self.route(realm))  # noqa: E731
         else:
             if creds is not None and creds.username:
                 headers["Authorization"] = _basic(creds)
-            call = session.get(realm, params=params, headers=headers, allow_redirects=False)
-        try:
-            async with call as r:
-                body = await r.read()
-                status = r.status
-        except Exception as e:  # noqa: BLE001 - translated here, once
-            from ..fetch.http import translate
+            call = lambda: session.get(realm, params=params, headers=headers,  # noqa: E731
+                                       allow_redirects=False, **self.route(realm))
+        for attempt in range(2):
+            try:
+                async with call() as r:
+                    body = await r.read()
+                    status = r.status
+                break
+            except Exception as e:  # noqa: BLE001 - translated here, once
+                from ..fetch.http import translate
 
-            raise translate(e, realm) from e
+                # A kept-alive connection closed unannounced (see Registry._send): asked again, once.
+                if attempt or not isinstance(e, aiohttp.ServerDisconnectedError):
+                    raise translate(e, realm) from e
         if status != 200:
             who = f"as {creds.username!r}" if creds is not None and creds.username else "anonymously"
             raise FetchError(f"{where}: the token service {describe(realm)} refused a token {who} for "

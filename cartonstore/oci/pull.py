@@ -31,6 +31,7 @@ from ..store.ingest import IngestResult, Staging, check_staged_safetensors
 from .artifact import Layer, parse_manifest
 from .reference import OciReference
 from .registry import Registry
+from ..fetch.peers import Claim
 
 if TYPE_CHECKING:
     from ..fetch.puller import Puller
@@ -58,21 +59,27 @@ class OciCartonView:
 class _Blobs:
     """One add's blobs: staged from the registry, or found in the store."""
 
-    def __init__(self, puller: "Puller", registry: Registry, sizes: dict[str, int], staging: Staging) -> None:
+    def __init__(self, puller: "Puller", registry: Registry, sizes: dict[str, int], staging: Staging,
+                 claims: dict[str, Claim]) -> None:
         self.puller = puller
         self.registry = registry
         self.sizes = sizes
         self.staging = staging
+        self.claims = claims
         self.slots = asyncio.Semaphore(puller.config.max_concurrency)
 
     async def stage(self, digest: str) -> Path:
-        """Fetch the blob into staging (once); returns its staged file."""
+        """Fetch the blob into staging (once), from a peer that has it, else
+        the registry; returns its staged file."""
         if digest not in self.staging.staged:
             async with self.slots:
-                staged = await fetch_blob(self.puller.client, self.puller.store.blobs, digest,
-                                          [self.registry.blob_url(digest)], self.puller.config,
-                                          stats=self.puller.stats, kind_of=lambda _u: "registry",
-                                          expected_size=self.sizes[digest])
+                staged = await self.puller.fetcher.stage_from_peer(digest, self.claims.get(digest),
+                                                                   expected_size=self.sizes[digest])
+                if staged is None:
+                    staged = await fetch_blob(self.puller.client, self.puller.store.blobs, digest,
+                                              [self.registry.blob_url(digest)], self.puller.config,
+                                              stats=self.puller.stats, kind_of=lambda _u: "registry",
+                                              expected_size=self.sizes[digest])
             self.staging.add_staged(staged)
         return self.staging.staged[digest].tmp_path
 
@@ -123,9 +130,16 @@ async def add_from_registry(puller: "Puller", ref: OciReference, name: str | Non
     if "carton.toml" not in by_path:
         raise InvalidCarton("carton.toml", f"{ref}: the artifact has no layer titled carton.toml")
     sizes = {layer.digest: layer.size for layer in layers}   # one size per digest: checked below
-    staging = Staging(puller.store.blobs)
+    async with puller.fetcher.peers.claiming(sizes) as claims:  # until committed (peers.py)
+        return await _add_layers(puller, registry, ref, manifest_digest, layers, _Blobs(
+            puller, registry, sizes, Staging(puller.store.blobs), claims), name, force)
+
+
+async def _add_layers(puller: "Puller", registry: Registry, ref: OciReference, manifest_digest: str,
+                      layers: list[Layer], blobs: _Blobs, name: str | None, force: bool) -> IngestResult:
+    by_path = {layer.path: layer for layer in layers}
+    staging = blobs.staging
     try:
-        blobs = _Blobs(puller, registry, sizes, staging)
         small = await _read_small(blobs, by_path)
         if "MANIFEST" not in small:  # pushed file by file by another tool: the titles and digests say it all
             small["MANIFEST"] = build_manifest({layer.path: layer.digest for layer in layers

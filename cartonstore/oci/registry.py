@@ -19,6 +19,8 @@ import json
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable
 
+import aiohttp
+
 from ..errors import FetchError, FetchNotFound, IntegrityError
 from ..fetch.http import HttpClient, translate, with_retries
 from ..fetch.policy import describe, redirect_target
@@ -99,14 +101,22 @@ class Registry:
     async def _send(self, method: str, url: str, headers: dict | None, body: Callable[[], Any] | None, limit: int,
                     authorization: str | None) -> Answer:
         call_headers = {**(headers or {}), **({"Authorization": authorization} if authorization else {})}
-        try:
-            async with self.client.session.request(method, url, headers=call_headers, data=body() if body else None,
-                                                   allow_redirects=False) as r:
-                return Answer(r.status, r.headers, await _read_limited(r, limit, url), url)
-        except FetchError:
-            raise
-        except Exception as e:  # noqa: BLE001 - translated here, once
-            raise translate(e, url) from e
+        for attempt in range(2):
+            try:
+                async with self.client.session.request(method, url, headers=call_headers,
+                                                       data=body() if body else None, allow_redirects=False,
+                                                       **self.client.route(url, "registry")) as r:
+                    return Answer(r.status, r.headers, await _read_limited(r, limit, url), url)
+            except FetchError:
+                raise
+            except aiohttp.ServerDisconnectedError as e:
+                # A kept-alive connection the server (or a proxy: tinyproxy does) closed after its last
+                # answer without saying so: nothing was answered, so the request is sent again, once.
+                if attempt:
+                    raise translate(e, url) from e
+            except Exception as e:  # noqa: BLE001 - translated here, once
+                raise translate(e, url) from e
+        raise AssertionError("unreachable")
 
     def location(self, answer: Answer) -> str:
         """The Location of a 201/202, absolute, and allowed by the URL policy."""

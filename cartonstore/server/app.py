@@ -37,6 +37,7 @@ EXTENSIONS = ["binary_tensor_data", "model_repository", "system_shared_memory", 
 SERVICE: web.AppKey[ModelService] = web.AppKey("service", ModelService)
 METRICS: web.AppKey[Metrics] = web.AppKey("metrics", Metrics)
 ACCESS_LOG: web.AppKey[bool] = web.AppKey("access_log", bool)
+PEER_CERTS: web.AppKey[bool] = web.AppKey("peer_certs", bool)   # /v1/blobs over TCP needs a client certificate
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -203,7 +204,9 @@ def gc_policy_from(body: dict[str, Any]) -> GcPolicy:
 
 
 async def blob(request: web.Request) -> web.StreamResponse:
-    return await serve_blob(request, svc(request).store, request.app[METRICS])
+    service = svc(request)
+    return await serve_blob(request, service.store, request.app[METRICS], service.puller.fetcher.peers,
+                            client_ca=request.app[PEER_CERTS])
 
 
 async def metrics(request: web.Request) -> web.Response:
@@ -217,12 +220,14 @@ async def not_found(request: web.Request) -> web.Response:
 
 
 def build_app(service: ModelService, metrics_: Metrics, *, max_request_size: int = 256 << 20,
-              access_log: bool = False) -> web.Application:
-    """access_log: one info line per request answered (errors always get one)."""
+              access_log: bool = False, peer_certs: bool = False) -> web.Application:
+    """access_log: one info line per request answered (errors always get one);
+    peer_certs: /v1/blobs over TCP takes only clients with a verified certificate."""
     app = web.Application(middlewares=[errors_and_metrics], client_max_size=max_request_size)
     app[SERVICE] = service
     app[METRICS] = metrics_
     app[ACCESS_LOG] = access_log
+    app[PEER_CERTS] = peer_certs
     metrics_.watch(service.live_values)
     r = app.router
     r.add_get("/v2/health/live", live)

@@ -1,22 +1,31 @@
-"""GET /v1/blobs/{sha256}: a stored blob for peers that list this node as a mirror.
+"""GET /v1/blobs/{sha256}: a stored blob for peers and for nodes that list
+this one as a mirror; HEAD with Carton-Node is a peer's probe (peers.py).
 
 Identity responses support Range (aiohttp's FileResponse, with sendfile);
 when the client accepts zstd or gzip (and asks no Range) the body is
 compressed on the fly, chunk by chunk, in a worker thread.
+
+Over TCP, with peers.token set the caller must send it as a Bearer token,
+and with server.tls_client_ca it must have shown a certificate that CA
+signed; callers on the Unix socket are this host's and need neither.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hmac
 import zlib
 
 import zstandard
 from aiohttp import web
 
 from ..errors import InvalidInput, NotFound
+from ..fetch.peers import NODE_HEADER, WAIT_HEADER, PeerSet
 from ..format.manifest import is_sha256
 from ..store import Store
 from .metrics import Metrics
+from .responses import error
+from .shm_regions import peer_of
 
 CHUNK = 1 << 20
 
@@ -50,11 +59,38 @@ def _compressor(name: str):  # noqa: ANN202
     return zlib.compressobj(6, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
 
 
-async def serve_blob(request: web.Request, store: Store, metrics: Metrics) -> web.StreamResponse:
+def refusal(request: web.Request, token: str, client_ca: bool) -> web.Response | None:
+    """The answer to a TCP caller that lacks what peers must show, else None."""
+    if request.transport is None:
+        raise InvalidInput("the connection closed before its request was read")
+    if peer_of(request.transport).unix:
+        return None
+    if client_ca and not request.transport.get_extra_info("peercert"):
+        return error(403, "/v1/blobs over TCP takes only clients with a certificate signed by server.tls_client_ca")
+    sent = request.headers.get("Authorization", "")
+    if token and not hmac.compare_digest(sent.encode(), f"Bearer {token}".encode()):
+        answer = error(401, "/v1/blobs over TCP needs this fleet's peer token (peers.token) as a Bearer token"
+                       + (": the one sent is not it" if sent else ""))
+        answer.headers["WWW-Authenticate"] = 'Bearer realm="cartonstore peers"'
+        return answer
+    return None
+
+
+async def serve_blob(request: web.Request, store: Store, metrics: Metrics, peers: PeerSet, *,
+                     client_ca: bool = False) -> web.StreamResponse:
     digest = request.match_info["digest"]
+    if (refused := refusal(request, peers.config.token, client_ca)) is not None:
+        return refused
     if not is_sha256(digest):
         raise InvalidInput(f"{digest!r} is not a sha256 digest (64 lowercase hex)")
     path = store.blobs.path(digest)
+    if request.method == "HEAD" and NODE_HEADER in request.headers:
+        try:
+            wait = float(request.headers.get(WAIT_HEADER, "0"))
+        except ValueError:
+            raise InvalidInput(f"{WAIT_HEADER}: expected seconds, got {request.headers[WAIT_HEADER]!r}") from None
+        status = await peers.answer(digest, request.headers[NODE_HEADER], wait, path.is_file)
+        return web.Response(status=status)
     if not path.is_file():
         raise NotFound(f"blob {digest} is not in this store", subject=digest)
     encoding = None if "Range" in request.headers else pick_encoding(request.headers.get("Accept-Encoding", ""))

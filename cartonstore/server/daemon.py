@@ -13,6 +13,7 @@ import json
 import logging
 import signal
 import socket
+import ssl
 import sys
 import time
 from dataclasses import dataclass, field
@@ -20,6 +21,7 @@ from pathlib import Path
 
 from aiohttp import web
 
+from ..errors import InvalidInput
 from ..fetch.config import FetchConfig
 from ..fetch.puller import Puller
 from ..malloc_tuning import keep_big_buffers
@@ -55,6 +57,28 @@ class DaemonSettings:
     gc: GcPolicy = field(default_factory=GcPolicy)
     gc_interval: float = 600.0
     runners: RunnerConfig = field(default_factory=RunnerConfig)
+    tls_cert: Path | None = None        # TLS on TCP listeners...
+    tls_key: Path | None = None
+    tls_client_ca: Path | None = None   # ...asking clients for a certificate this CA signed (peers' mTLS)
+
+    def tls_context(self) -> ssl.SSLContext | None:
+        """The TCP listeners' TLS context; None for plain HTTP. A client
+        certificate is asked for but optional: only /v1/blobs requires it."""
+        if self.tls_cert is None:
+            if self.tls_key is not None or self.tls_client_ca is not None:
+                raise InvalidInput("server.tls_key and server.tls_client_ca need server.tls_cert (TLS on the "
+                                   "TCP listener)", subject="server.tls_cert")
+            return None
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        try:
+            context.load_cert_chain(str(self.tls_cert), str(self.tls_key) if self.tls_key else None)
+            if self.tls_client_ca is not None:
+                context.load_verify_locations(cafile=str(self.tls_client_ca))
+                context.verify_mode = ssl.CERT_OPTIONAL
+        except (OSError, ssl.SSLError) as e:
+            raise InvalidInput(f"server TLS: cannot load {self.tls_cert}, {self.tls_key} or {self.tls_client_ca} "
+                               f"({getattr(e, 'strerror', None) or e})") from None
+        return context
 
 
 class JsonFormatter(logging.Formatter):
@@ -82,6 +106,7 @@ class Daemon:
         self.bound: list[str] = []
         self._stop = asyncio.Event()
         self._owned_socket: Path | None = None
+        self._tls: ssl.SSLContext | None = None
 
     def _sockets(self) -> list[socket.socket]:
         inherited = inherited_sockets()
@@ -104,6 +129,7 @@ class Daemon:
 
     async def run(self) -> None:
         s = self.settings
+        self._tls = s.tls_context()   # a bad certificate stops the start before anything is bound
         # Bind first: a second daemon on a live socket stops at that conflict
         # having started, cleaned and logged nothing.
         socks = self._sockets()
@@ -117,7 +143,7 @@ class Daemon:
                                            max_request_size=s.max_request_size)
                     service.runner_host.prepare()
                     app = build_app(service, service.metrics, max_request_size=s.max_request_size,
-                                    access_log=s.access_log)
+                                    access_log=s.access_log, peer_certs=s.tls_client_ca is not None)
                     serving = True  # from here _serve closes the sockets and unlinks the socket file
                     await self._serve(app, service, socks)
             finally:
@@ -144,9 +170,10 @@ class Daemon:
         assert runner.server is not None
         front = FrontServer(app, runner.server, max_request_size=self.settings.max_request_size)
         try:
+            tls = self._tls
             for sock in socks:
-                await front.listen(sock)
-                self.bound.append(describe_socket(sock))
+                await front.listen(sock, tls=tls)
+                self.bound.append(describe_socket(sock, tls=tls is not None))
             loop = asyncio.get_running_loop()
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, self.stop)

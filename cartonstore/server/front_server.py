@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import ssl
 import time
 
 from aiohttp import web
@@ -37,12 +38,13 @@ class FrontServer:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def listen(self, sock: socket.socket) -> None:
+    async def listen(self, sock: socket.socket, *, tls: ssl.SSLContext | None = None) -> None:
+        """Serve sock; a TCP one over TLS when ``tls`` is given."""
         loop = asyncio.get_running_loop()
         if sock.family == socket.AF_UNIX:
             server = await loop.create_unix_server(lambda: FrontConnection(self), sock=sock)
         else:
-            server = await loop.create_server(lambda: FrontConnection(self), sock=sock)
+            server = await loop.create_server(lambda: FrontConnection(self), sock=sock, ssl=tls)
         self._listeners.append(server)
         if self._sweeper is None:
             self._sweeper = asyncio.create_task(self._sweep())

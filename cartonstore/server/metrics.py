@@ -35,6 +35,14 @@ class _Live(Collector):
                                   value=values["fetched_bytes"])
         yield CounterMetricFamily("cartonstore_fetch_requests", "HTTP requests made to sources",
                                   value=values["fetch_requests"])
+        by_source = CounterMetricFamily("cartonstore_fetched_source_bytes",
+                                        "Bytes received by kind of source: peer (other nodes' stores), and the "
+                                        "origins url (carton and LINKS URLs), mirror and registry",
+                                        labels=["source"])
+        for source, count in values.get("source_bytes", {}).items():
+            if source != "file":   # read from local files, not fetched
+                by_source.add_metric([source], count)
+        yield by_source
         yield from _runner_families(values.get("runners", []))
 
 

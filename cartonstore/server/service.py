@@ -394,7 +394,8 @@ class ModelService:
         return {"store_bytes": self.store.index.stored_bytes(), "leases": self.store.index.count_live_leases(),
                 "loaded_models": sum(1 for m in tuple(self.models.values()) if m.serving_state == READY),  # see statuses()
                 "runners": self.runner_host.statuses(),
-                "fetched_bytes": stats.bytes_received, "fetch_requests": stats.requests}
+                "fetched_bytes": stats.bytes_received, "fetch_requests": stats.requests,
+                "source_bytes": stats.snapshot()["source_bytes"]}
 
 
 def _resolve_on(conn, ref: str) -> str | None:  # noqa: ANN001

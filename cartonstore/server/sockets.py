@@ -109,12 +109,13 @@ def bind_tcp(listen: str) -> socket.socket:
     return sock
 
 
-def describe_socket(sock: socket.socket) -> str:
+def describe_socket(sock: socket.socket, *, tls: bool = False) -> str:
     addr = sock.getsockname()
     if sock.family == socket.AF_UNIX:
         return f"unix:{addr}"
     host, port = addr[0], addr[1]
-    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+    scheme = "https" if tls else "http"
+    return f"{scheme}://[{host}]:{port}" if ":" in host else f"{scheme}://{host}:{port}"
 
 
 def notify(message: str, env: dict[str, str] | None = None) -> bool:

@@ -1,0 +1,179 @@
+"""Peers: other nodes' stores, asked for a blob before its origins.
+
+The order peers are asked in is rendezvous hashing of the digest over the
+peer URLs, so every node asks the same peer first for a blob and, across a
+fleet, each blob is fetched from its origin once rather than once per node.
+
+A probe is ``HEAD <peer>/v1/blobs/<sha256>`` with this node's id
+(``Carton-Node``) and how long it may wait (``Carton-Wait``). The peer says:
+
+  200  it has the blob: it is fetched from there with a GET;
+  404  it has not, and is not fetching it: the next peer is asked;
+  202  it is fetching it and did not finish within the wait: ask again.
+
+A node holds a probe (up to the wait) while it fetches the blob itself:
+from its origin, or still asking its own peers when its id outranks the
+asker's for that digest (rendezvous over node ids). Waits only ever go to
+a higher rank, so they end, and when several nodes start on one blob at
+once exactly one of them (the highest) goes to the origin while the rest
+wait for it (a node told a higher one "absent" asks its peers again
+before going to its origin). A peer that cannot be reached, times out or answers anything
+else is not asked again for ``down_for`` seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import secrets
+import time
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, AsyncIterator, Callable, Iterable
+
+import aiohttp
+
+from .config import PeerConfig
+from .policy import describe
+
+if TYPE_CHECKING:
+    from .http import HttpClient
+
+log = logging.getLogger("cartonstore.peers")
+
+NODE_HEADER = "Carton-Node"
+WAIT_HEADER = "Carton-Wait"
+MAX_WAIT = 60.0          # the longest a node holds a probe, whatever the asker says
+ASKING, ORIGIN = "asking peers", "fetching from its sources"
+FOUND, ABSENT, PENDING = 200, 404, 202
+
+
+def _score(name: str, digest: str) -> bytes:
+    return hashlib.sha256(f"{name}\n{digest}".encode()).digest()
+
+
+def rendezvous(digest: str, names: Iterable[str]) -> list[str]:
+    """``names`` from the highest score for this digest to the lowest."""
+    return sorted(names, key=lambda name: _score(name, digest), reverse=True)
+
+
+def outranks(digest: str, node: str, other: str) -> bool:
+    return _score(node, digest) > _score(other, digest)
+
+
+@dataclass(eq=False)
+class Claim:
+    """This node is getting a blob: probes for it may wait for ``done``."""
+
+    stage: str = ASKING
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+    outranked: bool = False    # told a higher-ranked asker "absent" while asking: it may be fetching now
+
+
+class PeerSet:
+    def __init__(self, config: PeerConfig, client: "HttpClient") -> None:
+        self.config = config
+        self.client = client
+        self.node_id = secrets.token_hex(8)
+        self.urls = tuple(u.rstrip("/") for u in config.urls)
+        self.claims: dict[str, Claim] = {}
+        self._down_until: dict[str, float] = {}
+        self._probes = asyncio.Semaphore(16)   # held probes must not take every pooled connection
+
+    def is_peer_url(self, url: str) -> bool:
+        head, _, tail = url.rpartition("/v1/blobs/")
+        return len(tail) == 64 and head in self.urls
+
+    def order(self, digest: str) -> list[str]:
+        """The peers to ask for digest, in rendezvous order, less those marked down."""
+        now = time.monotonic()
+        return [p for p in rendezvous(digest, self.urls) if self._down_until.get(p, 0.0) <= now]
+
+    # -- asking --------------------------------------------------------------------
+
+    @asynccontextmanager
+    async def claiming(self, digests: Iterable[str]) -> AsyncIterator[dict[str, Claim]]:
+        """Claims on the digests no task of this process claims yet, held
+        until the block ends (the blobs committed, or given up on)."""
+        mine = {d: Claim() for d in dict.fromkeys(digests) if d not in self.claims}
+        self.claims.update(mine)
+        try:
+            yield mine
+        finally:
+            for digest, claim in mine.items():
+                claim.done.set()
+                if self.claims.get(digest) is claim:
+                    del self.claims[digest]
+
+    async def locate(self, digest: str, claim: Claim | None = None) -> str | None:
+        """The URL of the blob at the first peer (in rendezvous order) that
+        has it, waiting on those fetching it; None when none has it, and
+        the claim moves on to the origin."""
+        while True:
+            if claim is not None:
+                claim.outranked = False
+            for peer in self.order(digest):
+                url = f"{peer}/v1/blobs/{digest}"
+                status = PENDING
+                while status == PENDING:
+                    status = await self._ask(peer, url)
+                if status == FOUND:
+                    return url
+            # A higher-ranked node that asked meanwhile was told "absent" and
+            # is fetching it now (it may have asked before it claimed, which
+            # is when this node asked it): ask again, and wait for it.
+            if claim is None or not claim.outranked:
+                break
+        if claim is not None:
+            claim.stage = ORIGIN
+        return None
+
+    async def _ask(self, peer: str, url: str) -> int:
+        headers = {NODE_HEADER: self.node_id, WAIT_HEADER: f"{self.config.wait:g}"}
+        if auth := self.client.authorization(url, kind="peer"):
+            headers["Authorization"] = auth
+        timeout = aiohttp.ClientTimeout(total=self.config.wait + self.config.timeout,
+                                        sock_connect=self.config.timeout)
+        started = time.monotonic()
+        try:
+            async with self._probes, self.client.session.head(url, headers=headers, timeout=timeout,
+                                                              allow_redirects=False,
+                                                              **self.client.route(url, "peer")) as r:
+                status = r.status
+        except asyncio.TimeoutError:
+            return self.mark_down(peer, f"did not answer within {self.config.wait + self.config.timeout:g}s")
+        except (aiohttp.ClientError, OSError) as e:
+            from .http import translate
+
+            return self.mark_down(peer, translate(e, peer).message.removeprefix(f"{describe(peer)}: "))
+        if status == PENDING and time.monotonic() - started < 0.1:
+            await asyncio.sleep(0.1)   # a peer that answers "not yet" at once is not let spin us
+        if status in (FOUND, ABSENT, PENDING):
+            return status
+        why = "refused this node's peers.token" if status in (401, 403) else f"answered HTTP {status}"
+        return self.mark_down(peer, why)
+
+    def mark_down(self, peer: str, why: str) -> int:
+        if self._down_until.get(peer, 0.0) <= time.monotonic():
+            log.warning("peer %s: %s; not asked again for %gs", describe(peer), why, self.config.down_for)
+        self._down_until[peer] = time.monotonic() + self.config.down_for
+        return ABSENT
+
+    # -- answering -------------------------------------------------------------------
+
+    async def answer(self, digest: str, asker: str | None, wait: float, present: Callable[[], bool]) -> int:
+        """A probe from another node: FOUND, ABSENT or PENDING (see above)."""
+        if present():
+            return FOUND
+        claim = self.claims.get(digest)
+        if claim is None or asker is None or asker == self.node_id:
+            return ABSENT
+        if claim.stage == ASKING and not outranks(digest, self.node_id, asker):
+            claim.outranked = True
+            return ABSENT   # the asker outranks this node: it goes on, and this node will wait for it
+        try:
+            await asyncio.wait_for(claim.done.wait(), max(0.0, min(wait, MAX_WAIT)))
+        except asyncio.TimeoutError:
+            return PENDING
+        return FOUND if present() else ABSENT
