@@ -4,7 +4,7 @@ one task (one download, one build) instead of each starting their own."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 
@@ -21,3 +21,15 @@ class SingleFlight:
             self._tasks[key] = task
             task.add_done_callback(lambda _t: self._tasks.pop(key, None))
         return await asyncio.shield(task)
+
+
+async def all_or_none(work: Iterable[Awaitable]) -> list:
+    """Their results; on the first failure the rest are cancelled and waited
+    for, and it is raised."""
+    tasks = [asyncio.ensure_future(w) for w in work]
+    try:
+        return await asyncio.gather(*tasks)
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)

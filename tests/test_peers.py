@@ -286,3 +286,38 @@ def test_a_registry_carton_takes_its_blobs_from_a_peer(tmp_path, make_carton, mo
             assert result.complete and result.sources["registry"]["blobs"] == 0
             assert result.sources["peer"]["blobs"] == result.blobs_fetched >= 4
         assert not live_pids(str(base))
+
+
+def test_nodes_adding_one_zip_carton_at_once_share_its_entries(tmp_path):
+    """Three nodes add the same carton (its files inside its zip) at the same
+    moment. Each blob ranks a different node first, and a carton's blobs
+    commit together, so each node waits on others for some blobs while they
+    wait on it for others: a staged blob is served before its carton
+    commits, and each node reads its blobs from the zip without waiting for
+    the rest, so none waits for ever and the zip's entries are read once."""
+    files = {f"model/w{i}.bin": os.urandom(BLOB) for i in range(6)}
+    entries = carton_entries({"carton.toml": MINIMAL_TOML, **files})
+    with Origin() as origin, short_dir() as base:
+        carton = write_zip(tmp_path / "six.carton", entries)
+        origin.put_file("/six.carton", carton)
+        with fleet(base, 3) as nodes:
+            errors: list[BaseException] = []
+
+            def lease(node) -> None:  # noqa: ANN001
+                try:
+                    Client(node.socket_path, timeout=60).acquire(origin.url("/six.carton"), ttl=600)
+                except BaseException as e:  # noqa: BLE001 - raised below
+                    errors.append(e)
+
+            threads = [threading.Thread(target=lease, args=(n,)) for n in nodes]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(60)
+            assert not errors and not any(t.is_alive() for t in threads), errors
+            total = sum(len(d) for d in files.values())
+            assert sum(metric(n, "cartonstore_fetched_source_bytes_total", 'source="peer"') for n in nodes) == 2 * total
+            assert origin.bytes_sent < total + 3 * 256 * 1024   # the entries once, and each node's directory reads
+            for node in nodes:
+                assert verify(node)["ok"]
+        assert not live_pids(str(base))

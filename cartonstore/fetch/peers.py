@@ -11,7 +11,8 @@ A probe is ``HEAD <peer>/v1/blobs/<sha256>`` with this node's id
   404  it has not, and is not fetching it: the next peer is asked;
   202  it is fetching it and did not finish within the wait: ask again.
 
-A node holds a probe (up to the wait) while it fetches the blob itself:
+A node holds a probe (up to the wait) while it fetches the blob itself
+(until it is staged: a staged blob is served before its carton commits):
 from its origin, or still asking its own peers when its id outranks the
 asker's for that digest (rendezvous over node ids). Waits only ever go to
 a higher rank, so they end, and when several nodes start on one blob at
@@ -30,6 +31,7 @@ import secrets
 import time
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, AsyncIterator, Callable, Iterable
 
 import aiohttp
@@ -69,6 +71,7 @@ class Claim:
     stage: str = ASKING
     done: asyncio.Event = field(default_factory=asyncio.Event)
     outranked: bool = False    # told a higher-ranked asker "absent" while asking: it may be fetching now
+    staged: Path | None = None  # verified, waiting for its carton's commit: served from there meanwhile
 
 
 class PeerSet:
@@ -105,6 +108,20 @@ class PeerSet:
                 claim.done.set()
                 if self.claims.get(digest) is claim:
                     del self.claims[digest]
+
+    def staged(self, digest: str, path: Path) -> None:
+        """The claimed blob is verified and staged at path: peers waiting for
+        it are answered now, not when its carton commits (a carton's blobs
+        commit together, and two nodes adding one carton may each wait on
+        the other for a different blob)."""
+        claim = self.claims.get(digest)
+        if claim is not None:
+            claim.staged = path
+            claim.done.set()
+
+    def staged_path(self, digest: str) -> Path | None:
+        claim = self.claims.get(digest)
+        return claim.staged if claim is not None else None
 
     async def locate(self, digest: str, claim: Claim | None = None) -> str | None:
         """The URL of the blob at the first peer (in rendezvous order) that
@@ -164,9 +181,9 @@ class PeerSet:
 
     async def answer(self, digest: str, asker: str | None, wait: float, present: Callable[[], bool]) -> int:
         """A probe from another node: FOUND, ABSENT or PENDING (see above)."""
-        if present():
-            return FOUND
         claim = self.claims.get(digest)
+        if present() or (claim is not None and claim.staged is not None):
+            return FOUND
         if claim is None or asker is None or asker == self.node_id:
             return ABSENT
         if claim.stage == ASKING and not outranks(digest, self.node_id, asker):
@@ -176,4 +193,4 @@ class PeerSet:
             await asyncio.wait_for(claim.done.wait(), max(0.0, min(wait, MAX_WAIT)))
         except asyncio.TimeoutError:
             return PENDING
-        return FOUND if present() else ABSENT
+        return FOUND if present() or claim.staged is not None else ABSENT

@@ -23,7 +23,7 @@ from ..errors import (
     ManifestMismatch,
     NotFound,
 )
-from ..flights import SingleFlight
+from ..flights import SingleFlight, all_or_none
 from ..store import Store
 from ..store.blobs import BlobWriter
 from ..store.ingest import IngestResult, Staging, check_staged_safetensors
@@ -201,21 +201,49 @@ class Puller:
         from the remote zip (small files are already in memory); verify each
         against MANIFEST. Also returns how many came from elsewhere than the
         zip (counted there)."""
+        peers = self.fetcher.peers
         staging = Staging(self.store.blobs)
-        elsewhere = 0
-        writers: dict[str, BlobWriter] = {}
         try:
             await asyncio.to_thread(self._stage_small, checked, view, staging)
+            for digest, staged in staging.staged.items():
+                peers.staged(digest, staged.tmp_path)
             lacking = await asyncio.to_thread(
                 lambda: [d for d in checked.files_by_digest() if d not in staging.staged and not self.store.blobs.has(d)])
-            elsewhere += await self._stage_from_peers(lacking, claims, staging)
-            wanted: list[tuple[ZipEntry, Callable]] = []
-            paths = {}
-            for digest, path in checked.files_by_digest().items():
-                if digest not in lacking or digest in staging.staged:
-                    continue
-                paths[digest] = path
+            if not peers.urls:
+                for claim in claims.values():
+                    claim.stage = ORIGIN
+                elsewhere = await self._stage_entries(checked, view, lacking, staging)
+            else:
+                # Each blob on its own, from a peer or the zip, as soon as its peers have answered: a
+                # node waiting on this one for some blob of the carton must not wait for all of them.
+                slots = asyncio.Semaphore(self.config.max_concurrency)
 
+                async def one(digest: str) -> int:
+                    async with slots:
+                        staged = await self.fetcher.stage_from_peer(digest, claims.get(digest))
+                        if staged is None:
+                            return await self._stage_entries(checked, view, [digest], staging)
+                    staging.add_staged(staged)
+                    peers.staged(digest, staged.tmp_path)
+                    return 1
+                elsewhere = sum(await all_or_none(one(d) for d in lacking))
+            await asyncio.to_thread(check_staged_safetensors, checked, staging)
+            return staging, elsewhere
+        except BaseException:
+            staging.discard()
+            raise
+
+    async def _stage_entries(self, checked: CheckedCarton, view: RemoteCartonView, digests: list[str],
+                             staging: Staging) -> int:
+        """Read these blobs' zip entries (neighbours merged into one request),
+        verify and stage them; returns how many came from the blob's other
+        sources instead (a zip entry that does not match MANIFEST)."""
+        elsewhere = 0
+        writers: dict[str, BlobWriter] = {}
+        paths = {d: p for d, p in checked.files_by_digest().items() if d in set(digests)}
+        try:
+            wanted: list[tuple[ZipEntry, Callable]] = []
+            for digest, path in paths.items():
                 def make(digest: str = digest) -> BlobWriter:
                     old = writers.pop(digest, None)
                     if old is not None:
@@ -226,35 +254,17 @@ class Puller:
             await read_entries(self.client, view.rz, wanted, self.config, self.stats)
             for digest, w in writers.items():
                 try:
-                    staging.add_staged(await asyncio.to_thread(w.stage, expected_digest=digest))
+                    staged = await asyncio.to_thread(w.stage, expected_digest=digest)
                 except IntegrityError as e:  # the blob's other sources (LINKS, mirrors) may have it right
-                    staging.add_staged(await self.fetcher.stage_instead(
-                        paths[digest], digest, view.rz.url, e.message, checked.links.get(digest, ())))
+                    staged = await self.fetcher.stage_instead(paths[digest], digest, view.rz.url, e.message,
+                                                              checked.links.get(digest, ()))
                     elsewhere += 1
-            await asyncio.to_thread(check_staged_safetensors, checked, staging)
-            return staging, elsewhere
-        except BaseException:
-            staging.discard()
-            raise
+                staging.add_staged(staged)
+                self.fetcher.peers.staged(digest, staged.tmp_path)
+            return elsewhere
         finally:
             for w in writers.values():
                 w.close()
-
-    async def _stage_from_peers(self, digests: list[str], claims: dict[str, Claim], staging: Staging) -> int:
-        """Stage those of digests a peer has; returns how many."""
-        if not self.fetcher.peers.urls:
-            for claim in claims.values():
-                claim.stage = ORIGIN
-            return 0
-        slots = asyncio.Semaphore(self.config.max_concurrency)
-
-        async def one(digest: str) -> bool:
-            async with slots:
-                staged = await self.fetcher.stage_from_peer(digest, claims.get(digest))
-            if staged is not None:
-                staging.add_staged(staged)
-            return staged is not None
-        return sum(await asyncio.gather(*(one(d) for d in digests)))
 
     @staticmethod
     def _stage_small(checked: CheckedCarton, view: RemoteCartonView, staging: Staging) -> None:

@@ -18,12 +18,13 @@ import asyncio
 import dataclasses
 import io
 from pathlib import Path
-from typing import TYPE_CHECKING, Awaitable, BinaryIO, Iterable
+from typing import TYPE_CHECKING, BinaryIO
 
 from ..checks import check_carton
 from ..errors import IntegrityError, InvalidCarton, ManifestMismatch
 from ..fetch.remote_zip import read_whole_limit
 from ..fetch.transfer import fetch_blob
+from ..flights import all_or_none
 from ..format.manifest import build_manifest
 from ..sources.view import SourceFile
 from ..sources.zip_source import METADATA_NAMES
@@ -81,6 +82,7 @@ class _Blobs:
                                               stats=self.puller.stats, kind_of=lambda _u: "registry",
                                               expected_size=self.sizes[digest])
             self.staging.add_staged(staged)
+            self.puller.fetcher.peers.staged(digest, staged.tmp_path)
         return self.staging.staged[digest].tmp_path
 
     async def read(self, digest: str) -> bytes:
@@ -160,15 +162,3 @@ async def _add_layers(puller: "Puller", registry: Registry, ref: OciReference, m
     except BaseException:
         staging.discard()
         raise
-
-
-async def all_or_none(work: Iterable[Awaitable]) -> list:
-    """Their results; on the first failure the rest are cancelled and waited
-    for, and it is raised."""
-    tasks = [asyncio.ensure_future(w) for w in work]
-    try:
-        return await asyncio.gather(*tasks)
-    finally:
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)

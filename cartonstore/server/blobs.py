@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import os
 import zlib
+from typing import BinaryIO
 
 import zstandard
 from aiohttp import web
@@ -91,11 +93,13 @@ async def serve_blob(request: web.Request, store: Store, metrics: Metrics, peers
             raise InvalidInput(f"{WAIT_HEADER}: expected seconds, got {request.headers[WAIT_HEADER]!r}") from None
         status = await peers.answer(digest, request.headers[NODE_HEADER], wait, path.is_file)
         return web.Response(status=status)
+    headers = {"ETag": f'"{digest}"', "Cache-Control": "public, max-age=31536000, immutable",
+               "Vary": "Accept-Encoding"}
+    if not path.is_file() and (staged := _open_staged(peers, digest)) is not None:
+        return await _send_open_file(request, staged, headers, metrics)
     if not path.is_file():
         raise NotFound(f"blob {digest} is not in this store", subject=digest)
     encoding = None if "Range" in request.headers else pick_encoding(request.headers.get("Accept-Encoding", ""))
-    headers = {"ETag": f'"{digest}"', "Cache-Control": "public, max-age=31536000, immutable",
-               "Vary": "Accept-Encoding"}
     if encoding is None:
         # FileResponse sets its own ETag (mtime-size) and answers If-None-Match / If-Range with it.
         response = web.FileResponse(path, headers=headers)
@@ -115,3 +119,31 @@ async def serve_blob(request: web.Request, store: Store, metrics: Metrics, peers
     await response.write(comp.flush())
     await response.write_eof()
     return response
+
+
+def _open_staged(peers: PeerSet, digest: str) -> BinaryIO | None:
+    """The blob staged for a carton still being added (peers.py), opened now:
+    its commit renames it into the store at any moment, and an open file
+    outlives the rename. None when there is none (or it was just committed)."""
+    staged = peers.staged_path(digest)
+    try:
+        return open(staged, "rb") if staged is not None else None  # noqa: SIM115 - closed by _send_open_file
+    except FileNotFoundError:
+        return None
+
+
+async def _send_open_file(request: web.Request, f: BinaryIO, headers: dict[str, str],
+                          metrics: Metrics) -> web.StreamResponse:
+    """The whole file, read in a worker thread (no Range: this is the short
+    window before a commit, and a peer asking a Range gets the whole blob,
+    which it handles)."""
+    with f:
+        size = os.fstat(f.fileno()).st_size
+        response = web.StreamResponse(headers={**headers, "Content-Type": "application/octet-stream",
+                                               "Content-Length": str(size)})
+        await response.prepare(request)
+        while chunk := await asyncio.to_thread(f.read, CHUNK):
+            await response.write(chunk)
+            metrics.served_bytes.inc(len(chunk))
+        await response.write_eof()
+        return response

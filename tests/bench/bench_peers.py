@@ -89,7 +89,7 @@ def main() -> None:
     maker = BlobMaker()
     blobs = [maker.make(work / "blobs", args.size_mib // args.files) for _ in range(args.files)]
     (work / "origin").mkdir()
-    carton = pack(carton_dir(work, "fleet", blobs), work / "origin" / "fleet.carton")
+    carton = pack(carton_dir(work, "fleet", blobs), work / "origin" / "fleet.carton", compression="stored")
     size = carton.stat().st_size
     print(f"cores: {os.cpu_count()}  carton: {size / MiB:.1f} MiB in {args.files} files  work: {work}")
     origin = OriginProcess(work / "origin")
