@@ -26,10 +26,10 @@ if TYPE_CHECKING:
     from .store import Store
 
 
-def _json_text(data: object, **kwargs: Any) -> str:
+def print_json(data: object) -> None:
     import json  # here, not at the top: `path` and `ls` without --json never need it (issue 14)
 
-    return json.dumps(data, **kwargs)
+    print(json.dumps(data, indent=2, sort_keys=True))
 
 
 class Output:
@@ -38,7 +38,7 @@ class Output:
 
     def emit(self, data: dict[str, Any], lines: Sequence[str]) -> None:
         if self.as_json:
-            print(_json_text(data, indent=2, sort_keys=True))
+            print_json(data)
         else:
             for line in lines:
                 print(line)
@@ -123,7 +123,7 @@ def cmd_infer(store: Store, args: argparse.Namespace, out: Output) -> None:
         inputs = dict(parse_input_arg(text, datatypes) for text in args.input)
         outputs = infer_locally(store, args.settings, args.ref, inputs)
     if out.as_json:
-        print(_json_text({"outputs": outputs_as_json(outputs)}, indent=2, sort_keys=True))
+        print_json({"outputs": outputs_as_json(outputs)})
     else:
         print("\n".join(describe_outputs(outputs)))
 
@@ -196,7 +196,7 @@ def cmd_ls(store: Store, args: argparse.Namespace, out: Output) -> None:
              f"{format_size(r['size']) if r['size'] is not None else '?':>10}  {','.join(r['names']) or '-'}"
              for r in rows]
     if out.as_json:
-        print(_json_text(rows, indent=2, sort_keys=True))
+        print_json(rows)
     else:
         print("\n".join(lines) if lines else "(the store holds no cartons)")
 
@@ -206,7 +206,7 @@ def cmd_inspect(store: Store, args: argparse.Namespace, out: Output) -> None:
 
     data = describe_carton(store, store.resolve_or_add(args.ref))
     if out.as_json:
-        print(_json_text(data, indent=2, sort_keys=True))
+        print_json(data)
         return
     from .inspect import render_text
 
@@ -214,20 +214,18 @@ def cmd_inspect(store: Store, args: argparse.Namespace, out: Output) -> None:
 
 
 def cmd_export(store: Store, args: argparse.Namespace, out: Output) -> None:
-    w = store.export(args.ref, Path(args.output), link_prefix=args.links,
-                     link_min_size=parse_size(args.link_min_size), compression=args.compression)
-    out.emit({"manifest_sha256": w.digest, "path": str(w.path), "files_inline": w.files_inline,
-              "files_linked": w.files_linked, "size": w.size},
-             [f"wrote {w.path} ({format_size(w.size)}, {w.files_inline} file(s) inline, "
-              f"{w.files_linked} linked)", w.digest])
+    _wrote(store.export(args.ref, Path(args.output), link_prefix=args.links,
+                        link_min_size=parse_size(args.link_min_size), compression=args.compression), out)
 
 
 def cmd_pack(store: Store | None, args: argparse.Namespace, out: Output) -> None:
     from .pack import pack_directory
 
-    w = pack_directory(Path(args.directory), Path(args.output), compression=args.compression,
-                       link_prefix=args.link_prefix,
-                       link_min_size=parse_size(args.link_min_size) if args.link_min_size else 0)
+    _wrote(pack_directory(Path(args.directory), Path(args.output), compression=args.compression,
+                          link_prefix=args.link_prefix, link_min_size=parse_size(args.link_min_size)), out)
+
+
+def _wrote(w, out: Output) -> None:  # noqa: ANN001 - a carton_writer.WrittenCarton
     out.emit({"manifest_sha256": w.digest, "path": str(w.path), "files_inline": w.files_inline,
               "files_linked": w.files_linked, "size": w.size},
              [f"wrote {w.path} ({format_size(w.size)}, {w.files_inline} file(s) inline, "

@@ -11,10 +11,11 @@ answer in about 100 ms, interpreter start included).
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Callable, Mapping
 
 from . import __version__
 from .progress import MODES
@@ -39,20 +40,13 @@ failure, 6 unavailable (disk, lock, network), 7 conflict, 1 other errors.
 SOCKET_HELP = "the daemon's socket (default: $CARTONSTORE_SOCKET or ROOT/cartonstore.sock)"
 
 
-class HelpFormatter(argparse.RawDescriptionHelpFormatter):
-    """argparse's, with the width found as shutil.get_terminal_size finds it
-    but without importing shutil: argparse makes a formatter for every
-    add_argument (to check its metavar), and `path` must start fast."""
-
-    def __init__(self, prog: str, **kwargs: Any) -> None:
-        if kwargs.get("width") is None:
-            kwargs["width"] = _terminal_columns() - 2  # what argparse subtracts
-        super().__init__(prog, **kwargs)
-
-
-def _terminal_columns() -> int:
+def terminal_columns() -> int:
+    """As shutil.get_terminal_size finds it (COLUMNS if a positive number,
+    else the terminal's, else 80), without importing shutil."""
     try:
-        return int(os.environ["COLUMNS"])
+        columns = int(os.environ["COLUMNS"])
+        if columns > 0:
+            return columns
     except (KeyError, ValueError):
         pass
     try:
@@ -97,22 +91,31 @@ def _push(sp: argparse.ArgumentParser) -> None:
     sp.add_argument("target", help="where to push it: oci://HOST[:PORT]/REPO:TAG")
 
 
+# zipfmt.COMPRESSION_METHODS's names (a test holds them equal): importing the
+# writer here would load zstandard for every --help.
+COMPRESSION_NAMES = ("zstd", "deflate", "stored")
+
+
+def _archive(sp: argparse.ArgumentParser) -> None:
+    """What export and pack both write: a carton file, compressed."""
+    sp.add_argument("-o", "--output", required=True)
+    sp.add_argument("--compression", choices=COMPRESSION_NAMES, default="zstd")
+
+
 def _export(sp: argparse.ArgumentParser) -> None:
     sp.add_argument("ref")
-    sp.add_argument("-o", "--output", required=True)
+    _archive(sp)
     sp.add_argument("--links", metavar="URL_PREFIX",
                     help="leave files out of the zip and list them in LINKS as URL_PREFIX/<sha256>")
     sp.add_argument("--link-min-size", default="0", metavar="SIZE",
                     help="with --links, link only files at least this big (e.g. 1M)")
-    sp.add_argument("--compression", choices=["zstd", "deflate", "stored"], default="zstd")
 
 
 def _pack(sp: argparse.ArgumentParser) -> None:
     sp.add_argument("directory")
-    sp.add_argument("-o", "--output", required=True)
-    sp.add_argument("--compression", choices=["zstd", "deflate", "stored"], default="zstd")
+    _archive(sp)
     sp.add_argument("--link-prefix", metavar="URL", help="URL prefix for files listed in LINKS")
-    sp.add_argument("--link-min-size", metavar="SIZE", help="files at least this big go to LINKS")
+    sp.add_argument("--link-min-size", default="0", metavar="SIZE", help="files at least this big go to LINKS")
 
 
 def _serve(sp: argparse.ArgumentParser) -> None:
@@ -179,7 +182,12 @@ COMMANDS: dict[str, tuple[str, str, bool, Callable[[argparse.ArgumentParser], No
 def build_parser(handlers: Mapping[str, Callable], *, only: str | None = None) -> argparse.ArgumentParser:
     """The parser of every command (``only=None``) or of one; each command's
     handler is set as ``func``."""
-    common = argparse.ArgumentParser(add_help=False, formatter_class=HelpFormatter)
+    if only is not None and only not in COMMANDS:
+        raise ValueError(f"no command {only!r}")
+    # The width found once: argparse makes a formatter for every add_argument
+    # (to check its metavar), and `path` must start fast.
+    formatter = functools.partial(argparse.RawDescriptionHelpFormatter, width=terminal_columns() - 2)
+    common = argparse.ArgumentParser(add_help=False, formatter_class=formatter)
     common.add_argument("--root", type=Path, default=None,
                         help="store root (default: $CARTONSTORE_ROOT or ~/.cache/cartonstore)")
     common.add_argument("--json", action="store_true", help="print machine-readable JSON")
@@ -187,7 +195,7 @@ def build_parser(handlers: Mapping[str, Callable], *, only: str | None = None) -
                         help="TOML settings file (default: $CARTONSTORE_CONFIG; see config/cartonstore.toml)")
 
     p = argparse.ArgumentParser(prog="cartonstore", description="A shared, content-addressed store "
-                                "of ML models packaged as cartons.", epilog=EPILOG, formatter_class=HelpFormatter)
+                                "of ML models packaged as cartons.", epilog=EPILOG, formatter_class=formatter)
     p.add_argument("--version", action="version", version=f"cartonstore {__version__}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     fetching: argparse.ArgumentParser | None = None
@@ -196,17 +204,17 @@ def build_parser(handlers: Mapping[str, Callable], *, only: str | None = None) -
             continue
         parents = [common]
         if fetches:
-            fetching = fetching or _fetching_options()
+            fetching = fetching or _fetching_options(formatter)
             parents.append(fetching)
         sp = sub.add_parser(name, parents=parents, help=help, description=help, epilog=f"example:\n  {example}",
-                            formatter_class=HelpFormatter)
+                            formatter_class=formatter)
         sp.set_defaults(func=handlers[name])
         add_options(sp)
     return p
 
 
-def _fetching_options() -> argparse.ArgumentParser:
-    fetching = argparse.ArgumentParser(add_help=False, formatter_class=HelpFormatter)
+def _fetching_options(formatter: Callable[..., argparse.HelpFormatter]) -> argparse.ArgumentParser:
+    fetching = argparse.ArgumentParser(add_help=False, formatter_class=formatter)
     fetching.add_argument("--mirror", action="append", metavar="URL", help="also fetch blobs from URL/<sha256> (repeatable)")
     fetching.add_argument("--allow-host", action="append", metavar="HOST",
                           help="fetch only from these hosts (repeatable; *.example.com, 10.0.0.0/8)")

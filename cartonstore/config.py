@@ -227,6 +227,9 @@ class FetchSettings:
         _POLICY.deny_hosts, v.strings(lambda hosts: UrlPolicy(deny_hosts=hosts)))
     max_redirects: int = v.setting(_POLICY.max_redirects, v.integer(0))
 
+    def url_policy(self) -> UrlPolicy:
+        return UrlPolicy(**{name: getattr(self, name) for name in _POLICY_FIELDS})
+
 
 @dataclass(frozen=True)
 class LimitSettings:
@@ -285,9 +288,9 @@ class Config:
         return self.server.socket or self.store.root / SOCKET_NAME
 
     def fetch_config(self) -> FetchConfig:
-        values = {setting.name: getattr(self.fetch, setting.name) for setting in fields(self.fetch)}
-        policy = UrlPolicy(**{name: values.pop(name) for name in _POLICY_FIELDS})
-        return FetchConfig(**values, policy=policy, registries=self.registries.registry_config(),
+        values = {setting.name: getattr(self.fetch, setting.name) for setting in fields(self.fetch)
+                  if setting.name not in _POLICY_FIELDS}
+        return FetchConfig(**values, policy=self.fetch.url_policy(), registries=self.registries.registry_config(),
                            peers=self.peers.peer_config())
 
     def zip_limits(self) -> ZipLimits:
@@ -441,7 +444,7 @@ def _check(config: Config, origins: Mapping[str, tuple[int, str]]) -> None:
         raise _conflict(origins, ("fetch.backoff_base", "fetch.backoff_max"),
                         f"fetch.backoff_base ({v.duration_text(fetch.backoff_base)}) must not "
                         f"exceed fetch.backoff_max ({v.duration_text(fetch.backoff_max)})")
-    policy = UrlPolicy(**{name: getattr(fetch, name) for name in _POLICY_FIELDS})
+    policy = fetch.url_policy()
     for key, what, urls in (("fetch.mirrors", "mirror", fetch.mirrors), ("peers.urls", "peer", config.peers.urls)):
         for url in urls:
             try:

@@ -33,9 +33,14 @@ def _check_urls(urls: tuple[str, ...]) -> None:
                                f"<peer>/v1/blobs/<sha256>), with no path or query: {describe(url)}")
 
 
+def _is_token(text: str) -> bool:
+    """It goes in an Authorization header as it is: printable ASCII, no spaces."""
+    return text.isascii() and text.isprintable() and not any(c.isspace() for c in text)
+
+
 def _token(value: object) -> str:
-    if not isinstance(value, str) or any(c.isspace() or ord(c) < 0x20 for c in value):
-        raise v.BadValue("expected a token as a string without spaces or control characters")
+    if not isinstance(value, str) or not _is_token(value):
+        raise v.BadValue("expected a token as a string of printable ASCII without spaces")
     return value
 
 
@@ -44,7 +49,9 @@ def read_token(path: Path) -> str:
         token = path.read_text().strip()
     except OSError as e:
         raise InvalidInput(f"peers.token_file {path}: cannot read it ({e.strerror})", subject=str(path)) from None
-    if not token or any(c.isspace() or ord(c) < 0x20 for c in token):
+    except UnicodeDecodeError:
+        token = "\0"   # refused below, as any other unusable content
+    if not token or not _is_token(token):
         raise InvalidInput(f"peers.token_file {path}: expected one token without spaces", subject=str(path))
     return token
 

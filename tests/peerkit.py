@@ -20,25 +20,26 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def node_config(path: Path, peers: list[str], *, token: str = TOKEN, extra: str = "", peer_extra: str = "") -> Path:
+def node_config(path: Path, peers: list[str], *, token: str = TOKEN, extra: str = "", peer_extra: str = "",
+                wait: str = "5s") -> Path:
     urls = ", ".join(json.dumps(u) for u in peers)
     path.write_text(f"[peers]\nurls = [{urls}]\ntoken = {json.dumps(token)}\ntimeout = \"2s\"\n"
-                    f"down_for = \"30s\"\nwait = \"5s\"\n{peer_extra}\n[fetch]\nretries = 2\nbackoff_base = \"10ms\"\n"
+                    f"down_for = \"30s\"\nwait = \"{wait}\"\n{peer_extra}\n[fetch]\nretries = 2\nbackoff_base = \"10ms\"\n"
                     f"backoff_max = \"50ms\"\n{extra}")
     return path
 
 
 @contextmanager
-def fleet(base: Path, count: int, *, token: str = TOKEN, extra: str = "", peer_extra: str = "",
-          scheme: str = "http", peers_of=None) -> Iterator[list[DaemonProcess]]:  # noqa: ANN001
-    """``count`` daemons, each listing the others (or ``peers_of(i, urls)``) as peers."""
+def fleet(base: Path, count: int, *, scheme: str = "http", peers_of=None,  # noqa: ANN001
+          **config: str) -> Iterator[list[DaemonProcess]]:
+    """``count`` daemons, each listing the others (or ``peers_of(i, urls)``)
+    as peers; ``config`` goes to node_config (token, extra, peer_extra, wait)."""
     with ExitStack() as stack:
-        nodes = _start_fleet(stack, base, count, token, extra, peer_extra, scheme, peers_of)
-        yield nodes
+        yield _start_fleet(stack, base, count, scheme, peers_of, config)
 
 
-def _start_fleet(stack: ExitStack, base: Path, count: int, token: str, extra: str, peer_extra: str, scheme: str,
-                 peers_of) -> list[DaemonProcess]:  # noqa: ANN001
+def _start_fleet(stack: ExitStack, base: Path, count: int, scheme: str, peers_of,  # noqa: ANN001
+                 config: dict[str, str]) -> list[DaemonProcess]:
     # Each node's config names the others' ports, so they are picked before any
     # daemon binds; another test may take one meanwhile: then the fleet starts again.
     for attempt in range(5):
@@ -51,10 +52,9 @@ def _start_fleet(stack: ExitStack, base: Path, count: int, token: str, extra: st
                 root = base / f"try{attempt}" / f"n{i}"
                 root.mkdir(parents=True)
                 peers = peers_of(i, urls) if peers_of else [u for j, u in enumerate(urls) if j != i]
-                config = node_config(root.parent / f"n{i}.toml", peers, token=token, extra=extra,
-                                     peer_extra=peer_extra)
+                path = node_config(root.parent / f"n{i}.toml", peers, **config)
                 nodes.append(started.enter_context(DaemonProcess(root, listen=f"127.0.0.1:{port}",
-                                                                 extra_args=["--config", str(config)])))
+                                                                 extra_args=["--config", str(path)])))
         except RuntimeError as e:
             started.close()
             if "Address already in use" in str(e) and attempt < 4:

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from cartonstore.cli import build_parser, main
+from cartonstore.cli_args import _commands
 from conftest import FIXTURE_CARTON, FIXTURE_DIGEST
 
 
@@ -21,10 +22,9 @@ def run(capsys, *argv: str) -> tuple[int, str, str]:  # noqa: ANN001
 
 
 def test_every_command_is_documented_with_an_example() -> None:
-    parser = build_parser()
-    sub = next(a for a in parser._actions if a.dest == "command")
-    assert set(sub.choices) >= {"add", "path", "ls", "inspect", "export", "pack", "rm", "verify"}
-    for name, sp in sub.choices.items():
+    choices = _commands(build_parser())
+    assert set(choices) >= {"add", "path", "ls", "inspect", "export", "pack", "rm", "verify"}
+    for name, sp in choices.items():
         assert sp.description, name
         assert "example" in (sp.epilog or ""), name
         assert f"cartonstore {name}" in sp.epilog, name

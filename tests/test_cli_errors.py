@@ -5,10 +5,11 @@ store did not change."""
 
 from __future__ import annotations
 
-import argparse
 
 import asyncio
 import json
+import os
+import shlex
 import socket
 import subprocess
 import sys
@@ -17,7 +18,8 @@ from pathlib import Path
 import pytest
 
 from cartonstore.cli import build_parser, main
-from cartonstore.cli_args import arrange_argv
+from cartonstore.cli_args import _commands, arrange_argv
+from cartonstore.cli_parser import COMMANDS
 from cartonstore.store import Store
 from conftest import FIXTURE_CARTON, FIXTURE_DIGEST, MINIMAL_TOML, carton_entries, manifest_for, snapshot, write_zip
 from daemonkit import DaemonProcess, unix_session
@@ -158,8 +160,7 @@ def test_rm_of_a_loaded_model_says_how_to_unload_it(daemon: DaemonProcess, capsy
 
 def value_options() -> list[tuple[str, str, bool]]:
     """(command, option, takes a value) for every option of every command."""
-    parser = build_parser()
-    commands = next(a for a in parser._actions if a.dest == "command").choices
+    commands = _commands(build_parser())
     return [(name, opt, action.nargs != 0) for name, sp in commands.items()
             for opt, action in sp._option_string_actions.items() if opt not in ("-h", "--help")]
 
@@ -271,8 +272,12 @@ def test_a_second_serve_on_a_live_socket_prints_only_the_conflict(daemon: Daemon
 # must read every argv, and show every help, as the whole parser does.
 
 
-def subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
-    return dict(next(a for a in parser._actions if a.dest == "command").choices)
+subparsers = _commands
+
+
+def examples() -> list[list[str]]:
+    """Each command's documented example, as argv."""
+    return [shlex.split(example)[1:] for _help, example, *_ in COMMANDS.values()]
 
 
 @pytest.mark.parametrize("argv", [
@@ -283,11 +288,33 @@ def subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentPa
     ["infer", "m", "--input", "x=a.npy", "--input", "k=[1]", "--socket", "/s"],
     ["serve", "--listen", "127.0.0.1:0", "--log-format", "json"],
     ["ls"], ["verify", "--repair"], ["selftest", "m", "--rtol", "0.1"], ["pack", "d", "-o", "x"],
+    *examples(),
 ])
 def test_one_commands_parser_reads_argv_as_the_whole_parser_does(argv: list[str]) -> None:
     whole, one = build_parser(), build_parser(only=argv[0])
     assert vars(one.parse_args(arrange_argv(one, argv))) == vars(whole.parse_args(arrange_argv(whole, argv)))
     assert list(subparsers(one)) == [argv[0]]
+
+
+@pytest.mark.parametrize("columns", ["0", "-5", "wide"])
+def test_a_columns_value_that_is_no_width_is_ignored_as_shutil_does(monkeypatch, columns: str) -> None:  # noqa: ANN001
+    monkeypatch.setenv("COLUMNS", "80")
+    expected = subparsers(build_parser(only="path"))["path"].format_help()
+    monkeypatch.setenv("COLUMNS", columns)
+    monkeypatch.setattr("os.get_terminal_size", lambda *_a: os.terminal_size((80, 24)))
+    assert subparsers(build_parser(only="path"))["path"].format_help() == expected
+
+
+def test_the_compression_choices_are_the_writers() -> None:
+    from cartonstore.cli_parser import COMPRESSION_NAMES
+    from cartonstore.zipfmt import COMPRESSION_METHODS
+
+    assert set(COMPRESSION_NAMES) == set(COMPRESSION_METHODS)
+
+
+def test_only_a_known_command_has_a_parser_of_its_own() -> None:
+    with pytest.raises(ValueError, match="no command 'pth'"):
+        build_parser(only="pth")
 
 
 def test_one_commands_help_is_the_whole_parsers() -> None:

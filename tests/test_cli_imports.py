@@ -139,3 +139,25 @@ def test_path_of_a_built_model_answers_as_the_fetcher_does(tmp_path: Path) -> No
     assert_lean(second_imports)
     third, _ = run_cli(*argv, cwd=tmp_path)
     assert third.returncode == 0 and last_used() == touched, "used again within TOUCH_AFTER: nothing written"
+
+
+@pytest.mark.parametrize("package", ["cartonstore.format", "cartonstore.zipfmt", "cartonstore.store"])
+def test_every_lazy_name_is_its_modules(package: str) -> None:
+    """A name listed in a package's lazy table resolves, to its module's own
+    object (a misspelt or moved name would fail only where first used)."""
+    import importlib
+
+    module = importlib.import_module(package)
+    assert module.__all__ and sorted(module.__all__) == module.__all__
+    for name in module.__all__:
+        value = getattr(module, name)
+        owner = getattr(value, "__module__", None)
+        if owner is not None and owner.startswith(package + "."):
+            assert getattr(importlib.import_module(owner), name) is value
+
+
+def test_a_lazy_name_may_not_be_a_submodule() -> None:
+    from cartonstore.lazy_names import lazy_names
+
+    with pytest.raises(ValueError, match=r"pkg: \['digest'\] name both a submodule"):
+        lazy_names("pkg", {"digest": "digest is_sha256"})

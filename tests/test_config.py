@@ -517,6 +517,7 @@ BAD_VALUES = [
     ("peers.urls", '["node2/x"]', "no scheme"),
     ("peers.urls", '["http://10.0.0.2:7070/v1/blobs"]', "with no path or query"),
     ("peers.token", '"two words"', "without spaces"),
+    ("peers.token", '"caf\u00e9"', "printable ASCII"),
     ("peers.token_file", "1", "expected a path"),
     ("peers.timeout", "0", "expected a duration > 0"),
     ("peers.down_for", '"a while"', "expected a duration"),

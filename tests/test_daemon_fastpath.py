@@ -229,12 +229,12 @@ def test_leases_are_written_on_the_loop_while_the_wal_is_synced(store: Store, mo
             t0 = time.monotonic()
             assert await group.run(insert("during")) == 1
             took = time.monotonic() - t0
-            while group._checkpoint_started:  # noqa: SLF001 - the checkpoint ends
+            while group._checkpoint_task is not None:  # noqa: SLF001 - the checkpoint ends
                 await asyncio.sleep(0.01)
             assert not group._immediate.checkpoint_due  # noqa: SLF001
             return took
         finally:
-            group.close()
+            await group.close()
 
     took = asyncio.run(scenario())
     assert took < 0.25, f"a lease waited {took:.2f} s for the WAL's sync"
@@ -261,9 +261,65 @@ def test_leases_written_during_the_checkpoint_proper_wait_for_it_then_commit(sto
             assert results == [1] * 5
             return [time.monotonic() - t0, group._immediate._commits]  # noqa: SLF001 - 1: one batch, on the loop
         finally:
-            group.close()
+            await group.close()
 
     waited, loop_commits = asyncio.run(scenario())
     assert 0.1 < waited < 5, f"the writes took {waited:.2f} s: they should wait for the checkpoint, and only that long"
     assert loop_commits == 1, "the five waiting writes should commit together, on the loop"
     assert lease_count(store.root) == 6
+
+
+def test_a_failing_checkpoint_is_tried_again_after_as_many_commits_not_at_each_write(store: Store,  # noqa: ANN001
+                                                                                       monkeypatch) -> None:
+    """A checkpoint that fails (the WAL cannot be synced) is logged, and the
+    next is due only after CHECKPOINT_EVERY more commits; writes go on."""
+    from cartonstore.errors import Unavailable
+    from cartonstore.server.group_commit import GroupCommit
+
+    monkeypatch.setattr(ImmediateWriter, "CHECKPOINT_EVERY", 5)
+    attempts = []
+
+    def failing(_index) -> None:  # noqa: ANN001
+        attempts.append(1)
+        raise Unavailable("cannot sync the WAL: injected")
+
+    monkeypatch.setattr(type(store.index), "sync_wal", failing)
+
+    async def scenario() -> None:
+        group = GroupCommit(store)
+        try:
+            for n in range(100):
+                assert await group.run(insert(f"l{n}")) == 1
+                await asyncio.sleep(0)   # the checkpoint task, when one is due, runs
+            while group._checkpoint_task is not None:  # noqa: SLF001
+                await asyncio.sleep(0.01)
+        finally:
+            await group.close()
+
+    asyncio.run(scenario())
+    assert 1 <= len(attempts) <= 100 // 5 + 1, len(attempts)
+    assert lease_count(store.root) == 100
+
+
+def test_close_lets_a_checkpoint_end_and_the_writes_waiting_for_it_commit(store: Store, monkeypatch) -> None:  # noqa: ANN001
+    """Shutting down while the checkpoint proper runs: it ends, and the
+    writes that waited for it commit before the thread, the locks and the
+    connection go (before, close() let go of them under the checkpoint, and
+    the waiting writes were never answered)."""
+    from cartonstore.server.group_commit import GroupCommit
+
+    monkeypatch.setattr(ImmediateWriter, "CHECKPOINT_EVERY", 1)
+    checkpointing = slowed(monkeypatch, store, "checkpoint", 0.3)
+
+    async def scenario() -> list:
+        group = GroupCommit(store)
+        assert await group.run(insert("first")) == 1
+        assert await asyncio.to_thread(checkpointing.wait, 5)
+        waiting = [asyncio.ensure_future(group.run(insert(f"w{n}"))) for n in range(3)]
+        await asyncio.sleep(0.01)
+        await group.close()
+        return await asyncio.gather(*waiting, return_exceptions=True)
+
+    assert asyncio.run(scenario()) == [1, 1, 1]
+    assert lease_count(store.root) == 4
+

@@ -321,3 +321,33 @@ def test_nodes_adding_one_zip_carton_at_once_share_its_entries(tmp_path):
             for node in nodes:
                 assert verify(node)["ok"]
         assert not live_pids(str(base))
+
+
+def test_when_the_fetching_node_fails_the_nodes_waiting_on_it_are_told(tmp_path):
+    """The blob is gone from the origin. The node that goes there fails, and
+    the probes it holds are answered "absent" at once (not when the 30 s
+    wait runs out): every node then tries the origin itself and fails,
+    naming the blob."""
+    pool = [os.urandom(BLOB)]
+    with Origin() as origin, short_dir() as base:
+        (url,) = linked_cartons(tmp_path, origin, 1, pool)
+        origin.remove(f"/blobs/{sha(pool[0])}")
+        with fleet(base, 3, wait="30s") as nodes:
+            failures: list[str] = []
+
+            def lease(node) -> None:  # noqa: ANN001
+                try:
+                    Client(node.socket_path, timeout=120).acquire(url, ttl=600)
+                except Exception as e:  # noqa: BLE001 - each node must fail
+                    failures.append(str(e))
+
+            threads = [threading.Thread(target=lease, args=(n,)) for n in nodes]
+            started = time.monotonic()
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(120)
+            assert time.monotonic() - started < 20
+            assert len(failures) == 3 and all(sha(pool[0]) in f and "404" in f for f in failures), failures
+            assert origin.count(f"/blobs/{sha(pool[0])}") == 3
+        assert not live_pids(str(base))

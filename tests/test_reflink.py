@@ -10,6 +10,7 @@ entries) is what every other ingest test runs on.
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import subprocess
@@ -133,3 +134,62 @@ def test_clone_range_says_no_where_blocks_cannot_be_shared(tmp_path: Path) -> No
         src.unlink(missing_ok=True)
         dst.unlink(missing_ok=True)
 
+
+@pytest.mark.parametrize(("refusal", "fails"), [(errno.EAGAIN, False), (errno.EIO, False), (errno.ENOSPC, True)])
+def test_a_refused_clone_is_copied_and_only_no_space_fails(xfs: Path, monkeypatch, refusal: int,  # noqa: ANN001
+                                                           fails: bool) -> None:
+    """The kernel's answer to FICLONERANGE is injected (no local filesystem
+    gives EAGAIN as OpenZFS 2.2 does): any refusal but ENOSPC is copied
+    instead; ENOSPC fails the add, naming it, with tmp/ left empty."""
+    import fcntl as real_fcntl
+
+    from cartonstore.errors import Unavailable
+    from cartonstore.store import filespace
+
+    def ioctl(fd, request, *args):  # noqa: ANN001, ANN202
+        if request == filespace.FICLONERANGE:
+            raise OSError(refusal, os.strerror(refusal))
+        return real_fcntl.ioctl(fd, request, *args)
+
+    monkeypatch.setattr(filespace.fcntl, "ioctl", ioctl)
+    weights = os.urandom(1 << 20)
+    carton = pack(xfs / f"refused-{refusal}.carton", {"carton.toml": MINIMAL_TOML, "model/w.bin": weights})
+    root = xfs / f"root-refused-{refusal}"
+    with Store(root) as store:
+        if fails:
+            with pytest.raises(Unavailable, match="no space left on device while writing"):
+                store.add(carton)
+            assert not store.blobs.has(sha(weights))
+            assert not any(p.name.startswith("ingest-") for p in (root / "tmp").iterdir())
+        else:
+            assert store.add(carton).complete and store.blobs.path(sha(weights)).read_bytes() == weights
+
+
+
+def test_min_free_does_not_evict_blobs_whose_blocks_their_zips_still_hold(xfs: Path) -> None:
+    """Blobs that share their zips' blocks free no disk when evicted: a gc
+    short of free space leaves their cartons alone (before, each run
+    evicted another one, freeing nothing); once a zip is gone, its blob's
+    blocks are its own, and removing it frees them."""
+    from cartonstore.store.gc import GcPolicy, disk_free
+
+    weights = [os.urandom(ENTRY) for _ in range(3)]
+    cartons = [pack(xfs / f"gc{i}.carton", {"carton.toml": MINIMAL_TOML.replace(b'"tiny"', f'"g{i}"'.encode()),
+                                             "model/w.bin": w}) for i, w in enumerate(weights)]
+    with Store(xfs / "root-gc") as store:
+        for carton in cartons:
+            store.add(carton)
+        os.sync()
+        policy = GcPolicy(min_free=disk_free(xfs) + ENTRY // 2, grace=0)
+        for _ in range(2):
+            report = store.collect(policy)
+            assert report.evicted_blobs == 0 and report.evicted_models == [], report
+        assert all(store.blobs.has(sha(w)) for w in weights)
+        cartons[0].unlink()   # its blob now has no source: only forget_unrecoverable lets it go
+        os.sync()
+        before = disk_free(xfs)
+        report = store.collect(GcPolicy(min_free=policy.min_free, grace=0, forget_unrecoverable=True))
+        os.sync()
+        assert [m["names"] for m in report.forgotten_models] == [["g0"]] and not store.blobs.has(sha(weights[0]))
+        assert disk_free(xfs) - before >= ENTRY * 3 // 4
+        assert store.blobs.has(sha(weights[1])) and store.blobs.has(sha(weights[2]))

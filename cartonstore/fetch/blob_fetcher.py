@@ -71,10 +71,11 @@ class BlobFetcher:
                 async_file_lock(lock, timeout=self.config.lock_timeout):
             if self.store.blobs.has(digest):  # another process got it while we waited
                 return False
-            sources = await asyncio.to_thread(self.sources_for, digest, urls)  # SQLite: off the loop
-            at_peer = await self.peers.locate(digest, claims.get(digest))
-            staged = await fetch_blob(self.client, self.store.blobs, digest, [at_peer, *sources] if at_peer else sources,
-                                      self.config, stats=self.stats, kind_of=self.kind_of)
+            staged = await self.stage_from_peer(digest, claims.get(digest))
+            if staged is None:
+                sources = await asyncio.to_thread(self.sources_for, digest, urls)  # SQLite: off the loop
+                staged = await fetch_blob(self.client, self.store.blobs, digest, sources, self.config,
+                                          stats=self.stats, kind_of=self.kind_of)
             try:
                 await asyncio.to_thread(self._validate, staged)
                 await asyncio.to_thread(self.commit, staged)

@@ -236,6 +236,8 @@ class HttpClient:
         (the caller sees start == 0). ``kind`` is the kind of source (see
         route)."""
         assert self._session is not None, "use HttpClient as an async context manager"
+        # Peers send stored bytes as they are (sendfile): compressing weights costs more CPU than it saves on a LAN.
+        encoded = encoded and kind != "peer"
         headers = {"Accept-Encoding": self.config.accept_encoding if encoded else "identity"}
         ranged = suffix is not None or start > 0 or end is not None
         if suffix is not None:

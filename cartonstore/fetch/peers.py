@@ -32,15 +32,13 @@ import time
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, AsyncIterator, Callable, Iterable
+from typing import AsyncIterator, Callable, Iterable
 
 import aiohttp
 
 from .config import PeerConfig
+from .http import HttpClient, translate
 from .policy import describe
-
-if TYPE_CHECKING:
-    from .http import HttpClient
 
 log = logging.getLogger("cartonstore.peers")
 
@@ -74,8 +72,20 @@ class Claim:
     staged: Path | None = None  # verified, waiting for its carton's commit: served from there meanwhile
 
 
+def offer(claims: dict[str, Claim], digest: str, path: Path) -> None:
+    """A blob claimed in ``claims`` is verified and staged at path: peers
+    waiting for it are answered now, and served from there, not when its
+    carton commits (a carton's blobs commit together, and two nodes adding
+    one carton may each wait on the other for a different blob). Only the
+    claim's owner offers it: its staging is what the file's life follows."""
+    claim = claims.get(digest)
+    if claim is not None:
+        claim.staged = path
+        claim.done.set()
+
+
 class PeerSet:
-    def __init__(self, config: PeerConfig, client: "HttpClient") -> None:
+    def __init__(self, config: PeerConfig, client: HttpClient) -> None:
         self.config = config
         self.client = client
         self.node_id = secrets.token_hex(8)
@@ -109,16 +119,6 @@ class PeerSet:
                 if self.claims.get(digest) is claim:
                     del self.claims[digest]
 
-    def staged(self, digest: str, path: Path) -> None:
-        """The claimed blob is verified and staged at path: peers waiting for
-        it are answered now, not when its carton commits (a carton's blobs
-        commit together, and two nodes adding one carton may each wait on
-        the other for a different blob)."""
-        claim = self.claims.get(digest)
-        if claim is not None:
-            claim.staged = path
-            claim.done.set()
-
     def staged_path(self, digest: str) -> Path | None:
         claim = self.claims.get(digest)
         return claim.staged if claim is not None else None
@@ -150,8 +150,8 @@ class PeerSet:
         headers = {NODE_HEADER: self.node_id, WAIT_HEADER: f"{self.config.wait:g}"}
         if auth := self.client.authorization(url, kind="peer"):
             headers["Authorization"] = auth
-        timeout = aiohttp.ClientTimeout(total=self.config.wait + self.config.timeout,
-                                        sock_connect=self.config.timeout)
+        limit = self.config.wait + self.config.timeout
+        timeout = aiohttp.ClientTimeout(total=limit, sock_connect=self.config.timeout)
         started = time.monotonic()
         try:
             async with self._probes, self.client.session.head(url, headers=headers, timeout=timeout,
@@ -159,16 +159,15 @@ class PeerSet:
                                                               **self.client.route(url, "peer")) as r:
                 status = r.status
         except asyncio.TimeoutError:
-            return self.mark_down(peer, f"did not answer within {self.config.wait + self.config.timeout:g}s")
+            return self.mark_down(peer, f"did not answer within {limit:g}s")
         except (aiohttp.ClientError, OSError) as e:
-            from .http import translate
-
             return self.mark_down(peer, translate(e, peer).message.removeprefix(f"{describe(peer)}: "))
         if status == PENDING and time.monotonic() - started < 0.1:
             await asyncio.sleep(0.1)   # a peer that answers "not yet" at once is not let spin us
         if status in (FOUND, ABSENT, PENDING):
             return status
-        why = "refused this node's peers.token" if status in (401, 403) else f"answered HTTP {status}"
+        why = {401: "refused this node's peers.token",
+               403: "refused this node's client certificate (peers.tls_cert)"}.get(status, f"answered HTTP {status}")
         return self.mark_down(peer, why)
 
     def mark_down(self, peer: str, why: str) -> int:

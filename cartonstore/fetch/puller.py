@@ -37,7 +37,7 @@ from .config import FetchConfig
 from .http import HttpClient
 from .holds import holding
 from .local_source import restore_from_local
-from .peers import ORIGIN, Claim
+from .peers import ORIGIN, Claim, offer
 from .policy import describe
 from .remote_zip import RemoteCartonView, open_remote_zip, prefetch_view, read_entries
 from .stats import SOURCE_KINDS, TransferStats
@@ -206,13 +206,13 @@ class Puller:
         try:
             await asyncio.to_thread(self._stage_small, checked, view, staging)
             for digest, staged in staging.staged.items():
-                peers.staged(digest, staged.tmp_path)
+                offer(claims, digest, staged.tmp_path)
             lacking = await asyncio.to_thread(
                 lambda: [d for d in checked.files_by_digest() if d not in staging.staged and not self.store.blobs.has(d)])
             if not peers.urls:
                 for claim in claims.values():
                     claim.stage = ORIGIN
-                elsewhere = await self._stage_entries(checked, view, lacking, staging)
+                elsewhere = await self._stage_entries(checked, view, lacking, staging, claims)
             else:
                 # Each blob on its own, from a peer or the zip, as soon as its peers have answered: a
                 # node waiting on this one for some blob of the carton must not wait for all of them.
@@ -222,9 +222,9 @@ class Puller:
                     async with slots:
                         staged = await self.fetcher.stage_from_peer(digest, claims.get(digest))
                         if staged is None:
-                            return await self._stage_entries(checked, view, [digest], staging)
+                            return await self._stage_entries(checked, view, [digest], staging, claims)
                     staging.add_staged(staged)
-                    peers.staged(digest, staged.tmp_path)
+                    offer(claims, digest, staged.tmp_path)
                     return 1
                 elsewhere = sum(await all_or_none(one(d) for d in lacking))
             await asyncio.to_thread(check_staged_safetensors, checked, staging)
@@ -234,13 +234,14 @@ class Puller:
             raise
 
     async def _stage_entries(self, checked: CheckedCarton, view: RemoteCartonView, digests: list[str],
-                             staging: Staging) -> int:
+                             staging: Staging, claims: dict[str, Claim]) -> int:
         """Read these blobs' zip entries (neighbours merged into one request),
         verify and stage them; returns how many came from the blob's other
         sources instead (a zip entry that does not match MANIFEST)."""
         elsewhere = 0
         writers: dict[str, BlobWriter] = {}
-        paths = {d: p for d, p in checked.files_by_digest().items() if d in set(digests)}
+        wanted_digests = set(digests)
+        paths = {d: p for d, p in checked.files_by_digest().items() if d in wanted_digests}
         try:
             wanted: list[tuple[ZipEntry, Callable]] = []
             for digest, path in paths.items():
@@ -260,7 +261,7 @@ class Puller:
                                                               checked.links.get(digest, ()))
                     elsewhere += 1
                 staging.add_staged(staged)
-                self.fetcher.peers.staged(digest, staged.tmp_path)
+                offer(claims, digest, staged.tmp_path)
             return elsewhere
         finally:
             for w in writers.values():

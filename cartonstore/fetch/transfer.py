@@ -80,8 +80,7 @@ async def download(client: HttpClient, url: str, writer: BlobWriter, config: Fet
             await asyncio.to_thread(writer.reset)
         if stats is not None:
             stats.request()
-        # Peers send stored bytes as they are (sendfile): compressing weights costs more CPU than it saves on a LAN.
-        async with client.get(url, start=start, encoded=start == 0 and source != "peer", kind=source) as response:
+        async with client.get(url, start=start, encoded=start == 0, kind=source) as response:
             tally = Tally(stats, response.length or 0, source=source)
             try:
                 if response.start != start:  # Range ignored: the body starts at 0 again

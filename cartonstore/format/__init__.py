@@ -23,47 +23,4 @@ _MODULE_NAMES = {
     "tensor_data": "TensorEntry check_tensor_files check_tensor_index_present decode_numeric decode_string "
                    "expected_bin_size load_tensors parse_tensor_index",
 }
-__getattr__, __dir__ = lazy_names(__name__, _MODULE_NAMES)
-
-
-__all__ = [
-    "CARTON_DTYPES",
-    "SAFETENSORS_DTYPE_BITS",
-    "SAFETENSORS_HEADER_LIMIT",
-    "CartonConfig",
-    "Example",
-    "Manifest",
-    "RunnerInfo",
-    "SafetensorsHeader",
-    "SafetensorsTensor",
-    "SelfTest",
-    "TensorEntry",
-    "TensorSpec",
-    "build_links",
-    "build_manifest",
-    "carton_dtype_to_v2",
-    "carton_numpy_dtype",
-    "carton_path_problem",
-    "check_references",
-    "check_tensor_files",
-    "check_tensor_index_present",
-    "decode_numeric",
-    "decode_string",
-    "expected_bin_size",
-    "is_numeric_carton_dtype",
-    "is_sha256",
-    "is_valid_carton_path",
-    "is_within",
-    "load_tensors",
-    "parse_carton_toml",
-    "parse_header_size",
-    "parse_links",
-    "parse_manifest",
-    "parse_safetensors",
-    "parse_safetensors_header",
-    "parse_tensor_index",
-    "resolve_symlink_target",
-    "safetensors_dtype_to_v2",
-    "shape_to_v2_dims",
-    "validate_carton_path",
-]
+__getattr__, __dir__, __all__ = lazy_names(__name__, _MODULE_NAMES)

@@ -32,7 +32,7 @@ from ..store.ingest import IngestResult, Staging, check_staged_safetensors
 from .artifact import Layer, parse_manifest
 from .reference import OciReference
 from .registry import Registry
-from ..fetch.peers import Claim
+from ..fetch.peers import Claim, offer
 
 if TYPE_CHECKING:
     from ..fetch.puller import Puller
@@ -82,7 +82,7 @@ class _Blobs:
                                               stats=self.puller.stats, kind_of=lambda _u: "registry",
                                               expected_size=self.sizes[digest])
             self.staging.add_staged(staged)
-            self.puller.fetcher.peers.staged(digest, staged.tmp_path)
+            offer(self.claims, digest, staged.tmp_path)
         return self.staging.staged[digest].tmp_path
 
     async def read(self, digest: str) -> bytes:

@@ -23,7 +23,7 @@ from aiohttp import web
 
 from ..errors import InvalidInput, NotFound
 from ..fetch.peers import NODE_HEADER, WAIT_HEADER, PeerSet
-from ..format.manifest import is_sha256
+from ..format.digest import is_sha256
 from ..store import Store
 from .metrics import Metrics
 from .responses import error
@@ -95,30 +95,18 @@ async def serve_blob(request: web.Request, store: Store, metrics: Metrics, peers
         return web.Response(status=status)
     headers = {"ETag": f'"{digest}"', "Cache-Control": "public, max-age=31536000, immutable",
                "Vary": "Accept-Encoding"}
+    encoding = None if "Range" in request.headers else pick_encoding(request.headers.get("Accept-Encoding", ""))
     if not path.is_file() and (staged := _open_staged(peers, digest)) is not None:
-        return await _send_open_file(request, staged, headers, metrics)
+        return await _stream(request, staged, headers, metrics, encoding)
     if not path.is_file():
         raise NotFound(f"blob {digest} is not in this store", subject=digest)
-    encoding = None if "Range" in request.headers else pick_encoding(request.headers.get("Accept-Encoding", ""))
     if encoding is None:
         # FileResponse sets its own ETag (mtime-size) and answers If-None-Match / If-Range with it.
         response = web.FileResponse(path, headers=headers)
         response.enable_compression = lambda *a, **k: None  # type: ignore[method-assign]
         metrics.served_bytes.inc(path.stat().st_size)
         return response
-    response = web.StreamResponse(headers={**headers, "Content-Encoding": encoding,
-                                           "Content-Type": "application/octet-stream"})
-    await response.prepare(request)
-    comp = _compressor(encoding)
-    with open(path, "rb") as f:
-        while chunk := await asyncio.to_thread(f.read, CHUNK):
-            out = await asyncio.to_thread(comp.compress, chunk)
-            if out:
-                await response.write(out)
-            metrics.served_bytes.inc(len(chunk))
-    await response.write(comp.flush())
-    await response.write_eof()
-    return response
+    return await _stream(request, open(path, "rb"), headers, metrics, encoding)  # noqa: SIM115 - _stream closes it
 
 
 def _open_staged(peers: PeerSet, digest: str) -> BinaryIO | None:
@@ -127,23 +115,29 @@ def _open_staged(peers: PeerSet, digest: str) -> BinaryIO | None:
     outlives the rename. None when there is none (or it was just committed)."""
     staged = peers.staged_path(digest)
     try:
-        return open(staged, "rb") if staged is not None else None  # noqa: SIM115 - closed by _send_open_file
+        return open(staged, "rb") if staged is not None else None  # noqa: SIM115 - closed by _stream
     except FileNotFoundError:
         return None
 
 
-async def _send_open_file(request: web.Request, f: BinaryIO, headers: dict[str, str],
-                          metrics: Metrics) -> web.StreamResponse:
-    """The whole file, read in a worker thread (no Range: this is the short
-    window before a commit, and a peer asking a Range gets the whole blob,
-    which it handles)."""
+async def _stream(request: web.Request, f: BinaryIO, headers: dict[str, str], metrics: Metrics,
+                  encoding: str | None) -> web.StreamResponse:
+    """The whole open file, read (and compressed on the fly, chunk by chunk)
+    in worker threads; closed at the end. Without Range: a staged blob is
+    served so only in the short window before its commit, and a peer asking
+    a Range gets the whole blob, which it handles."""
     with f:
-        size = os.fstat(f.fileno()).st_size
-        response = web.StreamResponse(headers={**headers, "Content-Type": "application/octet-stream",
-                                               "Content-Length": str(size)})
+        comp = _compressor(encoding) if encoding else None
+        extra = ({"Content-Encoding": encoding} if encoding
+                 else {"Content-Length": str(os.fstat(f.fileno()).st_size)})
+        response = web.StreamResponse(headers={**headers, "Content-Type": "application/octet-stream", **extra})
         await response.prepare(request)
         while chunk := await asyncio.to_thread(f.read, CHUNK):
-            await response.write(chunk)
+            out = await asyncio.to_thread(comp.compress, chunk) if comp is not None else chunk
+            if out:
+                await response.write(out)
             metrics.served_bytes.inc(len(chunk))
+        if comp is not None:
+            await response.write(comp.flush())
         await response.write_eof()
         return response

@@ -16,7 +16,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from ..errors import CartonStoreError
+from ..errors import CartonStoreError, Unavailable
 from ..store import Store
 from ..store.sqlite_ops import WOULD_WAIT, ImmediateWriter
 from ..store.locks import HeldLock
@@ -33,13 +33,13 @@ class GroupCommit:
         self._db_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cartonstore-db")
         self._queue: list[tuple[Any, asyncio.Future]] = []
         self._draining = False        # a flush is scheduled, waits for a checkpoint, or is draining
-        self._drain_running = False   # _drain is sending batches to the database thread
+        self._deferred = False        # a flush waits for the checkpoint proper, which runs it when it ends
         self._shared_store_lock = HeldLock(store.lock(shared=True))
         # The fast way for the same operations, on the loop itself (see run).
         self._immediate = ImmediateWriter(store.layout.index_db)
         self._immediate_store_lock = HeldLock(store.lock(shared=True))  # its own fd: flocks belong to one
         self._checkpointing = False   # the checkpoint proper runs: writes queue behind it
-        self._checkpoint_started = False  # from the WAL's sync until the checkpoint is done
+        self._checkpoint_task: asyncio.Task[None] | None = None   # from the WAL's sync until the checkpoint is done
 
     async def run(self, op):  # noqa: ANN001, ANN202
         """Run a small index operation (a few rows, a stat) in a group
@@ -67,6 +67,10 @@ class GroupCommit:
             # flushes them when it ends): a checkpoint that writers keep
             # overtaking never lets the WAL restart from its beginning, and
             # the file grows without end.
+            self._deferred = True
+            return
+        if not self._queue:
+            self._draining = False
             return
         batch, self._queue = self._queue, []
         results: object = WOULD_WAIT
@@ -83,14 +87,12 @@ class GroupCommit:
             return
         self._draining = False
         _deliver(batch, results)
-        if self._immediate.checkpoint_due and not self._checkpoint_started:
-            self._checkpoint_started = True
-            asyncio.ensure_future(self._checkpoint())
+        if self._immediate.checkpoint_due and self._checkpoint_task is None:
+            self._checkpoint_task = asyncio.ensure_future(self._checkpoint())
 
     async def _drain(self) -> None:
         """The patient way: batches on the database thread until none is left."""
         loop = asyncio.get_running_loop()
-        self._drain_running = True
         try:
             while self._queue:
                 batch, self._queue = self._queue, []
@@ -100,7 +102,7 @@ class GroupCommit:
                     results = [e] * len(batch)
                 _deliver(batch, results)
         finally:
-            self._draining = self._drain_running = False
+            self._draining = False
 
     async def _checkpoint(self) -> None:
         """The WAL the loop's writes grew, copied back off the loop.
@@ -121,16 +123,18 @@ class GroupCommit:
                     break
             self._checkpointing = True
             await self.on_db_thread(self.store.index.checkpoint)
-            self._immediate.checkpointed()
         except CartonStoreError as e:
-            log.warning("%s", e)
+            log.warning("checkpoint of the index failed: %s", e)
+        except Exception:  # noqa: BLE001 - a bug must not stop the next checkpoints
+            log.exception("checkpoint of the index failed")
         finally:
-            self._checkpointing = self._checkpoint_started = False
-            if self._draining and not self._drain_running:  # the writes that waited for the checkpoint proper
-                if self._queue:
-                    self._flush()
-                else:
-                    self._draining = False
+            # Failed or not, the next one is due after as many commits again, not at the next write.
+            self._immediate.checkpointed()
+            self._checkpointing = False
+            self._checkpoint_task = None
+            if self._deferred:  # the writes that waited for the checkpoint proper
+                self._deferred = False
+                self._flush()
 
     def _run_ops(self, ops: list) -> list:
         with self._shared_store_lock:  # a collection sees all of these leases or none
@@ -141,8 +145,14 @@ class GroupCommit:
         writers anyway, and one thread spares the hand-offs between many."""
         return await asyncio.get_running_loop().run_in_executor(self._db_thread, fn, *args)
 
-    def close(self) -> None:
-        self._db_thread.shutdown(wait=True)
+    async def close(self) -> None:
+        """Let a checkpoint under way end, answer what is still queued as
+        refused, then let go of the thread, the locks and the connection."""
+        if self._checkpoint_task is not None:
+            await asyncio.gather(self._checkpoint_task, return_exceptions=True)
+        batch, self._queue = self._queue, []
+        _deliver(batch, [Unavailable("the daemon is shutting down")] * len(batch))
+        await asyncio.get_running_loop().run_in_executor(None, self._db_thread.shutdown)
         self._shared_store_lock.close()
         self._immediate_store_lock.close()
         self._immediate.close()

@@ -18,7 +18,7 @@ from ..errors import CartonStoreError, InvalidInput, NotFound, Unavailable
 from ..fetch.puller import Puller
 from ..flights import SingleFlight
 from ..format.dtypes import tensor_metadata
-from ..format.manifest import is_sha256
+from ..format.digest import is_sha256
 from ..runner_settings import RunnerSettings as RunnerConfig
 from ..store import Store
 from ..store.gc import GcPolicy, GcReport
@@ -386,7 +386,7 @@ class ModelService:
         for lease_id in list(self._pins):
             await self._db(self.store.index.delete_lease, lease_id)
             self._pins.pop(lease_id, None)
-        self._commits.close()
+        await self._commits.close()
         self.shm_regions.close()
 
     def live_values(self) -> dict[str, float]:

@@ -4,8 +4,6 @@ from cartonstore.lazy_names import lazy_names
 
 # `cartonstore.store.layout` alone (the settings need it for the default
 # root) must not bring the whole store with it (issue 14).
-__getattr__, __dir__ = lazy_names(__name__, {"names": "validate_name",
-                                              "store": "CartonInfo RemoveResult Store",
-                                              "verification": "VerifyReport"})
-
-__all__ = ["CartonInfo", "RemoveResult", "Store", "VerifyReport", "validate_name"]
+__getattr__, __dir__, __all__ = lazy_names(__name__, {"names": "validate_name",
+                                                       "store": "CartonInfo RemoveResult Store",
+                                                       "verification": "VerifyReport"})

@@ -98,11 +98,11 @@ class BlobWriter:
         copy_from does (on ext4 that is faster than copy_file_range plus a
         read back). Stops early at the source's end (the caller checks the
         size)."""
-        block = os.fstat(self._fd).st_blksize or 4096
+        block = os.fstatvfs(self._fd).f_frsize or 4096   # the block, not st_blksize (the preferred I/O size)
         shared = length - length % block if offset % block == 0 and self.size % block == 0 else 0
         try:
             cloned = bool(shared) and clone_range(src.fileno(), offset, shared, self._fd, self.size)
-        except OSError as e:  # ENOSPC for the extent maps, EIO: as any failed write
+        except OSError as e:  # ENOSPC, EDQUOT for the extent maps: as any failed write
             raise _translate_write_error(e, self.tmp_path) from e
         if cloned:
             hash_span(self._fd, self.size, self.size + shared, self._hash, name=str(self.tmp_path))

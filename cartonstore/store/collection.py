@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..format.manifest import is_sha256
+from ..format.digest import is_sha256
 from .gc import (
     CartonUse,
     GcPlan,
@@ -29,6 +29,7 @@ from .gc import (
     tmp_leftovers,
     unindexed_files,
 )
+from .filespace import shared_bytes
 from .holds import drop_orphan_holds
 from .index import Index
 from .materialize import remove_tree
@@ -63,7 +64,7 @@ def collect(store: Store, policy: GcPolicy | None = None) -> GcReport:
     if not policy.dry_run:  # holds of dead processes, before the snapshot counts them as leases
         with store.lock():
             orphans = drop_orphan_holds(store)
-    snap = _snapshot(store, now)
+    snap = _snapshot(store, now, shared=policy.min_free is not None)
     plan = plan_collection(snap, policy)
     with store.lock():
         if policy.dry_run:
@@ -84,7 +85,9 @@ def collect(store: Store, policy: GcPolicy | None = None) -> GcReport:
     return report
 
 
-def _snapshot(store: Store, now: float) -> Snapshot:
+def _snapshot(store: Store, now: float, *, shared: bool = False) -> Snapshot:
+    """What gc plans from; with ``shared``, how much of each blob shares its
+    disk blocks (a FIEMAP per blob: only min_free needs it)."""
     cartons, listed, keep = store.index.carton_listing()
     leased = store.index.leased_cartons(now)
     blobs = store.index.blob_table()
@@ -95,7 +98,8 @@ def _snapshot(store: Store, now: float) -> Snapshot:
     known = {c.digest for c in cartons}
     return Snapshot(blobs, unindexed_files(store.blobs.iter_digests(), set(blobs), store.blobs.path), uses,
                     tuple(sorted(m for m in models if m not in known and is_sha256(m))),
-                    disk_free(store.root), now, unsourced_blobs(store.index, blobs))
+                    disk_free(store.root), now, unsourced_blobs(store.index, blobs),
+                    {d: n for d in blobs if (n := shared_bytes(store.blobs.path(d)))} if shared else {})
 
 
 def _revalidate(store: Store, plan: GcPlan, snap: Snapshot, known: set[str]) -> None:

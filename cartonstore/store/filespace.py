@@ -79,20 +79,63 @@ def start_writeback(fd: int, offset: int, length: int) -> None:
 
 FICLONERANGE = 0x4020940D  # _IOW(0x94, 13, struct file_clone_range), linux/fs.h
 _CLONE_RANGE = struct.Struct("=qQQQ")  # src_fd, src_offset, src_length, dest_offset
-_CANNOT_CLONE = frozenset({errno.EOPNOTSUPP, errno.ENOTTY, errno.EXDEV, errno.EINVAL, errno.ENOSYS,
-                           errno.EPERM, errno.ETXTBSY})
+# A refused clone leaves the range to be copied, whatever the reason the
+# filesystem gives (EOPNOTSUPP, EXDEV, EINVAL; EAGAIN from OpenZFS 2.2 for
+# blocks of the open transaction): only being out of space stops the write.
+_OUT_OF_SPACE = frozenset({errno.ENOSPC, errno.EDQUOT})
 
 
 def clone_range(src_fd: int, src_offset: int, length: int, dst_fd: int, dst_offset: int) -> bool:
     """Make [dst_offset, +length) of dst_fd share the disk blocks of
     [src_offset, +length) of src_fd (a reflink: nothing is copied, no space
-    is used). False where the filesystem cannot: not one that shares blocks
-    (ext4, tmpfs), two filesystems, offsets or length not block-aligned.
-    Raises OSError for other failures (ENOSPC, EIO)."""
+    is used). False where the filesystem does not: not one that shares
+    blocks (ext4, tmpfs), two filesystems, offsets or length not
+    block-aligned, or any other refusal; the caller copies, and a copy meets
+    real I/O errors itself. Raises OSError for ENOSPC and EDQUOT."""
     try:
         fcntl.ioctl(dst_fd, FICLONERANGE, _CLONE_RANGE.pack(src_fd, src_offset, length, dst_offset))
     except OSError as e:
-        if e.errno in _CANNOT_CLONE:
-            return False
-        raise
+        if e.errno in _OUT_OF_SPACE:
+            raise
+        return False
     return True
+
+
+FS_IOC_FIEMAP = 0xC020660B  # _IOWR('f', 11, struct fiemap), linux/fs.h
+_FIEMAP = struct.Struct("=QQIIII")         # fm_start, fm_length, fm_flags, fm_mapped_extents, fm_extent_count, -
+_EXTENT = struct.Struct("=QQQ16xI12x")     # fe_logical, fe_physical, fe_length, -, fe_flags, -
+_EXTENT_LAST, _EXTENT_SHARED = 0x1, 0x2000
+_EXTENTS_PER_CALL = 256
+
+
+def shared_bytes(path: str | os.PathLike[str]) -> int:
+    """Bytes of the file whose disk blocks another file shares (a reflink,
+    FIEMAP_EXTENT_SHARED): removing the file frees none of them. 0 where the
+    filesystem does not say (no FIEMAP) or the file is gone."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return 0
+    try:
+        shared, start = 0, 0
+        while True:
+            buf = bytearray(_FIEMAP.size + _EXTENTS_PER_CALL * _EXTENT.size)
+            _FIEMAP.pack_into(buf, 0, start, (1 << 64) - 1 - start, 0, 0, _EXTENTS_PER_CALL, 0)
+            try:
+                fcntl.ioctl(fd, FS_IOC_FIEMAP, buf)
+            except OSError as e:
+                if e.errno in (errno.EOPNOTSUPP, errno.ENOTTY, errno.EINVAL, errno.ENOSYS):
+                    return 0
+                raise
+            mapped = _FIEMAP.unpack_from(buf)[3]
+            if mapped == 0:
+                return shared
+            for i in range(mapped):
+                logical, _physical, length, flags = _EXTENT.unpack_from(buf, _FIEMAP.size + i * _EXTENT.size)
+                if flags & _EXTENT_SHARED:
+                    shared += length
+                if flags & _EXTENT_LAST:
+                    return shared
+            start = logical + length
+    finally:
+        os.close(fd)

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable
 
-from ..format.manifest import is_sha256
+from ..format.digest import is_sha256
 from .materialize import remove_tree
 from .owner import owner_is_gone, token_of
 
@@ -54,6 +54,15 @@ class Snapshot:
     # blobs with no way back once evicted (no LINKS URL, carton URL or live
     # local source): eviction never takes them (store/sources.py)
     unsourced: frozenset[str] = frozenset()
+    # blob -> bytes of it whose blocks another file shares (a reflink of the
+    # zip it was added from, filespace.shared_bytes): evicting it frees only
+    # the rest on disk. Read only when min_free is set.
+    shared: dict[str, int] = field(default_factory=dict)
+
+    def disk_bytes(self, digest: str) -> int:
+        """What removing an indexed blob frees on disk."""
+        size = self.blobs[digest][0]
+        return size - min(size, self.shared.get(digest, 0))
 
 
 @dataclass
@@ -152,26 +161,26 @@ def plan_collection(snap: Snapshot, policy: GcPolicy) -> GcPlan:
     # A crash between a rename and its row (or a row's deletion and the
     # unlink) leaves a sound file without a row; one a carton lists gets its row back.
     plan.adopt = {d for d in snap.unindexed if d in listed}
-    freed = sum(snap.blobs[d][0] for d in plan.unreferenced) + sum(snap.unindexed[d][0] for d in plan.leftovers)
-    need = _bytes_needed(snap, policy, freed)
-    if need > 0:
-        _evict(snap, plan, need, forget=policy.forget_unrecoverable)
+    leftover = sum(snap.unindexed[d][0] for d in plan.leftovers)
+    size = sum(s for s, _ in snap.blobs.values()) - sum(snap.blobs[d][0] for d in plan.unreferenced) - leftover
+    over = size - policy.max_size if policy.max_size is not None else 0
+    free = snap.disk_free + leftover + sum(snap.disk_bytes(d) for d in plan.unreferenced)
+    short = policy.min_free - free if policy.min_free is not None else 0
+    if over > 0 or short > 0:
+        _evict(snap, plan, over, short, forget=policy.forget_unrecoverable)
     return plan
 
 
-def _bytes_needed(snap: Snapshot, policy: GcPolicy, freed: int) -> int:
-    size = sum(s for s, _ in snap.blobs.values()) - freed
-    over = size - policy.max_size if policy.max_size is not None else 0
-    short = policy.min_free - (snap.disk_free + freed) if policy.min_free is not None else 0
-    return max(over, short, 0)
-
-
-def _evict(snap: Snapshot, plan: GcPlan, need: int, *, forget: bool = False) -> None:
+def _evict(snap: Snapshot, plan: GcPlan, over: int, short: int, *, forget: bool = False) -> None:
     """Least recently used first, cartons whose blobs can all be fetched
     again before the others; a blob goes once no carton left standing lists
     it, and only if it has a source (snap.unsourced). A carton that would
     lose a blob with no source keeps it (plan.kept), or with ``forget`` is
-    removed whole (plan.forgotten: the blobs no other carton lists go)."""
+    removed whole (plan.forgotten: the blobs no other carton lists go).
+    ``over``: bytes of blobs beyond max_size; ``short``: disk bytes missing
+    for min_free. A carton whose blobs would free no disk space (they share
+    the blocks of the zips they came from) is left alone when only disk
+    space is short."""
     listers: dict[str, set[str]] = {}
     for c in snap.cartons:
         for d in c.listed | {c.digest}:
@@ -189,8 +198,11 @@ def _evict(snap: Snapshot, plan: GcPlan, need: int, *, forget: bool = False) -> 
 
     for c in sorted((c for c in snap.cartons if not c.leased),
                     key=lambda c: (not recoverable(c), c.last_used, c.digest)):
-        if need <= 0:
+        if over <= 0 and short <= 0:
             break
+        if over <= 0 and not any(snap.disk_bytes(d) for d in c.listed if refs[d] == 1 and d not in protected
+                                 and d not in gone and d in snap.blobs):
+            continue
         freed_here = 0
         stuck = set()
         for d in c.listed:
@@ -202,6 +214,7 @@ def _evict(snap: Snapshot, plan: GcPlan, need: int, *, forget: bool = False) -> 
                 plan.evicted_blobs.add(d)
                 gone.add(d)
                 freed_here += snap.blobs[d][0]
+                short -= snap.disk_bytes(d)
         if stuck and forget:
             forgotten = set(plan.forgotten) | {c.digest}
             frees = {d for d in c.listed | {c.digest} if d in snap.blobs and d not in gone
@@ -209,13 +222,14 @@ def _evict(snap: Snapshot, plan: GcPlan, need: int, *, forget: bool = False) -> 
             plan.forgotten[c.digest] = frees
             gone |= frees
             freed_here += sum(snap.blobs[d][0] for d in frees)
+            short -= sum(snap.disk_bytes(d) for d in frees)
         elif stuck:
             plan.kept[c.digest] = stuck
             if c.materialized and freed_here:  # hardlinks in it would keep the evicted bytes on disk
                 plan.evicted_models.append(c.digest)
         elif c.materialized:
             plan.evicted_models.append(c.digest)
-        need -= freed_here
+        over -= freed_here
 
 
 def tmp_leftovers(tmp_dir: Path, now: float) -> list[Path]:

@@ -332,7 +332,7 @@ class Index:
         except OSError as e:
             raise Unavailable(f"index {self.path}: cannot open its WAL: {e.strerror}", subject=str(self.path)) from e
         try:
-            os.fdatasync(fd)
+            getattr(os, "fdatasync", os.fsync)(fd)  # macOS has no fdatasync
         except OSError as e:
             raise Unavailable(f"index {self.path}: WAL sync failed: {e.strerror}", subject=str(self.path)) from e
         finally:

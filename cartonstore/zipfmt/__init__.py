@@ -22,30 +22,4 @@ _MODULE_NAMES = {
     "reader": "EntryStream ZipReader",
     "writer": "COMPRESSION_METHODS DEFLATED STORED ZSTD ZipWriter",
 }
-__getattr__, __dir__ = lazy_names(__name__, _MODULE_NAMES)
-
-
-__all__ = [
-    "COMPRESSION_METHODS",
-    "DEFLATED",
-    "LOCAL_HEADER_FIXED",
-    "STORED",
-    "TAIL_READ_SIZE",
-    "ZSTD",
-    "CentralDirectoryLocation",
-    "Decoder",
-    "EntryDecoder",
-    "EntryStream",
-    "ZipEntry",
-    "ZipLimits",
-    "ZipReader",
-    "ZipWriter",
-    "check_directory_limits",
-    "check_entry_limits",
-    "check_no_overlap",
-    "local_header_length",
-    "local_header_variable_length",
-    "locate_central_directory",
-    "make_decoder",
-    "parse_central_directory",
-]
+__getattr__, __dir__, __all__ = lazy_names(__name__, _MODULE_NAMES)

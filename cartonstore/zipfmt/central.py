@@ -17,7 +17,7 @@ import struct
 from dataclasses import dataclass
 
 from cartonstore.errors import InvalidCarton
-from cartonstore.zipfmt.limits import MiB, TiB, ZipLimits  # noqa: F401 - part of this module's API
+from cartonstore.zipfmt.limits import ZipLimits
 from cartonstore.zipfmt.layout import (
     CENTRAL_HEADER,
     CENTRAL_HEADER_SIG,

@@ -57,8 +57,8 @@ ALIGNMENT_EXTRA_ID = 0xD935
 """A stored entry of ALIGN_MIN bytes or more starts at a multiple of
 ALIGNMENT in the archive, padded by an extra field in its local header (the
 one Android's zipalign writes: this ID, the alignment, zeros). A store on
-XFS or btrfs can then take the entry's bytes by reflink (copy_file_range in
-store/blobs.py), sharing disk blocks instead of copying them, and a reader
+XFS or btrfs can then take the entry's bytes by reflink (FICLONERANGE:
+store/filespace.clone_range), sharing disk blocks instead of copying them, and a reader
 can mmap it. Readers skip extra fields they do not know; at most 4 KiB is
 added per entry, and only to entries at least 16 times that size."""
 

@@ -355,7 +355,7 @@ def phase_zstd(a, work: Path, origin: Origin, blobs: list[Blob], carton_url: str
 def disk_floor_script(outs: list[Path], blobs: list[Blob]) -> str:
     """Write each blob's size of zeros to its file and fsync it, all at once:
     what the disk alone takes to make these bytes durable."""
-    jobs = [f"dd if=/dev/zero of={shlex.quote(str(o))} bs=1M count={-(-b.size // MiB)} conv=fsync status=none "
+    jobs = [f"dd if=/dev/zero of={shlex.quote(str(o))} bs=1M count={b.size} iflag=count_bytes conv=fsync status=none "
             for o, b in zip(outs, blobs)]
     return parallel_script(jobs)
 
