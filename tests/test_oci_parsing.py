@@ -138,3 +138,17 @@ def test_a_failing_credential_helper_is_named(tmp_path, monkeypatch) -> None:  #
     path.write_text('{"credsStore": "broken"}')
     with pytest.raises(InvalidInput, match="docker-credential-broken get failed: keychain locked"):
         find_credentials("h", [path])
+
+
+@pytest.mark.parametrize(("body", "said"), [
+    (b'{"errors": [{"code": "DENIED", "message": "no push"}]}', "DENIED: no push"),
+    (b'{"errors": 5}', '{"errors": 5}'),                 # not the errors shape: the body as it is
+    (b'{"errors": ["x"]}', '{"errors": ["x"]}'),
+    (b'[1, 2]', "[1, 2]"),
+    (b"<html>bad gateway</html>", "<html>bad gateway</html>"),
+    (b"", "no detail"),
+])
+def test_what_a_registry_said_is_read_whatever_its_body(body: bytes, said: str) -> None:
+    from cartonstore.oci.registry import Answer, said_by_registry
+
+    assert said_by_registry(Answer(500, {}, body, "http://r/v2/")) == said

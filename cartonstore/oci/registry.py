@@ -171,7 +171,11 @@ class Registry:
         """HEAD a blob: its size if the repository has it, else None."""
         answer = await self.request("HEAD", self.blob_url(digest), push=True)
         if answer.status == 200:
-            return int(answer.headers.get("Content-Length") or 0)
+            length = answer.headers.get("Content-Length") or "0"
+            if not length.isdigit():
+                raise FetchError(f"HEAD {describe(answer.url)}: Content-Length {length[:40]!r} is not a size",
+                                 subject=answer.url)
+            return int(length)
         if answer.status == 404:
             return None
         raise FetchError(f"HEAD {describe(answer.url)}: HTTP {answer.status}", subject=answer.url,
@@ -210,7 +214,7 @@ def said_by_registry(answer: Answer) -> str:
     try:
         errors = json.loads(answer.body).get("errors") or []
         return "; ".join(f"{e.get('code')}: {e.get('message')}" for e in errors)[:300] or "no detail"
-    except (ValueError, AttributeError):
+    except (ValueError, AttributeError, TypeError):   # not JSON, or not the errors shape
         return answer.body[:200].decode(errors="replace") or "no detail"
 
 
