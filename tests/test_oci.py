@@ -249,6 +249,24 @@ def test_a_chunk_cut_off_is_resumed_from_where_the_registry_stands(tmp_path: Pat
             assert a.blobs.path(sha(BIG)).read_bytes() == BIG and a.verify().ok
 
 
+def test_a_blob_that_cannot_be_sent_fails_the_push_and_puts_no_manifest(tmp_path: Path, registry: Registry,
+                                                                       make_carton) -> None:  # noqa: ANN001
+    """Every chunk of the big blob is cut off: the push fails naming the
+    upload, the other blobs' uploads are stopped, and the tag names nothing."""
+    import urllib.error
+    import urllib.request
+
+    from tokenproxy import TokenProxy
+
+    with TokenProxy(registry.authority, tokens=False, break_patches=1000) as proxy, Store(tmp_path / "s") as s:
+        s.add(make_carton(FILES), name="m")
+        with pytest.raises(FetchError, match="blobs/uploads"):
+            push(s, "m", f"oci://{proxy.authority}/models/m:v1", config())
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(f"http://{registry.authority}/v2/models/m/manifests/v1", timeout=10)
+    assert e.value.code == 404
+
+
 # -- TLS -----------------------------------------------------------------------------------
 
 

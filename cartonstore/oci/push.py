@@ -16,11 +16,12 @@ from typing import TYPE_CHECKING
 
 from ..errors import InvalidInput
 from ..fetch.holds import holding
+from ..flights import all_or_none
 from .artifact import EMPTY_BLOB, EMPTY_DIGEST, build_manifest, layers_for
 from .auth import repository_of
 from .reference import parse_reference
 from .registry import Registry
-from .upload import upload_blob
+from .upload import upload_blob, upload_bytes
 
 if TYPE_CHECKING:
     from ..fetch.puller import Puller
@@ -69,7 +70,8 @@ async def push_carton(puller: "Puller", ref: str, target: str) -> PushResult:
                 counts[outcome] += 1
                 counts["bytes"] += sent
 
-        await asyncio.gather(*(send(d, s) for d, s in {EMPTY_DIGEST: len(EMPTY_BLOB), **sizes}.items()))
+        # A blob that fails stops the others: the manifest is not put either way.
+        await all_or_none(send(d, s) for d, s in {EMPTY_DIGEST: len(EMPTY_BLOB), **sizes}.items())
         manifest_digest = await registry.put_manifest(dest.tag or "latest", build_manifest(layers))
         # The registry is now a source of every blob: evicted, they come back from
         # there, and a push to another repository of it mounts them.
@@ -95,8 +97,6 @@ async def _send_blob(puller: "Puller", registry: Registry, digest: str, size: in
     if location is None:
         return "mounted", 0
     if digest == EMPTY_DIGEST:
-        from .upload import upload_bytes
-
         return "uploaded", await upload_bytes(registry, EMPTY_BLOB, digest, location)
     return "uploaded", await upload_blob(registry, str(puller.store.blobs.path(digest)), digest, size, location)
 
