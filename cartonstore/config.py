@@ -165,6 +165,7 @@ class ServerSettings:
     access_log: bool = v.setting(False, v.boolean)
     max_request_size: int = v.size_setting(256 << 20, 1)
     shared_memory_over_tcp: bool = v.setting(False, v.boolean)  # Triton's system shared memory, off TCP by default
+    arena_size: int = v.size_setting(1 << 30, 0)  # shared memory for big tensors between daemon and runners; 0: none
     shutdown_timeout: float = v.duration_setting(10.0, positive=False)
     # TLS on the TCP listener (PEM files; the key may be in tls_cert); with tls_client_ca, /v1/blobs takes
     # only clients with a certificate it signed. Checked when the daemon starts.

@@ -182,6 +182,9 @@ BAD_REQUESTS = [
     ("raw binary wrong size", b"\0" * 15, {"Inference-Header-Content-Length": "0"}, "input 'x'"),
     ("bad gzip", b"not gzip", {"Content-Encoding": "gzip"}, "could not be read as gzip"),
     ("unsupported encoding", b"x", {"Content-Encoding": "br"}, "Content-Encoding 'br' is not supported"),
+    ("the daemon's arena parameter", _header([{**X4, "data": [1, 2, 3, 4]}],
+                                             parameters={"cartonstore_arena_outputs": {"offset": 0, "byte_size": 8}}),
+     {}, "parameter 'cartonstore_arena_outputs' is reserved for the daemon"),
 ]
 
 

@@ -25,7 +25,7 @@ from cartonstore.v2.framing import (
     parse_infer_request,
     tensor_to_numpy,
 )
-from cartonstore.v2.shm_params import RegionTooSmall, ShmSink
+from cartonstore.v2.shm_params import ARENA_OUTPUTS, ARENA_REGION, RegionTooSmall, ShmRef, ShmSink
 from cartonstore.v2.validate import parse_raw_binary_for, validate_request
 
 if TYPE_CHECKING:
@@ -56,6 +56,11 @@ def decode_request(
                 tensor.data = regions.input_bytes(tensor.shm, tensor.what)
         for name, ref in req.shm_outputs().items():   # an unknown region is refused before the model runs
             regions.check(ref, f"requested output {name!r}")
+    arena = arena_outputs(req)
+    if arena is not None:
+        if regions is None:
+            raise InvalidInput("this runner has no tensor arena", subject=ARENA_OUTPUTS)
+        regions.check(arena, ARENA_OUTPUTS)
     # The structural checks (duplicates, data that fills its shape, known
     # outputs); datatypes and shapes are the model's to refuse, as with any
     # v2 server: the daemon checks those against carton.toml before forwarding.
@@ -63,16 +68,48 @@ def decode_request(
     return req, {tensor.name: tensor_to_numpy(tensor) for tensor in req.inputs}
 
 
-def _output_sinks(req: InferRequest, regions: MappedRegions | None) -> dict[str, ShmSink]:
-    """Where the outputs requested in shared memory go (close them after)."""
+def arena_outputs(req: InferRequest) -> ShmRef | None:
+    """The span of the daemon's tensor arena the request gives binary
+    outputs (ARENA_OUTPUTS), or None."""
+    given = req.parameters.get(ARENA_OUTPUTS)
+    if given is None:
+        return None
+    offset = given.get("offset") if type(given) is dict else None
+    size = given.get("byte_size") if type(given) is dict else None
+    if type(offset) is not int or type(size) is not int or offset < 0 or size < 0:
+        raise InvalidInput(f'{ARENA_OUTPUTS} must be {{"offset": int >= 0, "byte_size": int >= 0}}, not {given!r}',
+                           subject=ARENA_OUTPUTS)
+    return ShmRef(ARENA_REGION, offset, size)
+
+
+_ARENA_KINDS = frozenset("biuf")   # numpy kinds whose binary form is exactly their nbytes
+_ARENA_ALIGN = 64
+
+
+def _output_sinks(req: InferRequest, regions: MappedRegions | None,
+                  selected: Mapping[str, np.ndarray]) -> dict[str, ShmSink]:
+    """Where outputs go instead of the answer's body (close them after):
+    those requested in shared memory, then binary numeric ones that fit
+    into the arena span the daemon gave; the rest go in the body."""
     sinks: dict[str, ShmSink] = {}
-    if regions is not None:
-        try:
-            for name, ref in req.shm_outputs().items():
-                sinks[name] = regions.sink(ref, f"requested output {name!r}")
-        except BaseException:
-            _close(sinks)
-            raise
+    if regions is None:
+        return sinks
+    try:
+        for name, ref in req.shm_outputs().items():
+            sinks[name] = regions.sink(ref, f"requested output {name!r}")
+        arena = arena_outputs(req)
+        if arena is not None:
+            at = arena.offset
+            for name, array in selected.items():
+                if name in sinks or array.dtype.kind not in _ARENA_KINDS or not req.wants_binary(name):
+                    continue
+                if at + array.nbytes > arena.end:
+                    continue
+                sinks[name] = regions.arena_sink(at, array.nbytes)
+                at += -(-array.nbytes // _ARENA_ALIGN) * _ARENA_ALIGN
+    except BaseException:
+        _close(sinks)
+        raise
     return sinks
 
 
@@ -95,8 +132,10 @@ def run_and_encode(
     shared memory are written into ``regions``; RegionTooSmall when one
     does not fit."""
     started = time.monotonic_ns()
+    parameters = dict(req.parameters)
+    parameters.pop(ARENA_OUTPUTS, None)   # the daemon's, not the model's
     try:
-        result = model.infer(inputs, dict(req.parameters))
+        result = model.infer(inputs, parameters)
     except Exception as exc:
         traceback.print_exc(file=sys.stderr)
         raise ModelFailed(f"{type(exc).__name__}: {exc}") from None
@@ -104,7 +143,7 @@ def run_and_encode(
         stats.record_execution(started - queued_ns, time.monotonic_ns() - started)
     outputs, parameters = _split_result(result)
     selected = _select_outputs(outputs, req)
-    sinks = _output_sinks(req, regions)   # looked up again: the object may have shrunk while the model ran
+    sinks = _output_sinks(req, regions, selected)   # looked up again: an object may have shrunk meanwhile
     try:
         return encode_infer_response(
             model_name=ctx.name,

@@ -28,7 +28,7 @@ from cartonstore.runner.infer import (
 from cartonstore.runner.shm import MappedRegions
 from cartonstore.runner.stats import InferStats
 from cartonstore.v2.framing import HEADER_LENGTH
-from cartonstore.v2.shm_params import REGION
+from cartonstore.v2.shm_params import ARENA_EXTENSION, REGION
 from cartonstore.v2.framing import header_length as header_length_of
 
 # Big binary outputs are written in slices so the transport never holds a
@@ -50,6 +50,7 @@ class RunnerState:
         self.executor = ThreadPoolExecutor(max_workers=max_concurrency, thread_name_prefix="infer")
         self.stats = InferStats()
         self.regions = MappedRegions()
+        self.arena = self.regions.adopt_arena()
         self.draining = False
         self._in_flight = 0
         self._idle = asyncio.Event()
@@ -102,8 +103,10 @@ def _state_for(request: web.Request) -> RunnerState:
 
 
 async def _server_metadata(request: web.Request) -> web.Response:
-    return web.json_response({"name": "cartonstore-runner",
-                              "extensions": ["binary_tensor_data", "statistics", "system_shared_memory"]})
+    extensions = ["binary_tensor_data", "statistics", "system_shared_memory"]
+    if request.app[_STATE].arena:
+        extensions.append(ARENA_EXTENSION)
+    return web.json_response({"name": "cartonstore-runner", "extensions": extensions})
 
 
 async def _live(request: web.Request) -> web.Response:

@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import mmap
 import os
+import sys
 import threading
 from dataclasses import dataclass
 from typing import Any
 
 from cartonstore.errors import InvalidInput
 from cartonstore.shm_objects import object_size_problem, open_region, read_region, register_fields
-from cartonstore.v2.shm_params import ShmRef, ShmSink, check_within, missing_region
+from cartonstore.v2.shm_params import ARENA_FD_ENV, ARENA_REGION, ShmRef, ShmSink, check_within, missing_region
 
 _PAGE = mmap.ALLOCATIONGRANULARITY
 
@@ -61,6 +62,8 @@ class MappedRegions:
 
     def register(self, name: str, doc: Any) -> None:
         key, offset, size = register_fields(doc, name)
+        if name == ARENA_REGION:
+            raise InvalidInput(f"region name {name!r} is reserved for the daemon's tensor arena", subject=name)
         with self._lock:
             known = self._regions.get(name)
             if known is not None:
@@ -88,17 +91,44 @@ class MappedRegions:
                 raise InvalidInput(f"shared memory region {name!r} is already registered", subject=name)
             self._regions[name] = region
 
-    def status(self, name: str | None = None) -> list[dict[str, Any]]:
+    def adopt_arena(self, environ: dict[str, str] | os._Environ[str] = os.environ) -> bool:
+        """Map the daemon's tensor arena when this process inherited it
+        (ARENA_FD_ENV); True when mapped. The daemon sealed it against
+        shrinking, so its mapping is read and written directly."""
+        text = environ.get(ARENA_FD_ENV)
+        if not text:
+            return False
+        try:
+            fd = int(text)
+            size = os.fstat(fd).st_size
+            mapping = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        except (ValueError, OSError) as e:   # started by hand with a stale variable: serve without it
+            print(f"cartonstore runner: {ARENA_FD_ENV}={text!r} is not usable ({e}); serving without the "
+                  f"daemon's tensor arena", file=sys.stderr, flush=True)
+            return False
         with self._lock:
+            self._regions[ARENA_REGION] = MappedRegion(ARENA_REGION, f"fd {fd}", 0, size, fd, mapping,
+                                                       memoryview(mapping))
+        return True
+
+    def arena_sink(self, offset: int, size: int) -> ShmSink:
+        """``size`` bytes at ``offset`` of the arena, for one output."""
+        with self._lock:
+            region = self._usable(ShmRef(ARENA_REGION, offset, size), "the daemon's arena outputs")
+            return ShmSink(ARENA_REGION, region.view[offset:offset + size], offset)
+
+    def status(self, name: str | None = None) -> list[dict[str, Any]]:
+        with self._lock:   # the arena is not a registered region: never listed
             if name is None:
-                return [self._regions[n].status() for n in sorted(self._regions)]
-            if name not in self._regions:
+                return [self._regions[n].status() for n in sorted(self._regions) if n != ARENA_REGION]
+            if name not in self._regions or name == ARENA_REGION:
                 raise InvalidInput(f"unable to find system shared memory region: {name!r}", subject=name)
             return [self._regions[name].status()]
 
     def unregister(self, name: str | None = None) -> None:
-        with self._lock:
-            names = list(self._regions) if name is None else [name] if name in self._regions else []
+        with self._lock:   # the arena is the daemon's for this process's life: never unregistered
+            names = [n for n in self._regions if n != ARENA_REGION] if name is None else \
+                [name] if name in self._regions and name != ARENA_REGION else []
             gone = [self._regions.pop(n) for n in names]
         for region in gone:
             region.release()

@@ -30,6 +30,7 @@ from ..store import Store
 from ..store.gc import GcPolicy
 from ..zipfmt import ZipLimits
 from .app import build_app
+from .arena import DEFAULT_SIZE as ARENA_SIZE
 from .event_loop import loop_name, run_loop
 from .front_server import FrontServer
 from .metrics import Metrics
@@ -52,6 +53,7 @@ class DaemonSettings:
     zip_limits: ZipLimits = field(default_factory=ZipLimits)
     max_request_size: int = 256 << 20
     shared_memory_over_tcp: bool = False
+    arena_size: int = ARENA_SIZE        # the tensor arena shared with runners (0: none)
     shutdown_timeout: float = 10.0
     access_log: bool = False   # a line per request (errors always get one)
     gc: GcPolicy = field(default_factory=GcPolicy)
@@ -140,7 +142,7 @@ class Daemon:
                 async with Puller(store, s.fetch) as puller:
                     service = ModelService(store, puller, s.leases, Metrics(), s.runners,
                                            shm_over_tcp=s.shared_memory_over_tcp,
-                                           max_request_size=s.max_request_size)
+                                           max_request_size=s.max_request_size, arena_size=s.arena_size)
                     service.runner_host.prepare()
                     app = build_app(service, service.metrics, max_request_size=s.max_request_size,
                                     access_log=s.access_log, peer_certs=s.tls_client_ca is not None)

@@ -27,6 +27,7 @@ from .app import failure, record_request
 from .bodies import content_coding, decoded_body, too_large
 from .http1 import MAX_HEAD, BadHead, RequestHead, for_one_request, parse_request_head, response_head
 from .front_routes import NativeRoute, native_route
+from .arena import ARENA_FROM, ArenaSlot, TensorArena
 from .infer_api import STREAM_ANSWER, InferAnswer, widen_send_buffer
 from .relay import RelayTransport
 from .shm_regions import Peer, peer_of
@@ -72,6 +73,7 @@ class FrontConnection(asyncio.BufferedProtocol):
         self.last_active = time.monotonic()
         self._big_send_buffer = False
         self.peer = Peer(None)
+        self.lost = False                   # connection_lost came: the transport holds no more of our bytes
 
     # -- protocol callbacks -------------------------------------------------------
 
@@ -130,6 +132,7 @@ class FrontConnection(asyncio.BufferedProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.mode = CLOSED
+        self.lost = True
         self.front.connections.discard(self)
         _fail(self.body_waiter, ClientGone())
         _wake(self.drained)
@@ -200,8 +203,19 @@ class FrontConnection(asyncio.BufferedProtocol):
         self.front.track(asyncio.get_running_loop().create_task(self._serve(head, length, route)))
 
     async def _serve(self, head: RequestHead, length: int, route: NativeRoute) -> None:
+        slot: ArenaSlot | None = None
+        try:
+            slot = await self._serve_in(head, length, route)
+        finally:
+            if slot is not None:
+                self._release_when_sent(slot)
+
+    async def _serve_in(self, head: RequestHead, length: int, route: NativeRoute) -> ArenaSlot | None:
+        """Answer one request; returns the arena slot its body and answer
+        used, to be released once the answer has left."""
         started = time.perf_counter()
         unread = length
+        slot = None
         try:
             service = self.front.service
             first = route.check_first(service)  # an unknown model is refused before its body is read
@@ -210,12 +224,13 @@ class FrontConnection(asyncio.BufferedProtocol):
                 raise too_large(length, self.front.max_request_size)
             if head.headers.get("expect", "").lower() == "100-continue":
                 self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-            raw = await self._read_body(length)
+            slot = _arena_slot(service.arena, route, first, head, coding, length)
+            raw = await self._read_body(length, slot)
             unread = 0
             body = await decoded_body(raw, coding, self.front.max_request_size)
-            answer = await route.produce(service, head, self.peer, first, body)
+            answer = await route.produce(service, head, self.peer, first, body, slot)
         except ClientGone:
-            return   # nothing reached the runner, and no one is left to answer
+            return slot   # nothing reached the runner, and no one is left to answer
         except Exception as e:  # noqa: BLE001 - failure() logs what was not expected
             status, message, extra = failure(e, head.method, head.path)
             answer = error_answer(status, message, extra)
@@ -226,10 +241,29 @@ class FrontConnection(asyncio.BufferedProtocol):
         except Exception:  # noqa: BLE001 - a bug: logged, and this connection ends
             log.exception("front connection failed answering %s %s", head.method, head.target)
             self._abort()
+        return slot
 
-    async def _read_body(self, length: int) -> bytearray:
-        """The body, in one buffer: what is pending, the rest received in place."""
-        out = bytearray(length)
+    def _release_when_sent(self, slot: ArenaSlot) -> None:
+        """Release ``slot`` once the transport holds none of its bytes: at
+        once when the socket took the whole answer, else when it drains."""
+        if self.lost or not self.transport.get_write_buffer_size():
+            slot.release()
+            return
+
+        async def when_drained() -> None:
+            delay = 0.001
+            try:
+                while not self.lost and self.transport.get_write_buffer_size():
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, 0.05)
+            finally:
+                slot.release()
+        self.front.track(asyncio.get_running_loop().create_task(when_drained()))
+
+    async def _read_body(self, length: int, slot: ArenaSlot | None = None) -> bytearray | memoryview:
+        """The body, in one buffer (``slot``'s first bytes when given): what
+        is pending, the rest received in place."""
+        out = slot.view[:length] if slot is not None else bytearray(length)
         have = min(length, len(self.pending))
         out[:have] = self.pending[:have]
         del self.pending[:have]
@@ -254,12 +288,17 @@ class FrontConnection(asyncio.BufferedProtocol):
         too_big = unread > self.front.max_request_size
         close = not head.keep_alive or self.front.closing or self.peer_eof or bool(expected) or too_big
         out = response_head(answer.status, _with_length(answer), close=close)
-        if len(answer.payload) < STREAM_ANSWER:
-            self.transport.write(out + answer.payload)
+        if answer.size < STREAM_ANSWER:
+            self.transport.write(out + answer.joined())
         else:
             self._big_buffers()
-            self.transport.write(out)
-            self.transport.write(memoryview(answer.payload))
+            if len(answer.payload) < STREAM_ANSWER:
+                self.transport.write(out + answer.payload)
+            else:
+                self.transport.write(out)
+                self.transport.write(memoryview(answer.payload))
+            for part in answer.tail:
+                self.transport.write(part)
         if too_big and not expected and not self.peer_eof:
             self._linger(unread)
             return
@@ -362,7 +401,20 @@ class FrontConnection(asyncio.BufferedProtocol):
 
 def _with_length(answer: InferAnswer) -> list[tuple[str, str]]:
     # Headers come whitelisted (a runner's, runners.settings.FORWARDED_RESPONSE_HEADERS) or are the daemon's own.
-    return [*answer.headers.items(), ("Content-Length", str(len(answer.payload)))]
+    return [*answer.headers.items(), ("Content-Length", str(answer.size))]
+
+
+def _arena_slot(arena: TensorArena | None, route: NativeRoute, model: object, head: RequestHead, coding: str,
+                length: int) -> ArenaSlot | None:
+    """A slot for a big binary infer body and its outputs (as many bytes
+    again), when the model's runners map the arena and one is free."""
+    if (arena is None or not route.arena or coding != "identity" or length < ARENA_FROM
+            or "inference-header-content-length" not in head.headers):
+        return None
+    runners = getattr(model, "runners", None)
+    if runners is None or not runners.arena_capable:
+        return None
+    return arena.take(2 * length + 64)
 
 
 def _wake(waiter: asyncio.Future[None] | None) -> None:

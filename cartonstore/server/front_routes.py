@@ -22,6 +22,7 @@ from .bodies import body_object
 from .lease_api import release, renew, take
 
 if TYPE_CHECKING:
+    from .arena import ArenaSlot
     from .http1 import RequestHead
     from .service import ModelService
     from .shm_regions import Peer
@@ -30,8 +31,9 @@ _INFER = re.compile(r"^/v2/models/([^/%?]+)(?:/versions/([^/%?]+))?/infer$")
 _LEASE = re.compile(r"^/v1/leases(?:/([^/%?]+)(/renew)?)?$")
 JSON = {"Content-Type": "application/json; charset=utf-8"}
 
-# (service, head, peer, what check_first returned, decoded body) -> the answer
-Produce = Callable[["ModelService", "RequestHead", "Peer", Any, bytes | bytearray], Awaitable[InferAnswer]]
+# (service, head, peer, what check_first returned, decoded body, the arena slot it is in) -> the answer
+Produce = Callable[["ModelService", "RequestHead", "Peer", Any, "bytes | bytearray | memoryview", "ArenaSlot | None"],
+                   Awaitable[InferAnswer]]
 
 
 @dataclass(frozen=True)
@@ -39,6 +41,7 @@ class NativeRoute:
     label: str                                            # the route as metrics and logs name it
     check_first: Callable[[ModelService], Any]           # refuses before the body is read (an unknown model)
     produce: Produce
+    arena: bool = False                                  # a big binary body may be received into the arena
 
 
 def native_route(head: RequestHead) -> NativeRoute | None:
@@ -61,12 +64,12 @@ def native_route(head: RequestHead) -> NativeRoute | None:
 
 def _infer_route(name: str, version: str | None) -> NativeRoute:
     async def produce(service: ModelService, head: RequestHead, peer: Peer, model: Any,
-                      body: bytes | bytearray) -> InferAnswer:
+                      body: bytes | bytearray | memoryview, slot: ArenaSlot | None) -> InferAnswer:
         return await proxied_infer(service, model, name, version, body,
                                    head.headers.get("inference-header-content-length"),
-                                   head.headers.get("accept-encoding", ""), peer)
+                                   head.headers.get("accept-encoding", ""), peer, slot)
     label = "/v2/models/{name}/infer" if version is None else "/v2/models/{name}/versions/{version}/infer"
-    return NativeRoute(label, lambda service: serving_model(service, name, version), produce)
+    return NativeRoute(label, lambda service: serving_model(service, name, version), produce, arena=True)
 
 
 def _json_answer(doc: dict[str, Any]) -> InferAnswer:
@@ -77,7 +80,8 @@ def _nothing_first(service: ModelService) -> None:
     return None
 
 
-async def _take(service: ModelService, head: RequestHead, peer: Peer, _: Any, body: bytes | bytearray) -> InferAnswer:
+async def _take(service: ModelService, head: RequestHead, peer: Peer, _: Any, body: bytes | bytearray,
+                _slot: None) -> InferAnswer:
     return _json_answer(await take(service, await body_object(body)))
 
 
@@ -86,13 +90,13 @@ _TAKE = NativeRoute("/v1/leases", _nothing_first, _take)
 
 def _renew_route(lease_id: str) -> NativeRoute:
     async def produce(service: ModelService, head: RequestHead, peer: Peer, _: Any,
-                      body: bytes | bytearray) -> InferAnswer:
+                      body: bytes | bytearray, _slot: None) -> InferAnswer:
         return _json_answer(await renew(service, lease_id, await body_object(body)))
     return NativeRoute("/v1/leases/{lease}/renew", _nothing_first, produce)
 
 
 def _release_route(lease_id: str) -> NativeRoute:
     async def produce(service: ModelService, head: RequestHead, peer: Peer, _: Any,
-                      body: bytes | bytearray) -> InferAnswer:
+                      body: bytes | bytearray, _slot: None) -> InferAnswer:
         return _json_answer(await release(service, lease_id))
     return NativeRoute("/v1/leases/{lease}", _nothing_first, produce)

@@ -13,7 +13,7 @@ import asyncio
 import json
 import socket
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from aiohttp import web
@@ -29,7 +29,9 @@ from ..v2.validate import parse_raw_binary_for, validate_request
 from .blobs import pick_encoding
 from .runners.settings import error_text
 from .bodies import ENCODINGS, IN_THREAD_FROM, request_body
-from ..v2.shm_params import REGION
+from ..v2.shm_params import ARENA_OUTPUTS, REGION
+from .arena import ArenaSlot
+from .arena_wire import MAX_HEADER, ArenaForward
 from .infer_shm import ShmUse, attach_regions, renamed_answer, renamed_request, uses_shm
 from .responses import ERROR_TEXT
 from .shm_regions import Peer, ShmRegions, peer_of
@@ -68,23 +70,29 @@ def serving_model(service: ModelService, name: str, version: str | None) -> Load
     return model
 
 
-def checked_request(model: LoadedModel, body: bytes | bytearray, header_length: int | None,
-                    shm: tuple[ShmRegions, Peer]) -> tuple[list, int | None, ShmUse | None]:
-    """Parse and validate; returns what to forward (body parts, header
-    length) and the shared memory regions the request names, checked for
-    the caller (``shm``: the registry and who is asking)."""
+Checked = tuple[InferRequest, list, int | None, ShmUse | None]
+
+
+def checked_request(model: LoadedModel, body: bytes | bytearray | memoryview, header_length: int | None,
+                    shm: tuple[ShmRegions, Peer]) -> Checked:
+    """Parse and validate; returns the request, what to forward (body
+    parts, header length) and the shared memory regions it names, checked
+    for the caller (``shm``: the registry and who is asking)."""
     inputs, outputs = model.carton.inputs, model.carton.outputs
     if header_length == 0:
         req = parse_raw_binary_for(body, inputs)
         validate_request(req, inputs, outputs)
-        return *_framed(req), None
+        return req, *_framed(req), None
     req = parse_infer_request(body, header_length)
+    if ARENA_OUTPUTS in req.parameters:   # it tells a runner where to write: the daemon's alone to give
+        raise InvalidInput(f"infer request: parameter {ARENA_OUTPUTS!r} is reserved for the daemon",
+                           subject=ARENA_OUTPUTS)
     if not uses_shm(req):
         validate_request(req, inputs, outputs)
-        return [body], header_length, None
+        return req, [body], header_length, None
     use = attach_regions(req, *shm)
     validate_request(req, inputs, outputs)
-    return *renamed_request(body, header_length, use), use
+    return req, *renamed_request(body, header_length, use), use
 
 
 def _framed(req: InferRequest) -> tuple[list, int]:
@@ -108,40 +116,56 @@ class InferAnswer:
     headers: dict[str, str]
     payload: bytes | bytearray
     error_text: str | None = None   # for the daemon's log line, on errors
+    tail: list[memoryview] = field(default_factory=list)   # sent after payload (views of an arena slot)
+
+    @property
+    def size(self) -> int:
+        return len(self.payload) + sum(len(part) for part in self.tail)
+
+    def joined(self) -> bytes | bytearray:
+        return b"".join([self.payload, *self.tail]) if self.tail else self.payload
 
 
 async def proxied_infer(service: ModelService, model: LoadedModel, name: str, version: str | None,
-                        body: bytes | bytearray, sent_length: str | None, accept_encoding: str,
-                        peer: Peer) -> InferAnswer:
+                        body: bytes | bytearray | memoryview, sent_length: str | None, accept_encoding: str,
+                        peer: Peer, slot: ArenaSlot | None = None) -> InferAnswer:
     """Validate a whole (decoded) request body from ``peer`` against
     ``model`` and forward it; the runner's answer, compressed when
-    ``accept_encoding`` asks."""
+    ``accept_encoding`` asks. ``slot``: the arena slot ``body`` was
+    received into (the caller releases it once the answer is written)."""
     header_length = header_length_of(sent_length)  # 0: a raw binary request
     shm = (service.shm_regions, peer)
-    parts, forward_length, use = await _checked_off_loop(model, body, header_length, shm)
+    req, parts, forward_length, use = await _checked_off_loop(model, body, header_length, shm)
     current = serving_model(service, name, version)  # the version may have switched while the body arrived
     if current is not model:
         model = current
-        parts, forward_length, use = await _checked_off_loop(model, body, header_length, shm)
+        req, parts, forward_length, use = await _checked_off_loop(model, body, header_length, shm)
     headers = {"Content-Type": "application/octet-stream" if forward_length is not None else "application/json"}
     if forward_length is not None:
         headers[HEADER_LENGTH] = str(forward_length)
     regions = list(use.regions.values()) if use is not None else ()
-    answer = await model.runners.forward(f"/v2/models/{name}/infer", parts, headers, regions)
+    arena = ArenaForward(slot, len(body), header_length, req) \
+        if slot is not None and use is None and header_length is not None and header_length <= MAX_HEADER else None
+    answer = await model.runners.forward(f"/v2/models/{name}/infer", parts, headers, regions, arena)
     out_headers = dict(answer.headers)
-    payload = answer.body
+    payload: bytes | bytearray = answer.body
+    tail: list[memoryview] = []
     if use is not None:
         payload = renamed_answer(answer.status, out_headers, payload, use)
+    elif answer.arena and answer.status == 200:
+        payload, tail = arena.client_answer(out_headers, payload, f"runner for {name}")  # type: ignore[union-attr]
     already = any(k.lower() == "content-encoding" for k in out_headers)
     coding = pick_encoding(accept_encoding, ENCODINGS, wildcard=True) \
         if answer.status == 200 and not already else None
-    if coding is not None and len(payload) > 512:
+    if coding is not None and len(payload) + sum(len(t) for t in tail) > 512:
+        if tail:
+            payload, tail = b"".join([payload, *tail]), []
         payload = _compress(payload, coding) if len(payload) < IN_THREAD_FROM else \
             await asyncio.to_thread(_compress, payload, coding)
         out_headers["Content-Encoding"] = coding
         out_headers["Vary"] = "Accept-Encoding"
     return InferAnswer(answer.status, out_headers, payload,
-                       f"runner: {error_text(payload)}" if answer.status >= 400 else None)
+                       f"runner: {error_text(payload)}" if answer.status >= 400 else None, tail)
 
 
 async def infer(request: web.Request) -> web.StreamResponse:
@@ -158,22 +182,39 @@ async def infer(request: web.Request) -> web.StreamResponse:
     body = await request_body(request)
     answer = await proxied_infer(service, model, name, version, body, request.headers.get(HEADER_LENGTH),
                                  request.headers.get("Accept-Encoding", ""), peer)
-    if len(answer.payload) >= STREAM_ANSWER:
-        return await _streamed(request, answer.status, answer.headers, answer.payload)
-    response = web.Response(status=answer.status, body=answer.payload, headers=answer.headers)
+    payload = answer.joined()   # no slot here: nothing to join, in fact
+    if len(payload) >= STREAM_ANSWER:
+        return await _streamed(request, answer.status, answer.headers, payload)
+    response = web.Response(status=answer.status, body=payload, headers=answer.headers)
     if answer.error_text:
         response[ERROR_TEXT] = answer.error_text
     return response
 
 
-async def _checked_off_loop(model: LoadedModel, body: bytes | bytearray, header_length: int | None,
-                            shm: tuple[ShmRegions, Peer]) -> tuple[list, int | None, ShmUse | None]:
-    """checked_request; in a thread for big bodies, whose JSON or BYTES
-    elements would hold the event loop for as long as they take to walk."""
-    # A small body naming shared memory may still have big BYTES to read there.
-    if len(body) < IN_THREAD_FROM and SHM_MARK not in body:
+async def _checked_off_loop(model: LoadedModel, body: bytes | bytearray | memoryview, header_length: int | None,
+                            shm: tuple[ShmRegions, Peer]) -> Checked:
+    """checked_request; in a thread when JSON or BYTES elements to walk
+    would hold the event loop for a while."""
+    if _walks_little(model, body, header_length):
         return checked_request(model, body, header_length, shm)
     return await asyncio.to_thread(checked_request, model, body, header_length, shm)
+
+
+def _walks_little(model: LoadedModel, body: bytes | bytearray | memoryview, header_length: int | None) -> bool:
+    """Whether validating takes little time whatever the body's size: a
+    small body naming no shared memory (whose BYTES would be read), or a big
+    binary one whose JSON header is small and names no BYTES (numeric
+    tensors are checked by their sizes alone). A header spelling BYTES with
+    escapes is walked here all the same: slower, never wrong."""
+    if header_length is None:
+        return len(body) < IN_THREAD_FROM and SHM_MARK not in body   # type: ignore[operator]  # never a view
+    if header_length == 0:
+        spec = model.carton.inputs
+        return len(body) < IN_THREAD_FROM or not (spec and len(spec) == 1 and spec[0].dtype == "string")
+    if header_length >= IN_THREAD_FROM or header_length > len(body):
+        return header_length > len(body)   # too short: refused at once
+    header = bytes(memoryview(body)[:header_length])
+    return SHM_MARK not in header and (b'"BYTES"' not in header or len(body) < IN_THREAD_FROM)
 
 
 def widen_send_buffer(transport: object) -> None:

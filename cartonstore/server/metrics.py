@@ -44,6 +44,20 @@ class _Live(Collector):
                 by_source.add_metric([source], count)
         yield by_source
         yield from _runner_families(values.get("runners", []))
+        yield from _arena_families(values.get("arena"))
+
+
+def _arena_families(stats: dict[str, int] | None) -> Iterator:
+    if stats is None:   # server.arena_size = 0
+        return
+    yield GaugeMetricFamily("cartonstore_arena_slots", "Tensor arena slots held by infer requests",
+                            value=stats["slots"])
+    yield GaugeMetricFamily("cartonstore_arena_bytes", "Tensor arena bytes held by infer requests",
+                            value=stats["bytes"])
+    yield CounterMetricFamily("cartonstore_arena_requests", "Infer requests sent to runners through the tensor "
+                              "arena (their tensors not copied over the runner's socket)", value=stats["forwarded"])
+    yield CounterMetricFamily("cartonstore_arena_full", "Big infer bodies copied because the tensor arena had no "
+                              "free span for them (raise server.arena_size)", value=stats["full"])
 
 
 def _runner_families(statuses: list[dict]) -> Iterator:

@@ -15,6 +15,7 @@ from typing import Any, Callable, Mapping
 
 from ..format.carton_toml import CartonConfig
 from ..runner_settings import RunnerSettings as RunnerConfig
+from .arena import TensorArena
 from .runner_plan import instance_devices, instance_specs, plan_runner, runner_opts
 from .runners import ModelRunners, RunnerSettings, clean_stale_sockets, ensure_run_dir
 
@@ -29,8 +30,10 @@ def files_only_note(runner_name: str) -> str:
 class RunnerHost:
     """Starts and stops the runners of loaded models. One per daemon."""
 
-    def __init__(self, config: RunnerConfig, run_dir: Path, *, on_change: Callable[[], None] | None = None) -> None:
+    def __init__(self, config: RunnerConfig, run_dir: Path, *, on_change: Callable[[], None] | None = None,
+                 arena: TensorArena | None = None) -> None:
         self.config = config
+        self.arena = arena
         self.run_dir = run_dir
         self.settings = RunnerSettings(
             ready_timeout=config.ready_timeout, request_timeout=config.request_timeout,
@@ -59,7 +62,7 @@ class RunnerHost:
         specs = instance_specs(plan, model_dir=model_dir, name=name, version=version,
                                opts=runner_opts(cfg, triton_config), devices=devices, run_dir=self.run_dir,
                                generation=next(self._generation))
-        runners = ModelRunners(name, version, specs, self.settings, on_change=self._on_change)
+        runners = ModelRunners(name, version, specs, self.settings, on_change=self._on_change, arena=self.arena)
         self._live.add(runners)
         log.info("model %s version %s: starting %d %s runner(s) on %s", name, version[:12], len(specs),
                  plan.runner_name, ", ".join(devices))

@@ -43,16 +43,19 @@ from .model_runtime import RunnerHost
 from .runner_plan import instance_devices
 from .selftest_api import self_tested_on_load
 from .shm_regions import ShmRegions
+from .arena import DEFAULT_SIZE as ARENA_SIZE, TensorArena
 
 log = logging.getLogger("cartonstore.server")
 
 class ModelService:
     def __init__(self, store: Store, puller: Puller, leases: LeaseSettings, metrics: Metrics,
                  runners: RunnerConfig | None = None, *, shm_over_tcp: bool = False,
-                 max_request_size: int = 256 << 20) -> None:
+                 max_request_size: int = 256 << 20, arena_size: int = ARENA_SIZE) -> None:
         self.store = store
         self.shm_regions = ShmRegions(allow_tcp=shm_over_tcp, max_read=max_request_size)
-        self.runner_host = RunnerHost(runners or RunnerConfig(), store.layout.root / "run" / "runners")
+        self.arena = TensorArena(arena_size) if arena_size else None
+        self.runner_host = RunnerHost(runners or RunnerConfig(), store.layout.root / "run" / "runners",
+                                      arena=self.arena)
         self._load_locks: dict[str, asyncio.Lock] = {}
         self._pins: dict[str, tuple[str, str]] = {}  # leases this daemon renews: id -> (carton, holder)
         self.puller = puller
@@ -388,6 +391,8 @@ class ModelService:
             self._pins.pop(lease_id, None)
         await self._commits.close()
         self.shm_regions.close()
+        if self.arena is not None:
+            self.arena.close()
 
     def live_values(self) -> dict[str, float]:
         stats = self.puller.stats
@@ -395,7 +400,8 @@ class ModelService:
                 "loaded_models": sum(1 for m in tuple(self.models.values()) if m.serving_state == READY),  # see statuses()
                 "runners": self.runner_host.statuses(),
                 "fetched_bytes": stats.bytes_received, "fetch_requests": stats.requests,
-                "source_bytes": stats.snapshot()["source_bytes"]}
+                "source_bytes": stats.snapshot()["source_bytes"],
+                "arena": self.arena.stats() if self.arena is not None else None}
 
 
 def _resolve_on(conn, ref: str) -> str | None:  # noqa: ANN001

@@ -15,7 +15,7 @@ import numpy as np
 from cartonstore.errors import InvalidInput
 from cartonstore.v2.datatypes import BINARY_ONLY_DATATYPES, datatype_of
 from cartonstore.v2.elements import fail
-from cartonstore.v2.shm_params import BYTE_SIZE, REGION, RegionTooSmall, ShmSink
+from cartonstore.v2.shm_params import BYTE_SIZE, OFFSET, REGION, RegionTooSmall, ShmSink
 from cartonstore.v2.tensors import to_binary, to_json
 
 
@@ -60,7 +60,9 @@ def _write_to_shm(what: str, chunk: bytes | memoryview, sink: ShmSink) -> dict[s
             subject=what,
         )
     sink.write(chunk)
-    return {REGION: sink.region, BYTE_SIZE: size}
+    if sink.offset is None:
+        return {REGION: sink.region, BYTE_SIZE: size}
+    return {REGION: sink.region, BYTE_SIZE: size, OFFSET: sink.offset}
 
 
 def _finish(

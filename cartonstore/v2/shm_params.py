@@ -20,6 +20,14 @@ BYTE_SIZE = "shared_memory_byte_size"
 OFFSET = "shared_memory_offset"
 _KEYS = (REGION, BYTE_SIZE, OFFSET)
 
+# The daemon's tensor arena (cartonstore.server.arena), between the daemon
+# and its runners only: the region runners know it by, and the request
+# parameter that gives them {"offset", "byte_size"} of it for binary outputs.
+ARENA_REGION = "cartonstore.arena"
+ARENA_OUTPUTS = "cartonstore_arena_outputs"
+ARENA_EXTENSION = "cartonstore_arena"   # in a runner's GET /v2 "extensions" when it mapped the arena
+ARENA_FD_ENV = "CARTONSTORE_ARENA_FD"   # a runner's environment: the arena's fd, inherited at spawn
+
 
 @dataclass(frozen=True, slots=True)
 class ShmRef:
@@ -39,11 +47,15 @@ class ShmSink:
     """Where an output requested in shared memory goes: up to ``capacity``
     bytes, written by ``write``; ``region`` is the name the response gives.
     This one writes into a buffer (a view of a mapping); a runner's writes
-    go through its fd instead (cartonstore.runner.shm)."""
+    go through its fd instead (cartonstore.runner.shm). ``offset``, when
+    given, is where the view starts in the region: the response says it."""
 
-    def __init__(self, region: str, view: memoryview) -> None:
+    offset: int | None = None   # subclasses that write elsewhere keep this default
+
+    def __init__(self, region: str, view: memoryview, offset: int | None = None) -> None:
         self.region = region
         self.capacity = len(view)
+        self.offset = offset
         self._view = view
 
     def write(self, chunk: bytes | memoryview) -> None:
@@ -53,6 +65,7 @@ class ShmSink:
 
     def close(self) -> None:
         pass
+
 
 
 class RegionTooSmall(InvalidInput):

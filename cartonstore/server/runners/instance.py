@@ -4,12 +4,14 @@ client to it, restarts with backoff, and forwarding one request to it."""
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import signal
 import time
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Mapping, Sequence
 
 from ...errors import Unavailable
+from ...v2.shm_params import ARENA_EXTENSION
 from .process import RunnerFailed, RunnerProcess, seconds
 from .settings import FORWARDED_RESPONSE_HEADERS, LOADING, READY, UNAVAILABLE, InstanceSpec, RunnerResponse, \
     RunnerSettings
@@ -18,6 +20,8 @@ from .sockets import remove_socket
 from .wire import BadResponse, RunnerClient
 
 if TYPE_CHECKING:
+    from ..arena import TensorArena
+    from ..arena_wire import ArenaForward
     from ..shm_regions import Region
 
 log = logging.getLogger("cartonstore.server.runners")
@@ -45,7 +49,7 @@ class RunnerInstance:
     and errors: "runner for <model> (instance <i>)"."""
 
     def __init__(self, model: str, index: int, spec: InstanceSpec, settings: RunnerSettings,
-                 on_change: Callable[[], None]) -> None:
+                 on_change: Callable[[], None], arena: TensorArena | None = None) -> None:
         self.index = index
         self.spec = spec
         self.settings = settings
@@ -59,6 +63,8 @@ class RunnerInstance:
         self._proc: RunnerProcess | None = None
         self._client: RunnerClient | None = None
         self._shm: RunnerShmLink | None = None   # the regions this process has mapped
+        self._arena = arena
+        self.arena_capable = False               # this process mapped the arena (its GET /v2 says so)
         self._ready_since = 0.0
         self._failures = 0
         self._supervisor: asyncio.Task[None] | None = None
@@ -83,7 +89,10 @@ class RunnerInstance:
     async def _launch(self) -> None:
         """Spawn a process and wait until it is ready; RunnerFailed if not."""
         remove_socket(self.spec.socket_path)   # left by the previous process; the new one binds afresh
-        spawn = asyncio.ensure_future(RunnerProcess.spawn(self._log_name, self.spec, self.settings.stderr_lines))
+        self.arena_capable = False
+        arena_fd = self._arena.fd if self._arena is not None else None
+        spawn = asyncio.ensure_future(RunnerProcess.spawn(self._log_name, self.spec, self.settings.stderr_lines,
+                                                          arena_fd))
         try:
             self._proc = await asyncio.shield(spawn)
         except asyncio.CancelledError:
@@ -93,6 +102,8 @@ class RunnerInstance:
         self._client = RunnerClient(str(self.spec.socket_path))
         self._shm = RunnerShmLink(self._client, self.label)
         await self._proc.wait_ready(self._client, self.settings.ready_timeout)
+        if self._arena is not None:
+            self.arena_capable = await _speaks_arena(self._client)
         self._ready_since = time.monotonic()
         log.info("[%s] ready (pid %d) after %.2fs", self._log_name, self._proc.pid,
                  self._ready_since - self._proc.started_at)
@@ -166,14 +177,30 @@ class RunnerInstance:
     # -- requests -----------------------------------------------------------
 
     async def post(self, path: str, body: Sequence[bytes | memoryview], headers: Mapping[str, str],
-                   regions: Sequence[Region] = ()) -> RunnerResponse:
+                   regions: Sequence[Region] = (), arena: ArenaForward | None = None) -> RunnerResponse:
         """POST to this instance, once it has mapped the shared memory
-        ``regions`` the request names. Failures become Unavailable naming
+        ``regions`` the request names; in the arena's form when ``arena``
+        is given and this process maps it. Failures become Unavailable naming
         the runner: it died, it did not answer in time (then it is killed;
         the supervisor restarts it), or it broke the HTTP exchange."""
         proc, client, shm = self._proc, self._client, self._shm
         if proc is None or client is None or client.closed:
             raise Unavailable(f"{self.label} is not running: {self.reason or 'restarting'}")
+        via_arena = arena is not None and self.arena_capable
+        if via_arena:
+            body, headers = arena.runner_request()  # type: ignore[union-attr]
+        try:
+            status, headers_in, answer = await self._exchange(proc, client, shm, path, body, headers, regions)
+        except BaseException:
+            if via_arena:   # it may still write outputs into the slot: kept until the process is gone
+                arena.slot.hold_until(proc.wait())  # type: ignore[union-attr]
+            raise
+        return RunnerResponse(status, {name: headers_in[key] for name, key in _FORWARDED if key in headers_in}, answer,
+                              via_arena)
+
+    async def _exchange(self, proc: RunnerProcess, client: RunnerClient, shm: RunnerShmLink | None, path: str,
+                        body: Sequence[bytes | memoryview], headers: Mapping[str, str],
+                        regions: Sequence[Region]) -> tuple[int, dict[str, str], bytes | bytearray]:
         timeout = self.settings.request_timeout
         self.outstanding += 1
         try:
@@ -195,4 +222,15 @@ class RunnerInstance:
             raise Unavailable(f"{self.label} broke the HTTP exchange: {detail}") from None
         finally:
             self.outstanding -= 1
-        return RunnerResponse(status, {name: headers_in[key] for name, key in _FORWARDED if key in headers_in}, answer)
+        return status, headers_in, answer
+
+
+async def _speaks_arena(client: RunnerClient) -> bool:
+    """Whether the runner's GET /v2 lists the arena extension (a runner
+    that is not built on cartonstore.runner does not map it)."""
+    try:
+        status, _, body = await asyncio.wait_for(client.request("GET", "/v2", {}), 5.0)
+        extensions = json.loads(bytes(body)).get("extensions") if status == 200 else None
+    except (OSError, BadResponse, asyncio.TimeoutError, ValueError, AttributeError):
+        return False
+    return type(extensions) is list and ARENA_EXTENSION in extensions

@@ -20,6 +20,8 @@ from .process import RunnerFailed
 from .settings import LOADING, READY, UNAVAILABLE, InstanceSpec, RunnerResponse, RunnersBusy, RunnerSettings
 
 if TYPE_CHECKING:
+    from ..arena import TensorArena
+    from ..arena_wire import ArenaForward
     from ..shm_regions import Region
 
 log = logging.getLogger("cartonstore.server.runners")
@@ -36,7 +38,7 @@ class ModelRunners:
     state, restarts included."""
 
     def __init__(self, name: str, version: str, specs: list[InstanceSpec], settings: RunnerSettings, *,
-                 on_change: Callable[[], None] | None = None) -> None:
+                 on_change: Callable[[], None] | None = None, arena: TensorArena | None = None) -> None:
         if not specs:
             raise InvalidInput(f"model {name}: no runner instance to start")
         sockets = [s.socket_path for s in specs]
@@ -47,7 +49,8 @@ class ModelRunners:
         self.settings = settings
         self.outstanding = 0
         self._on_change = on_change
-        self._instances = [RunnerInstance(name, i, spec, settings, self._changed) for i, spec in enumerate(specs)]
+        self._instances = [RunnerInstance(name, i, spec, settings, self._changed, arena)
+                           for i, spec in enumerate(specs)]
         self._next = 0                      # where the tie-break scan starts
         self._closing = False
         self._idle = asyncio.Event()        # set when outstanding drops to 0 while closing
@@ -89,6 +92,11 @@ class ModelRunners:
                 prefix = f"instance {inst.index}: " if len(self._instances) > 1 else ""
                 return prefix + inst.reason
         return ""
+
+    @property
+    def arena_capable(self) -> bool:
+        """Some instance maps the daemon's tensor arena: a big request may be received into it."""
+        return any(inst.arena_capable for inst in self._instances)
 
     @property
     def restarts(self) -> int:
@@ -191,11 +199,13 @@ class ModelRunners:
         return best
 
     async def forward(self, path: str, body: list[bytes | memoryview] | bytes | memoryview,
-                      headers: Mapping[str, str], regions: Sequence[Region] = ()) -> RunnerResponse:
+                      headers: Mapping[str, str], regions: Sequence[Region] = (),
+                      arena: ArenaForward | None = None) -> RunnerResponse:
         """POST body to ``path`` (e.g. "/v2/models/{name}/infer") on a runner
         (which maps the shared memory ``regions`` first) and return its
         answer, whatever its status. Raises RunnersBusy when the model is at
-        max_inflight, Unavailable when no runner can answer."""
+        max_inflight, Unavailable when no runner can answer. With ``arena``,
+        an instance that maps the arena gets the request in its form."""
         if self._closing:
             raise Unavailable(f"model {self.name} version {self.version} is being unloaded", subject=self.name)
         if self.outstanding >= self.settings.max_inflight:
@@ -209,7 +219,7 @@ class ModelRunners:
         parts = [body] if isinstance(body, (bytes, bytearray, memoryview)) else body
         self.outstanding += 1
         try:
-            return await inst.post(path, parts, send, regions)
+            return await inst.post(path, parts, send, regions, arena)
         finally:
             self.outstanding -= 1
             if self._closing and not self.outstanding:

@@ -20,6 +20,7 @@ import subprocess
 import time
 from typing import Callable
 
+from ...v2.shm_params import ARENA_FD_ENV
 from .settings import InstanceSpec
 from .wire import BadResponse, RunnerClient
 
@@ -106,17 +107,22 @@ class RunnerProcess:
         self._exited = asyncio.ensure_future(self._wait_exit())
 
     @classmethod
-    async def spawn(cls, label: str, spec: InstanceSpec, stderr_lines: int) -> RunnerProcess:
-        """Start the process; raises RunnerFailed when it cannot be started."""
+    async def spawn(cls, label: str, spec: InstanceSpec, stderr_lines: int,
+                    arena_fd: int | None = None) -> RunnerProcess:
+        """Start the process (inheriting the tensor arena's fd, when given,
+        named by ARENA_FD_ENV); raises RunnerFailed when it cannot be started."""
         env = dict(os.environ)
         env.update(spec.env)
         env["CUDA_VISIBLE_DEVICES"] = spec.cuda_visible_devices()
+        env.pop(ARENA_FD_ENV, None)
+        if arena_fd is not None:
+            env[ARENA_FD_ENV] = str(arena_fd)
         loop = asyncio.get_running_loop()
         try:
             transport, protocol = await loop.subprocess_exec(
                 lambda: _ExitNoticingProtocol(loop), *spec.argv, stdin=asyncio.subprocess.DEVNULL,
                 stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env, start_new_session=True,
-                preexec_fn=_die_with(os.getpid()))
+                preexec_fn=_die_with(os.getpid()), pass_fds=() if arena_fd is None else (arena_fd,))
         except OSError as e:
             raise RunnerFailed(f"cannot run {spec.argv[0]!r}: {e.strerror or e}") from None
         except subprocess.SubprocessError as e:

@@ -75,6 +75,7 @@ class RunnerResponse:
     status: int
     headers: dict[str, str]
     body: bytes
+    arena: bool = False   # sent in the arena's form: binary outputs may be in the slot (arena_wire.py)
 
 
 def error_text(payload: bytes | bytearray) -> str:
