@@ -206,6 +206,21 @@ class SourcesFailed(FetchError):
         self.problems = list(problems)
 
 
+async def _stage_to_the_end(writer: BlobWriter, digest: str) -> StagedBlob:
+    """writer.stage in a thread. A cancelled fetch still waits for that
+    thread (its writer must not be closed under it) and discards what it
+    staged: otherwise a fetch cancelled as the thread finished left its
+    file in tmp/ (all_or_none cancels the others when one blob fails)."""
+    task = asyncio.ensure_future(asyncio.to_thread(writer.stage, expected_digest=digest))
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        await asyncio.wait([task])
+        if not task.cancelled() and task.exception() is None:
+            task.result().discard()
+        raise
+
+
 async def fetch_blob(client: HttpClient, blobs: BlobStore, digest: str, urls: Sequence[str],
                      config: FetchConfig, *, stats: TransferStats | None = None,
                      kind_of: Callable[[str], str] | None = None, expected_size: int | None = None) -> StagedBlob:
@@ -221,7 +236,7 @@ async def fetch_blob(client: HttpClient, blobs: BlobStore, digest: str, urls: Se
                 await download(client, url, writer, config, stats=stats, source=kind, expected_size=expected_size)
                 if expected_size is not None and writer.size != expected_size:
                     raise FetchError(size_lie(url, writer.size, expected_size), subject=url)
-                staged = await asyncio.to_thread(writer.stage, expected_digest=digest)
+                staged = await _stage_to_the_end(writer, digest)
                 if stats is not None:
                     stats.blobs(kind)
                 return staged
