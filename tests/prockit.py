@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 _GONE = ("Z", "X")  # a zombie has exited; only its parent's wait() is missing
@@ -54,3 +56,13 @@ def stop_process(proc, timeout: float = 10.0) -> None:  # noqa: ANN001 - a subpr
             proc.kill()
             proc.wait()
     assert wait_gone(proc.pid)
+
+
+@contextmanager
+def script_leaving_no_process(path: Path, text: str) -> Iterator[Path]:
+    """``text`` written to ``path`` (a script tests run as a process); on
+    the way out, no process running it may be left."""
+    path.write_text(text)
+    yield path
+    left = [pid for pid in live_pids(str(path)) if not wait_gone(pid, 5.0)]
+    assert not left, f"processes running {path.name} left behind: {left}"

@@ -10,6 +10,8 @@ import asyncio
 import json
 import os
 import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import numpy as np
@@ -21,7 +23,7 @@ from cartonstore.server.arena_wire import ArenaForward
 from cartonstore.server.runners import InstanceSpec, ModelRunners, RunnerSettings
 from cartonstore.v2.framing import parse_infer_request
 from cartonstore.v2.shm_params import ARENA_OUTPUTS, ARENA_REGION
-from prockit import live_pids, wait_gone
+from prockit import script_leaving_no_process
 
 MIB = 1 << 20
 PAGE = os.sysconf("SC_PAGE_SIZE")
@@ -87,7 +89,7 @@ def test_a_held_slot_is_released_only_when_its_process_is_gone() -> None:
 
 def test_pages_past_the_kept_ones_are_given_back_when_idle() -> None:
     async def go() -> None:
-        arena = TensorArena(TRIM_KEEP + 32 * MIB)
+        arena = TensorArena(TRIM_KEEP + 32 * MIB, trim_idle=0.0)
         try:
             low, high = arena.take(TRIM_KEEP), arena.take(16 * MIB)
             low.view[:] = b"x" * len(low.view)
@@ -242,20 +244,24 @@ web.run_app(app, path=sock, print=None)
 
 @pytest.fixture
 def script(short_tmp: Path):  # noqa: ANN201
-    path = short_tmp / "arena_runner.py"
-    path.write_text(RUNNER)
-    yield path
-    left = [pid for pid in live_pids(str(path)) if not wait_gone(pid, 5.0)]
-    assert not left, f"runner processes left behind: {left}"
+    with script_leaving_no_process(short_tmp / "arena_runner.py", RUNNER) as path:
+        yield path
 
 
-async def _pool(script: Path, short_tmp: Path, arena: TensorArena, *flags: str) -> ModelRunners:
+@asynccontextmanager
+async def pooled(script: Path, short_tmp: Path, *flags: str) -> AsyncIterator[tuple[ModelRunners, TensorArena]]:
+    """One runner instance of ``script`` with an arena; both gone after."""
+    arena = TensorArena(MIB)
     sock = short_tmp / "r.sock"
     runners = ModelRunners("m", "1", [InstanceSpec([sys.executable, str(script), str(sock), *flags], {}, sock)],
                            RunnerSettings(ready_timeout=20, request_timeout=10, restart_backoff=0.05),
                            arena=arena)
-    await runners.start()
-    return runners
+    try:
+        await runners.start()
+        yield runners, arena
+    finally:
+        await runners.stop()
+        arena.close()
 
 
 def _request(arena: TensorArena, data: bytes, **extra: object) -> ArenaForward:
@@ -265,9 +271,7 @@ def _request(arena: TensorArena, data: bytes, **extra: object) -> ArenaForward:
 
 def test_a_runner_that_maps_the_arena_gets_the_request_in_its_form(script: Path, short_tmp: Path) -> None:
     async def go() -> None:
-        arena = TensorArena(MIB)
-        runners = await _pool(script, short_tmp, arena, "--arena")
-        try:
+        async with pooled(script, short_tmp, "--arena") as (runners, arena):
             assert runners.arena_capable
             forward = _request(arena, b"ABCDEFGH")
             answer = await runners.forward("/v2/models/m/infer", [b"the copied form"], {}, (), forward)
@@ -275,17 +279,12 @@ def test_a_runner_that_maps_the_arena_gets_the_request_in_its_form(script: Path,
             assert answer.arena and got["seen"] == "ABCD" and got["fd"] is not None
             assert ARENA_OUTPUTS in json.loads(got["body"])["parameters"]
             forward.slot.release()
-        finally:
-            await runners.stop()
-            arena.close()
     run(go())
 
 
 def test_a_runner_that_does_not_say_so_gets_the_copied_form(script: Path, short_tmp: Path) -> None:
     async def go() -> None:
-        arena = TensorArena(MIB)
-        runners = await _pool(script, short_tmp, arena)   # inherits the fd, but does not claim the extension
-        try:
+        async with pooled(script, short_tmp) as (runners, arena):   # inherits the fd, but does not claim it
             assert not runners.arena_capable
             forward = _request(arena, b"ABCDEFGH")
             answer = await runners.forward("/v2/models/m/infer", [b"the copied form"], {}, (), forward)
@@ -293,31 +292,24 @@ def test_a_runner_that_does_not_say_so_gets_the_copied_form(script: Path, short_
             assert arena.forwarded == 0
             forward.slot.release()
             assert arena.in_use == 0
-        finally:
-            await runners.stop()
-            arena.close()
     run(go())
 
 
 def test_a_slot_sent_to_a_runner_that_failed_is_kept_until_it_is_reaped(script: Path, short_tmp: Path) -> None:
     async def go() -> None:
-        arena = TensorArena(MIB)
-        runners = await _pool(script, short_tmp, arena, "--arena")
-        try:
+        async with pooled(script, short_tmp, "--arena") as (runners, arena):
             forward = _request(arena, b"ABCDEFGH", parameters={"hang_up": True})
             with pytest.raises(Unavailable, match="broke the HTTP exchange"):
                 await runners.forward("/v2/models/m/infer", [b"x"], {}, (), forward)
             forward.slot.release()       # what the front does once it answered: the hold wins
             await asyncio.sleep(0.5)
             assert arena.in_use == 1     # the runner lives on, and might still write into the slot
-        finally:
             await runners.stop()
-        for _ in range(100):
-            if arena.in_use == 0:
-                break
-            await asyncio.sleep(0.02)
-        assert arena.in_use == 0         # reaped: the slot is free
-        arena.close()
+            for _ in range(100):
+                if arena.in_use == 0:
+                    break
+                await asyncio.sleep(0.02)
+            assert arena.in_use == 0     # reaped: the slot is free
     run(go())
 
 
@@ -349,6 +341,38 @@ def test_a_runner_without_a_usable_arena_refuses_arena_requests(short_tmp: Path,
         _, err = stop_runner(proc)
     if env:
         assert "is not usable" in err and "without the daemon's tensor arena" in err
+
+
+def test_a_slot_taken_while_idle_keeps_the_pages() -> None:
+    async def go() -> None:
+        arena = TensorArena(TRIM_KEEP + 32 * MIB, trim_idle=0.3)
+        try:
+            big = arena.take(TRIM_KEEP + 8 * MIB)
+            big.view[TRIM_KEEP:] = b"z" * (len(big.view) - TRIM_KEEP)
+            big.release()
+            small = arena.take(PAGE)      # before trim_idle: the next big request finds its pages
+            await asyncio.sleep(0.5)
+            assert os.fstat(arena.fd).st_blocks * 512 >= 8 * MIB
+            small.release()
+            for _ in range(100):
+                await asyncio.sleep(0.02)
+                if os.fstat(arena.fd).st_blocks * 512 < 8 * MIB:
+                    break
+            assert os.fstat(arena.fd).st_blocks * 512 < 8 * MIB
+        finally:
+            arena.close()
+    run(go())
+
+
+@pytest.mark.parametrize("length", ["abc", "-1", "0", "99999", "\u00b2"])
+def test_an_answer_with_a_bad_header_length_is_refused(length: str) -> None:
+    arena = TensorArena(MIB)
+    try:
+        forward, _ = _forward(arena, {"a": np.zeros(64, np.float32)})
+        with pytest.raises(Unavailable, match="runner for m answered Inference-Header-Content-Length"):
+            forward.client_answer({"Inference-Header-Content-Length": length}, b'{"outputs": []}', "runner for m")
+    finally:
+        arena.close()
 
 
 def test_pages_are_given_back_without_an_event_loop_too() -> None:

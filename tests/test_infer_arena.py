@@ -8,6 +8,8 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -246,19 +248,67 @@ def test_the_reserved_parameter_is_refused(served: DaemonProcess) -> None:
     assert slots_free(served)
 
 
-def test_without_an_arena_big_requests_are_copied() -> None:
+def test_a_compressed_answer_joins_the_outputs_from_the_arena(served: DaemonProcess) -> None:
+    x = np.arange(300_000, dtype=np.float32)
+    before = forwarded(served)
+
+    async def go() -> tuple[int, dict, bytes]:
+        async with unix_session(served.socket_path) as s:
+            r = await s.post("/v2/models/grow/infer", data=x.tobytes(), headers={HL: "0", "Accept-Encoding": "gzip"})
+            return r.status, dict(r.headers), await r.read()   # aiohttp decodes gzip
+    status, headers, body = asyncio.run(go())
+    assert status == 200 and headers["Content-Encoding"] == "gzip"
+    _, arrays = parse_infer_response(body, int(headers[HL]))
+    assert np.array_equal(arrays["same"], x) and np.array_equal(arrays["triple"], np.tile(x, 3))
+    assert forwarded(served) == before + 1
+    assert slots_free(served)
+
+
+def test_a_client_that_leaves_mid_body_frees_its_slot(served: DaemonProcess) -> None:
+    seen = runner_count(served, "grow")
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.connect(str(served.socket_path))
+        sock.sendall(f"POST /v2/models/grow/infer HTTP/1.1\r\nHost: x\r\nContent-Length: {4 * MIB}\r\n"
+                     f"{HL}: 0\r\n\r\n".encode() + bytes(MIB))
+        assert wait_for(lambda: metric(served, "cartonstore_arena_slots") == 1, 10)
+    assert slots_free(served)
+    assert runner_count(served, "grow") == seen
+
+
+@contextmanager
+def grow_served_with(server_toml: str) -> Iterator[DaemonProcess]:
+    """A daemon of its own, configured with ``server_toml`` under [server],
+    serving the grow model; no runner of it is left after."""
     with short_dir() as base:
         config = base / "cartonstore.toml"
-        config.write_text('[server]\narena_size = 0\n')
+        config.write_text(f"[server]\n{server_toml}\n")
         with DaemonProcess(base / "root", extra_args=["--config", str(config)]) as d:
             _load(d, "grow", grow_carton(base / "grow"))
-            x = np.arange(300_000, dtype=np.float32)
+            yield d
+        assert wait_for(lambda: not runner_pids(d.root), 10)
+
+
+def test_a_body_the_arena_has_no_room_for_is_copied() -> None:
+    with grow_served_with('arena_size = "2MiB"') as d:
+        for count, arena_used in ((100_000, True), (400_000, False)):   # 0.4 MB fits twice over; 1.6 MB does not
+            x = np.arange(count, dtype=np.float32)
+            before, full = forwarded(d), metric(d, "cartonstore_arena_full_total")
             status, headers, body = raw_post(d, "/v2/models/grow/infer", x.tobytes(), {HL: "0"})
             assert status == 200
-            assert np.array_equal(parse_infer_response(body, int(headers[HL]))[1]["triple"], np.tile(x, 3))
+            assert np.array_equal(parse_infer_response(body, int(headers[HL]))[1]["same"], x)
+            assert forwarded(d) == before + arena_used
+            assert metric(d, "cartonstore_arena_full_total") == full + (not arena_used)
+        assert slots_free(d)
 
-            async def metrics() -> str:
-                async with unix_session(d.socket_path) as s:
-                    return await (await s.get("/metrics")).text()
-            assert "cartonstore_arena" not in asyncio.run(metrics())
-        assert wait_for(lambda: not runner_pids(d.root), 10)
+
+def test_without_an_arena_big_requests_are_copied() -> None:
+    with grow_served_with("arena_size = 0") as d:
+        x = np.arange(300_000, dtype=np.float32)
+        status, headers, body = raw_post(d, "/v2/models/grow/infer", x.tobytes(), {HL: "0"})
+        assert status == 200
+        assert np.array_equal(parse_infer_response(body, int(headers[HL]))[1]["triple"], np.tile(x, 3))
+
+        async def metrics() -> str:
+            async with unix_session(d.socket_path) as s:
+                return await (await s.get("/metrics")).text()
+        assert "cartonstore_arena" not in asyncio.run(metrics())

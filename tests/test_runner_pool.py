@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from cartonstore.errors import InvalidInput, Unavailable
-from prockit import live_pids, wait_gone
+from prockit import live_pids, script_leaving_no_process, wait_gone
 from cartonstore.server.runners import (InstanceSpec, ModelRunners, RunnerSettings, RunnersBusy, clean_stale_sockets,
                                         ensure_run_dir, fill_argv, instance_socket_path, template_placeholders)
 
@@ -115,11 +115,8 @@ asyncio.run(main())
 @pytest.fixture
 def script(short_tmp: Path):  # noqa: ANN201
     """The fake runner, written for this test; no process running it may be left after."""
-    path = short_tmp / "fake_runner.py"
-    path.write_text(RUNNER)
-    yield path
-    left = [pid for pid in live_pids(str(path)) if not wait_gone(pid, 5.0)]
-    assert not left, f"runner processes left behind: {left}"
+    with script_leaving_no_process(short_tmp / "fake_runner.py", RUNNER) as path:
+        yield path
 
 
 FAST = dict(ready_timeout=20.0, request_timeout=10.0, stop_grace=5.0, restart_backoff=0.05, max_restarts=3)

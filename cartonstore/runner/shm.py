@@ -91,11 +91,11 @@ class MappedRegions:
                 raise InvalidInput(f"shared memory region {name!r} is already registered", subject=name)
             self._regions[name] = region
 
-    def adopt_arena(self, environ: dict[str, str] | os._Environ[str] = os.environ) -> bool:
+    def adopt_arena(self) -> bool:
         """Map the daemon's tensor arena when this process inherited it
         (ARENA_FD_ENV); True when mapped. The daemon sealed it against
         shrinking, so its mapping is read and written directly."""
-        text = environ.get(ARENA_FD_ENV)
+        text = os.environ.get(ARENA_FD_ENV)
         if not text:
             return False
         try:

@@ -15,7 +15,9 @@ The arena is one memfd, sealed against shrinking and growing, so neither
 the daemon nor a runner mapping it can ever touch a page past its end
 (SIGBUS); runners inherit its fd at spawn (ARENA_FD_ENV). Slots are
 page-aligned spans, first fit, so touched pages stay few and low; when
-the arena falls idle, pages past TRIM_KEEP are given back to the kernel.
+the arena has stayed idle for TRIM_IDLE seconds, pages past TRIM_KEEP are
+given back to the kernel (not at every idle moment: one client sending
+big tensors one after another would fault them all in again each time).
 
 A slot is released once its answer is written, or, when a runner failed
 to answer (it may still be writing outputs into the slot), only after that
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import fcntl
 import logging
 import mmap
 import os
@@ -39,8 +42,8 @@ __all__ = ["ARENA_FD_ENV", "ARENA_FROM", "DEFAULT_SIZE", "ArenaSlot", "TensorAre
 DEFAULT_SIZE = 1 << 30      # address space: pages are memory only once a request touches them
 ARENA_FROM = 256 * 1024      # smaller bodies are copied: a slot and a rewritten header cost more than they save
 TRIM_KEEP = 64 << 20         # resident bytes kept when idle
+TRIM_IDLE = 5.0              # seconds without a slot before pages past TRIM_KEEP are given back
 _PAGE = mmap.PAGESIZE
-_SEALS = ("F_SEAL_SHRINK", "F_SEAL_GROW", "F_SEAL_SEAL")
 
 
 def _aligned(size: int) -> int:
@@ -82,25 +85,22 @@ class ArenaSlot:
 
 
 class TensorArena:
-    def __init__(self, size: int) -> None:
+    def __init__(self, size: int, *, trim_idle: float = TRIM_IDLE) -> None:
         self.size = _aligned(size)
+        self.trim_idle = trim_idle
         self.fd = os.memfd_create("cartonstore-arena", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
         try:
             os.ftruncate(self.fd, self.size)
-            import fcntl
-            seals = 0
-            for name in _SEALS:
-                seals |= getattr(fcntl, name)
-            fcntl.fcntl(self.fd, fcntl.F_ADD_SEALS, seals)
+            fcntl.fcntl(self.fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL)
             self._map = mmap.mmap(self.fd, self.size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         except BaseException:
             os.close(self.fd)
             raise
         self.view = memoryview(self._map)
-        self._starts: list[int] = []       # sorted offsets of taken spans
-        self._ends: dict[int, int] = {}    # offset -> end
+        self._spans: list[tuple[int, int]] = []   # (start, end) of taken spans, sorted
         self._limit = self.size            # spans end below this (lowered while a trim runs)
         self._touched = 0                  # highest end handed out since the last trim
+        self._trim_timer: asyncio.TimerHandle | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self.closed = False
         self.forwarded = 0    # requests sent to a runner in the arena's form (arena_wire.py counts them)
@@ -108,12 +108,12 @@ class TensorArena:
 
     @property
     def in_use(self) -> int:
-        return len(self._starts)
+        return len(self._spans)
 
     def stats(self) -> dict[str, int]:
-        """For /metrics (read from a worker thread: each value alone)."""
-        ends = dict(self._ends)
-        return {"slots": len(ends), "bytes": sum(end - start for start, end in ends.items()),
+        """For /metrics (read from a worker thread: list() copies at once)."""
+        spans = list(self._spans)
+        return {"slots": len(spans), "bytes": sum(end - start for start, end in spans),
                 "forwarded": self.forwarded, "full": self.full}
 
     def take(self, size: int) -> ArenaSlot | None:
@@ -122,27 +122,36 @@ class TensorArena:
             return None
         want = _aligned(size)
         at = 0
-        for start in self._starts:
+        for start, end in self._spans:
             if start - at >= want:
                 break
-            at = self._ends[start]
+            at = end
         if at + want > self._limit:
             self.full += 1
             return None
-        bisect.insort(self._starts, at)
-        self._ends[at] = at + want
+        bisect.insort(self._spans, (at, at + want))
         self._touched = max(self._touched, at + want)
+        if self._trim_timer is not None:
+            self._trim_timer.cancel()
+            self._trim_timer = None
         return ArenaSlot(self, at, size)
 
     def _free(self, offset: int) -> None:
-        del self._ends[offset]
-        self._starts.pop(bisect.bisect_left(self._starts, offset))
-        if not self._starts and self._touched > TRIM_KEEP and self._limit == self.size and not self.closed:
+        del self._spans[bisect.bisect_left(self._spans, (offset,))]
+        if self._spans or self._touched <= TRIM_KEEP or self._limit != self.size or self.closed:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:   # released outside the daemon's loop (a library caller): no timer to wait on
             self._trim()
+            return
+        if self._trim_timer is None:
+            self._trim_timer = loop.call_later(self.trim_idle, self._trim)
 
     def _trim(self) -> None:
         """Give pages past TRIM_KEEP back (MADV_REMOVE punches them out of
-        the memfd), in a thread: freeing hundreds of MiB takes a while."""
+        the memfd), in a thread on the loop: freeing hundreds of MiB takes a while."""
+        self._trim_timer = None
         start, end = TRIM_KEEP, self._touched
         self._limit, self._touched = TRIM_KEEP, TRIM_KEEP
 
@@ -175,6 +184,8 @@ class TensorArena:
         if self.closed:
             return
         self.closed = True
+        if self._trim_timer is not None:
+            self._trim_timer.cancel()
         for task in self._tasks:
             task.cancel()
         try:

@@ -66,11 +66,17 @@ class ArenaForward:
                       label: str) -> tuple[bytes, list[memoryview]]:
         """A runner's 200 answer as the client gets it: the JSON header and
         the binary parts after it, some views of the slot. ``headers`` is
-        updated (header length, content type). Unavailable naming ``label``
-        when the answer points outside the request's output span."""
-        key = next((k for k in headers if k.lower() == HEADER_LENGTH.lower()), None)
+        updated (header length, content type; named as RunnerResponse
+        names them). Unavailable naming ``label`` when the answer points
+        outside the request's output span."""
         view = memoryview(payload)
-        end = int(headers.pop(key)) if key is not None else len(view)
+        length = headers.pop(HEADER_LENGTH, None)
+        if length is None:
+            end = len(view)
+        elif length.isascii() and length.isdigit() and 0 < int(length) <= len(view):
+            end = int(length)
+        else:
+            raise Unavailable(f"{label} answered {HEADER_LENGTH} {length!r} for a {len(view)}-byte body")
         try:
             doc = json.loads(bytes(view[:end]))
             outputs = doc.get("outputs")
@@ -100,8 +106,6 @@ class ArenaForward:
                 parts.append(inline[at:at + size])
                 at += size
         header = json.dumps(doc, separators=(",", ":")).encode("utf-8")
-        for k in [k for k in headers if k.lower() == "content-type"]:
-            del headers[k]
         if parts:
             headers[HEADER_LENGTH] = str(len(header))
             headers["Content-Type"] = "application/octet-stream"

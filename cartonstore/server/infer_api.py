@@ -211,8 +211,10 @@ def _walks_little(model: LoadedModel, body: bytes | bytearray | memoryview, head
     if header_length == 0:
         spec = model.carton.inputs
         return len(body) < IN_THREAD_FROM or not (spec and len(spec) == 1 and spec[0].dtype == "string")
-    if header_length >= IN_THREAD_FROM or header_length > len(body):
-        return header_length > len(body)   # too short: refused at once
+    if header_length > len(body):
+        return True    # refused at once
+    if header_length >= IN_THREAD_FROM:
+        return False
     header = bytes(memoryview(body)[:header_length])
     return SHM_MARK not in header and (b'"BYTES"' not in header or len(body) < IN_THREAD_FROM)
 
