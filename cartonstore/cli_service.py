@@ -33,6 +33,7 @@ def cmd_serve(store: Store | None, args: argparse.Namespace, out: Output) -> Non
         leases=LeaseSettings(cfg.leases.default_ttl, cfg.leases.max_ttl, cfg.leases.pin_ttl),
         fetch=cfg.fetch_config(), zip_limits=cfg.zip_limits(), max_request_size=cfg.server.max_request_size,
         shared_memory_over_tcp=cfg.server.shared_memory_over_tcp, arena_size=cfg.server.arena_size,
+        check_workers=cfg.server.check_worker_count,
         shutdown_timeout=cfg.server.shutdown_timeout, access_log=cfg.server.access_log,
         gc=GcPolicy(max_size=cfg.gc.max_size, min_free=cfg.gc.min_free, grace=cfg.gc.grace,
                     forget_unrecoverable=cfg.gc.forget_unrecoverable),

@@ -130,6 +130,18 @@ def _show_mode(mode: int) -> str:
     return f"{mode:04o}"
 
 
+_AT_LEAST_0 = v.integer(0)
+
+
+def _workers(value: object) -> int | None:
+    """A worker count, or None for "auto"."""
+    return None if value == "auto" else _AT_LEAST_0(value)
+
+
+def _show_workers(count: int | None) -> str | int:
+    return "auto" if count is None else count
+
+
 # -- the sections ------------------------------------------------------------------
 
 _FETCH = FetchConfig()
@@ -166,12 +178,20 @@ class ServerSettings:
     max_request_size: int = v.size_setting(256 << 20, 1)
     shared_memory_over_tcp: bool = v.setting(False, v.boolean)  # Triton's system shared memory, off TCP by default
     arena_size: int = v.size_setting(1 << 30, 0)  # shared memory for big tensors between daemon and runners; 0: none
+    # processes that check big JSON infer requests off the event loop; 0: a thread of the daemon's
+    check_workers: int | None = v.setting(None, _workers, _show_workers)  # None: "auto"
     shutdown_timeout: float = v.duration_setting(10.0, positive=False)
     # TLS on the TCP listener (PEM files; the key may be in tls_cert); with tls_client_ca, /v1/blobs takes
     # only clients with a certificate it signed. Checked when the daemon starts.
     tls_cert: Path | None = v.setting(None, v.path(empty=None), v.show_path)  # noqa: RUF009 - a field()
     tls_key: Path | None = v.setting(None, v.path(empty=None), v.show_path)  # noqa: RUF009 - a field()
     tls_client_ca: Path | None = v.setting(None, v.path(empty=None), v.show_path)  # noqa: RUF009 - a field()
+
+    @property
+    def check_worker_count(self) -> int:
+        """check_workers, "auto" being one per core, at most 8 (each holds a
+        request's parsed JSON, tens of MiB for a million values, while it works)."""
+        return max(1, min(8, os.cpu_count() or 1)) if self.check_workers is None else self.check_workers
 
     @property
     def listen_address(self) -> tuple[str, int] | None:

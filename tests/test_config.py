@@ -9,6 +9,7 @@ from __future__ import annotations
 import configparser
 import dataclasses
 import itertools
+import os
 import shlex
 import shutil
 import subprocess
@@ -85,6 +86,7 @@ DEFAULTS = {
     "server.max_request_size": 256 * MiB,
     "server.shared_memory_over_tcp": False,
     "server.arena_size": GiB,
+    "server.check_workers": None,
     "server.shutdown_timeout": 10.0,
     "server.tls_cert": None,
     "server.tls_key": None,
@@ -209,6 +211,9 @@ FILE_VALUES = [
     ("server.shared_memory_over_tcp", "true", True),
     ("server.arena_size", '"256MiB"', 256 * MiB),
     ("server.arena_size", "0", 0),
+    ("server.check_workers", "0", 0),
+    ("server.check_workers", "12", 12),
+    ("server.check_workers", '"auto"', None),
     ("server.max_request_size", '"1GiB"', GiB),
     ("server.max_request_size", "1048576", MiB),
     ("server.shutdown_timeout", '"1m30s"', 90.0),
@@ -465,6 +470,8 @@ BAD_VALUES = [
     ("server.access_log", '"sometimes"', "expected true or false, got 'sometimes'"),
     ("server.shared_memory_over_tcp", "1", "expected true or false"),
     ("server.arena_size", "-1", "expected a size >= 0, got -1"),
+    ("server.check_workers", "-1", "expected an integer >= 0, got -1"),
+    ("server.check_workers", '"many"', "expected an integer >= 0, got 'many'"),
     ("server.log_format", '"xml"', "expected one of 'text', 'json', got 'xml'"),
     ("server.log_level", '"verbose"', "expected one of 'debug', 'info', 'warning', 'error'"),
     ("server.max_request_size", '"lots"', "expected a size such as 512MiB"),
@@ -1021,3 +1028,9 @@ def test_systemd_analyze_verify(tmp_path: Path) -> None:
 
 def name_in(line: str, names: list[str]) -> bool:
     return any(name in line for name in names)
+
+
+def test_auto_check_workers_is_one_per_core_at_most_eight() -> None:
+    assert load_config(env={}).server.check_worker_count == max(1, min(8, os.cpu_count() or 1))
+    assert load_config(env={}, overrides={"server.check_workers": 3}).server.check_worker_count == 3
+    assert load_config(env={}, overrides={"server.check_workers": 0}).server.check_worker_count == 0

@@ -54,6 +54,7 @@ class DaemonSettings:
     max_request_size: int = 256 << 20
     shared_memory_over_tcp: bool = False
     arena_size: int = ARENA_SIZE        # the tensor arena shared with runners (0: none)
+    check_workers: int = 0              # processes checking big JSON infer requests (0: a thread)
     shutdown_timeout: float = 10.0
     access_log: bool = False   # a line per request (errors always get one)
     gc: GcPolicy = field(default_factory=GcPolicy)
@@ -142,7 +143,8 @@ class Daemon:
                 async with Puller(store, s.fetch) as puller:
                     service = ModelService(store, puller, s.leases, Metrics(), s.runners,
                                            shm_over_tcp=s.shared_memory_over_tcp,
-                                           max_request_size=s.max_request_size, arena_size=s.arena_size)
+                                           max_request_size=s.max_request_size, arena_size=s.arena_size,
+                                           check_workers=s.check_workers)
                     service.runner_host.prepare()
                     app = build_app(service, service.metrics, max_request_size=s.max_request_size,
                                     access_log=s.access_log, peer_certs=s.tls_client_ca is not None)

@@ -2,9 +2,12 @@
 
 The daemon checks every request against the carton's declared tensors
 (cartonstore.v2.validate) before a runner sees it, then forwards the body
-as it came (decoded from its Content-Encoding): no tensor is decoded or
-copied on the way. A raw binary request (Inference-Header-Content-Length:
-0) gets a JSON header here, so runners only ever see the framed form.
+as it came (decoded from its Content-Encoding): no binary tensor is
+decoded or copied on the way. A raw binary request (Inference-Header-
+Content-Length: 0) gets a JSON header here, so runners only ever see the
+framed form; JSON "data" inputs, already parsed and checked, are sent on
+as binary tensor data (v2/binary_form.py), so a runner never parses them
+again.
 """
 
 from __future__ import annotations
@@ -22,21 +25,22 @@ from ..errors import InvalidInput, NotFound
 from ..v2.framing import (
     HEADER_LENGTH,
     InferRequest,
-    parse_infer_request,
 )
 from ..v2.framing import header_length as header_length_of
 from ..v2.validate import parse_raw_binary_for, validate_request
 from .blobs import pick_encoding
 from .runners.settings import error_text
 from .bodies import ENCODINGS, IN_THREAD_FROM, request_body
-from ..v2.shm_params import ARENA_OUTPUTS, REGION
+from ..v2.shm_params import REGION
 from .arena import ArenaSlot
 from .arena_wire import MAX_HEADER, ArenaForward
-from .infer_shm import ShmUse, attach_regions, renamed_answer, renamed_request, uses_shm
+from .infer_check import checked_forward, parsed_request, uses_shm
+from .infer_shm import ShmUse, attach_regions, renamed_answer, renamed_request
 from .responses import ERROR_TEXT
 from .shm_regions import Peer, ShmRegions, peer_of
 
 if TYPE_CHECKING:
+    from .check_pool import CheckPool
     from .loaded_model import LoadedModel
     from .service import ModelService
 
@@ -70,7 +74,7 @@ def serving_model(service: ModelService, name: str, version: str | None) -> Load
     return model
 
 
-Checked = tuple[InferRequest, list, int | None, ShmUse | None]
+Checked = tuple[InferRequest, list, int | None, ShmUse | None]   # request, parts, header length, regions
 
 
 def checked_request(model: LoadedModel, body: bytes | bytearray | memoryview, header_length: int | None,
@@ -83,13 +87,9 @@ def checked_request(model: LoadedModel, body: bytes | bytearray | memoryview, he
         req = parse_raw_binary_for(body, inputs)
         validate_request(req, inputs, outputs)
         return req, *_framed(req), None
-    req = parse_infer_request(body, header_length)
-    if ARENA_OUTPUTS in req.parameters:   # it tells a runner where to write: the daemon's alone to give
-        raise InvalidInput(f"infer request: parameter {ARENA_OUTPUTS!r} is reserved for the daemon",
-                           subject=ARENA_OUTPUTS)
+    req = parsed_request(body, header_length)
     if not uses_shm(req):
-        validate_request(req, inputs, outputs)
-        return req, [body], header_length, None
+        return req, *checked_forward(req, inputs, outputs, body, header_length), None
     use = attach_regions(req, *shm)
     validate_request(req, inputs, outputs)
     return req, *renamed_request(body, header_length, use), use
@@ -135,11 +135,11 @@ async def proxied_infer(service: ModelService, model: LoadedModel, name: str, ve
     received into (the caller releases it once the answer is written)."""
     header_length = header_length_of(sent_length)  # 0: a raw binary request
     shm = (service.shm_regions, peer)
-    req, parts, forward_length, use = await _checked_off_loop(model, body, header_length, shm)
+    req, parts, forward_length, use = await _checked_off_loop(model, body, header_length, shm, service.check_pool)
     current = serving_model(service, name, version)  # the version may have switched while the body arrived
     if current is not model:
         model = current
-        req, parts, forward_length, use = await _checked_off_loop(model, body, header_length, shm)
+        req, parts, forward_length, use = await _checked_off_loop(model, body, header_length, shm, service.check_pool)
     headers = {"Content-Type": "application/octet-stream" if forward_length is not None else "application/json"}
     if forward_length is not None:
         headers[HEADER_LENGTH] = str(forward_length)
@@ -192,11 +192,17 @@ async def infer(request: web.Request) -> web.StreamResponse:
 
 
 async def _checked_off_loop(model: LoadedModel, body: bytes | bytearray | memoryview, header_length: int | None,
-                            shm: tuple[ShmRegions, Peer]) -> Checked:
-    """checked_request; in a thread when JSON or BYTES elements to walk
-    would hold the event loop for a while."""
+                            shm: tuple[ShmRegions, Peer], pool: CheckPool | None) -> Checked:
+    """checked_request; off the event loop when JSON or BYTES elements to
+    walk would hold it for a while: an all-JSON body in a check worker
+    (the request comes back as None: only the arena, never used for JSON,
+    needs it), anything else in a thread."""
     if _walks_little(model, body, header_length):
         return checked_request(model, body, header_length, shm)
+    if pool is not None and header_length is None:
+        forward = await pool.check(model.carton.inputs, model.carton.outputs, body, None)
+        if forward is not None:
+            return None, *forward, None   # type: ignore[return-value]
     return await asyncio.to_thread(checked_request, model, body, header_length, shm)
 
 

@@ -35,10 +35,6 @@ class ShmUse:
         return {region.runner_name: name for name, region in self.regions.items()}
 
 
-def uses_shm(req: InferRequest) -> bool:
-    return any(t.shm is not None for t in req.inputs) or bool(req.shm_outputs())
-
-
 def _check_bytes_size(tensor: WireTensor, max_read: int) -> None:
     """BYTES in shared memory are read to be checked: not past the request
     size bound, and not before their size could hold the shape at all."""

@@ -45,6 +45,18 @@ class _Live(Collector):
         yield by_source
         yield from _runner_families(values.get("runners", []))
         yield from _arena_families(values.get("arena"))
+        yield from _check_families(values.get("check_workers"))
+
+
+def _check_families(stats: dict[str, int] | None) -> Iterator:
+    if stats is None:   # server.check_workers = 0
+        return
+    yield GaugeMetricFamily("cartonstore_check_workers", "Check worker processes running (big JSON infer "
+                            "requests are parsed and checked there)", value=stats["workers"])
+    yield CounterMetricFamily("cartonstore_check_worker_requests", "Infer requests checked by a check worker",
+                              value=stats["checked"])
+    yield CounterMetricFamily("cartonstore_check_worker_failures", "Check workers that failed or vanished "
+                              "mid-request (the daemon checked the request itself)", value=stats["failed"])
 
 
 def _arena_families(stats: dict[str, int] | None) -> Iterator:

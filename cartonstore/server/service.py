@@ -44,16 +44,18 @@ from .runner_plan import instance_devices
 from .selftest_api import self_tested_on_load
 from .shm_regions import ShmRegions
 from .arena import DEFAULT_SIZE as ARENA_SIZE, TensorArena
+from .check_pool import CheckPool
 
 log = logging.getLogger("cartonstore.server")
 
 class ModelService:
     def __init__(self, store: Store, puller: Puller, leases: LeaseSettings, metrics: Metrics,
                  runners: RunnerConfig | None = None, *, shm_over_tcp: bool = False,
-                 max_request_size: int = 256 << 20, arena_size: int = ARENA_SIZE) -> None:
+                 max_request_size: int = 256 << 20, arena_size: int = ARENA_SIZE, check_workers: int = 0) -> None:
         self.store = store
         self.shm_regions = ShmRegions(allow_tcp=shm_over_tcp, max_read=max_request_size)
         self.arena = TensorArena(arena_size) if arena_size else None
+        self.check_pool = CheckPool(check_workers) if check_workers else None
         self.runner_host = RunnerHost(runners or RunnerConfig(), store.layout.root / "run" / "runners",
                                       arena=self.arena)
         self._load_locks: dict[str, asyncio.Lock] = {}
@@ -393,6 +395,8 @@ class ModelService:
         self.shm_regions.close()
         if self.arena is not None:
             self.arena.close()
+        if self.check_pool is not None:
+            await self.check_pool.close()
 
     def live_values(self) -> dict[str, float]:
         stats = self.puller.stats
@@ -401,7 +405,8 @@ class ModelService:
                 "runners": self.runner_host.statuses(),
                 "fetched_bytes": stats.bytes_received, "fetch_requests": stats.requests,
                 "source_bytes": stats.snapshot()["source_bytes"],
-                "arena": self.arena.stats() if self.arena is not None else None}
+                "arena": self.arena.stats() if self.arena is not None else None,
+                "check_workers": self.check_pool.stats() if self.check_pool is not None else None}
 
 
 def _resolve_on(conn, ref: str) -> str | None:  # noqa: ANN001

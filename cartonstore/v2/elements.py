@@ -103,18 +103,19 @@ def _check_count(what: str, shape: list[int], count: int, found: str) -> None:
         )
 
 
-def flatten_json_data(what: str, data: Any) -> list[Any]:
-    """The JSON "data" as a flat row-major list (nested arrays are allowed)."""
+def flatten_json_data(what: str, data: Any) -> tuple[list[Any], set[type]]:
+    """The JSON "data" as a flat row-major list (nested arrays are allowed),
+    and the types of its elements."""
     if type(data) is not list:
         raise fail(what, f"data must be a JSON array, not {_json_type(data)}")
-    for item in data:
-        if type(item) is list:
-            break
-    else:
-        return data
+    # One pass of map(type) in C says what is there: a million numbers are
+    # neither walked in Python nor typed twice.
+    kinds = set(map(type, data))
+    if list not in kinds:
+        return data, kinds
     flat: list[Any] = []
     _flatten_into(data, flat)
-    return flat
+    return flat, set(map(type, flat))
 
 
 def _flatten_into(data: list[Any], flat: list[Any]) -> None:
@@ -129,35 +130,37 @@ def check_json_data(what: str, datatype: str, shape: list[int], data: Any) -> li
     """Check JSON data against its datatype and shape; return it flattened."""
     if datatype in BINARY_ONLY_DATATYPES:
         raise fail(what, f"{datatype} data cannot be sent as JSON (binary only); use binary_data_size")
-    flat = flatten_json_data(what, data)
+    flat, kinds = flatten_json_data(what, data)
     _check_count(what, shape, len(flat), "values in its JSON data")
     if not flat:
         return flat
     if datatype == "BOOL":
-        _check_types(what, datatype, flat, (bool,), "true or false")
+        _check_types(what, datatype, flat, kinds, (bool,), "true or false")
     elif datatype == "BYTES":
-        _check_types(what, datatype, flat, (str,), "strings")
+        _check_types(what, datatype, flat, kinds, (str,), "strings")
     elif datatype in INTEGER_RANGES:
-        _check_types(what, datatype, flat, (int,), "integers")
+        _check_types(what, datatype, flat, kinds, (int,), "integers")
         low, high = INTEGER_RANGES[datatype]
         smallest, largest = min(flat), max(flat)
         if smallest < low or largest > high:
             bad = smallest if smallest < low else largest
             raise fail(what, f"JSON value {bad} is out of range for {datatype} [{low}, {high}]")
     else:
-        _check_types(what, datatype, flat, (float, int), "numbers")
-        try:  # JSON integers are unbounded; one past float range cannot convert
-            float(min(flat)), float(max(flat))
-        except OverflowError:
-            raise fail(what, f"a JSON value is out of range for {datatype}") from None
+        _check_types(what, datatype, flat, kinds, (float, int), "numbers")
+        if int in kinds:
+            try:  # JSON integers are unbounded; one past float range cannot convert
+                float(min(flat)), float(max(flat))
+            except OverflowError:
+                raise fail(what, f"a JSON value is out of range for {datatype}") from None
     return flat
 
 
-def _check_types(what: str, datatype: str, flat: list[Any], types: tuple[type, ...], wanted: str) -> None:
+def _check_types(what: str, datatype: str, flat: list[Any], kinds: set[type], types: tuple[type, ...],
+                 wanted: str) -> None:
     # type() rather than isinstance: bool is an int subclass, and JSON true
-    # must not pass as the number 1. The set of types is built in C; the
-    # element-by-element walk only runs to name the culprit.
-    if set(map(type, flat)).issubset(types):
+    # must not pass as the number 1. ``kinds`` (the set of types) was built
+    # in C; the element-by-element walk only runs to name the culprit.
+    if kinds.issubset(types):
         return
     for index, value in enumerate(flat):
         if type(value) not in types:

@@ -6,17 +6,17 @@ Outputs requested in shared memory are written there instead.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from cartonstore.errors import InvalidInput
+from cartonstore.v2 import json_codec
 from cartonstore.v2.datatypes import BINARY_ONLY_DATATYPES, datatype_of
 from cartonstore.v2.elements import fail
 from cartonstore.v2.shm_params import BYTE_SIZE, OFFSET, REGION, RegionTooSmall, ShmSink
-from cartonstore.v2.tensors import to_binary, to_json
+from cartonstore.v2.tensors import json_value, to_binary
 
 
 def _encode_tensors(
@@ -25,9 +25,12 @@ def _encode_tensors(
     binary: Callable[[str], bool],
     chunks: list[bytes | memoryview],
     sinks: Mapping[str, ShmSink] | None = None,
-) -> tuple[list[dict[str, Any]], bool]:
+) -> tuple[list[dict[str, Any]], bool, bool]:
+    """The tensors' JSON entries; whether any went binary; whether their JSON
+    data is all finite (orjson would write NaN and infinities as null)."""
     entries: list[dict[str, Any]] = []
     any_binary = False
+    finite = True
     for name, array in arrays.items():
         what = f"{role} {name!r}"
         array = np.asarray(array)
@@ -46,9 +49,11 @@ def _encode_tensors(
             if len(chunk):
                 chunks.append(chunk)
         else:
-            entry["data"] = to_json(what, array, datatype)
+            data = entry["data"] = json_value(what, array, datatype)
+            if finite and isinstance(data, np.ndarray) and data.dtype.kind == "f":
+                finite = bool(np.isfinite(data).all())
         entries.append(entry)
-    return entries, any_binary
+    return entries, any_binary, finite
 
 
 def _write_to_shm(what: str, chunk: bytes | memoryview, sink: ShmSink) -> dict[str, Any]:
@@ -66,9 +71,9 @@ def _write_to_shm(what: str, chunk: bytes | memoryview, sink: ShmSink) -> dict[s
 
 
 def _finish(
-    doc: dict[str, Any], chunks: list[bytes | memoryview], any_binary: bool
+    doc: dict[str, Any], chunks: list[bytes | memoryview], any_binary: bool, finite: bool
 ) -> tuple[list[bytes | memoryview], int | None]:
-    header = json.dumps(doc, separators=(",", ":")).encode("utf-8")
+    header = json_codec.dumps(doc, exact=finite)
     return [header, *chunks], (len(header) if any_binary else None)
 
 
@@ -85,7 +90,7 @@ def encode_infer_request(
     chunks) and the Inference-Header-Content-Length, None when the body is
     all JSON. FP16/BF16 go binary even when ``binary`` is False."""
     chunks: list[bytes | memoryview] = []
-    entries, any_binary = _encode_tensors(inputs, "input", lambda _: binary, chunks)
+    entries, any_binary, finite = _encode_tensors(inputs, "input", lambda _: binary, chunks)
     doc: dict[str, Any] = {}
     if request_id is not None:
         doc["id"] = request_id
@@ -97,7 +102,7 @@ def encode_infer_request(
     doc["inputs"] = entries
     if outputs is not None:
         doc["outputs"] = [{"name": name, "parameters": {"binary_data": binary_outputs}} for name in outputs]
-    return _finish(doc, chunks, any_binary)
+    return _finish(doc, chunks, any_binary, finite)
 
 
 def encode_infer_response(
@@ -115,7 +120,7 @@ def encode_infer_response(
     FP16/BF16 outputs always do. Outputs in ``sinks`` are written into
     their shared memory instead (RegionTooSmall when one does not fit)."""
     chunks: list[bytes | memoryview] = []
-    entries, any_binary = _encode_tensors(outputs, "output", binary, chunks, sinks)
+    entries, any_binary, finite = _encode_tensors(outputs, "output", binary, chunks, sinks)
     doc: dict[str, Any] = {"model_name": model_name}
     if model_version is not None:
         doc["model_version"] = model_version
@@ -124,4 +129,4 @@ def encode_infer_response(
     if parameters:
         doc["parameters"] = dict(parameters)
     doc["outputs"] = entries
-    return _finish(doc, chunks, any_binary)
+    return _finish(doc, chunks, any_binary, finite)

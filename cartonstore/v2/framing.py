@@ -10,7 +10,6 @@ memoryview slices of the body and decode with np.frombuffer.
 
 from __future__ import annotations
 
-import json
 from math import prod
 from dataclasses import dataclass
 from typing import Any
@@ -18,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from cartonstore.errors import InvalidInput
+from cartonstore.v2 import json_codec
 from cartonstore.v2.datatypes import ELEMENT_SIZES, check_datatype
 from cartonstore.v2.elements import check_numeric_size, fail
 from cartonstore.v2.shm_params import ShmRef, shm_ref
@@ -62,6 +62,7 @@ class InferRequest:
     outputs: list[RequestedOutput] | None  # None: all outputs
     parameters: dict[str, Any]
     binary_data_output: bool
+    header: dict[str, Any] | None = None  # the JSON object as parsed (None: a raw binary request)
 
     def wants_binary(self, output_name: str) -> bool:
         """Per-output "binary_data" wins over the request's "binary_data_output"."""
@@ -100,23 +101,6 @@ def _split_body(
     return _load_json(view[:header_length].tobytes(), what), view[header_length:]
 
 
-# One decoder, fed str: json.loads would sniff the encoding of every body,
-# but HTTP JSON is UTF-8 (RFC 8259).
-def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    # JSON parsers disagree on a repeated key (Python keeps the last, rapidjson
-    # the first): a request that means two things to the daemon and a runner
-    # must not pass validation.
-    doc = dict(pairs)
-    if len(doc) != len(pairs):
-        seen: set[str] = set()
-        repeated = next(k for k, _ in pairs if k in seen or seen.add(k))
-        raise ValueError(f"key {repeated!r} appears twice in one object")
-    return doc
-
-
-_decode_json = json.JSONDecoder(object_pairs_hook=_unique_keys).decode
-
-
 def _byte_view(body: bytes | bytearray | memoryview) -> memoryview:
     view = body if isinstance(body, memoryview) else memoryview(body)
     return view if view.format == "B" and view.ndim == 1 else view.cast("B")
@@ -124,7 +108,7 @@ def _byte_view(body: bytes | bytearray | memoryview) -> memoryview:
 
 def _load_json(raw: bytes | bytearray, what: str) -> dict[str, Any]:
     try:
-        doc = _decode_json(raw.decode("utf-8"))
+        doc = json_codec.loads(raw)
     except (ValueError, RecursionError) as exc:
         raise InvalidInput(f"{what}: JSON is not valid: {exc}", subject=what) from None
     if type(doc) is not dict:
@@ -269,7 +253,7 @@ def parse_infer_request(body: bytes | bytearray | memoryview, header_length: int
         raise InvalidInput('infer request: "inputs" is missing', subject="inputs")
     inputs = _parse_tensors(doc["inputs"], binary, "input")
     outputs = _parse_requested_outputs(doc.get("outputs"))
-    return InferRequest(request_id, inputs, outputs, parameters, binary_output)
+    return InferRequest(request_id, inputs, outputs, parameters, binary_output, doc)
 
 
 def parse_raw_binary_request(

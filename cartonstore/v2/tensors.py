@@ -53,7 +53,7 @@ def numpy_to_binary(a: np.ndarray, datatype: str | None = None) -> bytes | memor
 def to_binary(what: str, a: np.ndarray, datatype: str | None) -> bytes | memoryview:
     datatype = datatype_of(a) if datatype is None else check_datatype(datatype, what)
     if datatype == "BYTES":
-        return _frame_bytes(what, a)
+        return frame_bytes(what, a.reshape(-1).tolist())
     target = numpy_dtype(datatype)
     if a.dtype != target:
         if a.dtype.kind in "OSU" or not np.can_cast(a.dtype, target, casting="same_kind"):
@@ -63,9 +63,11 @@ def to_binary(what: str, a: np.ndarray, datatype: str | None) -> bytes | memoryv
     return memoryview(a.view(np.uint8))
 
 
-def _frame_bytes(what: str, a: np.ndarray) -> bytes:
+def frame_bytes(what: str, elements: list[Any]) -> bytes:
+    """BYTES elements (bytes or str) as binary tensor data: each a <u4
+    length, then its bytes."""
     parts: list[bytes] = []
-    for index, element in enumerate(a.reshape(-1).tolist()):
+    for index, element in enumerate(elements):
         if isinstance(element, str):
             element = element.encode("utf-8")
         elif not isinstance(element, bytes):
@@ -83,17 +85,21 @@ def numpy_to_json_data(a: np.ndarray, datatype: str | None = None) -> list[Any]:
 
 
 def to_json(what: str, a: np.ndarray, datatype: str | None) -> list[Any]:
+    value = json_value(what, a, datatype)
+    return value.tolist() if isinstance(value, np.ndarray) else value
+
+
+def json_value(what: str, a: np.ndarray, datatype: str | None) -> np.ndarray | list[str]:
+    """What json_codec.dumps writes as the JSON "data" of ``a``: numbers as a
+    flat, contiguous array of the datatype's own dtype (written without
+    becoming a million Python objects first), BYTES as a list of strings."""
     datatype = datatype_of(a) if datatype is None else check_datatype(datatype, what)
     if datatype in BINARY_ONLY_DATATYPES:
         raise fail(what, f"{datatype} data cannot be sent as JSON (binary only)")
-    flat = a.reshape(-1).tolist()
     if datatype != "BYTES":
-        target = numpy_dtype(datatype)
-        if a.dtype != target:
-            return np.asarray(a, dtype=target).reshape(-1).tolist()
-        return flat
+        return np.ascontiguousarray(a, dtype=numpy_dtype(datatype).newbyteorder("=")).reshape(-1)
     strings: list[str] = []
-    for index, element in enumerate(flat):
+    for index, element in enumerate(a.reshape(-1).tolist()):
         if isinstance(element, bytes):
             try:
                 element = element.decode("utf-8")

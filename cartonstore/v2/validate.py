@@ -81,7 +81,8 @@ def validate_request(
 
 
 def check_tensor_data(tensor: WireTensor) -> None:
-    """The tensor's data fills its shape exactly, in its datatype."""
+    """The tensor's data fills its shape exactly, in its datatype (JSON
+    data is left flattened, in row-major order)."""
     datatype = tensor.datatype
     data = tensor.data
     if data is None and tensor.shm is not None:
@@ -92,7 +93,8 @@ def check_tensor_data(tensor: WireTensor) -> None:
             raise fail(tensor.what, "BYTES in shared memory must be read before they are checked")
         check_numeric_size(tensor.what, datatype, tensor.shape, tensor.shm.byte_size, BYTE_SIZE)
     elif data is None:
-        check_json_data(tensor.what, datatype, tensor.shape, tensor.json_data)
+        # Kept flat: what binary_form sends needs no second walk.
+        tensor.json_data = check_json_data(tensor.what, datatype, tensor.shape, tensor.json_data)
     elif datatype == "BYTES":
         check_bytes_framing(tensor.what, tensor.shape, data)
     elif len(data) != prod(tensor.shape) * ELEMENT_SIZES[datatype]:  # type: ignore[operator]

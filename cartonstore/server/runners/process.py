@@ -46,7 +46,7 @@ class RunnerFailed(Exception):
         self.reason = reason
 
 
-def _die_with(parent_pid: int) -> Callable[[], None]:
+def die_with(parent_pid: int) -> Callable[[], None]:
     """preexec_fn for the child: SIGKILL when the parent goes away. The signal
     follows the forking thread, which is the event loop's thread. If the
     parent died before prctl ran, the signal would never come: exit now."""
@@ -122,7 +122,7 @@ class RunnerProcess:
             transport, protocol = await loop.subprocess_exec(
                 lambda: _ExitNoticingProtocol(loop), *spec.argv, stdin=asyncio.subprocess.DEVNULL,
                 stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env, start_new_session=True,
-                preexec_fn=_die_with(os.getpid()), pass_fds=() if arena_fd is None else (arena_fd,))
+                preexec_fn=die_with(os.getpid()), pass_fds=() if arena_fd is None else (arena_fd,))
         except OSError as e:
             raise RunnerFailed(f"cannot run {spec.argv[0]!r}: {e.strerror or e}") from None
         except subprocess.SubprocessError as e:

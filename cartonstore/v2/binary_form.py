@@ -1,0 +1,71 @@
+"""A validated infer request with its JSON tensor data as binary tensor data.
+
+Why the daemon forwards JSON inputs this way: it has parsed and checked
+every number already, and a runner that got the JSON would parse and check
+them all again (for 1M FP32 values: ~70 ms to parse, ~35 ms to check, and
+the numpy conversion) where binary bytes become an array with no work at
+all. Every runner speaks the binary tensor data extension (the runner
+contract), so the request means the same to it; what the client asked of
+the outputs (JSON or binary, which ones) is left as it was.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import numpy as np
+
+from cartonstore.v2.datatypes import numpy_dtype
+from cartonstore.v2.elements import fail
+from cartonstore.v2.framing import InferRequest, WireTensor
+from cartonstore.v2.tensors import frame_bytes
+
+__all__ = ["binary_form"]
+
+
+def binary_form(req: InferRequest) -> tuple[list[bytes | memoryview], int] | None:
+    """The body parts (JSON header first) and header length of ``req`` with
+    each input's JSON "data" sent binary; None when no input has JSON data.
+    ``req`` must have passed validate_request, which leaves JSON data flat
+    and of its datatype."""
+    if req.header is None or all(t.json_data is None for t in req.inputs):
+        return None
+    doc = dict(req.header)
+    entries: list[Any] = []
+    chunks: list[bytes | memoryview] = []
+    for entry, tensor in zip(doc["inputs"], req.inputs):
+        if tensor.json_data is not None:
+            chunk = _binary_data(tensor)
+            entry = {key: value for key, value in entry.items() if key != "data"}
+            entry["parameters"] = {**tensor.parameters, "binary_data_size": len(chunk)}
+        else:
+            chunk = tensor.data if tensor.data is not None else b""   # binary as sent; shared memory: no bytes
+        entries.append(entry)
+        if len(chunk):
+            chunks.append(chunk)
+    doc["inputs"] = entries
+    # The stdlib writes the header: it is small once the data is out, and
+    # writes whatever the strict parser let in (NaN in parameters) as it was.
+    header = json.dumps(doc, separators=(",", ":")).encode("utf-8")
+    return [header, *chunks], len(header)
+
+
+def _binary_data(tensor: WireTensor) -> bytes | memoryview:
+    flat = tensor.json_data
+    if tensor.datatype == "BYTES":
+        try:
+            return frame_bytes(tensor.what, flat)
+        except UnicodeEncodeError:   # a lone surrogate (\ud800) the JSON spelled out
+            index = next(i for i, element in enumerate(flat) if not _encodes(element))
+            raise fail(tensor.what, f"BYTES element {index} is not valid Unicode (a lone surrogate)") from None
+    array = np.array(flat, dtype=numpy_dtype(tensor.datatype))
+    return memoryview(array.view(np.uint8))
+
+
+def _encodes(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True

@@ -1,0 +1,214 @@
+"""Check workers: real processes that parse and check big JSON infer
+requests for the daemon (server/check_pool.py, server/check_worker.py).
+The pool alone, then through real daemons: what they answer, what reaches
+the runner, and that no worker outlives its daemon, even one SIGKILLed."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from cartonstore.errors import InvalidInput
+from cartonstore.format.carton_toml import TensorSpec
+from cartonstore.server.check_pool import CheckPool
+from cartonstore.v2.framing import parse_infer_request, parse_infer_response, tensor_to_numpy
+from conftest import short_dir
+from daemonkit import DaemonProcess, wait_for
+from inferkit import echo_carton, runner_pids
+from peerkit import metric
+from prockit import wait_gone
+from test_infer_api import _load, raw_post, runner_count
+
+WORKER = "cartonstore.server.check_worker"
+SPECS = [TensorSpec("x", "float32", ["n"])]
+
+
+def worker_pids(parent: int) -> list[int]:
+    """Live check workers whose parent is ``parent``."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if int(stat[1]) == parent and stat[0] not in ("Z", "X") and WORKER.encode() in cmdline:
+            found.append(int(entry))
+    return found
+
+
+def big_json(count: int = 100_000) -> bytes:
+    return json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [count],
+                                   "data": (np.arange(count) * 0.5).tolist()}]}).encode()
+
+
+def run(coro):  # noqa: ANN001, ANN201
+    return asyncio.run(coro)
+
+
+@asynccontextmanager
+async def pool_of(size: int, **settings: float) -> AsyncIterator[CheckPool]:
+    """A pool of its own; no worker of this process is left after it."""
+    pool = CheckPool(size, **settings)
+    try:
+        yield pool
+    finally:
+        await pool.close()
+    assert worker_pids(os.getpid()) == []
+
+
+# -- the pool alone ---------------------------------------------------------------------------
+
+
+def test_a_worker_answers_the_binary_form_and_is_reused() -> None:
+    async def go() -> None:
+        async with pool_of(2) as pool:
+            for _ in range(3):
+                parts, length = await pool.check(SPECS, None, big_json(), None)
+                body = b"".join(bytes(p) for p in parts)
+                x = tensor_to_numpy(parse_infer_request(body, length).inputs[0])
+                assert np.array_equal(x, np.arange(100_000, dtype=np.float32) * 0.5)
+            assert pool.checked == 3 and len(worker_pids(os.getpid())) == 1   # one at a time: one worker
+    run(go())
+
+
+@pytest.mark.parametrize("body,problem", [
+    (big_json().replace(b'"shape": [100000]', b'"shape": [99999]'), "needs 99999 elements"),
+    (big_json()[:-3] + b', "datatype": "INT8"}]}', "appears twice"),
+    (big_json().replace(b"0.5,", b'"0.5",', 1), "element 1 is a string"),
+    (big_json()[:-10], "JSON is not valid"),
+])
+def test_a_bad_request_is_a_400_from_the_worker(body: bytes, problem: str) -> None:
+    async def go() -> None:
+        async with pool_of(1) as pool:
+            with pytest.raises(InvalidInput, match=problem):
+                await pool.check(SPECS, None, body, None)
+            assert pool.checked == 1 and pool.failed == 0
+    run(go())
+
+
+def test_a_request_naming_shared_memory_is_left_to_the_daemon() -> None:
+    body = json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [4], "parameters": {
+        "shared_memory_region": "r", "shared_memory_byte_size": 16}}], "pad": "p" * 300_000}).encode()
+
+    async def go() -> None:
+        async with pool_of(1) as pool:
+            assert await pool.check(SPECS, None, body, None) is None
+    run(go())
+
+
+def test_a_worker_killed_while_idle_is_replaced() -> None:
+    async def go() -> None:
+        async with pool_of(1) as pool:
+            await pool.check(SPECS, None, big_json(), None)
+            (pid,) = worker_pids(os.getpid())
+            os.kill(pid, signal.SIGKILL)
+            assert wait_gone(pid)
+            assert await pool.check(SPECS, None, big_json(), None) is None   # the daemon checks it itself
+            assert pool.failed == 1
+            assert await pool.check(SPECS, None, big_json(), None) is not None   # a new worker
+            assert len(worker_pids(os.getpid())) == 1
+    run(go())
+
+
+def test_a_task_cancelled_mid_way_kills_its_worker() -> None:
+    async def go() -> None:
+        async with pool_of(1) as pool:
+            await pool.check(SPECS, None, big_json(), None)
+            (pid,) = worker_pids(os.getpid())
+            task = asyncio.create_task(pool.check(SPECS, None, big_json(1_000_000), None))
+            await asyncio.sleep(0.05)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            assert wait_gone(pid)
+            assert await pool.check(SPECS, None, big_json(), None) is not None
+    run(go())
+
+
+# -- through the daemon -----------------------------------------------------------------------
+
+
+@contextmanager
+def echo_served_with(server_toml: str, stop: int = signal.SIGTERM) -> Iterator[tuple[DaemonProcess, list[int]]]:
+    """A daemon of its own serving echo, stopped with ``stop``; after it,
+    none of its runners and none of the workers the test listed is left."""
+    with short_dir() as base:
+        config = base / "cartonstore.toml"
+        config.write_text(f"[server]\n{server_toml}\n")
+        d = DaemonProcess(base / "root", extra_args=["--config", str(config)]).start()
+        workers: list[int] = []
+        try:
+            _load(d, "echo", echo_carton(base / "echo", dtypes=["float32"]))
+            yield d, workers
+        finally:
+            d.stop(stop)
+        assert all(wait_gone(pid, 5) for pid in workers)
+        assert wait_for(lambda: not runner_pids(d.root), 10)
+
+
+def _infer(d: DaemonProcess, body: bytes) -> tuple[int, dict]:
+    status, headers, answer = raw_post(d, "/v2/models/echo/infer", body, {})
+    return status, (parse_infer_response(answer, None)[1] if status == 200 else json.loads(answer))
+
+
+def big_json_echo() -> bytes:
+    return json.dumps({"inputs": [{"name": "x_float32", "datatype": "FP32", "shape": [1, 100_000],
+                                   "data": [0.5] * 100_000}]}).encode()
+
+
+def test_the_daemon_checks_big_json_in_a_worker_and_stops_it_with_itself() -> None:
+    x = (np.arange(100_000) % 977 * 0.25).astype(np.float32).reshape(1, -1)
+    body = json.dumps({"inputs": [{"name": "x_float32", "datatype": "FP32", "shape": [1, 100_000],
+                                   "data": x.tolist()}]}).encode()
+    with echo_served_with("check_workers = 2") as (d, workers):
+        assert metric(d, "cartonstore_check_workers") == 0   # none until one is needed
+        status, arrays = _infer(d, body)
+        assert status == 200 and np.array_equal(arrays["y_float32"], x)
+        assert metric(d, "cartonstore_check_worker_requests_total") == 1
+        small = json.dumps({"inputs": [{"name": "x_float32", "datatype": "FP32", "shape": [1, 2],
+                                        "data": [1, 2]}]}).encode()
+        assert _infer(d, small)[0] == 200
+        assert metric(d, "cartonstore_check_worker_requests_total") == 1   # small: checked on the loop
+        seen = runner_count(d, "echo")
+        status, doc = _infer(d, body.replace(b'"datatype": "FP32"', b'"datatype": "FP16"'))
+        assert status == 400 and "input 'x_float32'" in doc["error"] and "FP16" in doc["error"]
+        assert runner_count(d, "echo") == seen
+        workers += worker_pids(d.proc.pid)
+        assert len(workers) == 1 and metric(d, "cartonstore_check_workers") == 1
+
+
+def test_a_sigkilled_daemon_leaves_no_worker() -> None:
+    with echo_served_with("check_workers = 1", signal.SIGKILL) as (d, workers):
+        assert _infer(d, big_json_echo())[0] == 200
+        workers += worker_pids(d.proc.pid)
+        assert len(workers) == 1
+
+
+def test_without_workers_big_json_is_checked_in_the_daemon() -> None:
+    with echo_served_with("check_workers = 0") as (d, _):
+        assert _infer(d, big_json_echo())[0] == 200
+        assert worker_pids(d.proc.pid) == []
+
+
+def test_an_idle_worker_is_stopped_and_a_new_one_started_when_needed() -> None:
+    async def go() -> None:
+        async with pool_of(2, idle_stop=0.3) as pool:
+            await asyncio.gather(*(pool.check(SPECS, None, big_json(300_000), None) for _ in range(2)))
+            first = worker_pids(os.getpid())
+            assert len(first) == 2
+            await asyncio.sleep(0.8)
+            assert all(wait_gone(pid, 5) for pid in first) and pool.stats()["workers"] == 0
+            assert await pool.check(SPECS, None, big_json(), None) is not None
+            assert len(worker_pids(os.getpid())) == 1 and pool.failed == 0
+    run(go())
