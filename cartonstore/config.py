@@ -189,9 +189,10 @@ class ServerSettings:
 
     @property
     def check_worker_count(self) -> int:
-        """check_workers, "auto" being one per core, at most 8 (each holds a
-        request's parsed JSON, tens of MiB for a million values, while it works)."""
-        return max(1, min(8, os.cpu_count() or 1)) if self.check_workers is None else self.check_workers
+        """check_workers, "auto" being one per core this process may use, at
+        most 8 (each holds a request's parsed JSON, tens of MiB for a million
+        values, while it works)."""
+        return max(1, min(8, len(os.sched_getaffinity(0)))) if self.check_workers is None else self.check_workers
 
     @property
     def listen_address(self) -> tuple[str, int] | None:

@@ -9,6 +9,7 @@ import asyncio
 import json
 import os
 import signal
+import sys
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
@@ -18,7 +19,7 @@ import pytest
 
 from cartonstore.errors import InvalidInput
 from cartonstore.format.carton_toml import TensorSpec
-from cartonstore.server.check_pool import CheckPool
+from cartonstore.server.check_pool import START_FAILURES, CheckPool
 from cartonstore.v2.framing import parse_infer_request, parse_infer_response, tensor_to_numpy
 from conftest import short_dir
 from daemonkit import DaemonProcess, wait_for
@@ -57,7 +58,7 @@ def run(coro):  # noqa: ANN001, ANN201
 
 
 @asynccontextmanager
-async def pool_of(size: int, **settings: float) -> AsyncIterator[CheckPool]:
+async def pool_of(size: int, **settings: object) -> AsyncIterator[CheckPool]:
     """A pool of its own; no worker of this process is left after it."""
     pool = CheckPool(size, **settings)
     try:
@@ -211,4 +212,63 @@ def test_an_idle_worker_is_stopped_and_a_new_one_started_when_needed() -> None:
             assert all(wait_gone(pid, 5) for pid in first) and pool.stats()["workers"] == 0
             assert await pool.check(SPECS, None, big_json(), None) is not None
             assert len(worker_pids(os.getpid())) == 1 and pool.failed == 0
+    run(go())
+
+
+# A stand-in worker: whatever the task, a "forward" answer of 8 MB, at once.
+BIG_ANSWER = r'''
+import pickle, struct, sys
+head = sys.stdin.buffer.read(12)
+meta_size, body_size = struct.unpack("<IQ", head)
+sys.stdin.buffer.read(meta_size + body_size)
+meta = pickle.dumps(("forward", 10, [10, 8_000_000]))
+sys.stdout.buffer.write(struct.pack("<I", len(meta)) + meta + bytes(8_000_010))
+sys.stdout.buffer.flush()
+sys.stdin.buffer.read()
+'''
+
+
+def test_a_task_cancelled_while_reading_its_answer_is_paused_lets_close_end(
+        short_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The cancel lands in the loop iteration where reading the worker's
+    # answer paused (its buffer full): asyncio's Process.wait() would then
+    # wait for end of file on a pipe nobody reads, and close() for ever.
+    script = short_tmp / "big_answer.py"
+    script.write_text(BIG_ANSWER)
+    cancelled: list[asyncio.Task] = []
+    feed = asyncio.StreamReader.feed_data
+
+    def feed_then_cancel(reader: asyncio.StreamReader, data: bytes) -> None:
+        feed(reader, data)
+        if reader._paused and cancelled and not cancelled[0].done():   # noqa: SLF001 - the moment to hit
+            cancelled[0].cancel()
+    monkeypatch.setattr(asyncio.StreamReader, "feed_data", feed_then_cancel)
+
+    async def go() -> None:
+        async with pool_of(1, command=(sys.executable, str(script))) as pool:
+            task = asyncio.create_task(pool.check(SPECS, None, big_json(), None))
+            cancelled.append(task)
+            assert (await asyncio.gather(task, return_exceptions=True))[0].__class__ is asyncio.CancelledError
+            await asyncio.wait_for(pool.close(), 10)
+    run(go())
+
+
+def test_workers_that_cannot_start_are_not_tried_for_a_while() -> None:
+    async def go() -> None:
+        async with pool_of(1, command=(sys.executable, "-c", "import sys; sys.exit(3)")) as pool:
+            for _ in range(START_FAILURES):
+                assert await pool.check(SPECS, None, big_json(), None) is None
+            assert pool.failed == START_FAILURES
+            assert await pool.check(SPECS, None, big_json(), None) is None
+            assert pool.failed == START_FAILURES   # resting: no fourth process was started
+    run(go())
+
+
+def test_a_fault_in_the_worker_is_said_and_the_worker_lives_on() -> None:
+    async def go() -> None:
+        async with pool_of(1) as pool:
+            assert await pool.check("not a list of specs", None, big_json(), None) is None   # type: ignore[arg-type]
+            (pid,) = worker_pids(os.getpid())
+            assert await pool.check(SPECS, None, big_json(), None) is not None
+            assert worker_pids(os.getpid()) == [pid] and pool.failed == 0
     run(go())

@@ -1031,6 +1031,6 @@ def name_in(line: str, names: list[str]) -> bool:
 
 
 def test_auto_check_workers_is_one_per_core_at_most_eight() -> None:
-    assert load_config(env={}).server.check_worker_count == max(1, min(8, os.cpu_count() or 1))
+    assert load_config(env={}).server.check_worker_count == max(1, min(8, len(os.sched_getaffinity(0))))
     assert load_config(env={}, overrides={"server.check_workers": 3}).server.check_worker_count == 3
     assert load_config(env={}, overrides={"server.check_workers": 0}).server.check_worker_count == 0

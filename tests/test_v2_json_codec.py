@@ -171,3 +171,33 @@ def test_a_lone_surrogate_in_a_string_is_a_400_naming_it() -> None:
     validate_request(req, None, None)
     with pytest.raises(InvalidInput, match="input 's'.*BYTES element 1 is not valid Unicode"):
         binary_form(req)
+
+
+def test_non_finite_parameters_are_written_as_before() -> None:
+    parts, _ = encode_infer_response(model_name="m", model_version="1", request_id=None,
+                                     outputs={"y": np.array([1.5], dtype=np.float32)}, binary=lambda _: False,
+                                     parameters={"score": math.nan, "limits": [math.inf, 1.0]})
+    assert b'"score":NaN' in parts[0] and b'"limits":[Infinity,1.0]' in parts[0]
+
+
+@pytest.mark.parametrize("depth", [257, 600, 995])
+def test_nesting_past_the_limit_is_a_value_error(depth: int) -> None:
+    deep = b"[" * depth + b"1" + b"]" * depth
+    for text in (b'{"x": ' + deep + b"}", b'{"s": "\\u003a", "x": ' + deep + b"}"):   # orjson's way, the stdlib's
+        with pytest.raises((ValueError, RecursionError)):
+            json_codec.loads(text)
+
+
+def test_nesting_a_request_may_need_is_read() -> None:
+    data = 1.5
+    for _ in range(64):
+        data = [data]
+    assert json_codec.loads(json.dumps({"x": data}).encode()) == {"x": data}
+
+
+def test_deep_data_or_parameters_are_a_400() -> None:
+    deep_data = "[" * 300 + "1" + "]" * 300
+    for body in ('{"inputs": [{"name": "a", "datatype": "FP32", "shape": [1], "data": %s}]}' % deep_data,
+                 '{"inputs": [], "parameters": {"p": %s}}' % deep_data):
+        with pytest.raises(InvalidInput, match="JSON is not valid: arrays and objects nested"):
+            parse_infer_request(body.encode(), None)

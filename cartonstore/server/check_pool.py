@@ -4,20 +4,22 @@ workers, started on first use and stopped with the daemon.
 
 A worker idle for IDLE_STOP seconds is stopped: it holds on to the memory
 of the biggest request it parsed. A worker that fails or disappears
-mid-task is killed and forgotten, and
-the request is checked in the daemon instead (check returns None); a task
-cancelled mid-way (the client left) kills its worker too, since its pipe
-is then in the middle of a message.
+mid-task is killed and forgotten, and the request is checked in the daemon
+instead (check returns None); a task cancelled mid-way (the client left)
+kills its worker too, since its pipe is then in the middle of a message.
+Workers that cannot start (START_FAILURES in a row) are not tried again
+for REST_AFTER_FAILURES seconds: meanwhile the daemon checks requests itself.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import pickle
+import signal
 import sys
+import time
 from collections.abc import Coroutine, Sequence
 from typing import Any
 
@@ -25,68 +27,100 @@ from ..errors import InvalidInput
 from ..format.carton_toml import TensorSpec
 from .check_worker import ANSWER_HEAD, TASK_HEAD
 from .infer_check import Forward
-from .runners.process import die_with
+from .runners.process import ExitNoticingProtocol, die_with
 
 log = logging.getLogger("cartonstore.server")
 
-STOP_GRACE = 2.0         # seconds a worker has to exit once its stdin is closed
-IDLE_STOP = 60.0         # seconds a worker may sit idle before it is stopped
+STOP_GRACE = 2.0            # seconds a worker has to exit once its stdin is closed
+IDLE_STOP = 60.0            # seconds a worker may sit idle before it is stopped
+START_FAILURES = 3          # workers in a row that die before their first answer...
+REST_AFTER_FAILURES = 60.0  # ...make the pool rest this long
+READ_LIMIT = 1 << 20        # answers are read in megabytes, not 64 KiB at a time
 
 
-def default_size() -> int:
-    """One worker per core, at most 8: each holds a request's parsed JSON
-    (tens of MiB for a million values) while it works."""
-    return max(1, min(8, os.cpu_count() or 1))
+class WorkerFailed(Exception):
+    """The worker could not answer: its reason, for the daemon's log."""
 
 
 class CheckWorker:
-    def __init__(self, proc: asyncio.subprocess.Process) -> None:
-        self.proc = proc
+    def __init__(self, transport: asyncio.SubprocessTransport, protocol: ExitNoticingProtocol) -> None:
+        self.transport = transport
+        self.protocol = protocol
+        self.pid = transport.get_pid()
         self.idle_since = 0.0
+        self.answered = 0
 
     @classmethod
-    async def start(cls) -> CheckWorker:
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "cartonstore.server.check_worker", stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE, start_new_session=True, preexec_fn=die_with(os.getpid()))
-        log.info("check worker started: pid %d", proc.pid)
-        return cls(proc)
+    async def start(cls, command: Sequence[str]) -> CheckWorker:
+        loop = asyncio.get_running_loop()
+        # cwd "/": `python -m` puts the working directory first on sys.path,
+        # and a numpy/ or cartonstore/ there must not be what the worker imports.
+        transport, protocol = await loop.subprocess_exec(
+            lambda: ExitNoticingProtocol(loop, READ_LIMIT), *command,
+            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=None, cwd="/",
+            start_new_session=True, preexec_fn=die_with(os.getpid()))
+        log.info("check worker started: pid %d", transport.get_pid())
+        return cls(transport, protocol)
 
     async def run(self, meta: bytes, body: bytes | bytearray | memoryview) -> tuple[tuple, bytes]:
         """One task: the answer's meta and the bytes of its parts."""
-        stdin, stdout = self.proc.stdin, self.proc.stdout
+        stdin, stdout = self.protocol.stdin, self.protocol.stdout
         assert stdin is not None and stdout is not None
-        stdin.write(TASK_HEAD.pack(len(meta), len(body)) + meta)
-        stdin.write(body)
-        await stdin.drain()
-        (size,) = ANSWER_HEAD.unpack(await stdout.readexactly(ANSWER_HEAD.size))
-        out = pickle.loads(await stdout.readexactly(size))
-        parts = await stdout.readexactly(sum(out[2])) if out[0] == "forward" else b""
+        try:
+            stdin.write(TASK_HEAD.pack(len(meta), len(body)) + meta)
+            stdin.write(body)
+            await stdin.drain()
+            (size,) = ANSWER_HEAD.unpack(await stdout.readexactly(ANSWER_HEAD.size))
+            out = pickle.loads(await stdout.readexactly(size))
+            parts = await stdout.readexactly(sum(out[2])) if out[0] == "forward" else b""
+        except (OSError, EOFError, asyncio.IncompleteReadError, pickle.UnpicklingError) as e:
+            code = self.transport.get_returncode()
+            gone = f"exited with status {code}" if code is not None else "broke the exchange"
+            raise WorkerFailed(f"check worker pid {self.pid} {gone} ({type(e).__name__}: {e})") from None
+        self.answered += 1
         return out, parts
 
-    async def stop(self, grace: float) -> None:
-        if self.proc.stdin is not None:
-            self.proc.stdin.close()
-        try:
-            await asyncio.wait_for(self.proc.wait(), grace)
-        except asyncio.TimeoutError:
-            self.kill()
-            await self.proc.wait()
-
     def kill(self) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            self.proc.kill()
+        if self.transport.get_returncode() is None:
+            try:
+                os.killpg(self.pid, signal.SIGKILL)   # its own session: nothing it started survives it
+            except ProcessLookupError:
+                pass
+
+    async def reaped(self, grace: float = 0.0) -> None:
+        """Wait for the exit (SIGKILL after ``grace``), then close the pipes.
+        Not Process.wait(): on asyncio it also waits for end of file on
+        stdout, which never comes while reading it is paused (a task
+        cancelled halfway through a big answer)."""
+        exit_seen = self.protocol.exit_seen
+        if grace and not exit_seen.done():
+            await asyncio.wait([exit_seen], timeout=grace)
+        self.kill()
+        await exit_seen
+        self.transport.close()
+
+    async def stop(self, grace: float) -> None:
+        """Close its stdin (it exits at the end of its tasks), then reap it."""
+        if self.protocol.stdin is not None:
+            self.protocol.stdin.close()
+        await self.reaped(grace)
+
+
+WORKER_COMMAND = (sys.executable, "-m", "cartonstore.server.check_worker")
 
 
 class CheckPool:
-    def __init__(self, size: int, *, idle_stop: float = IDLE_STOP) -> None:
+    def __init__(self, size: int, *, idle_stop: float = IDLE_STOP, command: Sequence[str] = WORKER_COMMAND) -> None:
         self.size = size
         self.idle_stop = idle_stop
-        self._idle_timer: asyncio.TimerHandle | None = None
+        self.command = tuple(command)   # the worker's argv (tests start stand-ins)
         self._free = asyncio.Semaphore(size)
         self._idle: list[CheckWorker] = []
         self._busy: set[CheckWorker] = set()
         self._reaping: set[asyncio.Task[None]] = set()
+        self._idle_timer: asyncio.TimerHandle | None = None
+        self._start_failures = 0
+        self._resting_until = 0.0
         self.closed = False
         self.checked = 0     # requests checked by a worker
         self.failed = 0      # workers that failed mid-request
@@ -100,6 +134,8 @@ class CheckPool:
         """What to forward for a request naming no shared memory (InvalidInput
         for a bad one); None when a worker could not say (the caller checks
         it itself): it names shared memory, or the worker failed."""
+        if time.monotonic() < self._resting_until:
+            return None
         meta = pickle.dumps((inputs, outputs, header_length))
         async with self._free:
             if self.closed:
@@ -107,18 +143,18 @@ class CheckPool:
             worker = self._idle.pop() if self._idle else None
             try:
                 if worker is None:
-                    worker = await CheckWorker.start()
+                    worker = await CheckWorker.start(self.command)
                 self._busy.add(worker)
+                if self.closed:
+                    raise WorkerFailed("the daemon is stopping")
                 out, data = await worker.run(meta, body)
-            except (OSError, EOFError, asyncio.IncompleteReadError, pickle.UnpicklingError) as e:
-                log.warning("check worker failed (%s: %s); the daemon checks the request itself",
-                            type(e).__name__, e)
-                self.failed += 1
-                self._discard(worker)
+            except (OSError, WorkerFailed) as e:
+                self._failed(worker, e)
                 return None
             except BaseException:
                 self._discard(worker)   # cancelled mid-message: its pipe is out of step
                 raise
+            self._start_failures = 0
             self._busy.discard(worker)
             if self.closed:
                 self._discard(worker)
@@ -136,7 +172,24 @@ class CheckPool:
                 parts.append(view[at:at + size])
                 at += size
             return parts, out[1]
-        return None   # "shm"
+        if kind == "error":   # a bug the worker survived: the daemon's own check will say what it is
+            log.warning("check worker pid %d could not check a request (%s); the daemon checks it itself",
+                        worker.pid, out[1])
+        return None   # "shm", "error"
+
+    def _failed(self, worker: CheckWorker | None, error: BaseException) -> None:
+        self._discard(worker)
+        if self.closed:
+            return
+        self.failed += 1
+        if worker is None or worker.answered == 0:
+            self._start_failures += 1
+        rest = self._start_failures >= START_FAILURES
+        if rest:
+            self._start_failures = 0
+            self._resting_until = time.monotonic() + REST_AFTER_FAILURES
+        log.warning("check worker failed (%s); the daemon checks the request itself%s", error,
+                    f"; no worker is tried for {REST_AFTER_FAILURES:.0f}s" if rest else "")
 
     def _rest(self, worker: CheckWorker) -> None:
         loop = asyncio.get_running_loop()
@@ -162,8 +215,7 @@ class CheckPool:
         if worker is None:
             return
         self._busy.discard(worker)
-        worker.kill()
-        self._reap(worker.proc.wait())
+        self._reap(worker.reaped())
 
     def _reap(self, waiting: Coroutine[Any, Any, Any]) -> None:
         task = asyncio.get_running_loop().create_task(waiting)
@@ -179,4 +231,7 @@ class CheckPool:
         idle, self._idle = self._idle, []
         for worker in list(self._busy):
             self._discard(worker)
-        await asyncio.gather(*(w.stop(STOP_GRACE) for w in idle), *self._reaping, return_exceptions=True)
+        for worker in idle:
+            self._reap(worker.stop(STOP_GRACE))
+        while self._reaping:   # a task ending meanwhile may add one more
+            await asyncio.gather(*self._reaping, return_exceptions=True)

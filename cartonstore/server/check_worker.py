@@ -16,6 +16,7 @@ Protocol, over stdin and stdout, one task at a time:
             ("as_is", header_length)                   forward the body as it came
             ("shm",)                                   names shared memory: the daemon checks it
             ("invalid", message, subject)              a 400
+            ("error", text)                            a fault: the daemon checks it itself
 Both ends are the daemon's own code: pickle carries only what it wrote.
 """
 
@@ -47,6 +48,8 @@ def answer(meta: bytes, body: bytearray) -> tuple[tuple, list]:
         parts, length = checked_forward(req, inputs, outputs, body, header_length)
     except InvalidInput as e:
         return ("invalid", e.message, e.subject), []
+    except Exception as e:  # noqa: BLE001 - a bug, or memory: said, and the worker lives on
+        return ("error", f"{type(e).__name__}: {e}"), []
     if len(parts) == 1 and parts[0] is body:
         return ("as_is", length), []
     return ("forward", length, [len(p) for p in parts]), parts

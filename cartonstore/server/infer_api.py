@@ -6,8 +6,8 @@ as it came (decoded from its Content-Encoding): no binary tensor is
 decoded or copied on the way. A raw binary request (Inference-Header-
 Content-Length: 0) gets a JSON header here, so runners only ever see the
 framed form; JSON "data" inputs, already parsed and checked, are sent on
-as binary tensor data (v2/binary_form.py), so a runner never parses them
-again.
+as binary tensor data (v2/binary_form.py), so a runner does not parse
+them again (except in the shared-memory and arena forms).
 """
 
 from __future__ import annotations
@@ -199,7 +199,7 @@ async def _checked_off_loop(model: LoadedModel, body: bytes | bytearray | memory
     needs it), anything else in a thread."""
     if _walks_little(model, body, header_length):
         return checked_request(model, body, header_length, shm)
-    if pool is not None and header_length is None:
+    if pool is not None and header_length is None and len(body) >= IN_THREAD_FROM and SHM_MARK not in body:
         forward = await pool.check(model.carton.inputs, model.carton.outputs, body, None)
         if forward is not None:
             return None, *forward, None   # type: ignore[return-value]

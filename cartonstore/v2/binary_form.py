@@ -6,7 +6,9 @@ them all again (for 1M FP32 values: ~70 ms to parse, ~35 ms to check, and
 the numpy conversion) where binary bytes become an array with no work at
 all. Every runner speaks the binary tensor data extension (the runner
 contract), so the request means the same to it; what the client asked of
-the outputs (JSON or binary, which ones) is left as it was.
+the outputs (JSON or binary, which ones) is left as it was. (A request
+that names shared memory, or a mixed one forwarded through the tensor
+arena, keeps its JSON data as the client wrote it: rare, and small.)
 """
 
 from __future__ import annotations
@@ -59,7 +61,7 @@ def _binary_data(tensor: WireTensor) -> bytes | memoryview:
         except UnicodeEncodeError:   # a lone surrogate (\ud800) the JSON spelled out
             index = next(i for i, element in enumerate(flat) if not _encodes(element))
             raise fail(tensor.what, f"BYTES element {index} is not valid Unicode (a lone surrogate)") from None
-    array = np.array(flat, dtype=numpy_dtype(tensor.datatype))
+    array = np.fromiter(flat, dtype=numpy_dtype(tensor.datatype), count=len(flat))   # np.array: 20% slower
     return memoryview(array.view(np.uint8))
 
 

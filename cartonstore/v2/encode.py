@@ -6,6 +6,7 @@ Outputs requested in shared memory are written there instead.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -70,10 +71,21 @@ def _write_to_shm(what: str, chunk: bytes | memoryview, sink: ShmSink) -> dict[s
     return {REGION: sink.region, BYTE_SIZE: size, OFFSET: sink.offset}
 
 
+def _finite(value: Any) -> bool:
+    """No NaN or infinity in ``value`` (parameters: a few small values)."""
+    if type(value) is float:
+        return math.isfinite(value)
+    if isinstance(value, dict):
+        return all(_finite(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return all(_finite(v) for v in value)
+    return True
+
+
 def _finish(
     doc: dict[str, Any], chunks: list[bytes | memoryview], any_binary: bool, finite: bool
 ) -> tuple[list[bytes | memoryview], int | None]:
-    header = json_codec.dumps(doc, exact=finite)
+    header = json_codec.dumps(doc, exact=finite and _finite(doc.get("parameters")))
     return [header, *chunks], (len(header) if any_binary else None)
 
 

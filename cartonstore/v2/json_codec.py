@@ -38,6 +38,7 @@ import orjson
 __all__ = ["dumps", "loads"]
 
 _NUMPY = orjson.OPT_SERIALIZE_NUMPY
+MAX_DEPTH = 256   # a tensor's data nests one level per dimension; nothing in a request needs more
 _ESCAPED_COLON = re.compile(rb"\\u003[aA]")
 _DIGITS_AS_ZERO = bytes.maketrans(b"123456789", b"000000000")
 # orjson reads an integer outside [-2**63, 2**64) as a float; the shortest
@@ -61,13 +62,16 @@ _strict_decode = json.JSONDecoder(object_pairs_hook=_unique_keys).decode
 
 def loads(raw: bytes | bytearray) -> Any:
     """The JSON value of ``raw`` (UTF-8). ValueError (or RecursionError) for
-    text that is not JSON or repeats a key within one object."""
+    text that is not JSON, repeats a key within one object, or nests arrays
+    and objects more than MAX_DEPTH deep."""
     try:
         doc = orjson.loads(raw)
     except orjson.JSONDecodeError:
         return strict_loads(raw)
-    if _ESCAPED_COLON.search(raw) or raw.count(b":") != _colons(doc) or _has_long_digit_run(raw):
+    colons, depth = _walk(doc)
+    if _ESCAPED_COLON.search(raw) or raw.count(b":") != colons or _has_long_digit_run(raw):
         return strict_loads(raw)
+    _check_depth(depth)
     return doc
 
 
@@ -78,22 +82,34 @@ def _has_long_digit_run(raw: bytes | bytearray) -> bool:
 
 def strict_loads(raw: bytes | bytearray) -> Any:
     """The standard library's reading of ``raw``, repeated keys refused."""
-    return _strict_decode(raw.decode("utf-8"))
+    doc = _strict_decode(raw.decode("utf-8"))
+    _check_depth(_walk(doc)[1])
+    return doc
 
 
-def _colons(doc: Any) -> int:
-    """Keys in ``doc`` plus the colons inside its keys and strings."""
-    count = 0
-    stack = [doc]
+def _check_depth(depth: int) -> None:
+    # What reads the document next recurses (flattening nested data, writing
+    # the header on): past Python's own limit that would be a crash, not a 400.
+    if depth > MAX_DEPTH:
+        raise ValueError(f"arrays and objects nested {depth} deep (at most {MAX_DEPTH})")
+
+
+def _walk(doc: Any) -> tuple[int, int]:
+    """Keys in ``doc`` plus the colons inside its keys and strings; and how
+    deep its arrays and objects nest."""
+    count = deepest = 0
+    stack = [(doc, 1)]
     while stack:
-        value = stack.pop()
+        value, depth = stack.pop()
         kind = type(value)
         if kind is dict:
+            deepest = max(deepest, depth)
             count += len(value)
             for key in value:
                 count += key.count(":")
-            stack.extend(value.values())
+            stack.extend((item, depth + 1) for item in value.values())
         elif kind is list:
+            deepest = max(deepest, depth)
             try:   # tensor data: a million numbers add up in C in a few ms, and hold no colon
                 sum(value, 0.0)
                 continue
@@ -103,10 +119,10 @@ def _colons(doc: Any) -> int:
             if str in kinds:
                 count += sum(item.count(":") for item in value if type(item) is str)
             if list in kinds or dict in kinds:
-                stack.extend(item for item in value if type(item) is list or type(item) is dict)
+                stack.extend((item, depth + 1) for item in value if type(item) is list or type(item) is dict)
         elif kind is str:
             count += value.count(":")
-    return count
+    return count, deepest
 
 
 def dumps(doc: Any, *, exact: bool = True) -> bytes:

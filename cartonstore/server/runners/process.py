@@ -74,13 +74,13 @@ def describe_exit(returncode: int) -> str:
     return f"exited with status {returncode}"
 
 
-class _ExitNoticingProtocol(asyncio.subprocess.SubprocessStreamProtocol):
+class ExitNoticingProtocol(asyncio.subprocess.SubprocessStreamProtocol):
     """asyncio's own protocol, plus a future set the moment the process
     exits. (Process.wait() also waits for the pipes to close, which a helper
     the runner forked can put off indefinitely.)"""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        super().__init__(limit=2 ** 16, loop=loop)
+    def __init__(self, loop: asyncio.AbstractEventLoop, limit: int = 2 ** 16) -> None:
+        super().__init__(limit=limit, loop=loop)
         self.exit_seen: asyncio.Future[None] = loop.create_future()
 
     def process_exited(self) -> None:
@@ -92,7 +92,7 @@ class _ExitNoticingProtocol(asyncio.subprocess.SubprocessStreamProtocol):
 class RunnerProcess:
     """A spawned runner process. Create with ``await RunnerProcess.spawn(...)``."""
 
-    def __init__(self, label: str, transport: asyncio.SubprocessTransport, protocol: _ExitNoticingProtocol,
+    def __init__(self, label: str, transport: asyncio.SubprocessTransport, protocol: ExitNoticingProtocol,
                  stderr_lines: int) -> None:
         self.label = label
         self.pid: int = transport.get_pid()
@@ -120,7 +120,7 @@ class RunnerProcess:
         loop = asyncio.get_running_loop()
         try:
             transport, protocol = await loop.subprocess_exec(
-                lambda: _ExitNoticingProtocol(loop), *spec.argv, stdin=asyncio.subprocess.DEVNULL,
+                lambda: ExitNoticingProtocol(loop), *spec.argv, stdin=asyncio.subprocess.DEVNULL,
                 stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env, start_new_session=True,
                 preexec_fn=die_with(os.getpid()), pass_fds=() if arena_fd is None else (arena_fd,))
         except OSError as e:
