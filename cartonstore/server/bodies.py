@@ -10,13 +10,13 @@ reads an identity body with a Content-Length into one buffer.
 from __future__ import annotations
 
 import asyncio
-import json
 from typing import Any
 
 from aiohttp import web
 
 from ..errors import FetchError, InvalidInput, TooLarge
 from ..fetch.encoding import ContentDecoder, DecodedTooLarge
+from ..v2 import json_codec
 
 IN_THREAD_FROM = 256 * 1024   # smaller bodies: decoding on the loop beats a thread hop
 ENCODINGS = ("gzip", "deflate")
@@ -94,8 +94,8 @@ def json_object(raw: bytes | bytearray) -> dict[str, Any]:
     if not raw.strip():
         return {}
     try:
-        data = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        data = json_codec.loads(raw)
+    except (ValueError, RecursionError) as e:   # JSONDecodeError and UnicodeDecodeError are ValueErrors
         raise InvalidInput(f"request body is not valid JSON: {e}") from None
     if not isinstance(data, dict):
         raise InvalidInput(f"request body must be a JSON object, got {type(data).__name__}")

@@ -11,12 +11,12 @@ API from 1.06x to 0.59x a bare aiohttp server's throughput
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ..v2 import json_codec
 from .infer_api import InferAnswer, proxied_infer, serving_model
 from .bodies import body_object
 from .lease_api import release, renew, take
@@ -73,7 +73,7 @@ def _infer_route(name: str, version: str | None) -> NativeRoute:
 
 
 def _json_answer(doc: dict[str, Any]) -> InferAnswer:
-    return InferAnswer(200, dict(JSON), json.dumps(doc).encode())
+    return InferAnswer(200, dict(JSON), json_codec.dumps(doc))
 
 
 def _nothing_first(service: ModelService) -> None:

@@ -53,10 +53,14 @@ class LoadedModel:
 @dataclass
 class Granted:
     lease: LeaseRow
-    path: Path
+    where: str    # the model directory (a str: leases are answered thousands of times a second)
+
+    @property
+    def path(self) -> Path:
+        return Path(self.where)
 
     def as_json(self) -> dict[str, Any]:
-        return {"lease": self.lease.id, "path": str(self.path), "manifest_sha256": self.lease.carton,
+        return {"lease": self.lease.id, "path": self.where, "manifest_sha256": self.lease.carton,
                 "expires_at": self.lease.expires_at}
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -67,6 +68,7 @@ class ModelService:
         self._flights = SingleFlight()
         self._gc_lock = asyncio.Lock()
         self._commits = GroupCommit(store)
+        self._models_dir = f"{store.layout.models_dir}{os.sep}"
         self.ready = True
 
     # -- materializing ---------------------------------------------------------
@@ -131,10 +133,10 @@ class ModelService:
         digest = _resolve_on(conn, ref)
         if digest is None:
             return None
-        path = self.store.layout.model_path(digest)
-        if not path.is_dir():
+        where = self._models_dir + digest   # a digest the index holds: no path to check, no Path to build
+        if not os.path.isdir(where):
             return None
-        return Granted(self.store.index.insert_lease(conn, digest, ttl, holder, lease_id), path)
+        return Granted(self.store.index.insert_lease(conn, digest, ttl, holder, lease_id), where)
 
     async def _batch(self, op):  # noqa: ANN001, ANN202
         return await self._commits.run(op)
@@ -147,7 +149,7 @@ class ModelService:
             raise InvalidInput(f"lease {lease_id!r} is the daemon's own (a loaded model's pin or a version "
                                "switch): it renews it itself")
         row = await self._batch(lambda conn: self.store.index.extend_lease(conn, lease_id, ttl))
-        return Granted(row, self.store.layout.model_path(row.carton))
+        return Granted(row, self._models_dir + row.carton)
 
     async def release_lease(self, lease_id: str) -> None:
         if lease_id.startswith(OWNED_LEASE_PREFIXES) or lease_id in self._pins:
