@@ -1,9 +1,12 @@
 """Every source is retried (issue 11 §2): a remote-zip entry whose bytes fail
-their MANIFEST hash comes from the blob's other sources (its LINKS URLs, the
-mirrors) before the add fails, and a failure names every source and why."""
+their MANIFEST hash, or arrive corrupt (CRC-32, undecodable), comes from the
+blob's other sources (its LINKS URLs, the mirrors) before the add fails, and
+a failure names every source and why."""
 
 from __future__ import annotations
 
+import struct
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -70,4 +73,45 @@ def test_with_no_other_source_the_error_names_the_carton_url(store: Store, tmp_p
         pull(store, origin.url("/bad.carton"))
     assert str(info.value).startswith(f"model/w.bin: does not match MANIFEST: {origin.url('/bad.carton')}: "
                                       "bytes hash to sha256 "), str(info.value)
+    assert snapshot(store.root) == before and tmp_files(store) == []
+
+
+def corrupt_zip(tmp_path: Path, links: dict[str, list[str]] | None = None, *,
+                method: int = zipfile.ZIP_STORED) -> Path:
+    """A carton whose model/w.bin entry was damaged after it was written: its
+    data no longer matches the CRC-32 (or, deflated, no longer decodes)."""
+    path = write_zip(tmp_path / "corrupt.carton", carton_entries(
+        GOOD, links=build_links(links) if links else None), method=method)
+    with zipfile.ZipFile(path) as z:
+        info = z.getinfo("model/w.bin")
+    raw = bytearray(path.read_bytes())
+    name_len, extra_len = struct.unpack_from("<HH", raw, info.header_offset + 26)
+    data_at = info.header_offset + 30 + name_len + extra_len
+    middle = data_at + info.compress_size // 2
+    for i in range(middle - 4, middle + 4):   # within the entry's own data, whatever its size
+        raw[i] ^= 0x5A
+    path.write_bytes(bytes(raw))
+    return path
+
+
+@pytest.mark.parametrize("method", [zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED])
+def test_an_entry_corrupt_on_the_way_comes_from_its_links_url(store: Store, tmp_path: Path, origin,  # noqa: ANN001
+                                                             method: int) -> None:
+    origin.put(f"/blobs/{W}", GOOD["model/w.bin"])
+    origin.put_file("/corrupt.carton", corrupt_zip(tmp_path, {W: [origin.url(f"/blobs/{W}")]}, method=method))
+    r = pull(store, origin.url("/corrupt.carton"))
+    assert r.complete and r.digest == sha(manifest_for(GOOD))
+    assert store.blobs.path(W).read_bytes() == GOOD["model/w.bin"]
+    assert origin.count(f"/blobs/{W}") == 1
+    assert store.verify().ok and tmp_files(store) == []
+
+
+def test_a_corrupt_entry_with_no_other_source_names_what_was_wrong(store: Store, tmp_path: Path,  # noqa: ANN001
+                                                                   origin) -> None:
+    origin.put_file("/corrupt.carton", corrupt_zip(tmp_path))
+    before = snapshot(store.root)
+    with pytest.raises(ManifestMismatch) as info:
+        pull(store, origin.url("/corrupt.carton"))
+    assert str(info.value).startswith(f"model/w.bin: does not match MANIFEST: {origin.url('/corrupt.carton')}: "
+                                      "CRC-32 mismatch: the central directory says "), str(info.value)
     assert snapshot(store.root) == before and tmp_files(store) == []

@@ -252,12 +252,16 @@ class Puller:
                     writers[digest] = self.store.blobs.writer(label="zip")
                     return writers[digest]
                 wanted.append((view.rz.entries[path], make))
-            await read_entries(self.client, view.rz, wanted, self.config, self.stats)
+            broken = await read_entries(self.client, view.rz, wanted, self.config, self.stats)
             for digest, w in writers.items():
-                try:
-                    staged = await asyncio.to_thread(w.stage, expected_digest=digest)
-                except IntegrityError as e:  # the blob's other sources (LINKS, mirrors) may have it right
-                    staged = await self.fetcher.stage_instead(paths[digest], digest, view.rz.url, e.message,
+                problem = broken.get(paths[digest])   # corrupt on the way (CRC-32, sizes, compressed data)
+                if problem is None:
+                    try:
+                        staged = await asyncio.to_thread(w.stage, expected_digest=digest)
+                    except IntegrityError as e:
+                        problem = e.message
+                if problem is not None:   # the blob's other sources (LINKS, mirrors, peers) may have it right
+                    staged = await self.fetcher.stage_instead(paths[digest], digest, view.rz.url, problem,
                                                               checked.links.get(digest, ()))
                     elsewhere += 1
                 staging.add_staged(staged)

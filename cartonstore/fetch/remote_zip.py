@@ -127,14 +127,18 @@ def plan_requests(spans: Sequence[tuple[int, int]], gap: int) -> list[tuple[int,
 class _SpanParser:
     """Splits a byte stream covering [start, end) of the zip into the
     entries it holds: local header, then compressed data fed to a decoder.
-    Only headers are buffered; entry data passes through as slices."""
+    Only headers are buffered; entry data passes through as slices. An
+    entry whose data does not decode or check (CRC-32, sizes) is noted in
+    ``broken`` and skipped: its blob may have other sources, and the
+    entries after it in the span are still read."""
 
     def __init__(self, start: int, wanted: list[tuple[ZipEntry, EntrySink]]) -> None:
         self.pos = start
         self.todo = sorted(wanted, key=lambda w: w[0].local_header_offset)
         self.header = bytearray()
-        self.current: tuple[ZipEntry, EntrySink, EntryDecoder] | None = None
+        self.current: tuple[ZipEntry, EntrySink, EntryDecoder | None] | None = None   # None: broken, skipped
         self.left = 0
+        self.broken: dict[str, str] = {}   # entry name -> what was wrong with its data
 
     def feed(self, chunk: bytes) -> None:
         view = memoryview(chunk)
@@ -173,10 +177,16 @@ class _SpanParser:
         return rest
 
     def _data(self, view: memoryview) -> memoryview:
-        _entry, sink, decoder = self.current  # type: ignore[misc]
+        entry, sink, decoder = self.current  # type: ignore[misc]
         n = min(self.left, len(view))
-        for piece in decoder.feed(bytes(view[:n])):
-            sink.write(piece)
+        if decoder is not None:
+            try:   # the sink's own errors (a full disk, a size limit) are not the entry's: outside the try
+                pieces = list(decoder.feed(bytes(view[:n])))
+            except InvalidCarton as e:
+                self._broke(entry, sink, e)
+                pieces = []
+            for piece in pieces:
+                sink.write(piece)
         self.pos += n
         self.left -= n
         if self.left == 0:
@@ -184,8 +194,17 @@ class _SpanParser:
         return view[n:]
 
     def _end_entry(self) -> None:
-        self.current[2].finish()  # type: ignore[index]
+        entry, sink, decoder = self.current  # type: ignore[misc]
         self.current = None
+        if decoder is not None:
+            try:
+                decoder.finish()
+            except InvalidCarton as e:
+                self.broken[entry.name] = _problem(entry, e)
+
+    def _broke(self, entry: ZipEntry, sink: EntrySink, error: InvalidCarton) -> None:
+        self.broken[entry.name] = _problem(entry, error)
+        self.current = (entry, sink, None)
 
     def finish(self) -> None:
         if self.current is not None or self.todo:
@@ -193,11 +212,17 @@ class _SpanParser:
             raise FetchError(f"the response ended inside entry {missing!r}", retryable=True)
 
 
+def _problem(entry: ZipEntry, error: InvalidCarton) -> str:
+    return error.message.removeprefix(f"{entry.name}: ")
+
+
 async def read_entries(client: HttpClient, rz: RemoteZip, wanted: Sequence[tuple[ZipEntry, Callable[[], EntrySink]]],
-                       config: FetchConfig, stats: TransferStats | None = None) -> None:
+                       config: FetchConfig, stats: TransferStats | None = None) -> dict[str, str]:
     """Stream the wanted entries into fresh sinks (one request per merged
     span; a retry makes new sinks for that span's entries). Every span
-    counts in stats' expected bytes from the start."""
+    counts in stats' expected bytes from the start. Returns the entries
+    whose data did not decode or check, with why (their sinks hold garbage)."""
+    broken: dict[str, str] = {}
     by_span = {rz.spans[e]: (e, make) for e, make in wanted}
     requests = plan_requests(list(by_span), config.coalesce_gap)
     unstarted = sum(end - start for start, end in requests)
@@ -222,6 +247,7 @@ async def read_entries(client: HttpClient, rz: RemoteZip, wanted: Sequence[tuple
                             tally.add(len(chunk))
                             await asyncio.to_thread(parser.feed, chunk)
                         parser.finish()
+                    broken.update(parser.broken)   # the attempt that read the span to its end
                 finally:
                     tally.settle()
 
@@ -229,6 +255,7 @@ async def read_entries(client: HttpClient, rz: RemoteZip, wanted: Sequence[tuple
     finally:
         if stats is not None and unstarted:
             stats.expect(-unstarted)  # spans never asked for: a failure stopped the rest
+    return broken
 
 
 class BytesSink:
@@ -305,5 +332,8 @@ async def prefetch_view(client: HttpClient, rz: RemoteZip, config: FetchConfig,
             return sinks[name]
         return make
 
-    await read_entries(client, rz, [(rz.entries[n], maker(n, lim)) for n, lim in limits.items()], config, stats)
+    broken = await read_entries(client, rz, [(rz.entries[n], maker(n, lim)) for n, lim in limits.items()],
+                                config, stats)
+    for name, problem in broken.items():
+        raise InvalidCarton(name, problem)
     return RemoteCartonView(rz, {n: s.buf.getvalue() for n, s in sinks.items()})
