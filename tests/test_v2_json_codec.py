@@ -33,10 +33,16 @@ REPEATED = [
 ]
 
 
+# Texts under json_codec.SMALL are read by the stdlib alone; padded with
+# whitespace (still the same JSON), the same texts take orjson's way.
+WAYS = {"stdlib": 0, "orjson": json_codec.SMALL}
+
+
+@pytest.mark.parametrize("way", WAYS)
 @pytest.mark.parametrize("text", REPEATED)
-def test_a_repeated_key_is_refused(text: bytes) -> None:
+def test_a_repeated_key_is_refused(text: bytes, way: str) -> None:
     with pytest.raises(ValueError, match="appears twice in one object"):
-        json_codec.loads(text)
+        json_codec.loads(text + b" " * WAYS[way])
 
 
 ACCEPTED = [
@@ -51,21 +57,22 @@ ACCEPTED = [
 ]
 
 
+@pytest.mark.parametrize("way", WAYS)
 @pytest.mark.parametrize("text", ACCEPTED)
-def test_what_the_stdlib_reads_is_read_alike(text: bytes) -> None:
-    assert json_codec.loads(text) == json.loads(text)
+def test_what_the_stdlib_reads_is_read_alike(text: bytes, way: str) -> None:
+    assert json_codec.loads(text + b" " * WAYS[way]) == json.loads(text)
 
 
 @pytest.mark.parametrize("text", [b'{"x": NaN}', b'{"x": [Infinity, -Infinity]}', b'{"x": 1e400}',
                                   b'{"x": "\\ud800"}'])
 def test_what_only_the_stdlib_takes_is_taken_as_before(text: bytes) -> None:
-    got, want = json_codec.loads(text), json.loads(text)
+    got, want = json_codec.loads(text + b" " * json_codec.SMALL), json.loads(text)
     assert repr(got) == repr(want)   # NaN != NaN: compare how they read
 
 
 def test_a_big_integer_keeps_every_digit() -> None:
     # orjson would read it as a float; the type check must see the integer the client wrote
-    doc = json_codec.loads(b'{"x": [1, 123456789012345678901234567890]}')
+    doc = json_codec.loads(b'{"x": [1, 123456789012345678901234567890]}' + b" " * json_codec.SMALL)
     assert doc["x"][1] == 123456789012345678901234567890 and type(doc["x"][1]) is int
 
 
@@ -180,12 +187,13 @@ def test_non_finite_parameters_are_written_as_before() -> None:
     assert b'"score":NaN' in parts[0] and b'"limits":[Infinity,1.0]' in parts[0]
 
 
+@pytest.mark.parametrize("way", WAYS)
 @pytest.mark.parametrize("depth", [257, 600, 995])
-def test_nesting_past_the_limit_is_a_value_error(depth: int) -> None:
+def test_nesting_past_the_limit_is_a_value_error(depth: int, way: str) -> None:
     deep = b"[" * depth + b"1" + b"]" * depth
     for text in (b'{"x": ' + deep + b"}", b'{"s": "\\u003a", "x": ' + deep + b"}"):   # orjson's way, the stdlib's
         with pytest.raises((ValueError, RecursionError)):
-            json_codec.loads(text)
+            json_codec.loads(text + b" " * WAYS[way])
 
 
 def test_nesting_a_request_may_need_is_read() -> None:
@@ -201,3 +209,30 @@ def test_deep_data_or_parameters_are_a_400() -> None:
                  '{"inputs": [], "parameters": {"p": %s}}' % deep_data):
         with pytest.raises(InvalidInput, match="JSON is not valid: arrays and objects nested"):
             parse_infer_request(body.encode(), None)
+
+
+def test_arrays_of_numbers_alone_are_noted() -> None:
+    pad = b" " * json_codec.SMALL
+    doc, numbers = json_codec.loads_noting_numbers(
+        b'{"a": [1, 2.5, -3e5], "b": [[1, 2], [3]], "c": [1, "2"], "d": [1, null], "e": []}' + pad)
+    noted = {name for name, value in doc.items() if id(value) in numbers}
+    assert noted == {"a", "e"} and {id(x) for x in doc["b"]} <= numbers
+    for text in (b'{"a": [1, 2.5], "b": [true]}', b'{"a": [1, 2.5], "s": "false"}'):   # a boolean anywhere: none
+        assert json_codec.loads_noting_numbers(text + pad)[1] == frozenset()
+    for text in (b'{"a": [1, 2], "s": "\\u003a"}', b'{"a": [1, 2]}'):   # the stdlib's way: none noted
+        assert json_codec.loads_noting_numbers(text + (pad if b"003a" in text else b""))[1] == frozenset()
+
+
+@pytest.mark.parametrize("data,problem", [
+    ([1.5, True], "element 1 is a boolean"), ([1, "2"], "element 1 is a string"), ([[1.5], [2]], None),
+    ([1.5, 2, 3], "needs 2 elements"), ([1.5, None], "element 1 is null"),
+])
+def test_float_data_checked_the_short_way_or_the_long(data: list, problem: str | None) -> None:
+    body = json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [2], "data": data}]}).encode()
+    req = parse_infer_request(body, None)
+    if problem is None:
+        validate_request(req, None, None)
+        assert tensor_to_numpy(req.inputs[0]).tolist() == [1.5, 2.0]
+    else:
+        with pytest.raises(InvalidInput, match=problem):
+            validate_request(req, None, None)

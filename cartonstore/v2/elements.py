@@ -126,10 +126,17 @@ def _flatten_into(data: list[Any], flat: list[Any]) -> None:
             flat.append(item)
 
 
-def check_json_data(what: str, datatype: str, shape: list[int], data: Any) -> list[Any]:
-    """Check JSON data against its datatype and shape; return it flattened."""
+def check_json_data(what: str, datatype: str, shape: list[int], data: Any, *,
+                    numbers_only: bool = False) -> list[Any]:
+    """Check JSON data against its datatype and shape; return it flattened.
+    ``numbers_only``: the parser found ``data`` to be a flat list of ints and
+    floats alone, which is all a float datatype asks of its elements (and
+    such ints, from orjson, are at most 64 bits: they cannot overflow)."""
     if datatype in BINARY_ONLY_DATATYPES:
         raise fail(what, f"{datatype} data cannot be sent as JSON (binary only); use binary_data_size")
+    if numbers_only and datatype in _FLOAT_DATATYPES and type(data) is list:
+        _check_count(what, shape, len(data), "values in its JSON data")
+        return data
     flat, kinds = flatten_json_data(what, data)
     _check_count(what, shape, len(flat), "values in its JSON data")
     if not flat:
@@ -153,6 +160,9 @@ def check_json_data(what: str, datatype: str, shape: list[int], data: Any) -> li
             except OverflowError:
                 raise fail(what, f"a JSON value is out of range for {datatype}") from None
     return flat
+
+
+_FLOAT_DATATYPES = frozenset({"FP32", "FP64"})   # FP16 and BF16 are binary only
 
 
 def _check_types(what: str, datatype: str, flat: list[Any], kinds: set[type], types: tuple[type, ...],

@@ -41,6 +41,7 @@ class WireTensor:
     json_data: Any | None = None  # the JSON "data" field, else None
     role: str = "input"  # "input" or "output": only for error messages
     shm: ShmRef | None = None  # where its bytes are in shared memory (then data is filled by who maps it)
+    json_numbers: bool = False  # json_data is a flat array of ints and floats alone (the parser saw them)
 
     @property
     def what(self) -> str:
@@ -82,11 +83,13 @@ class InferRequest:
 
 def _split_body(
     body: bytes | bytearray | memoryview, header_length: int | None, what: str
-) -> tuple[dict[str, Any], memoryview | None]:
-    """The JSON object and the binary part after it (None when all JSON)."""
+) -> tuple[dict[str, Any], memoryview | None, frozenset[int]]:
+    """The JSON object, the binary part after it (None when all JSON), and
+    the ids of the object's arrays of numbers alone."""
     if header_length is None:
         raw = body.tobytes() if isinstance(body, memoryview) else body
-        return _load_json(raw, what), None
+        doc, numbers = _load_json(raw, what)
+        return doc, None, numbers
     if type(header_length) is not int or header_length <= 0:
         raise InvalidInput(
             f"{what}: {HEADER_LENGTH} must be a positive integer here, not {header_length!r}",
@@ -98,7 +101,8 @@ def _split_body(
             f"{what}: {HEADER_LENGTH} {header_length} is larger than the {len(view)}-byte body",
             subject=HEADER_LENGTH,
         )
-    return _load_json(view[:header_length].tobytes(), what), view[header_length:]
+    doc, numbers = _load_json(view[:header_length].tobytes(), what)
+    return doc, view[header_length:], numbers
 
 
 def _byte_view(body: bytes | bytearray | memoryview) -> memoryview:
@@ -106,14 +110,15 @@ def _byte_view(body: bytes | bytearray | memoryview) -> memoryview:
     return view if view.format == "B" and view.ndim == 1 else view.cast("B")
 
 
-def _load_json(raw: bytes | bytearray, what: str) -> dict[str, Any]:
+def _load_json(raw: bytes | bytearray, what: str) -> tuple[dict[str, Any], frozenset[int]]:
+    """The JSON object, and the ids of its arrays of numbers alone (json_codec)."""
     try:
-        doc = json_codec.loads(raw)
+        doc, numbers = json_codec.loads_noting_numbers(raw)
     except (ValueError, RecursionError) as exc:
         raise InvalidInput(f"{what}: JSON is not valid: {exc}", subject=what) from None
     if type(doc) is not dict:
         raise InvalidInput(f"{what}: JSON must be an object", subject=what)
-    return doc
+    return doc, numbers
 
 
 def _is_dims(shape: list[Any]) -> bool:
@@ -138,7 +143,8 @@ def _named_entry(entry: Any, index: int, role: str) -> tuple[str, dict[str, Any]
     return name, parameters
 
 
-def _parse_tensors(entries: Any, binary: memoryview | None, role: str) -> list[WireTensor]:
+def _parse_tensors(entries: Any, binary: memoryview | None, role: str,
+                   numbers: frozenset[int] = frozenset()) -> list[WireTensor]:
     if type(entries) is not list:
         raise InvalidInput(f'"{role}s" must be a JSON array', subject=role)
     tensors: list[WireTensor] = []
@@ -165,7 +171,8 @@ def _parse_tensors(entries: Any, binary: memoryview | None, role: str) -> list[W
             data = entry["data"]
             if type(data) is not list:
                 raise fail(f"{role} {name!r}", '"data" must be a JSON array')
-            tensors.append(WireTensor(name, datatype, shape, parameters, None, data, role))
+            tensors.append(WireTensor(name, datatype, shape, parameters, None, data, role,
+                                      json_numbers=id(data) in numbers))
             continue
         if type(size) is not int or size < 0:
             raise fail(f"{role} {name!r}", f"binary_data_size must be an integer >= 0, not {size!r}")
@@ -234,7 +241,7 @@ def parse_infer_request(body: bytes | bytearray | memoryview, header_length: int
     the whole body is JSON, > 0 for JSON followed by binary tensor data. 0
     (a raw binary request) is the caller's to route to parse_raw_binary_request.
     """
-    doc, binary = _split_body(body, header_length, "infer request")
+    doc, binary, numbers = _split_body(body, header_length, "infer request")
     request_id = doc.get("id")
     if request_id is not None and type(request_id) is not str:
         raise InvalidInput(f'infer request: "id" must be a string, not {request_id!r}', subject="id")
@@ -251,7 +258,7 @@ def parse_infer_request(body: bytes | bytearray | memoryview, header_length: int
         )
     if "inputs" not in doc:
         raise InvalidInput('infer request: "inputs" is missing', subject="inputs")
-    inputs = _parse_tensors(doc["inputs"], binary, "input")
+    inputs = _parse_tensors(doc["inputs"], binary, "input", numbers)
     outputs = _parse_requested_outputs(doc.get("outputs"))
     return InferRequest(request_id, inputs, outputs, parameters, binary_output, doc)
 
@@ -320,7 +327,7 @@ def parse_infer_response(
     body: bytes | bytearray | memoryview, header_length: int | None
 ) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     """The response JSON and its outputs decoded to numpy arrays."""
-    doc, binary = _split_body(body, header_length, "infer response")
+    doc, binary, _numbers = _split_body(body, header_length, "infer response")
     tensors = _parse_tensors(doc.get("outputs", []), binary, "output")
     arrays: dict[str, np.ndarray] = {}
     for tensor in tensors:

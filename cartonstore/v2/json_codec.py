@@ -35,10 +35,11 @@ from typing import Any
 import numpy as np
 import orjson
 
-__all__ = ["dumps", "loads"]
+__all__ = ["dumps", "loads", "loads_noting_numbers"]
 
 _NUMPY = orjson.OPT_SERIALIZE_NUMPY
 MAX_DEPTH = 256   # a tensor's data nests one level per dimension; nothing in a request needs more
+SMALL = 4096      # shorter texts are read by the stdlib alone (its fixed cost is lower than orjson's checks')
 _ESCAPED_COLON = re.compile(rb"\\u003[aA]")
 _DIGITS_AS_ZERO = bytes.maketrans(b"123456789", b"000000000")
 # orjson reads an integer outside [-2**63, 2**64) as a float; the shortest
@@ -64,15 +65,28 @@ def loads(raw: bytes | bytearray) -> Any:
     """The JSON value of ``raw`` (UTF-8). ValueError (or RecursionError) for
     text that is not JSON, repeats a key within one object, or nests arrays
     and objects more than MAX_DEPTH deep."""
+    return loads_noting_numbers(raw)[0]
+
+
+def loads_noting_numbers(raw: bytes | bytearray) -> tuple[Any, frozenset[int]]:
+    """loads, and the ids of the arrays in the document that hold numbers
+    alone (int and float: no bool, string, null, array or object), so a
+    checker of tensor data need not look at each element's type again
+    (valid while the document lives). Conservative: empty when the text
+    holds a true or false anywhere, or was read by the stdlib."""
+    if len(raw) < SMALL:   # an infer header with binary data, a lease: the stdlib is quicker than the checks
+        return strict_loads(raw), frozenset()
     try:
         doc = orjson.loads(raw)
     except orjson.JSONDecodeError:
-        return strict_loads(raw)
-    colons, depth = _walk(doc)
+        return strict_loads(raw), frozenset()
+    colons, depth, numbers = _walk(doc)
     if _ESCAPED_COLON.search(raw) or raw.count(b":") != colons or _has_long_digit_run(raw):
-        return strict_loads(raw)
+        return strict_loads(raw), frozenset()
     _check_depth(depth)
-    return doc
+    if numbers and (raw.find(b"true") >= 0 or raw.find(b"false") >= 0):
+        numbers = []   # sum() takes booleans for numbers: which arrays hold one is not known
+    return doc, frozenset(numbers)
 
 
 def _has_long_digit_run(raw: bytes | bytearray) -> bool:
@@ -83,7 +97,8 @@ def _has_long_digit_run(raw: bytes | bytearray) -> bool:
 def strict_loads(raw: bytes | bytearray) -> Any:
     """The standard library's reading of ``raw``, repeated keys refused."""
     doc = _strict_decode(raw.decode("utf-8"))
-    _check_depth(_walk(doc)[1])
+    if raw.count(b"[") + raw.count(b"{") > MAX_DEPTH:   # else it cannot nest that deep: no walk
+        _check_depth(_walk(doc)[1])
     return doc
 
 
@@ -94,10 +109,12 @@ def _check_depth(depth: int) -> None:
         raise ValueError(f"arrays and objects nested {depth} deep (at most {MAX_DEPTH})")
 
 
-def _walk(doc: Any) -> tuple[int, int]:
-    """Keys in ``doc`` plus the colons inside its keys and strings; and how
-    deep its arrays and objects nest."""
+def _walk(doc: Any) -> tuple[int, int, list[int]]:
+    """Keys in ``doc`` plus the colons inside its keys and strings; how
+    deep its arrays and objects nest; the ids of its arrays of numbers and
+    booleans alone."""
     count = deepest = 0
+    numbers: list[int] = []
     stack = [(doc, 1)]
     while stack:
         value, depth = stack.pop()
@@ -112,6 +129,7 @@ def _walk(doc: Any) -> tuple[int, int]:
             deepest = max(deepest, depth)
             try:   # tensor data: a million numbers add up in C in a few ms, and hold no colon
                 sum(value, 0.0)
+                numbers.append(id(value))
                 continue
             except (TypeError, OverflowError):
                 pass
@@ -122,7 +140,7 @@ def _walk(doc: Any) -> tuple[int, int]:
                 stack.extend((item, depth + 1) for item in value if type(item) is list or type(item) is dict)
         elif kind is str:
             count += value.count(":")
-    return count, deepest
+    return count, deepest, numbers
 
 
 def dumps(doc: Any, *, exact: bool = True) -> bytes:

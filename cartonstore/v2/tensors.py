@@ -26,7 +26,7 @@ def tensor_to_numpy(t: WireTensor) -> np.ndarray:
     datatype = t.datatype
     shape = t.shape
     if t.data is None:
-        flat = check_json_data(t.what, datatype, shape, t.json_data)
+        flat = check_json_data(t.what, datatype, shape, t.json_data, numbers_only=t.json_numbers)
         if datatype == "BYTES":
             return _object_array([s.encode("utf-8") for s in flat], shape)
         return np.array(flat, dtype=numpy_dtype(datatype)).reshape(shape)

@@ -94,7 +94,8 @@ def check_tensor_data(tensor: WireTensor) -> None:
         check_numeric_size(tensor.what, datatype, tensor.shape, tensor.shm.byte_size, BYTE_SIZE)
     elif data is None:
         # Kept flat: what binary_form sends needs no second walk.
-        tensor.json_data = check_json_data(tensor.what, datatype, tensor.shape, tensor.json_data)
+        tensor.json_data = check_json_data(tensor.what, datatype, tensor.shape, tensor.json_data,
+                                           numbers_only=tensor.json_numbers)
     elif datatype == "BYTES":
         check_bytes_framing(tensor.what, tensor.shape, data)
     elif len(data) != prod(tensor.shape) * ELEMENT_SIZES[datatype]:  # type: ignore[operator]
