@@ -14,6 +14,7 @@ from typing import Callable
 from aiohttp import web
 
 from cartonstore.errors import CartonStoreError
+from cartonstore.long_lived import settle_heap
 from cartonstore.malloc_tuning import keep_big_buffers
 from cartonstore.runner.args import parse_runner_args
 from cartonstore.runner.context import LoadError, Model, RunnerContext
@@ -48,6 +49,7 @@ async def _serve(model: Model, ctx: RunnerContext, max_concurrency: int) -> None
         loop.add_signal_handler(sig, stop.set)
     print(f"cartonstore runner: model {ctx.name} version {ctx.version} ready on {ctx.socket_path} "
           f"(pid {os.getpid()})", file=sys.stderr, flush=True)
+    settle_heap()
     await stop.wait()
     # New infers get 503 from here on; the ones in flight finish and are
     # answered before the socket closes.

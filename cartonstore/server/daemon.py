@@ -36,6 +36,7 @@ from .front_server import FrontServer
 from .metrics import Metrics
 from .loaded_model import LeaseSettings
 from .service import ModelService
+from ..long_lived import settle_heap
 from .sockets import bind_tcp, bind_unix, describe_socket, inherited_sockets, notify
 
 log = logging.getLogger("cartonstore.server")
@@ -186,6 +187,7 @@ class Daemon:
             log.info("cartonstore serving %s on %s (%s event loop)", self.settings.root, ", ".join(self.bound),
                      loop_name())
             notify("READY=1\nSTATUS=serving " + " ".join(self.bound))
+            settle_heap()
             await self._stop.wait()
             log.info("shutting down")
             notify("STOPPING=1")
