@@ -115,3 +115,35 @@ def test_a_corrupt_entry_with_no_other_source_names_what_was_wrong(store: Store,
     assert str(info.value).startswith(f"model/w.bin: does not match MANIFEST: {origin.url('/corrupt.carton')}: "
                                       "CRC-32 mismatch: the central directory says "), str(info.value)
     assert snapshot(store.root) == before and tmp_files(store) == []
+
+
+WRONG_TOML = MINIMAL_TOML + b"\n# not the carton.toml MANIFEST lists\n"
+T = sha(GOOD["carton.toml"])
+
+
+def wrong_toml_zip(tmp_path: Path, links: dict[str, list[str]] | None = None) -> Path:
+    """A carton whose carton.toml entry holds other (valid) bytes than MANIFEST lists."""
+    return write_zip(tmp_path / "toml.carton", carton_entries(
+        {**GOOD, "carton.toml": WRONG_TOML}, manifest=manifest_for(GOOD), links=build_links(links) if links else None))
+
+
+def test_a_small_file_with_wrong_bytes_comes_from_its_links_url_before_it_is_checked(
+        store: Store, tmp_path: Path, origin) -> None:  # noqa: ANN001
+    origin.put(f"/blobs/{T}", GOOD["carton.toml"])
+    origin.put_file("/toml.carton", wrong_toml_zip(tmp_path, {T: [origin.url(f"/blobs/{T}")]}))
+    r = pull(store, origin.url("/toml.carton"))
+    assert r.complete and r.digest == sha(manifest_for(GOOD))
+    assert store.blobs.path(T).read_bytes() == GOOD["carton.toml"]
+    assert origin.count(f"/blobs/{T}") == 1
+    assert store.verify().ok and tmp_files(store) == []
+
+
+def test_a_small_file_with_wrong_bytes_and_no_other_source_fails_naming_it(
+        store: Store, tmp_path: Path, origin) -> None:  # noqa: ANN001
+    origin.put_file("/toml.carton", wrong_toml_zip(tmp_path))
+    before = snapshot(store.root)
+    with pytest.raises(ManifestMismatch) as info:
+        pull(store, origin.url("/toml.carton"))
+    assert str(info.value).startswith(f"carton.toml: does not match MANIFEST: {origin.url('/toml.carton')}: "
+                                      f"bytes hash to sha256 {sha(WRONG_TOML)}"), str(info.value)
+    assert snapshot(store.root) == before and tmp_files(store) == []

@@ -39,6 +39,7 @@ from .holds import holding
 from .local_source import restore_from_local
 from .peers import ORIGIN, Claim, offer
 from .policy import describe
+from .remote_mend import mend_small_files
 from .remote_zip import RemoteCartonView, open_remote_zip, prefetch_view, read_entries
 from .stats import SOURCE_KINDS, TransferStats
 from .transfer import download
@@ -172,6 +173,7 @@ class Puller:
             if rz is None:
                 return await self._add_whole_download(url, name, force)
             view = await prefetch_view(self.client, rz, self.config, self.stats)
+            await mend_small_files(view, self.fetcher)
             checked = await asyncio.to_thread(check_carton, view)
             return await self._stage_and_commit(checked, view, url, name=name, force=force)
 
@@ -228,7 +230,7 @@ class Puller:
                     return 1
                 elsewhere = sum(await all_or_none(one(d) for d in lacking))
             await asyncio.to_thread(check_staged_safetensors, checked, staging)
-            return staging, elsewhere
+            return staging, elsewhere + sum(1 for d in view.mended if d in staging.staged)
         except BaseException:
             staging.discard()
             raise
@@ -343,6 +345,7 @@ class Puller:
             await self._add_whole_download(url, None, False)
             return len(wanted)
         view = await prefetch_view(self.client, rz, self.config, self.stats)
+        await mend_small_files(view, self.fetcher)
         checked = await asyncio.to_thread(lambda: check_carton(view, top_level=False))
         if checked.digest != digest:
             raise FetchError(f"{describe(url)} now serves a different carton ({checked.digest}, not {digest})",

@@ -295,6 +295,7 @@ class RemoteCartonView:
         self.label = describe(rz.url)
         self.rz = rz
         self._small = small
+        self.mended: set[str] = set()   # digests of small files whose bytes came from other sources
         self.files: dict[str, SourceFile] = {}
         for name, e in rz.entries.items():
             if name not in METADATA_NAMES:
@@ -312,6 +313,11 @@ class RemoteCartonView:
 
     def prefetched(self, path: str) -> bytes | None:
         return self._small.get(path)
+
+    def replace(self, path: str, data: bytes, digest: str) -> None:
+        """A prefetched file's right bytes (remote_mend.py), from another source."""
+        self._small[path] = data
+        self.mended.add(digest)
 
     def close(self) -> None:
         pass

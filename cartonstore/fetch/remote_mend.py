@@ -1,0 +1,65 @@
+"""The small files of a remote carton (carton.toml, tensor_data tomls,
+symlink targets: what check_carton reads whole) checked against MANIFEST
+as soon as they are prefetched, and one that does not match fetched from
+the blob's other sources (its LINKS URLs, the mirrors) instead.
+
+Why before check_carton: it validates those very bytes. A carton.toml that
+came wrong over the wire must not be the one the carton is checked (and
+then stored) by, nor fail an add that another source could complete.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from pathlib import Path
+
+from ..errors import CartonStoreError
+from ..format.links import parse_links
+from ..format.manifest import parse_manifest
+from .blob_fetcher import BlobFetcher
+from .remote_zip import RemoteCartonView
+
+_NOT_CHECKED_HERE = ("MANIFEST", "LINKS")   # MANIFEST is what is checked against; LINKS is not listed in it
+
+
+def mismatched_small_files(view: RemoteCartonView) -> dict[str, tuple[str, str]]:
+    """path -> (the MANIFEST hash, what its prefetched bytes hash to), for
+    each prefetched file MANIFEST lists with another hash (pure)."""
+    raw = view.read_metadata("MANIFEST")
+    if raw is None:
+        return {}
+    try:
+        listed = parse_manifest(raw).as_dict()
+    except CartonStoreError:
+        return {}   # check_carton says what is wrong with it
+    out = {}
+    for path, expected in listed.items():
+        data = view.prefetched(path)
+        if data is None or path in _NOT_CHECKED_HERE:
+            continue
+        got = hashlib.sha256(data).hexdigest()
+        if got != expected:
+            out[path] = (expected, got)
+    return out
+
+
+async def mend_small_files(view: RemoteCartonView, fetcher: BlobFetcher) -> int:
+    """Replace each prefetched file that does not match MANIFEST with its
+    bytes from the blob's other sources; returns how many were. Raises
+    ManifestMismatch naming every source tried when none has them."""
+    wrong = await asyncio.to_thread(mismatched_small_files, view)
+    if not wrong:
+        return 0
+    try:
+        links = parse_links(view.read_metadata("LINKS") or b"")
+    except CartonStoreError:
+        links = {}
+    for path, (expected, got) in wrong.items():
+        staged = await fetcher.stage_instead(path, expected, view.rz.url, f"bytes hash to sha256 {got}",
+                                             links.get(expected, ()))
+        try:
+            view.replace(path, await asyncio.to_thread(Path(staged.tmp_path).read_bytes), expected)
+        finally:
+            staged.discard()   # small: staged again from the view's bytes with the rest
+    return len(wrong)
