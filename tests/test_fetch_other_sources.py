@@ -22,20 +22,29 @@ GOOD = {"carton.toml": MINIMAL_TOML, "model/w.bin": b"good bytes " * 1000}
 W = sha(GOOD["model/w.bin"])
 
 
+def zip_with(tmp_path: Path, name: str, wrong: dict[str, bytes], links: dict[str, list[str]] | None = None) -> Path:
+    """A carton whose files in ``wrong`` hold other bytes than MANIFEST lists."""
+    return write_zip(tmp_path / name, carton_entries(
+        {**GOOD, **wrong}, manifest=manifest_for(GOOD), links=build_links(links) if links else None))
+
+
 def bad_zip(tmp_path: Path, links: dict[str, list[str]] | None = None) -> Path:
     """A carton whose model/w.bin entry holds other bytes than MANIFEST lists."""
-    files = {**GOOD, "model/w.bin": b"evil bytes " * 1000}
-    return write_zip(tmp_path / "bad.carton", carton_entries(
-        files, manifest=manifest_for(GOOD), links=build_links(links) if links else None))
+    return zip_with(tmp_path, "bad.carton", {"model/w.bin": b"evil bytes " * 1000}, links)
 
 
-def test_an_entry_with_wrong_bytes_comes_from_its_links_url(store: Store, tmp_path: Path, origin) -> None:  # noqa: ANN001
-    origin.put(f"/blobs/{W}", GOOD["model/w.bin"])
-    origin.put_file("/bad.carton", bad_zip(tmp_path, {W: [origin.url(f"/blobs/{W}")]}))
+@pytest.mark.parametrize("path,wrong", [("model/w.bin", b"evil bytes " * 1000),   # an entry read when staged
+                                        ("carton.toml", MINIMAL_TOML + b"\n# not what MANIFEST lists\n")])  # read first
+def test_a_file_with_wrong_bytes_comes_from_its_links_url(store: Store, tmp_path: Path, origin,  # noqa: ANN001
+                                                          path: str, wrong: bytes) -> None:
+    digest = sha(GOOD[path])
+    origin.put(f"/blobs/{digest}", GOOD[path])
+    origin.put_file("/bad.carton", zip_with(tmp_path, "bad.carton", {path: wrong},
+                                            {digest: [origin.url(f"/blobs/{digest}")]}))
     r = pull(store, origin.url("/bad.carton"))
     assert r.complete and r.digest == sha(manifest_for(GOOD))
-    assert store.blobs.path(W).read_bytes() == GOOD["model/w.bin"]
-    assert origin.count(f"/blobs/{W}") == 1
+    assert store.blobs.path(digest).read_bytes() == GOOD[path]
+    assert origin.count(f"/blobs/{digest}") == 1
     assert store.verify().ok and tmp_files(store) == []
 
 
@@ -118,24 +127,11 @@ def test_a_corrupt_entry_with_no_other_source_names_what_was_wrong(store: Store,
 
 
 WRONG_TOML = MINIMAL_TOML + b"\n# not the carton.toml MANIFEST lists\n"
-T = sha(GOOD["carton.toml"])
 
 
-def wrong_toml_zip(tmp_path: Path, links: dict[str, list[str]] | None = None) -> Path:
+def wrong_toml_zip(tmp_path: Path) -> Path:
     """A carton whose carton.toml entry holds other (valid) bytes than MANIFEST lists."""
-    return write_zip(tmp_path / "toml.carton", carton_entries(
-        {**GOOD, "carton.toml": WRONG_TOML}, manifest=manifest_for(GOOD), links=build_links(links) if links else None))
-
-
-def test_a_small_file_with_wrong_bytes_comes_from_its_links_url_before_it_is_checked(
-        store: Store, tmp_path: Path, origin) -> None:  # noqa: ANN001
-    origin.put(f"/blobs/{T}", GOOD["carton.toml"])
-    origin.put_file("/toml.carton", wrong_toml_zip(tmp_path, {T: [origin.url(f"/blobs/{T}")]}))
-    r = pull(store, origin.url("/toml.carton"))
-    assert r.complete and r.digest == sha(manifest_for(GOOD))
-    assert store.blobs.path(T).read_bytes() == GOOD["carton.toml"]
-    assert origin.count(f"/blobs/{T}") == 1
-    assert store.verify().ok and tmp_files(store) == []
+    return zip_with(tmp_path, "toml.carton", {"carton.toml": WRONG_TOML})
 
 
 def test_a_small_file_with_wrong_bytes_and_no_other_source_fails_naming_it(
