@@ -107,6 +107,11 @@ class TensorArena:
         self.full = 0         # slots refused for want of a free span: those bodies were copied
 
     @property
+    def trimming(self) -> bool:
+        """Pages are being given back: until that ends, slots end below TRIM_KEEP."""
+        return self._limit != self.size
+
+    @property
     def in_use(self) -> int:
         return len(self._spans)
 
