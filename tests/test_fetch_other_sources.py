@@ -6,6 +6,7 @@ a failure names every source and why."""
 from __future__ import annotations
 
 import struct
+import tracemalloc
 import zipfile
 from pathlib import Path
 
@@ -143,3 +144,71 @@ def test_a_small_file_with_wrong_bytes_and_no_other_source_fails_naming_it(
     assert str(info.value).startswith(f"carton.toml: does not match MANIFEST: {origin.url('/toml.carton')}: "
                                       f"bytes hash to sha256 {sha(WRONG_TOML)}"), str(info.value)
     assert snapshot(store.root) == before and tmp_files(store) == []
+
+
+def test_a_small_file_from_another_source_is_recorded_at_its_own_size(store: Store, tmp_path: Path,  # noqa: ANN001
+                                                                      origin) -> None:
+    origin.put(f"/blobs/{sha(MINIMAL_TOML)}", MINIMAL_TOML)
+    origin.put_file("/bad.carton", zip_with(tmp_path, "bad.carton", {"carton.toml": WRONG_TOML},
+                                            {sha(MINIMAL_TOML): [origin.url(f"/blobs/{sha(MINIMAL_TOML)}")]}))
+    r = pull(store, origin.url("/bad.carton"))
+    entry = next(e for e in store.index.entries(r.digest) if e.path == "carton.toml")
+    assert entry.size == len(MINIMAL_TOML) != len(WRONG_TOML)
+
+
+def test_another_source_may_not_make_a_small_file_big(store: Store, tmp_path: Path, origin) -> None:  # noqa: ANN001
+    big = b"x" * (16 << 20)   # what MANIFEST says carton.toml is, served at its LINKS URL
+    origin.put(f"/blobs/{sha(big)}", big)
+    path = write_zip(tmp_path / "big.carton", carton_entries(
+        GOOD, manifest=manifest_for({**GOOD, "carton.toml": big}),
+        links=build_links({sha(big): [origin.url(f"/blobs/{sha(big)}")]})))
+    origin.put_file("/big.carton", path)
+    before = snapshot(store.root)
+    with pytest.raises(ManifestMismatch) as info:
+        pull(store, origin.url("/big.carton"))
+    assert "carton.toml" in str(info.value) and origin.url(f"/blobs/{sha(big)}") in str(info.value), str(info.value)
+    assert snapshot(store.root) == before and tmp_files(store) == []
+
+
+def symlink_zip(path: Path) -> Path:
+    """A carton with model/alias.bin a symlink to w.bin: MANIFEST lists the
+    hash of what it points to, the zip holds its target's name."""
+    with zipfile.ZipFile(path, "w") as z:
+        for name, data in GOOD.items():
+            info = zipfile.ZipInfo(name, date_time=(1980, 1, 1, 0, 0, 0))
+            info.external_attr = 0o100644 << 16
+            z.writestr(info, data)
+        link = zipfile.ZipInfo("model/alias.bin", date_time=(1980, 1, 1, 0, 0, 0))
+        link.create_system = 3
+        link.external_attr = 0o120777 << 16
+        z.writestr(link, b"w.bin")
+        z.writestr(zipfile.ZipInfo("MANIFEST", date_time=(1980, 1, 1, 0, 0, 0)),
+                   manifest_for({**GOOD, "model/alias.bin": GOOD["model/w.bin"]}))
+    return path
+
+
+def test_a_symlink_is_not_taken_for_a_file_with_wrong_bytes(store: Store, tmp_path: Path, origin) -> None:  # noqa: ANN001
+    origin.put(f"/mirror/{W}", GOOD["model/w.bin"])
+    origin.put_file("/s.carton", symlink_zip(tmp_path / "s.carton"))
+    r = pull(store, origin.url("/s.carton"), fast_config(mirrors=(origin.url("/mirror"),)))
+    assert r.complete and origin.count(f"/mirror/{W}") == 0
+    assert r.sources["url"]["blobs"] == r.blobs_fetched
+    assert store.verify().ok and tmp_files(store) == []
+
+
+def test_an_entry_that_decodes_to_much_more_is_not_held_in_memory(store: Store, tmp_path: Path,  # noqa: ANN001
+                                                                  origin) -> None:
+    # Mostly zeros, one byte in 8001 not: deflates ~670:1 (under the zip bomb limit of 1000:1), so a
+    # network chunk of it decodes to tens of MiB, and the whole entry to 128 MiB.
+    sparse = bytearray(128 << 20)
+    sparse[::8001] = bytes((i * 7919) % 251 + 1 for i in range(len(sparse[::8001])))
+    files = {**GOOD, "model/w.bin": bytes(sparse)}
+    origin.put_file("/zeros.carton", write_zip(tmp_path / "zeros.carton", carton_entries(files),
+                                               method=zipfile.ZIP_DEFLATED))
+    tracemalloc.start()
+    try:
+        r = pull(store, origin.url("/zeros.carton"))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert r.complete and peak < 32 << 20, f"peak {peak >> 20} MiB traced while adding"

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+from dataclasses import replace
 from typing import Sequence
 
 from ..checks import check_safetensors, is_safetensors
@@ -101,17 +102,19 @@ class BlobFetcher:
             return None
 
     async def stage_instead(self, path: str, digest: str, failed: str, problem: str,
-                            urls: Sequence[str] = ()) -> StagedBlob:
+                            urls: Sequence[str] = (), *, max_size: int | None = None) -> StagedBlob:
         """The bytes of ``path`` from source ``failed`` (a carton's URL) did not
         hash to ``digest``: stage the blob from its other sources (``urls``, the
-        carton's LINKS for it, then the index's and each mirror) instead. Raises
-        ManifestMismatch naming every source tried and why it failed."""
+        carton's LINKS for it, then the index's and each mirror) instead, at
+        most ``max_size`` bytes from each. Raises ManifestMismatch naming every
+        source tried and why it failed."""
         tried = [f"{describe(failed)}: {problem}"]
         others = [u for u in await asyncio.to_thread(self.sources_for, digest, urls) if u != failed]
         if not others:
             raise ManifestMismatch(path, tried[0])
         try:
-            return await fetch_blob(self.client, self.store.blobs, digest, others, self.config, stats=self.stats,
+            config = self.config if max_size is None else replace(self.config, max_blob_size=max_size)
+            return await fetch_blob(self.client, self.store.blobs, digest, others, config, stats=self.stats,
                                     kind_of=self.kind_of)
         except SourcesFailed as e:
             tried += e.problems

@@ -262,7 +262,8 @@ class Puller:
                         staged = await asyncio.to_thread(w.stage, expected_digest=digest)
                     except IntegrityError as e:
                         problem = e.message
-                if problem is not None:   # the blob's other sources (LINKS, mirrors, peers) may have it right
+                if problem is not None:   # the blob's other sources (LINKS, mirrors) may have it right
+                    w.close()   # its bytes are no use: not on disk beside a whole second copy
                     staged = await self.fetcher.stage_instead(paths[digest], digest, view.rz.url, problem,
                                                               checked.links.get(digest, ()))
                     elsewhere += 1

@@ -18,7 +18,7 @@ from ..errors import CartonStoreError
 from ..format.links import parse_links
 from ..format.manifest import parse_manifest
 from .blob_fetcher import BlobFetcher
-from .remote_zip import RemoteCartonView
+from .remote_zip import RemoteCartonView, read_whole_limit
 
 _NOT_CHECKED_HERE = ("MANIFEST", "LINKS")   # MANIFEST is what is checked against; LINKS is not listed in it
 
@@ -36,8 +36,8 @@ def mismatched_small_files(view: RemoteCartonView) -> dict[str, tuple[str, str]]
     out = {}
     for path, expected in listed.items():
         data = view.prefetched(path)
-        if data is None or path in _NOT_CHECKED_HERE:
-            continue
+        if data is None or path in _NOT_CHECKED_HERE or view.rz.entries[path].is_symlink:
+            continue   # a symlink's prefetched bytes are its target; MANIFEST lists the hash of what it points to
         got = hashlib.sha256(data).hexdigest()
         if got != expected:
             out[path] = (expected, got)
@@ -56,8 +56,10 @@ async def mend_small_files(view: RemoteCartonView, fetcher: BlobFetcher) -> int:
     except CartonStoreError:
         links = {}
     for path, (expected, got) in wrong.items():
+        # No more than the file may hold (what prefetch_view allows it): a source must not make this
+        # read gigabytes into memory for a carton.toml.
         staged = await fetcher.stage_instead(path, expected, view.rz.url, f"bytes hash to sha256 {got}",
-                                             links.get(expected, ()))
+                                             links.get(expected, ()), max_size=read_whole_limit(path))
         try:
             view.replace(path, await asyncio.to_thread(Path(staged.tmp_path).read_bytes), expected)
         finally:

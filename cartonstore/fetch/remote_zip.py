@@ -180,12 +180,15 @@ class _SpanParser:
         entry, sink, decoder = self.current  # type: ignore[misc]
         n = min(self.left, len(view))
         if decoder is not None:
-            try:   # the sink's own errors (a full disk, a size limit) are not the entry's: outside the try
-                pieces = list(decoder.feed(bytes(view[:n])))
-            except InvalidCarton as e:
-                self._broke(entry, sink, e)
-                pieces = []
-            for piece in pieces:
+            pieces = decoder.feed(bytes(view[:n]))
+            while True:   # piece by piece (1 MiB of compressed zeros can decode to a GiB)
+                try:      # the sink's own errors (a full disk, a size limit) are not the entry's: outside the try
+                    piece = next(pieces)
+                except StopIteration:
+                    break
+                except InvalidCarton as e:
+                    self._broke(entry, sink, e)
+                    break
                 sink.write(piece)
         self.pos += n
         self.left -= n
@@ -315,8 +318,10 @@ class RemoteCartonView:
         return self._small.get(path)
 
     def replace(self, path: str, data: bytes, digest: str) -> None:
-        """A prefetched file's right bytes (remote_mend.py), from another source."""
+        """A prefetched file's right bytes (remote_mend.py), from another source
+        (a regular file: symlinks are not mended)."""
         self._small[path] = data
+        self.files[path] = SourceFile(path, "file", len(data))
         self.mended.add(digest)
 
     def close(self) -> None:

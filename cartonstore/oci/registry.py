@@ -29,9 +29,6 @@ from .artifact import ACCEPT, MAX_MANIFEST_SIZE, OCI_MANIFEST
 from .reference import OciReference
 
 
-STALE_SENDS = 8   # sends again after a kept-alive connection turned out closed (nothing answered)
-
-
 @dataclass(frozen=True)
 class Answer:
     status: int
@@ -104,7 +101,7 @@ class Registry:
     async def _send(self, method: str, url: str, headers: dict | None, body: Callable[[], Any] | None, limit: int,
                     authorization: str | None) -> Answer:
         call_headers = {**(headers or {}), **({"Authorization": authorization} if authorization else {})}
-        for attempt in range(STALE_SENDS + 1):
+        for attempt in range(2):
             try:
                 async with self.client.session.request(method, url, headers=call_headers,
                                                        data=body() if body else None, allow_redirects=False,
@@ -114,9 +111,8 @@ class Registry:
                 raise
             except aiohttp.ServerDisconnectedError as e:
                 # A kept-alive connection the server (or a proxy: tinyproxy does) closed after its last
-                # answer without saying so: nothing was answered, so the request is sent again. The pool
-                # may hold several such connections (concurrent uploads each left one), each met once.
-                if attempt == STALE_SENDS:
+                # answer without saying so: nothing was answered, so the request is sent again, once.
+                if attempt:
                     raise translate(e, url) from e
             except Exception as e:  # noqa: BLE001 - translated here, once
                 raise translate(e, url) from e

@@ -36,6 +36,7 @@ async def _serve(model: Model, ctx: RunnerContext, max_concurrency: int) -> None
     state = RunnerState(model, ctx, max_concurrency)
     runner = web.AppRunner(build_app(state), handle_signals=False, access_log=None)
     await runner.setup()
+    settle_heap()   # the model is loaded: before the socket answers, not during the first requests
     try:
         sock = bind_unix_socket(ctx.socket_path)
         site = web.SockSite(runner, sock)
@@ -49,7 +50,6 @@ async def _serve(model: Model, ctx: RunnerContext, max_concurrency: int) -> None
         loop.add_signal_handler(sig, stop.set)
     print(f"cartonstore runner: model {ctx.name} version {ctx.version} ready on {ctx.socket_path} "
           f"(pid {os.getpid()})", file=sys.stderr, flush=True)
-    settle_heap()
     await stop.wait()
     # New infers get 503 from here on; the ones in flight finish and are
     # answered before the socket closes.

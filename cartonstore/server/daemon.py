@@ -182,12 +182,12 @@ class Daemon:
             loop = asyncio.get_running_loop()
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, self.stop)
+            settle_heap()   # before READY: the first requests must not wait for a full collection
             keeper = asyncio.gather(service.keep_pins(),
                                     service.keep_within_budget(self.settings.gc, self.settings.gc_interval))
             log.info("cartonstore serving %s on %s (%s event loop)", self.settings.root, ", ".join(self.bound),
                      loop_name())
             notify("READY=1\nSTATUS=serving " + " ".join(self.bound))
-            settle_heap()
             await self._stop.wait()
             log.info("shutting down")
             notify("STOPPING=1")
