@@ -177,6 +177,9 @@ class HttpClient:
     def __init__(self, config: FetchConfig) -> None:
         self.config = config
         self._session: aiohttp.ClientSession | None = None
+        self._fresh: aiohttp.ClientSession | None = None
+        self._session_options: dict = {}
+        self._tls: ssl.SSLContext | bool = True
         self._auth: RegistryAuth | None = None
         self._peer_tls: ssl.SSLContext | None = None
 
@@ -186,15 +189,27 @@ class HttpClient:
                                         sock_read=self.config.stall_timeout)
         tls = trust_context(self.config.registries.ca_file) if self.config.registries.ca_file else True
         self._peer_tls = peer_context(self.config.peers)
-        self._session = aiohttp.ClientSession(auto_decompress=False, timeout=timeout,
-                                              connector=aiohttp.TCPConnector(limit=64, ssl=tls),
-                                              headers={"User-Agent": "cartonstore"})
+        self._session_options = {"auto_decompress": False, "timeout": timeout, "headers": {"User-Agent": "cartonstore"}}
+        self._tls = tls
+        self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=64, ssl=tls),
+                                              **self._session_options)
         return self
 
     @property
     def session(self) -> aiohttp.ClientSession:
         assert self._session is not None, "use HttpClient as an async context manager"
         return self._session
+
+    @property
+    def fresh_session(self) -> aiohttp.ClientSession:
+        """Like session, but every request on a connection of its own:
+        for sending again a request whose kept-alive connection turned out
+        closed (the pool may hold more such connections)."""
+        assert self._session is not None, "use HttpClient as an async context manager"
+        if self._fresh is None:
+            self._fresh = aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True, ssl=self._tls),
+                                                **self._session_options)
+        return self._fresh
 
     @property
     def auth(self) -> "RegistryAuth":
@@ -215,9 +230,10 @@ class HttpClient:
         return self._auth.header_for(url, push=push) if self._auth is not None else None
 
     async def __aexit__(self, *exc: object) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        for session in (self._session, self._fresh):
+            if session is not None:
+                await session.close()
+        self._session = self._fresh = None
 
     def route(self, url: str, kind: str) -> dict:
         """How a request for url, a source of this kind, is sent: through

@@ -102,8 +102,9 @@ class Registry:
                     authorization: str | None) -> Answer:
         call_headers = {**(headers or {}), **({"Authorization": authorization} if authorization else {})}
         for attempt in range(2):
+            session = self.client.session if attempt == 0 else self.client.fresh_session
             try:
-                async with self.client.session.request(method, url, headers=call_headers,
+                async with session.request(method, url, headers=call_headers,
                                                        data=body() if body else None, allow_redirects=False,
                                                        **self.client.route(url, "registry")) as r:
                     return Answer(r.status, r.headers, await _read_limited(r, limit, url), url)
@@ -111,7 +112,8 @@ class Registry:
                 raise
             except aiohttp.ServerDisconnectedError as e:
                 # A kept-alive connection the server (or a proxy: tinyproxy does) closed after its last
-                # answer without saying so: nothing was answered, so the request is sent again, once.
+                # answer without saying so: nothing was answered, so the request is sent again, once, on a
+                # new connection (the pool may hold several such: concurrent uploads each left one).
                 if attempt:
                     raise translate(e, url) from e
             except Exception as e:  # noqa: BLE001 - translated here, once
