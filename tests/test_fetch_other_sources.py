@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from cartonstore.errors import ManifestMismatch
+from cartonstore.errors import InvalidCarton, ManifestMismatch
 from cartonstore.format.links import build_links
 from cartonstore.store import Store
 from conftest import MINIMAL_TOML, carton_entries, manifest_for, sha, snapshot, write_zip
@@ -87,13 +87,13 @@ def test_with_no_other_source_the_error_names_the_carton_url(store: Store, tmp_p
 
 
 def corrupt_zip(tmp_path: Path, links: dict[str, list[str]] | None = None, *,
-                method: int = zipfile.ZIP_STORED) -> Path:
-    """A carton whose model/w.bin entry was damaged after it was written: its
+                method: int = zipfile.ZIP_STORED, damaged: str = "model/w.bin") -> Path:
+    """A carton whose ``damaged`` entry was damaged after it was written: its
     data no longer matches the CRC-32 (or, deflated, no longer decodes)."""
     path = write_zip(tmp_path / "corrupt.carton", carton_entries(
         GOOD, links=build_links(links) if links else None), method=method)
     with zipfile.ZipFile(path) as z:
-        info = z.getinfo("model/w.bin")
+        info = z.getinfo(damaged)
     raw = bytearray(path.read_bytes())
     name_len, extra_len = struct.unpack_from("<HH", raw, info.header_offset + 26)
     data_at = info.header_offset + 30 + name_len + extra_len
@@ -212,3 +212,25 @@ def test_an_entry_that_decodes_to_much_more_is_not_held_in_memory(store: Store, 
     finally:
         tracemalloc.stop()
     assert r.complete and peak < 32 << 20, f"peak {peak >> 20} MiB traced while adding"
+
+
+def test_a_small_file_corrupt_on_the_way_comes_from_its_links_url(store: Store, tmp_path: Path,  # noqa: ANN001
+                                                                 origin) -> None:
+    t = sha(GOOD["carton.toml"])
+    origin.put(f"/blobs/{t}", GOOD["carton.toml"])
+    origin.put_file("/corrupt.carton", corrupt_zip(tmp_path, {t: [origin.url(f"/blobs/{t}")]}, damaged="carton.toml"))
+    r = pull(store, origin.url("/corrupt.carton"))
+    assert r.complete and r.digest == sha(manifest_for(GOOD))
+    assert store.blobs.path(t).read_bytes() == GOOD["carton.toml"] and origin.count(f"/blobs/{t}") == 1
+    assert store.verify().ok and tmp_files(store) == []
+
+
+@pytest.mark.parametrize("damaged,error", [("carton.toml", ManifestMismatch), ("MANIFEST", InvalidCarton)])
+def test_a_corrupt_small_file_with_nothing_to_replace_it_names_the_damage(store: Store, tmp_path: Path,  # noqa: ANN001
+                                                                         origin, damaged: str, error: type) -> None:
+    origin.put_file("/corrupt.carton", corrupt_zip(tmp_path, damaged=damaged))
+    before = snapshot(store.root)
+    with pytest.raises(error) as info:
+        pull(store, origin.url("/corrupt.carton"))
+    assert str(info.value).startswith(f"{damaged}: ") and "CRC-32 mismatch" in str(info.value), str(info.value)
+    assert snapshot(store.root) == before and tmp_files(store) == []

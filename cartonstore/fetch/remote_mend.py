@@ -1,7 +1,8 @@
-"""The small files of a remote carton (carton.toml, tensor_data tomls,
-symlink targets: what check_carton reads whole) checked against MANIFEST
-as soon as they are prefetched, and one that does not match fetched from
-the blob's other sources (its LINKS URLs, the mirrors) instead.
+"""The small files of a remote carton (carton.toml, tensor_data tomls:
+what check_carton reads whole) checked against MANIFEST as soon as they
+are prefetched, and one that does not match, or arrived corrupt (CRC-32,
+undecodable), fetched from the blob's other sources (its LINKS URLs, the
+mirrors) instead.
 
 Why before check_carton: it validates those very bytes. A carton.toml that
 came wrong over the wire must not be the one the carton is checked (and
@@ -14,7 +15,7 @@ import asyncio
 import hashlib
 from pathlib import Path
 
-from ..errors import CartonStoreError
+from ..errors import CartonStoreError, InvalidCarton
 from ..format.links import parse_links
 from ..format.manifest import parse_manifest
 from .blob_fetcher import BlobFetcher
@@ -24,23 +25,27 @@ _NOT_CHECKED_HERE = ("MANIFEST", "LINKS")   # MANIFEST is what is checked agains
 
 
 def mismatched_small_files(view: RemoteCartonView) -> dict[str, tuple[str, str]]:
-    """path -> (the MANIFEST hash, what its prefetched bytes hash to), for
-    each prefetched file MANIFEST lists with another hash (pure)."""
+    """path -> (the MANIFEST hash, what is wrong with its prefetched bytes),
+    for each prefetched file MANIFEST lists with another hash, or that
+    arrived corrupt (pure). InvalidCarton for a corrupt one MANIFEST does
+    not list: nothing says what its bytes should be."""
     raw = view.read_metadata("MANIFEST")
-    if raw is None:
-        return {}
     try:
-        listed = parse_manifest(raw).as_dict()
+        listed = parse_manifest(raw).as_dict() if raw is not None else {}
     except CartonStoreError:
-        return {}   # check_carton says what is wrong with it
+        listed = {}   # check_carton says what is wrong with it
     out = {}
+    for path, problem in view.broken.items():
+        if path not in listed:
+            raise InvalidCarton(path, problem)
+        out[path] = (listed[path], problem)
     for path, expected in listed.items():
         data = view.prefetched(path)
         if data is None or path in _NOT_CHECKED_HERE or view.rz.entries[path].is_symlink:
             continue   # a symlink's prefetched bytes are its target; MANIFEST lists the hash of what it points to
         got = hashlib.sha256(data).hexdigest()
         if got != expected:
-            out[path] = (expected, got)
+            out[path] = (expected, f"bytes hash to sha256 {got}")
     return out
 
 
@@ -55,10 +60,10 @@ async def mend_small_files(view: RemoteCartonView, fetcher: BlobFetcher) -> int:
         links = parse_links(view.read_metadata("LINKS") or b"")
     except CartonStoreError:
         links = {}
-    for path, (expected, got) in wrong.items():
+    for path, (expected, problem) in wrong.items():
         # No more than the file may hold (what prefetch_view allows it): a source must not make this
         # read gigabytes into memory for a carton.toml.
-        staged = await fetcher.stage_instead(path, expected, view.rz.url, f"bytes hash to sha256 {got}",
+        staged = await fetcher.stage_instead(path, expected, view.rz.url, problem,
                                              links.get(expected, ()), max_size=read_whole_limit(path))
         try:
             view.replace(path, await asyncio.to_thread(Path(staged.tmp_path).read_bytes), expected)

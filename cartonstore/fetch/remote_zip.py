@@ -299,6 +299,7 @@ class RemoteCartonView:
         self.rz = rz
         self._small = small
         self.mended: set[str] = set()   # digests of small files whose bytes came from other sources
+        self.broken: dict[str, str] = {}   # small files that arrived corrupt (not in small) -> why
         self.files: dict[str, SourceFile] = {}
         for name, e in rz.entries.items():
             if name not in METADATA_NAMES:
@@ -322,6 +323,7 @@ class RemoteCartonView:
         (a regular file: symlinks are not mended)."""
         self._small[path] = data
         self.files[path] = SourceFile(path, "file", len(data))
+        self.broken.pop(path, None)
         self.mended.add(digest)
 
     def close(self) -> None:
@@ -346,5 +348,8 @@ async def prefetch_view(client: HttpClient, rz: RemoteZip, config: FetchConfig,
     broken = await read_entries(client, rz, [(rz.entries[n], maker(n, lim)) for n, lim in limits.items()],
                                 config, stats)
     for name, problem in broken.items():
-        raise InvalidCarton(name, problem)
-    return RemoteCartonView(rz, {n: s.buf.getvalue() for n, s in sinks.items()})
+        if name in METADATA_NAMES or rz.entries[name].is_symlink:   # nothing to fetch them from instead
+            raise InvalidCarton(name, problem)
+    view = RemoteCartonView(rz, {n: s.buf.getvalue() for n, s in sinks.items() if n not in broken})
+    view.broken = broken   # files that arrived corrupt: remote_mend.py fetches them elsewhere, or fails
+    return view
