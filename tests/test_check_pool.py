@@ -68,6 +68,13 @@ async def pool_of(size: int, **settings: object) -> AsyncIterator[CheckPool]:
     assert worker_pids(os.getpid()) == []
 
 
+async def its_one_worker(pool: CheckPool) -> int:
+    """The pid of the worker a first check starts."""
+    assert await pool.check(SPECS, None, big_json(), None) is not None
+    (pid,) = worker_pids(os.getpid())
+    return pid
+
+
 # -- the pool alone ---------------------------------------------------------------------------
 
 
@@ -111,8 +118,7 @@ def test_a_request_naming_shared_memory_is_left_to_the_daemon() -> None:
 def test_a_worker_killed_while_idle_is_replaced() -> None:
     async def go() -> None:
         async with pool_of(1) as pool:
-            await pool.check(SPECS, None, big_json(), None)
-            (pid,) = worker_pids(os.getpid())
+            pid = await its_one_worker(pool)
             os.kill(pid, signal.SIGKILL)
             assert wait_gone(pid)
             assert await pool.check(SPECS, None, big_json(), None) is None   # the daemon checks it itself
@@ -125,8 +131,7 @@ def test_a_worker_killed_while_idle_is_replaced() -> None:
 def test_a_task_cancelled_mid_way_kills_its_worker() -> None:
     async def go() -> None:
         async with pool_of(1) as pool:
-            await pool.check(SPECS, None, big_json(), None)
-            (pid,) = worker_pids(os.getpid())
+            pid = await its_one_worker(pool)
             task = asyncio.create_task(pool.check(SPECS, None, big_json(1_000_000), None))
             await asyncio.sleep(0.05)
             task.cancel()
@@ -271,4 +276,26 @@ def test_a_fault_in_the_worker_is_said_and_the_worker_lives_on() -> None:
             (pid,) = worker_pids(os.getpid())
             assert await pool.check(SPECS, None, big_json(), None) is not None
             assert worker_pids(os.getpid()) == [pid] and pool.failed == 0
+    run(go())
+
+
+def test_more_checks_than_workers_wait_for_one() -> None:
+    async def go() -> None:
+        async with pool_of(2) as pool:
+            answers = await asyncio.gather(*(pool.check(SPECS, None, big_json(200_000), None) for _ in range(5)))
+            assert all(a is not None for a in answers) and pool.checked == 5
+            assert len(worker_pids(os.getpid())) == 2 and pool.stats()["workers"] == 2
+    run(go())
+
+
+def test_closing_while_a_check_runs_leaves_it_to_the_daemon() -> None:
+    async def go() -> None:
+        async with pool_of(1) as pool:
+            pid = await its_one_worker(pool)
+            task = asyncio.create_task(pool.check(SPECS, None, big_json(1_000_000), None))
+            await asyncio.sleep(0.05)
+            await asyncio.wait_for(pool.close(), 10)
+            assert await task is None            # the caller checks it itself
+            assert wait_gone(pid) and pool.failed == 0   # not a worker's failure: the pool closed
+            assert await pool.check(SPECS, None, big_json(), None) is None   # closed: no new worker
     run(go())

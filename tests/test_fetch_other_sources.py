@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from cartonstore.errors import InvalidCarton, ManifestMismatch
+from cartonstore.fetch.config import FetchConfig
 from cartonstore.format.links import build_links
 from cartonstore.store import Store
 from conftest import MINIMAL_TOML, carton_entries, manifest_for, sha, snapshot, write_zip
@@ -21,6 +22,16 @@ from origin import Fault
 
 GOOD = {"carton.toml": MINIMAL_TOML, "model/w.bin": b"good bytes " * 1000}
 W = sha(GOOD["model/w.bin"])
+
+
+def refused_unchanged(store: Store, url: str, config: FetchConfig | None = None, *,
+                      error: type[Exception] = ManifestMismatch) -> str:
+    """The add of ``url`` fails with ``error``, the store left as it was; its message."""
+    before = snapshot(store.root)
+    with pytest.raises(error) as info:
+        pull(store, url, config)
+    assert snapshot(store.root) == before and tmp_files(store) == []
+    return str(info.value)
 
 
 def zip_with(tmp_path: Path, name: str, wrong: dict[str, bytes], links: dict[str, list[str]] | None = None) -> Path:
@@ -78,12 +89,9 @@ def test_every_source_failing_is_named_with_its_reason(store: Store, tmp_path: P
 
 def test_with_no_other_source_the_error_names_the_carton_url(store: Store, tmp_path: Path, origin) -> None:  # noqa: ANN001
     origin.put_file("/bad.carton", bad_zip(tmp_path))
-    before = snapshot(store.root)
-    with pytest.raises(ManifestMismatch) as info:
-        pull(store, origin.url("/bad.carton"))
-    assert str(info.value).startswith(f"model/w.bin: does not match MANIFEST: {origin.url('/bad.carton')}: "
-                                      "bytes hash to sha256 "), str(info.value)
-    assert snapshot(store.root) == before and tmp_files(store) == []
+    message = refused_unchanged(store, origin.url("/bad.carton"))
+    assert message.startswith(f"model/w.bin: does not match MANIFEST: {origin.url('/bad.carton')}: "
+                              "bytes hash to sha256 "), message
 
 
 def corrupt_zip(tmp_path: Path, links: dict[str, list[str]] | None = None, *,
@@ -119,12 +127,9 @@ def test_an_entry_corrupt_on_the_way_comes_from_its_links_url(store: Store, tmp_
 def test_a_corrupt_entry_with_no_other_source_names_what_was_wrong(store: Store, tmp_path: Path,  # noqa: ANN001
                                                                    origin) -> None:
     origin.put_file("/corrupt.carton", corrupt_zip(tmp_path))
-    before = snapshot(store.root)
-    with pytest.raises(ManifestMismatch) as info:
-        pull(store, origin.url("/corrupt.carton"))
-    assert str(info.value).startswith(f"model/w.bin: does not match MANIFEST: {origin.url('/corrupt.carton')}: "
-                                      "CRC-32 mismatch: the central directory says "), str(info.value)
-    assert snapshot(store.root) == before and tmp_files(store) == []
+    message = refused_unchanged(store, origin.url("/corrupt.carton"))
+    assert message.startswith(f"model/w.bin: does not match MANIFEST: {origin.url('/corrupt.carton')}: "
+                              "CRC-32 mismatch: the central directory says "), message
 
 
 WRONG_TOML = MINIMAL_TOML + b"\n# not the carton.toml MANIFEST lists\n"
@@ -138,12 +143,9 @@ def wrong_toml_zip(tmp_path: Path) -> Path:
 def test_a_small_file_with_wrong_bytes_and_no_other_source_fails_naming_it(
         store: Store, tmp_path: Path, origin) -> None:  # noqa: ANN001
     origin.put_file("/toml.carton", wrong_toml_zip(tmp_path))
-    before = snapshot(store.root)
-    with pytest.raises(ManifestMismatch) as info:
-        pull(store, origin.url("/toml.carton"))
-    assert str(info.value).startswith(f"carton.toml: does not match MANIFEST: {origin.url('/toml.carton')}: "
-                                      f"bytes hash to sha256 {sha(WRONG_TOML)}"), str(info.value)
-    assert snapshot(store.root) == before and tmp_files(store) == []
+    message = refused_unchanged(store, origin.url("/toml.carton"))
+    assert message.startswith(f"carton.toml: does not match MANIFEST: {origin.url('/toml.carton')}: "
+                              f"bytes hash to sha256 {sha(WRONG_TOML)}"), message
 
 
 def test_a_small_file_from_another_source_is_recorded_at_its_own_size(store: Store, tmp_path: Path,  # noqa: ANN001
@@ -163,11 +165,8 @@ def test_another_source_may_not_make_a_small_file_big(store: Store, tmp_path: Pa
         GOOD, manifest=manifest_for({**GOOD, "carton.toml": big}),
         links=build_links({sha(big): [origin.url(f"/blobs/{sha(big)}")]})))
     origin.put_file("/big.carton", path)
-    before = snapshot(store.root)
-    with pytest.raises(ManifestMismatch) as info:
-        pull(store, origin.url("/big.carton"))
-    assert "carton.toml" in str(info.value) and origin.url(f"/blobs/{sha(big)}") in str(info.value), str(info.value)
-    assert snapshot(store.root) == before and tmp_files(store) == []
+    message = refused_unchanged(store, origin.url("/big.carton"))
+    assert "carton.toml" in message and origin.url(f"/blobs/{sha(big)}") in message, message
 
 
 def symlink_zip(path: Path) -> Path:
@@ -229,8 +228,5 @@ def test_a_small_file_corrupt_on_the_way_comes_from_its_links_url(store: Store, 
 def test_a_corrupt_small_file_with_nothing_to_replace_it_names_the_damage(store: Store, tmp_path: Path,  # noqa: ANN001
                                                                          origin, damaged: str, error: type) -> None:
     origin.put_file("/corrupt.carton", corrupt_zip(tmp_path, damaged=damaged))
-    before = snapshot(store.root)
-    with pytest.raises(error) as info:
-        pull(store, origin.url("/corrupt.carton"))
-    assert str(info.value).startswith(f"{damaged}: ") and "CRC-32 mismatch" in str(info.value), str(info.value)
-    assert snapshot(store.root) == before and tmp_files(store) == []
+    message = refused_unchanged(store, origin.url("/corrupt.carton"), error=error)
+    assert message.startswith(f"{damaged}: ") and "CRC-32 mismatch" in message, message

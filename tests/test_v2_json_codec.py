@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from cartonstore.errors import InvalidInput
+from cartonstore.server.bodies import json_object
 from cartonstore.v2 import json_codec
 from cartonstore.v2.binary_form import binary_form
 from cartonstore.v2.framing import encode_infer_response, parse_infer_request, parse_infer_response, tensor_to_numpy
@@ -236,3 +237,9 @@ def test_float_data_checked_the_short_way_or_the_long(data: list, problem: str |
     else:
         with pytest.raises(InvalidInput, match=problem):
             validate_request(req, None, None)
+
+
+def test_every_json_route_refuses_a_repeated_key() -> None:   # json_object: the lease and repository routes' bodies
+    with pytest.raises(InvalidInput, match="request body is not valid JSON: key 'model' appears twice"):
+        json_object(b'{"model": "a", "model": "b"}')
+    assert json_object(b'{"model": "a", "ttl": 5}') == {"model": "a", "ttl": 5}

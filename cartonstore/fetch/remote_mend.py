@@ -18,10 +18,9 @@ from pathlib import Path
 from ..errors import CartonStoreError, InvalidCarton
 from ..format.links import parse_links
 from ..format.manifest import parse_manifest
+from ..sources.zip_source import METADATA_NAMES   # MANIFEST is what is checked against; LINKS is not in it
 from .blob_fetcher import BlobFetcher
 from .remote_zip import RemoteCartonView, read_whole_limit
-
-_NOT_CHECKED_HERE = ("MANIFEST", "LINKS")   # MANIFEST is what is checked against; LINKS is not listed in it
 
 
 def mismatched_small_files(view: RemoteCartonView) -> dict[str, tuple[str, str]]:
@@ -41,7 +40,7 @@ def mismatched_small_files(view: RemoteCartonView) -> dict[str, tuple[str, str]]
         out[path] = (listed[path], problem)
     for path, expected in listed.items():
         data = view.prefetched(path)
-        if data is None or path in _NOT_CHECKED_HERE or view.rz.entries[path].is_symlink:
+        if data is None or path in METADATA_NAMES or view.rz.entries[path].is_symlink:
             continue   # a symlink's prefetched bytes are its target; MANIFEST lists the hash of what it points to
         got = hashlib.sha256(data).hexdigest()
         if got != expected:

@@ -186,8 +186,9 @@ class _SpanParser:
                     piece = next(pieces)
                 except StopIteration:
                     break
-                except InvalidCarton as e:
-                    self._broke(entry, sink, e)
+                except InvalidCarton as e:   # the rest of its bytes are skipped, not decoded
+                    self.broken[entry.name] = _problem(entry, e)
+                    self.current = (entry, sink, None)
                     break
                 sink.write(piece)
         self.pos += n
@@ -204,10 +205,6 @@ class _SpanParser:
                 decoder.finish()
             except InvalidCarton as e:
                 self.broken[entry.name] = _problem(entry, e)
-
-    def _broke(self, entry: ZipEntry, sink: EntrySink, error: InvalidCarton) -> None:
-        self.broken[entry.name] = _problem(entry, error)
-        self.current = (entry, sink, None)
 
     def finish(self) -> None:
         if self.current is not None or self.todo:

@@ -105,8 +105,8 @@ class Registry:
             session = self.client.session if attempt == 0 else self.client.fresh_session
             try:
                 async with session.request(method, url, headers=call_headers,
-                                                       data=body() if body else None, allow_redirects=False,
-                                                       **self.client.route(url, "registry")) as r:
+                                           data=body() if body else None, allow_redirects=False,
+                                           **self.client.route(url, "registry")) as r:
                     return Answer(r.status, r.headers, await _read_limited(r, limit, url), url)
             except FetchError:
                 raise

@@ -30,7 +30,7 @@ import sys
 from typing import BinaryIO
 
 from ..errors import InvalidInput
-from .infer_check import checked_forward, parsed_request, uses_shm
+from .infer_check import checked_unless_shm
 
 TASK_HEAD = struct.Struct("<IQ")
 ANSWER_HEAD = struct.Struct("<I")
@@ -42,14 +42,14 @@ def answer(meta: bytes, body: bytearray) -> tuple[tuple, list]:
     """The answer's meta and parts for one task."""
     inputs, outputs, header_length = pickle.loads(meta)
     try:
-        req = parsed_request(body, header_length)
-        if uses_shm(req):
-            return ("shm",), []
-        parts, length = checked_forward(req, inputs, outputs, body, header_length)
+        _req, forward = checked_unless_shm(body, header_length, inputs, outputs)
     except InvalidInput as e:
         return ("invalid", e.message, e.subject), []
     except Exception as e:  # noqa: BLE001 - a bug, or memory: said, and the worker lives on
         return ("error", f"{type(e).__name__}: {e}"), []
+    if forward is None:
+        return ("shm",), []
+    parts, length = forward
     if len(parts) == 1 and parts[0] is body:
         return ("as_is", length), []
     return ("forward", length, [len(p) for p in parts]), parts

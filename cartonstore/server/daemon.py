@@ -24,6 +24,7 @@ from aiohttp import web
 from ..errors import InvalidInput
 from ..fetch.config import FetchConfig
 from ..fetch.puller import Puller
+from ..long_lived import settle_heap
 from ..malloc_tuning import keep_big_buffers
 from ..runner_settings import RunnerSettings as RunnerConfig
 from ..store import Store
@@ -36,7 +37,6 @@ from .front_server import FrontServer
 from .metrics import Metrics
 from .loaded_model import LeaseSettings
 from .service import ModelService
-from ..long_lived import settle_heap
 from .sockets import bind_tcp, bind_unix, describe_socket, inherited_sockets, notify
 
 log = logging.getLogger("cartonstore.server")

@@ -34,7 +34,7 @@ from .bodies import ENCODINGS, IN_THREAD_FROM, request_body
 from ..v2.shm_params import REGION
 from .arena import ArenaSlot
 from .arena_wire import MAX_HEADER, ArenaForward
-from .infer_check import checked_forward, parsed_request, uses_shm
+from .infer_check import checked_unless_shm
 from .infer_shm import ShmUse, attach_regions, renamed_answer, renamed_request
 from .responses import ERROR_TEXT
 from .shm_regions import Peer, ShmRegions, peer_of
@@ -87,9 +87,9 @@ def checked_request(model: LoadedModel, body: bytes | bytearray | memoryview, he
         req = parse_raw_binary_for(body, inputs)
         validate_request(req, inputs, outputs)
         return req, *_framed(req), None
-    req = parsed_request(body, header_length)
-    if not uses_shm(req):
-        return req, *checked_forward(req, inputs, outputs, body, header_length), None
+    req, forward = checked_unless_shm(body, header_length, inputs, outputs)
+    if forward is not None:
+        return req, *forward, None
     use = attach_regions(req, *shm)
     validate_request(req, inputs, outputs)
     return req, *renamed_request(body, header_length, use), use

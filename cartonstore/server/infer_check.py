@@ -31,6 +31,17 @@ def uses_shm(req: InferRequest) -> bool:
     return any(t.shm is not None for t in req.inputs) or bool(req.shm_outputs())
 
 
+def checked_unless_shm(body: bytes | bytearray | memoryview, header_length: int | None,
+                       inputs: Sequence[TensorSpec] | None,
+                       outputs: Sequence[TensorSpec] | None) -> tuple[InferRequest, Forward | None]:
+    """Parse; then, unless the request names shared memory (None: the
+    daemon's region registry finishes it), validate and say what to forward."""
+    req = parsed_request(body, header_length)
+    if uses_shm(req):
+        return req, None
+    return req, checked_forward(req, inputs, outputs, body, header_length)
+
+
 def checked_forward(req: InferRequest, inputs: Sequence[TensorSpec] | None, outputs: Sequence[TensorSpec] | None,
                     body: bytes | bytearray | memoryview, header_length: int | None) -> Forward:
     """Validate ``req`` (which names no shared memory); what to send its

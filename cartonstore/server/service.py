@@ -68,7 +68,6 @@ class ModelService:
         self._flights = SingleFlight()
         self._gc_lock = asyncio.Lock()
         self._commits = GroupCommit(store)
-        self._models_dir = f"{store.layout.models_dir}{os.sep}"
         self.ready = True
 
     # -- materializing ---------------------------------------------------------
@@ -133,7 +132,7 @@ class ModelService:
         digest = _resolve_on(conn, ref)
         if digest is None:
             return None
-        where = self._models_dir + digest   # a digest the index holds: no path to check, no Path to build
+        where = self.store.layout.model_dir_str(digest)
         if not os.path.isdir(where):
             return None
         return Granted(self.store.index.insert_lease(conn, digest, ttl, holder, lease_id), where)
@@ -149,7 +148,7 @@ class ModelService:
             raise InvalidInput(f"lease {lease_id!r} is the daemon's own (a loaded model's pin or a version "
                                "switch): it renews it itself")
         row = await self._batch(lambda conn: self.store.index.extend_lease(conn, lease_id, ttl))
-        return Granted(row, self._models_dir + row.carton)
+        return Granted(row, self.store.layout.model_dir_str(row.carton))
 
     async def release_lease(self, lease_id: str) -> None:
         if lease_id.startswith(OWNED_LEASE_PREFIXES) or lease_id in self._pins:

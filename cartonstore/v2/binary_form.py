@@ -13,11 +13,11 @@ arena, keeps its JSON data as the client wrote it: rare, and small.)
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import numpy as np
 
+from cartonstore.v2 import json_codec
 from cartonstore.v2.datatypes import numpy_dtype
 from cartonstore.v2.elements import fail
 from cartonstore.v2.framing import InferRequest, WireTensor
@@ -47,9 +47,9 @@ def binary_form(req: InferRequest) -> tuple[list[bytes | memoryview], int] | Non
         if len(chunk):
             chunks.append(chunk)
     doc["inputs"] = entries
-    # The stdlib writes the header: it is small once the data is out, and
-    # writes whatever the strict parser let in (NaN in parameters) as it was.
-    header = json.dumps(doc, separators=(",", ":")).encode("utf-8")
+    # exact=False: the header is small once the data is out, and what the
+    # strict parser let in (NaN in parameters) is written as it came.
+    header = json_codec.dumps(doc, exact=False)
     return [header, *chunks], len(header)
 
 
