@@ -17,9 +17,10 @@ sets glibc's own MALLOC_* variables or GLIBC_TUNABLES keeps their choice.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import logging
 import os
+
+from .libc import libc
 
 log = logging.getLogger("cartonstore")
 
@@ -35,10 +36,8 @@ def keep_big_buffers() -> bool:
     where the environment already says how malloc should behave."""
     if any(name in os.environ for name in _USER_SETTINGS):
         return False
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):   # not glibc (musl, macOS): nothing to tune
+    mallopt = getattr(libc(), "mallopt", None)
+    if mallopt is None:   # not glibc (musl, macOS): nothing to tune
         return False
     mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
     mallopt.restype = ctypes.c_int

@@ -92,6 +92,7 @@ import hashlib
 import os
 import shutil
 import socket
+import ssl
 import struct
 import tempfile
 import threading
@@ -480,9 +481,11 @@ class Origin:
     stopped it cannot be started again.  ``put*``/``set_fault``/``remove``
     work before and after start, from any thread."""
 
-    def __init__(self, *, chunk_size: int = CHUNK_SIZE, shutdown_timeout: float = 2.0):
+    def __init__(self, *, chunk_size: int = CHUNK_SIZE, shutdown_timeout: float = 2.0,
+                 ssl_context: ssl.SSLContext | None = None):
         self.chunk_size = chunk_size
         self.shutdown_timeout = shutdown_timeout
+        self._ssl_context = ssl_context   # https where given
         self._lock = threading.Lock()
         self._entries: dict[str, _Entry] = {}
         self._requests: list[Request] = []
@@ -552,7 +555,7 @@ class Origin:
             app, handle_signals=False, access_log=None, shutdown_timeout=self.shutdown_timeout
         )
         await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0, reuse_address=True)
+        site = web.TCPSite(self._runner, "127.0.0.1", 0, reuse_address=True, ssl_context=self._ssl_context)
         await site.start()
         self._port = self._runner.addresses[0][1]
 
@@ -590,7 +593,7 @@ class Origin:
 
     @property
     def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"{'https' if self._ssl_context is not None else 'http'}://127.0.0.1:{self.port}"
 
     def url(self, path: str) -> str:
         return self.base_url + _norm(path)

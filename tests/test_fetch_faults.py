@@ -22,6 +22,16 @@ from origin import Fault
 PAYLOAD = os.urandom(700_000)
 
 
+@pytest.fixture(autouse=True, params=["aiohttp", "socket"])
+def body_path(request, monkeypatch) -> str:  # noqa: ANN001
+    """Every test twice: bodies received through aiohttp, and read from
+    their socket by the stream's thread (socket_body.py; there only for
+    bodies of DIRECT_MIN or more, so here for every body with a length)."""
+    if request.param == "socket":
+        monkeypatch.setattr("cartonstore.fetch.socket_body.DIRECT_MIN", 1)
+    return request.param
+
+
 @pytest.fixture
 def served(tmp_path: Path, origin):  # noqa: ANN001, ANN201
     carton, shas = linked_carton(tmp_path, origin, {"model/w.bin": PAYLOAD})

@@ -53,6 +53,7 @@ class Response:
     total: int | None             # size of the whole resource when known
     encodings: tuple[str, ...]
     raw: aiohttp.ClientResponse
+    stall_timeout: float | None = None   # the client's: a body read past aiohttp (socket_body.py) keeps it
 
     @property
     def accepts_ranges(self) -> bool:
@@ -287,6 +288,7 @@ class HttpClient:
                     current = self.config.policy.check(redirect_target(current, location))
                     continue
                 response = self._accept(raw, current, ranged, start, end, suffix)
+                response.stall_timeout = self.config.stall_timeout
                 yield response
                 return
             finally:

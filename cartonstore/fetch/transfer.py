@@ -16,9 +16,10 @@ from ..errors import CartonStoreError, FetchError, IntegrityError, InvalidInput
 from ..store.blobs import BlobStore, BlobWriter, StagedBlob
 from .config import FetchConfig
 from .encoding import ContentDecoder
-from .http import HttpClient, Response, with_retries
+from .http import HttpClient, Response, translate, with_retries
 from .policy import describe
 from .sink import StreamSink, in_own_thread
+from .socket_body import receive_directly, take_socket
 from .stats import Tally, TransferStats, retry_hook
 
 __all__ = ["SourcesFailed", "TransferStats", "download", "fetch_blob", "pump"]
@@ -39,18 +40,44 @@ async def pump(response: Response, decoder: ContentDecoder, writer: BlobWriter, 
         for piece in decoder.feed(chunk):
             writer.write(piece)
 
-    received = 0
-    async with StreamSink(work, name="fetch") as sink:
-        async for chunk in response.chunks():
-            received += len(chunk)
-            if tally is not None:
-                tally.add(len(chunk))
-            await sink.put(chunk)
+    received = await stream_into(response, work, tally=tally)
     if response.length is not None and received != response.length:
         raise FetchError(f"{describe(response.url)}: body has {received} bytes, Content-Length said "
                          f"{response.length}", subject=response.url, retryable=True)
     decoder.finish()  # only checks that every stream ended: nothing is left to write
     return received
+
+
+async def stream_into(response: Response, work: Callable[[bytes], None], *, tally: Tally | None = None,
+                      limit: int | None = None) -> int:
+    """Hand the body, up to ``limit`` bytes, to ``work`` in the stream's own
+    thread; returns the bytes handed over, each counted in ``tally`` as it
+    arrives. A big plain-HTTP body is read from its socket by that thread
+    (socket_body.py); any other through aiohttp and a StreamSink."""
+    length = response.length
+    want = length if limit is None or length is None else min(limit, length)
+    try:
+        taken = take_socket(response.raw, want, response.headers) if length is not None else None
+    except Exception as e:  # noqa: BLE001 - aiohttp's error on a body already broken
+        raise translate(e, response.url) from e
+    if taken is not None:
+        return await receive_directly(taken, response.raw, want, work, url=response.url,
+                                      stall_timeout=response.stall_timeout,
+                                      counted=tally.add if tally is not None else None)
+    handed = 0
+    async with StreamSink(work, name="fetch") as sink:
+        async for chunk in response.chunks():
+            if tally is not None:
+                tally.add(len(chunk))
+            if limit is not None and handed + len(chunk) > limit:  # a response running on past what is wanted
+                if tally is not None:
+                    tally.more(handed + len(chunk) - limit)
+                chunk = chunk[: limit - handed]
+            await sink.put(chunk)
+            handed += len(chunk)
+            if limit is not None and handed >= limit:
+                break
+    return handed
 
 
 class _RangesRefused(FetchError):
@@ -146,17 +173,7 @@ async def download_parts(client: HttpClient, url: str, first: Response, writer: 
         """Write the response's bytes from part.written on, up to part.end.
         On any failure, part.written is where the written bytes end: each
         byte is written once (the hasher may already have read it)."""
-        queued = part.written
-        async with StreamSink(part.write, name="part") as sink:
-            async for chunk in response.chunks():
-                take = chunk[: part.end - queued]
-                tally.add(len(chunk))
-                if len(take) < len(chunk):  # the first response runs on past its part
-                    tally.more(len(chunk) - len(take))
-                await sink.put(take)
-                queued += len(take)
-                if queued >= part.end:
-                    break
+        await stream_into(response, part.write, tally=tally, limit=part.end - part.written)
 
     async def fetch_part(start: int, end: int, opened: Response | None = None) -> None:
         part = _Part(writer, start, end)

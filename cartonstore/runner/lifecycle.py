@@ -10,6 +10,7 @@ import sys
 import traceback
 from typing import NoReturn
 
+from cartonstore.libc import libc as c_library
 from cartonstore.runner.context import LoadError
 
 # The daemon shows a runner's last stderr lines as the reason it failed, and
@@ -31,8 +32,7 @@ def die_with_parent(sig: int = signal.SIGKILL) -> None:
         return
     parent = os.getppid()
     try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        if libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0:
+        if c_library().prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0:
             err = ctypes.get_errno()
             print(f"cartonstore runner: prctl(PR_SET_PDEATHSIG) failed: {os.strerror(err)}", file=sys.stderr)
             return

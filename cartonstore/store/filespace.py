@@ -24,6 +24,8 @@ import os
 import struct
 from functools import lru_cache
 
+from ..libc import libc as c_library
+
 FALLOC_FL_KEEP_SIZE = 0x01      # reserve blocks past EOF; st_size stays what was written
 SYNC_FILE_RANGE_WRITE = 0x02    # start writeback of dirty pages in the range, do not wait
 
@@ -34,14 +36,10 @@ rare, small enough that the fsync at the end has little left to do."""
 
 @lru_cache(maxsize=1)
 def _libc():  # noqa: ANN202 - a ctypes.CDLL, or None
-    # ctypes imported here: `path` and `ls` open the store and must not pay
-    # for ctypes.util (it imports subprocess, tempfile and shutil).
     import ctypes
-    import ctypes.util
 
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
-    except OSError:
+    libc = c_library()
+    if libc is None:
         return None
     for name, args in (("fallocate", [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]),
                        ("sync_file_range", [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint])):

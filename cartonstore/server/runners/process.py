@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import ctypes
 import logging
 import os
 import signal
@@ -20,6 +19,7 @@ import subprocess
 import time
 from typing import Callable
 
+from ...libc import libc
 from ...v2.shm_params import ARENA_FD_ENV
 from .settings import InstanceSpec
 from .wire import BadResponse, RunnerClient
@@ -32,10 +32,8 @@ MAX_LINE = 4000          # a longer stderr line is cut, so one line cannot hog m
 DRAIN_WAIT = 1.0         # after exit, how long to wait for the last stderr bytes
 
 _PR_SET_PDEATHSIG = 1
-try:  # loaded before any fork: the child only calls it
-    _prctl: Callable[..., int] | None = ctypes.CDLL(None, use_errno=True).prctl
-except (OSError, AttributeError):  # not Linux
-    _prctl = None
+# Looked up before any fork: the child only calls it. None where not Linux.
+_prctl: Callable[..., int] | None = getattr(libc(), "prctl", None)
 
 
 class RunnerFailed(Exception):
