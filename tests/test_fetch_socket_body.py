@@ -149,11 +149,22 @@ def test_tls_bodies_stay_with_aiohttp(store: Store, tmp_path: Path, direct_reads
 
 def test_a_stalled_direct_read_times_out_and_resumes(store: Store, tmp_path: Path, origin,
                                                      direct_reads) -> None:  # noqa: ANN001
+    """The retry says why as the aiohttp path does ("timed out", not the
+    EAGAIN of the last read), and resumes after the bytes received."""
     carton, shas = linked_carton(tmp_path, origin, {"model/w.bin": BIG})
     digest = shas["model/w.bin"]
     origin.set_fault(f"/blobs/{digest}", Fault(stall_at=len(BIG) // 2, stall_seconds=5, times=1))
-    assert pull(store, str(carton)).complete   # stall_timeout 0.5 s (fast_config)
+    events: list[dict] = []
+
+    async def run():  # noqa: ANN202
+        async with Puller(store, fast_config(), on_event=events.append) as p:   # stall_timeout 0.5 s
+            return await p.add(str(carton))
+
+    assert asyncio.run(run()).complete
     assert store.blobs.path(digest).read_bytes() == BIG
+    assert direct_reads[0] == "FetchError"
+    reasons = [e["reason"] for e in events if e["event"] == "retry"]
+    assert len(reasons) == 1 and reasons[0].startswith("timed out"), reasons
     gets = [r for r in origin.requests if r.path == f"/blobs/{digest}"]
     assert len(gets) == 2 and gets[1].range is not None and gets[1].range != "bytes=0-"
 

@@ -105,8 +105,13 @@ def take_socket(raw: object, length: int | None, headers: object) -> TakenSocket
     if content.is_eof():  # all of it was buffered: aiohttp may have reused the connection already
         return TakenSocket(head, -1)
     protocol.pause_reading()  # also stops its read timeout
-    taken = TakenSocket(head, os.dup(fd))
-    taken.stop_r, taken.stop_w = os.pipe()
+    taken = TakenSocket(head, -1)
+    try:
+        taken.stop_r, taken.stop_w = os.pipe()
+        taken.fd = os.dup(fd)  # ours: aiohttp closing its socket does not free the number under the thread
+    except OSError:
+        taken.close()
+        raise
     return taken
 
 
@@ -114,9 +119,10 @@ def receive(taken: TakenSocket, want: int, work: Callable[[bytes], None], *, url
             stall_timeout: float | None, counted: Callable[[int], None] | None = None) -> int:
     """In the stream's thread: hand ``work`` the buffered head, then read the
     socket until ``want`` bytes in all were handed over. Returns the bytes
-    handed over; fewer only if told to stop (a byte on taken.stop_w). A body that ends early, a
-    reset or a stall raise FetchError (retryable), as aiohttp's would; bytes
-    handed over before stay handed over, so a resume starts after them."""
+    handed over; fewer only if told to stop (a byte on taken.stop_w). A
+    body that ends early, a reset or a stall raise FetchError (retryable),
+    as aiohttp's would; bytes handed over before stay handed over, so a
+    resume starts after them."""
     got = 0
     for chunk in taken.head:
         chunk = chunk[: want - got]
@@ -130,42 +136,57 @@ def receive(taken: TakenSocket, want: int, work: Callable[[bytes], None], *, url
     if taken.fd < 0:  # the body ended within what aiohttp had buffered
         raise FetchError(f"{describe(url)}: body ended early or was malformed (it ended after {got} of {want} "
                          f"bytes)", subject=url, retryable=True)
-    sock = socket.socket(fileno=os.dup(taken.fd))  # owned here: closing it leaves taken.fd open
+    try:
+        sock = socket.socket(fileno=taken.fd)  # taken.fd stays taken's: detached, not closed, below
+    except OSError as e:
+        raise FetchError(f"{describe(url)}: connection failed ({e})", subject=url, retryable=True) from None
+    try:
+        return _read_socket(sock, taken.stop_r, got, want, work, url=url, stall_timeout=stall_timeout,
+                            counted=counted)
+    finally:
+        sock.detach()
+
+
+def _read_socket(sock: socket.socket, stop_r: int, got: int, want: int, work: Callable[[bytes], None], *,
+                 url: str, stall_timeout: float | None, counted: Callable[[int], None] | None) -> int:
+    where = describe(url)
     try:
         poller = select.poll()
         poller.register(sock.fileno(), select.POLLIN | select.POLLPRI)
-        poller.register(taken.stop_r, select.POLLIN)
-        low_water = 0
-        last_bytes = time.monotonic()
-        while got < want:
+        poller.register(stop_r, select.POLLIN)
+    except OSError as e:
+        raise FetchError(f"{where}: connection failed ({e})", subject=url, retryable=True) from None
+    low_water = 0
+    last_bytes = time.monotonic()
+    while got < want:
+        try:
             wanted_low = min(LOW_WATER, want - got)
             if wanted_low != low_water:
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, wanted_low)
                 low_water = wanted_low
             events = poller.poll(POLL_SLICE_MS)
-            if any(fd == taken.stop_r for fd, _ in events):
+            if any(fd == stop_r for fd, _ in events):
                 return got
-            try:
-                # Also after a quiet slice: a slow body's bytes wait below the low-water mark.
-                chunk = sock.recv(min(READ_SIZE, want - got))
-            except (BlockingIOError, InterruptedError):
-                if stall_timeout is not None and time.monotonic() - last_bytes > stall_timeout:
-                    raise FetchError(f"{describe(url)}: timed out (no bytes received within the stall timeout)",
-                                     subject=url, retryable=True) from None
-                continue
-            except OSError as e:
-                raise FetchError(f"{describe(url)}: connection failed ({e})", subject=url, retryable=True) from None
-            if not chunk:
-                raise FetchError(f"{describe(url)}: body ended early or was malformed (the connection closed "
-                                 f"after {got} of {want} bytes)", subject=url, retryable=True)
-            last_bytes = time.monotonic()
-            work(chunk)
-            got += len(chunk)
-            if counted is not None:
-                counted(len(chunk))
-        return got
-    finally:
-        sock.close()
+            # Also after a quiet slice: a slow body's bytes wait below the low-water mark.
+            chunk = sock.recv(min(READ_SIZE, want - got))
+        except (BlockingIOError, InterruptedError):
+            chunk = None
+        except OSError as e:
+            raise FetchError(f"{where}: connection failed ({e})", subject=url, retryable=True) from None
+        if chunk is None:  # nothing yet; raised here, not in the except: the reason is the stall, not EAGAIN
+            if stall_timeout is not None and time.monotonic() - last_bytes > stall_timeout:
+                raise FetchError(f"{where}: timed out (no bytes received within the stall timeout)",
+                                 subject=url, retryable=True)
+            continue
+        if not chunk:
+            raise FetchError(f"{where}: body ended early or was malformed (the connection closed after {got} "
+                             f"of {want} bytes)", subject=url, retryable=True)
+        last_bytes = time.monotonic()
+        work(chunk)
+        got += len(chunk)
+        if counted is not None:
+            counted(len(chunk))
+    return got
 
 
 async def receive_directly(taken: TakenSocket, raw: object, want: int, work: Callable[[bytes], None], *,
@@ -175,19 +196,20 @@ async def receive_directly(taken: TakenSocket, raw: object, want: int, work: Cal
     it stops the thread and waits for the chunk in hand (so nothing writes
     into a file its caller is about to reuse). The connection is closed in
     the end: aiohttp did not see the body."""
-    thread = in_own_thread(lambda: receive(taken, want, work, url=url, stall_timeout=stall_timeout,
-                                           counted=counted), name="fetch")
+    thread: asyncio.Future | None = None
     try:
+        thread = in_own_thread(lambda: receive(taken, want, work, url=url, stall_timeout=stall_timeout,
+                                               counted=counted), name="fetch")
         return await asyncio.shield(thread)
     finally:
-        while not thread.done():  # cancelled: the thread is told, and waited for
+        while thread is not None and not thread.done():  # cancelled: the thread is told, and waited for
             if taken.stop_w >= 0:
                 os.write(taken.stop_w, b"x")
             try:
                 await asyncio.wait([thread])
             except asyncio.CancelledError:
                 continue
-        if not thread.cancelled():
+        if thread is not None and not thread.cancelled():
             thread.exception()  # retrieved: what it raised is raised above, or moot after a cancel
         taken.close()
         raw.close()  # type: ignore[attr-defined]

@@ -88,7 +88,7 @@ class Tally:
     """One request's bytes: ``planned`` counts in the expected total (unless
     ``counted`` already) until settle() replaces it with what arrived."""
 
-    __slots__ = ("stats", "source", "planned", "got")
+    __slots__ = ("stats", "source", "planned", "got", "_lock")
 
     def __init__(self, stats: TransferStats | None, planned: int = 0, *, source: str = "url",
                  counted: bool = False) -> None:
@@ -96,11 +96,13 @@ class Tally:
         self.source = source
         self.planned = planned
         self.got = 0
+        self._lock = threading.Lock()  # add() runs in the threads of parts read from their sockets
         if stats is not None and planned and not counted:
             stats.expect(planned)
 
     def add(self, n: int) -> None:
-        self.got += n
+        with self._lock:
+            self.got += n
         if self.stats is not None:
             self.stats.received(n, self.source)
 
