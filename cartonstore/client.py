@@ -59,19 +59,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import http.client
 import json
 import logging
 import os
-import socket
 import threading
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote, urlsplit
 
-from .errors import CartonStoreError, Conflict, InvalidInput, NotFound, Unavailable
+from .client_wire import (
+    DEFAULT_ACQUIRE_TIMEOUT, DEFAULT_TIMEOUT, EXIT_TIMEOUT, DaemonUnavailable, Keeper, Lease, acquire_body, address,
+    check_ttl, default_socket_path, exchange, json_body, lease_from, lease_url, not_listening, transport_error,
+)
+from .errors import CartonStoreError, NotFound, Unavailable
 
 __all__ = [
     "DEFAULT_ACQUIRE_TIMEOUT", "DEFAULT_TIMEOUT", "EXIT_TIMEOUT", "AsyncClient", "Client",
@@ -80,197 +80,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-SOCKET_NAME = "cartonstore.sock"
-DEFAULT_TIMEOUT = 30.0
-"""Seconds for one request (renew, release, ready)."""
-DEFAULT_ACQUIRE_TIMEOUT = 3600.0
-"""Seconds for ``acquire``: the daemon may be downloading the model."""
-EXIT_TIMEOUT = 5.0
-"""Seconds to stop a lease keeper, and again to release its lease, on exit."""
-_RETRY_FIRST = 0.5
-
-_STATUS_ERRORS: dict[int, type[CartonStoreError]] = {
-    400: InvalidInput, 404: NotFound, 409: Conflict, 503: Unavailable,
-}
-
-
-class DaemonUnavailable(Unavailable):
-    """Nobody listens where the daemon should be: ``subject`` is the socket
-    path or base URL."""
-
-
-@dataclass(frozen=True)
-class Lease:
-    id: str
-    path: Path
-    manifest_sha256: str
-    expires_at: float
-
-
-# -- the pure part: addresses, requests, responses ---------------------------------
-
-
-def default_socket_path() -> Path:
-    """``$CARTONSTORE_SOCKET``, else ``cartonstore.sock`` in the default store root."""
-    env = os.environ.get("CARTONSTORE_SOCKET")
-    if env:
-        return Path(env)
-    from .store.layout import default_root  # the store package is slow to import
-
-    return default_root() / SOCKET_NAME
-
-
-@dataclass(frozen=True)
-class _Address:
-    """Where the daemon listens: a Unix socket, or (``socket_path`` None) an
-    http base URL with its path prefix."""
-
-    socket_path: Path | None
-    base_url: str
-    host: str
-    port: int | None
-    prefix: str
-
-    @property
-    def where(self) -> str:
-        return str(self.socket_path) if self.socket_path else self.base_url
-
-
-def _address(socket_path: str | os.PathLike[str] | None, base_url: str | None) -> _Address:
-    if base_url is None:
-        path = Path(socket_path) if socket_path is not None else default_socket_path()
-        return _Address(path, "http://localhost", "localhost", None, "")
-    if socket_path is not None:
-        raise ValueError("give a socket path or a base_url, not both")
-    url = urlsplit(base_url)
-    if url.scheme != "http" or not url.hostname:
-        raise ValueError(f"base_url must be http://HOST[:PORT], got {base_url!r}")
-    prefix = url.path.rstrip("/")
-    return _Address(None, f"http://{url.netloc}{prefix}", url.hostname, url.port, prefix)
-
-
-def _not_listening(addr: _Address) -> DaemonUnavailable:
-    return DaemonUnavailable(f"no cartonstore daemon at {addr.where}: is `cartonstore serve` running?",
-                             subject=addr.where)
-
-
-def _transport_error(addr: _Address, e: BaseException) -> Unavailable:
-    detail = str(e) or type(e).__name__
-    return Unavailable(f"cartonstore daemon at {addr.where} did not answer: {detail}", subject=addr.where)
-
-
-def _error_for(status: int, body: bytes, subject: str | None) -> CartonStoreError:
-    """The exception for an error response: the status picks the class, the
-    daemon's ``{"error": ...}`` is the message."""
-    try:
-        message = json.loads(body)["error"]
-        if not isinstance(message, str):
-            raise TypeError(message)
-    except (ValueError, TypeError, KeyError):
-        message = f"HTTP {status} from the cartonstore daemon: {body[:200].decode('utf-8', 'replace')!r}"
-    return _STATUS_ERRORS.get(status, CartonStoreError)(message, subject=subject)
-
-
-def _json_body(status: int, body: bytes, subject: str | None) -> Any:
-    if status != 200:
-        raise _error_for(status, body, subject)
-    try:
-        return json.loads(body) if body.strip() else {}
-    except ValueError:
-        raise CartonStoreError(f"the cartonstore daemon sent invalid JSON: {body[:200]!r}",
-                               subject=subject) from None
-
-
-def _lease_from(data: Any, subject: str | None) -> Lease:
-    try:
-        return Lease(id=str(data["lease"]), path=Path(data["path"]),
-                     manifest_sha256=str(data["manifest_sha256"]), expires_at=float(data["expires_at"]))
-    except (KeyError, TypeError, ValueError):
-        raise CartonStoreError(f"the cartonstore daemon sent a malformed lease: {data!r}",
-                               subject=subject) from None
-
-
-def _acquire_body(model: str, ttl: float, holder: str | None) -> dict[str, Any]:
-    body: dict[str, Any] = {"model": model, "ttl": ttl}
-    if holder is not None:
-        body["holder"] = holder
-    return body
-
-
-def _lease_url(lease_id: str, action: str = "") -> str:
-    return f"/v1/leases/{quote(lease_id, safe='')}{action}"
-
-
-def _check_ttl(ttl: float) -> float:
-    if isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or not ttl > 0:
-        raise InvalidInput(f"ttl must be a positive number of seconds, got {ttl!r}")
-    return float(ttl)
-
-
-class _Keeper:
-    """What a lease keeper does next, decided from what happened last.
-
-    The sync and async clients run the same loop around it: wait
-    ``delay()``, then renew ``lease`` or, if ``is_lost``, re-acquire
-    ``lease.manifest_sha256``, and report the outcome.
-    """
-
-    def __init__(self, lease: Lease, ttl: float, holder: str | None, acquire_timeout: float) -> None:
-        self.lease = lease
-        self.ttl = ttl
-        self.holder = holder
-        self.acquire_timeout = acquire_timeout
-        self.interval = ttl / 3
-        self.is_lost = False
-        self.failures = 0
-
-    def delay(self) -> float:
-        if self.failures == 0:
-            return self.interval
-        if self.is_lost and self.failures == 1:
-            return 0.0
-        return min(self.interval, _RETRY_FIRST * 2 ** (self.failures - 1))
-
-    def succeeded(self, lease: Lease) -> None:
-        if self.is_lost:
-            log.info("re-acquired model %s as lease %s", lease.manifest_sha256, lease.id)
-            if lease.path != self.lease.path:
-                log.error("re-acquired model %s at %s, not at %s where it is in use",
-                          lease.manifest_sha256, lease.path, self.lease.path)
-        self.lease, self.is_lost, self.failures = lease, False, 0
-
-    def failed(self, e: BaseException) -> None:
-        self.failures += 1
-        what = f"model {self.lease.manifest_sha256} (lease {self.lease.id})"
-        if isinstance(e, NotFound) and not self.is_lost:
-            log.warning("lease %s on %s is gone (expired?); taking a new one", self.lease.id,
-                        self.lease.manifest_sha256)
-            self.is_lost, self.failures = True, 1
-        elif self.is_lost:
-            log.error("cannot re-acquire %s, retrying in %.1fs: %s", what, self.delay(), e)
-        elif isinstance(e, CartonStoreError):
-            log.warning("cannot renew %s, retrying in %.1fs: %s", what, self.delay(), e)
-        else:
-            log.error("unexpected error renewing %s, retrying in %.1fs", what, self.delay(), exc_info=e)
-
-
 # -- the synchronous client: standard library only -----------------------------------
-
-
-class _UnixHTTPConnection(http.client.HTTPConnection):
-    def __init__(self, path: Path, timeout: float) -> None:
-        super().__init__("localhost", timeout=timeout)
-        self._path = path
-
-    def connect(self) -> None:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            sock.settimeout(self.timeout)
-            sock.connect(os.fspath(self._path))
-        except BaseException:
-            sock.close()
-            raise
-        self.sock = sock
 
 
 class Client:
@@ -283,7 +93,7 @@ class Client:
 
     def __init__(self, socket_path: str | os.PathLike[str] | None = None, *, base_url: str | None = None,
                  timeout: float = DEFAULT_TIMEOUT) -> None:
-        self._addr = _address(socket_path, base_url)
+        self._addr = address(socket_path, base_url)
         self._timeout = timeout
 
     @property
@@ -304,17 +114,17 @@ class Client:
     def acquire(self, model: str, ttl: float = 60.0, holder: str | None = None, *,
                 timeout: float = DEFAULT_ACQUIRE_TIMEOUT) -> Lease:
         """Lease ``model`` (a name, manifest hash or source) for ``ttl`` seconds."""
-        body = self._request("POST", "/v1/leases", _acquire_body(model, _check_ttl(ttl), holder), model, timeout)
-        return _lease_from(body, model)
+        body = self._request("POST", "/v1/leases", acquire_body(model, check_ttl(ttl), holder), model, timeout)
+        return lease_from(body, model)
 
     def renew(self, lease_id: str, ttl: float) -> Lease:
         """Extend a lease to ``ttl`` seconds from now; NotFound if it expired."""
-        body = self._request("POST", _lease_url(lease_id, "/renew"), {"ttl": _check_ttl(ttl)}, lease_id)
-        return _lease_from(body, lease_id)
+        body = self._request("POST", lease_url(lease_id, "/renew"), {"ttl": check_ttl(ttl)}, lease_id)
+        return lease_from(body, lease_id)
 
     def release(self, lease_id: str, *, timeout: float | None = None) -> None:
         """Give a lease back; NotFound if it already expired or was released."""
-        self._request("DELETE", _lease_url(lease_id), None, lease_id, timeout)
+        self._request("DELETE", lease_url(lease_id), None, lease_id, timeout)
 
     def collect(self, *, max_size: int | None = None, min_free: int | None = None, grace: float = 3600.0,
                 dry_run: bool = False, timeout: float = DEFAULT_ACQUIRE_TIMEOUT,
@@ -338,7 +148,7 @@ class Client:
               timeout: float = DEFAULT_ACQUIRE_TIMEOUT) -> Iterator[Path]:
         """Lease ``model``, yield its directory, renew from a daemon thread
         until the block ends, then release (see the module docstring)."""
-        keeper = _Keeper(self.acquire(model, ttl, holder, timeout=timeout), float(ttl), holder, timeout)
+        keeper = Keeper(self.acquire(model, ttl, holder, timeout=timeout), float(ttl), holder, timeout)
         stop = threading.Event()
         thread = threading.Thread(target=self._keep, args=(keeper, stop), daemon=True,
                                   name=f"cartonstore-lease-{keeper.lease.id}")
@@ -352,7 +162,7 @@ class Client:
                 log.warning("lease keeper %s still busy after %.0fs; leaving it", thread.name, EXIT_TIMEOUT)
             self._release_quietly(keeper.lease.id)
 
-    def _keep(self, keeper: _Keeper, stop: threading.Event) -> None:
+    def _keep(self, keeper: Keeper, stop: threading.Event) -> None:
         while not stop.wait(keeper.delay()):
             try:
                 if keeper.is_lost:
@@ -376,33 +186,13 @@ class Client:
     def _request(self, method: str, path: str, body: Any, subject: str | None,
                  timeout: float | None = None) -> Any:
         status, data = self._exchange(method, path, body, self._timeout if timeout is None else timeout)
-        return _json_body(status, data, subject)
+        return json_body(status, data, subject)
 
     def _exchange(self, method: str, path: str, body: Any, timeout: float) -> tuple[int, bytes]:
         payload = None if body is None else json.dumps(body).encode()
         headers = {"Content-Type": "application/json"} if payload is not None else {}
         status, _headers, data = exchange(self._addr, method, path, payload, headers, timeout)
         return status, data
-
-
-def exchange(addr: _Address, method: str, path: str, payload: bytes | None, headers: dict[str, str],
-             timeout: float) -> tuple[int, dict[str, str], bytes]:
-    """One request on its own connection: (status, lower-cased headers, body).
-    Transport failures become DaemonUnavailable / Unavailable."""
-    if addr.socket_path is not None:
-        conn: http.client.HTTPConnection = _UnixHTTPConnection(addr.socket_path, timeout)
-    else:
-        conn = http.client.HTTPConnection(addr.host, addr.port, timeout=timeout)
-    try:
-        conn.request(method, addr.prefix + path, body=payload, headers=headers)
-        resp = conn.getresponse()
-        return resp.status, {k.lower(): v for k, v in resp.getheaders()}, resp.read()
-    except (FileNotFoundError, ConnectionRefusedError):
-        raise _not_listening(addr) from None
-    except (OSError, http.client.HTTPException) as e:
-        raise _transport_error(addr, e) from e
-    finally:
-        conn.close()
 
 
 def model_path(model: str, ttl: float = 60.0, socket_path: str | os.PathLike[str] | None = None, *,
@@ -424,7 +214,7 @@ class AsyncClient:
 
     def __init__(self, socket_path: str | os.PathLike[str] | None = None, *, base_url: str | None = None,
                  timeout: float = DEFAULT_TIMEOUT) -> None:
-        self._addr = _address(socket_path, base_url)
+        self._addr = address(socket_path, base_url)
         self._timeout = timeout
         self._session: Any = None
 
@@ -447,17 +237,17 @@ class AsyncClient:
     async def acquire(self, model: str, ttl: float = 60.0, holder: str | None = None, *,
                       timeout: float = DEFAULT_ACQUIRE_TIMEOUT) -> Lease:
         """Lease ``model`` (a name, manifest hash or source) for ``ttl`` seconds."""
-        body = _acquire_body(model, _check_ttl(ttl), holder)
-        return _lease_from(await self._request("POST", "/v1/leases", body, model, timeout), model)
+        body = acquire_body(model, check_ttl(ttl), holder)
+        return lease_from(await self._request("POST", "/v1/leases", body, model, timeout), model)
 
     async def renew(self, lease_id: str, ttl: float) -> Lease:
         """Extend a lease to ``ttl`` seconds from now; NotFound if it expired."""
-        body = {"ttl": _check_ttl(ttl)}
-        return _lease_from(await self._request("POST", _lease_url(lease_id, "/renew"), body, lease_id), lease_id)
+        body = {"ttl": check_ttl(ttl)}
+        return lease_from(await self._request("POST", lease_url(lease_id, "/renew"), body, lease_id), lease_id)
 
     async def release(self, lease_id: str, *, timeout: float | None = None) -> None:
         """Give a lease back; NotFound if it already expired or was released."""
-        await self._request("DELETE", _lease_url(lease_id), None, lease_id, timeout)
+        await self._request("DELETE", lease_url(lease_id), None, lease_id, timeout)
 
     async def ready(self) -> bool:
         """True if the daemon answers ready; False if it answers otherwise, or
@@ -473,7 +263,7 @@ class AsyncClient:
                     timeout: float = DEFAULT_ACQUIRE_TIMEOUT) -> AsyncIterator[Path]:
         """Lease ``model``, yield its directory, renew from a task until the
         block ends, then stop the task and release (see the module docstring)."""
-        keeper = _Keeper(await self.acquire(model, ttl, holder, timeout=timeout), float(ttl), holder, timeout)
+        keeper = Keeper(await self.acquire(model, ttl, holder, timeout=timeout), float(ttl), holder, timeout)
         stop = asyncio.Event()
         task = asyncio.create_task(self._keep(keeper, stop), name=f"cartonstore-lease-{keeper.lease.id}")
         try:
@@ -481,7 +271,7 @@ class AsyncClient:
         finally:
             await _uncancellable(self._close_lease(keeper, stop, task))
 
-    async def _keep(self, keeper: _Keeper, stop: asyncio.Event) -> None:
+    async def _keep(self, keeper: Keeper, stop: asyncio.Event) -> None:
         while not await _wait_set(stop, keeper.delay()):
             try:
                 if keeper.is_lost:
@@ -494,7 +284,7 @@ class AsyncClient:
             else:
                 keeper.succeeded(lease)
 
-    async def _close_lease(self, keeper: _Keeper, stop: asyncio.Event, task: asyncio.Task[None]) -> None:
+    async def _close_lease(self, keeper: Keeper, stop: asyncio.Event, task: asyncio.Task[None]) -> None:
         stop.set()
         # Let an in-flight renewal finish (it may be a re-acquire whose lease
         # we must know to release); cancel it if it takes too long.
@@ -513,7 +303,7 @@ class AsyncClient:
     async def _request(self, method: str, path: str, body: Any, subject: str | None,
                        timeout: float | None = None) -> Any:
         status, data = await self._exchange(method, path, body, self._timeout if timeout is None else timeout)
-        return _json_body(status, data, subject)
+        return json_body(status, data, subject)
 
     async def _exchange(self, method: str, path: str, body: Any, timeout: float) -> tuple[int, bytes]:
         import aiohttp
@@ -526,10 +316,10 @@ class AsyncClient:
                 return resp.status, await resp.read()
         except aiohttp.ClientConnectorError as e:
             if isinstance(e.os_error, (FileNotFoundError, ConnectionRefusedError)):
-                raise _not_listening(addr) from None
-            raise _transport_error(addr, e) from e
+                raise not_listening(addr) from None
+            raise transport_error(addr, e) from e
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
-            raise _transport_error(addr, e) from e
+            raise transport_error(addr, e) from e
 
     def _open_session(self) -> Any:
         import aiohttp

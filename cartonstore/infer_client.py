@@ -18,7 +18,7 @@ from urllib.parse import quote
 
 import numpy as np
 
-from .client import DEFAULT_TIMEOUT, _address, _error_for, _json_body, exchange
+from .client_wire import DEFAULT_TIMEOUT, address, error_for, exchange, json_body
 from .v2.framing import HEADER_LENGTH, encode_infer_request, parse_infer_response
 
 
@@ -27,7 +27,7 @@ class InferClient:
 
     def __init__(self, socket_path: str | os.PathLike[str] | None = None, *, base_url: str | None = None,
                  timeout: float = DEFAULT_TIMEOUT) -> None:
-        self._addr = _address(socket_path, base_url)
+        self._addr = address(socket_path, base_url)
         self._timeout = timeout
 
     def __enter__(self) -> InferClient:
@@ -49,14 +49,14 @@ class InferClient:
         status, answer_headers, body = self._exchange("POST", _model_path(model, version) + "/infer",
                                                       b"".join(parts), headers)
         if status != 200:
-            raise _error_for(status, body, model)
+            raise error_for(status, body, model)
         length = answer_headers.get(HEADER_LENGTH.lower())
         _header, arrays = parse_infer_response(body, int(length) if length is not None else None)
         return arrays
 
     def metadata(self, model: str, version: str | None = None) -> dict[str, Any]:
         status, _, body = self._exchange("GET", _model_path(model, version), None, {})
-        return _json_body(status, body, model)
+        return json_body(status, body, model)
 
     def is_ready(self, model: str) -> bool:
         return self._exchange("GET", _model_path(model, None) + "/ready", None, {})[0] == 200
@@ -68,14 +68,14 @@ class InferClient:
         doc = {k: v for k, v in (("rtol", rtol), ("atol", atol)) if v is not None}
         status, _, body = self._exchange("POST", _model_path(model, version) + "/selftest", json.dumps(doc).encode(),
                                          {"Content-Type": "application/json"})
-        return _json_body(status, body, model)
+        return json_body(status, body, model)
 
     def tensor(self, model: str, name: str, *, version: str | None = None) -> np.ndarray:
         """Tensor ``name`` of the model's tensor_data/, as a numpy array."""
         status, headers, body = self._exchange("GET", f"{_model_path(model, version)}/tensors/{quote(name, safe='')}",
                                                None, {"Accept": "application/octet-stream"})
         if status != 200:
-            raise _error_for(status, body, model)
+            raise error_for(status, body, model)
         length = headers.get(HEADER_LENGTH.lower())
         return parse_infer_response(body, int(length) if length is not None else None)[1][name]
 
@@ -83,12 +83,12 @@ class InferClient:
         """The carton's [[example]] entries, each input and sample output a
         link: {"tensor", "url"} or {"file", "url", "content_type"}."""
         status, _, body = self._exchange("GET", _model_path(model, version) + "/examples", None, {})
-        return _json_body(status, body, model)["examples"]
+        return json_body(status, body, model)["examples"]
 
     def load(self, model: str) -> None:
         status, _, body = self._exchange("POST", f"/v2/repository/models/{quote(model, safe='')}/load", b"{}",
                                          {"Content-Type": "application/json"})
-        _json_body(status, body, model)
+        json_body(status, body, model)
 
     def _exchange(self, method: str, path: str, body: bytes | None,
                   headers: dict[str, str]) -> tuple[int, dict[str, str], bytes]:

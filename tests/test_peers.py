@@ -153,9 +153,9 @@ def test_blobs_over_tcp_need_the_peer_token(tmp_path):
         # This host's callers, on the Unix socket, need no token.
         import http.client
 
-        from cartonstore.client import _UnixHTTPConnection
+        from cartonstore.client_wire import UnixHTTPConnection
 
-        conn = _UnixHTTPConnection(node.socket_path, 10)
+        conn = UnixHTTPConnection(node.socket_path, 10)
         conn.request("GET", f"/v1/blobs/{sha(pool[0])}")
         assert conn.getresponse().read() == pool[0]
         conn.close()

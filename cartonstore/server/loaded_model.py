@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from ..format.carton_toml import CartonConfig
-from ..store.index import LeaseRow
+from ..store.lease_rows import LeaseRow
 from .model_runtime import files_only_note
 from .runners import ModelRunners
 

@@ -9,7 +9,7 @@ from typing import BinaryIO, Callable
 from ..errors import InvalidCarton, NotFound
 from ..format.paths import validate_carton_path
 from ..zipfmt import ZipEntry, ZipLimits, ZipReader
-from ..zipfmt.central import ARCHIVE
+from ..zipfmt.end_records import ARCHIVE
 from .view import METADATA_LIMITS, SYMLINK_TARGET_LIMIT, SourceFile
 
 # Carton's shrink tool wrote these two as absolute names; they are the only

@@ -21,7 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Mapping, Sequence, TypeVar
 
-from ..errors import CartonStoreError, NotFound, Unavailable
+from ..errors import CartonStoreError, Unavailable
+from .lease_rows import TOUCH_AFTER, LeaseQueries, touch_carton
 from .names import NameOutcome, assign_name
 from .schema import SCHEMA, SCHEMA_VERSION
 from .sqlite_ops import rollback, run_ops
@@ -51,15 +52,6 @@ class CartonRow:
 
 
 @dataclass(frozen=True)
-class LeaseRow:
-    id: str
-    carton: str
-    holder: str | None
-    created_at: float
-    expires_at: float
-
-
-@dataclass(frozen=True)
 class CartonRecord:
     """Everything the index learns about a carton when it becomes known."""
 
@@ -69,11 +61,7 @@ class CartonRecord:
     local_sources: Sequence[LocalSource] = ()
 
 
-TOUCH_AFTER = 10.0
-"""Seconds a carton's last use may lag behind: a use within them writes nothing."""
-
-
-class Index:
+class Index(LeaseQueries):
     def __init__(self, path: Path) -> None:
         self.path = path
         self._lock = threading.RLock()
@@ -242,7 +230,7 @@ class Index:
         if fresh:  # no write transaction either: it would wait behind a busy daemon's writers for nothing
             return
         with self.transaction() as conn:
-            self._touch(conn, carton, now)
+            touch_carton(conn, carton, now)
 
     def remove_carton(self, carton: str) -> list[str]:
         """Forget a carton; returns the blobs no other carton lists any more
@@ -347,61 +335,6 @@ class Index:
             except sqlite3.Error as e:
                 raise Unavailable(f"index {self.path}: checkpoint failed: {e}", subject=str(self.path)) from e
 
-    def count_expired_leases(self, now: float) -> int:
-        return self._rows("SELECT count(*) FROM leases WHERE expires_at<=?", (now,))[0][0]
-
-    # -- leases ------------------------------------------------------------
-
-    def create_lease(self, carton: str, ttl: float, holder: str | None = None,
-                     lease_id: str | None = None) -> LeaseRow:
-        """A new lease (or, with a fixed lease_id, a renewed pin); the carton
-        counts as used now."""
-        with self.transaction() as conn:
-            return self.insert_lease(conn, carton, ttl, holder, lease_id)
-
-    def renew_lease(self, lease_id: str, ttl: float) -> LeaseRow:
-        """Extend a live lease; NotFound for an unknown or expired one."""
-        results = self.run_batch([lambda conn: self.extend_lease(conn, lease_id, ttl)])
-        if isinstance(results[0], Exception):
-            raise results[0]
-        return results[0]
-
-    def delete_lease(self, lease_id: str) -> bool:
-        with self.transaction() as conn:
-            return self.drop_lease(conn, lease_id)
-
-    # The same three, inside a caller's transaction (see run_batch).
-
-    def insert_lease(self, conn: sqlite3.Connection, carton: str, ttl: float, holder: str | None,
-                     lease_id: str | None) -> LeaseRow:
-        now = time.time()
-        import secrets  # here: opening the index to read it (`path`) needs no random source
-
-        row = LeaseRow(lease_id or secrets.token_urlsafe(16), carton, holder, now, now + ttl)
-        conn.execute("INSERT OR REPLACE INTO leases VALUES (?,?,?,?,?)",
-                     (row.id, row.carton, row.holder, row.created_at, row.expires_at))
-        self._touch(conn, carton, now)
-        return row
-
-    def extend_lease(self, conn: sqlite3.Connection, lease_id: str, ttl: float) -> LeaseRow:
-        now = time.time()
-        found = conn.execute("SELECT * FROM leases WHERE id=?", (lease_id,)).fetchone()
-        if found is None:
-            raise NotFound(f"no lease {lease_id!r} (never taken, released, or collected)", subject=lease_id)
-        row = LeaseRow(*found)
-        if row.expires_at <= now:
-            conn.execute("DELETE FROM leases WHERE id=?", (lease_id,))
-            raise NotFound(f"lease {lease_id!r} expired {now - row.expires_at:.1f}s ago; take a new one",
-                           subject=lease_id)
-        row = LeaseRow(row.id, row.carton, row.holder, row.created_at, now + ttl)
-        conn.execute("UPDATE leases SET expires_at=? WHERE id=?", (row.expires_at, lease_id))
-        self._touch(conn, row.carton, now)
-        return row
-
-    @staticmethod
-    def drop_lease(conn: sqlite3.Connection, lease_id: str) -> bool:
-        return conn.execute("DELETE FROM leases WHERE id=?", (lease_id,)).rowcount > 0
-
     def run_batch(self, ops: Sequence[Callable[[sqlite3.Connection], T]]) -> list[T | CartonStoreError]:
         """Run small operations in one transaction (one commit for many
         requests). An operation that raises a CartonStoreError gets it as its
@@ -409,39 +342,9 @@ class Index:
         with self.transaction() as conn:
             return run_ops(conn, ops)
 
-    @staticmethod
-    def _touch(conn: sqlite3.Connection, carton: str, now: float) -> None:
-        # LRU needs minutes, not microseconds: skipping fresh rows spares a
-        # page write on every lease of a busy model.
-        conn.execute("UPDATE cartons SET last_used=? WHERE digest=? AND last_used<?", (now, carton, now - TOUCH_AFTER))
-
-    def lease(self, lease_id: str) -> LeaseRow | None:
-        rows = self._rows("SELECT * FROM leases WHERE id=?", (lease_id,))
-        return LeaseRow(*rows[0]) if rows else None
-
-    def expire_leases(self, now: float | None = None) -> int:
-        now = time.time() if now is None else now
-        with self.transaction() as conn:
-            return conn.execute("DELETE FROM leases WHERE expires_at<=?", (now,)).rowcount
-
-    def count_live_leases(self, now: float | None = None) -> int:
-        now = time.time() if now is None else now
-        return self._rows("SELECT count(*) FROM leases WHERE expires_at>?", (now,))[0][0]
-
     def stored_bytes(self) -> int:
         return self._rows("SELECT coalesce(sum(size), 0) FROM blobs")[0][0]
 
-    def lease_ids_with_prefix(self, prefix: str) -> list[str]:
-        return [r[0] for r in self._rows("SELECT id FROM leases WHERE substr(id, 1, ?)=?", (len(prefix), prefix))]
-
-    def delete_leases(self, ids: list[str]) -> None:
-        with self.transaction() as conn:
-            conn.executemany("DELETE FROM leases WHERE id=?", [(i,) for i in ids])
-
-    def live_leases(self, carton: str, now: float | None = None) -> list[LeaseRow]:
-        now = time.time() if now is None else now
-        rows = self._rows("SELECT * FROM leases WHERE carton=? AND expires_at>? ORDER BY expires_at", (carton, now))
-        return [LeaseRow(*r) for r in rows]
 
 
 def _insert_links(conn: sqlite3.Connection, links: Mapping[str, Sequence[str]]) -> None:

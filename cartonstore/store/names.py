@@ -31,7 +31,7 @@ HEX = re.compile(r"[0-9a-f]+")
 PIN_PREFIX = "pin:"
 
 
-class LeaseLike(Protocol):  # index.LeaseRow (not imported here: index imports this module)
+class LeaseLike(Protocol):  # lease_rows.LeaseRow (not imported here: index imports this module)
     id: str
     holder: str | None
     expires_at: float

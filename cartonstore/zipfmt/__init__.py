@@ -14,9 +14,9 @@ from cartonstore.lazy_names import lazy_names
 # (zstandard, zlib) so that `cartonstore path` starts fast (issue 14).
 _MODULE_NAMES = {
     "limits": "ZipLimits",
-    "central": "LOCAL_HEADER_FIXED TAIL_READ_SIZE CentralDirectoryLocation ZipEntry check_directory_limits "
-               "check_entry_limits check_no_overlap local_header_length local_header_variable_length "
-               "locate_central_directory parse_central_directory",
+    "end_records": "TAIL_READ_SIZE CentralDirectoryLocation check_directory_limits locate_central_directory",
+    "central": "LOCAL_HEADER_FIXED ZipEntry check_entry_limits check_no_overlap local_header_length "
+               "local_header_variable_length parse_central_directory",
     "decode": "Decoder make_decoder",
     "entry_decoder": "EntryDecoder",
     "reader": "EntryStream ZipReader",

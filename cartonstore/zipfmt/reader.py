@@ -19,18 +19,20 @@ from typing import BinaryIO
 
 from cartonstore.errors import InvalidCarton
 from cartonstore.zipfmt.central import (
-    ARCHIVE,
     LOCAL_HEADER_FIXED,
-    TAIL_READ_SIZE,
-    CentralDirectoryLocation,
     ZipEntry,
     ZipLimits,
-    check_directory_limits,
     check_entry_limits,
     check_no_overlap,
     local_header_length,
-    locate_central_directory,
     parse_central_directory,
+)
+from cartonstore.zipfmt.end_records import (
+    ARCHIVE,
+    TAIL_READ_SIZE,
+    CentralDirectoryLocation,
+    check_directory_limits,
+    locate_central_directory,
 )
 from cartonstore.zipfmt.decode import Decoder
 from cartonstore.zipfmt.entry_decoder import EntryDecoder
