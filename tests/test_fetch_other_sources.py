@@ -230,3 +230,46 @@ def test_a_corrupt_small_file_with_nothing_to_replace_it_names_the_damage(store:
     origin.put_file("/corrupt.carton", corrupt_zip(tmp_path, damaged=damaged))
     message = refused_unchanged(store, origin.url("/corrupt.carton"), error=error)
     assert message.startswith(f"{damaged}: ") and "CRC-32 mismatch" in message, message
+
+
+def bad_header_zip(tmp_path: Path, how: str, links: dict[str, list[str]] | None = None, *,
+                   damaged: str = "model/w.bin") -> Path:
+    """A carton whose ``damaged`` entry's local header was damaged after it
+    was written: its signature (``how="signature"``), or the name it gives
+    (``how="name"``: one letter changed, so not the central directory's)."""
+    path = write_zip(tmp_path / "header.carton", carton_entries(GOOD, links=build_links(links) if links else None))
+    with zipfile.ZipFile(path) as z:
+        info = z.getinfo(damaged)
+    raw = bytearray(path.read_bytes())
+    if how == "signature":
+        raw[info.header_offset + 2] ^= 0x5A
+    else:
+        raw[info.header_offset + 30] ^= 0x01
+    path.write_bytes(bytes(raw))
+    return path
+
+
+@pytest.mark.parametrize("how", ["signature", "name"])
+@pytest.mark.parametrize("damaged", ["model/w.bin", "carton.toml"])   # an entry staged; a small file read first
+def test_an_entry_whose_local_header_does_not_read_comes_from_its_links_url(
+        store: Store, tmp_path: Path, origin, how: str, damaged: str) -> None:  # noqa: ANN001
+    """Where its data starts is unknown: the entry is broken, the others in
+    the same span are still read (it failed the whole add, exit 4)."""
+    digest = sha(GOOD[damaged])
+    origin.put(f"/blobs/{digest}", GOOD[damaged])
+    origin.put_file("/header.carton", bad_header_zip(tmp_path, how, {digest: [origin.url(f"/blobs/{digest}")]},
+                                                     damaged=damaged))
+    r = pull(store, origin.url("/header.carton"))
+    assert r.complete and r.digest == sha(manifest_for(GOOD))
+    assert store.blobs.path(digest).read_bytes() == GOOD[damaged] and origin.count(f"/blobs/{digest}") == 1
+    assert store.verify().ok and tmp_files(store) == []
+
+
+@pytest.mark.parametrize("how,problem", [("signature", "no local file header at offset"),
+                                         ("name", "unlike the central directory")])
+def test_a_local_header_that_does_not_read_with_no_other_source_is_named(store: Store, tmp_path: Path, origin,  # noqa: ANN001
+                                                                         how: str, problem: str) -> None:
+    origin.put_file("/header.carton", bad_header_zip(tmp_path, how))
+    message = refused_unchanged(store, origin.url("/header.carton"))
+    assert message.startswith(f"model/w.bin: does not match MANIFEST: {origin.url('/header.carton')}: "), message
+    assert problem in message, message

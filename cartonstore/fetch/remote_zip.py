@@ -25,6 +25,7 @@ from ..zipfmt import (
     check_directory_limits,
     check_entry_limits,
     locate_central_directory,
+    local_header_length,
     local_header_variable_length,
     parse_central_directory,
 )
@@ -128,9 +129,10 @@ class _SpanParser:
     """Splits a byte stream covering [start, end) of the zip into the
     entries it holds: local header, then compressed data fed to a decoder.
     Only headers are buffered; entry data passes through as slices. An
-    entry whose data does not decode or check (CRC-32, sizes) is noted in
-    ``broken`` and skipped: its blob may have other sources, and the
-    entries after it in the span are still read."""
+    entry whose local header does not read, or whose data does not decode
+    or check (CRC-32, sizes), is noted in ``broken`` and skipped: its blob
+    may have other sources, and the entries after it in the span are still
+    read."""
 
     def __init__(self, start: int, wanted: list[tuple[ZipEntry, EntrySink]]) -> None:
         self.pos = start
@@ -157,23 +159,44 @@ class _SpanParser:
             self.pos += n
             return view[n:]
         need = LOCAL_HEADER_FIXED - len(self.header)
-        if need <= 0:
-            need = LOCAL_HEADER_FIXED + local_header_variable_length(bytes(self.header[:LOCAL_HEADER_FIXED]),
-                                                                     entry.name) - len(self.header)
+        try:
+            if need <= 0:
+                need = LOCAL_HEADER_FIXED + self._variable_length(entry) - len(self.header)
+        except InvalidCarton as e:
+            return self._header_broken(entry, e, view)
         take = view[: max(need, 0)]
         self.header += take
         self.pos += len(take)
         rest = view[len(take):]
-        if len(self.header) >= LOCAL_HEADER_FIXED:
-            full = LOCAL_HEADER_FIXED + local_header_variable_length(bytes(self.header[:LOCAL_HEADER_FIXED]),
-                                                                     entry.name)
-            if len(self.header) == full:
-                self.header.clear()
-                self.todo.pop(0)
-                self.current = (entry, sink, EntryDecoder(entry))
-                self.left = entry.compressed_size
-                if self.left == 0:
-                    self._end_entry()
+        if len(self.header) < LOCAL_HEADER_FIXED:
+            return rest
+        try:
+            full = LOCAL_HEADER_FIXED + self._variable_length(entry)
+            if len(self.header) == full:  # its name and method as the central directory says, as a local add checks
+                local_header_length(bytes(self.header), entry)
+        except InvalidCarton as e:
+            return self._header_broken(entry, e, rest)
+        if len(self.header) == full:
+            self.header.clear()
+            self.todo.pop(0)
+            self.current = (entry, sink, EntryDecoder(entry))
+            self.left = entry.compressed_size
+            if self.left == 0:
+                self._end_entry()
+        return rest
+
+    def _variable_length(self, entry: ZipEntry) -> int:
+        return local_header_variable_length(bytes(self.header[:LOCAL_HEADER_FIXED]), entry.name,
+                                            entry.local_header_offset)
+
+    def _header_broken(self, entry: ZipEntry, error: InvalidCarton, rest: memoryview) -> memoryview:
+        """A local header that does not read (bad signature, another name or
+        method than the central directory's) hides where the entry's data
+        starts: the entry is broken, like one whose data does not check, and
+        the bytes up to the next wanted entry are skipped."""
+        self.broken[entry.name] = _problem(entry, error)
+        self.header.clear()
+        self.todo.pop(0)
         return rest
 
     def _data(self, view: memoryview) -> memoryview:

@@ -273,13 +273,13 @@ def check_no_overlap(spans: list[tuple[ZipEntry, int, int]], cd_offset: int) -> 
         previous = (entry, start, end)
 
 
-def local_header_variable_length(fixed30: bytes, file: str = ARCHIVE) -> int:
+def local_header_variable_length(fixed30: bytes, file: str = ARCHIVE, offset: int | None = None) -> int:
     """Length of the name and extra field that follow a local header's fixed part.
 
     Raises ``InvalidCarton(file, ...)`` if ``fixed30`` is short or is not a
-    local file header.
+    local file header (naming ``offset``, where given).
     """
-    fields = _local_header_fields(fixed30, file)
+    fields = _local_header_fields(fixed30, file, offset)
     return fields[9] + fields[10]
 
 
