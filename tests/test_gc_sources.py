@@ -22,7 +22,7 @@ import pytest
 from cartonstore.cli import main
 from cartonstore.store import Store
 from cartonstore.store.gc import CartonUse, GcPolicy, Snapshot, plan_collection
-from conftest import carton_entries, write_zip
+from conftest import carton_entries, sha, write_zip
 
 NOW = 1_000_000.0
 TOML = b'spec_version = 1\nmodel_name = "%s"\n[runner]\nrunner_name = "tensorflow"\nrequired_framework_version = "*"\n'
@@ -319,3 +319,28 @@ def test_a_carton_added_again_during_a_collection_is_not_forgotten(tmp_path: Pat
         report = store.collect(GcPolicy(max_size=1, grace=0, forget_unrecoverable=True))
         assert d not in {m["manifest_sha256"] for m in report.forgotten_models}
         assert store.index.carton(d) is not None
+
+
+def test_blobs_brought_back_from_their_local_file_count_as_read_from_it(tmp_path: Path) -> None:
+    """The puller's stats name the local file as their source (bytes and
+    blobs under "file"), with nothing received: before, they were in no
+    source's count at all."""
+    from cartonstore.fetch.puller import Puller
+    from fetchkit import fast_config
+
+    carton, files = _zip(tmp_path, "local")
+    with Store(tmp_path / "root") as store:
+        digest = store.add(carton, name="local").digest
+        assert store.collect(GcPolicy(max_size=1, grace=0)).evicted_blobs >= 1
+        missing = set(store.info(digest).missing_blobs)
+
+        async def bring_back() -> dict:
+            async with Puller(store, fast_config()) as p:
+                await p.materialize("local")
+                return p.stats.snapshot()
+
+        moved = asyncio.run(bring_back())
+        assert not store.info(digest).missing_blobs
+    assert moved["source_blobs"]["file"] == len(missing)
+    assert moved["source_bytes"]["file"] == sum(len(data) for data in files.values() if sha(data) in missing)
+    assert moved["bytes_received"] == 0 and moved["requests"] == 0

@@ -137,10 +137,12 @@ class Puller:
         moved = self.stats.since(before)
         sources = {k: {"bytes": moved["source_bytes"].get(k, 0), "blobs": moved["source_blobs"].get(k, 0)}
                    for k in SOURCE_KINDS}
-        sources["file"] = {"bytes": read[0], "blobs": read[1]}
+        # The add's own reads, and the blobs complete() restored from their local sources.
+        sources["file"] = {"bytes": read[0] + sources["file"]["bytes"], "blobs": read[1] + sources["file"]["blobs"]}
         return PullResult(result.digest, result.name, not missing, sum(v["blobs"] for v in sources.values()),
                           moved["bytes_received"], moved["requests"], result.bytes_reused, result.naming,
-                          bytes_read=read[0], retries=moved["retries"], sources=sources, local=not is_url(source))
+                          bytes_read=sources["file"]["bytes"], retries=moved["retries"], sources=sources,
+                          local=not is_url(source))
 
     async def _add_url(self, url: str, name: str | None, force: bool) -> IngestResult:
         url = self.config.policy.check(url)
@@ -305,7 +307,11 @@ class Puller:
         # The local files they were added from first (local_source.py), then the network.
         fetched, local_reasons = await asyncio.to_thread(restore_from_local, self.store, missing,
                                                          self.fetcher.commit, lock_timeout=self.config.lock_timeout)
+        before = missing
         missing, row, unlinked = await asyncio.to_thread(self._still_missing, digest, missing)
+        if fetched:  # counted as read from disk, like a local add's blobs (not as received)
+            back = await asyncio.to_thread(self.store.index.blob_sizes, set(before) - set(missing))
+            self.stats.read_locally(sum(back.values()), len(back))
         # A carton from a registry has every blob linked (and a collection keeps its MANIFEST).
         if unlinked and row is not None and row.source and is_url(row.source) and not is_oci_reference(row.source):
             # In the carton's own zip, not in LINKS: read them from there again.

@@ -44,6 +44,13 @@ class TransferStats:
             self.bytes_received += n
             self.source_bytes[source] = self.source_bytes.get(source, 0) + n
 
+    def read_locally(self, nbytes: int, blobs: int) -> None:
+        """Blobs brought back from the local files they were added from: a
+        source ("file"), but nothing received."""
+        with self._lock:
+            self.source_bytes["file"] = self.source_bytes.get("file", 0) + nbytes
+            self.source_blobs["file"] = self.source_blobs.get("file", 0) + blobs
+
     def expect(self, n: int) -> None:
         with self._lock:
             self.bytes_expected += n

@@ -123,12 +123,16 @@ class Index(LeaseQueries):
     # -- blobs -------------------------------------------------------------
 
     def present_blobs(self, digests: Iterable[str]) -> set[str]:
+        return set(self.blob_sizes(digests))
+
+    def blob_sizes(self, digests: Iterable[str]) -> dict[str, int]:
+        """digest -> size of those of ``digests`` the store holds."""
         wanted = list(set(digests))
-        found: set[str] = set()
+        found: dict[str, int] = {}
         for i in range(0, len(wanted), 500):
             part = wanted[i : i + 500]
             marks = ",".join("?" * len(part))
-            found.update(r[0] for r in self._rows(f"SELECT digest FROM blobs WHERE digest IN ({marks})", part))
+            found.update(self._rows(f"SELECT digest, size FROM blobs WHERE digest IN ({marks})", part))
         return found
 
     def add_blobs(self, conn: sqlite3.Connection, blobs: Iterable[tuple[str, int]]) -> None:
