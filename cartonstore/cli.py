@@ -103,7 +103,7 @@ def cmd_push(store: Store, args: argparse.Namespace, out: Output) -> None:
 
 
 def cmd_infer(store: Store, args: argparse.Namespace, out: Output) -> None:
-    from .client import DaemonUnavailable
+    from .client_wire import DaemonUnavailable   # not .client: asyncio is not needed to catch it
     from .infer_client import InferClient, describe_outputs, outputs_as_json, parse_input_arg
 
     client = InferClient(args.settings.socket_path)
@@ -132,7 +132,7 @@ SELFTEST_FAILED = 8   # `selftest`: the model ran, and failed a test
 
 
 def cmd_selftest(store: Store, args: argparse.Namespace, out: Output) -> int:
-    from .client import DaemonUnavailable
+    from .client_wire import DaemonUnavailable   # not .client: asyncio is not needed to catch it
     from .infer_client import InferClient
 
     client = InferClient(args.settings.socket_path)

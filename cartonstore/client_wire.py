@@ -19,9 +19,8 @@ from urllib.parse import quote, urlsplit
 
 from .errors import CartonStoreError, Conflict, InvalidInput, NotFound, Unavailable
 
-log = logging.getLogger("cartonstore.client")
+log = logging.getLogger("cartonstore.client")   # not __name__: the name client.py documents
 
-SOCKET_NAME = "cartonstore.sock"
 DEFAULT_TIMEOUT = 30.0
 """Seconds for one request (renew, release, ready)."""
 DEFAULT_ACQUIRE_TIMEOUT = 3600.0
@@ -56,7 +55,7 @@ def default_socket_path() -> Path:
     env = os.environ.get("CARTONSTORE_SOCKET")
     if env:
         return Path(env)
-    from .store.layout import default_root  # the store package is slow to import
+    from .store.layout import SOCKET_NAME, default_root  # the store package is slow to import
 
     return default_root() / SOCKET_NAME
 

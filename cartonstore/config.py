@@ -43,11 +43,10 @@ from .peer_settings import PeerSettings
 from .registry_settings import RegistrySettings
 from .runner_settings import RunnerSettings
 from .server_settings import ServerSettings
-from .store.layout import default_root
+from .store.layout import SOCKET_NAME, default_root
 from .zipfmt import ZipLimits
 
 CONFIG_ENV = "CARTONSTORE_CONFIG"
-SOCKET_NAME = "cartonstore.sock"
 
 ENV_VARS: Mapping[str, str] = MappingProxyType({
     "CARTONSTORE_ROOT": "store.root",

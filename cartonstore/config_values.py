@@ -1,7 +1,7 @@
 """The kinds of value a setting takes (integers, sizes, durations, choices,
 booleans, paths, lists of strings): how each is read from TOML, the
 environment or the command line, and how it is written back. Shared by
-config.py and runner_settings.py; a parser raises BadValue (or
+config.py and the section modules (*_settings.py); a parser raises BadValue (or
 InvalidInput) and the loader says where the value came from.
 """
 

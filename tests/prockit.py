@@ -11,22 +11,28 @@ from pathlib import Path
 _GONE = ("Z", "X")  # a zombie has exited; only its parent's wait() is missing
 
 
+def _stat(pid: str | int) -> list[str]:
+    """/proc/PID/stat's fields after the command name: state, parent pid, ..."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+
+
 def _state(pid: str | int) -> str:
-    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    return _stat(pid)[0]
 
 
-def live_pids(marker: str) -> list[int]:
-    """Processes (zombies excluded, this one too) whose command line holds marker."""
+def live_pids(marker: str, *, parent: int | None = None) -> list[int]:
+    """Processes (zombies excluded, this one too) whose command line holds
+    marker; with ``parent``, only that process's children."""
     pids = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit() or int(entry) == os.getpid():
             continue
         try:
             cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            state = _state(entry)
+            stat = _stat(entry)
         except OSError:
             continue
-        if marker in cmdline and state not in _GONE:
+        if marker in cmdline and stat[0] not in _GONE and (parent is None or int(stat[1]) == parent):
             pids.append(int(entry))
     return pids
 

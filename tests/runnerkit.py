@@ -22,7 +22,6 @@ import http.client
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -32,6 +31,7 @@ from typing import Any, Sequence
 
 import aiohttp
 
+from cartonstore.client_wire import UnixHTTPConnection
 from cartonstore.pack import pack_directory
 from cartonstore.runner.builtin import BUILTIN_RUNNERS
 from prockit import live_pids, wait_gone  # noqa: F401 - wait_gone is used by the tests through this kit
@@ -244,22 +244,10 @@ def start_runner(kind: str, model_dir: Path, socket_path: Path, **kwargs: Any) -
                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
 
-class _UnixHTTPConnection(http.client.HTTPConnection):
-    def __init__(self, path: Path, timeout: float) -> None:
-        super().__init__("localhost", timeout=timeout)
-        self._path = str(path)
-
-    def connect(self) -> None:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.settimeout(self.timeout)
-        sock.connect(self._path)
-        self.sock = sock
-
-
 def unix_request(socket_path: Path, method: str, path: str, body: bytes | None = None,
                  headers: dict[str, str] | None = None, timeout: float = 10.0) -> tuple[int, dict[str, str], bytes]:
     """One blocking HTTP request over a Unix socket: (status, headers, body)."""
-    conn = _UnixHTTPConnection(socket_path, timeout)
+    conn = UnixHTTPConnection(socket_path, timeout)
     try:
         conn.request(method, path, body=body, headers=headers or {})
         response = conn.getresponse()

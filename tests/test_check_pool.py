@@ -25,7 +25,7 @@ from conftest import short_dir
 from daemonkit import DaemonProcess, wait_for
 from inferkit import echo_carton, runner_pids
 from peerkit import metric
-from prockit import wait_gone
+from prockit import live_pids, wait_gone
 from test_infer_api import _load, raw_post, runner_count
 
 WORKER = "cartonstore.server.check_worker"
@@ -34,18 +34,7 @@ SPECS = [TensorSpec("x", "float32", ["n"])]
 
 def worker_pids(parent: int) -> list[int]:
     """Live check workers whose parent is ``parent``."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
-            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
-        except OSError:
-            continue
-        if int(stat[1]) == parent and stat[0] not in ("Z", "X") and WORKER.encode() in cmdline:
-            found.append(int(entry))
-    return found
+    return live_pids(WORKER, parent=parent)
 
 
 def big_json(count: int = 100_000) -> bytes:
@@ -70,7 +59,7 @@ async def pool_of(size: int, **settings: object) -> AsyncIterator[CheckPool]:
 
 async def its_one_worker(pool: CheckPool) -> int:
     """The pid of the worker a first check starts."""
-    assert await pool.check(SPECS, None, big_json(), None) is not None
+    assert await pool.check(SPECS, None, big_json()) is not None
     (pid,) = worker_pids(os.getpid())
     return pid
 
@@ -82,7 +71,7 @@ def test_a_worker_answers_the_binary_form_and_is_reused() -> None:
     async def go() -> None:
         async with pool_of(2) as pool:
             for _ in range(3):
-                parts, length = await pool.check(SPECS, None, big_json(), None)
+                parts, length = await pool.check(SPECS, None, big_json())
                 body = b"".join(bytes(p) for p in parts)
                 x = tensor_to_numpy(parse_infer_request(body, length).inputs[0])
                 assert np.array_equal(x, np.arange(100_000, dtype=np.float32) * 0.5)
@@ -100,7 +89,7 @@ def test_a_bad_request_is_a_400_from_the_worker(body: bytes, problem: str) -> No
     async def go() -> None:
         async with pool_of(1) as pool:
             with pytest.raises(InvalidInput, match=problem):
-                await pool.check(SPECS, None, body, None)
+                await pool.check(SPECS, None, body)
             assert pool.checked == 1 and pool.failed == 0
     run(go())
 
@@ -111,7 +100,7 @@ def test_a_request_naming_shared_memory_is_left_to_the_daemon() -> None:
 
     async def go() -> None:
         async with pool_of(1) as pool:
-            assert await pool.check(SPECS, None, body, None) is None
+            assert await pool.check(SPECS, None, body) is None
     run(go())
 
 
@@ -121,24 +110,50 @@ def test_a_worker_killed_while_idle_is_replaced() -> None:
             pid = await its_one_worker(pool)
             os.kill(pid, signal.SIGKILL)
             assert wait_gone(pid)
-            assert await pool.check(SPECS, None, big_json(), None) is None   # the daemon checks it itself
+            assert await pool.check(SPECS, None, big_json()) is None   # the daemon checks it itself
             assert pool.failed == 1
-            assert await pool.check(SPECS, None, big_json(), None) is not None   # a new worker
+            assert await pool.check(SPECS, None, big_json()) is not None   # a new worker
             assert len(worker_pids(os.getpid())) == 1
     run(go())
 
 
-def test_a_task_cancelled_mid_way_kills_its_worker() -> None:
+# A stand-in for the first worker: it takes the task whole, says so (the
+# file named by argv[1]) and never answers; later workers are real ones.
+SILENT_FIRST = r'''
+import os, runpy, struct, sys
+if os.path.exists(sys.argv[1]):
+    runpy.run_module("cartonstore.server.check_worker", run_name="__main__")
+    sys.exit()
+meta_size, body_size = struct.unpack("<IQ", sys.stdin.buffer.read(12))
+sys.stdin.buffer.read(meta_size + body_size)
+open(sys.argv[1], "w").close()
+sys.stdin.buffer.read()
+'''
+
+
+@asynccontextmanager
+async def check_under_way(tmp: Path) -> AsyncIterator[tuple[CheckPool, int, asyncio.Task]]:
+    """A pool of one whose worker has taken a check whole and is on it (for
+    ever): the pool, the worker's pid and the check's task. No sleep decides
+    when the check is under way, so a fast machine cannot finish it first."""
+    script, told = tmp / f"{WORKER}-silent-first.py", tmp / "told"   # named so worker_pids finds it
+    script.write_text(SILENT_FIRST)
+    async with pool_of(1, command=(sys.executable, str(script), str(told))) as pool:
+        task = asyncio.create_task(pool.check(SPECS, None, big_json()))
+        while not told.exists():
+            await asyncio.sleep(0.01)
+        (pid,) = worker_pids(os.getpid())
+        yield pool, pid, task
+
+
+def test_a_task_cancelled_mid_way_kills_its_worker(short_tmp: Path) -> None:
     async def go() -> None:
-        async with pool_of(1) as pool:
-            pid = await its_one_worker(pool)
-            task = asyncio.create_task(pool.check(SPECS, None, big_json(1_000_000), None))
-            await asyncio.sleep(0.05)
+        async with check_under_way(short_tmp) as (pool, pid, task):
             task.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await task
             assert wait_gone(pid)
-            assert await pool.check(SPECS, None, big_json(), None) is not None
+            assert await pool.check(SPECS, None, big_json()) is not None
     run(go())
 
 
@@ -210,12 +225,12 @@ def test_without_workers_big_json_is_checked_in_the_daemon() -> None:
 def test_an_idle_worker_is_stopped_and_a_new_one_started_when_needed() -> None:
     async def go() -> None:
         async with pool_of(2, idle_stop=0.3) as pool:
-            await asyncio.gather(*(pool.check(SPECS, None, big_json(300_000), None) for _ in range(2)))
+            await asyncio.gather(*(pool.check(SPECS, None, big_json(300_000)) for _ in range(2)))
             first = worker_pids(os.getpid())
             assert len(first) == 2
             await asyncio.sleep(0.8)
             assert all(wait_gone(pid, 5) for pid in first) and pool.stats()["workers"] == 0
-            assert await pool.check(SPECS, None, big_json(), None) is not None
+            assert await pool.check(SPECS, None, big_json()) is not None
             assert len(worker_pids(os.getpid())) == 1 and pool.failed == 0
     run(go())
 
@@ -251,7 +266,7 @@ def test_a_task_cancelled_while_reading_its_answer_is_paused_lets_close_end(
 
     async def go() -> None:
         async with pool_of(1, command=(sys.executable, str(script))) as pool:
-            task = asyncio.create_task(pool.check(SPECS, None, big_json(), None))
+            task = asyncio.create_task(pool.check(SPECS, None, big_json()))
             cancelled.append(task)
             assert (await asyncio.gather(task, return_exceptions=True))[0].__class__ is asyncio.CancelledError
             await asyncio.wait_for(pool.close(), 10)
@@ -262,9 +277,9 @@ def test_workers_that_cannot_start_are_not_tried_for_a_while() -> None:
     async def go() -> None:
         async with pool_of(1, command=(sys.executable, "-c", "import sys; sys.exit(3)")) as pool:
             for _ in range(START_FAILURES):
-                assert await pool.check(SPECS, None, big_json(), None) is None
+                assert await pool.check(SPECS, None, big_json()) is None
             assert pool.failed == START_FAILURES
-            assert await pool.check(SPECS, None, big_json(), None) is None
+            assert await pool.check(SPECS, None, big_json()) is None
             assert pool.failed == START_FAILURES   # resting: no fourth process was started
     run(go())
 
@@ -272,9 +287,9 @@ def test_workers_that_cannot_start_are_not_tried_for_a_while() -> None:
 def test_a_fault_in_the_worker_is_said_and_the_worker_lives_on() -> None:
     async def go() -> None:
         async with pool_of(1) as pool:
-            assert await pool.check("not a list of specs", None, big_json(), None) is None   # type: ignore[arg-type]
+            assert await pool.check("not a list of specs", None, big_json()) is None   # type: ignore[arg-type]
             (pid,) = worker_pids(os.getpid())
-            assert await pool.check(SPECS, None, big_json(), None) is not None
+            assert await pool.check(SPECS, None, big_json()) is not None
             assert worker_pids(os.getpid()) == [pid] and pool.failed == 0
     run(go())
 
@@ -282,20 +297,17 @@ def test_a_fault_in_the_worker_is_said_and_the_worker_lives_on() -> None:
 def test_more_checks_than_workers_wait_for_one() -> None:
     async def go() -> None:
         async with pool_of(2) as pool:
-            answers = await asyncio.gather(*(pool.check(SPECS, None, big_json(200_000), None) for _ in range(5)))
+            answers = await asyncio.gather(*(pool.check(SPECS, None, big_json(200_000)) for _ in range(5)))
             assert all(a is not None for a in answers) and pool.checked == 5
             assert len(worker_pids(os.getpid())) == 2 and pool.stats()["workers"] == 2
     run(go())
 
 
-def test_closing_while_a_check_runs_leaves_it_to_the_daemon() -> None:
+def test_closing_while_a_check_runs_leaves_it_to_the_daemon(short_tmp: Path) -> None:
     async def go() -> None:
-        async with pool_of(1) as pool:
-            pid = await its_one_worker(pool)
-            task = asyncio.create_task(pool.check(SPECS, None, big_json(1_000_000), None))
-            await asyncio.sleep(0.05)
+        async with check_under_way(short_tmp) as (pool, pid, task):
             await asyncio.wait_for(pool.close(), 10)
             assert await task is None            # the caller checks it itself
             assert wait_gone(pid) and pool.failed == 0   # not a worker's failure: the pool closed
-            assert await pool.check(SPECS, None, big_json(), None) is None   # closed: no new worker
+            assert await pool.check(SPECS, None, big_json()) is None   # closed: no new worker
     run(go())

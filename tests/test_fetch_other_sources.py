@@ -273,3 +273,31 @@ def test_a_local_header_that_does_not_read_with_no_other_source_is_named(store: 
     message = refused_unchanged(store, origin.url("/header.carton"))
     assert message.startswith(f"model/w.bin: does not match MANIFEST: {origin.url('/header.carton')}: "), message
     assert problem in message, message
+
+
+NEXT = {**GOOD, "model/x.bin": b"next entry " * 1000}   # read in the same span, right after model/w.bin
+
+
+@pytest.mark.parametrize("field,value,problem", [
+    ("extra", 100, "extra field (100 bytes) runs its data past the next entry"),
+    ("extra", 6000, "extra field (6000 bytes) runs its data past the next entry"),
+    ("name", 0xFFFF, "local header gives a 65535-byte name, the central directory a 11-byte one"),
+])
+def test_a_local_header_whose_lengths_do_not_fit_breaks_only_its_entry(store: Store, tmp_path: Path, origin,  # noqa: ANN001
+                                                                       field: str, value: int, problem: str) -> None:
+    """A damaged name or extra length would have the parser take the next
+    entry's bytes for this one's (the next was then named broken, or the
+    span read again and again): the entry is broken before its data, and
+    the next one is read as it is."""
+    path = write_zip(tmp_path / "lengths.carton", carton_entries(NEXT))
+    with zipfile.ZipFile(path) as z:
+        w, x = z.getinfo("model/w.bin"), z.getinfo("model/x.bin")
+    assert x.header_offset > w.header_offset
+    raw = bytearray(path.read_bytes())
+    struct.pack_into("<H", raw, w.header_offset + (28 if field == "extra" else 26), value)
+    path.write_bytes(bytes(raw))
+    origin.put_file("/lengths.carton", path)
+    message = refused_unchanged(store, origin.url("/lengths.carton"))
+    assert message.startswith(f"model/w.bin: does not match MANIFEST: {origin.url('/lengths.carton')}: "), message
+    assert problem in message and "model/x.bin" not in message, message
+    assert origin.count("/lengths.carton") <= 4   # tail, central directory, one span: not read again and again

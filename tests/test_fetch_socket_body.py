@@ -249,3 +249,19 @@ def test_a_slow_body_is_not_taken_for_a_stalled_one(store: Store, tmp_path: Path
         server.close()
     assert store.blobs.path(sha(BIG)).read_bytes() == BIG
     assert server.gets == 1 and direct_reads == [len(BIG)]
+
+
+def test_a_remote_zips_big_span_is_read_from_its_socket(store: Store, tmp_path: Path, origin,
+                                                        direct_reads) -> None:  # noqa: ANN001
+    """The entries a remote carton lacks come in Range requests over its
+    zip: a big one is read directly too, and parsed in that thread."""
+    import zipfile
+
+    from conftest import MINIMAL_TOML, carton_entries, sha, write_zip
+
+    files = {"carton.toml": MINIMAL_TOML, "model/w.bin": BIG}
+    origin.put_file("/big.carton", write_zip(tmp_path / "big.carton", carton_entries(files), method=zipfile.ZIP_STORED))
+    assert pull(store, origin.url("/big.carton")).complete
+    assert store.blobs.path(sha(BIG)).read_bytes() == BIG
+    assert len(direct_reads) == 1 and direct_reads[0] > len(BIG)
+    assert tmp_files(store) == [] and fetch_threads() == []

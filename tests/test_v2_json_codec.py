@@ -224,13 +224,17 @@ def test_arrays_of_numbers_alone_are_noted() -> None:
         assert json_codec.loads_noting_numbers(text + (pad if b"003a" in text else b""))[1] == frozenset()
 
 
+@pytest.mark.parametrize("way", WAYS)
 @pytest.mark.parametrize("data,problem", [
     ([1.5, True], "element 1 is a boolean"), ([1, "2"], "element 1 is a string"), ([[1.5], [2]], None),
-    ([1.5, 2, 3], "needs 2 elements"), ([1.5, None], "element 1 is null"),
+    ([1.5, 2, 3], "needs 2 elements"), ([1.5, None], "element 1 is null"), ([1.5, 2], None),
 ])
-def test_float_data_checked_the_short_way_or_the_long(data: list, problem: str | None) -> None:
+def test_float_data_checked_the_short_way_or_the_long(data: list, problem: str | None, way: str) -> None:
     body = json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [2], "data": data}]}).encode()
-    req = parse_infer_request(body, None)
+    req = parse_infer_request(body + b" " * WAYS[way], None)
+    # The short way (numbers noted by the parser) only for a flat list of numbers read by orjson.
+    flat_numbers = all(type(v) in (int, float) for v in data)
+    assert req.inputs[0].json_numbers == (way == "orjson" and flat_numbers)
     if problem is None:
         validate_request(req, None, None)
         assert tensor_to_numpy(req.inputs[0]).tolist() == [1.5, 2.0]

@@ -24,11 +24,11 @@ from ..store.sources import LocalSource, local_sources_for, stale_reason
 
 
 def restore_from_local(store: Store, digests: Iterable[str], commit: Callable[[StagedBlob], None], *,
-                       lock_timeout: float = 600.0) -> tuple[int, dict[str, list[str]]]:
+                       lock_timeout: float = 600.0) -> tuple[dict[str, int], dict[str, list[str]]]:
     """Bring back what the local sources of ``digests`` still hold. Returns
-    how many blobs came back, and for each blob that did not but had local
-    sources, why each was skipped."""
-    restored = 0
+    the blobs that came back (digest -> size), and for each blob that did
+    not but had local sources, why each was skipped."""
+    restored: dict[str, int] = {}
     reasons: dict[str, list[str]] = {}
     zips: dict[str, _ZipSource] = {}
     try:
@@ -41,11 +41,11 @@ def restore_from_local(store: Store, digests: Iterable[str], commit: Callable[[S
                     continue
                 why = []
                 for src in sources:
-                    problem = stale_reason(src) or _restore_one(store, src, zips, commit)
-                    if problem is None:
-                        restored += 1
+                    outcome = stale_reason(src) or _restore_one(store, src, zips, commit)
+                    if isinstance(outcome, int):
+                        restored[digest] = outcome
                         break
-                    why.append(problem)
+                    why.append(outcome)
                 else:
                     reasons[digest] = why
     finally:
@@ -55,8 +55,9 @@ def restore_from_local(store: Store, digests: Iterable[str], commit: Callable[[S
 
 
 def _restore_one(store: Store, src: LocalSource, zips: dict[str, _ZipSource],
-                 commit: Callable[[StagedBlob], None]) -> str | None:
-    """Stage, verify and commit the blob from one source; the reason on failure."""
+                 commit: Callable[[StagedBlob], None]) -> int | str:
+    """Stage, verify and commit the blob from one source: its size, or the
+    reason it could not."""
     try:
         with store.blobs.writer(label="local") as w:
             if src.in_zip:
@@ -86,7 +87,7 @@ def _restore_one(store: Store, src: LocalSource, zips: dict[str, _ZipSource],
         commit(staged)
     finally:
         staged.discard()
-    return None
+    return staged.size
 
 
 class _ZipSource:

@@ -265,7 +265,7 @@ class Puller:
                     except IntegrityError as e:
                         problem = e.message
                 if problem is not None:   # the blob's other sources (LINKS, mirrors) may have it right
-                    w.close()   # its bytes are no use: not on disk beside a whole second copy
+                    await asyncio.to_thread(w.close)   # its bytes are no use: not on disk beside a second copy
                     staged = await self.fetcher.stage_instead(paths[digest], digest, view.rz.url, problem,
                                                               checked.links.get(digest, ()))
                     elsewhere += 1
@@ -305,13 +305,11 @@ class Puller:
         if not missing:
             return 0
         # The local files they were added from first (local_source.py), then the network.
-        fetched, local_reasons = await asyncio.to_thread(restore_from_local, self.store, missing,
-                                                         self.fetcher.commit, lock_timeout=self.config.lock_timeout)
-        before = missing
+        restored, local_reasons = await asyncio.to_thread(restore_from_local, self.store, missing,
+                                                          self.fetcher.commit, lock_timeout=self.config.lock_timeout)
+        self.stats.read_locally(sum(restored.values()), len(restored))   # read from disk, like a local add's
+        fetched = len(restored)
         missing, row, unlinked = await asyncio.to_thread(self._still_missing, digest, missing)
-        if fetched:  # counted as read from disk, like a local add's blobs (not as received)
-            back = await asyncio.to_thread(self.store.index.blob_sizes, set(before) - set(missing))
-            self.stats.read_locally(sum(back.values()), len(back))
         # A carton from a registry has every blob linked (and a collection keeps its MANIFEST).
         if unlinked and row is not None and row.source and is_url(row.source) and not is_oci_reference(row.source):
             # In the carton's own zip, not in LINKS: read them from there again.

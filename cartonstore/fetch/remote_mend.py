@@ -55,10 +55,7 @@ async def mend_small_files(view: RemoteCartonView, fetcher: BlobFetcher) -> int:
     wrong = await asyncio.to_thread(mismatched_small_files, view)
     if not wrong:
         return 0
-    try:
-        links = parse_links(view.read_metadata("LINKS") or b"")
-    except CartonStoreError:
-        links = {}
+    links = await asyncio.to_thread(_links_of, view)
     for path, (expected, problem) in wrong.items():
         # No more than the file may hold (what prefetch_view allows it): a source must not make this
         # read gigabytes into memory for a carton.toml.
@@ -69,3 +66,11 @@ async def mend_small_files(view: RemoteCartonView, fetcher: BlobFetcher) -> int:
         finally:
             staged.discard()   # small: staged again from the view's bytes with the rest
     return len(wrong)
+
+
+def _links_of(view: RemoteCartonView) -> dict:
+    """The carton's LINKS (up to 64 MiB of TOML: parsed in a thread), {} if it has none or they do not parse."""
+    try:
+        return parse_links(view.read_metadata("LINKS") or b"")
+    except CartonStoreError:
+        return {}

@@ -8,7 +8,6 @@ them is small. Each entry is decoded (Stored, Deflate, zstd) and checked
 
 from __future__ import annotations
 
-import asyncio
 import io
 from dataclasses import dataclass
 from typing import BinaryIO, Callable, Protocol, Sequence
@@ -26,13 +25,14 @@ from ..zipfmt import (
     check_entry_limits,
     locate_central_directory,
     local_header_length,
-    local_header_variable_length,
+    local_header_lengths,
     parse_central_directory,
 )
 from .config import FetchConfig
 from .http import HttpClient, Response, with_retries
 from .policy import describe
 from .stats import Tally, TransferStats, retry_hook
+from .transfer import stream_into
 
 
 class EntrySink(Protocol):
@@ -134,7 +134,8 @@ class _SpanParser:
     may have other sources, and the entries after it in the span are still
     read."""
 
-    def __init__(self, start: int, wanted: list[tuple[ZipEntry, EntrySink]]) -> None:
+    def __init__(self, start: int, wanted: list[tuple[ZipEntry, EntrySink, int]]) -> None:
+        """``wanted``: (entry, its sink, where its span ends: the next entry's offset)."""
         self.pos = start
         self.todo = sorted(wanted, key=lambda w: w[0].local_header_offset)
         self.header = bytearray()
@@ -152,42 +153,51 @@ class _SpanParser:
         if not self.todo:
             self.pos += len(view)
             return view[len(view):]
-        entry, sink = self.todo[0]
+        entry, sink, span_end = self.todo[0]
         skip = entry.local_header_offset - self.pos
         if skip > 0:
             n = min(skip, len(view))
             self.pos += n
             return view[n:]
-        need = LOCAL_HEADER_FIXED - len(self.header)
         try:
-            if need <= 0:
-                need = LOCAL_HEADER_FIXED + self._variable_length(entry) - len(self.header)
+            size = LOCAL_HEADER_FIXED if len(self.header) < LOCAL_HEADER_FIXED else self._header_size(entry, span_end)
         except InvalidCarton as e:
             return self._header_broken(entry, e, view)
-        take = view[: max(need, 0)]
+        take = view[: size - len(self.header)]
         self.header += take
         self.pos += len(take)
         rest = view[len(take):]
         if len(self.header) < LOCAL_HEADER_FIXED:
             return rest
         try:
-            full = LOCAL_HEADER_FIXED + self._variable_length(entry)
-            if len(self.header) == full:  # its name and method as the central directory says, as a local add checks
-                local_header_length(bytes(self.header), entry)
+            if len(self.header) < self._header_size(entry, span_end):
+                return rest
+            local_header_length(bytes(self.header), entry)   # its name and method, as a local add checks
         except InvalidCarton as e:
             return self._header_broken(entry, e, rest)
-        if len(self.header) == full:
-            self.header.clear()
-            self.todo.pop(0)
-            self.current = (entry, sink, EntryDecoder(entry))
-            self.left = entry.compressed_size
-            if self.left == 0:
-                self._end_entry()
+        self.header.clear()
+        self.todo.pop(0)
+        self.current = (entry, sink, EntryDecoder(entry))
+        self.left = entry.compressed_size
+        if self.left == 0:
+            self._end_entry()
         return rest
 
-    def _variable_length(self, entry: ZipEntry) -> int:
-        return local_header_variable_length(bytes(self.header[:LOCAL_HEADER_FIXED]), entry.name,
-                                            entry.local_header_offset)
+    def _header_size(self, entry: ZipEntry, span_end: int) -> int:
+        """The local header's length, from its fixed part, if it can be the
+        entry's: a name as long as the central directory's, and room for its
+        data before the next entry (a damaged length would otherwise take the
+        next entry's bytes for this one's)."""
+        name_length, extra_length = local_header_lengths(bytes(self.header[:LOCAL_HEADER_FIXED]), entry.name,
+                                                         entry.local_header_offset)
+        if name_length != len(entry.raw_name):
+            raise InvalidCarton(entry.name, f"local header gives a {name_length}-byte name, the central "
+                                            f"directory a {len(entry.raw_name)}-byte one")
+        size = LOCAL_HEADER_FIXED + name_length + extra_length
+        if entry.local_header_offset + size + entry.compressed_size > span_end:
+            raise InvalidCarton(entry.name, f"local header's extra field ({extra_length} bytes) runs its data past "
+                                            f"the next entry at offset {span_end}")
+        return size
 
     def _header_broken(self, entry: ZipEntry, error: InvalidCarton, rest: memoryview) -> memoryview:
         """A local header that does not read (bad signature, another name or
@@ -253,11 +263,11 @@ async def read_entries(client: HttpClient, rz: RemoteZip, wanted: Sequence[tuple
         stats.expect(unstarted)
     try:
         for start, end in requests:
-            group = [(e, make) for (s, t), (e, make) in by_span.items() if start <= s and t <= end]
+            group = [(e, make, t) for (s, t), (e, make) in by_span.items() if start <= s and t <= end]
             unstarted -= end - start
 
             async def attempt(n: int, start: int = start, end: int = end, group=group) -> None:  # noqa: ANN001
-                parser = _SpanParser(start, [(e, make()) for e, make in group])
+                parser = _SpanParser(start, [(e, make(), span_end) for e, make, span_end in group])
                 tally = Tally(stats, end - start, counted=n == 0)
                 try:
                     if stats is not None:
@@ -266,9 +276,7 @@ async def read_entries(client: HttpClient, rz: RemoteZip, wanted: Sequence[tuple
                         if r.status != 206:
                             raise FetchError(f"{describe(rz.url)}: ignored a Range request after honouring one",
                                              subject=rz.url)
-                        async for chunk in r.chunks():
-                            tally.add(len(chunk))
-                            await asyncio.to_thread(parser.feed, chunk)
+                        await stream_into(r, parser.feed, tally=tally)   # parsed in the stream's own thread
                         parser.finish()
                     broken.update(parser.broken)   # the attempt that read the span to its end
                 finally:

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from ..errors import FetchError
+from .http import translate
 from .policy import describe
 from .sink import in_own_thread
 
@@ -124,69 +125,62 @@ def receive(taken: TakenSocket, want: int, work: Callable[[bytes], None], *, url
     as aiohttp's would; bytes handed over before stay handed over, so a
     resume starts after them."""
     got = 0
-    for chunk in taken.head:
-        chunk = chunk[: want - got]
-        if chunk:
-            work(chunk)
-            got += len(chunk)
-            if counted is not None:
-                counted(len(chunk))
-    if got >= want:
-        return got
-    if taken.fd < 0:  # the body ended within what aiohttp had buffered
-        raise FetchError(f"{describe(url)}: body ended early or was malformed (it ended after {got} of {want} "
-                         f"bytes)", subject=url, retryable=True)
-    try:
-        sock = socket.socket(fileno=taken.fd)  # taken.fd stays taken's: detached, not closed, below
-    except OSError as e:
-        raise FetchError(f"{describe(url)}: connection failed ({e})", subject=url, retryable=True) from None
-    try:
-        return _read_socket(sock, taken.stop_r, got, want, work, url=url, stall_timeout=stall_timeout,
-                            counted=counted)
-    finally:
-        sock.detach()
 
-
-def _read_socket(sock: socket.socket, stop_r: int, got: int, want: int, work: Callable[[bytes], None], *,
-                 url: str, stall_timeout: float | None, counted: Callable[[int], None] | None) -> int:
-    where = describe(url)
-    try:
-        poller = select.poll()
-        poller.register(sock.fileno(), select.POLLIN | select.POLLPRI)
-        poller.register(stop_r, select.POLLIN)
-    except OSError as e:
-        raise FetchError(f"{where}: connection failed ({e})", subject=url, retryable=True) from None
-    low_water = 0
-    last_bytes = time.monotonic()
-    while got < want:
-        try:
-            wanted_low = min(LOW_WATER, want - got)
-            if wanted_low != low_water:
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, wanted_low)
-                low_water = wanted_low
-            events = poller.poll(POLL_SLICE_MS)
-            if any(fd == stop_r for fd, _ in events):
-                return got
-            # Also after a quiet slice: a slow body's bytes wait below the low-water mark.
-            chunk = sock.recv(min(READ_SIZE, want - got))
-        except (BlockingIOError, InterruptedError):
-            chunk = None
-        except OSError as e:
-            raise FetchError(f"{where}: connection failed ({e})", subject=url, retryable=True) from None
-        if chunk is None:  # nothing yet; raised here, not in the except: the reason is the stall, not EAGAIN
-            if stall_timeout is not None and time.monotonic() - last_bytes > stall_timeout:
-                raise FetchError(f"{where}: timed out (no bytes received within the stall timeout)",
-                                 subject=url, retryable=True)
-            continue
-        if not chunk:
-            raise FetchError(f"{where}: body ended early or was malformed (the connection closed after {got} "
-                             f"of {want} bytes)", subject=url, retryable=True)
-        last_bytes = time.monotonic()
+    def hand(chunk: bytes) -> None:
+        nonlocal got
         work(chunk)
         got += len(chunk)
         if counted is not None:
             counted(len(chunk))
-    return got
+
+    for chunk in taken.head:
+        if chunk[: want - got]:
+            hand(chunk[: want - got])
+    if got < want and taken.fd < 0:  # the body ended within what aiohttp had buffered
+        raise _ended_early(url, got, want)
+    if got >= want:
+        return got
+    sock = socket.socket(fileno=taken.fd)  # taken.fd stays taken's: detached, not closed, below
+    try:
+        poller = select.poll()
+        poller.register(sock.fileno(), select.POLLIN | select.POLLPRI)
+        poller.register(taken.stop_r, select.POLLIN)
+        while got < want:
+            try:
+                chunk = _next_chunk(sock, poller, taken.stop_r, want - got, stall_timeout)
+            except OSError as e:   # a reset; TimeoutError: a stall. Named as aiohttp's are
+                raise translate(e, url) from e
+            if chunk is None:
+                return got
+            if not chunk:
+                raise _ended_early(url, got, want)
+            hand(chunk)
+        return got
+    finally:
+        sock.detach()
+
+
+def _next_chunk(sock: socket.socket, poller: select.poll, stop_r: int, wanted: int,
+                stall_timeout: float | None) -> bytes | None:
+    """The body's next bytes (b"" at the connection's end), or None once told
+    to stop. Raises TimeoutError after stall_timeout with no byte, OSError
+    for the socket's own errors."""
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, min(LOW_WATER, wanted))
+    quiet_since = time.monotonic()
+    while True:
+        if any(fd == stop_r for fd, _ in poller.poll(POLL_SLICE_MS)):
+            return None
+        try:
+            # Also after a quiet slice: a slow body's bytes wait below the low-water mark.
+            return sock.recv(min(READ_SIZE, wanted))
+        except (BlockingIOError, InterruptedError):
+            if stall_timeout is not None and time.monotonic() - quiet_since > stall_timeout:
+                raise TimeoutError("no bytes received within the stall timeout") from None
+
+
+def _ended_early(url: str, got: int, want: int) -> FetchError:
+    return FetchError(f"{describe(url)}: body ended early or was malformed (the connection closed after {got} "
+                      f"of {want} bytes)", subject=url, retryable=True)
 
 
 async def receive_directly(taken: TakenSocket, raw: object, want: int, work: Callable[[bytes], None], *,

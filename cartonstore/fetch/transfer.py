@@ -57,6 +57,7 @@ async def stream_into(response: Response, work: Callable[[bytes], None], *, tall
     length = response.length
     want = length if limit is None or length is None else min(limit, length)
     try:
+        # A length-less body is aiohttp's (want may still be the limit: not a length to read to).
         taken = take_socket(response.raw, want, response.headers) if length is not None else None
     except Exception as e:  # noqa: BLE001 - aiohttp's error on a body already broken
         raise translate(e, response.url) from e

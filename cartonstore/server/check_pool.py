@@ -17,6 +17,7 @@ import asyncio
 import logging
 import os
 import pickle
+import subprocess
 import signal
 import sys
 import time
@@ -27,7 +28,7 @@ from ..errors import InvalidInput
 from ..format.carton_toml import TensorSpec
 from .check_worker import ANSWER_HEAD, TASK_HEAD
 from .infer_check import Forward
-from .runners.process import ExitNoticingProtocol, die_with
+from .runners.process import ExitNoticingProtocol
 
 log = logging.getLogger("cartonstore.server")
 
@@ -58,7 +59,7 @@ class CheckWorker:
         transport, protocol = await loop.subprocess_exec(
             lambda: ExitNoticingProtocol(loop, READ_LIMIT), *command,
             stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=None, cwd="/",
-            start_new_session=True, preexec_fn=die_with(os.getpid()))
+            start_new_session=True)   # no preexec_fn: that would fork the whole daemon (the worker sets its PDEATHSIG)
         log.info("check worker started: pid %d", transport.get_pid())
         return cls(transport, protocol)
 
@@ -130,13 +131,13 @@ class CheckPool:
         return {"workers": len(self._idle) + len(self._busy), "checked": self.checked, "failed": self.failed}
 
     async def check(self, inputs: Sequence[TensorSpec] | None, outputs: Sequence[TensorSpec] | None,
-                    body: bytes | bytearray | memoryview, header_length: int | None) -> Forward | None:
-        """What to forward for a request naming no shared memory (InvalidInput
-        for a bad one); None when a worker could not say (the caller checks
-        it itself): it names shared memory, or the worker failed."""
+                    body: bytes | bytearray | memoryview) -> Forward | None:
+        """What to forward for an all-JSON request naming no shared memory
+        (InvalidInput for a bad one); None when a worker could not say (the
+        caller checks it itself): it names shared memory, or the worker failed."""
         if time.monotonic() < self._resting_until:
             return None
-        meta = pickle.dumps((inputs, outputs, header_length))
+        meta = pickle.dumps((inputs, outputs))
         async with self._free:
             if self.closed:
                 return None
@@ -148,7 +149,7 @@ class CheckPool:
                 if self.closed:
                     raise WorkerFailed("the daemon is stopping")
                 out, data = await worker.run(meta, body)
-            except (OSError, WorkerFailed) as e:
+            except (OSError, subprocess.SubprocessError, WorkerFailed) as e:
                 self._failed(worker, e)
                 return None
             except BaseException:
@@ -165,7 +166,7 @@ class CheckPool:
         if kind == "invalid":
             raise InvalidInput(out[1], subject=out[2])
         if kind == "as_is":
-            return [body], out[1]
+            return [body], None
         if kind == "forward":
             view, parts, at = memoryview(data), [], 0
             for size in out[2]:

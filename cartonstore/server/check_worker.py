@@ -9,11 +9,11 @@ has. check_pool.py starts these workers and speaks this protocol.
 
 Protocol, over stdin and stdout, one task at a time:
   task:   <u4 meta length> <u8 body length> meta body
-          meta: pickle of (inputs, outputs, header_length)
+          meta: pickle of (inputs, outputs); the body is all JSON
   answer: <u4 meta length> meta [parts]
           meta: pickle of one of
             ("forward", header_length, [part sizes])   the parts follow
-            ("as_is", header_length)                   forward the body as it came
+            ("as_is",)                                 forward the body as it came
             ("shm",)                                   names shared memory: the daemon checks it
             ("invalid", message, subject)              a 400
             ("error", text)                            a fault: the daemon checks it itself
@@ -30,6 +30,7 @@ import sys
 from typing import BinaryIO
 
 from ..errors import InvalidInput
+from ..runner.lifecycle import die_with_parent
 from .infer_check import checked_unless_shm
 
 TASK_HEAD = struct.Struct("<IQ")
@@ -40,9 +41,9 @@ _F_SETPIPE_SZ = 1031   # fcntl.F_SETPIPE_SZ, named only from Python 3.10 on Linu
 
 def answer(meta: bytes, body: bytearray) -> tuple[tuple, list]:
     """The answer's meta and parts for one task."""
-    inputs, outputs, header_length = pickle.loads(meta)
+    inputs, outputs = pickle.loads(meta)
     try:
-        _req, forward = checked_unless_shm(body, header_length, inputs, outputs)
+        _req, forward = checked_unless_shm(body, None, inputs, outputs)
     except InvalidInput as e:
         return ("invalid", e.message, e.subject), []
     except Exception as e:  # noqa: BLE001 - a bug, or memory: said, and the worker lives on
@@ -51,7 +52,7 @@ def answer(meta: bytes, body: bytearray) -> tuple[tuple, list]:
         return ("shm",), []
     parts, length = forward
     if len(parts) == 1 and parts[0] is body:
-        return ("as_is", length), []
+        return ("as_is",), []
     return ("forward", length, [len(p) for p in parts]), parts
 
 
@@ -93,5 +94,6 @@ def _widen_pipes() -> None:
 
 
 if __name__ == "__main__":
+    die_with_parent()   # set here, not by a preexec_fn in the daemon (which forces a full fork of it)
     _widen_pipes()
     serve(sys.stdin.buffer, sys.stdout.buffer)

@@ -74,7 +74,8 @@ def serving_model(service: ModelService, name: str, version: str | None) -> Load
     return model
 
 
-Checked = tuple[InferRequest, list, int | None, ShmUse | None]   # request, parts, header length, regions
+# request (None: checked in a check worker), parts, header length, regions
+Checked = tuple["InferRequest | None", list, int | None, ShmUse | None]
 
 
 def checked_request(model: LoadedModel, body: bytes | bytearray | memoryview, header_length: int | None,
@@ -200,9 +201,9 @@ async def _checked_off_loop(model: LoadedModel, body: bytes | bytearray | memory
     if _walks_little(model, body, header_length):
         return checked_request(model, body, header_length, shm)
     if pool is not None and header_length is None and len(body) >= IN_THREAD_FROM and SHM_MARK not in body:
-        forward = await pool.check(model.carton.inputs, model.carton.outputs, body, None)
+        forward = await pool.check(model.carton.inputs, model.carton.outputs, body)
         if forward is not None:
-            return None, *forward, None   # type: ignore[return-value]
+            return None, *forward, None
     return await asyncio.to_thread(checked_request, model, body, header_length, shm)
 
 

@@ -18,37 +18,19 @@ from ..v2.validate import validate_request
 Forward = tuple[list, "int | None"]   # body parts, Inference-Header-Content-Length (None: all JSON)
 
 
-def parsed_request(body: bytes | bytearray | memoryview, header_length: int | None) -> InferRequest:
-    """The request's structure; a 400 for one that uses what is the daemon's alone to say."""
-    req = parse_infer_request(body, header_length)
-    if ARENA_OUTPUTS in req.parameters:   # it tells a runner where to write: the daemon's alone to give
-        raise InvalidInput(f"infer request: parameter {ARENA_OUTPUTS!r} is reserved for the daemon",
-                           subject=ARENA_OUTPUTS)
-    return req
-
-
-def uses_shm(req: InferRequest) -> bool:
-    return any(t.shm is not None for t in req.inputs) or bool(req.shm_outputs())
-
-
 def checked_unless_shm(body: bytes | bytearray | memoryview, header_length: int | None,
                        inputs: Sequence[TensorSpec] | None,
                        outputs: Sequence[TensorSpec] | None) -> tuple[InferRequest, Forward | None]:
     """Parse; then, unless the request names shared memory (None: the
-    daemon's region registry finishes it), validate and say what to forward."""
-    req = parsed_request(body, header_length)
-    if uses_shm(req):
+    daemon's region registry finishes it), validate and say what to send
+    its runner: JSON data inputs as binary data (binary_form), else the
+    body as it came. A 400 for a bad request, and for one that uses what
+    is the daemon's alone to say."""
+    req = parse_infer_request(body, header_length)
+    if ARENA_OUTPUTS in req.parameters:   # it tells a runner where to write: the daemon's alone to give
+        raise InvalidInput(f"infer request: parameter {ARENA_OUTPUTS!r} is reserved for the daemon",
+                           subject=ARENA_OUTPUTS)
+    if any(t.shm is not None for t in req.inputs) or req.shm_outputs():
         return req, None
-    return req, checked_forward(req, inputs, outputs, body, header_length)
-
-
-def checked_forward(req: InferRequest, inputs: Sequence[TensorSpec] | None, outputs: Sequence[TensorSpec] | None,
-                    body: bytes | bytearray | memoryview, header_length: int | None) -> Forward:
-    """Validate ``req`` (which names no shared memory); what to send its
-    runner: JSON data inputs as binary data (binary_form), else the body
-    as it came."""
     validate_request(req, inputs, outputs)
-    rewritten = binary_form(req)
-    if rewritten is not None:
-        return rewritten
-    return [body], header_length
+    return req, binary_form(req) or ([body], header_length)

@@ -122,19 +122,6 @@ class Index(LeaseQueries):
 
     # -- blobs -------------------------------------------------------------
 
-    def present_blobs(self, digests: Iterable[str]) -> set[str]:
-        return set(self.blob_sizes(digests))
-
-    def blob_sizes(self, digests: Iterable[str]) -> dict[str, int]:
-        """digest -> size of those of ``digests`` the store holds."""
-        wanted = list(set(digests))
-        found: dict[str, int] = {}
-        for i in range(0, len(wanted), 500):
-            part = wanted[i : i + 500]
-            marks = ",".join("?" * len(part))
-            found.update(self._rows(f"SELECT digest, size FROM blobs WHERE digest IN ({marks})", part))
-        return found
-
     def add_blobs(self, conn: sqlite3.Connection, blobs: Iterable[tuple[str, int]]) -> None:
         now = time.time()
         conn.executemany("INSERT OR IGNORE INTO blobs(digest,size,added_at) VALUES (?,?,?)",

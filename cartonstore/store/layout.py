@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 from ..format.digest import is_sha256
@@ -51,12 +52,20 @@ class StoreLayout:
         """model_path as a str, for a digest read from the index (already a
         sha256): leases are answered thousands of times a second, and
         building and checking a Path was 7% of the daemon's time."""
-        return f"{self.root}{os.sep}models{os.sep}{digest}"
+        return self._models_prefix + digest
+
+    @cached_property
+    def _models_prefix(self) -> str:
+        return f"{self.models_dir}{os.sep}"
 
     def create(self) -> None:
         """Make the directory skeleton; group-readable so a group can share it."""
         for d in (self.blobs_dir, self.models_dir, self.tmp_dir, self.locks_dir):
             d.mkdir(parents=True, exist_ok=True)
+
+
+SOCKET_NAME = "cartonstore.sock"
+"""The daemon's socket in a store root, unless server.socket says otherwise."""
 
 
 def default_root() -> Path:

@@ -1,6 +1,8 @@
 """The index's leases table: claims loaders (and the daemon's pins) hold
 on cartons, each with an expiry. A mixin of store.index.Index, whose
-connection, transactions and batches it uses.
+connection, transactions and batches it uses. Also the one write every
+use of a carton makes (touch_carton: its last use, for LRU eviction),
+which a lease is.
 """
 
 from __future__ import annotations

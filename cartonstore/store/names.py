@@ -18,9 +18,10 @@ from __future__ import annotations
 import re
 import time
 from dataclasses import dataclass
-from typing import Protocol, Sequence
+from typing import Sequence
 
 from ..errors import Conflict, InvalidInput
+from .lease_rows import LeaseRow
 
 MIN_PREFIX = 8
 MAX_NAME_BYTES = 255
@@ -29,12 +30,6 @@ MAX_NAME_BYTES = 255
 _NAME = re.compile(r"[A-Za-z0-9_\-][A-Za-z0-9_.\-]*")
 HEX = re.compile(r"[0-9a-f]+")
 PIN_PREFIX = "pin:"
-
-
-class LeaseLike(Protocol):  # lease_rows.LeaseRow (not imported here: index imports this module)
-    id: str
-    holder: str | None
-    expires_at: float
 
 
 def validate_name(name: str) -> str:
@@ -93,7 +88,7 @@ def loaded_version(conn, name: str) -> str | None:  # noqa: ANN001 - sqlite3.Con
     return row[0] if row else None
 
 
-def removal_refused(digest: str, leases: Sequence[LeaseLike], now: float | None = None) -> Conflict:
+def removal_refused(digest: str, leases: Sequence[LeaseRow], now: float | None = None) -> Conflict:
     """Why ``rm`` may not take a carton, from its live leases: the names a
     daemon has it loaded as (and how to unload them), else each lease with
     its holder and expiry."""

@@ -16,7 +16,7 @@ _MODULE_NAMES = {
     "limits": "ZipLimits",
     "end_records": "TAIL_READ_SIZE CentralDirectoryLocation check_directory_limits locate_central_directory",
     "central": "LOCAL_HEADER_FIXED ZipEntry check_entry_limits check_no_overlap local_header_length "
-               "local_header_variable_length parse_central_directory",
+               "local_header_lengths parse_central_directory",
     "decode": "Decoder make_decoder",
     "entry_decoder": "EntryDecoder",
     "reader": "EntryStream ZipReader",

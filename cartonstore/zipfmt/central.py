@@ -1,4 +1,4 @@
-"""Parse a zip's end records, central directory and local headers.
+"""Parse a zip's central directory and local headers (its end records: end_records.py).
 
 Pure functions: bytes in, value objects or ``InvalidCarton`` out, no I/O, so
 everything here can be fuzzed without files. The reader decides what to read
@@ -273,14 +273,14 @@ def check_no_overlap(spans: list[tuple[ZipEntry, int, int]], cd_offset: int) -> 
         previous = (entry, start, end)
 
 
-def local_header_variable_length(fixed30: bytes, file: str = ARCHIVE, offset: int | None = None) -> int:
-    """Length of the name and extra field that follow a local header's fixed part.
+def local_header_lengths(fixed30: bytes, file: str = ARCHIVE, offset: int | None = None) -> tuple[int, int]:
+    """(name length, extra field length) of a local header's fixed part.
 
     Raises ``InvalidCarton(file, ...)`` if ``fixed30`` is short or is not a
     local file header (naming ``offset``, where given).
     """
     fields = _local_header_fields(fixed30, file, offset)
-    return fields[9] + fields[10]
+    return fields[9], fields[10]
 
 
 def local_header_length(data: bytes, entry: ZipEntry) -> int:
