@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Mapping, Sequenc
 from ..errors import CartonStoreError, Unavailable
 from .lease_rows import TOUCH_AFTER, LeaseQueries, touch_carton
 from .names import NameOutcome, assign_name
-from .schema import SCHEMA, SCHEMA_VERSION
+from .schema import SCHEMA, SCHEMA_VERSION, migrate_leases
 from .sqlite_ops import rollback, run_ops
 from .sizes import learn_all_sizes, learn_sizes
 
@@ -84,6 +84,7 @@ class Index(LeaseQueries):
                 for stmt in filter(str.strip, SCHEMA.split(";")):
                     conn.execute(stmt)
                 conn.execute("INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+                migrate_leases(conn)
                 if conn.execute("INSERT OR IGNORE INTO meta VALUES ('sizes_learned', '1')").rowcount:
                     learn_all_sizes(conn)  # once: stores written before sizes were learned late
         except sqlite3.Error as e:

@@ -1,7 +1,10 @@
 """The index's tables (ROOT/index.db). Created if missing; SCHEMA_VERSION
-is recorded in meta for the day a migration is needed."""
+is recorded in meta. Version 2: leases is a WITHOUT ROWID table with no
+index by carton (migrate_leases)."""
 
-SCHEMA_VERSION = 1
+import sqlite3
+
+SCHEMA_VERSION = 2
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -49,8 +52,7 @@ CREATE TABLE IF NOT EXISTS leases (
     holder TEXT,
     created_at REAL NOT NULL,
     expires_at REAL NOT NULL
-);
-CREATE INDEX IF NOT EXISTS leases_by_carton ON leases(carton);
+) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS local_sources (
     digest TEXT NOT NULL,
     path TEXT NOT NULL,
@@ -64,3 +66,36 @@ CREATE TABLE IF NOT EXISTS local_sources (
     PRIMARY KEY (digest, path, member)
 );
 """
+
+# Why leases changed (version 2): a lease and its release are the daemon's
+# most frequent writes, each its own small commit, and every page a commit
+# touches is a whole page in the WAL that the next checkpoint syncs. As a
+# rowid table with two indexes (its id, its carton) a commit touched about
+# three pages; keyed by id alone, one. Closed loop, 64 clients: 70 -> 49 us
+# per commit, and each checkpoint's WAL sync 16 -> 10 ms. Looking leases up
+# by carton (removing a carton, gc's leased set) scans the table instead:
+# it holds the live leases only, and those lookups are rare.
+_LEASES_V2 = """
+CREATE TABLE leases_v2 (
+    id TEXT PRIMARY KEY,
+    carton TEXT NOT NULL,
+    holder TEXT,
+    created_at REAL NOT NULL,
+    expires_at REAL NOT NULL
+) WITHOUT ROWID
+"""
+
+
+def migrate_leases(conn: sqlite3.Connection) -> None:
+    """In the caller's write transaction: leases as version 2 has it, from a
+    version 1 store (rows kept), and without the index by carton that an
+    older cartonstore sharing the store creates again when it opens it."""
+    conn.execute("DROP INDEX IF EXISTS leases_by_carton")
+    sql = conn.execute("SELECT sql FROM sqlite_master WHERE type='table' AND name='leases'").fetchone()[0]
+    if "WITHOUT ROWID" in sql.upper():
+        return
+    conn.execute(_LEASES_V2)
+    conn.execute("INSERT INTO leases_v2 SELECT id, carton, holder, created_at, expires_at FROM leases")
+    conn.execute("DROP TABLE leases")
+    conn.execute("ALTER TABLE leases_v2 RENAME TO leases")
+    conn.execute("UPDATE meta SET value=? WHERE key='schema_version'", (str(SCHEMA_VERSION),))

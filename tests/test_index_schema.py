@@ -1,0 +1,108 @@
+"""The index's schema: version 2's leases table (keyed by id alone, so a
+lease's commit writes one page, not three) and the migration of a
+version 1 store, which keeps every lease."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+from cartonstore.store import Store
+from cartonstore.store.index import Index
+from cartonstore.store.schema import SCHEMA_VERSION
+
+V1_LEASES = """
+CREATE TABLE leases (
+    id TEXT PRIMARY KEY,
+    carton TEXT NOT NULL,
+    holder TEXT,
+    created_at REAL NOT NULL,
+    expires_at REAL NOT NULL
+);
+CREATE INDEX leases_by_carton ON leases(carton);
+"""
+ROWS = [("lease-a", "c" * 64, "loader-1", 100.0, 4.0e9),
+        ("lease-b", "c" * 64, None, 101.0, 4.0e9),
+        ("lease-c", "d" * 64, "loader-2", 102.0, 50.0)]  # expired long ago
+
+
+def leases_table(db: Path) -> tuple[str, list[str], str]:
+    """The leases table's SQL, the indexes on it, and the recorded schema version."""
+    conn = sqlite3.connect(db)
+    try:
+        sql = conn.execute("SELECT sql FROM sqlite_master WHERE type='table' AND name='leases'").fetchone()[0]
+        indexes = [r[0] for r in conn.execute(
+            "SELECT name FROM sqlite_master WHERE type='index' AND tbl_name='leases' AND sql IS NOT NULL")]
+        version = conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()[0]
+        return sql, indexes, version
+    finally:
+        conn.close()
+
+
+def version_1_store(tmp_path: Path) -> Path:
+    """A store as version 1 left it: leases a rowid table indexed by carton, with leases in it."""
+    root = tmp_path / "root"
+    Store(root).close()
+    conn = sqlite3.connect(root / "index.db", isolation_level=None)
+    conn.executescript("DROP TABLE leases;" + V1_LEASES)
+    with conn:
+        conn.executemany("INSERT INTO leases VALUES (?,?,?,?,?)", ROWS)
+        conn.execute("UPDATE meta SET value='1' WHERE key='schema_version'")
+    conn.close()
+    sql, indexes, version = leases_table(root / "index.db")
+    assert "WITHOUT ROWID" not in sql and indexes == ["leases_by_carton"] and version == "1"
+    return root
+
+
+def test_a_new_store_keys_leases_by_id_alone(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    Store(root).close()
+    sql, indexes, version = leases_table(root / "index.db")
+    assert "WITHOUT ROWID" in sql
+    assert indexes == []
+    assert version == str(SCHEMA_VERSION) == "2"
+
+
+def test_a_version_1_store_is_migrated_with_its_leases(tmp_path: Path) -> None:
+    root = version_1_store(tmp_path)
+    with Store(root) as s:
+        assert sorted(s.index._rows("SELECT * FROM leases")) == ROWS
+        assert [r.id for r in s.index.live_leases("c" * 64, now=200.0)] == ["lease-a", "lease-b"]
+        assert s.index.leased_cartons(200.0) == {"c" * 64}
+        renewed = s.index.renew_lease("lease-a", 60.0)
+        assert renewed.holder == "loader-1" and renewed.created_at == 100.0
+        assert s.index.delete_lease("lease-b")
+        assert s.index.expire_leases(200.0) == 1   # lease-c
+        assert [r[0] for r in s.index._rows("SELECT id FROM leases")] == ["lease-a"]
+    sql, indexes, version = leases_table(root / "index.db")
+    assert "WITHOUT ROWID" in sql and indexes == [] and version == "2"
+
+
+def test_the_index_an_older_cartonstore_makes_again_is_dropped(tmp_path: Path) -> None:
+    """An older CLI sharing the store creates leases_by_carton when it opens
+    it (CREATE INDEX IF NOT EXISTS); the next open by this one drops it, and
+    keeps the rows."""
+    root = tmp_path / "root"
+    with Store(root) as s:
+        s.index.create_lease("c" * 64, 60.0, "h", "lease-x")
+    conn = sqlite3.connect(root / "index.db")
+    with conn:
+        conn.execute("CREATE INDEX IF NOT EXISTS leases_by_carton ON leases(carton)")
+    conn.close()
+    assert leases_table(root / "index.db")[1] == ["leases_by_carton"]
+    index = Index(root / "index.db")
+    try:
+        assert index.lease("lease-x").holder == "h"
+    finally:
+        index.close()
+    assert leases_table(root / "index.db")[1] == []
+
+
+def test_opening_a_migrated_store_again_changes_nothing(tmp_path: Path) -> None:
+    root = version_1_store(tmp_path)
+    Store(root).close()
+    first = leases_table(root / "index.db")
+    Store(root).close()
+    assert leases_table(root / "index.db") == first
+    with Store(root) as s:
+        assert sorted(s.index._rows("SELECT * FROM leases")) == ROWS
