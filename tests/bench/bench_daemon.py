@@ -52,6 +52,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Callable
 
 HERE = Path(__file__).resolve()
 REPO = HERE.parents[2]
@@ -311,13 +312,19 @@ def median(values: list[float]) -> float:
     return s[mid] if len(s) % 2 else (s[mid - 1] + s[mid]) / 2
 
 
-def _paired(name: str, limit: float, ratios: list[float], at_most: bool, detail: str) -> tuple[str, bool, str]:
-    """A verdict on the median of per-round ratios (each round's daemon run
-    against the baseline run next to it), every round's ratio shown."""
+def _paired(name: str, limit: float, pairs: list[tuple[float, float]], at_most: bool, unit: str
+            ) -> tuple[str, bool, str]:
+    """A verdict on the median of per-round ratios, from each round's
+    (daemon, baseline) figures measured back to back; every round's ratio
+    is shown, and the figures of the round nearest the median."""
+    ratios = [d / b for d, b in pairs]
     mid = median(ratios)
     ok = mid <= limit if at_most else mid >= limit
-    rounds = ", ".join(f"{r:.2f}" for r in ratios)
-    return name, ok, f"{mid:.2f} (median of rounds {rounds}; {detail})"
+    near = min(range(len(pairs)), key=lambda i: abs(ratios[i] - mid))
+    d, b = pairs[near]
+    shown = f"{d:.0f} vs {b:.0f}" if unit == "req/s" else f"{d:.2f} vs {b:.2f}"
+    return name, ok, (f"{mid:.2f} (median of rounds {', '.join(f'{r:.2f}' for r in ratios)}; "
+                      f"round {near + 1}: {shown} {unit})")
 
 
 def _relative_verdicts(runs: list[dict], a: argparse.Namespace) -> list:
@@ -327,29 +334,24 @@ def _relative_verdicts(runs: list[dict], a: argparse.Namespace) -> list:
     the next). Each round measures the two servers back to back for every
     kind of load, so each round gives one ratio per target, and the verdict
     is on their median: one noisy run moves it no more than its own round."""
-    def pair(key: str, q: str, kind: str = "all") -> tuple[list[float], str]:
-        ratios = [r["daemon"][key][kind][q] / r["baseline"][key][kind][q] for r in runs]
-        d = median([r["daemon"][key][kind][q] for r in runs])
-        b = median([r["baseline"][key][kind][q] for r in runs])
-        return ratios, f"medians {d:.2f} vs {b:.2f} ms"
+    def pairs(key: str, figure: Callable[[dict], float]) -> list[tuple[float, float]]:
+        return [(figure(r["daemon"][key]), figure(r["baseline"][key])) for r in runs]
+
+    def latency(q: str) -> Callable[[dict], float]:
+        return lambda r: r["all"][q]
 
     out = []
     if a.single_seconds > 0:
-        ratios, detail = pair("single", "p50")
-        out.append(_paired("[ratio] one client: p50 <= 1.5 x bare", 1.5, ratios, True, detail))
+        out.append(_paired("[ratio] one client: p50 <= 1.5 x bare", 1.5, pairs("single", latency("p50")), True, "ms"))
     key = f"open {PAIRS_RATE:g}"
     if key in runs[0]["daemon"]:
         for q, limit in (("p50", 1.5), ("p99", 2.0)):
-            ratios, detail = pair(key, q)
             out.append(_paired(f"[ratio] open loop, {a.clients} clients, 1,000 pairs/s: {q} <= {limit} x bare",
-                               limit, ratios, True, detail))
-    ratios = [r["daemon"]["shared"]["throughput"] / r["baseline"]["shared"]["throughput"] for r in runs]
-    d = median([r["daemon"]["shared"]["throughput"] for r in runs])
-    b = median([r["baseline"]["shared"]["throughput"] for r in runs])
-    out.append(_paired(f"[ratio] closed loop, {a.clients} clients: throughput >= 0.9 x bare", 0.9, ratios, False,
-                       f"medians {d:.0f} vs {b:.0f} req/s"))
-    ratios, detail = pair("shared", "p99")
-    out.append(_paired(f"[ratio] closed loop, {a.clients} clients: p99 <= 1.25 x bare", 1.25, ratios, True, detail))
+                               limit, pairs(key, latency(q)), True, "ms"))
+    out.append(_paired(f"[ratio] closed loop, {a.clients} clients: throughput >= 0.9 x bare", 0.9,
+                       pairs("shared", lambda r: r["throughput"]), False, "req/s"))
+    out.append(_paired(f"[ratio] closed loop, {a.clients} clients: p99 <= 1.25 x bare", 1.25,
+                       pairs("shared", latency("p99")), True, "ms"))
     return out
 
 
