@@ -311,3 +311,26 @@ def test_closing_while_a_check_runs_leaves_it_to_the_daemon(short_tmp: Path) -> 
             assert wait_gone(pid) and pool.failed == 0   # not a worker's failure: the pool closed
             assert await pool.check(SPECS, None, big_json()) is None   # closed: no new worker
     run(go())
+
+
+def test_closing_while_a_worker_starts_reaps_it_before_close_returns() -> None:
+    """close() used to reap only the workers it knew: one still starting
+    was added after close() had returned, and left running."""
+    async def go() -> None:
+        pool = CheckPool(1)
+        task = asyncio.create_task(pool.check(SPECS, None, big_json()))
+        await asyncio.sleep(0)   # the check runs until its worker's start awaits
+        assert len(worker_pids(os.getpid())) == 1 and pool.stats()["workers"] == 0   # started, not yet the pool's
+        await asyncio.wait_for(pool.close(), 10)
+        assert worker_pids(os.getpid()) == []
+        assert await task is None and pool.failed == 0
+    run(go())
+
+
+def test_closing_twice_and_checking_after_close_end_at_once() -> None:
+    async def go() -> None:
+        async with pool_of(2) as pool:
+            await its_one_worker(pool)
+            await asyncio.wait_for(asyncio.gather(pool.close(), pool.close()), 10)
+            assert await asyncio.wait_for(pool.check(SPECS, None, big_json()), 5) is None
+    run(go())

@@ -123,6 +123,7 @@ class CheckPool:
         self._start_failures = 0
         self._resting_until = 0.0
         self.closed = False
+        self._closing: asyncio.Future[None] | None = None
         self.checked = 0     # requests checked by a worker
         self.failed = 0      # workers that failed mid-request
 
@@ -135,8 +136,8 @@ class CheckPool:
         """What to forward for an all-JSON request naming no shared memory
         (InvalidInput for a bad one); None when a worker could not say (the
         caller checks it itself): it names shared memory, or the worker failed."""
-        if time.monotonic() < self._resting_until:
-            return None
+        if self.closed or time.monotonic() < self._resting_until:
+            return None   # closed: close() holds or waits for every slot
         meta = pickle.dumps((inputs, outputs))
         async with self._free:
             if self.closed:
@@ -224,7 +225,12 @@ class CheckPool:
         task.add_done_callback(self._reaping.discard)
 
     async def close(self) -> None:
-        """Stop every worker and reap it."""
+        """Stop every worker and reap it, a worker still starting too."""
+        if self._closing is None:
+            self._closing = asyncio.ensure_future(self._close())
+        await asyncio.shield(self._closing)
+
+    async def _close(self) -> None:
         self.closed = True
         if self._idle_timer is not None:
             self._idle_timer.cancel()
@@ -234,5 +240,11 @@ class CheckPool:
             self._discard(worker)
         for worker in idle:
             self._reap(worker.stop(STOP_GRACE))
+        # Every check under way ends soon: its worker is discarded above, or,
+        # still starting, is discarded as it joins (the pool is closed). Their
+        # slots, all taken, say they have: the last worker's reaping is then
+        # among those awaited below.
+        for _ in range(self.size):
+            await self._free.acquire()
         while self._reaping:   # a task ending meanwhile may add one more
             await asyncio.gather(*self._reaping, return_exceptions=True)
