@@ -3,21 +3,18 @@ model that cannot load (one stderr line, exit status 3)."""
 
 from __future__ import annotations
 
-import ctypes
 import os
 import signal
 import sys
 import traceback
 from typing import NoReturn
 
-from cartonstore.libc import libc as c_library
+from cartonstore.parent_death import die_with
 from cartonstore.runner.context import LoadError
 
 # The daemon shows a runner's last stderr lines as the reason it failed, and
 # tells "could not load" (3) from a crash (anything else) by the status.
 EXIT_LOAD_FAILED = 3
-
-_PR_SET_PDEATHSIG = 1
 
 
 def die_with_parent(sig: int = signal.SIGKILL) -> None:
@@ -27,23 +24,14 @@ def die_with_parent(sig: int = signal.SIGKILL) -> None:
     The daemon sets the same thing between fork and exec; doing it here as
     well covers runners started by anything else. If the parent is already
     gone (it died before this ran), exit now rather than serve nobody.
+    (PID 1 may well be a real parent, e.g. a daemon that is a container's
+    init, so only a change of parent counts.)
     """
     if not sys.platform.startswith("linux"):
         return
-    parent = os.getppid()
-    try:
-        if c_library().prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0:
-            err = ctypes.get_errno()
-            print(f"cartonstore runner: prctl(PR_SET_PDEATHSIG) failed: {os.strerror(err)}", file=sys.stderr)
-            return
-    except (OSError, AttributeError) as exc:
-        print(f"cartonstore runner: cannot set PR_SET_PDEATHSIG: {exc}", file=sys.stderr)
-        return
-    # A parent that died between our start and prctl left us reparented:
-    # nobody would send the signal now. (PID 1 may well be a real parent,
-    # e.g. a daemon that is a container's init, so only a change counts.)
-    if os.getppid() != parent:
-        os._exit(1)
+    failed = die_with(os.getppid(), sig)
+    if failed:
+        print(f"cartonstore runner: prctl(PR_SET_PDEATHSIG) failed: {os.strerror(failed)}", file=sys.stderr)
 
 
 def fail_load(message: str) -> NoReturn:

@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import logging
 import os
 import signal
 import subprocess
 import time
-from typing import Callable
 
-from ...libc import libc
+from ...parent_death import die_with
 from ...v2.shm_params import ARENA_FD_ENV
 from .settings import InstanceSpec
 from .wire import BadResponse, RunnerClient
@@ -31,29 +31,12 @@ POLL_INTERVAL = 0.025
 MAX_LINE = 4000          # a longer stderr line is cut, so one line cannot hog memory
 DRAIN_WAIT = 1.0         # after exit, how long to wait for the last stderr bytes
 
-_PR_SET_PDEATHSIG = 1
-# Looked up before any fork: the child only calls it. None where not Linux.
-_prctl: Callable[..., int] | None = getattr(libc(), "prctl", None)
-
-
 class RunnerFailed(Exception):
     """A runner that did not come up or went away; reason says how."""
 
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
         self.reason = reason
-
-
-def die_with(parent_pid: int) -> Callable[[], None]:
-    """preexec_fn for the child: SIGKILL when the parent goes away. The signal
-    follows the forking thread, which is the event loop's thread. If the
-    parent died before prctl ran, the signal would never come: exit now."""
-    def preexec() -> None:
-        if _prctl is not None:
-            _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        if os.getppid() != parent_pid:
-            os._exit(1)
-    return preexec
 
 
 def seconds(value: float) -> str:
@@ -120,7 +103,7 @@ class RunnerProcess:
             transport, protocol = await loop.subprocess_exec(
                 lambda: ExitNoticingProtocol(loop), *spec.argv, stdin=asyncio.subprocess.DEVNULL,
                 stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env, start_new_session=True,
-                preexec_fn=die_with(os.getpid()), pass_fds=() if arena_fd is None else (arena_fd,))
+                preexec_fn=functools.partial(die_with, os.getpid()), pass_fds=() if arena_fd is None else (arena_fd,))
         except OSError as e:
             raise RunnerFailed(f"cannot run {spec.argv[0]!r}: {e.strerror or e}") from None
         except subprocess.SubprocessError as e:

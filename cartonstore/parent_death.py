@@ -1,0 +1,40 @@
+"""Dying with the parent: prctl(PR_SET_PDEATHSIG), so that nothing the
+daemon starts outlives it, even when it is SIGKILLed.
+
+Set in two places: between fork and exec, as a runner's preexec_fn
+(server/runners/process.py); and first thing in a process that sets it
+itself (runner/lifecycle.py): a runner started by anything else, and the
+check worker, which the daemon starts without a preexec_fn (one makes
+CPython fork the whole daemon instead of using vfork).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import signal
+
+from .libc import libc
+
+PR_SET_PDEATHSIG = 1
+
+# Looked up now, before any fork: between fork and exec the child only
+# calls it (looking a symbol up there could wait for ever on a lock that
+# another thread of the parent held when it forked).
+_prctl = getattr(libc(), "prctl", None)
+
+
+def die_with(parent_pid: int, sig: int = signal.SIGKILL) -> int:
+    """Have the kernel send ``sig`` to this process when its parent exits;
+    and if its parent is not ``parent_pid`` any more (it died before this
+    ran, so the signal would never come), exit now. Returns 0, or the errno
+    of a prctl that failed (ENOSYS where there is none: not Linux)."""
+    failed = 0
+    if _prctl is None:
+        failed = errno.ENOSYS
+    elif _prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0:
+        failed = ctypes.get_errno()
+    if os.getppid() != parent_pid:
+        os._exit(1)
+    return failed
