@@ -334,3 +334,30 @@ def test_closing_twice_and_checking_after_close_end_at_once() -> None:
             await asyncio.wait_for(asyncio.gather(pool.close(), pool.close()), 10)
             assert await asyncio.wait_for(pool.check(SPECS, None, big_json()), 5) is None
     run(go())
+
+
+def test_a_big_json_request_writing_to_shared_memory_is_told_apart_by_the_worker() -> None:
+    """A big all-JSON body goes to a worker without being scanned on the
+    loop for a region's name; the worker says it names shared memory, and
+    the daemon, which holds the regions, finishes it."""
+    x = (np.arange(100_000) % 977 * 0.25).astype(np.float32).reshape(1, -1)
+    key = f"/cs-test-{os.getpid()}-bigjson"
+    path = Path("/dev/shm" + key)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.ftruncate(fd, x.nbytes)
+        with echo_served_with("check_workers = 1") as (d, workers):
+            region = json.dumps({"key": key, "byte_size": x.nbytes}).encode()
+            assert raw_post(d, "/v2/systemsharedmemory/region/out/register", region, {})[0] == 200
+            body = json.dumps({"inputs": [{"name": "x_float32", "datatype": "FP32", "shape": [1, 100_000],
+                                           "data": x.tolist()}],
+                               "outputs": [{"name": "y_float32", "parameters": {
+                                   "shared_memory_region": "out", "shared_memory_byte_size": x.nbytes}}]}).encode()
+            status, _headers, answer = raw_post(d, "/v2/models/echo/infer", body, {})
+            assert status == 200, answer
+            assert np.array_equal(np.frombuffer(os.pread(fd, x.nbytes, 0), np.float32).reshape(1, -1), x)
+            assert metric(d, "cartonstore_check_worker_requests_total") == 1
+            workers += worker_pids(d.proc.pid)
+    finally:
+        os.close(fd)
+        path.unlink(missing_ok=True)

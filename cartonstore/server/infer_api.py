@@ -200,7 +200,7 @@ async def _checked_off_loop(model: LoadedModel, body: bytes | bytearray | memory
     needs it), anything else in a thread."""
     if _walks_little(model, body, header_length):
         return checked_request(model, body, header_length, shm)
-    if pool is not None and header_length is None and len(body) >= IN_THREAD_FROM and SHM_MARK not in body:
+    if pool is not None and header_length is None and len(body) >= IN_THREAD_FROM:   # the worker tells shm apart
         forward = await pool.check(model.carton.inputs, model.carton.outputs, body)
         if forward is not None:
             return None, *forward, None
