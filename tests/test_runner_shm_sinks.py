@@ -1,0 +1,65 @@
+"""Where a runner writes an output requested in shared memory
+(cartonstore.runner.shm.MappedRegions.sink): into the mapping for a
+region of the daemon's own uid, through pwrite for another uid's, whose
+truncation must never SIGBUS a runner every uid shares."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from cartonstore.errors import InvalidInput
+from cartonstore.runner.shm import FdSink, MappedRegions
+from cartonstore.v2.shm_params import ShmRef
+
+SIZE = 1 << 20
+
+
+@pytest.fixture
+def region_of() -> Iterator[Callable[..., tuple[MappedRegions, Path]]]:
+    made: list[tuple[MappedRegions, Path]] = []
+
+    def make(foreign: bool, offset: int = 0) -> tuple[MappedRegions, Path]:
+        key = f"/cs-test-{os.getpid()}-sink{len(made)}"
+        path = Path("/dev/shm" + key)
+        path.write_bytes(b"\0" * (offset + SIZE))
+        regions = MappedRegions()
+        regions.register("out", {"key": key, "offset": offset, "byte_size": SIZE,
+                                 "cartonstore_copy_inputs": foreign})
+        made.append((regions, path))
+        return made[-1]
+
+    yield make
+    for regions, path in made:
+        regions.close()
+        path.unlink(missing_ok=True)
+
+
+@pytest.mark.parametrize("foreign", [False, True])
+@pytest.mark.parametrize("offset", [0, 4096 + 100])
+def test_an_output_lands_where_the_reference_says(region_of, foreign: bool, offset: int) -> None:  # noqa: ANN001
+    regions, path = region_of(foreign, offset)
+    data = np.arange(1000, dtype=np.float32)
+    sink = regions.sink(ShmRef("out", 512, data.nbytes), "requested output 'y'")
+    try:
+        assert isinstance(sink, FdSink) == foreign   # the daemon's own uid: straight into the mapping
+        assert sink.capacity == data.nbytes and sink.offset is None
+        sink.write(memoryview(data))
+    finally:
+        sink.close()
+    stored = path.read_bytes()
+    assert stored[offset + 512:offset + 512 + data.nbytes] == data.tobytes()
+    assert stored.count(0) == len(stored) - data.nbytes + data.tobytes().count(0)   # nothing else written
+
+
+def test_a_region_truncated_before_its_output_is_written_is_refused(region_of) -> None:  # noqa: ANN001
+    """The size is checked as the sink is made, after the model ran: a
+    400, not a SIGBUS in the runner."""
+    regions, path = region_of(False)
+    os.truncate(path, 4096)
+    with pytest.raises(InvalidInput, match="cannot be used"):
+        regions.sink(ShmRef("out", 0, 8192), "requested output 'y'")
