@@ -6,6 +6,10 @@ Set in two places: between fork and exec, as a runner's preexec_fn
 itself (runner/lifecycle.py): a runner started by anything else, and the
 check worker, which the daemon starts without a preexec_fn (one makes
 CPython fork the whole daemon instead of using vfork).
+
+The signal comes when the *thread* that forked exits, not the process:
+the daemon starts runners and workers from its event loop's thread, never
+from a worker thread (asyncio.to_thread) that may end before them.
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ CREATE TABLE leases (
 CREATE INDEX leases_by_carton ON leases(carton);
 """
 ROWS = [("lease-a", "c" * 64, "loader-1", 100.0, 4.0e9),
-        ("lease-b", "c" * 64, None, 101.0, 4.0e9),
+        ("lease-b", "c" * 64, None, 101.0, 4.1e9),
         ("lease-c", "d" * 64, "loader-2", 102.0, 50.0)]  # expired long ago
 
 
@@ -106,3 +106,16 @@ def test_opening_a_migrated_store_again_changes_nothing(tmp_path: Path) -> None:
     assert leases_table(root / "index.db") == first
     with Store(root) as s:
         assert sorted(s.index._rows("SELECT * FROM leases")) == ROWS
+
+
+def test_a_version_1_lease_without_an_id_is_not_carried_over(tmp_path: Path) -> None:
+    """A rowid table's TEXT PRIMARY KEY allows NULL, a WITHOUT ROWID key
+    does not: copying such a row would fail every open of the store."""
+    root = version_1_store(tmp_path)
+    conn = sqlite3.connect(root / "index.db")
+    with conn:
+        conn.execute("INSERT INTO leases VALUES (NULL, ?, NULL, 1.0, 4.0e9)", ("e" * 64,))
+    conn.close()
+    with Store(root) as s:
+        assert sorted(s.index._rows("SELECT * FROM leases")) == ROWS
+    assert "WITHOUT ROWID" in leases_table(root / "index.db")[0]

@@ -14,7 +14,7 @@ import pytest
 
 from cartonstore.errors import InvalidInput
 from cartonstore.runner.shm import FdSink, MappedRegions
-from cartonstore.v2.shm_params import ShmRef
+from cartonstore.v2.shm_params import RegionShrunk, ShmRef
 
 SIZE = 1 << 20
 
@@ -63,3 +63,28 @@ def test_a_region_truncated_before_its_output_is_written_is_refused(region_of) -
     os.truncate(path, 4096)
     with pytest.raises(InvalidInput, match="cannot be used"):
         regions.sink(ShmRef("out", 0, 8192), "requested output 'y'")
+
+
+def test_a_region_truncated_after_its_sink_was_made_is_refused_at_the_copy(region_of) -> None:  # noqa: ANN001
+    """Outputs encoded before this one may take a while: the size is looked
+    at again right before the copy, which would otherwise be SIGBUS here."""
+    regions, path = region_of(False)
+    sink = regions.sink(ShmRef("out", 0, 8192), "requested output 'y'")
+    try:
+        os.truncate(path, 4096)
+        with pytest.raises(RegionShrunk, match="requested output 'y'.*cannot be used"):
+            sink.write(b"x" * 8192)
+    finally:
+        sink.close()
+    assert path.stat().st_size == 4096   # nothing written past the end
+
+
+@pytest.mark.parametrize("mode,others", [(0o600, False), (0o640, False), (0o660, True), (0o606, True)])
+def test_an_object_of_the_daemons_uid_others_may_write_is_treated_as_theirs(tmp_path: Path, mode: int,
+                                                                            others: bool) -> None:
+    from cartonstore.server.shm_regions import _others_can_truncate
+
+    path = tmp_path / "object"
+    path.write_bytes(b"\0" * 64)
+    path.chmod(mode)
+    assert _others_can_truncate(path.stat()) is others

@@ -11,10 +11,11 @@ Touching a mapped page past the end of a truncated object is SIGBUS, which
 Python cannot turn into an exception; so the object's size is checked
 when a request takes a view and again right before outputs are written.
 An object truncated while the model reads it, or in the instant between
-that check and an output's write, still kills the runner (the daemon
-answers 503 and restarts it); only the daemon's own uid can do that: the
-regions of other uids are read into copies and written with pwrite. The
-daemon itself never maps a region.
+that check and an output's copy, still kills the runner (the daemon
+answers 503 and restarts it). Only the daemon's own uid can do that:
+regions another uid may truncate (theirs, or writable by group or others)
+are read into copies and written with pwrite. The daemon itself never
+maps a region.
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ from typing import Any
 
 from cartonstore.errors import InvalidInput
 from cartonstore.shm_objects import object_size_problem, open_region, read_region, register_fields
-from cartonstore.v2.shm_params import ARENA_FD_ENV, ARENA_REGION, ShmRef, ShmSink, check_within, missing_region
+from cartonstore.v2.shm_params import (ARENA_FD_ENV, ARENA_REGION, RegionShrunk, ShmRef, ShmSink, check_within,
+                                       missing_region)
 
 _PAGE = mmap.ALLOCATIONGRANULARITY
 
@@ -42,7 +44,7 @@ class MappedRegion:
     fd: int
     mapping: mmap.mmap
     view: memoryview      # the region's bytes within the mapping
-    copy_inputs: bool = False   # another uid's object: inputs copied, outputs written with pwrite (never SIGBUS)
+    copy_inputs: bool = False   # another uid may truncate it: inputs copied, outputs written with pwrite
 
     def status(self) -> dict[str, Any]:
         return {"name": self.name, "key": self.key, "offset": self.offset, "byte_size": self.byte_size}
@@ -181,11 +183,34 @@ class MappedRegions:
         with self._lock:
             region = self._usable(ref, what)
             if not region.copy_inputs:
-                return ShmSink(ref.region, region.view[ref.offset:ref.end])
+                return MappedSink(ref.region, region.view[ref.offset:ref.end], os.dup(region.fd), region.key,
+                                  region.offset + ref.end, what)
             return FdSink(ref.region, os.dup(region.fd), region.offset + ref.offset, ref.byte_size)
 
     def close(self) -> None:
         self.unregister()
+
+
+class MappedSink(ShmSink):
+    """An output copied into the runner's mapping of a region. The object's
+    size is checked again right before the copy: outputs encoded before
+    this one (JSON, BYTES) may take a while, and a truncation meanwhile
+    would be SIGBUS. Through a dup of its fd: an unregister may close the
+    region's own."""
+
+    def __init__(self, region: str, view: memoryview, fd: int, key: str, end: int, what: str) -> None:
+        super().__init__(region, view)
+        self._fd, self._key, self._end, self._what = fd, key, end, what
+
+    def write(self, chunk: bytes | memoryview) -> None:
+        problem = object_size_problem(self._fd, self._key, self._end)
+        if problem:
+            raise RegionShrunk(f"{self._what}: shared memory region {self.region!r} cannot be used: {problem}",
+                               subject=self._what)
+        super().write(chunk)
+
+    def close(self) -> None:
+        os.close(self._fd)
 
 
 class FdSink(ShmSink):

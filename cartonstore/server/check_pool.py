@@ -226,12 +226,12 @@ class CheckPool:
 
     async def close(self) -> None:
         """Stop every worker and reap it, a worker still starting too."""
+        self.closed = True   # now: a check() arriving meanwhile starts no worker
         if self._closing is None:
             self._closing = asyncio.ensure_future(self._close())
         await asyncio.shield(self._closing)
 
     async def _close(self) -> None:
-        self.closed = True
         if self._idle_timer is not None:
             self._idle_timer.cancel()
             self._idle_timer = None

@@ -64,7 +64,7 @@ class Region:
     runner_name: str        # its name on runners, unique for the daemon's life
     gone: bool = False      # unregistered (a runner mapping it meanwhile unmaps it again)
     object_id: tuple[int, int] = (0, 0)   # the object's (st_dev, st_ino): runners must open this one
-    foreign: bool = False   # owned by another uid than the daemon's: runners copy its inputs (see runner/shm.py)
+    foreign: bool = False   # another uid may truncate it: runners copy its inputs, pwrite its outputs (runner/shm.py)
     # the runner links that registered it, told when it goes (weak: a dead runner's link just vanishes)
     links: weakref.WeakSet = field(default_factory=weakref.WeakSet)
 
@@ -110,7 +110,7 @@ class ShmRegions:
                 raise InvalidInput(f"shared memory object {key!r} belongs to uid {st.st_uid}, not {who}: "
                                    f"only its owner may register it", subject="key")
             region = Region(name, key, offset, size, fd, f"cs{next(self._serial)}",
-                            object_id=(st.st_dev, st.st_ino), foreign=st.st_uid != os.getuid())
+                            object_id=(st.st_dev, st.st_ino), foreign=_others_can_truncate(st))
             with self._lock:
                 owned = self._by_owner.setdefault(peer.uid, {})
                 if name in owned:
@@ -179,3 +179,11 @@ class ShmRegions:
             return region, read_region(fd, region.offset + ref.offset, ref.byte_size, what, ref.region)
         finally:
             os.close(fd)
+
+
+def _others_can_truncate(st: os.stat_result) -> bool:
+    """Whether a uid other than the daemon's can truncate the object: it
+    is theirs, or its group or anyone may write it. Runners then copy its
+    inputs and pwrite its outputs: a truncation under their mapping would
+    be SIGBUS, a crash of a runner every uid uses (runner/shm.py)."""
+    return st.st_uid != os.getuid() or bool(st.st_mode & 0o022)

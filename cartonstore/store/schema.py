@@ -94,8 +94,13 @@ def migrate_leases(conn: sqlite3.Connection) -> None:
     sql = conn.execute("SELECT sql FROM sqlite_master WHERE type='table' AND name='leases'").fetchone()[0]
     if "WITHOUT ROWID" in sql.upper():
         return
+    conn.execute("DROP TABLE IF EXISTS leases_v2")
     conn.execute(_LEASES_V2)
-    conn.execute("INSERT INTO leases_v2 SELECT id, carton, holder, created_at, expires_at FROM leases")
+    # A NULL id (a rowid table's TEXT PRIMARY KEY allows one; nothing of ours
+    # wrote it) can be neither released nor renewed, and a key of WITHOUT
+    # ROWID may not be NULL: copying it would fail every open of the store.
+    conn.execute("INSERT INTO leases_v2 SELECT id, carton, holder, created_at, expires_at FROM leases "
+                 "WHERE id IS NOT NULL")
     conn.execute("DROP TABLE leases")
     conn.execute("ALTER TABLE leases_v2 RENAME TO leases")
     conn.execute("UPDATE meta SET value=? WHERE key='schema_version'", (str(SCHEMA_VERSION),))

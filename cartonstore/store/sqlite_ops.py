@@ -45,9 +45,9 @@ class ImmediateWriter:
     Index.checkpoint() off the loop and call ``checkpointed()``.
     """
 
-    # A lease commit writes 3 or 4 pages (the row, two index entries, maybe
-    # the carton's last_used): 1,000 commits make a WAL of about 16 MiB
-    # before a checkpoint lets it start over. Each checkpoint makes writes
+    # A lease commit writes a page or two (the leases row's, schema 2, and
+    # now and then the carton's last_used): 1,000 commits make a WAL of
+    # 5-10 MiB before a checkpoint lets it start over. Each checkpoint makes writes
     # wait a few ms (server/group_commit.py), so fewer are better for the
     # tail; the bigger WAL is synced beforehand, off the loop.
     CHECKPOINT_EVERY = 1000

@@ -47,7 +47,8 @@ class ShmSink:
     """Where an output requested in shared memory goes: up to ``capacity``
     bytes, written by ``write``; ``region`` is the name the response gives.
     This one writes into a buffer (a view of a mapping); a runner's writes
-    go through its fd instead (cartonstore.runner.shm). ``offset``, when
+    check the object's size first, or go through its fd (pwrite) for a
+    region another uid may truncate (cartonstore.runner.shm). ``offset``, when
     given, is where the view starts in the region: the response says it."""
 
     offset: int | None = None   # subclasses that write elsewhere keep this default
@@ -71,6 +72,11 @@ class ShmSink:
 class RegionTooSmall(InvalidInput):
     """An output does not fit the shared memory the request gave it: the
     request's fault (400), though it is found only after the model ran."""
+
+
+class RegionShrunk(RegionTooSmall):
+    """The region's object was truncated while the request ran: found right
+    before an output was copied into it, instead of a SIGBUS."""
 
 
 def shm_ref(parameters: dict[str, Any], what: str) -> ShmRef | None:

@@ -6,7 +6,7 @@ handler in the same run: one client p50 <= 1.5x; open loop at 1,000
 lease+release pairs/s (--open-rates 2000, requests) p50 <= 1.5x and
 p99 <= 2x; closed loop throughput >= 0.9x and p99 <= 1.25x. Each round
 gives one ratio per target from two runs back to back; the verdict is on
-the median of the rounds' ratios (--rounds 3), each round's shown. The
+the median of the rounds' ratios (--rounds 4), each round's shown. The
 absolute targets below are the older ones of the daemon issue, still
 printed.
 
@@ -15,7 +15,7 @@ releasing leases over the Unix socket get p50 <= 1 ms and p99 <= 5 ms per
 request, and a throughput >= 60% of a bare aiohttp handler that returns a
 constant on a Unix socket, measured in the same run. Idle RSS <= 80 MiB.
 
-    python tests/bench/bench_daemon.py [--seconds 10] [--clients 64] [--rounds 3]
+    python tests/bench/bench_daemon.py [--seconds 10] [--clients 64] [--rounds 4]
 
 Three kinds of process, each started by this script:
   * the daemon: `cartonstore serve --root R --socket S`, with the fixture
@@ -460,7 +460,8 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=10.0, help="measured seconds per run (default 10)")
     ap.add_argument("--warmup", type=float, default=1.0)
     ap.add_argument("--clients", type=int, default=64)
-    ap.add_argument("--rounds", type=int, default=3, help="rounds (default 3; the ratio verdicts take their median)")
+    ap.add_argument("--rounds", type=int, default=4,
+                    help="rounds (default 4, each server first in half of them; the ratio verdicts take their median)")
     ap.add_argument("--single-seconds", type=float, default=3.0,
                     help="also measure one client alone for this long (service time; 0: skip)")
     ap.add_argument("--no-pinned", action="store_true", help="skip the pinned (server core 0, generator core 1) runs")
@@ -474,6 +475,8 @@ def main() -> None:
                          "clients: latency at a load below saturation (default 1000,2000,3000,4000; '' to skip)")
     ap.add_argument("--open-seconds", type=float, default=5.0)
     a = ap.parse_args()
+    if a.rounds < 1:
+        ap.error("--rounds must be at least 1")
     if a.baseline_server:
         return baseline_server(a.baseline_server)
     if a.load:
