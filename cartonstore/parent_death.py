@@ -3,9 +3,11 @@ daemon starts outlives it, even when it is SIGKILLed.
 
 Set in two places: between fork and exec, as a runner's preexec_fn
 (server/runners/process.py); and first thing in a process that sets it
-itself (runner/lifecycle.py): a runner started by anything else, and the
-check worker, which the daemon starts without a preexec_fn (one makes
-CPython fork the whole daemon instead of using vfork).
+itself: a runner started by anything else (runner/lifecycle.py), and the
+check worker (server/check_worker.py), which the daemon starts without a
+preexec_fn (one makes CPython fork the whole daemon instead of using
+vfork). Runners keep the preexec_fn: their argv may be any program, one
+that never arms itself.
 
 The signal comes when the *thread* that forked exits, not the process:
 the daemon starts runners and workers from its event loop's thread, never

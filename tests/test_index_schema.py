@@ -119,3 +119,31 @@ def test_a_version_1_lease_without_an_id_is_not_carried_over(tmp_path: Path) -> 
     with Store(root) as s:
         assert sorted(s.index._rows("SELECT * FROM leases")) == ROWS
     assert "WITHOUT ROWID" in leases_table(root / "index.db")[0]
+
+
+def test_stores_opening_a_version_1_store_at_once_migrate_it_once(tmp_path: Path) -> None:
+    """Each open migrates in its own write transaction: the first migrates,
+    the others find schema 2 (a daemon and CLIs starting together)."""
+    import threading
+
+    root = version_1_store(tmp_path)
+    errors: list[BaseException] = []
+    start = threading.Barrier(4)
+
+    def open_it() -> None:
+        try:
+            start.wait()
+            Store(root).close()
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=open_it) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert not errors and not any(t.is_alive() for t in threads)
+    sql, indexes, version = leases_table(root / "index.db")
+    assert "WITHOUT ROWID" in sql and indexes == [] and version == "2"
+    with Store(root) as s:
+        assert sorted(s.index._rows("SELECT * FROM leases")) == ROWS

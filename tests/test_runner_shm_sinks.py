@@ -48,7 +48,7 @@ def test_an_output_lands_where_the_reference_says(region_of, foreign: bool, offs
     try:
         assert isinstance(sink, FdSink) == foreign   # the daemon's own uid: straight into the mapping
         assert sink.capacity == data.nbytes and sink.offset is None
-        sink.write(memoryview(data))
+        sink.write(memoryview(data).cast("B"))   # as encode._write_to_shm hands it
     finally:
         sink.close()
     stored = path.read_bytes()
@@ -88,3 +88,26 @@ def test_an_object_of_the_daemons_uid_others_may_write_is_treated_as_theirs(tmp_
     path.write_bytes(b"\0" * 64)
     path.chmod(mode)
     assert _others_can_truncate(path.stat()) is others
+
+
+@pytest.mark.parametrize("foreign", [False, True])
+def test_a_float_output_is_measured_in_bytes_not_items(region_of, foreign: bool) -> None:  # noqa: ANN001
+    """1,000 float32 fit a 1,000-byte reference by items, not by bytes:
+    a 400 naming both sizes, nothing written (FdSink wrote past the region)."""
+    from cartonstore.v2.encode import _write_to_shm
+    from cartonstore.v2.shm_params import RegionTooSmall
+
+    regions, path = region_of(foreign)
+    data = np.arange(1, 1001, dtype=np.float32)
+    sink = regions.sink(ShmRef("out", 0, 1000), "requested output 'y'")
+    try:
+        with pytest.raises(RegionTooSmall, match="gives it 1000 bytes, but it needs 4000 bytes"):
+            _write_to_shm("requested output 'y'", memoryview(data), sink)
+        fits = regions.sink(ShmRef("out", 0, data.nbytes), "requested output 'y'")
+        try:
+            assert _write_to_shm("requested output 'y'", memoryview(data), fits)["shared_memory_byte_size"] == 4000
+        finally:
+            fits.close()
+    finally:
+        sink.close()
+    assert path.read_bytes()[:4000] == data.tobytes()

@@ -142,6 +142,7 @@ def receive(taken: TakenSocket, want: int, work: Callable[[bytes], None], *, url
         return got
     sock = socket.socket(fileno=taken.fd)  # taken.fd stays taken's: detached, not closed, below
     try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, LOW_WATER)   # lowered for the last bytes
         poller = select.poll()
         poller.register(sock.fileno(), select.POLLIN | select.POLLPRI)
         poller.register(taken.stop_r, select.POLLIN)
@@ -165,14 +166,17 @@ def _next_chunk(sock: socket.socket, poller: select.poll, stop_r: int, wanted: i
     """The body's next bytes (b"" at the connection's end), or None once told
     to stop. Raises TimeoutError after stall_timeout with no byte, OSError
     for the socket's own errors."""
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, min(LOW_WATER, wanted))
+    if wanted < LOW_WATER:   # the last bytes: a mark above them would leave them unread until the slice ends
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, wanted)
     quiet_since = time.monotonic()
     while True:
         if any(fd == stop_r for fd, _ in poller.poll(POLL_SLICE_MS)):
             return None
         try:
             # Also after a quiet slice: a slow body's bytes wait below the low-water mark.
-            return sock.recv(min(READ_SIZE, wanted))
+            # MSG_DONTWAIT: the fd is the event loop's, non-blocking today; a
+            # blocking recv here could wake neither for the stall nor the stop.
+            return sock.recv(min(READ_SIZE, wanted), socket.MSG_DONTWAIT)
         except (BlockingIOError, InterruptedError):
             if stall_timeout is not None and time.monotonic() - quiet_since > stall_timeout:
                 raise TimeoutError("no bytes received within the stall timeout") from None

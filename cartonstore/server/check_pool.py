@@ -122,10 +122,13 @@ class CheckPool:
         self._idle_timer: asyncio.TimerHandle | None = None
         self._start_failures = 0
         self._resting_until = 0.0
-        self.closed = False
-        self._closing: asyncio.Future[None] | None = None
+        self._closing: asyncio.Future[None] | None = None   # close()'s work, shared by every caller
         self.checked = 0     # requests checked by a worker
         self.failed = 0      # workers that failed mid-request
+
+    @property
+    def closed(self) -> bool:
+        return self._closing is not None
 
     def stats(self) -> dict[str, int]:
         """For /metrics (read from a worker thread: each value alone)."""
@@ -226,8 +229,7 @@ class CheckPool:
 
     async def close(self) -> None:
         """Stop every worker and reap it, a worker still starting too."""
-        self.closed = True   # now: a check() arriving meanwhile starts no worker
-        if self._closing is None:
+        if self._closing is None:   # closed from here on: a check() arriving meanwhile starts no worker
             self._closing = asyncio.ensure_future(self._close())
         await asyncio.shield(self._closing)
 

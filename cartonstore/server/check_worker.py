@@ -24,13 +24,14 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import os
 import pickle
 import struct
 import sys
 from typing import BinaryIO
 
 from ..errors import InvalidInput
-from ..runner.lifecycle import die_with_parent
+from ..parent_death import die_with
 from .infer_check import checked_unless_shm
 
 TASK_HEAD = struct.Struct("<IQ")
@@ -94,6 +95,9 @@ def _widen_pipes() -> None:
 
 
 if __name__ == "__main__":
-    die_with_parent()   # set here, not by a preexec_fn in the daemon (which forces a full fork of it)
+    # Set here, not by a preexec_fn in the daemon (which forces a full fork
+    # of it). A daemon gone before this line is not noticed by it: the end of
+    # stdin, which its death closes, ends the worker all the same.
+    die_with(os.getppid())
     _widen_pipes()
     serve(sys.stdin.buffer, sys.stdout.buffer)

@@ -58,14 +58,15 @@ def _encode_tensors(
 
 
 def _write_to_shm(what: str, chunk: bytes | memoryview, sink: ShmSink) -> dict[str, Any]:
-    size = len(chunk)
+    data = memoryview(chunk).cast("B")   # a view of floats counts its items, not its bytes
+    size = len(data)
     if size > sink.capacity:
         raise RegionTooSmall(
             f"{what}: shared memory region {sink.region!r} gives it {sink.capacity} bytes, "
             f"but it needs {size} bytes",
             subject=what,
         )
-    sink.write(chunk)
+    sink.write(data)
     if sink.offset is None:
         return {REGION: sink.region, BYTE_SIZE: size}
     return {REGION: sink.region, BYTE_SIZE: size, OFFSET: sink.offset}

@@ -60,9 +60,9 @@ class ShmSink:
         self._view = view
 
     def write(self, chunk: bytes | memoryview) -> None:
-        data = memoryview(chunk).cast("B")   # a view of floats counts its items, not its bytes
+        size = len(chunk)   # bytes: encode._write_to_shm hands a byte view
         # numpy's copy lets go of the GIL for big tensors; a memoryview slice assignment would not
-        np.copyto(np.frombuffer(self._view, np.uint8, count=len(data)), np.frombuffer(data, np.uint8))
+        np.copyto(np.frombuffer(self._view, np.uint8, count=size), np.frombuffer(chunk, np.uint8))
 
     def close(self) -> None:
         pass
