@@ -17,8 +17,8 @@ import pytest
 
 from cartonstore.store import Store
 
-SHARED = Path(__file__).resolve().parents[2] / "shared"
-FIXTURE_CARTON = SHARED / "fixtures" / "carton-repo-test.carton"
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+FIXTURE_CARTON = FIXTURES / "carton-repo-test.carton"
 FIXTURE_DIGEST = "f1cae5143a92a44e3a7e1d9c32a0245065dfb6e0f1e91c18b5e44356d081dfb5"
 
 MINIMAL_TOML = b'''spec_version = 1
@@ -159,8 +159,8 @@ def snapshot(root: Path) -> tuple:
 
 @pytest.fixture
 def origin():
-    """A real HTTP server on 127.0.0.1 that misbehaves on request (tests/origin.py)."""
-    from origin import Origin
+    """A real HTTP server on 127.0.0.1 that misbehaves on request (tests/kit/origin.py)."""
+    from kit.origin import Origin
 
     with Origin() as o:
         yield o
@@ -169,7 +169,7 @@ def origin():
 @pytest.fixture
 def daemon(short_tmp: Path):
     """A real `cartonstore serve` on a Unix socket and a loopback port."""
-    from daemonkit import DaemonProcess
+    from kit.daemonkit import DaemonProcess
 
     d = DaemonProcess(short_tmp / "root").start()
     yield d

@@ -15,12 +15,12 @@ import os
 from dataclasses import replace
 from typing import Sequence
 
-from ..checks import check_safetensors, is_safetensors
-from ..errors import CartonStoreError, ManifestMismatch
-from ..flights import SingleFlight
-from ..store import Store
-from ..store.blobs import StagedBlob
-from ..store.locks import async_file_lock
+from cartonstore.carton.checks import check_safetensors, is_safetensors
+from cartonstore.errors import CartonStoreError, ManifestMismatch
+from cartonstore.system.flights import SingleFlight
+from cartonstore.store import Store
+from cartonstore.store.blobs import StagedBlob
+from cartonstore.store.locks import async_file_lock
 from .config import FetchConfig
 from .http import HttpClient
 from .peers import ORIGIN, Claim, PeerSet

@@ -32,8 +32,8 @@ from collections.abc import Iterator, Sequence
 import brotli
 
 from cartonstore.errors import FetchError, InvalidCarton
-from cartonstore.fetch.codings import DEFAULT_ACCEPT_ENCODING, PIECE_SIZE, SUPPORTED_CODINGS
-from cartonstore.fetch.policy import describe
+from .codings import DEFAULT_ACCEPT_ENCODING, PIECE_SIZE, SUPPORTED_CODINGS
+from .policy import describe
 from cartonstore.zipfmt import STORED, ZSTD, Decoder, make_decoder
 
 MAX_STACKED_CODINGS = 2

@@ -20,9 +20,9 @@ import logging
 import os
 from typing import AsyncIterator
 
-from ..errors import CartonStoreError
-from ..store import Store
-from ..store.holds import new_hold_id
+from cartonstore.errors import CartonStoreError
+from cartonstore.store import Store
+from cartonstore.store.holds import new_hold_id
 
 log = logging.getLogger("cartonstore.fetch")
 

@@ -19,19 +19,18 @@ import time
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, AsyncIterator, Awaitable, Callable, TypeVar
+from typing import AsyncIterator, Awaitable, Callable, TypeVar
 
 import aiohttp
 from multidict import CIMultiDictProxy
 
-from ..errors import FetchError, FetchNotFound, InvalidInput
+from cartonstore.errors import FetchError, FetchNotFound, InvalidInput
 from .config import FetchConfig, PeerConfig
 from .encoding import parse_content_encoding
+from .hooks import ChallengeAnswerer, challenge_answerer_for
 from .policy import describe, redirect_target
 from .proxies import proxy_for
 
-if TYPE_CHECKING:
-    from ..oci.auth import RegistryAuth
 
 T = TypeVar("T")
 # Each chunk is one hop to the stream's hashing thread; 1 MiB keeps hops rare
@@ -181,7 +180,7 @@ class HttpClient:
         self._fresh: aiohttp.ClientSession | None = None
         self._session_options: dict = {}
         self._tls: ssl.SSLContext | bool = True
-        self._auth: RegistryAuth | None = None
+        self._auth: ChallengeAnswerer | None = None
         self._peer_tls: ssl.SSLContext | None = None
 
     async def __aenter__(self) -> "HttpClient":
@@ -213,16 +212,15 @@ class HttpClient:
         return self._fresh
 
     @property
-    def auth(self) -> "RegistryAuth":
-        """Answers 401 challenges (registries' Basic and Bearer); made on the
-        first one, so a fetch that never meets one reads no credentials."""
+    def auth(self) -> ChallengeAnswerer:
+        """Answers 401 challenges (registries' Basic and Bearer: hooks.py);
+        made on the first one, so a fetch that never meets one reads no
+        credentials."""
         if self._auth is None:
-            from ..oci.auth import RegistryAuth
-            from ..oci.credentials import docker_config_paths
-
-            self._auth = RegistryAuth(docker_config_paths(self.config.registries.auth_file),
-                                      check_url=self.config.policy.check,
-                                      route=lambda url: self.route(url, "registry"))
+            self._auth = challenge_answerer_for(self)
+            if self._auth is None:
+                raise FetchError("HTTP 401 Unauthorized, and no registry authentication is plugged in to answer "
+                                 "it (import cartonstore.oci)")
         return self._auth
 
     def authorization(self, url: str, *, push: bool = False, kind: str = "url") -> str | None:

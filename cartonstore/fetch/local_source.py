@@ -14,13 +14,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable, Iterable
 
-from ..checks import check_safetensors, is_safetensors
-from ..errors import CartonStoreError, IntegrityError
-from ..sources import ZipCartonView
-from ..store import Store
-from ..store.blobs import StagedBlob
-from ..store.locks import FileLock
-from ..store.sources import LocalSource, local_sources_for, stale_reason
+from cartonstore.carton.checks import check_safetensors, is_safetensors
+from cartonstore.errors import CartonStoreError, IntegrityError
+from cartonstore.sources import ZipCartonView
+from cartonstore.store import Store
+from cartonstore.store.blobs import StagedBlob
+from cartonstore.store.locks import FileLock
+from cartonstore.store.sources import LocalSource, stale_reason
 
 
 def restore_from_local(store: Store, digests: Iterable[str], commit: Callable[[StagedBlob], None], *,
@@ -33,7 +33,7 @@ def restore_from_local(store: Store, digests: Iterable[str], commit: Callable[[S
     zips: dict[str, _ZipSource] = {}
     try:
         for digest in digests:
-            sources = local_sources_for(store.index, digest)
+            sources = store.index.local_sources_for(digest)
             if not sources or store.blobs.has(digest):
                 continue
             with FileLock(store.layout.locks_dir / f"blob-{digest}.lock", timeout=lock_timeout):

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from ..errors import InvalidInput
+from cartonstore.errors import InvalidInput
 from .config import FetchConfig
 from .policy import describe, host_matches
 
@@ -73,7 +73,7 @@ def check_proxy(url: str, field: str) -> str:
     return url
 
 
-def proxy_parser(field: str):  # noqa: ANN201 - a config_values.Parser
+def proxy_parser(field: str):  # noqa: ANN201 - a config.values.Parser
     """The setting's parser: "" is no proxy."""
     def parse(value: object) -> str | None:
         if not isinstance(value, str):

@@ -15,27 +15,27 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from ..checks import CheckedCarton, check_carton
-from ..errors import (
+from cartonstore.carton.checks import CheckedCarton, check_carton
+from cartonstore.errors import (
     CartonStoreError,
     FetchError,
     IntegrityError,
     ManifestMismatch,
     NotFound,
 )
-from ..flights import SingleFlight, all_or_none
-from ..store import Store
-from ..store.blobs import BlobWriter
-from ..store.ingest import IngestResult, Staging, check_staged_safetensors
-from ..store.locks import async_file_lock
-from ..store.names import NameOutcome, validate_name
-from ..units import format_size
-from ..zipfmt import ZipEntry
-from ..oci.reference import is_oci_reference, parse_reference
+from cartonstore.system.flights import SingleFlight, all_or_none
+from cartonstore.store import Store
+from cartonstore.store.blobs import BlobWriter
+from cartonstore.store.ingest import IngestResult, Staging, check_staged_safetensors
+from cartonstore.store.locks import async_file_lock
+from cartonstore.store.names import NameOutcome, validate_name
+from cartonstore.format.units import format_size
+from cartonstore.zipfmt import ZipEntry
 from .blob_fetcher import BlobFetcher
 from .config import FetchConfig
 from .http import HttpClient
 from .holds import holding
+from .hooks import SourceKind, source_kind_for
 from .local_source import restore_from_local
 from .peers import ORIGIN, Claim, offer
 from .policy import describe
@@ -122,8 +122,8 @@ class Puller:
             validate_name(name)
         before = self.stats.snapshot()
         read = [0, 0]   # bytes, blobs taken from a local source
-        if is_oci_reference(source):
-            result = await self._add_oci(source, name, force)
+        if (kind := source_kind_for(source)) is not None:
+            result = await self._add_kind(kind, source, name, force)
         elif is_url(source):
             result = await self._add_url(source, name, force)
         else:
@@ -148,17 +148,17 @@ class Puller:
         url = self.config.policy.check(url)
         return await self._urls_in_flight.run(f"{url}\n{name}\n{force}", lambda: self._add_url_once(url, name, force))
 
-    async def _add_oci(self, text: str, name: str | None, force: bool) -> IngestResult:
-        from ..oci.pull import add_from_registry
-
-        ref = parse_reference(text)
+    async def _add_kind(self, kind: SourceKind, text: str, name: str | None, force: bool) -> IngestResult:
+        """A reference a plugged-in source kind claims (hooks.py: an OCI
+        reference), added once at a time across processes, like a URL."""
+        ref = kind.canonical(text)
         key = f"{ref}\n{name}\n{force}"
-        lock = self.store.layout.locks_dir / f"url-{hashlib.sha256(str(ref).encode()).hexdigest()}.lock"
+        lock = self.store.layout.locks_dir / f"url-{hashlib.sha256(ref.encode()).hexdigest()}.lock"
 
         async def once() -> IngestResult:
             async with async_file_lock(lock, timeout=self.config.lock_timeout):
-                self.on_event({"event": "carton", "url": str(ref)})
-                return await add_from_registry(self, ref, name, force)
+                self.on_event({"event": "carton", "url": ref})
+                return await kind.add(self, text, name, force)
         return await self._urls_in_flight.run(key, once)
 
     async def _add_url_once(self, url: str, name: str | None, force: bool) -> IngestResult:
@@ -311,7 +311,7 @@ class Puller:
         fetched = len(restored)
         missing, row, unlinked = await asyncio.to_thread(self._still_missing, digest, missing)
         # A carton from a registry has every blob linked (and a collection keeps its MANIFEST).
-        if unlinked and row is not None and row.source and is_url(row.source) and not is_oci_reference(row.source):
+        if unlinked and row is not None and row.source and is_url(row.source) and source_kind_for(row.source) is None:
             # In the carton's own zip, not in LINKS: read them from there again.
             fetched += await self._refetch_from_zip(row.source, digest, set(unlinked))
         linked, sourceless = await asyncio.to_thread(self._with_no_source, missing)

@@ -15,10 +15,10 @@ import asyncio
 import hashlib
 from pathlib import Path
 
-from ..errors import CartonStoreError, InvalidCarton
-from ..format.links import parse_links
-from ..format.manifest import parse_manifest
-from ..sources.zip_source import METADATA_NAMES   # MANIFEST is what is checked against; LINKS is not in it
+from cartonstore.errors import CartonStoreError, InvalidCarton
+from cartonstore.format.links import parse_links
+from cartonstore.format.manifest import parse_manifest
+from cartonstore.sources.zip_source import METADATA_NAMES   # MANIFEST is what is checked against; LINKS is not in it
 from .blob_fetcher import BlobFetcher
 from .remote_zip import RemoteCartonView, read_whole_limit
 

@@ -12,10 +12,10 @@ import io
 from dataclasses import dataclass
 from typing import BinaryIO, Callable, Protocol, Sequence
 
-from ..errors import FetchError, InvalidCarton
-from ..sources.view import METADATA_LIMITS, STRING_TENSOR_LIMIT, SYMLINK_TARGET_LIMIT, SourceFile
-from ..sources.zip_source import METADATA_NAMES, check_metadata_size, index_zip_entries, source_file
-from ..zipfmt import (
+from cartonstore.errors import FetchError, InvalidCarton
+from cartonstore.sources.view import METADATA_LIMITS, STRING_TENSOR_LIMIT, SYMLINK_TARGET_LIMIT, SourceFile
+from cartonstore.sources.zip_source import METADATA_NAMES, check_metadata_size, index_zip_entries, source_file
+from cartonstore.zipfmt import (
     LOCAL_HEADER_FIXED,
     TAIL_READ_SIZE,
     EntryDecoder,

@@ -95,7 +95,7 @@ class StreamSink:
                         self._error = e
                 self._release(len(chunk), failed=self._error is not None)
         finally:
-            self._loop.call_soon_threadsafe(_set_result, self._done)
+            self._loop.call_soon_threadsafe(settle_when_ended, self._thread, lambda: _set_result(self._done))
 
     def _release(self, length: int, *, failed: bool) -> None:
         with self._lock:
@@ -132,7 +132,26 @@ def in_own_thread(fn: Callable[[], object], *, name: str) -> asyncio.Future:
             result, error = fn(), None
         except BaseException as e:  # noqa: BLE001 - handed to the loop
             result, error = None, e
-        loop.call_soon_threadsafe(settle, result, error)
+        loop.call_soon_threadsafe(settle_when_ended, thread, lambda: settle(result, error))
 
-    threading.Thread(target=run, name=f"cartonstore-{name}", daemon=True).start()
+    thread = threading.Thread(target=run, name=f"cartonstore-{name}", daemon=True)
+    thread.start()
     return future
+
+
+ENDED_POLL = 0.0005
+"""Seconds between looks at a thread that handed its result over and is
+still ending."""
+
+
+def settle_when_ended(thread: threading.Thread, settle: Callable[[], None]) -> None:
+    """On the loop: ``settle()`` once ``thread`` has ended. A thread's last
+    act is to hand its result to the loop, and it still runs after that
+    (returning, its thread-locals freed): settling at once let a caller,
+    a cancelled pull among them, return with the thread still alive
+    (seen as a leftover thread under load). Polled, not joined: the loop
+    never blocks on it."""
+    if thread.is_alive():
+        asyncio.get_running_loop().call_later(ENDED_POLL, settle_when_ended, thread, settle)
+    else:
+        settle()

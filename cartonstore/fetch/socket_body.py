@@ -33,7 +33,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from ..errors import FetchError
+from cartonstore.errors import FetchError
 from .http import translate
 from .policy import describe
 from .sink import in_own_thread

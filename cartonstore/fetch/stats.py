@@ -20,7 +20,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Callable
 
-from ..errors import FetchError
+from cartonstore.errors import FetchError
 from .config import FetchConfig
 from .http import tls_reason
 from .policy import describe

@@ -12,8 +12,8 @@ from __future__ import annotations
 import asyncio
 from typing import Callable, Sequence
 
-from ..errors import CartonStoreError, FetchError, IntegrityError, InvalidInput
-from ..store.blobs import BlobStore, BlobWriter, StagedBlob
+from cartonstore.errors import CartonStoreError, FetchError, IntegrityError, InvalidInput
+from cartonstore.store.blobs import BlobStore, BlobWriter, StagedBlob
 from .config import FetchConfig
 from .encoding import ContentDecoder
 from .http import HttpClient, Response, translate, with_retries

@@ -5,7 +5,7 @@ Every problem with the input raises cartonstore.errors.InvalidCarton naming
 the file inside the carton, the field or line, and what is wrong.
 """
 
-from cartonstore.lazy_names import lazy_names
+from cartonstore.system.lazy_names import lazy_names
 
 # Each name is imported from its module on first use (PEP 562): a caller that
 # needs one module (the store: manifest.is_sha256) must not load every parser

@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 from typing import Any, Union
 
 from cartonstore.errors import InvalidCarton
-from cartonstore.format._toml import TomlTable, is_int, join_field, load_toml, type_name
-from cartonstore.format.dtypes import CARTON_DTYPES
-from cartonstore.format.paths import validate_carton_path
+from ._toml import TomlTable, is_int, join_field, load_toml, type_name
+from .dtypes import CARTON_DTYPES
+from .paths import validate_carton_path
 
 CARTON_TOML = "carton.toml"
 SPEC_VERSION = 1

@@ -14,8 +14,8 @@ from collections.abc import Mapping, Sequence
 import tomli_w
 
 from cartonstore.errors import InvalidCarton
-from cartonstore.format._toml import TomlTable, is_int, load_toml, type_name
-from cartonstore.format.manifest import sha256_problem
+from ._toml import TomlTable, is_int, load_toml, type_name
+from .manifest import sha256_problem
 
 LINKS = "LINKS"
 LINKS_VERSION = 1

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from cartonstore.errors import InvalidCarton
-from cartonstore.format._toml import decode_utf8
-from cartonstore.format.digest import is_sha256
-from cartonstore.format.paths import validate_carton_path
+from ._toml import decode_utf8
+from .digest import is_sha256
+from .paths import validate_carton_path
 
 MANIFEST = "MANIFEST"
 _SHA256_ANY_CASE = re.compile(r"[0-9a-fA-F]{64}")

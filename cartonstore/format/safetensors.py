@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cartonstore.errors import InvalidCarton
-from cartonstore.format._toml import is_int, join_field, type_name
-from cartonstore.format.dtypes import SAFETENSORS_DTYPE_BITS
+from ._toml import is_int, join_field, type_name
+from .dtypes import SAFETENSORS_DTYPE_BITS
 
 SAFETENSORS_HEADER_LIMIT = 100_000_000
 METADATA_KEY = "__metadata__"

@@ -15,14 +15,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from cartonstore.errors import InvalidCarton
-from cartonstore.format._toml import TomlTable, is_int, load_toml, type_name
-from cartonstore.format.dtypes import (
+from ._toml import TomlTable, is_int, load_toml, type_name
+from .dtypes import (
     CARTON_DTYPES,
     carton_dtype_itemsize,
     carton_numpy_dtype,
     is_numeric_carton_dtype,
 )
-from cartonstore.format.paths import validate_carton_path
+from .paths import validate_carton_path
 
 if TYPE_CHECKING:
     import numpy as np

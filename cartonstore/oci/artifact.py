@@ -22,8 +22,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from ..errors import InvalidCarton, InvalidInput
-from ..format.paths import carton_path_problem
+from cartonstore.errors import InvalidCarton, InvalidInput
+from cartonstore.format.paths import carton_path_problem
 
 ARTIFACT_TYPE = "application/vnd.carton.v1"
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"

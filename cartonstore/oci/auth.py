@@ -28,9 +28,9 @@ from typing import Callable, Iterable
 
 import aiohttp
 
-from ..errors import FetchError
-from ..flights import SingleFlight
-from ..fetch.policy import describe
+from cartonstore.errors import FetchError
+from cartonstore.system.flights import SingleFlight
+from cartonstore.fetch.policy import describe
 from .challenge import Challenge, parse_challenges
 from .credentials import Credentials, find_credentials
 
@@ -149,7 +149,7 @@ class RegistryAuth:
                     status = r.status
                 break
             except Exception as e:  # noqa: BLE001 - translated here, once
-                from ..fetch.http import translate
+                from cartonstore.fetch.http import translate
 
                 # A kept-alive connection closed unannounced (see Registry._send): asked again, once.
                 if attempt or not isinstance(e, aiohttp.ServerDisconnectedError):

@@ -24,7 +24,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import InvalidInput
+from cartonstore.errors import InvalidInput
 
 HELPER_TIMEOUT = 30.0
 

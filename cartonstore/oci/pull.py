@@ -20,22 +20,22 @@ import io
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
 
-from ..checks import check_carton
-from ..errors import IntegrityError, InvalidCarton, ManifestMismatch
-from ..fetch.remote_zip import read_whole_limit
-from ..fetch.transfer import fetch_blob
-from ..flights import all_or_none
-from ..format.manifest import build_manifest
-from ..sources.view import SourceFile
-from ..sources.zip_source import METADATA_NAMES
-from ..store.ingest import IngestResult, Staging, check_staged_safetensors
+from cartonstore.carton.checks import check_carton
+from cartonstore.errors import IntegrityError, InvalidCarton, ManifestMismatch
+from cartonstore.fetch.remote_zip import read_whole_limit
+from cartonstore.fetch.transfer import fetch_blob
+from cartonstore.system.flights import all_or_none
+from cartonstore.format.manifest import build_manifest
+from cartonstore.sources.view import SourceFile
+from cartonstore.sources.zip_source import METADATA_NAMES
+from cartonstore.store.ingest import IngestResult, Staging, check_staged_safetensors
 from .artifact import Layer, parse_manifest
 from .reference import OciReference
 from .registry import Registry
-from ..fetch.peers import Claim, offer
+from cartonstore.fetch.peers import Claim, offer
 
 if TYPE_CHECKING:
-    from ..fetch.puller import Puller
+    from cartonstore.fetch.puller import Puller
 
 
 class OciCartonView:

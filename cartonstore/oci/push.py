@@ -14,9 +14,9 @@ import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ..errors import InvalidInput
-from ..fetch.holds import holding
-from ..flights import all_or_none
+from cartonstore.errors import InvalidInput
+from cartonstore.fetch.holds import holding
+from cartonstore.system.flights import all_or_none
 from .artifact import EMPTY_BLOB, EMPTY_DIGEST, build_manifest, layers_for
 from .auth import repository_of
 from .reference import parse_reference
@@ -24,7 +24,7 @@ from .registry import Registry
 from .upload import upload_blob, upload_bytes
 
 if TYPE_CHECKING:
-    from ..fetch.puller import Puller
+    from cartonstore.fetch.puller import Puller
 
 
 @dataclass(frozen=True)
@@ -42,7 +42,7 @@ class PushResult:
         return dict(self.__dict__)
 
     def summary(self) -> str:
-        from ..units import format_size
+        from cartonstore.format.units import format_size
 
         return (f"pushed {self.reference}: {self.uploaded} blob(s) uploaded ({format_size(self.bytes_uploaded)} "
                 f"of {format_size(self.bytes_total)}), {self.mounted} mounted, {self.present} already there")

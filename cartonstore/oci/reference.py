@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from ..errors import InvalidInput
+from cartonstore.errors import InvalidInput
 
 SCHEME = "oci://"
 DEFAULT_TAG = "latest"

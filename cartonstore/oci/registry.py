@@ -21,10 +21,10 @@ from typing import Any, AsyncIterator, Callable
 
 import aiohttp
 
-from ..errors import FetchError, FetchNotFound, IntegrityError
-from ..fetch.http import HttpClient, translate, with_retries
-from ..fetch.policy import describe, redirect_target
-from ..hosts import is_loopback
+from cartonstore.errors import FetchError, FetchNotFound, IntegrityError
+from cartonstore.fetch.http import HttpClient, translate, with_retries
+from cartonstore.fetch.policy import describe, redirect_target
+from cartonstore.system.hosts import is_loopback
 from .artifact import ACCEPT, MAX_MANIFEST_SIZE, OCI_MANIFEST
 from .reference import OciReference
 

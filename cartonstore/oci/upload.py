@@ -15,9 +15,9 @@ from __future__ import annotations
 import asyncio
 import re
 
-from ..errors import FetchError
-from ..fetch.http import backoff_delay
-from ..fetch.policy import describe
+from cartonstore.errors import FetchError
+from cartonstore.fetch.http import backoff_delay
+from cartonstore.fetch.policy import describe
 from .registry import Answer, Registry, said_by_registry, iter_file
 
 _RANGE = re.compile(r"^(?:bytes=)?0-(\d+)$")

@@ -32,7 +32,7 @@ runner), ``cartonstore.runner.onnx`` (onnxruntime) and
 
 from __future__ import annotations
 
-from cartonstore.runner.context import InferResult, LoadError, Model, RunnerContext
-from cartonstore.runner.serving import main, serve
+from .context import InferResult, LoadError, Model, RunnerContext
+from .serving import main, serve
 
 __all__ = ["InferResult", "LoadError", "Model", "RunnerContext", "main", "serve"]

@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from cartonstore.errors import InvalidInput
-from cartonstore.runner.context import InferResult, Model, RunnerContext
-from cartonstore.runner.stats import InferStats
+from .context import InferResult, Model, RunnerContext
+from .stats import InferStats
 from cartonstore.v2.framing import (
     InferRequest,
     encode_infer_response,
@@ -29,7 +29,7 @@ from cartonstore.v2.shm_params import ARENA_OUTPUTS, ARENA_REGION, RegionTooSmal
 from cartonstore.v2.validate import parse_raw_binary_for, validate_request
 
 if TYPE_CHECKING:
-    from cartonstore.runner.shm import MappedRegions
+    from .shm import MappedRegions
 
 BodyParts = list[bytes | memoryview]
 

@@ -9,8 +9,8 @@ import sys
 import traceback
 from typing import NoReturn
 
-from cartonstore.parent_death import die_with
-from cartonstore.runner.context import LoadError
+from cartonstore.system.parent_death import die_with
+from .context import LoadError
 
 # The daemon shows a runner's last stderr lines as the reason it failed, and
 # tells "could not load" (3) from a crash (anything else) by the status.

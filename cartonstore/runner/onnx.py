@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from cartonstore.runner.context import LoadError, RunnerContext, cuda_ordinal
-from cartonstore.runner.serving import main
+from .context import LoadError, RunnerContext, cuda_ordinal
+from .serving import main
 
 
 def _providers(ort: Any, ctx: RunnerContext) -> list[Any]:

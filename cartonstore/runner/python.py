@@ -23,9 +23,9 @@ from typing import Any, Callable
 
 import numpy as np
 
-from cartonstore.runner.context import LoadError, RunnerContext
-from cartonstore.runner.requirements import check_requirements_file
-from cartonstore.runner.serving import main
+from .context import LoadError, RunnerContext
+from .requirements import check_requirements_file
+from .serving import main
 
 
 class CartonPythonModel:

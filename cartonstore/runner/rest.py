@@ -18,15 +18,15 @@ from aiohttp import web
 
 from cartonstore.errors import InvalidInput
 from cartonstore.format.dtypes import tensor_metadata
-from cartonstore.runner.context import Model, RunnerContext
-from cartonstore.runner.infer import (
+from .context import Model, RunnerContext
+from .infer import (
     BodyParts,
     ModelFailed,
     decode_request,
     run_and_encode,
 )
-from cartonstore.runner.shm import MappedRegions
-from cartonstore.runner.stats import InferStats
+from .shm import MappedRegions
+from .stats import InferStats
 from cartonstore.v2.framing import HEADER_LENGTH
 from cartonstore.v2.shm_params import ARENA_EXTENSION, REGION
 from cartonstore.v2.framing import header_length as header_length_of

@@ -19,8 +19,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from cartonstore.runner.context import LoadError, RunnerContext, cuda_ordinal
-from cartonstore.runner.serving import main
+from .context import LoadError, RunnerContext, cuda_ordinal
+from .serving import main
 
 
 def _device(torch: Any, ctx: RunnerContext) -> str:

@@ -21,23 +21,24 @@ from pathlib import Path
 
 from aiohttp import web
 
-from ..errors import InvalidInput
-from ..fetch.config import FetchConfig
-from ..fetch.puller import Puller
-from ..long_lived import settle_heap
-from ..malloc_tuning import keep_big_buffers
-from ..runner_settings import RunnerSettings as RunnerConfig
-from ..store import Store
-from ..store.gc import GcPolicy
-from ..zipfmt import ZipLimits
-from .app import build_app
-from .arena import DEFAULT_SIZE as ARENA_SIZE
-from .event_loop import loop_name, run_loop
-from .front_server import FrontServer
-from .metrics import Metrics
-from .loaded_model import LeaseSettings
-from .service import ModelService
-from .sockets import bind_tcp, bind_unix, describe_socket, inherited_sockets, notify
+from cartonstore.errors import InvalidInput
+from cartonstore.fetch.config import FetchConfig
+import cartonstore.oci  # noqa: F401 - registers oci:// references with fetch (fetch/hooks.py)
+from cartonstore.fetch.puller import Puller
+from cartonstore.system.long_lived import settle_heap
+from cartonstore.system.malloc_tuning import keep_big_buffers
+from cartonstore.config.runners import RunnerSettings as RunnerConfig
+from cartonstore.store import Store
+from cartonstore.store.gc import GcPolicy
+from cartonstore.zipfmt import ZipLimits
+from cartonstore.server.api.app import build_app
+from cartonstore.server.tensors.arena import DEFAULT_SIZE as ARENA_SIZE
+from cartonstore.server.http.event_loop import loop_name, run_loop
+from cartonstore.server.http.front_server import FrontServer
+from cartonstore.server.models.metrics import Metrics
+from cartonstore.server.models.loaded_model import LeaseSettings
+from cartonstore.server.models.service import ModelService
+from cartonstore.system.sockets import bind_tcp, bind_unix, describe_socket, inherited_sockets, notify
 
 log = logging.getLogger("cartonstore.server")
 
@@ -161,7 +162,7 @@ class Daemon:
                     self._owned_socket.unlink(missing_ok=True)
 
     async def _serve(self, app: web.Application, service: ModelService, socks: list[socket.socket]) -> None:
-        # auto_decompress off: request bodies are decoded by the handlers, bounded (infer_api.request_body).
+        # auto_decompress off: request bodies are decoded by the handlers, bounded (api/bodies.request_body).
         runner = web.AppRunner(app, handle_signals=False, access_log=None, auto_decompress=False,
                                shutdown_timeout=self.settings.shutdown_timeout)
         try:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..zipfmt import ZipLimits
+from cartonstore.zipfmt import ZipLimits
 
 from .dir_source import DirCartonView
 from .view import CartonView, SourceFile, read_limited

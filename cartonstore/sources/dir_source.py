@@ -12,8 +12,8 @@ import stat
 from pathlib import Path
 from typing import BinaryIO
 
-from ..errors import InvalidCarton, NotFound
-from ..format.paths import validate_carton_path
+from cartonstore.errors import InvalidCarton, NotFound
+from cartonstore.format.paths import validate_carton_path
 from .view import SourceFile
 
 _METADATA = ("MANIFEST", "LINKS")

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import BinaryIO, Protocol
 
-from ..errors import InvalidCarton
+from cartonstore.errors import InvalidCarton
 
 # Metadata is read whole into memory, so each has a ceiling: a hostile
 # carton cannot make us buffer gigabytes by calling its index a MANIFEST.

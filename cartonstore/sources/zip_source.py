@@ -6,10 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import BinaryIO, Callable
 
-from ..errors import InvalidCarton, NotFound
-from ..format.paths import validate_carton_path
-from ..zipfmt import ZipEntry, ZipLimits, ZipReader
-from ..zipfmt.end_records import ARCHIVE
+from cartonstore.errors import InvalidCarton, NotFound
+from cartonstore.format.paths import validate_carton_path
+from cartonstore.zipfmt import ZipEntry, ZipLimits, ZipReader
+from cartonstore.zipfmt.end_records import ARCHIVE
 from .view import METADATA_LIMITS, SYMLINK_TARGET_LIMIT, SourceFile
 
 # Carton's shrink tool wrote these two as absolute names; they are the only

@@ -1,6 +1,6 @@
 """The content-addressed store: blobs, index, materialized models."""
 
-from cartonstore.lazy_names import lazy_names
+from cartonstore.system.lazy_names import lazy_names
 
 # `cartonstore.store.layout` alone (the settings need it for the default
 # root) must not bring the whole store with it (issue 14).

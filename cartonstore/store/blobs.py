@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO, Iterator
 
-from ..errors import IntegrityError, Unavailable
+from cartonstore.errors import IntegrityError, Unavailable
+from .hashing import CHUNK, hash_file, hash_span, sha256
 from .filespace import WRITEBACK_STEP, clone_range, reserve, start_writeback
 from .layout import StoreLayout
 from .owner import tmp_name
@@ -24,12 +25,6 @@ if TYPE_CHECKING:
     from .prefix_hash import PrefixHasher
 
 
-def _sha256():  # noqa: ANN202 - hashlib imported on first use: opening a store to read it (`path`) hashes nothing
-    import hashlib
-
-    return hashlib.sha256()
-
-CHUNK = 1 << 20
 BLOB_MODE = 0o444
 
 
@@ -59,7 +54,7 @@ class BlobWriter:
             self._fd = os.open(self.tmp_path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
         except OSError as e:
             raise _translate_write_error(e, self.tmp_path) from e
-        self._hash = _sha256()
+        self._hash = sha256()
         self.size = 0
         self._written_back = 0   # writeback started for [0, _written_back)
         self._parts: PrefixHasher | None = None
@@ -123,9 +118,9 @@ class BlobWriter:
         """Before write_at(): the file will be ``size`` bytes written as parts.
         The caller runs the returned hasher's run() in a worker thread while
         the parts are written, then calls parts_hashed()."""
-        from .prefix_hash import PrefixHasher
-
         self.reserve(size)
+        from .prefix_hash import PrefixHasher  # hashlib and threads only for a parted fetch
+
         self._parts = PrefixHasher(self._fd, size, name=str(self.tmp_path))
         return self._parts
 
@@ -159,7 +154,7 @@ class BlobWriter:
         """Start over (a download that cannot resume): empty file, fresh hash."""
         os.ftruncate(self._fd, 0)
         os.lseek(self._fd, 0, os.SEEK_SET)
-        self._hash = _sha256()
+        self._hash = sha256()
         self.size = self._written_back = 0
         self._parts = None
 
@@ -289,28 +284,6 @@ class BlobStore:
     def rehash(self, digest: str) -> str:
         """sha256 of the stored bytes (what verify compares with the name)."""
         return hash_file(self.path(digest))
-
-
-def hash_span(fd: int, start: int, end: int, h, *, name: str, buf: bytearray | None = None) -> None:  # noqa: ANN001
-    """Feed bytes [start, end) of fd to the hash ``h``, read in 1 MiB steps
-    (into ``buf`` when given). Raises Unavailable if the file ends first."""
-    view = memoryview(buf if buf is not None else bytearray(CHUNK))
-    while start < end:
-        n = os.preadv(fd, [view[:min(len(view), end - start)]], start)
-        if n <= 0:
-            raise Unavailable(f"short read hashing {name} at {start}", subject=name)
-        h.update(view[:n])
-        start += n
-
-
-def hash_file(path: Path) -> str:
-    h = _sha256()
-    with open(path, "rb", buffering=0) as f:
-        buf = bytearray(CHUNK)
-        view = memoryview(buf)
-        while n := f.readinto(buf):
-            h.update(view[:n])
-    return h.hexdigest()
 
 
 def fsync_dir(path: Path) -> None:

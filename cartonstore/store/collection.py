@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..format.digest import is_sha256
+from cartonstore.format.digest import is_sha256
 from .gc import (
     CartonUse,
     GcPlan,
@@ -33,10 +33,9 @@ from .filespace import shared_bytes
 from .holds import drop_orphan_holds
 from .index import Index
 from .materialize import remove_tree
-from .sources import unsourced_blobs
 
 if TYPE_CHECKING:
-    from .store import Store
+    from .parts import StoreParts
 
 # gc holds the store lock for about this long at a time (leases wait on it),
 # deleting this many rows and files between looks at the clock.
@@ -44,7 +43,7 @@ GC_TURN_SECONDS = 0.002
 GC_CHUNK = 16
 
 
-def collect(store: Store, policy: GcPolicy | None = None) -> GcReport:
+def collect(store: StoreParts, policy: GcPolicy | None = None) -> GcReport:
     """Collect garbage (see store/gc.py); with policy.dry_run, only report.
 
     The snapshot and plan are made without the store lock; under it
@@ -85,7 +84,7 @@ def collect(store: Store, policy: GcPolicy | None = None) -> GcReport:
     return report
 
 
-def _snapshot(store: Store, now: float, *, shared: bool = False) -> Snapshot:
+def _snapshot(store: StoreParts, now: float, *, shared: bool = False) -> Snapshot:
     """What gc plans from; with ``shared``, how much of each blob shares its
     disk blocks (a FIEMAP per blob: only min_free needs it)."""
     cartons, listed, keep = store.index.carton_listing()
@@ -98,11 +97,11 @@ def _snapshot(store: Store, now: float, *, shared: bool = False) -> Snapshot:
     known = {c.digest for c in cartons}
     return Snapshot(blobs, unindexed_files(store.blobs.iter_digests(), set(blobs), store.blobs.path), uses,
                     tuple(sorted(m for m in models if m not in known and is_sha256(m))),
-                    disk_free(store.root), now, unsourced_blobs(store.index, blobs),
+                    disk_free(store.root), now, store.index.unsourced_blobs(blobs),
                     {d: n for d in blobs if (n := shared_bytes(store.blobs.path(d)))} if shared else {})
 
 
-def _revalidate(store: Store, plan: GcPlan, snap: Snapshot, known: set[str]) -> None:
+def _revalidate(store: StoreParts, plan: GcPlan, snap: Snapshot, known: set[str]) -> None:
     """Drop from the plan what became needed since the snapshot: cartons
     leased meanwhile, blobs listed by them or by cartons added meanwhile
     (``known``: the cartons of the snapshot). Called under the store lock,
@@ -124,7 +123,7 @@ def _revalidate(store: Store, plan: GcPlan, snap: Snapshot, known: set[str]) -> 
     plan.leftovers -= needed
 
 
-def _forget(store: Store, plan: GcPlan, snap: Snapshot) -> None:
+def _forget(store: StoreParts, plan: GcPlan, snap: Snapshot) -> None:
     """--forget-unrecoverable: each planned carton is removed whole, as by
     rm (one carton a turn under the store lock, checked again first); the
     blobs no other carton lists go with it."""
@@ -147,7 +146,7 @@ def _described(cartons: dict[str, set[str]], snap: Snapshot, names: dict[str, li
              "bytes": sum(snap.blobs[b][0] for b in blobs)} for d, blobs in cartons.items()]
 
 
-def _apply(store: Store, plan: GcPlan, snap: Snapshot) -> None:
+def _apply(store: StoreParts, plan: GcPlan, snap: Snapshot) -> None:
     """Apply in turns of about GC_TURN_SECONDS under the store lock, each
     checked again first, so a lease or a commit waits a couple of
     milliseconds, never the whole collection. Model directories renamed
@@ -170,7 +169,7 @@ def _apply(store: Store, plan: GcPlan, snap: Snapshot) -> None:
             time.sleep(GC_TURN_SECONDS / 2)
 
 
-def _apply_turn(store: Store, plan: GcPlan, work: list[tuple[str, bool]], done: int) -> tuple[int, list[Path]]:
+def _apply_turn(store: StoreParts, plan: GcPlan, work: list[tuple[str, bool]], done: int) -> tuple[int, list[Path]]:
     """Under the store lock: work from ``done`` on, in chunks (rows first,
     one transaction, then files), until the turn's time is up. Returns
     how far it got and the model directories it moved away."""

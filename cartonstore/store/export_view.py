@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import BinaryIO
 
-from ..format.links import build_links
-from ..sources.view import SourceFile
+from cartonstore.format.links import build_links
+from cartonstore.sources.view import SourceFile
 from .blobs import BlobStore
 from .index import Index
 

@@ -24,7 +24,7 @@ import os
 import struct
 from functools import lru_cache
 
-from ..libc import libc as c_library
+from cartonstore.system.libc import libc as c_library
 
 FALLOC_FL_KEEP_SIZE = 0x01      # reserve blocks past EOF; st_size stays what was written
 SYNC_FILE_RANGE_WRITE = 0x02    # start writeback of dirty pages in the range, do not wait

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable
 
-from ..format.digest import is_sha256
+from cartonstore.format.digest import is_sha256
 from .materialize import remove_tree
 from .owner import owner_is_gone, token_of
 
@@ -118,7 +118,7 @@ def made_partial(snap: Snapshot, evicted_blobs: set[str]) -> list[str]:
 def eviction_summary(report: dict) -> str:
     """One line on eviction, for the CLI and the daemon's log: "evicted 13
     blob(s) (41.4 MiB); 2 model(s) now partial: big, tiny"."""
-    from ..units import format_size
+    from cartonstore.format.units import format_size
 
     dry = report.get("dry_run", False)
     line = (f"{'would evict' if dry else 'evicted'} {report['evicted_blobs']} blob(s) "
@@ -136,7 +136,7 @@ def unrecoverable_lines(report: dict) -> list[str]:
     """A line per carton whose blobs gc kept for lack of a source ("kept: 2
     blob(s) (5.0 MiB) of model X: no source to fetch them again"), and per
     carton it forgot instead (--forget-unrecoverable)."""
-    from ..units import format_size
+    from cartonstore.format.units import format_size
 
     def label(m: dict) -> str:
         return ",".join(m["names"]) or m["manifest_sha256"][:12]

@@ -12,16 +12,16 @@ from typing import TYPE_CHECKING
 from .owner import owner_is_gone, owner_token
 
 if TYPE_CHECKING:
-    from .store import Store
+    from .parts import StoreParts
 
 HOLD_PREFIX = "hold:"
 
 
-def new_hold_id(store: Store) -> str:
+def new_hold_id(store: StoreParts) -> str:
     return f"{HOLD_PREFIX}{owner_token(store.layout.tmp_dir)}:{secrets.token_hex(6)}"
 
 
-def drop_orphan_holds(store: Store) -> int:
+def drop_orphan_holds(store: StoreParts) -> int:
     """Delete the holds of processes that are gone; how many. The caller
     holds the store lock (so no hold is being taken meanwhile)."""
     ids = store.index.lease_ids_with_prefix(HOLD_PREFIX)

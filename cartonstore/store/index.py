@@ -21,18 +21,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Mapping, Sequence, TypeVar
 
-from ..errors import CartonStoreError, Unavailable
+from cartonstore.errors import CartonStoreError, Unavailable
 from .lease_rows import TOUCH_AFTER, LeaseQueries, touch_carton
 from .names import NameOutcome, assign_name
 from .schema import SCHEMA, SCHEMA_VERSION, migrate_leases
 from .sqlite_ops import rollback, run_ops
 from .sizes import learn_all_sizes, learn_sizes
+from .source_rows import SourceQueries
 
 # Entries and local sources are imported by the methods that use them: `path`
 # opens the index to read a carton's row and blobs, and starts fast (issue 14).
 if TYPE_CHECKING:
-    from ..entry import EntryRow
-    from .sources import LocalSource
+    from cartonstore.format.entry import EntryRow
+    from .source_rows import LocalSource
 
 T = TypeVar("T")
 BUSY_TIMEOUT_MS = 30_000
@@ -61,7 +62,7 @@ class CartonRecord:
     local_sources: Sequence[LocalSource] = ()
 
 
-class Index(LeaseQueries):
+class Index(LeaseQueries, SourceQueries):
     def __init__(self, path: Path) -> None:
         self.path = path
         self._lock = threading.RLock()
@@ -72,8 +73,7 @@ class Index(LeaseQueries):
             self.conn = conn
             conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
             conn.execute("PRAGMA foreign_keys=ON")
-            if conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
-                conn.execute("PRAGMA journal_mode=wal")
+            _use_wal(conn)
             # NORMAL in WAL mode may lose the last commits on power loss, never
             # corrupt. That is safe here: files are made durable before the rows
             # that claim them, so a lost commit leaves files without rows
@@ -176,7 +176,7 @@ class Index(LeaseQueries):
             )
             learn_sizes(conn, (e.digest for e in rec.entries if e.size is None and e.kind == "file"))
             _insert_links(conn, rec.links)
-            from .sources import record_local_sources
+            from .source_rows import record_local_sources
 
             record_local_sources(conn, rec.local_sources)
             return assign_name(conn, r.digest, explicit=name, default=default_name, force=force)
@@ -189,7 +189,7 @@ class Index(LeaseQueries):
         return [CartonRow(*r) for r in self._rows("SELECT * FROM cartons ORDER BY added_at, digest")]
 
     def entries(self, carton: str) -> list[EntryRow]:
-        from ..entry import EntryRow
+        from cartonstore.format.entry import EntryRow
 
         rows = self._rows("SELECT path,digest,size,kind,target FROM entries WHERE carton=? ORDER BY path",
                           (carton,))
@@ -241,7 +241,7 @@ class Index(LeaseQueries):
             for d in orphans:
                 conn.execute("DELETE FROM blobs WHERE digest=?", (d,))
                 conn.execute("DELETE FROM links WHERE digest=?", (d,))
-            from .sources import forget_local_sources
+            from .source_rows import forget_local_sources
 
             forget_local_sources(conn, orphans)
             return orphans
@@ -304,7 +304,7 @@ class Index(LeaseQueries):
 
     def sync_wal(self) -> None:
         """fsync the WAL file, so that a checkpoint soon after has little left
-        to sync (see server/group_commit.py); changes nothing SQLite sees."""
+        to sync (see store/group_commit.py); changes nothing SQLite sees."""
         try:
             fd = os.open(f"{self.path}-wal", os.O_RDONLY | os.O_CLOEXEC)
         except FileNotFoundError:
@@ -343,3 +343,20 @@ def _insert_links(conn: sqlite3.Connection, links: Mapping[str, Sequence[str]]) 
     for digest, urls in links.items():
         base = conn.execute("SELECT coalesce(max(position)+1, 0) FROM links WHERE digest=?", (digest,)).fetchone()[0]
         conn.executemany("INSERT OR IGNORE INTO links VALUES (?,?,?)", [(digest, u, base + i) for i, u in enumerate(urls)])
+
+
+def _use_wal(conn: sqlite3.Connection) -> None:
+    """Switch a new index to WAL. Processes opening one new store at once
+    race for it, and SQLite answers the loser's switch "database is
+    locked" at once, without waiting out busy_timeout (8 processes at once
+    lost it about once in 20 tries): so it is tried again until the timeout."""
+    deadline = time.monotonic() + BUSY_TIMEOUT_MS / 1000
+    while True:
+        try:
+            if conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
+                conn.execute("PRAGMA journal_mode=wal")
+            return
+        except sqlite3.OperationalError as e:
+            if "locked" not in str(e) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.005)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Sequence
 
-from ..checks import (
+from cartonstore.carton.checks import (
     CheckedCarton,
     check_carton,
     check_safetensors,
@@ -24,12 +24,12 @@ from ..checks import (
     compute_manifest,
     is_safetensors,
 )
-from ..errors import IntegrityError, InvalidCarton, ManifestMismatch
-from ..sources.view import CartonView
+from cartonstore.errors import IntegrityError, InvalidCarton, ManifestMismatch
+from cartonstore.sources.view import CartonView
 from .blobs import BlobStore, StagedBlob
 from .index import CartonRecord, CartonRow, Index
 from .names import NameOutcome, default_name
-from .sources import LocalSource
+from .source_rows import LocalSource
 
 
 @dataclass(frozen=True)

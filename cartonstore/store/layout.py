@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
-from ..format.digest import is_sha256
+from cartonstore.format.digest import is_sha256
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Sequence, TypeVar
 
-from ..errors import CartonStoreError, NotFound
+from cartonstore.errors import CartonStoreError, NotFound
 
 if TYPE_CHECKING:
     from contextlib import AbstractContextManager

@@ -10,7 +10,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import AsyncIterator
 
-from ..errors import Unavailable
+from cartonstore.errors import Unavailable
 
 # A waiter polls (flock has no timeout), first often, then every 10 ms: gc
 # takes the store lock for a couple of milliseconds at a time and should not

@@ -17,10 +17,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable
 
-from ..errors import NotFound, Unavailable
+from cartonstore.errors import NotFound, Unavailable
 from .blobs import fsync_dir
 from .owner import tmp_name
-from ..entry import EntryRow
+from cartonstore.format.entry import EntryRow
 
 DIR_MODE = 0o555
 

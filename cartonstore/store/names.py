@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass
 from typing import Sequence
 
-from ..errors import Conflict, InvalidInput
+from cartonstore.errors import Conflict, InvalidInput
 from .lease_rows import LeaseRow
 
 MIN_PREFIX = 8

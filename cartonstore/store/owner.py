@@ -16,7 +16,7 @@ import re
 import threading
 from pathlib import Path
 
-from ..errors import Unavailable
+from cartonstore.errors import Unavailable
 
 _lock = threading.Lock()
 _owners: dict[Path, tuple[int, str, int]] = {}  # tmp dir -> (pid, token, fd)

@@ -19,7 +19,7 @@ import bisect
 import hashlib
 import threading
 
-from .blobs import hash_span
+from .hashing import hash_span
 from .filespace import WRITEBACK_STEP, start_writeback
 
 CHUNK = 1 << 20

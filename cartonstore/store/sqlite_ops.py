@@ -8,7 +8,7 @@ import sqlite3
 from pathlib import Path
 from typing import Callable, Sequence, TypeVar
 
-from ..errors import CartonStoreError
+from cartonstore.errors import CartonStoreError
 
 T = TypeVar("T")
 
@@ -48,7 +48,7 @@ class ImmediateWriter:
     # A lease commit writes a page or two (the leases row's, schema 2, and
     # now and then the carton's last_used): 1,000 commits make a WAL of
     # 5-10 MiB before a checkpoint lets it start over. Each checkpoint makes writes
-    # wait a few ms (server/group_commit.py), so fewer are better for the
+    # wait a few ms (store/group_commit.py), so fewer are better for the
     # tail; the bigger WAL is synced beforehand, off the loop.
     CHECKPOINT_EVERY = 1000
 

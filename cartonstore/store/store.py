@@ -15,13 +15,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
-from ..errors import Conflict, InvalidInput, NotFound
-from ..format.digest import is_sha256
-from ..zipfmt import ZipLimits
+from cartonstore.errors import Conflict, InvalidInput, NotFound
+from cartonstore.format.digest import is_sha256
+from cartonstore.zipfmt import ZipLimits
 from .blobs import BlobStore
 from .index import CartonRow, Index
 from .layout import StoreLayout
-from .locks import FileLock
 from .names import (
     HEX,
     MIN_PREFIX,
@@ -32,14 +31,15 @@ from .names import (
     removal_refused,
     validate_name,
 )
-from .owner import tmp_name
+from .locks import FileLock
+from .parts import StoreParts
 
 # Checking, ingesting, building, collecting and verifying are imported by
 # the methods that do them: opening a store to answer `path` or `ls` stays
 # cheap (issue 14).
 if TYPE_CHECKING:
-    from ..checks import CheckedCarton
-    from .sources import LocalSource
+    from cartonstore.carton.checks import CheckedCarton
+    from .source_rows import LocalSource
     from .verification import VerifyReport
     from .gc import GcPolicy, GcReport
     from .ingest import IngestResult, Staging
@@ -64,20 +64,15 @@ class RemoveResult:
     bytes_freed: int
 
 
-class Store:
+class Store(StoreParts):
     def __init__(self, root: Path | str, *, zip_limits: ZipLimits | None = None) -> None:
         self.zip_limits = zip_limits or ZipLimits()
-        self.layout = StoreLayout(Path(root))
+        layout = StoreLayout(Path(root))
         try:
-            self.layout.create()
+            layout.create()
         except OSError as e:
             raise InvalidInput(f"cannot create store at {root}: {e.strerror}", subject=str(root)) from e
-        self.blobs = BlobStore(self.layout)
-        self.index = Index(self.layout.index_db)
-
-    @property
-    def root(self) -> Path:
-        return self.layout.root
+        super().__init__(layout, BlobStore(layout), Index(layout.index_db))
 
     def close(self) -> None:
         self.index.close()
@@ -87,9 +82,6 @@ class Store:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-    def lock(self, *, shared: bool = False) -> FileLock:
-        return FileLock(self.layout.locks_dir / "store.lock", shared=shared)
 
     # -- adding --------------------------------------------------------------
 
@@ -107,8 +99,8 @@ class Store:
                                "(the CLI does this for you)", subject=text)
         if name is not None:  # before any work; whether it may move is known at commit
             validate_name(name)
-        from ..checks import check_carton
-        from ..sources import DirCartonView, open_local
+        from cartonstore.carton.checks import check_carton
+        from cartonstore.sources import DirCartonView, open_local
         from .ingest import stage_carton, stage_unpacked
         from .sources import local_sources_of
 
@@ -261,7 +253,7 @@ class Store:
     # -- inspecting ----------------------------------------------------------
 
     def safetensors_of(self, digest: str) -> dict[str, list[dict]]:
-        from ..checks import check_safetensors, is_safetensors
+        from cartonstore.carton.checks import check_safetensors, is_safetensors
 
         out: dict[str, list[dict]] = {}
         for e in self.index.entries(digest):
@@ -273,7 +265,7 @@ class Store:
         return out
 
     def config_of(self, digest: str):  # noqa: ANN201 - CartonConfig, imported lazily
-        from ..format.carton_toml import parse_carton_toml
+        from cartonstore.format.carton_toml import parse_carton_toml
 
         entry = next((e for e in self.index.entries(digest) if e.path == "carton.toml"), None)
         if entry is None or not self.blobs.has(entry.digest):
@@ -284,8 +276,8 @@ class Store:
 
     def export(self, ref: str, out: Path, *, link_prefix: str | None = None, link_min_size: int = 0,
                compression: str = "zstd"):  # noqa: ANN201
-        from ..carton_writer import plan_links, write_carton
-        from ..checks import check_carton
+        from cartonstore.carton.writer import plan_links, write_carton
+        from cartonstore.carton.checks import check_carton
         from .export_view import StoreCartonView
 
         digest = self.resolve(ref)
@@ -316,17 +308,6 @@ class Store:
             remove_tree(trash)
         return RemoveResult(digest, len(orphans), freed)
 
-    def take_model_away(self, digest: str) -> Path | None:
-        """Rename a model directory into tmp/ (owned by this process) so it
-        disappears whole: deleting it in place could leave, after a crash, a
-        half-empty directory that the next `path` would serve as it is."""
-        model = self.layout.model_path(digest)
-        if not model.is_dir():
-            return None
-        away = tmp_name(self.layout.tmp_dir, "model")
-        os.rename(model, away)
-        return away
-
     # -- collecting and verifying ------------------------------------------------
 
     def collect(self, policy: GcPolicy | None = None) -> GcReport:
@@ -339,4 +320,4 @@ class Store:
         """Rehash every blob and check every model directory (store/verification.py)."""
         from .verification import verify as verify_store
 
-        return verify_store(self, repair=repair)
+        return verify_store(self, repair=repair, rebuild=self.materialize)

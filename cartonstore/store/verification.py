@@ -8,13 +8,13 @@ import os
 import shutil
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
-from ..format.digest import is_sha256
+from cartonstore.format.digest import is_sha256
 from .materialize import check_tree, plan_tree, remove_tree
 
 if TYPE_CHECKING:
-    from .store import Store
+    from .parts import StoreParts
 
 
 @dataclass
@@ -34,7 +34,10 @@ class VerifyReport:
         return not (self.corrupt_blobs or self.missing_blobs or self.damaged_models or self.stray_files)
 
 
-def verify(store: Store, *, repair: bool = False) -> VerifyReport:
+def verify(store: StoreParts, *, repair: bool = False, rebuild: Callable[[str], object]) -> VerifyReport:
+    """Rehash every blob and check every model directory; with ``repair``,
+    quarantine what is corrupt and ``rebuild`` (Store.materialize) each
+    damaged model directory whose blobs are all there."""
     report = VerifyReport()
     indexed = dict(store.index.blob_rows())
     on_disk = set()
@@ -51,14 +54,14 @@ def verify(store: Store, *, repair: bool = False) -> VerifyReport:
     report.missing_blobs = sorted(set(indexed) - on_disk)
     _verify_models(store, report)
     if repair:
-        _repair(store, report)
+        _repair(store, report, rebuild)
     return report
 
 
-def _verify_models(store: Store, report: VerifyReport) -> None:
+def _verify_models(store: StoreParts, report: VerifyReport) -> None:
     if not store.layout.models_dir.is_dir():
         return
-    from .blobs import hash_file
+    from .hashing import hash_file
 
     for d in sorted(os.listdir(store.layout.models_dir)):
         if not is_sha256(d) or store.index.carton(d) is None:
@@ -72,7 +75,7 @@ def _verify_models(store: Store, report: VerifyReport) -> None:
             report.damaged_models[d] = problems
 
 
-def _repair(store: Store, report: VerifyReport) -> None:
+def _repair(store: StoreParts, report: VerifyReport, rebuild: Callable[[str], object]) -> None:
     quarantine = store.layout.quarantine_dir
     with store.lock():
         for digest in report.corrupt_blobs:
@@ -90,5 +93,5 @@ def _repair(store: Store, report: VerifyReport) -> None:
             remove_tree(path)
     for digest in report.damaged_models:
         if not store.index.missing_blobs(digest):
-            store.materialize(digest)
+            rebuild(digest)
             report.repaired.append(f"rebuilt model directory {digest}")

@@ -17,11 +17,11 @@ from typing import Any
 
 import numpy as np
 
-from cartonstore.v2 import json_codec
-from cartonstore.v2.datatypes import numpy_dtype
-from cartonstore.v2.elements import fail
-from cartonstore.v2.framing import InferRequest, WireTensor
-from cartonstore.v2.tensors import frame_bytes
+from . import json_codec
+from .datatypes import numpy_dtype
+from .elements import fail
+from .framing import InferRequest, WireTensor
+from .tensors import frame_bytes
 
 __all__ = ["binary_form"]
 

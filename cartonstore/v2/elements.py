@@ -14,7 +14,7 @@ from math import prod
 from typing import Any
 
 from cartonstore.errors import InvalidInput
-from cartonstore.v2.datatypes import BINARY_ONLY_DATATYPES, ELEMENT_SIZES
+from .datatypes import BINARY_ONLY_DATATYPES, ELEMENT_SIZES
 
 _LENGTH = struct.Struct("<I")
 

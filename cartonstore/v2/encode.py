@@ -13,11 +13,11 @@ from typing import Any
 import numpy as np
 
 from cartonstore.errors import InvalidInput
-from cartonstore.v2 import json_codec
-from cartonstore.v2.datatypes import BINARY_ONLY_DATATYPES, datatype_of
-from cartonstore.v2.elements import fail
-from cartonstore.v2.shm_params import BYTE_SIZE, OFFSET, REGION, RegionTooSmall, ShmSink
-from cartonstore.v2.tensors import json_value, to_binary
+from . import json_codec
+from .datatypes import BINARY_ONLY_DATATYPES, datatype_of
+from .elements import fail
+from .shm_params import BYTE_SIZE, OFFSET, REGION, RegionTooSmall, ShmSink
+from .tensors import json_value, to_binary
 
 
 def _encode_tensors(

@@ -1,5 +1,6 @@
 """KServe v2 inference bodies with Triton's binary tensor data extension
-(/work/shared/specs/triton-binary-tensor-data.txt), in both directions.
+(https://github.com/triton-inference-server/server/blob/main/docs/protocol/extension_binary_data.md),
+in both directions.
 
 A body is a JSON object, optionally followed by the raw bytes of the tensors
 that carry a "binary_data_size" parameter, in the order those tensors appear
@@ -11,74 +12,22 @@ memoryview slices of the body and decode with np.frombuffer.
 from __future__ import annotations
 
 from math import prod
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from cartonstore.errors import InvalidInput
-from cartonstore.v2 import json_codec
-from cartonstore.v2.datatypes import ELEMENT_SIZES, check_datatype
-from cartonstore.v2.elements import check_numeric_size, fail
-from cartonstore.v2.shm_params import ShmRef, shm_ref
+from . import json_codec
+from .datatypes import ELEMENT_SIZES, check_datatype
+from .elements import check_numeric_size, fail
+from .shm_params import shm_ref
+from .wire_types import InferRequest, RequestedOutput, WireTensor
 # Encoding (encode.py) and the numpy side of tensors (tensors.py) are
 # re-exported here so callers find the whole wire format in one place.
-from cartonstore.v2.encode import encode_infer_request, encode_infer_response
-from cartonstore.v2.tensors import numpy_to_binary, numpy_to_json_data, tensor_to_numpy
+from .encode import encode_infer_request, encode_infer_response
+from .tensors import numpy_to_binary, numpy_to_json_data, tensor_to_numpy
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
-
-
-@dataclass(slots=True)
-class WireTensor:
-    """One request input or response output as it came over the wire."""
-
-    name: str
-    datatype: str
-    shape: list[int]
-    parameters: dict[str, Any]
-    data: memoryview | None = None  # binary bytes (binary_data_size given), else None
-    json_data: Any | None = None  # the JSON "data" field, else None
-    role: str = "input"  # "input" or "output": only for error messages
-    shm: ShmRef | None = None  # where its bytes are in shared memory (then data is filled by who maps it)
-    json_numbers: bool = False  # json_data is a flat array of ints and floats alone (the parser saw them)
-
-    @property
-    def what(self) -> str:
-        return f"{self.role} {self.name!r}"
-
-
-@dataclass(slots=True)
-class RequestedOutput:
-    name: str
-    binary: bool | None
-    parameters: dict[str, Any]
-    shm: ShmRef | None = None  # written into this shared memory, not sent
-
-
-@dataclass(slots=True)
-class InferRequest:
-    id: str | None
-    inputs: list[WireTensor]
-    outputs: list[RequestedOutput] | None  # None: all outputs
-    parameters: dict[str, Any]
-    binary_data_output: bool
-    header: dict[str, Any] | None = None  # the JSON object as parsed (None: a raw binary request)
-
-    def wants_binary(self, output_name: str) -> bool:
-        """Per-output "binary_data" wins over the request's "binary_data_output"."""
-        if self.outputs is not None:
-            for output in self.outputs:
-                if output.name == output_name and output.binary is not None:
-                    return output.binary
-        return self.binary_data_output
-
-    def shm_outputs(self) -> dict[str, ShmRef]:
-        """The requested outputs to be written into shared memory."""
-        return {} if self.outputs is None else {o.name: o.shm for o in self.outputs if o.shm is not None}
-
-
-# ---------------------------------------------------------------- parsing
 
 
 def _split_body(

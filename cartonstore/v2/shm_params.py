@@ -13,14 +13,14 @@ from typing import Any
 import numpy as np
 
 from cartonstore.errors import InvalidInput
-from cartonstore.v2.elements import fail
+from .elements import fail
 
 REGION = "shared_memory_region"
 BYTE_SIZE = "shared_memory_byte_size"
 OFFSET = "shared_memory_offset"
 _KEYS = (REGION, BYTE_SIZE, OFFSET)
 
-# The daemon's tensor arena (cartonstore.server.arena), between the daemon
+# The daemon's tensor arena (cartonstore.server.tensors.arena), between the daemon
 # and its runners only: the region runners know it by, and the request
 # parameter that gives them {"offset", "byte_size"} of it for binary outputs.
 ARENA_REGION = "cartonstore.arena"

@@ -8,15 +8,13 @@ body) and contiguous little-endian arrays are not copied on the way out
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
-from cartonstore.v2.datatypes import BINARY_ONLY_DATATYPES, check_datatype, datatype_of, numpy_dtype
-from cartonstore.v2.elements import check_json_data, check_numeric_size, fail, split_bytes_framing
-
-if TYPE_CHECKING:
-    from cartonstore.v2.framing import WireTensor
+from .datatypes import BINARY_ONLY_DATATYPES, check_datatype, datatype_of, numpy_dtype
+from .elements import check_json_data, check_numeric_size, fail, split_bytes_framing
+from .wire_types import WireTensor
 
 
 def tensor_to_numpy(t: WireTensor) -> np.ndarray:

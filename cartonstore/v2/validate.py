@@ -16,16 +16,16 @@ from typing import Any
 from cartonstore.errors import InvalidInput
 from cartonstore.format.carton_toml import TensorSpec
 from cartonstore.format.dtypes import shape_to_v2_dims
-from cartonstore.v2.datatypes import ELEMENT_SIZES, carton_to_v2
-from cartonstore.v2.elements import (
+from .datatypes import ELEMENT_SIZES, carton_to_v2
+from .elements import (
     check_bytes_framing,
     check_json_data,
     check_numeric_size,
     fail,
     shape_text,
 )
-from cartonstore.v2.shm_params import BYTE_SIZE
-from cartonstore.v2.framing import (
+from .shm_params import BYTE_SIZE
+from .framing import (
     HEADER_LENGTH,
     InferRequest,
     WireTensor,

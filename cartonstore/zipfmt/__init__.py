@@ -7,7 +7,7 @@ overlapping entries. Every malformed or hostile archive raises
 ``cartonstore.errors.InvalidCarton`` naming the entry (or ``"zip"``).
 """
 
-from cartonstore.lazy_names import lazy_names
+from cartonstore.system.lazy_names import lazy_names
 
 # Each name is imported from its module on first use (PEP 562): the settings
 # and the store need ZipLimits alone, and must not load the codecs with it

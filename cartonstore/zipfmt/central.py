@@ -16,9 +16,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from cartonstore.errors import InvalidCarton
-from cartonstore.zipfmt.end_records import ARCHIVE, CentralDirectoryLocation, check_directory_limits
-from cartonstore.zipfmt.limits import ZipLimits
-from cartonstore.zipfmt.layout import (
+from .end_records import ARCHIVE, CentralDirectoryLocation, check_directory_limits
+from .limits import ZipLimits
+from .layout import (
     CENTRAL_HEADER,
     CENTRAL_HEADER_SIG,
     EXTRA_HEADER,

@@ -26,8 +26,8 @@ import zlib
 import zstandard
 
 from cartonstore.errors import InvalidCarton
-from cartonstore.zipfmt.layout import DEFLATED, STORED, ZSTD
-from cartonstore.zipfmt.zstdframe import FrameScanner, ZstdFormatError
+from .layout import DEFLATED, STORED, ZSTD
+from .zstdframe import FrameScanner, ZstdFormatError
 
 DEFAULT_MAX_LENGTH = 1 << 20
 

@@ -10,7 +10,7 @@ import struct
 from dataclasses import dataclass
 
 from cartonstore.errors import InvalidCarton
-from cartonstore.zipfmt.layout import (
+from .layout import (
     CENTRAL_HEADER,
     EOCD,
     EOCD_SIG,
@@ -20,7 +20,7 @@ from cartonstore.zipfmt.layout import (
     ZIP64_LOCATOR,
     ZIP64_LOCATOR_SIG,
 )
-from cartonstore.zipfmt.limits import ZipLimits
+from .limits import ZipLimits
 
 ARCHIVE = "zip"
 """The ``file`` of errors about the archive as a whole rather than one entry."""

@@ -11,8 +11,8 @@ import zlib
 from typing import Iterator
 
 from cartonstore.errors import InvalidCarton
-from cartonstore.zipfmt.central import ZipEntry
-from cartonstore.zipfmt.decode import DEFAULT_MAX_LENGTH, make_decoder
+from .central import ZipEntry
+from .decode import DEFAULT_MAX_LENGTH, make_decoder
 
 
 class EntryDecoder:

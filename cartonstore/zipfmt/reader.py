@@ -18,7 +18,7 @@ import os
 from typing import BinaryIO
 
 from cartonstore.errors import InvalidCarton
-from cartonstore.zipfmt.central import (
+from .central import (
     LOCAL_HEADER_FIXED,
     ZipEntry,
     ZipLimits,
@@ -27,15 +27,15 @@ from cartonstore.zipfmt.central import (
     local_header_length,
     parse_central_directory,
 )
-from cartonstore.zipfmt.end_records import (
+from .end_records import (
     ARCHIVE,
     TAIL_READ_SIZE,
     CentralDirectoryLocation,
     check_directory_limits,
     locate_central_directory,
 )
-from cartonstore.zipfmt.decode import Decoder
-from cartonstore.zipfmt.entry_decoder import EntryDecoder
+from .decode import Decoder
+from .entry_decoder import EntryDecoder
 
 READ_CHUNK = 1 << 20
 

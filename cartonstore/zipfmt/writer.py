@@ -18,8 +18,8 @@ from typing import BinaryIO, Protocol
 
 import zstandard
 
-from cartonstore.zipfmt.central import ZipEntry
-from cartonstore.zipfmt.layout import (
+from .central import ZipEntry
+from .layout import (
     CENTRAL_HEADER,
     CENTRAL_HEADER_SIG,
     DEFLATED,

@@ -120,7 +120,7 @@ def main() -> None:
             env.pop("PYTHONPATH")
         else:
             python = sys.executable
-            script = Path(sys.executable).with_name("cartonstore")  # what a user runs, as tests/test_cli.py does
+            script = Path(sys.executable).with_name("cartonstore")  # what a user runs, as tests/cli/test_cli.py does
             cli = [str(script)] if script.exists() else [sys.executable, "-m", "cartonstore.cli"]
         commands = {
             "python -c pass": [python, "-c", "pass"],

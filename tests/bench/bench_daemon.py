@@ -56,7 +56,7 @@ from typing import Callable
 
 HERE = Path(__file__).resolve()
 REPO = HERE.parents[2]
-FIXTURE = REPO.parent / "shared" / "fixtures" / "carton-repo-test.carton"
+FIXTURE = HERE.parents[1] / "fixtures" / "carton-repo-test.carton"
 MODEL = "fx"
 TTL = 60
 
@@ -360,7 +360,7 @@ def measure_round(rnd: int, root: Path, work: Path, env: dict, modes: list[str],
     """Both servers started, then every kind of load offered to each back to
     back (baseline first in odd rounds, daemon first in even ones, so a
     drift of the machine's speed within a round favours neither)."""
-    from daemonkit import DaemonProcess
+    from kit.daemonkit import DaemonProcess
 
     bsock, dsock = work / f"base{rnd}.sock", work / f"d{rnd}.sock"
     base = start_baseline(bsock)

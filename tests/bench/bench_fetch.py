@@ -120,7 +120,7 @@ def carton_dir(work: Path, name: str, blobs: list[Blob]) -> Path:
 
 
 def pack(src: Path, out: Path, **kw) -> Path:  # noqa: ANN003
-    from cartonstore.pack import pack_directory
+    from cartonstore.carton.pack import pack_directory
 
     pack_directory(src, out, **kw)
     return out

@@ -95,7 +95,7 @@ def child(cmd: list[str]) -> tuple[float, int, str]:
 
 async def lease_latencies(sock: Path, stop: asyncio.Event) -> list[float]:
     """One loader taking and releasing leases back to back: ms per request."""
-    from daemonkit import unix_session
+    from kit.daemonkit import unix_session
 
     out = []
     async with unix_session(sock) as s:
@@ -112,7 +112,7 @@ async def lease_latencies(sock: Path, stop: asyncio.Event) -> list[float]:
 async def load_latencies(sock: Path, stop: asyncio.Event) -> list[float]:
     """One Triton client loading a cached model (a pin) and unloading it: ms
     per request."""
-    from daemonkit import unix_session
+    from kit.daemonkit import unix_session
 
     out = []
     async with unix_session(sock) as s:
@@ -143,7 +143,7 @@ def run(work: Path, a: argparse.Namespace, via: str) -> None:
     store, nblobs = populate(root, a.cartons, a.per_carton)
     stored = store.index.stored_bytes()
     store.close()
-    fixture = HERE.parents[3] / "shared" / "fixtures" / "carton-repo-test.carton"
+    fixture = HERE.parents[1] / "fixtures" / "carton-repo-test.carton"
     subprocess.run([sys.executable, "-m", "cartonstore.cli", "add", str(fixture), "--name", "fx", "--root",
                     str(root), "--progress", "none"], check=True, stdout=subprocess.DEVNULL)
     print(f"\n== gc {'through the daemon' if via == 'daemon' else '--local, beside the daemon'} ==")
@@ -158,7 +158,7 @@ def run(work: Path, a: argparse.Namespace, via: str) -> None:
         dry, rss_dry, _ = child(cmd + ["--dry-run"])
         print(f"gc --dry-run: {dry:.2f} s, peak RSS {rss_dry / 1024:.0f} MiB")
 
-    from daemonkit import DaemonProcess
+    from kit.daemonkit import DaemonProcess
 
     with DaemonProcess(root, listen=None, socket_path=sock) as d:
         async def loaders(gc_cmd: list[str] | None) -> tuple[list[float], list[float], object]:

@@ -292,8 +292,8 @@ def load_model(sock: Path, name: str, source: Path) -> None:
 
 
 def runner_of(root: Path, name: str) -> tuple[Path, int]:
-    from inferkit import runner_sockets
-    from prockit import live_pids
+    from kit.inferkit import runner_sockets
+    from kit.prockit import live_pids
 
     sock = next(p for p in runner_sockets(root) if p.name.startswith(name + ".g"))
     pids = live_pids(str(sock))
@@ -348,10 +348,10 @@ def main() -> None:
         a.requests, a.warmup, a.seconds, a.rounds = 500, 100, 2.0, 1
     client_counts = [int(c) for c in a.clients.split(",") if c.strip()]
 
-    from daemonkit import DaemonProcess
-    from inferkit import echo_carton, runner_pids
+    from kit.daemonkit import DaemonProcess
+    from kit.inferkit import echo_carton, runner_pids
 
-    from cartonstore.server.event_loop import loop_name
+    from cartonstore.server.http.event_loop import loop_name
     from cartonstore.store.materialize import remove_tree
 
     if a.workdir:  # a --workdir that does not exist yet is created

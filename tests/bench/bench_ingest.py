@@ -39,7 +39,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve()
 sys.path.insert(0, str(HERE.parents[2]))
 
-from cartonstore.pack import pack_directory  # noqa: E402
+from cartonstore.carton.pack import pack_directory  # noqa: E402
 from cartonstore.store.materialize import remove_tree  # noqa: E402
 
 GiB = 1 << 30

@@ -38,9 +38,9 @@ sys.path.insert(0, str(HERE.parents[1]))
 
 from bench_fetch import MiB, BlobMaker, carton_dir, pack  # noqa: E402
 from fetch_origin import Origin as OriginProcess  # noqa: E402
-from peerkit import fleet, metric  # noqa: E402
+from kit.peerkit import fleet, metric  # noqa: E402
 
-from cartonstore.client import Client  # noqa: E402
+from cartonstore.client.leases import Client  # noqa: E402
 
 
 def lease_everywhere(nodes, url: str) -> float:  # noqa: ANN001

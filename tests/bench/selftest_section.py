@@ -16,7 +16,7 @@ import numpy as np
 import tomli_w
 from http11 import CLIENTS, Address
 
-from cartonstore.selftest import compare
+from cartonstore.carton.selftest import compare
 from cartonstore.v2.framing import encode_infer_request, parse_infer_response
 
 TESTS = 10

@@ -10,8 +10,8 @@ import signal
 import time
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Mapping, Sequence
 
-from ...errors import Unavailable
-from ...v2.shm_params import ARENA_EXTENSION
+from cartonstore.errors import Unavailable
+from cartonstore.v2.shm_params import ARENA_EXTENSION
 from .process import RunnerFailed, RunnerProcess, seconds
 from .settings import FORWARDED_RESPONSE_HEADERS, LOADING, READY, UNAVAILABLE, InstanceSpec, RunnerResponse, \
     RunnerSettings
@@ -20,9 +20,9 @@ from .sockets import remove_socket
 from .wire import BadResponse, RunnerClient
 
 if TYPE_CHECKING:
-    from ..arena import TensorArena
-    from ..arena_wire import ArenaForward
-    from ..shm_regions import Region
+    from cartonstore.server.tensors.arena import TensorArena
+    from cartonstore.server.tensors.arena_wire import ArenaForward
+    from cartonstore.server.tensors.shm_regions import Region
 
 log = logging.getLogger("cartonstore.server.runners")
 

@@ -14,15 +14,15 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
-from ...errors import InvalidInput, Unavailable
+from cartonstore.errors import InvalidInput, Unavailable
 from .instance import RunnerInstance
 from .process import RunnerFailed
 from .settings import LOADING, READY, UNAVAILABLE, InstanceSpec, RunnerResponse, RunnersBusy, RunnerSettings
 
 if TYPE_CHECKING:
-    from ..arena import TensorArena
-    from ..arena_wire import ArenaForward
-    from ..shm_regions import Region
+    from cartonstore.server.tensors.arena import TensorArena
+    from cartonstore.server.tensors.arena_wire import ArenaForward
+    from cartonstore.server.tensors.shm_regions import Region
 
 log = logging.getLogger("cartonstore.server.runners")
 

@@ -19,8 +19,9 @@ import signal
 import subprocess
 import time
 
-from ...parent_death import die_with
-from ...v2.shm_params import ARENA_FD_ENV
+from cartonstore.system.exit_notice import ExitNoticingProtocol
+from cartonstore.system.parent_death import die_with
+from cartonstore.v2.shm_params import ARENA_FD_ENV
 from .settings import InstanceSpec
 from .wire import BadResponse, RunnerClient
 
@@ -53,21 +54,6 @@ def describe_exit(returncode: int) -> str:
         except ValueError:
             return f"exited with signal {-returncode}"
     return f"exited with status {returncode}"
-
-
-class ExitNoticingProtocol(asyncio.subprocess.SubprocessStreamProtocol):
-    """asyncio's own protocol, plus a future set the moment the process
-    exits. (Process.wait() also waits for the pipes to close, which a helper
-    the runner forked can put off indefinitely.)"""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop, limit: int = 2 ** 16) -> None:
-        super().__init__(limit=limit, loop=loop)
-        self.exit_seen: asyncio.Future[None] = loop.create_future()
-
-    def process_exited(self) -> None:
-        super().process_exited()
-        if not self.exit_seen.done():
-            self.exit_seen.set_result(None)
 
 
 class RunnerProcess:

@@ -3,12 +3,11 @@ one runner instance, and what a forwarded request brings back."""
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from ...errors import InvalidInput, Unavailable
+from cartonstore.errors import InvalidInput, Unavailable
 
 READY, LOADING, UNAVAILABLE = "READY", "LOADING", "UNAVAILABLE"
 
@@ -76,18 +75,6 @@ class RunnerResponse:
     headers: dict[str, str]
     body: bytes
     arena: bool = False   # sent in the arena's form: binary outputs may be in the slot (arena_wire.py)
-
-
-def error_text(payload: bytes | bytearray) -> str:
-    """The message of a runner's error answer: its {"error": ...}, else
-    what the answer was instead."""
-    if len(payload) <= 1 << 20:
-        try:
-            return str(json.loads(bytes(payload))["error"])
-        except (ValueError, KeyError, TypeError):
-            pass
-    first = bytes(payload[:300]).decode("utf-8", "replace").splitlines()
-    return f"{len(payload)} byte(s), not a JSON error: {first[0] if first else ''}"
 
 
 class RunnersBusy(Unavailable):

@@ -16,11 +16,11 @@ import json
 import logging
 from typing import TYPE_CHECKING, Iterable
 
-from ...errors import InvalidInput, Unavailable
-from .settings import error_text
+from cartonstore.errors import InvalidInput, Unavailable
+from cartonstore.v2.error_body import error_text
 
 if TYPE_CHECKING:
-    from ..shm_regions import Region
+    from cartonstore.server.tensors.shm_regions import Region
     from .wire import RunnerClient
 
 log = logging.getLogger("cartonstore.server.runners")

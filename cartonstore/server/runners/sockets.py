@@ -10,8 +10,8 @@ import re
 import stat
 from pathlib import Path
 
-from ...errors import InvalidInput
-from ..sockets import MAX_UNIX_PATH, is_live_socket
+from cartonstore.errors import InvalidInput
+from cartonstore.system.sockets import MAX_UNIX_PATH, is_live_socket
 
 log = logging.getLogger("cartonstore.server.runners")
 

@@ -25,7 +25,7 @@ import time
 from typing import Mapping, Sequence
 from urllib.parse import quote
 
-from ...errors import InvalidInput
+from cartonstore.errors import InvalidInput
 
 MAX_HEAD = 1 << 20        # status line + headers of one response
 IDLE_LIMIT = 30.0         # below aiohttp.web's 75 s keep-alive, so the runner never closes one we pick

@@ -1,0 +1,305 @@
+"""The ``cartonstore`` command: a thin layer over cartonstore.store.Store.
+
+Each command opens the store, calls one library method and prints the
+result. Library exceptions become one line on stderr and an exit status
+chosen by their category (see EXIT_CODES); nothing else is caught.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, Sequence
+
+from . import parser as cli_parser
+from cartonstore.errors import CartonStoreError, IntegrityError, InvalidInput, exit_code_for
+from .args import arrange_argv
+from .daemon_commands import cmd_gc, cmd_serve
+from .output import Output, print_json
+from .progress import Progress
+from cartonstore.format.units import format_size, parse_size
+
+if TYPE_CHECKING:
+    from cartonstore.config.load import Config
+    from cartonstore.fetch.puller import Puller
+    from cartonstore.store import Store
+
+
+# -- commands ------------------------------------------------------------------
+
+
+def load_settings(args: argparse.Namespace) -> Config:
+    """The settings file (--config or $CARTONSTORE_CONFIG), the environment,
+    then this command's flags, each overriding the one before."""
+    from cartonstore.config.load import load_config  # imported here, as Store in main: --help needs neither
+
+    overrides = {
+        "store.root": args.root,
+        "server.socket": getattr(args, "socket", None),
+        "server.listen": getattr(args, "listen", None),
+        "server.log_format": getattr(args, "log_format", None),
+        "server.log_level": getattr(args, "log_level", None),
+        "fetch.mirrors": getattr(args, "mirror", None),
+        "fetch.allow_hosts": getattr(args, "allow_host", None),
+        "fetch.deny_hosts": getattr(args, "deny_host", None),
+    }
+    return load_config(args.config, overrides=overrides)
+
+
+def with_puller(store: Store, args: argparse.Namespace, work):  # noqa: ANN001, ANN201
+    """Run ``work(puller)`` on an event loop with progress shown as asked."""
+    # Imported here: commands that never fetch (path of a built model, ls,
+    # inspect) must not pay for asyncio and aiohttp (issue 14).
+    import asyncio
+
+    import cartonstore.oci  # noqa: F401 - registers oci:// references with fetch (fetch/hooks.py)
+    from cartonstore.fetch.puller import Puller
+
+    progress = Progress(args.progress)
+
+    async def run():  # noqa: ANN202
+        async with Puller(store, args.settings.fetch_config(), on_event=progress.event) as p:
+            progress.watch(p.stats)
+            try:
+                return await work(p)
+            finally:
+                progress.close({"requests": p.stats.requests})
+
+    return asyncio.run(run())
+
+
+def cmd_add(store: Store, args: argparse.Namespace, out: Output) -> None:
+    r = with_puller(store, args, lambda p: p.add(args.source, name=args.name, lazy=args.lazy, force=args.force))
+    data = {"manifest_sha256": r.digest, "name": r.name, "complete": r.complete,
+            "naming": r.naming.as_json() if r.naming else {"name": r.name, "moved_from": None, "kept_by": None},
+            **r.counts()}
+    state = "complete" if r.complete else "known (blobs not fetched yet)"
+    out.emit(data, [f"added {args.source}: {state}; {r.summary()}", r.digest])
+
+
+def cmd_push(store: Store, args: argparse.Namespace, out: Output) -> None:
+    from cartonstore.oci.push import push_carton
+
+    r = with_puller(store, args, lambda p: push_carton(p, args.ref, args.target))
+    out.emit(r.as_json(), [r.summary(), r.reference])
+
+
+def cmd_infer(store: Store, args: argparse.Namespace, out: Output) -> None:
+    from cartonstore.client.wire import DaemonUnavailable   # not .client: asyncio is not needed to catch it
+    from cartonstore.client.infer import InferClient, describe_outputs, outputs_as_json, parse_input_arg
+
+    client = InferClient(args.settings.socket_path)
+    try:
+        if not client.is_ready(args.ref):
+            client.load(args.ref)
+        meta = client.metadata(args.ref)
+        datatypes = {t["name"]: t["datatype"] for t in meta.get("inputs", [])}
+        inputs = dict(parse_input_arg(text, datatypes) for text in args.input)
+        outputs = client.infer(args.ref, inputs)
+    except DaemonUnavailable:
+        from cartonstore.format.dtypes import carton_dtype_to_v2
+        from .local_infer import infer_locally
+
+        cfg = store.config_of(store.resolve_or_add(args.ref))
+        datatypes = {t.name: carton_dtype_to_v2(t.dtype) for t in cfg.inputs or ()}
+        inputs = dict(parse_input_arg(text, datatypes) for text in args.input)
+        outputs = infer_locally(store, args.settings, args.ref, inputs)
+    if out.as_json:
+        print_json({"outputs": outputs_as_json(outputs)})
+    else:
+        print("\n".join(describe_outputs(outputs)))
+
+
+SELFTEST_FAILED = 8   # `selftest`: the model ran, and failed a test
+
+
+def cmd_selftest(store: Store, args: argparse.Namespace, out: Output) -> int:
+    from cartonstore.client.wire import DaemonUnavailable   # not .client: asyncio is not needed to catch it
+    from cartonstore.client.infer import InferClient
+
+    client = InferClient(args.settings.socket_path)
+    runners = args.settings.runners
+    rtol = runners.selftest_rtol if args.rtol is None else args.rtol
+    atol = runners.selftest_atol if args.atol is None else args.atol
+    try:
+        if not client.is_ready(args.ref):
+            try:
+                client.load(args.ref)
+            except InvalidInput as e:   # the daemon ran them on load (runners.selftest_on_load) and they failed
+                if not e.message.startswith("self-test failed"):
+                    raise
+                print(f"cartonstore selftest: {e.message}", file=sys.stderr)
+                return SELFTEST_FAILED
+        report = client.selftest(args.ref, rtol=rtol, atol=atol)
+    except DaemonUnavailable:
+        from .local_infer import selftest_locally
+
+        report = selftest_locally(store, args.settings, args.ref, rtol, atol).as_json()
+    lines = [f"{t['outcome'].upper().replace('PASSED', 'PASS').replace('FAILED', 'FAIL')} {t['name']}"
+             + (f": {t['error']}" if "error" in t else "")
+             + "".join(f"\n  {m['problem']}" for m in t.get("mismatches", [])) for t in report["tests"]]
+    out.emit(report, [*lines, report["summary"]])
+    return 0 if report["passed"] else SELFTEST_FAILED
+
+
+def already_materialized(store: Store, args: argparse.Namespace) -> Path | None:
+    """`path` of a carton that is complete and built needs no network: answered
+    here without an event loop or HTTP client, as the puller would answer it
+    (Store.materialized), progress closed as with_puller closes it. None when
+    REF needs the puller: not resolvable (a URL or a local path to add, or an
+    error it reports), blobs missing, or no model directory yet."""
+    try:
+        digest = store.resolve(args.ref)
+    except CartonStoreError:
+        return None
+    progress = Progress(args.progress)
+    nothing_moved = {"requests": 0, "retries": 0}
+    try:
+        path = store.materialized(digest)
+    except BaseException:
+        progress.close(nothing_moved)
+        raise
+    if path is not None:
+        progress.close(nothing_moved)
+    return path
+
+
+def cmd_path(store: Store, args: argparse.Namespace, out: Output) -> None:
+    path = already_materialized(store, args) or with_puller(store, args, lambda p: p.materialize(args.ref))
+    out.emit({"manifest_sha256": path.name, "path": str(path)}, [str(path)])
+
+
+def cmd_ls(store: Store, args: argparse.Namespace, out: Output) -> None:
+    infos = store.list()
+    rows = [{"manifest_sha256": i.row.digest, "names": i.names, "model_name": i.row.model_name,
+             "runner": i.row.runner_name, "files": i.row.file_count, "size": i.row.total_size,
+             "complete": i.complete, "path": str(i.model_dir) if i.model_dir else None} for i in infos]
+    lines = [f"{r['manifest_sha256'][:16]}  {'complete' if r['complete'] else 'partial ':8}  "
+             f"{format_size(r['size']) if r['size'] is not None else '?':>10}  {','.join(r['names']) or '-'}"
+             for r in rows]
+    if out.as_json:
+        print_json(rows)
+    else:
+        print("\n".join(lines) if lines else "(the store holds no cartons)")
+
+
+def cmd_inspect(store: Store, args: argparse.Namespace, out: Output) -> None:
+    from .inspect import describe_carton
+
+    data = describe_carton(store, store.resolve_or_add(args.ref))
+    if out.as_json:
+        print_json(data)
+        return
+    from .inspect import render_text
+
+    print(render_text(data))
+
+
+def cmd_export(store: Store, args: argparse.Namespace, out: Output) -> None:
+    _wrote(store.export(args.ref, Path(args.output), link_prefix=args.links,
+                        link_min_size=parse_size(args.link_min_size), compression=args.compression), out)
+
+
+def cmd_pack(store: Store | None, args: argparse.Namespace, out: Output) -> None:
+    from cartonstore.carton.pack import pack_directory
+
+    _wrote(pack_directory(Path(args.directory), Path(args.output), compression=args.compression,
+                          link_prefix=args.link_prefix, link_min_size=parse_size(args.link_min_size)), out)
+
+
+def _wrote(w, out: Output) -> None:  # noqa: ANN001 - a carton.writer.WrittenCarton
+    out.emit({"manifest_sha256": w.digest, "path": str(w.path), "files_inline": w.files_inline,
+              "files_linked": w.files_linked, "size": w.size},
+             [f"wrote {w.path} ({format_size(w.size)}, {w.files_inline} file(s) inline, "
+              f"{w.files_linked} linked)", w.digest])
+
+
+def cmd_rm(store: Store, args: argparse.Namespace, out: Output) -> None:
+    r = store.remove(args.ref)
+    out.emit({"manifest_sha256": r.digest, "blobs_removed": r.blobs_removed, "bytes_freed": r.bytes_freed},
+             [f"removed {r.digest}: {r.blobs_removed} blob(s), {format_size(r.bytes_freed)} freed", r.digest])
+
+
+def refetch_missing(store: Store, args: argparse.Namespace) -> list[str]:
+    """After a repair: fetch blobs that cartons lack again from their known
+    sources (LINKS URLs, mirrors, the carton's URL). Returns what happened."""
+    notes: list[str] = []
+
+    async def work(p: Puller) -> None:
+        for info in store.list():
+            if not info.missing_blobs:
+                continue
+            try:
+                n = await p.complete(info.row.digest)
+                notes.append(f"refetched {n} blob(s) of carton {info.row.digest}")
+            except CartonStoreError as e:
+                notes.append(f"could not refetch blobs of carton {info.row.digest}: {e}")
+
+    args.progress = "none"
+    with_puller(store, args, work)
+    return notes
+
+
+def cmd_verify(store: Store, args: argparse.Namespace, out: Output) -> int:
+    r = store.verify(repair=args.repair)
+    if args.repair:
+        r.repaired.extend(refetch_missing(store, args))
+    data = {"ok": r.ok, "blobs_checked": r.blobs_checked, "corrupt_blobs": r.corrupt_blobs,
+            "missing_blobs": r.missing_blobs, "unindexed_blobs": r.unindexed_blobs,
+            "stray_files": r.stray_files, "models_checked": r.models_checked,
+            "damaged_models": r.damaged_models, "orphan_models": r.orphan_models, "repaired": r.repaired}
+    lines = [f"checked {r.blobs_checked} blob(s) and {r.models_checked} model directory(ies)"]
+    lines += [f"corrupt blob: {d}" for d in r.corrupt_blobs]
+    lines += [f"missing blob (indexed, no file): {d}" for d in r.missing_blobs]
+    lines += [f"stray file in blobs/: {p}" for p in r.stray_files]
+    lines += [f"damaged model {d}: {'; '.join(p[:3])}" for d, p in r.damaged_models.items()]
+    lines += [f"note: {len(r.unindexed_blobs)} sound blob(s) not in the index (left by an interrupted "
+              "add; gc collects them)"] if r.unindexed_blobs else []
+    lines += [f"repaired: {x}" for x in r.repaired]
+    lines.append("ok" if r.ok or (args.repair and r.repaired) else "FAILED")
+    out.emit(data, lines)
+    return 0 if r.ok or (args.repair and r.repaired) else exit_code_for(IntegrityError("verify failed"))
+
+
+# -- parser --------------------------------------------------------------------
+
+HANDLERS: dict[str, Callable] = {
+    "add": cmd_add, "path": cmd_path, "infer": cmd_infer, "selftest": cmd_selftest, "ls": cmd_ls,
+    "inspect": cmd_inspect, "push": cmd_push, "export": cmd_export, "pack": cmd_pack, "rm": cmd_rm,
+    "serve": cmd_serve, "gc": cmd_gc, "verify": cmd_verify,
+}
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """Every command's parser, or (``only``) just that command's: see parser.py."""
+    return cli_parser.build_parser(HANDLERS, only=only)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    # The usual `cartonstore COMMAND ...` needs that command's parser only;
+    # options before the command, --help and mistakes get all of them.
+    parser = build_parser(only=argv[0] if argv and argv[0] in HANDLERS else None)
+    args = parser.parse_args(arrange_argv(parser, argv))
+    out = Output(args.json)
+    try:
+        if args.command == "pack":
+            return args.func(None, args, out) or 0
+        args.settings = load_settings(args)
+        if args.command in ("serve", "gc"):
+            return args.func(None, args, out) or 0
+        from cartonstore.store import Store
+
+        with Store(args.settings.store.root, zip_limits=args.settings.zip_limits()) as store:
+            return args.func(store, args, out) or 0
+    except CartonStoreError as e:
+        print(f"cartonstore {args.command}: error: {e}", file=sys.stderr)
+        return exit_code_for(e)
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+

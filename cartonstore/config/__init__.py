@@ -1,0 +1,15 @@
+"""The settings: one TOML file (``config/cartonstore.toml`` documents every
+key), the environment, then command-line flags, each overriding the one
+before.
+
+load.py: ``load_config`` -> ``Config``; one module per section, each a
+frozen dataclass read from its table: server.py ([server]), fetch.py
+([fetch]), peers.py ([peers]), registries.py ([registries]), runners.py
+([runners]), with the value parsers they share in values.py and runner
+command templates in runner_command.py. Names are imported on first use
+(`cartonstore --help` reads no settings).
+"""
+
+from cartonstore.system.lazy_names import lazy_names
+
+__getattr__, __dir__, __all__ = lazy_names(__name__, {"load": "Config load_config"})

@@ -1,0 +1,119 @@
+"""[runners]: how the daemon runs loaded models (read by cartonstore.config).
+
+    [runners]
+    devices = ["cpu"]              # or ["cuda:0", "cuda:1"]
+    ready_timeout = "60s"
+    [runners.my_runner]            # a carton's runner_name -> a command
+    command = ["/opt/my/bin/serve", "--model", "{model_dir}", "--socket", "{socket}"]
+    env = { OMP_NUM_THREADS = "4" }
+    framework_version = "2.1.0"
+
+A [runners.<name>] table replaces the built-in runner of that name. Its
+command is an argv template (placeholders: config/runner_command.py); the
+framework version is what `required_framework_version` is checked against.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+from . import values as v
+from cartonstore.errors import InvalidInput
+
+_DEVICE = re.compile(r"cpu|cuda:\d+")
+_RUNNER_NAME = re.compile(r"[A-Za-z0-9_.\-]+")
+
+
+@dataclass(frozen=True)
+class RunnerCommand:
+    """One [runners.<name>] table."""
+
+    command: tuple[str, ...]
+    env: Mapping[str, str] = field(default_factory=dict)
+    framework_version: str | None = None  # None: no version to check requirements against
+
+
+def _devices(value: object) -> tuple[str, ...]:
+    items = tuple(value.split(",")) if isinstance(value, str) else value
+    if not isinstance(items, (list, tuple)) or not items:
+        raise InvalidInput(f"expected a list of devices like [\"cpu\"] or [\"cuda:0\"], got {value!r}")
+    for device in items:
+        if not isinstance(device, str) or not _DEVICE.fullmatch(device.strip()):
+            raise InvalidInput(f"unknown device {device!r}: devices are 'cpu' or 'cuda:N'")
+    return tuple(d.strip() for d in items)
+
+
+def parse_commands(value: object) -> Mapping[str, RunnerCommand]:
+    """The [runners.<name>] tables, each checked, keyed by runner name."""
+    if not isinstance(value, Mapping):
+        raise InvalidInput(f"expected [runners.<name>] tables, got {value!r}")
+    return MappingProxyType({name: _command(name, table) for name, table in value.items()})
+
+
+def _command(name: str, table: object) -> RunnerCommand:
+    where = f"[runners.{name}]"
+    if not _RUNNER_NAME.fullmatch(name):
+        raise InvalidInput(f"{where}: a runner name uses letters, digits, '_', '-' and '.'")
+    if isinstance(table, RunnerCommand):
+        return table
+    if not isinstance(table, Mapping):
+        raise InvalidInput(f"{where}: expected a table with 'command', got {table!r}")
+    unknown = set(table) - {"command", "env", "framework_version"}
+    if unknown:
+        raise InvalidInput(f"{where}: unknown key(s) {', '.join(sorted(unknown))} "
+                           "(known: command, env, framework_version)")
+    command = table.get("command")
+    if not isinstance(command, (list, tuple)) or not command or not all(isinstance(a, str) for a in command):
+        raise InvalidInput(f"{where}: 'command' must be a non-empty list of strings (an argv template)")
+    try:
+        # The daemon's own check, imported here only when a table needs it:
+        # every CLI call reads the config, and the server package is not small.
+        from .runner_command import template_placeholders
+
+        template_placeholders(list(command))
+    except InvalidInput as e:
+        raise InvalidInput(f"{where}: {e}") from None
+    env = table.get("env", {})
+    if not isinstance(env, Mapping) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+        raise InvalidInput(f"{where}: 'env' must be a table of strings")
+    version = table.get("framework_version")
+    if version is not None and (not isinstance(version, str) or not version.strip()):
+        raise InvalidInput(f"{where}: 'framework_version' must be a version string like '1.16.3'")
+    return RunnerCommand(tuple(command), MappingProxyType(dict(env)), version)
+
+
+def _show_commands(commands: Mapping[str, RunnerCommand]) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    for name, c in commands.items():
+        out[name] = {"command": list(c.command), "env": dict(c.env)}
+        if c.framework_version is not None:
+            out[name]["framework_version"] = c.framework_version
+    return out
+
+
+@dataclass(frozen=True)
+class RunnerSettings:
+    """[runners]: devices, timeouts and limits of runner processes, and the
+    commands that run each Carton runner_name."""
+
+    devices: tuple[str, ...] = v.setting(("cpu",), _devices)
+    builtin: bool = v.setting(True, v.boolean)
+    ready_timeout: float = v.duration_setting(120.0, positive=True)
+    request_timeout: float = v.duration_setting(60.0, positive=True)
+    stop_grace: float = v.duration_setting(10.0, positive=False)
+    max_restarts: int = v.setting(5, v.integer(0))
+    restart_backoff: float = v.duration_setting(0.5, positive=False)
+    max_inflight: int = v.setting(64, v.integer(1))
+    # On by default: a model failing its packager's own tests on this host
+    # (a wrong framework build, a damaged weight file that still loads,
+    # numerics beyond tolerance) is not one to send traffic to; cartons
+    # without [[self_test]] are unaffected.
+    selftest_on_load: bool = v.setting(True, v.boolean)
+    selftest_rtol: float = v.setting(1e-5, v.tolerance)
+    selftest_atol: float = v.setting(1e-8, v.tolerance)
+    commands: Mapping[str, RunnerCommand] = v.setting(None, parse_commands, _show_commands,
+                                                     factory=lambda: MappingProxyType({}))

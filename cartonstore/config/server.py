@@ -1,0 +1,128 @@
+"""[server]: how the daemon is reached and how it logs (read by cartonstore.config).
+
+    [server]
+    socket = ""                 # "": ROOT/cartonstore.sock
+    socket_mode = "0660"
+    socket_group = ""           # "": the daemon's group
+    listen = ""                 # "" or HOST:PORT for a TCP listener
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import values as v
+from cartonstore.errors import InvalidInput
+
+_GROUP = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]*\$?|[0-9]+")
+
+
+def _group(value: object) -> str:
+    if value == "" or (isinstance(value, str) and _GROUP.fullmatch(value)):
+        return value
+    raise v.BadValue(f'expected a group name or number (or "" for the daemon\'s group), got {value!r}')
+
+
+def _mode(value: object) -> int:
+    if isinstance(value, str) and re.fullmatch(r"(0o|0)?[0-7]{3}", value.strip()):
+        return int(value.strip(), 8)
+    raise v.BadValue(f'expected permission bits as an octal string such as "0660", got {value!r}')
+
+
+_LISTEN = re.compile(r"(?:\[(?P<ipv6>[0-9A-Fa-f:.]+)\]|(?P<host>[A-Za-z0-9_.-]+)):(?P<port>[0-9]{1,5})")
+
+
+def _split_listen(text: str) -> tuple[str, int]:
+    match = _LISTEN.fullmatch(text)
+    if match and int(match["port"]) <= 65535:
+        if match["host"]:
+            return match["host"], int(match["port"])
+        import ipaddress  # here, not at the top: only a listen address needs it (`path` starts fast)
+
+        try:
+            ipaddress.IPv6Address(match["ipv6"])
+            return match["ipv6"], int(match["port"])
+        except ValueError:
+            pass
+    raise v.BadValue(f'expected HOST:PORT such as 127.0.0.1:8000 or [::1]:8000 (or "" for no TCP '
+                     f"port), got {text!r}")
+
+
+def _listen(value: object) -> str:
+    if not isinstance(value, str):
+        raise v.BadValue(f"expected HOST:PORT as a string, got {value!r}")
+    if value:
+        _split_listen(value)
+    return value
+
+
+def _show_mode(mode: int) -> str:
+    return f"{mode:04o}"
+
+
+_AT_LEAST_0 = v.integer(0)
+
+
+def _workers(value: object) -> int | None:
+    """A worker count, or None for "auto"."""
+    return None if value == "auto" else _AT_LEAST_0(value)
+
+
+def _show_workers(count: int | None) -> str | int:
+    return "auto" if count is None else count
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    """[server]: how the daemon is reached and how it logs."""
+
+    # None: ROOT/cartonstore.sock (Config.socket_path)
+    socket: Path | None = v.setting(None, v.path(empty=None), v.show_path)  # noqa: RUF009 - a field()
+    socket_mode: int = v.setting(0o660, _mode, _show_mode)
+    socket_group: str = v.setting("", _group)
+    listen: str = v.setting("", _listen)  # "" or HOST:PORT, see listen_address
+    allow_remote_listen: bool = v.setting(False, v.boolean)
+    log_format: str = v.setting("text", v.choice("text", "json"))
+    log_level: str = v.setting("info", v.choice("debug", "info", "warning", "error"))
+    access_log: bool = v.setting(False, v.boolean)
+    max_request_size: int = v.size_setting(256 << 20, 1)
+    shared_memory_over_tcp: bool = v.setting(False, v.boolean)  # Triton's system shared memory, off TCP by default
+    arena_size: int = v.size_setting(1 << 30, 0)  # shared memory for big tensors between daemon and runners; 0: none
+    # processes that check big JSON infer requests off the event loop; 0: a thread of the daemon's
+    check_workers: int | None = v.setting(None, _workers, _show_workers)  # None: "auto"
+    shutdown_timeout: float = v.duration_setting(10.0, positive=False)
+    # TLS on the TCP listener (PEM files; the key may be in tls_cert); with tls_client_ca, /v1/blobs takes
+    # only clients with a certificate it signed. Checked when the daemon starts.
+    tls_cert: Path | None = v.setting(None, v.path(empty=None), v.show_path)  # noqa: RUF009 - a field()
+    tls_key: Path | None = v.setting(None, v.path(empty=None), v.show_path)  # noqa: RUF009 - a field()
+    tls_client_ca: Path | None = v.setting(None, v.path(empty=None), v.show_path)  # noqa: RUF009 - a field()
+
+    @property
+    def check_worker_count(self) -> int:
+        """check_workers, "auto" being one per core this process may use, at
+        most 8 (each holds a request's parsed JSON, tens of MiB for a million
+        values, while it works)."""
+        return max(1, min(8, len(os.sched_getaffinity(0)))) if self.check_workers is None else self.check_workers
+
+    @property
+    def listen_address(self) -> tuple[str, int] | None:
+        """(host, port) of the TCP listener, IPv6 without brackets; None for none."""
+        return _split_listen(self.listen) if self.listen else None
+
+    def socket_gid(self) -> int | None:
+        """The group id for the socket, None to keep the daemon's. Raises
+        InvalidInput if the group does not exist on this host."""
+        if not self.socket_group:
+            return None
+        if self.socket_group.isdigit():
+            return int(self.socket_group)
+        import grp
+
+        try:
+            return grp.getgrnam(self.socket_group).gr_gid
+        except KeyError:
+            raise InvalidInput(f"server.socket_group: no group named {self.socket_group!r} on "
+                               f"this host", subject="server.socket_group") from None

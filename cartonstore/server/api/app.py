@@ -1,0 +1,233 @@
+"""The HTTP API: KServe v2 / Triton routes, leases, blobs, metrics.
+
+A thin layer over ModelService: parse the request, call one method, shape
+the answer. Errors become JSON {"error": ...} with the status of their
+category, from one table. Request bodies are parsed here whatever their
+Content-Type; an empty body means "no options".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from typing import Any, Awaitable, Callable
+
+from aiohttp import web
+
+from cartonstore import __version__
+from cartonstore.errors import CartonStoreError, InvalidInput, http_status_for
+from cartonstore.store.gc import GcPolicy
+from .blobs import serve_blob
+from .infer import infer
+from . import examples as examples_api, leases as lease_api, selftest as selftest_api, shm as shm_api
+from cartonstore.server.models.selftest import SelfTestFailed
+from cartonstore.server.models.metrics import CONTENT_TYPE, Metrics
+from .context import ACCESS_LOG, METRICS, PEER_CERTS, SERVICE, body_json, parameters, svc
+from .responses import ERROR_TEXT, POLLED, error
+from cartonstore.server.runners.settings import RunnersBusy
+from cartonstore.server.models.service import ModelService
+
+log = logging.getLogger("cartonstore.server")
+
+EXTENSIONS = ["binary_tensor_data", "model_repository", "system_shared_memory", "cartonstore_leases",
+              "cartonstore_blobs"]
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def failure(exc: Exception, method: str, path: str) -> tuple[int, str, dict[str, str]]:
+    """The status, message and extra headers that answer an exception from
+    a handler; an unexpected one is logged with its traceback (a bug must
+    not take the daemon down)."""
+    if isinstance(exc, CartonStoreError):
+        # a source's Retry-After (FetchError's) is not the daemon's to give
+        extra = {"Retry-After": str(math.ceil(exc.retry_after))} if isinstance(exc, RunnersBusy) else {}
+        return http_status_for(exc), str(exc), extra
+    log.exception("unexpected error handling %s %s", method, path)
+    return 500, "internal error (see the daemon's log)", {}
+
+
+def record_request(app: web.Application, route: str, method: str, path_qs: str, status: int,
+                   error_text: str | None, polled: bool, started: float) -> None:
+    """The request counter, and the log line: one per error, one per
+    request with the access log on."""
+    app[METRICS].count_request(route, method, status)
+    if status >= 400:
+        # Every error answered leaves a line: an operator sees why a load failed.
+        # "Not ready" is what a waiting client polls for: a line per poll at debug only.
+        level = logging.WARNING if status >= 500 else logging.DEBUG if polled else logging.INFO
+        log.log(level, "%s %s -> %d: %s", method, path_qs, status, error_text)
+    elif app[ACCESS_LOG] or log.isEnabledFor(logging.DEBUG):
+        log.log(logging.INFO if app[ACCESS_LOG] else logging.DEBUG, "%s %s -> %d in %.2f ms",
+                method, path_qs, status, (time.perf_counter() - started) * 1000)
+
+
+@web.middleware
+async def errors_and_metrics(request: web.Request, handler: Handler) -> web.StreamResponse:
+    started = time.perf_counter()
+    try:
+        response = await handler(request)
+    except web.HTTPException as e:
+        response = error(e.status, e.reason or "error") if e.status >= 400 else e
+    except Exception as e:  # noqa: BLE001 - failure() logs what was not expected
+        status, message, extra = failure(e, request.method, request.path)
+        response = error(status, message)
+        response.headers.update(extra)
+    route = request.match_info.route.resource.canonical if request.match_info.route.resource else "unmatched"
+    record_request(request.app, route, request.method, request.path_qs, response.status,
+                   response.get(ERROR_TEXT) or response.reason, bool(response.get(POLLED)), started)
+    return response
+
+
+# -- health and metadata --------------------------------------------------------
+
+
+async def live(request: web.Request) -> web.Response:
+    return web.Response(status=200)
+
+
+async def ready(request: web.Request) -> web.Response:
+    if svc(request).ready:
+        return web.Response(status=200)
+    return error(400, "the daemon is not ready (starting or shutting down)", polled=True)
+
+
+async def server_metadata(request: web.Request) -> web.Response:
+    return web.json_response({"name": "cartonstore", "version": __version__, "extensions": EXTENSIONS})
+
+
+# -- repository ---------------------------------------------------------------
+
+
+async def repository_index(request: web.Request) -> web.Response:
+    body = await body_json(request)
+    ready_only = body.get("ready", False)
+    if not isinstance(ready_only, bool):
+        raise InvalidInput(f"'ready' must be a boolean, got {type(ready_only).__name__}")
+    return web.json_response(await svc(request).index(ready_only))
+
+
+async def load(request: web.Request) -> web.Response:
+    params = parameters(await body_json(request))
+    try:
+        await svc(request).load(request.match_info["name"], params)
+    except SelfTestFailed as e:   # the report goes with the 400
+        response = web.json_response({"error": str(e), "selftest": e.report.as_json()}, status=400)
+        response[ERROR_TEXT] = str(e)
+        return response
+    return web.json_response({})
+
+
+async def unload(request: web.Request) -> web.Response:
+    parameters(await body_json(request))
+    await svc(request).unload(request.match_info["name"])
+    return web.json_response({})
+
+
+async def model_metadata(request: web.Request) -> web.Response:
+    name, version = request.match_info["name"], request.match_info.get("version")
+    return web.json_response(await svc(request).metadata(name, version))
+
+
+async def model_ready(request: web.Request) -> web.Response:
+    name, version = request.match_info["name"], request.match_info.get("version")
+    if svc(request).loaded(name, version) is not None:
+        return web.Response(status=200)
+    model = svc(request).models.get(name)
+    reason = model.as_index_row()["reason"] if model is not None else ""
+    why = f": {reason}" if reason else ""
+    return error(400, f"model {name!r}{' version ' + version if version else ''} is not ready{why}", polled=True)
+
+
+# -- leases ---------------------------------------------------------------------
+
+
+async def take_lease(request: web.Request) -> web.Response:
+    return web.json_response(await lease_api.take(svc(request), await body_json(request)))
+
+
+async def renew_lease(request: web.Request) -> web.Response:
+    body = await body_json(request)
+    return web.json_response(await lease_api.renew(svc(request), request.match_info["lease"], body))
+
+
+async def release_lease(request: web.Request) -> web.Response:
+    return web.json_response(await lease_api.release(svc(request), request.match_info["lease"]))
+
+
+async def gc(request: web.Request) -> web.Response:
+    body = await body_json(request)
+    policy = gc_policy_from(body)
+    report = await svc(request).collect(policy)
+    return web.json_response(report.as_dict())
+
+
+def gc_policy_from(body: dict[str, Any]) -> GcPolicy:
+    def number(key: str, default):  # noqa: ANN001, ANN202
+        value = body.get(key, default)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0):
+            raise InvalidInput(f"'{key}' must be a number >= 0, got {value!r}")
+        return value
+
+    flags = {key: body.get(key, False) for key in ("dry_run", "forget_unrecoverable")}
+    for key, value in flags.items():
+        if not isinstance(value, bool):
+            raise InvalidInput(f"'{key}' must be a boolean")
+    return GcPolicy(max_size=number("max_size", None), min_free=number("min_free", None),
+                    grace=number("grace", 3600.0), **flags)
+
+
+# -- blobs and metrics ------------------------------------------------------------
+
+
+async def blob(request: web.Request) -> web.StreamResponse:
+    service = svc(request)
+    return await serve_blob(request, service.store, request.app[METRICS], service.puller.fetcher.peers,
+                            client_ca=request.app[PEER_CERTS])
+
+
+async def metrics(request: web.Request) -> web.Response:
+    # Rendering reads the index (store size, leases): off the event loop.
+    body = await asyncio.to_thread(request.app[METRICS].render)
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
+
+
+async def not_found(request: web.Request) -> web.Response:
+    return error(404, f"no such endpoint: {request.method} {request.path}")
+
+
+def build_app(service: ModelService, metrics_: Metrics, *, max_request_size: int = 256 << 20,
+              access_log: bool = False, peer_certs: bool = False) -> web.Application:
+    """access_log: one info line per request answered (errors always get one);
+    peer_certs: /v1/blobs over TCP takes only clients with a verified certificate."""
+    app = web.Application(middlewares=[errors_and_metrics], client_max_size=max_request_size)
+    app[SERVICE] = service
+    app[METRICS] = metrics_
+    app[ACCESS_LOG] = access_log
+    app[PEER_CERTS] = peer_certs
+    metrics_.watch(service.live_values)
+    r = app.router
+    r.add_get("/v2/health/live", live)
+    r.add_get("/v2/health/ready", ready)
+    r.add_get("/v2", server_metadata)
+    r.add_post("/v2/repository/index", repository_index)
+    r.add_post("/v2/repository/models/{name}/load", load)
+    r.add_post("/v2/repository/models/{name}/unload", unload)
+    r.add_get("/v2/models/{name}", model_metadata)
+    r.add_get("/v2/models/{name}/versions/{version}", model_metadata)
+    r.add_get("/v2/models/{name}/ready", model_ready)
+    r.add_get("/v2/models/{name}/versions/{version}/ready", model_ready)
+    r.add_post("/v2/models/{name}/infer", infer)
+    r.add_post("/v2/models/{name}/versions/{version}/infer", infer)
+    shm_api.add_routes(r)
+    selftest_api.add_routes(r)
+    examples_api.add_routes(r)
+    r.add_post("/v1/leases", take_lease)
+    r.add_post("/v1/leases/{lease}/renew", renew_lease)
+    r.add_delete("/v1/leases/{lease}", release_lease)
+    r.add_post("/v1/gc", gc)
+    r.add_get("/v1/blobs/{digest}", blob)
+    r.add_get("/metrics", metrics)
+    r.add_route("*", "/{tail:.*}", not_found)
+    return app

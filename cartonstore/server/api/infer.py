@@ -1,0 +1,251 @@
+"""POST /v2/models/{name}[/versions/{version}]/infer: validate, then proxy.
+
+The daemon checks every request against the carton's declared tensors
+(cartonstore.v2.validate) before a runner sees it, then forwards the body
+as it came (decoded from its Content-Encoding): no binary tensor is
+decoded or copied on the way. A raw binary request (Inference-Header-
+Content-Length: 0) gets a JSON header here, so runners only ever see the
+framed form; JSON "data" inputs, already parsed and checked, are sent on
+as binary tensor data (v2/binary_form.py), so a runner does not parse
+them again (except in the shared-memory and arena forms).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import zlib
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from aiohttp import web
+
+from cartonstore.errors import InvalidInput, NotFound
+from cartonstore.v2.framing import (
+    HEADER_LENGTH,
+    InferRequest,
+)
+from cartonstore.v2.framing import header_length as header_length_of
+from cartonstore.v2.validate import parse_raw_binary_for, validate_request
+from .blobs import pick_encoding
+from cartonstore.v2.error_body import error_text
+from .bodies import ENCODINGS, IN_THREAD_FROM, request_body
+from .context import svc
+from cartonstore.v2.shm_params import REGION
+from cartonstore.server.tensors.arena import ArenaSlot
+from cartonstore.server.tensors.arena_wire import MAX_HEADER, ArenaForward
+from cartonstore.server.tensors.infer_check import checked_unless_shm
+from cartonstore.server.tensors.infer_shm import ShmUse, attach_regions, renamed_answer, renamed_request
+from .responses import ERROR_TEXT
+from cartonstore.server.tensors.shm_regions import Peer, ShmRegions, peer_of
+
+if TYPE_CHECKING:
+    from cartonstore.server.tensors.check_pool import CheckPool
+    from cartonstore.server.models.loaded_model import LoadedModel
+    from cartonstore.server.models.service import ModelService
+
+SHM_MARK = REGION.encode()
+STREAM_ANSWER = 64 * 1024         # larger answers: headers and body written apart, so neither is copied
+CLIENT_SEND_BUFFER = 4 << 20      # a 4 MiB answer leaves in one send, not copied into asyncio's buffer
+
+
+def ready_model(service: ModelService, name: str, version: str | None) -> LoadedModel:
+    """The READY model (version) a request names, runner or not (its files
+    are served either way), or the error that says why not."""
+    model = service.models.get(name)
+    if model is None or model.digest is None:
+        raise NotFound(f"unknown model {name!r}: model {name!r} is not loaded; load it first "
+                       f"(POST /v2/repository/models/{name}/load)", subject=name)
+    if version is not None and version != model.digest:
+        raise NotFound(f"model {name!r} has no loaded version {version!r} (loaded: {model.digest})",
+                       subject=version)
+    if model.state != "READY":
+        raise InvalidInput(f"model {name!r} is not ready ({model.state.lower()}: {model.reason})", subject=name)
+    return model
+
+
+def serving_model(service: ModelService, name: str, version: str | None) -> LoadedModel:
+    """The loaded model an infer request is for: READY, with runners."""
+    model = ready_model(service, name, version)
+    if model.runners is None:
+        runner = model.carton.runner.runner_name if model.carton else "?"
+        raise InvalidInput(f"model {name!r} is loaded as files only: no runner is configured for its "
+                           f"runner_name {runner!r}, so it cannot run inference", subject=name)
+    return model
+
+
+# request (None: checked in a check worker), parts, header length, regions
+Checked = tuple["InferRequest | None", list, int | None, ShmUse | None]
+
+
+def checked_request(model: LoadedModel, body: bytes | bytearray | memoryview, header_length: int | None,
+                    shm: tuple[ShmRegions, Peer]) -> Checked:
+    """Parse and validate; returns the request, what to forward (body
+    parts, header length) and the shared memory regions it names, checked
+    for the caller (``shm``: the registry and who is asking)."""
+    inputs, outputs = model.carton.inputs, model.carton.outputs
+    if header_length == 0:
+        req = parse_raw_binary_for(body, inputs)
+        validate_request(req, inputs, outputs)
+        return req, *_framed(req), None
+    req, forward = checked_unless_shm(body, header_length, inputs, outputs)
+    if forward is not None:
+        return req, *forward, None
+    use = attach_regions(req, *shm)
+    validate_request(req, inputs, outputs)
+    return req, *renamed_request(body, header_length, use), use
+
+
+def _framed(req: InferRequest) -> tuple[list, int]:
+    tensor = req.inputs[0]
+    header = json.dumps({"inputs": [{"name": tensor.name, "datatype": tensor.datatype, "shape": tensor.shape,
+                                     "parameters": {"binary_data_size": len(tensor.data)}}],
+                         "parameters": {"binary_data_output": True}}).encode()
+    return [header, tensor.data], len(header)
+
+
+def _compress(body: bytes, coding: str) -> bytes:
+    c = zlib.compressobj(1, zlib.DEFLATED, 31 if coding == "gzip" else 15)
+    return c.compress(body) + c.flush()
+
+
+@dataclass
+class InferAnswer:
+    """What the runner answered, as the client gets it (maybe compressed)."""
+
+    status: int
+    headers: dict[str, str]
+    payload: bytes | bytearray
+    error_text: str | None = None   # for the daemon's log line, on errors
+    tail: list[memoryview] = field(default_factory=list)   # sent after payload (views of an arena slot)
+
+    @property
+    def size(self) -> int:
+        return len(self.payload) + sum(len(part) for part in self.tail)
+
+    def joined(self) -> bytes | bytearray:
+        return b"".join([self.payload, *self.tail]) if self.tail else self.payload
+
+
+async def proxied_infer(service: ModelService, model: LoadedModel, name: str, version: str | None,
+                        body: bytes | bytearray | memoryview, sent_length: str | None, accept_encoding: str,
+                        peer: Peer, slot: ArenaSlot | None = None) -> InferAnswer:
+    """Validate a whole (decoded) request body from ``peer`` against
+    ``model`` and forward it; the runner's answer, compressed when
+    ``accept_encoding`` asks. ``slot``: the arena slot ``body`` was
+    received into (the caller releases it once the answer is written)."""
+    header_length = header_length_of(sent_length)  # 0: a raw binary request
+    shm = (service.shm_regions, peer)
+    req, parts, forward_length, use = await _checked_off_loop(model, body, header_length, shm, service.check_pool)
+    current = serving_model(service, name, version)  # the version may have switched while the body arrived
+    if current is not model:
+        model = current
+        req, parts, forward_length, use = await _checked_off_loop(model, body, header_length, shm, service.check_pool)
+    headers = {"Content-Type": "application/octet-stream" if forward_length is not None else "application/json"}
+    if forward_length is not None:
+        headers[HEADER_LENGTH] = str(forward_length)
+    regions = list(use.regions.values()) if use is not None else ()
+    arena = ArenaForward(slot, len(body), header_length, req) \
+        if slot is not None and use is None and header_length is not None and header_length <= MAX_HEADER else None
+    answer = await model.runners.forward(f"/v2/models/{name}/infer", parts, headers, regions, arena)
+    out_headers = dict(answer.headers)
+    payload: bytes | bytearray = answer.body
+    tail: list[memoryview] = []
+    if use is not None:
+        payload = renamed_answer(answer.status, out_headers, payload, use)
+    elif answer.arena and answer.status == 200:
+        payload, tail = arena.client_answer(out_headers, payload, f"runner for {name}")  # type: ignore[union-attr]
+    already = any(k.lower() == "content-encoding" for k in out_headers)
+    coding = pick_encoding(accept_encoding, ENCODINGS, wildcard=True) \
+        if answer.status == 200 and not already else None
+    if coding is not None and len(payload) + sum(len(t) for t in tail) > 512:
+        if tail:
+            payload, tail = b"".join([payload, *tail]), []
+        payload = _compress(payload, coding) if len(payload) < IN_THREAD_FROM else \
+            await asyncio.to_thread(_compress, payload, coding)
+        out_headers["Content-Encoding"] = coding
+        out_headers["Vary"] = "Accept-Encoding"
+    return InferAnswer(answer.status, out_headers, payload,
+                       f"runner: {error_text(payload)}" if answer.status >= 400 else None, tail)
+
+
+async def infer(request: web.Request) -> web.StreamResponse:
+    """The aiohttp route; the daemon's front (front.py) answers most infer
+    requests itself, and gives aiohttp those it does not frame (chunked)."""
+    service = svc(request)
+    name, version = request.match_info["name"], request.match_info.get("version")
+    model = serving_model(service, name, version)  # an unknown model is refused before its body is read
+    if request.transport is None:
+        raise InvalidInput("the connection closed before its request was read")
+    peer = peer_of(request.transport)   # before an await: a connection gone meanwhile has no socket to ask
+    body = await request_body(request)
+    answer = await proxied_infer(service, model, name, version, body, request.headers.get(HEADER_LENGTH),
+                                 request.headers.get("Accept-Encoding", ""), peer)
+    payload = answer.joined()   # no slot here: nothing to join, in fact
+    if len(payload) >= STREAM_ANSWER:
+        return await _streamed(request, answer.status, answer.headers, payload)
+    response = web.Response(status=answer.status, body=payload, headers=answer.headers)
+    if answer.error_text:
+        response[ERROR_TEXT] = answer.error_text
+    return response
+
+
+async def _checked_off_loop(model: LoadedModel, body: bytes | bytearray | memoryview, header_length: int | None,
+                            shm: tuple[ShmRegions, Peer], pool: CheckPool | None) -> Checked:
+    """checked_request; off the event loop when JSON or BYTES elements to
+    walk would hold it for a while: an all-JSON body in a check worker
+    (the request comes back as None: only the arena, never used for JSON,
+    needs it), anything else in a thread."""
+    if _walks_little(model, body, header_length):
+        return checked_request(model, body, header_length, shm)
+    if pool is not None and header_length is None and len(body) >= IN_THREAD_FROM:   # the worker tells shm apart
+        forward = await pool.check(model.carton.inputs, model.carton.outputs, body)
+        if forward is not None:
+            return None, *forward, None
+    return await asyncio.to_thread(checked_request, model, body, header_length, shm)
+
+
+def _walks_little(model: LoadedModel, body: bytes | bytearray | memoryview, header_length: int | None) -> bool:
+    """Whether validating takes little time whatever the body's size: a
+    small body naming no shared memory (whose BYTES would be read), or a big
+    binary one whose JSON header is small and names no BYTES (numeric
+    tensors are checked by their sizes alone). A header spelling BYTES with
+    escapes is walked here all the same: slower, never wrong."""
+    if header_length is None:
+        return len(body) < IN_THREAD_FROM and SHM_MARK not in body   # type: ignore[operator]  # never a view
+    if header_length == 0:
+        spec = model.carton.inputs
+        return len(body) < IN_THREAD_FROM or not (spec and len(spec) == 1 and spec[0].dtype == "string")
+    if header_length > len(body):
+        return True    # refused at once
+    if header_length >= IN_THREAD_FROM:
+        return False
+    header = bytes(memoryview(body)[:header_length])
+    return SHM_MARK not in header and (b'"BYTES"' not in header or len(body) < IN_THREAD_FROM)
+
+
+def widen_send_buffer(transport: object) -> None:
+    """A big answer leaves a Unix socket in one send, not copied into the
+    transport's buffer (TCP tunes its own buffers)."""
+    sock = transport.get_extra_info("socket") if transport is not None else None  # type: ignore[attr-defined]
+    if sock is not None and sock.family == socket.AF_UNIX:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, CLIENT_SEND_BUFFER)
+
+
+async def _streamed(request: web.Request, status: int, headers: dict[str, str],
+                    payload: bytes | bytearray) -> web.StreamResponse:
+    """A big answer sent without copies: aiohttp would join it with the
+    headers (Python < 3.12 has no gathering writelines), and the transport
+    keeps a copy of whatever the socket did not take at once."""
+    response = web.StreamResponse(status=status, headers=headers)
+    response.content_length = len(payload)
+    widen_send_buffer(request.transport)
+    await response.prepare(request)
+    try:
+        await response.write(b"")   # the headers alone
+        await response.write(memoryview(payload))
+        await response.write_eof()
+    except ConnectionResetError:
+        pass   # the client left: aiohttp ends the connection as it does for any response it cannot send
+    return response

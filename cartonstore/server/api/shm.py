@@ -1,0 +1,66 @@
+"""Triton's system shared-memory extension, as its protocol defines it:
+
+    GET  /v2/systemsharedmemory[/region/{name}]/status
+    POST /v2/systemsharedmemory/region/{name}/register   {"key", "offset", "byte_size"}
+    POST /v2/systemsharedmemory[/region/{name}]/unregister   (empty body)
+
+Every caller sees and changes only its own regions (shm_regions.py).
+"""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from cartonstore.errors import InvalidInput
+from cartonstore.server.tensors.shm_regions import Peer, Region, ShmRegions, peer_of
+from .bodies import request_body
+from .context import body_json, svc
+
+PREFIX = "/v2/systemsharedmemory"
+
+
+def _registry(request: web.Request) -> ShmRegions:
+    return svc(request).shm_regions
+
+
+def _peer(request: web.Request) -> Peer:
+    """Who asks, read before any await: a connection gone meanwhile has no
+    socket left to tell, and must not be taken for a TCP caller."""
+    if request.transport is None:
+        raise InvalidInput("the connection closed before its request was read")
+    return peer_of(request.transport)
+
+
+async def status(request: web.Request) -> web.Response:
+    regions = _registry(request).status(_peer(request), request.match_info.get("name"))
+    return web.json_response(regions)
+
+
+async def register(request: web.Request) -> web.Response:
+    peer = _peer(request)
+    doc = await body_json(request)
+    _registry(request).register(peer, request.match_info["name"], doc)
+    return web.Response(status=200)
+
+
+async def unregister(request: web.Request) -> web.Response:
+    peer = _peer(request)
+    if (await request_body(request)).strip():
+        raise InvalidInput("an unregister request has an empty body (the region is named in the URL)")
+    gone = _registry(request).unregister(peer, request.match_info.get("name"))
+    _tell_runners(gone)
+    return web.Response(status=200)
+
+
+def _tell_runners(gone: list[Region]) -> None:
+    for region in gone:
+        for link in list(region.links):
+            link.forget(region)
+
+
+def add_routes(router: web.UrlDispatcher) -> None:
+    router.add_get(PREFIX + "/status", status)
+    router.add_get(PREFIX + "/region/{name}/status", status)
+    router.add_post(PREFIX + "/region/{name}/register", register)
+    router.add_post(PREFIX + "/unregister", unregister)
+    router.add_post(PREFIX + "/region/{name}/unregister", unregister)

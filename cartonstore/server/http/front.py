@@ -1,0 +1,386 @@
+"""The daemon's listening sockets: HTTP/1.1 connections whose inference
+and lease requests are answered here (routes.py), and every other
+request by aiohttp.
+
+Why inference does not go through aiohttp: its request and response
+machinery costs ~0.25 ms of CPU per request on a 2-core VM, as much as the
+whole proxy overhead the daemon may add (tests/bench/bench_infer.py). Here
+an infer request is a parsed head, a body received in place into one
+buffer, the shared validation and forwarding of api/infer.py's proxied_infer,
+and one write of the answer.
+
+Any other request (and an infer request with a chunked body) is handed to
+aiohttp one request at a time through a RelayTransport (relay.py), so
+tritonclient's connection can load, poll readiness and infer on one
+keep-alive connection, with every request taking its own path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import TYPE_CHECKING
+
+from cartonstore.server.api.app import failure, record_request
+from cartonstore.server.api.bodies import content_coding, decoded_body, too_large
+from .http1 import MAX_HEAD, BadHead, RequestHead, for_one_request, parse_request_head, response_head
+from .routes import NativeRoute, native_route
+from cartonstore.server.tensors.arena import ArenaSlot
+from cartonstore.server.api.infer import STREAM_ANSWER, InferAnswer, widen_send_buffer
+from .front_parts import (BODY, BUSY, CLOSED, DISCARD, HANDED, HEAD, LINGER, MAX_PENDING, RELAY_BODY, RELAY_WAIT,
+                          ClientGone, Front, arena_slot, error_answer, fail, wake, with_length)
+from .relay import RelayTransport
+from cartonstore.server.tensors.shm_regions import Peer, peer_of
+
+if TYPE_CHECKING:
+    from aiohttp.web_protocol import RequestHandler
+
+log = logging.getLogger("cartonstore.server")
+
+class FrontConnection(asyncio.BufferedProtocol):
+    """One client connection: requests one at a time, in order."""
+
+    def __init__(self, front: Front) -> None:
+        self.front = front
+        self.transport: asyncio.Transport = None  # type: ignore[assignment]  # set by connection_made
+        self.mode = HEAD
+        self.pending = bytearray()          # received, not yet consumed: heads, pipelined requests
+        self.body: memoryview | None = None  # the unfilled rest of an infer body, received in place
+        self.body_got = 0
+        self.body_waiter: asyncio.Future[None] | None = None
+        self.relayed: RequestHandler | None = None
+        self.relay_left = 0                 # body bytes aiohttp has yet to be fed
+        self.discard_left = 0               # body bytes of an answered request, dropped as they come
+        self.drained: asyncio.Future[None] | None = None
+        self.write_paused = False
+        self.relay_paused = False           # the relayed handler was told to pause writing
+        self.close_after_discard = False
+        self.peer_eof = False
+        self.last_active = time.monotonic()
+        self._big_send_buffer = False
+        self.peer = Peer(None)
+        self.lost = False                   # connection_lost came: the transport holds no more of our bytes
+
+    # -- protocol callbacks -------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        self.peer = peer_of(transport)
+        self.front.connections.add(self)
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        # One buffer for every connection: each buffer_updated copies out what it keeps before returning.
+        return self.body[self.body_got:] if self.mode == BODY else self.front.scratch  # type: ignore[index]
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self.last_active = time.monotonic()
+        if self.mode == BODY:
+            self.body_got += nbytes
+            if self.body_got == len(self.body):  # type: ignore[arg-type]
+                self.body, self.mode = None, BUSY
+                wake(self.body_waiter)
+            return
+        data = self.front.scratch[:nbytes]
+        if self.mode == HANDED:
+            self.relayed.data_received(bytes(data))  # type: ignore[union-attr]
+            return
+        if self.mode == RELAY_BODY:
+            take = min(nbytes, self.relay_left)
+            self.relay_left -= take
+            if self.relay_left == 0:
+                self.mode = RELAY_WAIT
+            self.relayed.data_received(bytes(data[:take]))  # type: ignore[union-attr]
+            data = data[take:]
+        elif self.mode == DISCARD:
+            take = min(nbytes, self.discard_left)
+            self.discard_left -= take
+            if self.discard_left == 0:
+                if self.close_after_discard:
+                    self._close()
+                    return
+                self.mode = HEAD
+            data = data[take:]
+        if len(data):
+            self.pending += data
+        if self.mode == HEAD:
+            self._next_request()
+        elif self.mode == DISCARD or self.mode == CLOSED:
+            return
+        elif len(self.pending) > MAX_PENDING:
+            self.transport.pause_reading()
+
+    def eof_received(self) -> bool:
+        self.peer_eof = True
+        if self.mode == BODY:
+            fail(self.body_waiter, ClientGone())
+        # Half-closed while its request is answered: keep the connection for the answer.
+        return self.mode in (BUSY, RELAY_WAIT)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.mode = CLOSED
+        self.lost = True
+        self.front.connections.discard(self)
+        fail(self.body_waiter, ClientGone())
+        wake(self.drained)
+        if self.relayed is not None:
+            handler, self.relayed = self.relayed, None
+            handler.connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        self.write_paused = True
+        if self.drained is None:
+            self.drained = asyncio.get_running_loop().create_future()
+        if self.relayed is not None and not self.relay_paused:
+            self.relay_paused = True
+            self.relayed.pause_writing()
+
+    def resume_writing(self) -> None:
+        self.write_paused = False
+        if self.relayed is not None and self.relay_paused:
+            self.relay_paused = False
+            self.relayed.resume_writing()
+        wake(self.drained)
+        self.drained = None
+
+    def idle(self) -> bool:
+        """Between requests (a partial head is dropped at shutdown, as aiohttp did)."""
+        return self.mode == HEAD
+
+    def _close(self) -> None:
+        self.transport.close()
+        self.mode = CLOSED
+
+    def _abort(self) -> None:
+        self.transport.abort()
+        self.mode = CLOSED
+
+    # -- requests ---------------------------------------------------------------
+
+    def _next_request(self) -> None:
+        """Start on the next whole request head in ``pending``, if any. A
+        fault here must not leave the connection half-way: it is dropped."""
+        try:
+            self._start_next()
+        except Exception:  # noqa: BLE001 - a bug: logged, and this connection ends
+            log.exception("front connection failed starting a request")
+            self._abort()
+
+    def _start_next(self) -> None:
+        while self.pending[:2] == b"\r\n":   # empty lines between requests are allowed
+            del self.pending[:2]
+        end = self.pending.find(b"\r\n\r\n")
+        if end < 0:
+            if len(self.pending) > MAX_HEAD:
+                self._refuse(431, f"request head longer than {MAX_HEAD} bytes")
+            return
+        raw = bytes(self.pending[:end + 4])
+        del self.pending[:end + 4]
+        try:
+            head = parse_request_head(raw)
+            length = head.content_length()
+        except BadHead as e:
+            self._refuse(e.status, str(e))
+            return
+        route = native_route(head) if length is not None and "upgrade" not in head.headers else None
+        if route is None:
+            self._relay(head, length)
+            return
+        self.mode = BUSY
+        self.front.track(asyncio.get_running_loop().create_task(self._serve(head, length, route)))
+
+    async def _serve(self, head: RequestHead, length: int, route: NativeRoute) -> None:
+        slot: ArenaSlot | None = None
+        try:
+            slot = await self._serve_in(head, length, route)
+        finally:
+            if slot is not None:
+                self._release_when_sent(slot)
+
+    async def _serve_in(self, head: RequestHead, length: int, route: NativeRoute) -> ArenaSlot | None:
+        """Answer one request; returns the arena slot its body and answer
+        used, to be released once the answer has left."""
+        started = time.perf_counter()
+        unread = length
+        slot = None
+        try:
+            service = self.front.service
+            first = route.check_first(service)  # an unknown model is refused before its body is read
+            coding = content_coding(head.headers.get("content-encoding"))
+            if length > self.front.max_request_size:
+                raise too_large(length, self.front.max_request_size)
+            if head.headers.get("expect", "").lower() == "100-continue":
+                self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            slot = arena_slot(service.arena, route, first, head, coding, length)
+            raw = await self._read_body(length, slot)
+            unread = 0
+            body = await decoded_body(raw, coding, self.front.max_request_size)
+            answer = await route.produce(service, head, self.peer, first, body, slot)
+        except ClientGone:
+            return slot   # nothing reached the runner, and no one is left to answer
+        except Exception as e:  # noqa: BLE001 - failure() logs what was not expected
+            status, message, extra = failure(e, head.method, head.path)
+            answer = error_answer(status, message, extra)
+        try:
+            record_request(self.front.app, route.label, head.method, head.target, answer.status, answer.error_text,
+                           False, started)
+            await self._answer(head, answer, unread)
+        except Exception:  # noqa: BLE001 - a bug: logged, and this connection ends
+            log.exception("front connection failed answering %s %s", head.method, head.target)
+            self._abort()
+        return slot
+
+    def _release_when_sent(self, slot: ArenaSlot) -> None:
+        """Release ``slot`` once the transport holds none of its bytes: at
+        once when the socket took the whole answer, else when it drains."""
+        if self.lost or not self.transport.get_write_buffer_size():
+            slot.release()
+            return
+
+        async def when_drained() -> None:
+            delay = 0.001
+            try:
+                while not self.lost and self.transport.get_write_buffer_size():
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, 0.05)
+            finally:
+                slot.release()
+        self.front.track(asyncio.get_running_loop().create_task(when_drained()))
+
+    async def _read_body(self, length: int, slot: ArenaSlot | None = None) -> bytearray | memoryview:
+        """The body, in one buffer (``slot``'s first bytes when given): what
+        is pending, the rest received in place."""
+        out = slot.view[:length] if slot is not None else bytearray(length)
+        have = min(length, len(self.pending))
+        out[:have] = self.pending[:have]
+        del self.pending[:have]
+        if have == length:
+            return out
+        self.body, self.body_got, self.mode = memoryview(out)[have:], 0, BODY
+        self.body_waiter = asyncio.get_running_loop().create_future()
+        self._resume_reading()
+        try:
+            await self.body_waiter
+        finally:
+            self.body_waiter = None
+            self.body = None
+        return out
+
+    async def _answer(self, head: RequestHead, answer: InferAnswer, unread: int) -> None:
+        if self.mode == CLOSED:
+            return
+        # A client told to go on (100 Continue) may not send a refused body at
+        # all: only a close tells it where the next request would start.
+        expected = unread and head.headers.get("expect", "").lower() == "100-continue"
+        too_big = unread > self.front.max_request_size
+        close = not head.keep_alive or self.front.closing or self.peer_eof or bool(expected) or too_big
+        out = response_head(answer.status, with_length(answer), close=close)
+        if answer.size < STREAM_ANSWER:
+            self.transport.write(out + answer.joined())
+        else:
+            self._big_buffers()
+            if len(answer.payload) < STREAM_ANSWER:
+                self.transport.write(out + answer.payload)
+            else:
+                self.transport.write(out)
+                self.transport.write(memoryview(answer.payload))
+            for part in answer.tail:
+                self.transport.write(part)
+        if too_big and not expected and not self.peer_eof:
+            self._linger(unread)
+            return
+        if close:
+            self._close()
+            return
+        if self.write_paused:   # the client reads slower than it asks
+            await self.drained
+            if self.mode == CLOSED:
+                return
+        self._between_requests(unread)
+
+    def _linger(self, unread: int) -> None:
+        """Drop the refused body for a while before closing: a client still
+        sending it would get a reset, not the answer, if we closed at once."""
+        if not self._drop_body(unread):
+            self._close()
+            return
+        self.mode, self.close_after_discard = DISCARD, True
+        self._resume_reading()
+        asyncio.get_running_loop().call_later(LINGER, self._close_if_open)
+
+    def _close_if_open(self) -> None:
+        if self.mode != CLOSED:
+            self._close()
+
+    def _between_requests(self, unread: int) -> None:
+        """After an answer: drop what is left of its body, go on to the next."""
+        self.mode = DISCARD if self._drop_body(unread) else HEAD
+        self._resume_reading()
+        if self.mode == HEAD:
+            self._next_request()
+
+    def _drop_body(self, unread: int) -> int:
+        """Drop an answered request's unread body from ``pending``; what is
+        still to come is dropped as it arrives (DISCARD). Returns that."""
+        take = min(unread, len(self.pending))
+        del self.pending[:take]
+        self.discard_left = unread - take
+        return self.discard_left
+
+    def _refuse(self, status: int, message: str) -> None:
+        """An answer to a head that cannot be read; the connection ends."""
+        record_request(self.front.app, "unmatched", "?", "?", status, message, False, time.perf_counter())
+        answer = error_answer(status, message)
+        self.transport.write(response_head(status, with_length(answer), close=True) + answer.payload)
+        self._close()
+
+    # -- aiohttp's requests ------------------------------------------------------------
+
+    def _relay(self, head: RequestHead, length: int | None) -> None:
+        handler = self.front.aiohttp_server()
+        self.relayed = handler
+        if length is None or "upgrade" in head.headers:
+            # A chunked body (or a protocol switch) aiohttp frames itself: the
+            # connection is its own from here on.
+            self.mode = HANDED
+            handler.connection_made(self.transport)
+            data, self.pending = bytes(self.pending), bytearray()
+            handler.data_received(head.raw + data)
+            return
+        if self.write_paused:
+            self.relay_paused = True
+            handler.pause_writing()
+        take = min(length, len(self.pending))
+        first = for_one_request(head) + bytes(self.pending[:take])
+        del self.pending[:take]
+        self.relay_left = length - take
+        self.mode = RELAY_BODY if self.relay_left else RELAY_WAIT
+        keep_alive = head.keep_alive and not self.front.closing
+        handler.connection_made(RelayTransport(self.transport, self._relay_done, keep_alive=keep_alive,
+                                               bodiless=head.method == "HEAD"))
+        handler.data_received(first)
+
+    def _relay_done(self, reusable: bool) -> None:
+        # Called from inside aiohttp's own close; it finishes before we go on.
+        asyncio.get_running_loop().call_soon(self._after_relay, self.relayed, reusable)
+
+    def _after_relay(self, handler: RequestHandler | None, reusable: bool) -> None:
+        if handler is not None and handler is self.relayed:
+            self.relayed, self.relay_paused = None, False
+            handler.connection_lost(None)
+        if self.mode == CLOSED:
+            return
+        unread, self.relay_left = self.relay_left, 0
+        if not reusable or self.front.closing or self.peer_eof or unread > self.front.max_request_size:
+            self._close()
+            return
+        self._between_requests(unread)
+
+    def _resume_reading(self) -> None:
+        if not self.transport.is_closing() and not self.transport.is_reading():
+            self.transport.resume_reading()
+
+    def _big_buffers(self) -> None:
+        if not self._big_send_buffer:
+            self._big_send_buffer = True
+            widen_send_buffer(self.transport)

@@ -1,0 +1,80 @@
+"""What the daemon's front (front.py, its connections; front_server.py, its
+listening sockets) share: the states of a connection, the sizes it works
+with, what a connection needs of its server, and the small pure helpers of
+an answer. Below both, so that neither imports the other's module to name
+them."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import TYPE_CHECKING, Protocol
+
+from aiohttp import web
+
+from cartonstore.server.api.infer import InferAnswer
+from cartonstore.server.tensors.arena import ARENA_FROM, ArenaSlot, TensorArena
+from .http1 import RequestHead
+from .routes import NativeRoute
+
+if TYPE_CHECKING:
+    from cartonstore.server.models.service import ModelService
+
+RECV_CHUNK = 256 * 1024
+LINGER = 5.0    # after refusing a body too big to take: seconds spent dropping it, so the client reads the 413
+MAX_PENDING = 256 * 1024   # pipelined bytes held while a request is answered; reading pauses past it
+
+# What a connection is doing; each mode says where received bytes go.
+HEAD, BODY, BUSY, RELAY_BODY, RELAY_WAIT, DISCARD, HANDED, CLOSED = range(8)
+
+
+class ClientGone(Exception):
+    """The client closed its connection before its request was whole."""
+
+
+class Front(Protocol):
+    """What a connection uses of the server that accepted it (FrontServer)."""
+
+    app: web.Application
+    service: ModelService
+    aiohttp_server: web.Server
+    max_request_size: int
+    scratch: memoryview
+    connections: set
+    closing: bool
+
+    def track(self, task: asyncio.Task[None]) -> None: ...
+
+
+def with_length(answer: InferAnswer) -> list[tuple[str, str]]:
+    # Headers come whitelisted (a runner's, runners.settings.FORWARDED_RESPONSE_HEADERS) or are the daemon's own.
+    return [*answer.headers.items(), ("Content-Length", str(answer.size))]
+
+
+def arena_slot(arena: TensorArena | None, route: NativeRoute, model: object, head: RequestHead, coding: str,
+                length: int) -> ArenaSlot | None:
+    """A slot for a big binary infer body and its outputs (as many bytes
+    again), when the model's runners map the arena and one is free."""
+    if (arena is None or not route.arena or coding != "identity" or length < ARENA_FROM
+            or "inference-header-content-length" not in head.headers):
+        return None
+    runners = getattr(model, "runners", None)
+    if runners is None or not runners.arena_capable:
+        return None
+    return arena.take(2 * length + 64)
+
+
+def wake(waiter: asyncio.Future[None] | None) -> None:
+    if waiter is not None and not waiter.done():
+        waiter.set_result(None)
+
+
+def fail(waiter: asyncio.Future[None] | None, exc: BaseException) -> None:
+    if waiter is not None and not waiter.done():
+        waiter.set_exception(exc)
+
+
+def error_answer(status: int, message: str, extra: dict[str, str] | None = None) -> InferAnswer:
+    """{"error": message}, as every error answer of the API is shaped."""
+    return InferAnswer(status, {"Content-Type": "application/json; charset=utf-8", **(extra or {})},
+                       json.dumps({"error": message}).encode(), message)

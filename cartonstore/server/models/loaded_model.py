@@ -1,0 +1,76 @@
+"""A model as the daemon holds it: its load state, runners and pin, and the
+lease answers it hands out. Plain data, shared by the service and the API."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from cartonstore.format.carton_toml import CartonConfig
+from cartonstore.store.lease_rows import LeaseRow
+from .runtime import files_only_note
+from cartonstore.server.runners import ModelRunners
+
+READY, LOADING, UNAVAILABLE = "READY", "LOADING", "UNAVAILABLE"
+
+
+@dataclass(frozen=True)
+class LeaseSettings:
+    default_ttl: float = 60.0
+    max_ttl: float = 3600.0
+    pin_ttl: float = 120.0
+
+
+@dataclass
+class LoadedModel:
+    name: str
+    digest: str | None = None
+    state: str = LOADING
+    reason: str = ""
+    config: dict | None = None          # the load's Triton config
+    carton: CartonConfig | None = None  # its carton.toml
+    runners: ModelRunners | None = None  # None: loaded as files only (reason says why)
+
+    @property
+    def serving_state(self) -> str:
+        """READY only while the runners are (a dead runner shows here)."""
+        if self.state != READY or self.runners is None:
+            return self.state
+        return self.runners.state
+
+    def as_index_row(self) -> dict[str, Any]:
+        row: dict[str, Any] = {"name": self.name, "state": self.serving_state, "reason": self.reason}
+        if self.runners is not None and self.runners.reason:
+            row["reason"] = self.runners.reason
+        if self.digest:
+            row["version"] = self.digest
+        if self.runners is not None:
+            row["restarts"] = self.runners.restarts
+        return row
+
+
+@dataclass
+class Granted:
+    lease: LeaseRow
+    where: str    # the model directory (a str: leases are answered thousands of times a second)
+
+    @property
+    def path(self) -> Path:
+        return Path(self.where)
+
+    def as_json(self) -> dict[str, Any]:
+        return {"lease": self.lease.id, "path": self.where, "manifest_sha256": self.lease.carton,
+                "expires_at": self.lease.expires_at}
+
+
+OWNED_LEASE_PREFIXES = ("pin:", "switch:")   # leases the daemon takes and renews itself
+
+
+def pin_id(name: str) -> str:
+    return f"pin:{name}"
+
+
+def ready_reason(model: LoadedModel) -> str:
+    """What the index says of a READY model: nothing, or that it runs no runner."""
+    return "" if model.runners is not None else files_only_note(model.carton.runner.runner_name)

@@ -1,0 +1,91 @@
+"""Runner processes of the daemon's loaded models: start them for a load,
+stop them on unload or after a version switch.
+
+The daemon's config (RunnerSettings of config/runners.py) becomes the
+supervisor's settings here; runner_plan.py decides what to run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from cartonstore.format.carton_toml import CartonConfig
+from cartonstore.config.runners import RunnerSettings as RunnerConfig
+from cartonstore.server.tensors.arena import TensorArena
+from .runner_plan import instance_devices, instance_specs, plan_runner, runner_opts
+from cartonstore.server.runners import ModelRunners, RunnerSettings, clean_stale_sockets, ensure_run_dir
+
+log = logging.getLogger("cartonstore.server")
+
+
+def files_only_note(runner_name: str) -> str:
+    return (f"loaded as files only: no runner is configured for runner_name {runner_name!r} "
+            f"(add a [runners.{runner_name}] table to run it)")
+
+
+class RunnerHost:
+    """Starts and stops the runners of loaded models. One per daemon."""
+
+    def __init__(self, config: RunnerConfig, run_dir: Path, *, on_change: Callable[[], None] | None = None,
+                 arena: TensorArena | None = None) -> None:
+        self.config = config
+        self.arena = arena
+        self.run_dir = run_dir
+        self.settings = RunnerSettings(
+            ready_timeout=config.ready_timeout, request_timeout=config.request_timeout,
+            stop_grace=config.stop_grace, max_restarts=config.max_restarts,
+            restart_backoff=config.restart_backoff, max_inflight=config.max_inflight)
+        self._on_change = on_change
+        self._live: set[ModelRunners] = set()
+        self._generation = itertools.count(1)
+
+    def prepare(self) -> None:
+        """At daemon start: the socket directory, without sockets of runners
+        that died with an earlier daemon."""
+        ensure_run_dir(self.run_dir)
+        for path in clean_stale_sockets(self.run_dir):
+            log.info("removed stale runner socket %s", path)
+
+    async def start(self, name: str, version: str, model_dir: Path, cfg: CartonConfig,
+                    triton_config: Mapping[str, Any] | None) -> ModelRunners | None:
+        """Start and wait for the runners of one model version; None when no
+        runner is configured for it. InvalidInput when it cannot start (the
+        reason carries the runner's last stderr lines)."""
+        plan = await asyncio.to_thread(plan_runner, cfg, self.config)
+        if plan is None:
+            return None
+        devices = instance_devices(triton_config, self.config.devices)
+        specs = instance_specs(plan, model_dir=model_dir, name=name, version=version,
+                               opts=runner_opts(cfg, triton_config), devices=devices, run_dir=self.run_dir,
+                               generation=next(self._generation))
+        runners = ModelRunners(name, version, specs, self.settings, on_change=self._on_change, arena=self.arena)
+        self._live.add(runners)
+        log.info("model %s version %s: starting %d %s runner(s) on %s", name, version[:12], len(specs),
+                 plan.runner_name, ", ".join(devices))
+        try:
+            await runners.start()
+        except BaseException:
+            self._live.discard(runners)
+            raise
+        return runners
+
+    async def stop(self, runners: ModelRunners | None) -> None:
+        if runners is None:
+            return
+        try:
+            await runners.stop()
+        finally:
+            self._live.discard(runners)
+        log.info("model %s version %s: runners stopped", runners.name, runners.version[:12])
+
+    async def stop_all(self) -> None:
+        await asyncio.gather(*(self.stop(r) for r in list(self._live)), return_exceptions=True)
+
+    def statuses(self) -> list[dict[str, Any]]:
+        # Read by /metrics on a worker thread while the loop adds and drops
+        # runners: tuple() copies the set without letting the loop in between.
+        return [r.status() for r in tuple(self._live)]

@@ -1,0 +1,305 @@
+"""ModelService: what the daemon does, independent of HTTP.
+
+It loads and unloads models (Triton's repository API), hands out leases
+(leasing.py, the half it is built on), and keeps the pins of loaded models
+alive. Blocking store work runs in
+worker threads; concurrent requests for one model share one fetch and one
+materialization.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+from cartonstore.errors import CartonStoreError, InvalidInput, NotFound
+from cartonstore.fetch.puller import Puller
+from cartonstore.format.dtypes import tensor_metadata
+from cartonstore.config.runners import RunnerSettings as RunnerConfig
+from cartonstore.store import Store
+from cartonstore.store.gc import GcPolicy, GcReport
+from cartonstore.store.materialize import remove_tree
+from cartonstore.store.names import carton_named, restore_name, validate_name
+from cartonstore.store.owner import tmp_name
+from .collector import collect_in_child, gc_summary
+from .load_params import b64_parameter, parse_triton_config, write_tree
+from .metrics import Metrics
+from .leasing import Leasing, resolve_on
+from .loaded_model import READY, UNAVAILABLE, LeaseSettings, LoadedModel, pin_id, ready_reason
+from .runtime import RunnerHost
+from .runner_plan import instance_devices
+from .selftest import self_tested_on_load
+from cartonstore.server.tensors.shm_regions import ShmRegions
+from cartonstore.server.tensors.arena import DEFAULT_SIZE as ARENA_SIZE, TensorArena
+from cartonstore.server.tensors.check_pool import CheckPool
+
+log = logging.getLogger("cartonstore.server")
+
+class ModelService(Leasing):
+    def __init__(self, store: Store, puller: Puller, leases: LeaseSettings, metrics: Metrics,
+                 runners: RunnerConfig | None = None, *, shm_over_tcp: bool = False,
+                 max_request_size: int = 256 << 20, arena_size: int = ARENA_SIZE, check_workers: int = 0) -> None:
+        super().__init__(store, puller, leases, metrics)
+        self.shm_regions = ShmRegions(allow_tcp=shm_over_tcp, max_read=max_request_size)
+        self.arena = TensorArena(arena_size) if arena_size else None
+        self.check_pool = CheckPool(check_workers) if check_workers else None
+        self.runner_host = RunnerHost(runners or RunnerConfig(), store.layout.root / "run" / "runners",
+                                      arena=self.arena)
+        self._load_locks: dict[str, asyncio.Lock] = {}
+        self.models: dict[str, LoadedModel] = {}
+        self._gc_lock = asyncio.Lock()
+        self.ready = True
+
+    # -- Triton repository ---------------------------------------------------------
+
+    async def load(self, name: str, params: dict[str, Any]) -> LoadedModel:
+        """Fetch, materialize, pin, start the runners, then READY. Loads of
+        one name queue behind each other (two concurrent loads start one
+        runner). Loading another version of a loaded name starts the new
+        runners, switches traffic, then stops the old ones; if the new
+        version fails, the old one keeps serving."""
+        if params.get("source") or any(k.startswith("file:") for k in params):
+            # This load names a carton: a bad name is refused before any state is kept for it.
+            validate_name(name)
+        async with self._load_locks.setdefault(name, asyncio.Lock()):
+            return await self._load_locked(name, params)
+
+    async def _load_locked(self, name: str, params: dict[str, Any]) -> LoadedModel:
+        previous = self.models.get(name)
+        serving = previous if previous is not None and previous.state == READY else None
+        model = LoadedModel(name)
+        if serving is None:
+            self.models[name] = model
+        named_before = await self._batch(lambda conn: carton_named(conn, name))
+        renames = bool(params.get("source")) or any(k.startswith("file:") for k in params)
+        moved_to: str | None = None   # where this load pointed the name, once known
+        try:
+            model.config = parse_triton_config(params.get("config"))
+            instance_devices(model.config, self.runner_host.config.devices)  # a bad config fails before any work
+            digest = await self._load_source(name, params)
+            moved_to = digest if renames else None
+            if serving is not None and serving.digest == digest and serving.config == model.config and \
+                    serving.serving_state == READY:
+                serving.reason = ready_reason(serving)  # drops a "reload failed" left by an earlier load
+                return serving  # already loaded as asked: nothing to restart
+            if serving is not None and serving.digest != digest:  # the old version stays pinned until stopped
+                await self._hold(f"switch:{name}", serving.digest, f"switching:{name}")
+            self._pins[pin_id(name)] = (digest, f"loaded:{name}")  # keep_pins renews the new version from now
+            granted = await self.take_lease(digest, self.leases.pin_ttl, f"loaded:{name}", pin_id(name))
+            model.digest = granted.lease.carton
+            model.carton = await asyncio.to_thread(self.store.config_of, model.digest)
+            model.runners = await self.runner_host.start(name, model.digest, granted.path, model.carton,
+                                                         model.config)
+            await self_tested_on_load(self.runner_host, model, self.store.layout.model_path(model.digest))
+        except BaseException as e:
+            reason = str(e) if isinstance(e, CartonStoreError) else f"load failed: {type(e).__name__}"
+            log.warning("load of %s failed: %s", name, reason)
+            if moved_to is not None:  # this load pointed the name at its carton: point it back
+                await self._batch(lambda conn: restore_name(conn, name, named_before, only_from=moved_to))
+            await self._restore(name, serving, model, reason)
+            raise
+        model.state = READY
+        model.reason = ready_reason(model)
+        self.models[name] = model
+        log.info("model %s version %s loaded%s", name, model.digest[:12],
+                 "" if model.runners is not None else " (files only: no runner configured)")
+        if serving is not None:
+            try:
+                await self.runner_host.stop(serving.runners)
+            finally:
+                await self._let_go(f"switch:{name}")
+        return model
+
+    async def _restore(self, name: str, serving: LoadedModel | None, model: LoadedModel, reason: str) -> None:
+        """A failed load: the version that served before goes on serving
+        (its pin restored), else the name is UNAVAILABLE with the reason."""
+        if serving is not None:
+            serving.reason = f"reload failed, still serving this version: {reason}"
+            self.models[name] = serving
+            await self._hold(pin_id(name), serving.digest, f"loaded:{name}")
+            await self._let_go(f"switch:{name}")
+            return
+        model.state, model.reason = UNAVAILABLE, reason
+        self.models[name] = model
+        await self._let_go(pin_id(name))
+
+    async def _hold(self, lease_id: str, digest: str, holder: str) -> None:
+        """A lease this daemon owns and renews (pins, switches) until _let_go."""
+        self._pins[lease_id] = (digest, holder)
+        ttl = self.leases.pin_ttl
+        await self._batch(lambda conn: self.store.index.insert_lease(conn, digest, ttl, holder, lease_id))
+
+    async def _let_go(self, lease_id: str) -> None:
+        self._pins.pop(lease_id, None)
+        await self._batch(lambda conn: self.store.index.drop_lease(conn, lease_id))
+
+    async def _load_source(self, name: str, params: dict[str, Any]) -> str:
+        files = {k[len("file:"):]: v for k, v in params.items() if k.startswith("file:")}
+        source = params.get("source")
+        if source is not None and not isinstance(source, str):
+            raise InvalidInput(f"parameter 'source' must be a string (a URL or a path), got {type(source).__name__}")
+        if files and source:
+            raise InvalidInput("give either 'source' or 'file:' parameters, not both")
+        # The name was checked by load(); the daemon moving its own loaded
+        # name is a version switch, so the add is forced (leases stay valid).
+        if files:
+            return await self._add_uploaded(name, files)
+        if source:
+            # Loads of one name queue on its lock, so nothing here could share an add.
+            result = await self.puller.add(source, name=name, force=True)
+            self.metrics.dedup_saved_bytes.inc(result.bytes_reused)
+            return result.digest
+        digest = await self._known(name)
+        if digest is None:
+            raise NotFound(f"unknown model {name!r}: not in the store; load it with a 'source' parameter",
+                           subject=name)
+        return digest
+
+    async def _known(self, ref: str) -> str | None:
+        """The carton ref names: a name or hash in a batch (no thread hop
+        when nothing waits), a hash prefix on a worker thread."""
+        digest = await self._batch(lambda conn: resolve_on(conn, ref))
+        return digest if digest is not None else await asyncio.to_thread(self._resolve_fast, ref)
+
+    async def _add_uploaded(self, name: str, files: dict[str, Any]) -> str:
+        """Triton's file:<version>/<path> uploads: one .carton, or the files of
+        an unpacked carton."""
+        work = tmp_name(self.store.layout.tmp_dir, "upload")
+        try:
+            # Uploads may be hundreds of MiB: decoding them would stall every request.
+            decoded = await asyncio.to_thread(lambda: {k: b64_parameter(k, v) for k, v in files.items()})
+            cartons = [k for k in decoded if k.endswith(".carton")]
+            work.mkdir()
+            if len(decoded) == 1 and cartons:
+                target = work / "upload.carton"
+                await asyncio.to_thread(target.write_bytes, decoded[cartons[0]])
+            else:
+                target = work / "carton"
+                await asyncio.to_thread(write_tree, target, decoded)
+            result = await self.puller.add(str(target), name=name, force=True)
+            self.metrics.dedup_saved_bytes.inc(result.bytes_reused)
+            return result.digest
+        finally:
+            await asyncio.to_thread(remove_tree, work)
+
+    async def unload(self, name: str) -> None:
+        model = self.models.get(name)
+        never_loaded = model is None or model.digest is None
+        lock = self._load_locks.get(name)
+        loading = lock is not None and lock.locked()  # a first load still fetching: unload after it
+        if never_loaded and not loading and await self._known(name) is None:
+            raise NotFound(f"unknown model {name!r}", subject=name)
+        async with self._load_locks.setdefault(name, asyncio.Lock()):  # after a load in progress
+            model = self.models.get(name)
+            if model is not None:
+                model.state, model.reason = UNAVAILABLE, "unloading"
+            try:
+                await self.runner_host.stop(model.runners if model is not None else None)
+            finally:
+                await self._let_go(pin_id(name))
+            self.models[name] = LoadedModel(name, model.digest if model else None, UNAVAILABLE, "unloaded")
+            log.info("model %s unloaded", name)
+
+    async def index(self, ready_only: bool) -> list[dict[str, str]]:
+        rows = dict(await asyncio.to_thread(self._stored_names))
+        out: dict[str, dict[str, Any]] = {n: {"name": n, "version": d, "state": UNAVAILABLE, "reason": "not loaded"}
+                                          for n, d in rows.items()}
+        for name, model in self.models.items():
+            out[name] = model.as_index_row()
+        listed = sorted(out.values(), key=lambda r: r["name"])
+        return [r for r in listed if r["state"] == READY] if ready_only else listed
+
+    def _stored_names(self) -> list[tuple[str, str]]:
+        return [(n, c.row.digest) for c in self.store.list() for n in c.names]
+
+    def loaded(self, name: str, version: str | None) -> LoadedModel | None:
+        model = self.models.get(name)
+        if model is None or model.serving_state != READY:
+            return None
+        if version is not None and version != model.digest:
+            return None
+        return model
+
+    async def metadata(self, name: str, version: str | None) -> dict[str, Any]:
+        model = self.models.get(name)
+        digest = model.digest if model and model.digest else await asyncio.to_thread(self._resolve_fast, name)
+        if digest is None:
+            raise NotFound(f"unknown model {name!r}", subject=name)
+        if version is not None and version != digest:
+            raise NotFound(f"model {name!r} has no version {version!r} (its version is {digest})", subject=version)
+        cfg = await asyncio.to_thread(self.store.config_of, digest)
+        return {"name": name, "versions": [digest], "platform": f"carton_{cfg.runner.runner_name}",
+                "inputs": tensor_metadata(cfg.inputs), "outputs": tensor_metadata(cfg.outputs)}
+
+    # -- background ------------------------------------------------------------------
+
+    async def keep_pins(self) -> None:
+        """Renew the leases this daemon owns (pins of loaded models, the old
+        version's during a switch) and drop expired leases, forever. A
+        renewal writes only what _pins still says, checked in the group
+        commit itself, so it never brings back a pin an unload dropped nor
+        points one at another version."""
+        while True:
+            await asyncio.sleep(max(1.0, self.leases.pin_ttl / 3))
+            for lease_id, (digest, holder) in list(self._pins.items()):
+                try:
+                    await self._batch(lambda conn, i=lease_id, d=digest, h=holder: self._renew_owned(conn, i, d, h))
+                except CartonStoreError as e:
+                    log.warning("could not renew lease %s: %s", lease_id, e)
+            try:
+                await asyncio.to_thread(self.store.index.expire_leases)
+            except CartonStoreError as e:
+                log.warning("could not expire leases: %s", e)
+
+    def _renew_owned(self, conn, lease_id: str, digest: str, holder: str) -> None:  # noqa: ANN001
+        if self._pins.get(lease_id, (None, None))[0] == digest:
+            self.store.index.insert_lease(conn, digest, self.leases.pin_ttl, holder, lease_id)
+
+    async def collect(self, policy: GcPolicy) -> GcReport:
+        """One collection at a time per daemon, in a child process (see
+        collector.py); the store lock orders it with every other process."""
+        async with self._gc_lock:
+            started = time.monotonic()
+            report = await collect_in_child(self.store.root, policy)
+        log.info("gc%s in %.2fs: %s", " (dry run)" if policy.dry_run else "", time.monotonic() - started,
+                 gc_summary(report))
+        return report
+
+    async def keep_within_budget(self, policy: GcPolicy, interval: float) -> None:
+        """Collect on our own every interval when a size budget or a free-space
+        floor is set."""
+        if policy.max_size is None and policy.min_free is None:
+            return
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await self.collect(policy)  # logs its own line
+            except CartonStoreError as e:
+                log.warning("gc failed: %s", e)
+
+    async def shutdown(self) -> None:
+        """Runners stop; pins of this daemon's loaded models lapse now
+        rather than at expiry."""
+        self.ready = False
+        await self.runner_host.stop_all()
+        for lease_id in list(self._pins):
+            await self._db(self.store.index.delete_lease, lease_id)
+            self._pins.pop(lease_id, None)
+        await self._commits.close()
+        self.shm_regions.close()
+        if self.arena is not None:
+            self.arena.close()
+        if self.check_pool is not None:
+            await self.check_pool.close()
+
+    def live_values(self) -> dict[str, float]:
+        stats = self.puller.stats
+        return {"store_bytes": self.store.index.stored_bytes(), "leases": self.store.index.count_live_leases(),
+                "loaded_models": sum(1 for m in tuple(self.models.values()) if m.serving_state == READY),  # see statuses()
+                "runners": self.runner_host.statuses(),
+                "fetched_bytes": stats.bytes_received, "fetch_requests": stats.requests,
+                "source_bytes": stats.snapshot()["source_bytes"],
+                "arena": self.arena.stats() if self.arena is not None else None,
+                "check_workers": self.check_pool.stats() if self.check_pool is not None else None}

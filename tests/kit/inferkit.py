@@ -1,0 +1,87 @@
+"""Cartons that run, for the daemon's inference tests: a python echo model
+over every carton dtype (with inputs that make it crash or hang on
+purpose), an ONNX model built with onnx.helper, and runner processes
+found in /proc."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from cartonstore.carton.pack import pack_directory
+from kit.prockit import live_pids
+from kit.runnerkit import onnx_model_dir
+
+NUMERIC = ["float32", "float64", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64"]
+DTYPES = NUMERIC + ["string"]
+
+ECHO_MAIN = '''
+import os
+import time
+
+import numpy as np
+
+
+class Echo:
+    def infer_with_tensors(self, tensors):
+        x = tensors.get("x_float32")
+        if x is not None and x.size and x.flat[0] == -1:
+            os._exit(3)                  # crash on request
+        if x is not None and x.size and x.flat[0] == -2:
+            time.sleep(3600)             # hang on request
+        return {"y_" + name[2:]: value for name, value in tensors.items()}
+
+
+def get_model():
+    {startup}
+    return Echo()
+'''
+
+
+def echo_toml(model_name: str = "echo", dtypes: list[str] | None = None, runner: str = "python",
+              requirement: str = ">=3.8") -> str:
+    dtypes = dtypes or DTYPES
+    lines = [f'spec_version = 1\nmodel_name = "{model_name}"\n']
+    for role, prefix in (("input", "x"), ("output", "y")):
+        for dt in dtypes:
+            lines.append(f'[[{role}]]\nname = "{prefix}_{dt}"\ndtype = "{dt}"\nshape = ["n", "*"]\n')
+    lines.append(f'[runner]\nrunner_name = "{runner}"\nrequired_framework_version = "{requirement}"\n'
+                 'runner_compat_version = 1\n[runner.opts]\nentrypoint_package = "main"\n'
+                 'entrypoint_fn = "get_model"\n')
+    return "\n".join(lines)
+
+
+def echo_carton(dest: Path, *, label: str = "v1", startup: str = "pass", **toml: object) -> Path:
+    """An unpacked python-runner carton that echoes x_<dtype> to y_<dtype>.
+    label changes its bytes (a new version); startup runs in get_model()."""
+    (dest / "model").mkdir(parents=True, exist_ok=True)
+    (dest / "carton.toml").write_text(echo_toml(**toml))  # type: ignore[arg-type]
+    (dest / "model" / "main.py").write_text(ECHO_MAIN.replace("{startup}", startup) + f"\nLABEL = {label!r}\n")
+    return dest
+
+
+def onnx_carton(dest: Path) -> Path:
+    """y = x * 2 + 1 on float32 [n, 4] (x its one input), run by onnxruntime on one thread."""
+    return onnx_model_dir(dest.parent, name=dest.name, ids=False, opts={"intra_op_num_threads": 1})
+
+
+def packed(src: Path, out: Path) -> Path:
+    pack_directory(src, out)
+    return out
+
+
+def sample(dtype: str, shape: tuple[int, ...] = (2, 3)) -> np.ndarray:
+    count = int(np.prod(shape))
+    if dtype == "string":
+        return np.array([f"s{i}-\u00e9".encode() for i in range(count)], dtype=object).reshape(shape)
+    return (np.arange(count) % 100).astype(dtype).reshape(shape)
+
+
+def runner_pids(root: Path) -> list[int]:
+    """Processes whose command line names this store's runner sockets."""
+    return live_pids(str(root / "run" / "runners"))
+
+
+def runner_sockets(root: Path) -> list[Path]:
+    return sorted((root / "run" / "runners").glob("*.sock"))

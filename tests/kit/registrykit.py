@@ -1,0 +1,147 @@
+"""A real CNCF distribution registry (Debian's docker-registry) on 127.0.0.1,
+with a temp storage directory, and optionally htpasswd (Basic) auth.
+
+Tests that need one skip, saying why, where the binary is missing.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from kit.prockit import stop_process
+
+BINARY = shutil.which("docker-registry") or shutil.which("registry")
+USER, PASSWORD = "alice", "s3cret"
+# bcrypt of PASSWORD (htpasswd -B): distribution reads bcrypt entries only.
+HTPASSWD = f"{USER}:$2y$05$vrOEt6tb8vXi1OLPUMeFd.8fzg8Y9YG4kphdPtIMaFr4DQ7r32dN6\n"
+
+needs_registry = pytest.mark.skipif(BINARY is None, reason="docker-registry (Debian package docker-registry) is "
+                                                          "not installed; .ci/run installs it")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Registry:
+    def __init__(self, workdir: Path, *, htpasswd: bool = False, tls: tuple[Path, Path] | None = None) -> None:
+        self.workdir = workdir
+        self.port = free_port()
+        self.htpasswd = htpasswd
+        self.tls = tls
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def authority(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def ref(self, repo_and_tag: str) -> str:
+        return f"oci://{self.authority}/{repo_and_tag}"
+
+    def start(self) -> "Registry":
+        assert BINARY is not None
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        config = [
+            "version: 0.1", "log:", "  level: error", "  accesslog:", "    disabled: true",
+            "storage:", "  filesystem:", f"    rootdirectory: {self.workdir / 'data'}", "  delete:", "    enabled: true",
+            "http:", f"  addr: 127.0.0.1:{self.port}",
+        ]
+        if self.tls:
+            config += ["  tls:", f"    certificate: {self.tls[0]}", f"    key: {self.tls[1]}"]
+        if self.htpasswd:
+            (self.workdir / "htpasswd").write_text(HTPASSWD)
+            config += ["auth:", "  htpasswd:", "    realm: test-registry", f"    path: {self.workdir / 'htpasswd'}"]
+        (self.workdir / "config.yml").write_text("\n".join(config) + "\n")
+        self.log = open(self.workdir / "registry.log", "wb")
+        self.proc = subprocess.Popen([BINARY, "serve", str(self.workdir / "config.yml")], stdout=self.log,
+                                     stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + 20
+        scheme = "https" if self.tls else "http"
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"docker-registry exited: {(self.workdir / 'registry.log').read_text()[-2000:]}")
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
+                    return self
+            except OSError:
+                time.sleep(0.05)
+        self.stop()
+        raise RuntimeError(f"docker-registry did not listen on {self.port} ({scheme})")
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            stop_process(self.proc)
+            self.log.close()
+        self.proc = None
+
+    def __enter__(self) -> "Registry":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # -- reading the registry directly, as a second client would ----------------------
+
+    def _open(self, method: str, path: str, data: bytes | None = None, headers: dict | None = None):  # noqa: ANN202
+        request = urllib.request.Request(f"http://{self.authority}{path}", data=data, method=method,
+                                         headers=headers or {})
+        if self.htpasswd:
+            import base64
+
+            request.add_header("Authorization", "Basic " + base64.b64encode(f"{USER}:{PASSWORD}".encode()).decode())
+        return urllib.request.urlopen(request, timeout=10)
+
+    def has_blob(self, repo: str, digest: str) -> bool:
+        try:
+            with self._open("HEAD", f"/v2/{repo}/blobs/sha256:{digest}"):
+                return True
+        except urllib.error.HTTPError as e:
+            if e.code == 404:
+                return False
+            raise
+
+    def manifest(self, repo: str, ref: str) -> bytes:
+        with self._open("GET", f"/v2/{repo}/manifests/{ref}",
+                        headers={"Accept": "application/vnd.oci.image.manifest.v1+json"}) as r:
+            return r.read()
+
+    def put_blob(self, repo: str, data: bytes) -> str:
+        """Upload bytes as a blob, whatever they hash to; returns its sha256 hex."""
+        import hashlib
+
+        digest = hashlib.sha256(data).hexdigest()
+        with self._open("POST", f"/v2/{repo}/blobs/uploads/", b"") as r:
+            location = r.headers["Location"]
+        location = location.split(self.authority, 1)[-1]
+        with self._open("PUT", f"{location}{'&' if '?' in location else '?'}digest=sha256:{digest}", data,
+                        {"Content-Type": "application/octet-stream"}):
+            pass
+        return digest
+
+    def put_manifest(self, repo: str, tag: str, raw: bytes) -> None:
+        with self._open("PUT", f"/v2/{repo}/manifests/{tag}", raw,
+                        {"Content-Type": "application/vnd.oci.image.manifest.v1+json"}):
+            pass
+
+    def blob_files(self) -> int:
+        """Blobs the registry stores on disk (each digest once, whatever the repository)."""
+        root = self.workdir / "data" / "docker" / "registry" / "v2" / "blobs"
+        return sum(1 for _ in root.rglob("data")) if root.exists() else 0
+
+
+def registry_env(tmp: Path) -> dict[str, str]:
+    """An environment whose docker config is empty (the developer's own stays out)."""
+    env = dict(os.environ)
+    env["DOCKER_CONFIG"] = str(tmp / "docker-config")
+    return env

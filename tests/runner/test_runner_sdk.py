@@ -1,0 +1,437 @@
+"""The runner SDK (cartonstore.runner): a user-written runner of a few lines,
+run as a real process on a real Unix socket. Health, metadata, stats, the
+binary tensor data extension both ways, malformed requests, model errors,
+load failures (exit 3), SIGTERM draining, PR_SET_PDEATHSIG. Every test
+checks that no runner process is left."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import stat
+import subprocess
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from cartonstore.runner.args import parse_runner_args
+from cartonstore.runner.context import cuda_ordinal
+from cartonstore.runner.lifecycle import EXIT_LOAD_FAILED
+from cartonstore.runner.requirements import unmet_requirements
+from cartonstore.v2.framing import encode_infer_request, parse_infer_response
+from conftest import short_dir
+from kit.runnerkit import (PY, carton_toml, processes_with, runner_argv, start_runner, stop_runner, unix_get,
+                       unix_request, wait_gone, wait_ready)
+
+HCL = "Inference-Header-Content-Length"
+
+DOUBLER = '''\
+import time
+from cartonstore.runner import InferResult, LoadError, main
+
+
+class Doubler:
+    def infer(self, inputs, parameters):
+        if "sleep" in parameters:
+            time.sleep(parameters["sleep"])
+        if parameters.get("raise"):
+            raise KeyError("asked to raise")
+        outputs = {"y": inputs["x"] * 2, "n": inputs["x"].shape[0]}
+        if parameters.get("with_parameters"):
+            return InferResult(outputs, {"seen": sorted(parameters)})
+        return outputs
+
+
+def load(ctx):
+    if ctx.opts.get("refuse"):
+        raise LoadError("refused: opts say so")
+    if ctx.opts.get("explode"):
+        1 / 0
+    return Doubler()
+
+
+main(load)
+'''
+
+
+@pytest.fixture(scope="module")
+def doubler_dir():  # noqa: ANN201
+    """The runner script, its carton and the runners' sockets (hence short:
+    see conftest.short_dir)."""
+    with short_dir() as root:
+        (root / "doubler.py").write_text(DOUBLER)
+        model = root / "carton"
+        model.mkdir()
+        (model / "carton.toml").write_text(carton_toml(
+            "doubler", "*", {"answer": 42}, inputs=[("x", "float32", ["N"])],
+            outputs=[("y", "float32", ["N"]), ("n", "int64", [])]))
+        yield root
+
+
+def assert_none_left(marker: str, but: str | None = None) -> None:
+    pids = processes_with(marker)
+    if but is not None:
+        pids = [pid for pid in pids if but not in Path(f"/proc/{pid}/cmdline").read_text(errors="replace")]
+    left = [pid for pid in pids if not wait_gone(pid, 5)]
+    assert not left, f"runner processes left behind: {left}"
+
+
+@pytest.fixture(autouse=True)
+def no_runner_left(doubler_dir: Path):
+    yield
+    # The module's shared runner lives on until the module ends.
+    assert_none_left(str(doubler_dir), but="shared.sock")
+
+
+def start(doubler_dir: Path, label: str, opts: dict[str, Any] | None = None,
+          **kw: Any) -> tuple[subprocess.Popen, Path]:
+    sock = doubler_dir / f"{label}.sock"
+    proc = start_runner(str(doubler_dir / "doubler.py"), doubler_dir / "carton", sock, opts=opts, **kw)
+    return proc, sock
+
+
+@pytest.fixture(scope="module")
+def runner(doubler_dir: Path):
+    proc, sock = start(doubler_dir, "shared", name="dbl", version="7")
+    try:
+        wait_ready(sock, proc=proc)
+        yield sock
+    finally:
+        stop_runner(proc)
+    assert_none_left(str(doubler_dir))
+
+
+def post(sock: Path, body: bytes, headers: dict[str, str] | None = None,
+         path: str = "/v2/models/dbl/infer") -> tuple[int, dict[str, str], bytes]:
+    return unix_request(sock, "POST", path, body, headers)
+
+
+def infer(sock: Path, inputs: dict[str, np.ndarray], path: str = "/v2/models/dbl/infer",
+          **kw: Any) -> tuple[dict, dict[str, np.ndarray]]:
+    parts, header_length = encode_infer_request(inputs, **kw)
+    status, headers, body = post(sock, b"".join(parts), {HCL: str(header_length)} if header_length else {}, path)
+    assert status == 200, body
+    length = headers.get(HCL)
+    return parse_infer_response(body, int(length) if length else None)
+
+
+def stats(sock: Path) -> dict[str, Any]:
+    return unix_get(sock, "/v2/models/dbl/stats")[1]["model_stats"][0]
+
+
+# -- serving --------------------------------------------------------------------
+
+
+def test_health_metadata_and_socket_mode(runner: Path) -> None:
+    assert unix_get(runner, "/v2/health/live") == (200, {"live": True})
+    assert unix_get(runner, "/v2/health/ready") == (200, {"ready": True})
+    assert unix_get(runner, "/v2/models/dbl/versions/7/ready")[0] == 200
+    status, meta = unix_get(runner, "/v2/models/dbl")
+    assert status == 200
+    assert meta == {"name": "dbl", "versions": ["7"], "platform": "carton_doubler",
+                    "inputs": [{"name": "x", "datatype": "FP32", "shape": [-1]}],
+                    "outputs": [{"name": "y", "datatype": "FP32", "shape": [-1]},
+                                {"name": "n", "datatype": "INT64", "shape": []}]}
+    assert unix_get(runner, "/v2/models/dbl/versions/7")[1] == meta
+    assert stat.S_IMODE(os.stat(runner).st_mode) == 0o600
+
+
+def test_binary_infer_echoes_id_and_answers_binary(runner: Path) -> None:
+    x = np.arange(5, dtype=np.float32)
+    doc, out = infer(runner, {"x": x}, request_id="req-1")
+    assert doc["id"] == "req-1" and doc["model_name"] == "dbl" and doc["model_version"] == "7"
+    assert all("binary_data_size" in o["parameters"] for o in doc["outputs"])
+    np.testing.assert_array_equal(out["y"], x * 2)
+    assert out["n"].shape == () and int(out["n"]) == 5
+
+
+def test_json_in_json_out_and_only_requested_outputs(runner: Path) -> None:
+    doc, out = infer(runner, {"x": np.array([1.5, 2.5], np.float32)}, binary=False, binary_outputs=False,
+                     outputs=["y"], path="/v2/models/dbl/versions/7/infer")
+    assert [o["name"] for o in doc["outputs"]] == ["y"]
+    assert doc["outputs"][0]["data"] == [3.0, 5.0]
+
+
+def test_per_output_binary_data_overrides_binary_data_output(runner: Path) -> None:
+    request = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [2], "data": [1, 2]}],
+               "outputs": [{"name": "y", "parameters": {"binary_data": False}}, {"name": "n"}],
+               "parameters": {"binary_data_output": True}}
+    status, headers, body = post(runner, json.dumps(request).encode())
+    assert status == 200
+    doc, out = parse_infer_response(body, int(headers[HCL]))
+    assert doc["outputs"][0]["data"] == [2.0, 4.0]
+    assert doc["outputs"][1]["parameters"] == {"binary_data_size": 8}
+    assert int(out["n"]) == 2
+
+
+def test_raw_binary_request(runner: Path) -> None:
+    x = np.array([1, 2, 3], dtype="<f4")
+    status, headers, body = post(runner, x.tobytes(), {HCL: "0"})
+    assert status == 200, body
+    _, out = parse_infer_response(body, int(headers[HCL]))
+    np.testing.assert_array_equal(out["y"], x * 2)
+
+
+def test_response_parameters_pass_through(runner: Path) -> None:
+    doc, _ = infer(runner, {"x": np.ones(1, np.float32)}, parameters={"with_parameters": True})
+    assert doc["parameters"] == {"seen": ["binary_data_output", "with_parameters"]}
+
+
+def test_large_tensor_round_trip(runner: Path) -> None:
+    x = np.random.default_rng(1).random(8 * 1024 * 1024, dtype=np.float32)  # 32 MiB
+    _, out = infer(runner, {"x": x}, outputs=["y"])
+    np.testing.assert_array_equal(out["y"], x * 2)
+
+
+MALFORMED = [
+    ("not json", b"{nope", {}),
+    ("not an object", b"[1, 2]", {}),
+    ("header past body", b"{}", {HCL: "99"}),
+    ("header not a number", b"{}", {HCL: "ten"}),
+    ("sizes do not add up", b'{"inputs":[{"name":"x","datatype":"FP32","shape":[2],'
+                            b'"parameters":{"binary_data_size":8}}]}1234', {}),
+    ("unknown datatype", b'{"inputs":[{"name":"x","datatype":"FP31","shape":[1],"data":[1]}]}', {}),
+    ("data does not fill the shape", b'{"inputs":[{"name":"x","datatype":"FP32","shape":[3],"data":[1]}]}', {}),
+    ("undeclared output", b'{"inputs":[{"name":"x","datatype":"FP32","shape":[1],"data":[1]}],'
+                          b'"outputs":[{"name":"zz"}]}', {}),
+    ("raw binary of the wrong size", b"12345", {HCL: "0"}),
+]
+
+
+def test_malformed_requests_get_400_and_the_runner_keeps_serving(runner: Path) -> None:
+    before = stats(runner)["inference_stats"]["fail"]["count"]
+    for label, body, headers in MALFORMED:
+        if label == "sizes do not add up":
+            headers = {HCL: str(body.index(b"}]}") + 3)}
+        status, _, answer = post(runner, body, headers)
+        assert status == 400, (label, answer)
+        assert "error" in json.loads(answer), label
+    assert stats(runner)["inference_stats"]["fail"]["count"] == before + len(MALFORMED)
+    _, out = infer(runner, {"x": np.ones(2, np.float32)})
+    assert out["y"].tolist() == [2, 2]
+
+
+def test_wrong_model_name_version_or_path_is_404_json(runner: Path) -> None:
+    for method, path in [("POST", "/v2/models/other/infer"), ("POST", "/v2/models/dbl/versions/8/infer"),
+                         ("GET", "/v2/models/other"), ("GET", "/v2/nothing")]:
+        status, _, body = unix_request(runner, method, path, b"{}" if method == "POST" else None)
+        assert status == 404 and "error" in json.loads(body), path
+
+
+def test_model_exception_is_500_and_the_runner_keeps_serving(runner: Path) -> None:
+    parts, header_length = encode_infer_request({"x": np.ones(1, np.float32)}, parameters={"raise": True})
+    status, _, body = post(runner, b"".join(parts), {HCL: str(header_length)})
+    assert status == 500
+    assert json.loads(body) == {"error": "KeyError: 'asked to raise'"}
+    _, out = infer(runner, {"x": np.ones(1, np.float32)})
+    assert out["y"].tolist() == [2]
+
+
+def test_health_answers_while_the_model_computes(runner: Path) -> None:
+    slow = threading.Thread(target=infer, args=(runner, {"x": np.ones(1, np.float32)}),
+                            kwargs={"parameters": {"sleep": 1.0}})
+    slow.start()
+    time.sleep(0.2)
+    started = time.monotonic()
+    assert unix_get(runner, "/v2/health/ready")[0] == 200
+    assert unix_get(runner, "/v2/models/dbl/stats")[0] == 200
+    assert time.monotonic() - started < 0.5
+    slow.join(10)
+
+
+def test_max_concurrency_lets_infers_overlap(doubler_dir: Path) -> None:
+    def elapsed_for_two(sock: Path) -> float:
+        threads = [threading.Thread(target=infer, args=(sock, {"x": np.ones(1, np.float32)}),
+                                    kwargs={"parameters": {"sleep": 0.6}}) for _ in range(2)]
+        started = time.monotonic()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(10)
+        return time.monotonic() - started
+
+    one, sock_one = start(doubler_dir, "one", name="dbl")
+    two, sock_two = start(doubler_dir, "two", {"max_concurrency": 2}, name="dbl")
+    try:
+        wait_ready(sock_one, proc=one)
+        wait_ready(sock_two, proc=two)
+        assert elapsed_for_two(sock_one) >= 1.2
+        assert elapsed_for_two(sock_two) < 1.1
+    finally:
+        stop_runner(one)
+        stop_runner(two)
+
+
+# -- lifecycle ------------------------------------------------------------------
+
+
+def test_sigterm_finishes_the_infer_in_flight_then_exits_0(doubler_dir: Path) -> None:
+    proc, sock = start(doubler_dir, "term", name="dbl")
+    wait_ready(sock, proc=proc)
+    result: dict[str, Any] = {}
+
+    def slow() -> None:
+        result["out"] = infer(sock, {"x": np.array([4], np.float32)}, parameters={"sleep": 1.0})[1]
+
+    thread = threading.Thread(target=slow)
+    thread.start()
+    time.sleep(0.3)
+    proc.send_signal(signal.SIGTERM)
+    thread.join(10)
+    rc, err = stop_runner(proc, sig=0)
+    assert rc == 0, err
+    assert result["out"]["y"].tolist() == [8]
+    assert not sock.exists()
+
+
+def test_runner_dies_with_its_parent(doubler_dir: Path) -> None:
+    argv = runner_argv(str(doubler_dir / "doubler.py"), doubler_dir / "carton", doubler_dir / "orphan.sock")
+    parent = subprocess.Popen(
+        [PY, "-c", "import subprocess, sys, time; p = subprocess.Popen(sys.argv[1:]); "
+                   "print(p.pid, flush=True); time.sleep(60)", *argv],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        runner_pid = int(parent.stdout.readline())
+        wait_ready(doubler_dir / "orphan.sock")
+        parent.kill()
+        parent.wait(10)
+        assert wait_gone(runner_pid, 10), "the runner outlived its SIGKILLed parent"
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+        parent.wait(10)
+        parent.stdout.close()
+
+
+@pytest.mark.parametrize("opts, last_line", [
+    ({"refuse": True}, "cartonstore runner: cannot load the model: refused: opts say so"),
+    ({"explode": True}, "cartonstore runner: cannot load the model: ZeroDivisionError: division by zero"),
+])
+def test_load_failure_exits_3_with_the_reason_last(doubler_dir: Path, opts: dict, last_line: str) -> None:
+    proc, sock = start(doubler_dir, "refuse", opts)
+    rc, err = stop_runner(proc, sig=0, timeout=20)
+    assert rc == EXIT_LOAD_FAILED
+    assert err.strip().splitlines()[-1] == last_line
+    assert not sock.exists()
+
+
+def test_bad_arguments_and_sockets(doubler_dir: Path) -> None:
+    script = str(doubler_dir / "doubler.py")
+    missing = subprocess.run([PY, script, "--model-dir", str(doubler_dir)], capture_output=True, text=True, timeout=20)
+    assert missing.returncode == 2 and "--socket" in missing.stderr
+    bad_opts = subprocess.run(runner_argv(script, doubler_dir / "carton", doubler_dir / "x.sock")[:-4]
+                              + ["--opts", "[1]"], capture_output=True, text=True, timeout=20)
+    assert bad_opts.returncode == 2 and "JSON object" in bad_opts.stderr
+
+    no_dir = start_runner(script, doubler_dir / "absent", doubler_dir / "x.sock")
+    rc, err = stop_runner(no_dir, sig=0, timeout=20)
+    assert rc == EXIT_LOAD_FAILED and "does not exist" in err
+
+    not_a_socket = doubler_dir / "file.sock"
+    not_a_socket.write_text("mine")
+    proc = start_runner(script, doubler_dir / "carton", not_a_socket)
+    rc, err = stop_runner(proc, sig=0, timeout=20)
+    assert rc == EXIT_LOAD_FAILED and "is not a socket" in err
+    assert not_a_socket.read_text() == "mine"
+
+    too_long = doubler_dir / ("s" * 120 + ".sock")
+    proc = start_runner(script, doubler_dir / "carton", too_long)
+    rc, err = stop_runner(proc, sig=0, timeout=20)
+    assert rc == EXIT_LOAD_FAILED and "limit of Unix sockets" in err
+
+
+def test_stale_socket_is_replaced(doubler_dir: Path) -> None:
+    stale = doubler_dir / "stale.sock"
+    leftover = socket.socket(socket.AF_UNIX)
+    leftover.bind(str(stale))
+    leftover.close()
+    proc = start_runner(str(doubler_dir / "doubler.py"), doubler_dir / "carton", stale, name="dbl")
+    try:
+        wait_ready(stale, proc=proc)
+    finally:
+        assert stop_runner(proc)[0] == 0
+
+
+# -- pure parts -----------------------------------------------------------------
+
+
+def test_argv_opts_layer_over_carton_opts(doubler_dir: Path) -> None:
+    ctx = parse_runner_args(["--model-dir", str(doubler_dir / "carton"), "--socket", "/tmp/s", "--name", "n",
+                             "--version", "1", "--opts", '{"extra": "yes"}', "--devices", "cpu,cuda:1"])
+    assert ctx.opts == {"answer": 42, "extra": "yes"}
+    assert ctx.devices == ["cpu", "cuda:1"] and ctx.cuda_device() == "cuda:1"
+    assert [s.name for s in ctx.inputs] == ["x"] and ctx.runner_name == "doubler"
+
+
+def test_cuda_ordinal_follows_cuda_visible_devices(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert cuda_ordinal("cuda:3") == 3
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")
+    assert cuda_ordinal("cuda:3") == 0
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1,3")
+    assert cuda_ordinal("cuda:3") == 1
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-5a1b")
+    assert cuda_ordinal("cuda:2") == 0
+
+
+@pytest.mark.parametrize("use_packaging", [True, False])
+def test_requirements_check(use_packaging: bool) -> None:
+    numpy_version = np.__version__
+    major = int(numpy_version.split(".")[0])
+    text = f"""
+        # a comment
+        numpy>={major}.0  # inline comment
+        numpy=={numpy_version}
+        numpy<{major}
+        aiohttp[speedups] >=3.0, <999
+        surely-not-installed-pkg==1.0
+        -r other.txt
+        --index-url https://example.invalid/simple
+        https://example.invalid/pkg.whl
+        somepkg @ https://example.invalid/somepkg.whl
+        numpy>=1 ; python_version < "3"
+    """
+    unmet = unmet_requirements(text, use_packaging=use_packaging)
+    assert [u.line for u in unmet] == [f"numpy<{major}", "surely-not-installed-pkg==1.0"]
+    assert unmet[0].describe() == f"numpy<{major} (installed: {numpy_version})"
+    assert unmet[1].describe() == "surely-not-installed-pkg==1.0 (not installed)"
+    with pytest.raises(ValueError, match="not"):
+        unmet_requirements("numpy >= = 1", use_packaging=use_packaging)
+
+
+def test_the_documented_example_runs(doubler_dir: Path) -> None:
+    import textwrap
+
+    import cartonstore.runner
+
+    doc = cartonstore.runner.__doc__
+    example = textwrap.dedent(doc.split("A whole runner::", 1)[1].split("``inputs``", 1)[0])
+    script = doubler_dir / "example.py"
+    script.write_text(example)
+    sock = doubler_dir / "example.sock"
+    proc = start_runner(str(script), doubler_dir, sock, name="ex")
+    try:
+        wait_ready(sock, proc=proc)
+        _, out = infer(sock, {"x": np.array([1, 2], np.int32)}, path="/v2/models/ex/infer")
+        assert out["y"].tolist() == [2, 4]
+    finally:
+        assert stop_runner(proc)[0] == 0
+
+
+def test_integer_options_from_triton_load_parameters_arrive_as_strings() -> None:
+    """Triton's load-time parameters are string_value: "4" sets an integer option."""
+    import pytest
+
+    from cartonstore.runner.context import LoadError, RunnerContext
+
+    ctx = RunnerContext(Path("/m"), Path("/s"), {"max_concurrency": "4", "bad": "4x", "low": "0"}, ["cpu"], "m", "1")
+    assert ctx.opt_int("max_concurrency", 1, minimum=1) == 4
+    for key in ("bad", "low"):
+        with pytest.raises(LoadError, match=f"runner option '{key}' must be an integer >= 1"):
+            ctx.opt_int(key, 1, minimum=1)

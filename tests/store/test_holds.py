@@ -1,0 +1,141 @@
+"""A carton being completed or materialized is held against eviction: a
+collection under its size budget may run at any moment, and must not take
+the blobs just restored before the carton is whole or its directory built."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from pathlib import Path
+
+from cartonstore.fetch.holds import holding
+from cartonstore.fetch.puller import Puller
+from cartonstore.store import Store
+from cartonstore.store.gc import GcPolicy
+from kit.fetchkit import fast_config
+from test_gc import _carton
+
+
+def _weights(store: Store, digest: str) -> list[str]:
+    return [e.digest for e in store.index.entries(digest) if e.path.startswith("model/")]
+
+
+def test_a_held_carton_keeps_its_blobs_through_a_collection(store: Store, tmp_path: Path) -> None:
+    d = store.add(_carton(tmp_path, "held", {"model/w": b"w" * 50_000})).digest
+
+    async def collect_while_held() -> object:
+        async with holding(store, d, "test"):
+            assert store.index.count_live_leases() == 1
+            return await asyncio.to_thread(store.collect, GcPolicy(max_size=0, grace=0))
+
+    report = asyncio.run(collect_while_held())
+    assert report.evicted_blobs == 0 and all(store.blobs.has(w) for w in _weights(store, d))
+    assert store.index.count_live_leases() == 0, "the hold is dropped after the block"
+    assert store.collect(GcPolicy(max_size=0, grace=0)).evicted_blobs == 1
+
+
+def test_completing_under_a_collection_that_never_stops_ends_complete(store: Store, tmp_path: Path) -> None:
+    """Blobs come back from the local file while a collection with a zero
+    budget runs in a loop: without the hold, it evicts them again before the
+    last check and the add fails with 'missing blob(s) with no known source'."""
+    files = {f"model/w{i}": bytes([i]) * 20_000 for i in range(40)}
+    source = _carton(tmp_path, "busy", files)
+    d = store.add(source).digest
+    stop = threading.Event()
+    collections = [0]
+
+    def collect_forever() -> None:
+        with Store(store.root) as other:  # another process's view: its own connection and locks
+            while not stop.is_set():
+                other.collect(GcPolicy(max_size=0, grace=0))
+                collections[0] += 1
+
+    collector = threading.Thread(target=collect_forever)
+    collector.start()
+    try:
+        async def add_and_materialize() -> Path:
+            async with Puller(store, fast_config()) as p:
+                for _ in range(60):
+                    r = await p.add(str(source))
+                    assert r.digest == d
+                return await p.materialize(d)
+
+        model = asyncio.run(add_and_materialize())
+    finally:
+        stop.set()
+        collector.join(30)
+    assert collections[0] > 0
+    # Returned once built; unleased, the next collection may take it away at once.
+    assert model == store.layout.model_path(d)
+    assert store.index.count_live_leases() == 0
+
+
+HOLD_THEN_SLEEP = """
+import asyncio, sys
+from cartonstore.fetch.holds import holding
+from cartonstore.store import Store
+
+async def main():
+    with Store(sys.argv[1]) as store:
+        async with holding(store, sys.argv[2], "test"):
+            print("held", flush=True)
+            await asyncio.sleep(600)
+
+asyncio.run(main())
+"""
+
+
+def _held_then_killed(store: Store, digest: str) -> None:
+    """A process holds digest, the store sees it live, then SIGKILL."""
+    import signal
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-c", HOLD_THEN_SLEEP, str(store.root), digest],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "held"
+        assert store.index.live_leases(digest)[0].holder.startswith("cartonstore test (pid")
+        # while its process lives, a hold is a lease like any other
+        store.collect(GcPolicy(max_size=0, grace=0))
+        assert all(store.blobs.has(w) for w in _weights(store, digest))
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+        proc.stdout.close()
+
+
+def test_the_hold_of_a_killed_process_blocks_neither_rm_nor_gc(store: Store, tmp_path: Path) -> None:
+    a, b = (_carton(tmp_path, n, {"model/w": n.encode() * 5000}) for n in ("a", "b"))
+    _held_then_killed(store, store.add(a).digest)
+    store.remove(store.add(a).digest)  # its dead hold is dropped, not a Conflict
+    digest = store.add(b).digest
+    _held_then_killed(store, digest)
+    report = store.collect(GcPolicy(max_size=0, grace=0))
+    assert report.expired_leases == 1 and not store.blobs.has(_weights(store, digest)[0])
+    assert store.index.count_live_leases() == 0
+
+
+def test_a_request_cancelled_while_its_hold_is_taken_leaves_no_hold(store: Store, tmp_path: Path) -> None:
+    """A client gone while the daemon takes the hold: the worker thread
+    takes it anyway, and it must be dropped, not left for 5 minutes."""
+    d = store.add(_carton(tmp_path, "gone", {"model/w": b"w" * 1000})).digest
+
+    async def cancelled_then_settle() -> None:
+        async def hold() -> None:
+            async with holding(store, d, "test"):
+                await asyncio.sleep(60)
+
+        with store.lock():  # the hold's thread waits on the shared lock: cancel it meanwhile
+            task = asyncio.ensure_future(hold())
+            await asyncio.sleep(0.1)
+            task.cancel()
+            await asyncio.sleep(0.05)
+        for _ in range(100):
+            if store.index.count_live_leases() == 0 and task.done():
+                break
+            await asyncio.sleep(0.02)
+        await asyncio.sleep(0.2)
+
+    asyncio.run(cancelled_then_settle())
+    assert store.index.count_live_leases() == 0

@@ -1,0 +1,174 @@
+"""Names never move to another model without the user asking (issue 15, 1).
+
+A default name (the carton's model_name) only takes a free name; an explicit
+one (--name, a Triton load by name) may move a name and says so; a name the
+daemon has loaded moves only with --force; names follow Triton's rules.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+import tritonclient.http as triton
+from tritonclient.utils import InferenceServerException
+
+from cartonstore.cli.commands import main
+from cartonstore.errors import Conflict, InvalidInput
+from cartonstore.store import Store, validate_name
+from conftest import FIXTURE_CARTON, FIXTURE_DIGEST, snapshot
+from kit.daemonkit import DaemonProcess
+
+TINY_TOML = b'spec_version = 1\nmodel_name = "tiny"\n[runner]\nrunner_name = "none"\nrequired_framework_version = "*"\n'
+
+
+def unpacked(tmp_path: Path, label: str, model_name: str = "tiny") -> Path:
+    d = tmp_path / label
+    (d / "model").mkdir(parents=True, exist_ok=True)
+    (d / "carton.toml").write_bytes(TINY_TOML.replace(b'"tiny"', f'"{model_name}"'.encode()))
+    (d / "model" / "w.bin").write_bytes(label.encode() * 10)
+    return d
+
+
+def cli(capsys, *argv: str) -> tuple[int, str, str]:  # noqa: ANN001
+    code = main([*argv, "--progress", "none"] if argv[0] in ("add", "path") else list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def names(root: Path) -> dict[str, str]:
+    with Store(root) as s:
+        return {n: c.row.digest for c in s.list() for n in c.names}
+
+
+def test_a_default_name_never_takes_an_explicit_one(tmp_path: Path, capsys) -> None:  # noqa: ANN001
+    root = str(tmp_path / "root")
+    assert cli(capsys, "add", str(FIXTURE_CARTON), "--name", "tiny", "--root", root)[0] == 0
+    code, out, err = cli(capsys, "path", str(unpacked(tmp_path, "d")), "--root", root)
+    assert code == 0
+    assert names(Path(root))["tiny"] == FIXTURE_DIGEST
+    new = Path(out.splitlines()[-1]).name
+    assert f"name tiny is kept by {FIXTURE_DIGEST[:8]}; this carton is reachable by its hash {new[:8]}" in err
+    # The same on add, with --json saying who kept it.
+    code, out, err = cli(capsys, "add", str(unpacked(tmp_path, "e")), "--root", root, "--json")
+    data = json.loads(out)
+    assert data["name"] is None and data["naming"]["kept_by"] == FIXTURE_DIGEST
+    assert "is kept by" in err and names(Path(root))["tiny"] == FIXTURE_DIGEST
+
+
+def test_a_default_name_is_applied_when_free_and_kept_by_the_first(tmp_path: Path, capsys) -> None:  # noqa: ANN001
+    root = str(tmp_path / "root")
+    code, out, err = cli(capsys, "add", str(unpacked(tmp_path, "a")), "--root", root, "--json")
+    first = json.loads(out)
+    assert first["name"] == "tiny" and err == ""
+    code, out, _ = cli(capsys, "add", str(unpacked(tmp_path, "b")), "--root", root, "--json")
+    assert json.loads(out)["name"] is None
+    assert names(Path(root)) == {"tiny": first["manifest_sha256"]}
+    # Re-adding the carton that holds the name changes nothing and says nothing.
+    code, out, err = cli(capsys, "add", str(unpacked(tmp_path, "a")), "--root", root, "--json")
+    assert json.loads(out)["name"] == "tiny" and "kept" not in err
+
+
+def test_a_model_name_that_cannot_be_a_name_stays_unnamed(tmp_path: Path, capsys) -> None:  # noqa: ANN001
+    root = str(tmp_path / "root")
+    code, out, _ = cli(capsys, "add", str(unpacked(tmp_path, "a", model_name="has space/slash")), "--root", root,
+                       "--json")
+    assert code == 0 and json.loads(out)["name"] is None and names(Path(root)) == {}
+
+
+def test_an_explicit_name_moves_and_says_what_it_moved(tmp_path: Path, capsys) -> None:  # noqa: ANN001
+    root = str(tmp_path / "root")
+    cli(capsys, "add", str(FIXTURE_CARTON), "--name", "tiny", "--root", root)
+    code, out, err = cli(capsys, "add", str(unpacked(tmp_path, "d")), "--name", "tiny", "--root", root)
+    new = out.splitlines()[-1]
+    assert code == 0 and names(Path(root))["tiny"] == new
+    assert f"name tiny: {FIXTURE_DIGEST[:8]} \u2192 {new[:8]}" in err
+    code, out, err = cli(capsys, "add", str(FIXTURE_CARTON), "--name", "tiny", "--root", root, "--json")
+    data = json.loads(out)
+    assert data["naming"] == {"name": "tiny", "moved_from": new, "kept_by": None}
+    assert names(Path(root))["tiny"] == FIXTURE_DIGEST
+
+
+@pytest.mark.parametrize("bad", ["bad name/with slash", ".hidden", "", "a" * 256, "tab\there", "caf\u00e9",
+                                 "deadbeef00", "x?y", "%2e%2e"])
+def test_names_follow_tritons_rules(tmp_path: Path, capsys, bad: str) -> None:  # noqa: ANN001
+    root = tmp_path / "root"
+    cli(capsys, "add", str(FIXTURE_CARTON), "--name", "keep", "--root", str(root))
+    before = snapshot(root)
+    code, _, err = cli(capsys, "add", str(unpacked(tmp_path, "d")), "--name", bad, "--root", str(root))
+    assert code == 4 and "invalid name" in err
+    assert snapshot(root) == before
+
+
+@pytest.mark.parametrize("good", ["a", "resnet-50_v1.2", "A" * 255, "0", "model.onnx", "_x"])
+def test_valid_names(good: str) -> None:
+    assert validate_name(good) == good
+
+
+def test_names_of_255_bytes_not_characters() -> None:
+    with pytest.raises(InvalidInput, match="at most 255 bytes"):
+        validate_name("a" * 256)
+
+
+def pin(root: Path, name: str, digest: str, ttl: float = 60) -> None:
+    with Store(root) as s:
+        s.index.create_lease(digest, ttl, f"loaded:{name}", f"pin:{name}")
+
+
+def test_moving_a_loaded_name_is_a_conflict_unless_forced(tmp_path: Path, capsys) -> None:  # noqa: ANN001
+    root = tmp_path / "root"
+    cli(capsys, "add", str(FIXTURE_CARTON), "--name", "tiny", "--root", str(root))
+    pin(root, "tiny", FIXTURE_DIGEST)
+    with Store(root) as s:
+        lease = s.index.create_lease(FIXTURE_DIGEST, 60, "loader", None)
+    before = snapshot(root)
+    code, _, err = cli(capsys, "add", str(unpacked(tmp_path, "d")), "--name", "tiny", "--root", str(root))
+    assert code == 7
+    assert f"name tiny is loaded by the daemon as version {FIXTURE_DIGEST[:8]}" in err and "--force" in err
+    assert snapshot(root) == before
+    # Re-adding the loaded carton under its own name is no move.
+    assert cli(capsys, "add", str(FIXTURE_CARTON), "--name", "tiny", "--root", str(root))[0] == 0
+    code, out, err = cli(capsys, "add", str(unpacked(tmp_path, "d")), "--name", "tiny", "--root", str(root),
+                         "--force")
+    assert code == 0 and names(root)["tiny"] == out.splitlines()[-1] and "name tiny:" in err
+    with Store(root) as s:  # leases on the old carton stay valid
+        assert s.index.lease(lease.id).carton == FIXTURE_DIGEST
+
+
+def test_an_expired_pin_does_not_hold_the_name(tmp_path: Path, capsys) -> None:  # noqa: ANN001
+    root = tmp_path / "root"
+    cli(capsys, "add", str(FIXTURE_CARTON), "--name", "tiny", "--root", str(root))
+    pin(root, "tiny", FIXTURE_DIGEST, ttl=0.01)
+    time.sleep(0.05)
+    assert cli(capsys, "add", str(unpacked(tmp_path, "d")), "--name", "tiny", "--root", str(root))[0] == 0
+
+
+def test_library_conflict_leaves_the_store_as_it_was(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    with Store(root) as s:
+        s.add(FIXTURE_CARTON, name="tiny")
+    pin(root, "tiny", FIXTURE_DIGEST)
+    before = snapshot(root)
+    with Store(root) as s, pytest.raises(Conflict):
+        s.add(unpacked(tmp_path, "d"), name="tiny")
+    assert snapshot(root) == before
+
+
+def test_daemon_uploads_do_not_take_names_by_default(daemon: DaemonProcess, tmp_path: Path, capsys) -> None:  # noqa: ANN001
+    assert cli(capsys, "add", str(FIXTURE_CARTON), "--name", "tiny", "--root", str(daemon.root))[0] == 0
+    d = unpacked(tmp_path, "up")
+    files = {f"file:1/{p.relative_to(d)}": p.read_bytes() for p in d.rglob("*") if p.is_file()}
+    c = triton.InferenceServerClient(daemon.host_port)
+    try:
+        c.load_model("other", files=files)
+        assert names(daemon.root)["tiny"] == FIXTURE_DIGEST  # the upload's model_name took nothing
+        assert names(daemon.root)["other"] != FIXTURE_DIGEST
+        with pytest.raises(InferenceServerException, match="invalid name"):
+            c.load_model("bad name", files=files)
+        # A load by name switches the daemon's own loaded name (a version switch).
+        c.load_model("tiny", files=files)
+        assert names(daemon.root)["tiny"] == names(daemon.root)["other"]
+    finally:
+        c.close()
