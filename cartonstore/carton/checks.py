@@ -11,9 +11,9 @@ import hashlib
 from dataclasses import dataclass, field
 from typing import BinaryIO, Callable, Iterable
 
-from cartonstore.format.entry import EntryRow
 from cartonstore.errors import InvalidCarton, ManifestMismatch
 from cartonstore.format.carton_toml import CartonConfig, check_references, parse_carton_toml
+from cartonstore.format.entry import EntryRow
 from cartonstore.format.links import parse_links
 from cartonstore.format.manifest import Manifest, build_manifest, parse_manifest
 from cartonstore.format.paths import resolve_symlink_target

@@ -6,10 +6,11 @@ import os
 import re
 from pathlib import Path
 
-from .writer import WrittenCarton, plan_links, write_carton
-from .checks import check_carton, check_safetensors, check_top_level, compute_manifest, is_safetensors
 from cartonstore.errors import InvalidInput
 from cartonstore.sources.dir_source import DirCartonView
+
+from .checks import check_carton, check_safetensors, check_top_level, compute_manifest, is_safetensors
+from .writer import WrittenCarton, plan_links, write_carton
 
 
 def pack_directory(src: Path, out: Path, *, compression: str = "zstd", link_prefix: str | None = None,

@@ -21,10 +21,9 @@ import numpy as np
 from cartonstore.errors import CartonStoreError, InvalidInput
 from cartonstore.format.carton_toml import TENSOR_PREFIX, CartonConfig
 from cartonstore.format.tensor_data import INDEX, load_tensors, parse_tensor_index
-from cartonstore.v2.framing import HEADER_LENGTH, encode_infer_request, parse_infer_request, parse_infer_response
 from cartonstore.v2.error_body import error_text
+from cartonstore.v2.framing import HEADER_LENGTH, encode_infer_request, parse_infer_request, parse_infer_response
 from cartonstore.v2.validate import validate_request
-
 
 
 class RunnerAnswer(Protocol):

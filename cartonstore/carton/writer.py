@@ -12,11 +12,12 @@ import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
-from .checks import CheckedCarton
 from cartonstore.errors import InvalidInput, Unavailable
 from cartonstore.format.links import build_links
 from cartonstore.sources.view import CartonView
 from cartonstore.zipfmt import COMPRESSION_METHODS, STORED, ZipWriter
+
+from .checks import CheckedCarton
 
 # Small metadata stays in the zip even when linking, so a carton is
 # always "known" from the zip alone.

@@ -13,13 +13,14 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Sequence
 
-from . import parser as cli_parser
 from cartonstore.errors import CartonStoreError, IntegrityError, InvalidInput, exit_code_for
+from cartonstore.format.units import format_size, parse_size
+
+from . import parser as cli_parser
 from .args import arrange_argv
 from .daemon_commands import cmd_gc, cmd_serve
 from .output import Output, print_json
 from .progress import Progress
-from cartonstore.format.units import format_size, parse_size
 
 if TYPE_CHECKING:
     from cartonstore.config.load import Config
@@ -87,8 +88,8 @@ def cmd_push(store: Store, args: argparse.Namespace, out: Output) -> None:
 
 
 def cmd_infer(store: Store, args: argparse.Namespace, out: Output) -> None:
-    from cartonstore.client.wire import DaemonUnavailable   # not .client: asyncio is not needed to catch it
     from cartonstore.client.infer import InferClient, describe_outputs, outputs_as_json, parse_input_arg
+    from cartonstore.client.wire import DaemonUnavailable  # not leases.py: asyncio is not needed to catch it
 
     client = InferClient(args.settings.socket_path)
     try:
@@ -100,6 +101,7 @@ def cmd_infer(store: Store, args: argparse.Namespace, out: Output) -> None:
         outputs = client.infer(args.ref, inputs)
     except DaemonUnavailable:
         from cartonstore.format.dtypes import carton_dtype_to_v2
+
         from .local_infer import infer_locally
 
         cfg = store.config_of(store.resolve_or_add(args.ref))
@@ -116,8 +118,8 @@ SELFTEST_FAILED = 8   # `selftest`: the model ran, and failed a test
 
 
 def cmd_selftest(store: Store, args: argparse.Namespace, out: Output) -> int:
-    from cartonstore.client.wire import DaemonUnavailable   # not .client: asyncio is not needed to catch it
     from cartonstore.client.infer import InferClient
+    from cartonstore.client.wire import DaemonUnavailable  # not leases.py: asyncio is not needed to catch it
 
     client = InferClient(args.settings.socket_path)
     runners = args.settings.runners

@@ -9,9 +9,10 @@ from typing import TYPE_CHECKING
 from cartonstore.format.units import format_size, parse_duration, parse_size
 
 if TYPE_CHECKING:
-    from .output import Output
     from cartonstore.config.load import Config
     from cartonstore.store import Store
+
+    from .output import Output
 
 
 def cmd_serve(store: Store | None, args: argparse.Namespace, out: Output) -> None:

@@ -6,8 +6,8 @@ from typing import Any
 
 from cartonstore.format.dtypes import carton_dtype_to_v2, shape_to_v2_dims
 from cartonstore.format.tensor_data import parse_tensor_index
-from cartonstore.store import Store
 from cartonstore.format.units import format_size
+from cartonstore.store import Store
 
 
 def _tensor_specs(specs) -> list[dict[str, Any]] | None:  # noqa: ANN001

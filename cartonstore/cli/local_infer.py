@@ -12,14 +12,14 @@ from typing import Awaitable, Callable, Mapping, TypeVar
 
 import numpy as np
 
+import cartonstore.oci  # noqa: F401 - registers oci:// references with fetch (fetch/hooks.py)
+from cartonstore.carton.selftest import SelfTestReport, infer_via, run_self_tests, self_test_cases
 from cartonstore.config.load import Config
 from cartonstore.errors import CartonStoreError
-import cartonstore.oci  # noqa: F401 - registers oci:// references with fetch (fetch/hooks.py)
 from cartonstore.fetch.puller import Puller
-from cartonstore.store import Store
 from cartonstore.format.carton_toml import CartonConfig
-from cartonstore.carton.selftest import SelfTestReport, infer_via, run_self_tests, self_test_cases
 from cartonstore.server.runners import ModelRunners
+from cartonstore.store import Store
 
 T = TypeVar("T")
 

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Callable, Mapping
 
 from cartonstore import __version__
+
 from .progress import MODES
 
 EPILOG = """\

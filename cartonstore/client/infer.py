@@ -18,8 +18,9 @@ from urllib.parse import quote
 
 import numpy as np
 
-from .wire import DEFAULT_TIMEOUT, address, error_for, exchange, json_body
 from cartonstore.v2.framing import HEADER_LENGTH, encode_infer_request, parse_infer_response
+
+from .wire import DEFAULT_TIMEOUT, address, error_for, exchange, json_body
 
 
 class InferClient:

@@ -67,11 +67,26 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
-from .wire import (
-    DEFAULT_ACQUIRE_TIMEOUT, DEFAULT_TIMEOUT, EXIT_TIMEOUT, DaemonUnavailable, Keeper, Lease, acquire_body, address,
-    check_ttl, default_socket_path, exchange, json_body, lease_from, lease_url, not_listening, transport_error,
-)
 from cartonstore.errors import CartonStoreError, NotFound, Unavailable
+
+from .wire import (
+    DEFAULT_ACQUIRE_TIMEOUT,
+    DEFAULT_TIMEOUT,
+    EXIT_TIMEOUT,
+    DaemonUnavailable,
+    Keeper,
+    Lease,
+    acquire_body,
+    address,
+    check_ttl,
+    default_socket_path,
+    exchange,
+    json_body,
+    lease_from,
+    lease_url,
+    not_listening,
+    transport_error,
+)
 
 __all__ = [
     "DEFAULT_ACQUIRE_TIMEOUT", "DEFAULT_TIMEOUT", "EXIT_TIMEOUT", "AsyncClient", "Client",

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-from . import values as v
 from cartonstore.fetch.codings import DEFAULT_ACCEPT_ENCODING, SUPPORTED_CODINGS
 from cartonstore.fetch.config import FetchConfig
 from cartonstore.fetch.policy import UrlPolicy, describe
 from cartonstore.fetch.proxies import check_no_proxy, proxy_parser
+
+from . import values as v
 
 _FETCH = FetchConfig()
 _POLICY = UrlPolicy()

@@ -32,19 +32,20 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from . import values as v
-from .values import duration_text, size_text  # noqa: F401 - part of this module's API
 from cartonstore.errors import InvalidInput
 from cartonstore.fetch.config import FetchConfig
 from cartonstore.fetch.policy import describe
-from .fetch import POLICY_FIELDS, FetchSettings
+from cartonstore.store.layout import SOCKET_NAME, default_root
 from cartonstore.system.hosts import is_loopback
+from cartonstore.zipfmt import ZipLimits
+
+from . import values as v
+from .fetch import POLICY_FIELDS, FetchSettings
 from .peers import PeerSettings
 from .registries import RegistrySettings
 from .runners import RunnerSettings
 from .server import ServerSettings
-from cartonstore.store.layout import SOCKET_NAME, default_root
-from cartonstore.zipfmt import ZipLimits
+from .values import duration_text, size_text  # noqa: F401 - part of this module's API
 
 CONFIG_ENV = "CARTONSTORE_CONFIG"
 

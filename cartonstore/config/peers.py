@@ -15,10 +15,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import values as v
 from cartonstore.errors import InvalidInput
 from cartonstore.fetch.config import PeerConfig
 from cartonstore.fetch.policy import UrlPolicy, describe
+
+from . import values as v
 
 _DEFAULTS = PeerConfig()
 

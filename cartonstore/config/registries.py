@@ -14,10 +14,11 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import values as v
 from cartonstore.errors import InvalidInput
 from cartonstore.fetch.config import RegistryConfig
 from cartonstore.fetch.proxies import proxy_parser
+
+from . import values as v
 
 _DEFAULTS = RegistryConfig()
 _AUTHORITY = re.compile(r"(?:[A-Za-z0-9.-]+|\[[0-9A-Fa-f:.]+\])(?::[0-9]{1,5})?")

@@ -21,8 +21,9 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from . import values as v
 from cartonstore.errors import InvalidInput
+
+from . import values as v
 
 _DEVICE = re.compile(r"cpu|cuda:\d+")
 _RUNNER_NAME = re.compile(r"[A-Za-z0-9_.\-]+")

@@ -14,8 +14,9 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import values as v
 from cartonstore.errors import InvalidInput
+
+from . import values as v
 
 _GROUP = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]*\$?|[0-9]+")
 

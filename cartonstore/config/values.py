@@ -18,7 +18,6 @@ from cartonstore.errors import InvalidInput
 from cartonstore.fetch.policy import describe
 from cartonstore.format.units import parse_duration, parse_size
 
-
 Parser = Callable[[Any], Any]
 Shower = Callable[[Any], Any]
 

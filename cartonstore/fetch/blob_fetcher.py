@@ -17,10 +17,11 @@ from typing import Sequence
 
 from cartonstore.carton.checks import check_safetensors, is_safetensors
 from cartonstore.errors import CartonStoreError, ManifestMismatch
-from cartonstore.system.flights import SingleFlight
 from cartonstore.store import Store
 from cartonstore.store.blobs import StagedBlob
 from cartonstore.store.locks import async_file_lock
+from cartonstore.system.flights import SingleFlight
+
 from .config import FetchConfig
 from .http import HttpClient
 from .peers import ORIGIN, Claim, PeerSet

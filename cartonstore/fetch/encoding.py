@@ -32,9 +32,10 @@ from collections.abc import Iterator, Sequence
 import brotli
 
 from cartonstore.errors import FetchError, InvalidCarton
+from cartonstore.zipfmt import STORED, ZSTD, Decoder, make_decoder
+
 from .codings import DEFAULT_ACCEPT_ENCODING, PIECE_SIZE, SUPPORTED_CODINGS
 from .policy import describe
-from cartonstore.zipfmt import STORED, ZSTD, Decoder, make_decoder
 
 MAX_STACKED_CODINGS = 2
 """Real servers apply one coding, rarely two (a pre-compressed file served

@@ -25,12 +25,12 @@ import aiohttp
 from multidict import CIMultiDictProxy
 
 from cartonstore.errors import FetchError, FetchNotFound, InvalidInput
+
 from .config import FetchConfig, PeerConfig
 from .encoding import parse_content_encoding
 from .hooks import ChallengeAnswerer, challenge_answerer_for
 from .policy import describe, redirect_target
 from .proxies import proxy_for
-
 
 T = TypeVar("T")
 # Each chunk is one hop to the stream's hashing thread; 1 MiB keeps hops rare

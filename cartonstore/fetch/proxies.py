@@ -24,6 +24,7 @@ from __future__ import annotations
 from functools import lru_cache
 
 from cartonstore.errors import InvalidInput
+
 from .config import FetchConfig
 from .policy import describe, host_matches
 

@@ -23,19 +23,20 @@ from cartonstore.errors import (
     ManifestMismatch,
     NotFound,
 )
-from cartonstore.system.flights import SingleFlight, all_or_none
+from cartonstore.format.units import format_size
 from cartonstore.store import Store
 from cartonstore.store.blobs import BlobWriter
 from cartonstore.store.ingest import IngestResult, Staging, check_staged_safetensors
 from cartonstore.store.locks import async_file_lock
 from cartonstore.store.names import NameOutcome, validate_name
-from cartonstore.format.units import format_size
+from cartonstore.system.flights import SingleFlight, all_or_none
 from cartonstore.zipfmt import ZipEntry
+
 from .blob_fetcher import BlobFetcher
 from .config import FetchConfig
-from .http import HttpClient
 from .holds import holding
 from .hooks import SourceKind, source_kind_for
+from .http import HttpClient
 from .local_source import restore_from_local
 from .peers import ORIGIN, Claim, offer
 from .policy import describe

@@ -18,7 +18,8 @@ from pathlib import Path
 from cartonstore.errors import CartonStoreError, InvalidCarton
 from cartonstore.format.links import parse_links
 from cartonstore.format.manifest import parse_manifest
-from cartonstore.sources.zip_source import METADATA_NAMES   # MANIFEST is what is checked against; LINKS is not in it
+from cartonstore.sources.zip_source import METADATA_NAMES  # MANIFEST is what is checked against; LINKS is not in it
+
 from .blob_fetcher import BlobFetcher
 from .remote_zip import RemoteCartonView, read_whole_limit
 

@@ -23,11 +23,12 @@ from cartonstore.zipfmt import (
     ZipLimits,
     check_directory_limits,
     check_entry_limits,
-    locate_central_directory,
     local_header_length,
     local_header_lengths,
+    locate_central_directory,
     parse_central_directory,
 )
+
 from .config import FetchConfig
 from .http import HttpClient, Response, with_retries
 from .policy import describe

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from cartonstore.errors import FetchError
+
 from .http import translate
 from .policy import describe
 from .sink import in_own_thread

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from cartonstore.errors import FetchError
+
 from .config import FetchConfig
 from .http import tls_reason
 from .policy import describe

@@ -14,6 +14,7 @@ from typing import Callable, Sequence
 
 from cartonstore.errors import CartonStoreError, FetchError, IntegrityError, InvalidInput
 from cartonstore.store.blobs import BlobStore, BlobWriter, StagedBlob
+
 from .config import FetchConfig
 from .encoding import ContentDecoder
 from .http import HttpClient, Response, translate, with_retries

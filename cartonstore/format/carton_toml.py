@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Union
 
 from cartonstore.errors import InvalidCarton
+
 from ._toml import TomlTable, is_int, join_field, load_toml, type_name
 from .dtypes import CARTON_DTYPES
 from .paths import validate_carton_path

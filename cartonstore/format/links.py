@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 import tomli_w
 
 from cartonstore.errors import InvalidCarton
+
 from ._toml import TomlTable, is_int, load_toml, type_name
 from .manifest import sha256_problem
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from cartonstore.errors import InvalidCarton
+
 from ._toml import decode_utf8
 from .digest import is_sha256
 from .paths import validate_carton_path

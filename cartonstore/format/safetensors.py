@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cartonstore.errors import InvalidCarton
+
 from ._toml import is_int, join_field, type_name
 from .dtypes import SAFETENSORS_DTYPE_BITS
 

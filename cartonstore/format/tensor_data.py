@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from cartonstore.errors import InvalidCarton
+
 from ._toml import TomlTable, is_int, load_toml, type_name
 from .dtypes import (
     CARTON_DTYPES,

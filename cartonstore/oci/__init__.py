@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 from cartonstore.fetch.hooks import SourceKind, register_challenge_answerer, register_source_kind
+
 from .reference import is_oci_reference, parse_reference
 
 

@@ -29,8 +29,9 @@ from typing import Callable, Iterable
 import aiohttp
 
 from cartonstore.errors import FetchError
-from cartonstore.system.flights import SingleFlight
 from cartonstore.fetch.policy import describe
+from cartonstore.system.flights import SingleFlight
+
 from .challenge import Challenge, parse_challenges
 from .credentials import Credentials, find_credentials
 

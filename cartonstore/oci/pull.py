@@ -22,17 +22,18 @@ from typing import TYPE_CHECKING, BinaryIO
 
 from cartonstore.carton.checks import check_carton
 from cartonstore.errors import IntegrityError, InvalidCarton, ManifestMismatch
+from cartonstore.fetch.peers import Claim, offer
 from cartonstore.fetch.remote_zip import read_whole_limit
 from cartonstore.fetch.transfer import fetch_blob
-from cartonstore.system.flights import all_or_none
 from cartonstore.format.manifest import build_manifest
 from cartonstore.sources.view import SourceFile
 from cartonstore.sources.zip_source import METADATA_NAMES
 from cartonstore.store.ingest import IngestResult, Staging, check_staged_safetensors
+from cartonstore.system.flights import all_or_none
+
 from .artifact import Layer, parse_manifest
 from .reference import OciReference
 from .registry import Registry
-from cartonstore.fetch.peers import Claim, offer
 
 if TYPE_CHECKING:
     from cartonstore.fetch.puller import Puller

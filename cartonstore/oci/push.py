@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 from cartonstore.errors import InvalidInput
 from cartonstore.fetch.holds import holding
 from cartonstore.system.flights import all_or_none
+
 from .artifact import EMPTY_BLOB, EMPTY_DIGEST, build_manifest, layers_for
 from .auth import repository_of
 from .reference import parse_reference

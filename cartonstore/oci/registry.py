@@ -25,6 +25,7 @@ from cartonstore.errors import FetchError, FetchNotFound, IntegrityError
 from cartonstore.fetch.http import HttpClient, translate, with_retries
 from cartonstore.fetch.policy import describe, redirect_target
 from cartonstore.system.hosts import is_loopback
+
 from .artifact import ACCEPT, MAX_MANIFEST_SIZE, OCI_MANIFEST
 from .reference import OciReference
 

@@ -18,7 +18,8 @@ import re
 from cartonstore.errors import FetchError
 from cartonstore.fetch.http import backoff_delay
 from cartonstore.fetch.policy import describe
-from .registry import Answer, Registry, said_by_registry, iter_file
+
+from .registry import Answer, Registry, iter_file, said_by_registry
 
 _RANGE = re.compile(r"^(?:bytes=)?0-(\d+)$")
 OCTETS = "application/octet-stream"

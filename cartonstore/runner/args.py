@@ -17,6 +17,7 @@ from typing import Any
 
 from cartonstore.errors import CartonStoreError
 from cartonstore.format.carton_toml import CARTON_TOML, CartonConfig, parse_carton_toml
+
 from .context import LoadError, RunnerContext
 
 _DEVICE = re.compile(r"cpu|cuda(:(0|[1-9][0-9]*))?")

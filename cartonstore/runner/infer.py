@@ -17,8 +17,6 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from cartonstore.errors import InvalidInput
-from .context import InferResult, Model, RunnerContext
-from .stats import InferStats
 from cartonstore.v2.framing import (
     InferRequest,
     encode_infer_response,
@@ -27,6 +25,9 @@ from cartonstore.v2.framing import (
 )
 from cartonstore.v2.shm_params import ARENA_OUTPUTS, ARENA_REGION, RegionTooSmall, ShmRef, ShmSink
 from cartonstore.v2.validate import parse_raw_binary_for, validate_request
+
+from .context import InferResult, Model, RunnerContext
+from .stats import InferStats
 
 if TYPE_CHECKING:
     from .shm import MappedRegions

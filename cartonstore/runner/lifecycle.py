@@ -10,6 +10,7 @@ import traceback
 from typing import NoReturn
 
 from cartonstore.system.parent_death import die_with
+
 from .context import LoadError
 
 # The daemon shows a runner's last stderr lines as the reason it failed, and

@@ -18,6 +18,10 @@ from aiohttp import web
 
 from cartonstore.errors import InvalidInput
 from cartonstore.format.dtypes import tensor_metadata
+from cartonstore.v2.framing import HEADER_LENGTH
+from cartonstore.v2.framing import header_length as header_length_of
+from cartonstore.v2.shm_params import ARENA_EXTENSION, REGION
+
 from .context import Model, RunnerContext
 from .infer import (
     BodyParts,
@@ -27,9 +31,6 @@ from .infer import (
 )
 from .shm import MappedRegions
 from .stats import InferStats
-from cartonstore.v2.framing import HEADER_LENGTH
-from cartonstore.v2.shm_params import ARENA_EXTENSION, REGION
-from cartonstore.v2.framing import header_length as header_length_of
 
 # Big binary outputs are written in slices so the transport never holds a
 # second full copy of a tensor in its buffer.

@@ -16,11 +16,13 @@ from aiohttp import web
 from cartonstore.errors import CartonStoreError
 from cartonstore.system.long_lived import settle_heap
 from cartonstore.system.malloc_tuning import keep_big_buffers
+from cartonstore.system.sockets import bind_unix
+
 from .args import parse_runner_args
 from .context import LoadError, Model, RunnerContext
-from .rest import RunnerState, build_app
 from .lifecycle import describe_load_exception, die_with_parent, fail_load
-from cartonstore.system.sockets import bind_unix
+from .rest import RunnerState, build_app
+
 
 def bind_unix_socket(path: Path) -> socket.socket:
     """The daemon's own binding (mode 0600, set before anyone can connect; a

@@ -29,8 +29,15 @@ from typing import Any
 
 from cartonstore.errors import InvalidInput
 from cartonstore.system.shm_objects import object_size_problem, open_region, read_region, register_fields
-from cartonstore.v2.shm_params import (ARENA_FD_ENV, ARENA_REGION, RegionShrunk, ShmRef, ShmSink, check_within,
-                                       missing_region)
+from cartonstore.v2.shm_params import (
+    ARENA_FD_ENV,
+    ARENA_REGION,
+    RegionShrunk,
+    ShmRef,
+    ShmSink,
+    check_within,
+    missing_region,
+)
 
 _PAGE = mmap.ALLOCATIONGRANULARITY
 

@@ -21,24 +21,24 @@ from pathlib import Path
 
 from aiohttp import web
 
+import cartonstore.oci  # noqa: F401 - registers oci:// references with fetch (fetch/hooks.py)
+from cartonstore.config.runners import RunnerSettings as RunnerConfig
 from cartonstore.errors import InvalidInput
 from cartonstore.fetch.config import FetchConfig
-import cartonstore.oci  # noqa: F401 - registers oci:// references with fetch (fetch/hooks.py)
 from cartonstore.fetch.puller import Puller
-from cartonstore.system.long_lived import settle_heap
-from cartonstore.system.malloc_tuning import keep_big_buffers
-from cartonstore.config.runners import RunnerSettings as RunnerConfig
-from cartonstore.store import Store
-from cartonstore.store.gc import GcPolicy
-from cartonstore.zipfmt import ZipLimits
 from cartonstore.server.api.app import build_app
-from cartonstore.server.tensors.arena import DEFAULT_SIZE as ARENA_SIZE
 from cartonstore.server.http.event_loop import loop_name, run_loop
 from cartonstore.server.http.front_server import FrontServer
-from cartonstore.server.models.metrics import Metrics
 from cartonstore.server.models.loaded_model import LeaseSettings
+from cartonstore.server.models.metrics import Metrics
 from cartonstore.server.models.service import ModelService
+from cartonstore.server.tensors.arena import DEFAULT_SIZE as ARENA_SIZE
+from cartonstore.store import Store
+from cartonstore.store.gc import GcPolicy
+from cartonstore.system.long_lived import settle_heap
+from cartonstore.system.malloc_tuning import keep_big_buffers
 from cartonstore.system.sockets import bind_tcp, bind_unix, describe_socket, inherited_sockets, notify
+from cartonstore.zipfmt import ZipLimits
 
 log = logging.getLogger("cartonstore.server")
 

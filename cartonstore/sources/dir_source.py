@@ -14,6 +14,7 @@ from typing import BinaryIO
 
 from cartonstore.errors import InvalidCarton, NotFound
 from cartonstore.format.paths import validate_carton_path
+
 from .view import SourceFile
 
 _METADATA = ("MANIFEST", "LINKS")

@@ -10,6 +10,7 @@ from cartonstore.errors import InvalidCarton, NotFound
 from cartonstore.format.paths import validate_carton_path
 from cartonstore.zipfmt import ZipEntry, ZipLimits, ZipReader
 from cartonstore.zipfmt.end_records import ARCHIVE
+
 from .view import METADATA_LIMITS, SYMLINK_TARGET_LIMIT, SourceFile
 
 # Carton's shrink tool wrote these two as absolute names; they are the only

@@ -16,8 +16,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO, Iterator
 
 from cartonstore.errors import IntegrityError, Unavailable
-from .hashing import CHUNK, hash_file, hash_span, sha256
+
 from .filespace import WRITEBACK_STEP, clone_range, reserve, start_writeback
+from .hashing import CHUNK, hash_file, hash_span, sha256
 from .layout import StoreLayout
 from .owner import tmp_name
 

@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from cartonstore.format.digest import is_sha256
+
+from .filespace import shared_bytes
 from .gc import (
     CartonUse,
     GcPlan,
@@ -29,7 +31,6 @@ from .gc import (
     tmp_leftovers,
     unindexed_files,
 )
-from .filespace import shared_bytes
 from .holds import drop_orphan_holds
 from .index import Index
 from .materialize import remove_tree

@@ -6,6 +6,7 @@ from typing import BinaryIO
 
 from cartonstore.format.links import build_links
 from cartonstore.sources.view import SourceFile
+
 from .blobs import BlobStore
 from .index import Index
 

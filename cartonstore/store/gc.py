@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Iterable
 
 from cartonstore.format.digest import is_sha256
+
 from .materialize import remove_tree
 from .owner import owner_is_gone, token_of
 

@@ -17,9 +17,10 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from cartonstore.errors import CartonStoreError, Unavailable
+
 from . import Store
-from .sqlite_ops import WOULD_WAIT, ImmediateWriter
 from .locks import HeldLock
+from .sqlite_ops import WOULD_WAIT, ImmediateWriter
 
 log = logging.getLogger("cartonstore.server")
 

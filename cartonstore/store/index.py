@@ -22,17 +22,19 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Mapping, Sequence, TypeVar
 
 from cartonstore.errors import CartonStoreError, Unavailable
+
 from .lease_rows import TOUCH_AFTER, LeaseQueries, touch_carton
 from .names import NameOutcome, assign_name
 from .schema import SCHEMA, SCHEMA_VERSION, migrate_leases
-from .sqlite_ops import rollback, run_ops
 from .sizes import learn_all_sizes, learn_sizes
 from .source_rows import SourceQueries
+from .sqlite_ops import rollback, run_ops
 
 # Entries and local sources are imported by the methods that use them: `path`
 # opens the index to read a carton's row and blobs, and starts fast (issue 14).
 if TYPE_CHECKING:
     from cartonstore.format.entry import EntryRow
+
     from .source_rows import LocalSource
 
 T = TypeVar("T")

@@ -26,6 +26,7 @@ from cartonstore.carton.checks import (
 )
 from cartonstore.errors import IntegrityError, InvalidCarton, ManifestMismatch
 from cartonstore.sources.view import CartonView
+
 from .blobs import BlobStore, StagedBlob
 from .index import CartonRecord, CartonRow, Index
 from .names import NameOutcome, default_name

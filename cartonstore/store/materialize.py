@@ -18,9 +18,10 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 from cartonstore.errors import NotFound, Unavailable
+from cartonstore.format.entry import EntryRow
+
 from .blobs import fsync_dir
 from .owner import tmp_name
-from cartonstore.format.entry import EntryRow
 
 DIR_MODE = 0o555
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from cartonstore.errors import Conflict, InvalidInput
+
 from .lease_rows import LeaseRow
 
 MIN_PREFIX = 8

@@ -19,8 +19,8 @@ import bisect
 import hashlib
 import threading
 
-from .hashing import hash_span
 from .filespace import WRITEBACK_STEP, start_writeback
+from .hashing import hash_span
 
 CHUNK = 1 << 20
 

@@ -18,9 +18,11 @@ from typing import TYPE_CHECKING, Sequence
 from cartonstore.errors import Conflict, InvalidInput, NotFound
 from cartonstore.format.digest import is_sha256
 from cartonstore.zipfmt import ZipLimits
+
 from .blobs import BlobStore
 from .index import CartonRow, Index
 from .layout import StoreLayout
+from .locks import FileLock
 from .names import (
     HEX,
     MIN_PREFIX,
@@ -31,7 +33,6 @@ from .names import (
     removal_refused,
     validate_name,
 )
-from .locks import FileLock
 from .parts import StoreParts
 
 # Checking, ingesting, building, collecting and verifying are imported by
@@ -39,10 +40,11 @@ from .parts import StoreParts
 # cheap (issue 14).
 if TYPE_CHECKING:
     from cartonstore.carton.checks import CheckedCarton
-    from .source_rows import LocalSource
-    from .verification import VerifyReport
+
     from .gc import GcPolicy, GcReport
     from .ingest import IngestResult, Staging
+    from .source_rows import LocalSource
+    from .verification import VerifyReport
 
 
 @dataclass(frozen=True)
@@ -101,6 +103,7 @@ class Store(StoreParts):
             validate_name(name)
         from cartonstore.carton.checks import check_carton
         from cartonstore.sources import DirCartonView, open_local
+
         from .ingest import stage_carton, stage_unpacked
         from .sources import local_sources_of
 
@@ -276,8 +279,9 @@ class Store(StoreParts):
 
     def export(self, ref: str, out: Path, *, link_prefix: str | None = None, link_min_size: int = 0,
                compression: str = "zstd"):  # noqa: ANN201
-        from cartonstore.carton.writer import plan_links, write_carton
         from cartonstore.carton.checks import check_carton
+        from cartonstore.carton.writer import plan_links, write_carton
+
         from .export_view import StoreCartonView
 
         digest = self.resolve(ref)

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
 from cartonstore.format.digest import is_sha256
+
 from .materialize import check_tree, plan_tree, remove_tree
 
 if TYPE_CHECKING:

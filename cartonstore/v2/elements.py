@@ -14,6 +14,7 @@ from math import prod
 from typing import Any
 
 from cartonstore.errors import InvalidInput
+
 from .datatypes import BINARY_ONLY_DATATYPES, ELEMENT_SIZES
 
 _LENGTH = struct.Struct("<I")

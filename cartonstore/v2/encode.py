@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from cartonstore.errors import InvalidInput
+
 from . import json_codec
 from .datatypes import BINARY_ONLY_DATATYPES, datatype_of
 from .elements import fail

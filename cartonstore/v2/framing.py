@@ -17,15 +17,17 @@ from typing import Any
 import numpy as np
 
 from cartonstore.errors import InvalidInput
+
 from . import json_codec
 from .datatypes import ELEMENT_SIZES, check_datatype
 from .elements import check_numeric_size, fail
-from .shm_params import shm_ref
-from .wire_types import InferRequest, RequestedOutput, WireTensor
+
 # Encoding (encode.py) and the numpy side of tensors (tensors.py) are
 # re-exported here so callers find the whole wire format in one place.
 from .encode import encode_infer_request, encode_infer_response
+from .shm_params import shm_ref
 from .tensors import numpy_to_binary, numpy_to_json_data, tensor_to_numpy
+from .wire_types import InferRequest, RequestedOutput, WireTensor
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 

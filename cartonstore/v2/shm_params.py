@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from cartonstore.errors import InvalidInput
+
 from .elements import fail
 
 REGION = "shared_memory_region"

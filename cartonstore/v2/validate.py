@@ -16,6 +16,7 @@ from typing import Any
 from cartonstore.errors import InvalidInput
 from cartonstore.format.carton_toml import TensorSpec
 from cartonstore.format.dtypes import shape_to_v2_dims
+
 from .datatypes import ELEMENT_SIZES, carton_to_v2
 from .elements import (
     check_bytes_framing,
@@ -24,13 +25,13 @@ from .elements import (
     fail,
     shape_text,
 )
-from .shm_params import BYTE_SIZE
 from .framing import (
     HEADER_LENGTH,
     InferRequest,
     WireTensor,
     parse_raw_binary_request,
 )
+from .shm_params import BYTE_SIZE
 
 # A spec dimension or whole shape that matches anything.
 ANY = "*"

@@ -16,8 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from cartonstore.errors import InvalidCarton
+
 from .end_records import ARCHIVE, CentralDirectoryLocation, check_directory_limits
-from .limits import ZipLimits
 from .layout import (
     CENTRAL_HEADER,
     CENTRAL_HEADER_SIG,
@@ -37,7 +37,7 @@ from .layout import (
     UNIX,
     ZIP64_EXTRA_ID,
 )
-
+from .limits import ZipLimits
 
 LOCAL_HEADER_FIXED = LOCAL_HEADER.size
 

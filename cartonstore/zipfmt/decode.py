@@ -26,6 +26,7 @@ import zlib
 import zstandard
 
 from cartonstore.errors import InvalidCarton
+
 from .layout import DEFLATED, STORED, ZSTD
 from .zstdframe import FrameScanner, ZstdFormatError
 

@@ -10,6 +10,7 @@ import struct
 from dataclasses import dataclass
 
 from cartonstore.errors import InvalidCarton
+
 from .layout import (
     CENTRAL_HEADER,
     EOCD,

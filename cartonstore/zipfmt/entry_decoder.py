@@ -11,6 +11,7 @@ import zlib
 from typing import Iterator
 
 from cartonstore.errors import InvalidCarton
+
 from .central import ZipEntry
 from .decode import DEFAULT_MAX_LENGTH, make_decoder
 

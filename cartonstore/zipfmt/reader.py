@@ -18,6 +18,7 @@ import os
 from typing import BinaryIO
 
 from cartonstore.errors import InvalidCarton
+
 from .central import (
     LOCAL_HEADER_FIXED,
     ZipEntry,
@@ -27,6 +28,7 @@ from .central import (
     local_header_length,
     parse_central_directory,
 )
+from .decode import Decoder
 from .end_records import (
     ARCHIVE,
     TAIL_READ_SIZE,
@@ -34,7 +36,6 @@ from .end_records import (
     check_directory_limits,
     locate_central_directory,
 )
-from .decode import Decoder
 from .entry_decoder import EntryDecoder
 
 READ_CHUNK = 1 << 20

@@ -67,9 +67,9 @@ BASE_LEASE = {"lease": "x" * 22, "path": "/tmp/cartonstore/models/" + "0" * 64,
 
 
 def baseline_server(sock_path: str) -> None:
-    from aiohttp import web
-
     import secrets
+
+    from aiohttp import web
 
     before, after = json.dumps(BASE_LEASE).encode().split(BASE_LEASE["lease"].encode())
 

@@ -36,6 +36,7 @@ sys.path.insert(0, str(HERE.parents[2]))
 sys.path.insert(0, str(HERE.parents[1]))
 
 from bench_daemon import rss_mib  # noqa: E402  (this script's directory is on sys.path)
+
 from cartonstore.store import Store  # noqa: E402
 from cartonstore.store.materialize import remove_tree  # noqa: E402
 

@@ -46,9 +46,9 @@ REPO = HERE.parents[2]
 sys.path[:0] = [str(REPO), str(HERE.parents[1]), str(HERE.parent)]
 
 import numpy as np
-from bench_daemon import cpu_seconds, percentile, rss_mib, stop_proc
 import selftest_section
 import shm_section
+from bench_daemon import cpu_seconds, percentile, rss_mib, stop_proc
 from http11 import CLIENTS, Address
 from mlserver_echo import (
     MLSERVER_VENV,

@@ -36,7 +36,7 @@ sys.path.insert(0, str(HERE.parents[2]))
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE.parents[1]))
 
-from bench_fetch import MiB, BlobMaker, carton_dir, pack  # noqa: E402
+from bench_fetch import BlobMaker, MiB, carton_dir, pack  # noqa: E402
 from fetch_origin import Origin as OriginProcess  # noqa: E402
 from kit.peerkit import fleet, metric  # noqa: E402
 

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 import tomli
+from conftest import FIXTURE_CARTON, FIXTURE_DIGEST, MINIMAL_TOML, manifest_for, sha
 
-from cartonstore.errors import InvalidCarton, InvalidInput
 from cartonstore.carton.pack import pack_directory
+from cartonstore.errors import InvalidCarton, InvalidInput
 from cartonstore.store import Store
 from cartonstore.zipfmt import ZipLimits, ZipReader
-from conftest import FIXTURE_CARTON, FIXTURE_DIGEST, MINIMAL_TOML, manifest_for, sha
 
 
 @pytest.fixture
@@ -192,8 +192,9 @@ def _files_without_outputs(d: Path) -> list[str]:
 def test_add_refuses_a_carton_with_entries_outside_the_format(tmp_path: Path, make_carton, capsys) -> None:  # noqa: ANN001
     """The spec lists what a carton holds; a zip or directory with more (here
     a stale out.carton listed in its MANIFEST) is refused, store unchanged."""
-    from cartonstore.cli.commands import main
     from conftest import snapshot
+
+    from cartonstore.cli.commands import main
 
     root = tmp_path / "root"
     assert main(["add", str(FIXTURE_CARTON), "--root", str(root), "--progress", "none"]) == 0

@@ -17,12 +17,12 @@ import numpy as np
 import pytest
 import tomli
 import tomli_w
-
-from cartonstore.client.infer import InferClient
-from cartonstore.carton.selftest import compare
 from conftest import short_dir
 from kit.daemonkit import DaemonProcess, unix_session, wait_for
 from kit.inferkit import runner_pids
+
+from cartonstore.carton.selftest import compare
+from cartonstore.client.infer import InferClient
 
 MAIN = '''
 import numpy as np
@@ -262,8 +262,8 @@ def test_only_the_tensors_a_self_test_names_are_read_and_nested_ones_are_invalid
     """An example's tensor is not read to run self-tests (this one's file is
     damaged: reading it would fail them all), and a test naming a nested
     tensor, which v2 cannot carry, is invalid rather than an error."""
-    from cartonstore.format.carton_toml import parse_carton_toml
     from cartonstore.carton.selftest import self_test_cases
+    from cartonstore.format.carton_toml import parse_carton_toml
 
     src = doubler_carton(tmp_path / "c")
     toml = tomli.loads((src / "carton.toml").read_text())

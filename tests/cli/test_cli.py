@@ -9,10 +9,10 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from cartonstore.cli.commands import build_parser, main
-from cartonstore.cli.args import _commands
 from conftest import FIXTURE_CARTON, FIXTURE_DIGEST
+
+from cartonstore.cli.args import _commands
+from cartonstore.cli.commands import build_parser, main
 
 
 def run(capsys, *argv: str) -> tuple[int, str, str]:  # noqa: ANN001
@@ -181,9 +181,10 @@ def test_sizes_already_fetched_are_learned_by_an_older_store(tmp_path: Path, cap
     although the blobs are there) learns them once, when it is opened."""
     import sqlite3
 
-    from cartonstore.store import Store
     from conftest import MINIMAL_TOML
     from kit.fetchkit import linked_carton
+
+    from cartonstore.store import Store
 
     carton, _ = linked_carton(tmp_path, origin, {"model/w.bin": b"w" * 40_000})
     root = tmp_path / "root"

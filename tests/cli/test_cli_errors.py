@@ -5,7 +5,6 @@ store did not change."""
 
 from __future__ import annotations
 
-
 import asyncio
 import json
 import os
@@ -16,13 +15,13 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from cartonstore.cli.commands import build_parser, main
-from cartonstore.cli.args import _commands, arrange_argv
-from cartonstore.cli.parser import COMMANDS
-from cartonstore.store import Store
 from conftest import FIXTURE_CARTON, FIXTURE_DIGEST, MINIMAL_TOML, carton_entries, manifest_for, snapshot, write_zip
 from kit.daemonkit import DaemonProcess, unix_session
+
+from cartonstore.cli.args import _commands, arrange_argv
+from cartonstore.cli.commands import build_parser, main
+from cartonstore.cli.parser import COMMANDS
+from cartonstore.store import Store
 
 GOOD = {"carton.toml": MINIMAL_TOML, "model/w.bin": b"weights"}
 

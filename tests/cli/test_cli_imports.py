@@ -26,9 +26,9 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import FIXTURE_CARTON, FIXTURE_DIGEST
 
 from cartonstore.store import Store
-from conftest import FIXTURE_CARTON, FIXTURE_DIGEST
 
 NOT_WANTED = ("aiohttp", "asyncio", "numpy", "sqlite_utils")
 NOT_WANTED_TO_READ = (*NOT_WANTED, "json", "zstandard", "zlib", "hashlib", "ctypes", "shutil", "cartonstore.zipfmt.reader",

@@ -10,9 +10,9 @@ import threading
 import time
 
 from cartonstore.cli import progress as progress_mod
+from cartonstore.cli.progress import Progress
 from cartonstore.errors import FetchError
 from cartonstore.fetch.stats import Tally, TransferStats, retry_reason
-from cartonstore.cli.progress import Progress
 
 
 class FakeTTY(io.StringIO):

@@ -24,10 +24,14 @@ from cartonstore.config.load import (
     ENV_VARS,
     Config,
     FetchSettings,
-    duration_text as format_duration,
-    size_text as format_size,
     load_config,
     setting_keys,
+)
+from cartonstore.config.load import (
+    duration_text as format_duration,
+)
+from cartonstore.config.load import (
+    size_text as format_size,
 )
 from cartonstore.errors import InvalidInput
 from cartonstore.fetch.config import FetchConfig

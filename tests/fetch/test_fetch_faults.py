@@ -12,12 +12,12 @@ import os
 from pathlib import Path
 
 import pytest
+from kit.fetchkit import blob_files, fast_config, linked_carton, materialize, pull, tmp_files
+from kit.origin import Fault
 
 from cartonstore.errors import CartonStoreError, FetchError
 from cartonstore.fetch.policy import UrlPolicy
 from cartonstore.store import Store
-from kit.fetchkit import blob_files, fast_config, linked_carton, materialize, pull, tmp_files
-from kit.origin import Fault
 
 PAYLOAD = os.urandom(700_000)
 

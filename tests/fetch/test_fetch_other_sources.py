@@ -11,14 +11,14 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from conftest import MINIMAL_TOML, carton_entries, manifest_for, sha, snapshot, write_zip
+from kit.fetchkit import blob_files, fast_config, pull, tmp_files
+from kit.origin import Fault
 
 from cartonstore.errors import InvalidCarton, ManifestMismatch
 from cartonstore.fetch.config import FetchConfig
 from cartonstore.format.links import build_links
 from cartonstore.store import Store
-from conftest import MINIMAL_TOML, carton_entries, manifest_for, sha, snapshot, write_zip
-from kit.fetchkit import blob_files, fast_config, pull, tmp_files
-from kit.origin import Fault
 
 GOOD = {"carton.toml": MINIMAL_TOML, "model/w.bin": b"good bytes " * 1000}
 W = sha(GOOD["model/w.bin"])

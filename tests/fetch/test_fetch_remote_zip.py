@@ -9,15 +9,15 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from cartonstore.errors import CartonStoreError, FetchError, ManifestMismatch
-from cartonstore.fetch.puller import Puller
-from cartonstore.fetch.remote_zip import plan_requests
-from cartonstore.carton.pack import pack_directory
-from cartonstore.store import Store
 from conftest import FIXTURE_CARTON, FIXTURE_DIGEST, MINIMAL_TOML
 from kit.fetchkit import blob_files, fast_config, linked_carton, pull, tmp_files
 from kit.origin import Fault
+
+from cartonstore.carton.pack import pack_directory
+from cartonstore.errors import CartonStoreError, FetchError, ManifestMismatch
+from cartonstore.fetch.puller import Puller
+from cartonstore.fetch.remote_zip import plan_requests
+from cartonstore.store import Store
 
 
 def test_plan_requests_merges_close_spans() -> None:

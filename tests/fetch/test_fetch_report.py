@@ -11,13 +11,13 @@ import socket
 from pathlib import Path
 
 import pytest
-
-from cartonstore.cli.commands import main
-from cartonstore.carton.pack import pack_directory
-from cartonstore.cli.progress import JSON_INTERVAL
 from conftest import FIXTURE_CARTON, MINIMAL_TOML
 from kit.fetchkit import linked_carton
 from kit.origin import Fault
+
+from cartonstore.carton.pack import pack_directory
+from cartonstore.cli.commands import main
+from cartonstore.cli.progress import JSON_INTERVAL
 
 STALL = 1.2  # longer than any progress interval: an update falls inside every stall
 

@@ -17,13 +17,13 @@ import time
 from pathlib import Path
 
 import pytest
+from kit.fetchkit import fast_config, linked_carton, pull, tmp_files
+from kit.origin import Fault, Origin
 
 from cartonstore.fetch import socket_body
 from cartonstore.fetch.config import RegistryConfig
 from cartonstore.fetch.puller import Puller
 from cartonstore.store import Store
-from kit.fetchkit import fast_config, linked_carton, pull, tmp_files
-from kit.origin import Fault, Origin
 
 BIG = os.urandom(socket_body.DIRECT_MIN + (1 << 20) + 12_345)
 

@@ -14,15 +14,15 @@ import urllib.error
 import urllib.request
 
 import pytest
-
-from cartonstore.client.leases import Client
-from cartonstore.fetch.peers import outranks, rendezvous
 from conftest import MINIMAL_TOML, carton_entries, sha, short_dir, write_zip
-from cartonstore.format.links import build_links
 from kit.origin import Origin
 from kit.peerkit import TOKEN, fleet, free_port, make_pki, metric
 from kit.prockit import live_pids
 from kit.registrykit import Registry, needs_registry
+
+from cartonstore.client.leases import Client
+from cartonstore.fetch.peers import outranks, rendezvous
+from cartonstore.format.links import build_links
 
 pytestmark = pytest.mark.xdist_group("daemons")
 
@@ -266,10 +266,11 @@ def test_a_probe_names_a_bad_wait_and_answers_at_once_for_what_it_has_or_lacks(t
 def test_a_registry_carton_takes_its_blobs_from_a_peer(tmp_path, make_carton, monkeypatch):
     """A node adds an OCI carton; a second one (in this process) adding it
     takes every layer from the first node and only the manifest from the registry."""
-    from cartonstore.fetch.config import PeerConfig
-    from cartonstore.store import Store
     from kit.fetchkit import fast_config, pull
     from test_oci import FILES
+
+    from cartonstore.fetch.config import PeerConfig
+    from cartonstore.store import Store
 
     monkeypatch.setenv("DOCKER_CONFIG", str(tmp_path / "no-docker-config"))
     with Registry(tmp_path / "registry") as registry, short_dir() as base:

@@ -8,17 +8,17 @@ import dataclasses
 import os
 
 import pytest
-
-from cartonstore.errors import FetchError, InvalidInput
-from cartonstore.fetch.config import FetchConfig, RegistryConfig
-from cartonstore.fetch.proxies import check_no_proxy, proxy_for
-from cartonstore.store import Store
 from conftest import sha
 from kit.fetchkit import blob_files, fast_config, linked_cartons_for_proxy, pull
 from kit.origin import Origin
 from kit.prockit import live_pids
 from kit.proxykit import TinyProxy, needs_tinyproxy
 from kit.registrykit import Registry, needs_registry
+
+from cartonstore.errors import FetchError, InvalidInput
+from cartonstore.fetch.config import FetchConfig, RegistryConfig
+from cartonstore.fetch.proxies import check_no_proxy, proxy_for
+from cartonstore.store import Store
 
 PROXY = "http://proxy.lab:3128"
 

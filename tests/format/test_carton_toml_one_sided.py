@@ -9,13 +9,13 @@ import json
 from pathlib import Path
 
 import pytest
+from conftest import MINIMAL_TOML, carton_entries, write_zip
+from kit.daemonkit import DaemonProcess, unix_session
 
 from cartonstore.cli.commands import main
 from cartonstore.errors import InvalidCarton
 from cartonstore.format.carton_toml import TensorSpec, parse_carton_toml
 from cartonstore.store import Store
-from conftest import MINIMAL_TOML, carton_entries, write_zip
-from kit.daemonkit import DaemonProcess, unix_session
 
 INPUT = b'\n[[input]]\nname = "x"\ndtype = "float32"\nshape = ["batch", 4]\n'
 OUTPUT = b'\n[[output]]\nname = "y"\ndtype = "int64"\nshape = "*"\n'

@@ -16,6 +16,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import zstandard
+from conftest import FIXTURE_CARTON as FIXTURE
+from conftest import FIXTURE_DIGEST as MANIFEST_SHA256
 
 from cartonstore.format import (
     check_references,
@@ -29,8 +31,6 @@ from cartonstore.format import (
     validate_carton_path,
 )
 
-from conftest import FIXTURE_CARTON as FIXTURE
-from conftest import FIXTURE_DIGEST as MANIFEST_SHA256
 _LOCAL_HEADER = struct.Struct("<IHHHHHIIIHH")
 _ZSTD = 93
 

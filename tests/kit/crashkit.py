@@ -21,9 +21,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from conftest import MINIMAL_TOML, manifest_for, sha
+
 from cartonstore.store import Store, VerifyReport
 from cartonstore.store.gc import TMP_MIN_AGE, GcPolicy
-from conftest import MINIMAL_TOML, manifest_for, sha
 
 PY = sys.executable
 

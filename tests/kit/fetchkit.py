@@ -5,12 +5,13 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+from conftest import MINIMAL_TOML, carton_entries, sha, work_in_tmp, write_zip
+
 from cartonstore.fetch.config import FetchConfig
 from cartonstore.fetch.policy import UrlPolicy
 from cartonstore.fetch.puller import Puller
 from cartonstore.format.links import build_links
 from cartonstore.store import Store
-from conftest import MINIMAL_TOML, carton_entries, sha, work_in_tmp, write_zip
 
 FAST = dict(retries=3, backoff_base=0.01, backoff_max=0.05, stall_timeout=0.5, connect_timeout=2.0)
 

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from kit.prockit import stop_process
 
 BINARY = shutil.which("tinyproxy")

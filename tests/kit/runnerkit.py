@@ -31,8 +31,8 @@ from typing import Any, Sequence
 
 import aiohttp
 
-from cartonstore.client.wire import UnixHTTPConnection
 from cartonstore.carton.pack import pack_directory
+from cartonstore.client.wire import UnixHTTPConnection
 from cartonstore.runner.builtin import BUILTIN_RUNNERS
 from kit.prockit import live_pids, wait_gone  # noqa: F401 - wait_gone is used by the tests through this kit
 
@@ -201,6 +201,7 @@ def torchscript_model_dir(tmp: Path, *, name: str = "affine-pt") -> Path:
     """The onnx model's maths as TorchScript (Carton's dict convention).
     Needs torch importable in this python."""
     import importlib.util
+
     import torch
 
     source = tmp / f"_{name.replace('-', '_')}_src.py"

@@ -13,6 +13,9 @@ import json
 from pathlib import Path
 
 import pytest
+from conftest import MINIMAL_TOML, sha, snapshot
+from kit.fetchkit import fast_config, materialize, pull
+from kit.registrykit import PASSWORD, USER, Registry, needs_registry
 
 from cartonstore.errors import FetchError
 from cartonstore.fetch.config import RegistryConfig
@@ -21,9 +24,6 @@ from cartonstore.oci.artifact import ARTIFACT_TYPE, TITLE
 from cartonstore.oci.push import push_carton
 from cartonstore.store import Store
 from cartonstore.store.gc import GcPolicy
-from conftest import MINIMAL_TOML, sha, snapshot
-from kit.fetchkit import fast_config, materialize, pull
-from kit.registrykit import PASSWORD, USER, Registry, needs_registry
 
 pytestmark = needs_registry
 
@@ -211,9 +211,10 @@ def test_bearer_tokens_with_credentials(tmp_path: Path, registry: Registry, make
 
 def test_cli_push_and_add_and_a_daemon_load_by_oci_source(tmp_path: Path, registry: Registry, daemon,
                                                           capsys) -> None:  # noqa: ANN001
-    from cartonstore.cli.commands import main
     from conftest import FIXTURE_CARTON, FIXTURE_DIGEST
     from test_daemon_api import call
+
+    from cartonstore.cli.commands import main
 
     root = str(tmp_path / "cli")
     assert main(["--root", root, "add", str(FIXTURE_CARTON), "--name", "fx"]) == 0
@@ -314,9 +315,9 @@ def test_credentials_from_a_credential_helper(tmp_path: Path, locked: Registry, 
 
 def test_concurrent_challenges_ask_for_one_token(registry: Registry) -> None:
     import aiohttp
+    from kit.tokenproxy import TokenProxy
 
     from cartonstore.oci.auth import RegistryAuth
-    from kit.tokenproxy import TokenProxy
 
     with TokenProxy(registry.authority) as proxy:
         url = f"http://{proxy.authority}/v2/models/m/manifests/v1"

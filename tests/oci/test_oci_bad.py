@@ -12,14 +12,14 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
-from cartonstore.errors import CartonStoreError, FetchError, InvalidCarton, InvalidInput
-from cartonstore.store import Store
 from conftest import MINIMAL_TOML, manifest_for, sha, snapshot
 from kit.fetchkit import fast_config, pull
 from kit.origin import Fault
 from kit.registrykit import Registry, needs_registry
-from test_oci import FILES, push, config
+from test_oci import FILES, config, push
+
+from cartonstore.errors import CartonStoreError, FetchError, InvalidCarton, InvalidInput
+from cartonstore.store import Store
 
 WEIGHTS = FILES["model/weights.bin"]
 SKOPEO = shutil.which("skopeo")

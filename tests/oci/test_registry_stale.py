@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import asyncio
 
+from kit.fetchkit import fast_config
+
 from cartonstore.fetch.http import HttpClient
 from cartonstore.oci.reference import parse_reference
 from cartonstore.oci.registry import Registry
-from kit.fetchkit import fast_config
 
 ANSWER = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}"
 

@@ -15,15 +15,28 @@ from typing import Any
 import numpy as np
 import pytest
 import tritonclient.http as triton
+from conftest import short_dir
+from kit.runnerkit import (
+    ALL_CARTON_DTYPES,
+    all_dtype_decls,
+    onnx_model_dir,
+    pack_dir,
+    processes_with,
+    python_echo_model_dir,
+    runner_session,
+    start_runner,
+    stop_runner,
+    torchscript_model_dir,
+    unix_get,
+    unix_request,
+    wait_gone,
+    wait_ready,
+)
 
+from cartonstore.config.runner_command import fill_argv
 from cartonstore.runner.builtin import BUILTIN_RUNNERS, FRAMEWORK_VERSION_PROBES
 from cartonstore.runner.lifecycle import EXIT_LOAD_FAILED
-from cartonstore.config.runner_command import fill_argv
 from cartonstore.v2.framing import encode_infer_request, parse_infer_response
-from conftest import short_dir
-from kit.runnerkit import (ALL_CARTON_DTYPES, all_dtype_decls, onnx_model_dir, pack_dir, processes_with,
-                       python_echo_model_dir, runner_session, start_runner, stop_runner, torchscript_model_dir,
-                       unix_get, unix_request, wait_gone, wait_ready)
 
 HCL = "Inference-Header-Content-Length"
 HAVE_TORCH = importlib.util.find_spec("torch") is not None

@@ -19,15 +19,25 @@ from typing import Any
 
 import numpy as np
 import pytest
+from conftest import short_dir
+from kit.runnerkit import (
+    PY,
+    carton_toml,
+    processes_with,
+    runner_argv,
+    start_runner,
+    stop_runner,
+    unix_get,
+    unix_request,
+    wait_gone,
+    wait_ready,
+)
 
 from cartonstore.runner.args import parse_runner_args
 from cartonstore.runner.context import cuda_ordinal
 from cartonstore.runner.lifecycle import EXIT_LOAD_FAILED
 from cartonstore.runner.requirements import unmet_requirements
 from cartonstore.v2.framing import encode_infer_request, parse_infer_response
-from conftest import short_dir
-from kit.runnerkit import (PY, carton_toml, processes_with, runner_argv, start_runner, stop_runner, unix_get,
-                       unix_request, wait_gone, wait_ready)
 
 HCL = "Inference-Header-Content-Length"
 

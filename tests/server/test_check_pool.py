@@ -16,17 +16,17 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-from cartonstore.errors import InvalidInput
-from cartonstore.format.carton_toml import TensorSpec
-from cartonstore.server.tensors.check_pool import START_FAILURES, CheckPool
-from cartonstore.v2.framing import parse_infer_request, parse_infer_response, tensor_to_numpy
 from conftest import short_dir
 from kit.daemonkit import DaemonProcess, wait_for
 from kit.inferkit import echo_carton, runner_pids
 from kit.peerkit import metric
 from kit.prockit import live_pids, wait_gone
 from test_infer_api import _load, raw_post, runner_count
+
+from cartonstore.errors import InvalidInput
+from cartonstore.format.carton_toml import TensorSpec
+from cartonstore.server.tensors.check_pool import START_FAILURES, CheckPool
+from cartonstore.v2.framing import parse_infer_request, parse_infer_response, tensor_to_numpy
 
 WORKER = "cartonstore.server.tensors.check_worker"
 SPECS = [TensorSpec("x", "float32", ["n"])]

@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 import tritonclient.http as triton
 import tritonclient.http.aio as triton_aio
+from conftest import FIXTURE_CARTON, FIXTURE_DIGEST, short_dir
+from kit.daemonkit import DaemonProcess, unix_session
 from tritonclient.utils import InferenceServerException
 
 from cartonstore.cli.commands import main
 from cartonstore.store import Store
-from conftest import FIXTURE_CARTON, FIXTURE_DIGEST, short_dir
-from kit.daemonkit import DaemonProcess, unix_session
 
 
 @pytest.fixture
@@ -251,8 +251,9 @@ def test_blobs_for_peers(served: DaemonProcess) -> None:
 
 def test_daemon_as_a_mirror_for_another_store(served: DaemonProcess, tmp_path: Path) -> None:
     """A second node lists this daemon's /v1/blobs as a mirror."""
-    from cartonstore.store import Store
     from kit.fetchkit import fast_config, pull
+
+    from cartonstore.store import Store
 
     # A thin copy of the fixture: every file linked to a URL that is gone.
     with Store(served.root) as s:

@@ -13,14 +13,14 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import FIXTURE_CARTON, FIXTURE_DIGEST
+from kit.daemonkit import DaemonProcess, unix_session
 
 from cartonstore.cli.commands import main
 from cartonstore.errors import NotFound
 from cartonstore.store import Store
-from cartonstore.store.sqlite_ops import WOULD_WAIT, ImmediateWriter
 from cartonstore.store.locks import HeldLock
-from conftest import FIXTURE_CARTON, FIXTURE_DIGEST
-from kit.daemonkit import DaemonProcess, unix_session
+from cartonstore.store.sqlite_ops import WOULD_WAIT, ImmediateWriter
 
 
 def lease_count(root: Path) -> int:

@@ -15,10 +15,10 @@ import time
 from pathlib import Path
 
 import pytest
-
-from cartonstore.cli.commands import main
 from conftest import FIXTURE_CARTON, FIXTURE_DIGEST, work_in_tmp
 from kit.daemonkit import DaemonProcess, unix_session, wait_for
+
+from cartonstore.cli.commands import main
 
 
 def test_notify_ready_then_sigterm_stops_cleanly(short_tmp: Path) -> None:

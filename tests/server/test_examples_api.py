@@ -12,12 +12,12 @@ import numpy as np
 import pytest
 import tomli_w
 import tritonclient.http as triton
-
-from cartonstore.errors import NotFound
-from cartonstore.client.infer import InferClient
-from cartonstore.format.media_types import media_type
 from conftest import short_dir
 from kit.daemonkit import DaemonProcess, unix_session
+
+from cartonstore.client.infer import InferClient
+from cartonstore.errors import NotFound
+from cartonstore.format.media_types import media_type
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "carton-repo-test.carton"
 STRINGS = ["Hello 💖 😂😍🎉👍 Unicode", "Some Telugu: గ ఘ ఙ చ ఛ జ ఝ ఞ ట ఠ డ ఢ ణ త థ ద ధ న ప ఫ బ భ మ య ర ఱ",

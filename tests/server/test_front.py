@@ -15,12 +15,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-from cartonstore.server.http.http1 import BadHead, for_one_request, parse_request_head, without_connection_close
 from conftest import short_dir
 from kit.daemonkit import DaemonProcess, wait_for
 from kit.inferkit import echo_carton, runner_pids
 from test_infer_api import _load, runner_count
+
+from cartonstore.server.http.http1 import BadHead, for_one_request, parse_request_head, without_connection_close
 
 HL = "Inference-Header-Content-Length"
 

@@ -14,11 +14,10 @@ import numpy as np
 import pytest
 import tritonclient.http as triton
 import tritonclient.http.aio as triton_aio
-from tritonclient.utils import InferenceServerException
-
 from conftest import short_dir
 from kit.daemonkit import DaemonProcess, unix_session, wait_for
 from kit.inferkit import DTYPES, NUMERIC, echo_carton, onnx_carton, runner_pids, runner_sockets, sample
+from tritonclient.utils import InferenceServerException
 
 V2 = {"float32": "FP32", "float64": "FP64", "int8": "INT8", "int16": "INT16", "int32": "INT32", "int64": "INT64",
       "uint8": "UINT8", "uint16": "UINT16", "uint32": "UINT32", "uint64": "UINT64", "string": "BYTES"}

@@ -16,13 +16,13 @@ import numpy as np
 import pytest
 import tritonclient.http as triton
 import tritonclient.http.aio as triton_aio
-
-from cartonstore.v2.framing import parse_infer_response
 from conftest import short_dir
 from kit.daemonkit import DaemonProcess, unix_session, wait_for
 from kit.inferkit import echo_carton, runner_pids
 from kit.peerkit import metric
 from test_infer_api import _load, raw_post, runner_count
+
+from cartonstore.v2.framing import parse_infer_response
 
 MIB = 1 << 20
 HL = "Inference-Header-Content-Length"

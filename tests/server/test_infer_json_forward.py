@@ -11,7 +11,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tritonclient.http as triton
-
 from conftest import short_dir
 from kit.daemonkit import DaemonProcess, wait_for
 from kit.inferkit import echo_carton, runner_pids

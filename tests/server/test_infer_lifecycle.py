@@ -13,7 +13,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from kit.daemonkit import DaemonProcess, unix_session, wait_for
 from kit.inferkit import echo_carton, runner_pids
 

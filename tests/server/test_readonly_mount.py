@@ -10,11 +10,11 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from conftest import FIXTURE_CARTON, FIXTURE_DIGEST
+from kit.daemonkit import DaemonProcess
 
 from cartonstore.cli.commands import main
 from cartonstore.client.leases import Client
-from conftest import FIXTURE_CARTON, FIXTURE_DIGEST
-from kit.daemonkit import DaemonProcess
 
 
 @pytest.fixture

@@ -9,9 +9,9 @@ from types import MappingProxyType
 
 import pytest
 
+from cartonstore.config.runners import RunnerCommand, RunnerSettings
 from cartonstore.errors import InvalidInput
 from cartonstore.format.carton_toml import parse_carton_toml
-from cartonstore.config.runners import RunnerCommand, RunnerSettings
 from cartonstore.server.models.runner_plan import instance_devices, instance_specs, plan_runner, runner_opts
 
 

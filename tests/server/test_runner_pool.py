@@ -19,11 +19,20 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kit.prockit import live_pids, script_leaving_no_process, wait_gone
 
 from cartonstore.errors import InvalidInput, Unavailable
-from kit.prockit import live_pids, script_leaving_no_process, wait_gone
-from cartonstore.server.runners import (InstanceSpec, ModelRunners, RunnerSettings, RunnersBusy, clean_stale_sockets,
-                                        ensure_run_dir, fill_argv, instance_socket_path, template_placeholders)
+from cartonstore.server.runners import (
+    InstanceSpec,
+    ModelRunners,
+    RunnersBusy,
+    RunnerSettings,
+    clean_stale_sockets,
+    ensure_run_dir,
+    fill_argv,
+    instance_socket_path,
+    template_placeholders,
+)
 
 PY = sys.executable
 INFER = "/v2/models/m/infer"

@@ -14,7 +14,6 @@ import pytest
 from cartonstore.errors import InvalidInput
 from cartonstore.server.runners.wire import BadResponse, RunnerClient
 
-
 CLOSE = b"<close>"
 
 

@@ -16,12 +16,11 @@ import numpy as np
 import pytest
 import tritonclient.http as triton
 import tritonclient.utils.shared_memory as shm
-from tritonclient.utils import InferenceServerException, serialize_byte_tensor, serialized_byte_size
-
 from conftest import short_dir
 from kit.daemonkit import DaemonProcess, unix_session, wait_for
 from kit.inferkit import echo_carton, echo_toml, onnx_carton, runner_pids, runner_sockets
 from test_infer_api import _load, runner_count
+from tritonclient.utils import InferenceServerException, serialize_byte_tensor, serialized_byte_size
 
 SHM = "/dev/shm"
 

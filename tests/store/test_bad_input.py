@@ -14,9 +14,9 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from conftest import FIXTURE_CARTON, MINIMAL_TOML, carton_entries, manifest_for, sha, snapshot, write_zip
 
 from cartonstore.cli.commands import main
-from conftest import FIXTURE_CARTON, MINIMAL_TOML, carton_entries, manifest_for, sha, snapshot, write_zip
 
 GOOD = {"carton.toml": MINIMAL_TOML, "model/w.bin": b"weights"}
 
@@ -191,9 +191,9 @@ def test_bad_carton_is_rejected_and_changes_nothing(case: str, populated_root: P
     (dict(max_ratio=10, ratio_floor=1000), lambda files: {**files, "model/zeros.bin": b"\0" * 200_000}, "ratio"),
 ])
 def test_zip_limits_of_the_store_apply(tmp_path: Path, limits: dict, make, pattern: str) -> None:  # noqa: ANN001
+    from cartonstore.errors import InvalidCarton
     from cartonstore.store import Store
     from cartonstore.zipfmt import ZipLimits
-    from cartonstore.errors import InvalidCarton
 
     files = make({**GOOD, **{f"model/f{i}": str(i).encode() for i in range(6)}})
     bad = write_zip(tmp_path / "many.carton", carton_entries(files), method=zipfile.ZIP_DEFLATED)

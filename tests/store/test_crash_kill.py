@@ -35,11 +35,6 @@ from pathlib import Path
 from typing import Callable
 
 import pytest
-
-from cartonstore.format.links import build_links
-from cartonstore.store import Store
-from cartonstore.store.gc import GcPolicy
-from cartonstore.store.materialize import remove_tree
 from conftest import carton_entries, sha, write_zip
 from kit.crashkit import (
     PY,
@@ -57,6 +52,11 @@ from kit.crashkit import (
 )
 from kit.fetchkit import fast_config, materialize
 from kit.origin import Fault, Origin
+
+from cartonstore.format.links import build_links
+from cartonstore.store import Store
+from cartonstore.store.gc import GcPolicy
+from cartonstore.store.materialize import remove_tree
 
 # With `pytest -n N --dist loadgroup` (README, .ci/run) the suite's long,
 # process-heavy tests (this module, test_stress.py) run one after another on

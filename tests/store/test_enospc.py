@@ -13,10 +13,10 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from conftest import FIXTURE_CARTON, FIXTURE_DIGEST, work_in_tmp
 
 from cartonstore.errors import FetchError, Unavailable
 from cartonstore.store import Store
-from conftest import FIXTURE_CARTON, FIXTURE_DIGEST, work_in_tmp
 
 
 @pytest.fixture
@@ -94,8 +94,9 @@ def test_materialize_out_of_inodes(small_fs, tmp_path: Path) -> None:  # noqa: A
 
 
 def test_daemon_keeps_serving_on_a_full_disk(small_fs, tmp_path: Path, short_tmp: Path, capsys) -> None:  # noqa: ANN001
-    from cartonstore.cli.commands import main
     from kit.daemonkit import DaemonProcess, unix_session
+
+    from cartonstore.cli.commands import main
 
     root = small_fs("4m") / "root"
     assert main(["add", str(FIXTURE_CARTON), "--name", "fx", "--root", str(root), "--progress", "none"]) == 0

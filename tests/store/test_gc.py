@@ -11,11 +11,11 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import MINIMAL_TOML, sha, snapshot, work_in_tmp
 
 from cartonstore.cli.commands import main
 from cartonstore.store import Store
 from cartonstore.store.gc import CartonUse, GcPolicy, Snapshot, plan_collection
-from conftest import MINIMAL_TOML, sha, snapshot, work_in_tmp
 
 NOW = 1_000_000.0
 

@@ -18,11 +18,11 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from conftest import carton_entries, sha, write_zip
 
 from cartonstore.cli.commands import main
 from cartonstore.store import Store
 from cartonstore.store.gc import CartonUse, GcPolicy, Snapshot, plan_collection
-from conftest import carton_entries, sha, write_zip
 
 NOW = 1_000_000.0
 TOML = b'spec_version = 1\nmodel_name = "%s"\n[runner]\nrunner_name = "tensorflow"\nrequired_framework_version = "*"\n'
@@ -325,8 +325,9 @@ def test_blobs_brought_back_from_their_local_file_count_as_read_from_it(tmp_path
     """The puller's stats name the local file as their source (bytes and
     blobs under "file"), with nothing received: before, they were in no
     source's count at all."""
-    from cartonstore.fetch.puller import Puller
     from kit.fetchkit import fast_config
+
+    from cartonstore.fetch.puller import Puller
 
     carton, files = _zip(tmp_path, "local")
     with Store(tmp_path / "root") as store:

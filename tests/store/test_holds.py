@@ -8,12 +8,13 @@ import asyncio
 import threading
 from pathlib import Path
 
+from kit.fetchkit import fast_config
+from test_gc import _carton
+
 from cartonstore.fetch.holds import holding
 from cartonstore.fetch.puller import Puller
 from cartonstore.store import Store
 from cartonstore.store.gc import GcPolicy
-from kit.fetchkit import fast_config
-from test_gc import _carton
 
 
 def _weights(store: Store, digest: str) -> list[str]:

@@ -9,12 +9,12 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from conftest import MINIMAL_TOML, snapshot, work_in_tmp
 
-from cartonstore.errors import IntegrityError, ManifestMismatch
 from cartonstore.carton.pack import pack_directory
+from cartonstore.errors import IntegrityError, ManifestMismatch
 from cartonstore.sources.dir_source import DirCartonView
 from cartonstore.store import Store
-from conftest import MINIMAL_TOML, snapshot, work_in_tmp
 
 
 def unpacked(tmp_path: Path, big: int = 1 << 20) -> Path:

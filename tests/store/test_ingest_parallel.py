@@ -9,12 +9,11 @@ import threading
 import zipfile
 
 import pytest
+from conftest import MINIMAL_TOML, manifest_for, sha, snapshot, work_in_tmp
 
 from cartonstore.errors import ManifestMismatch
 from cartonstore.sources.zip_source import ZipCartonView
-from cartonstore.store import Store
-from cartonstore.store import ingest
-from conftest import MINIMAL_TOML, manifest_for, sha, snapshot, work_in_tmp
+from cartonstore.store import Store, ingest
 
 FILES = {f"model/part{i}.bin": os.urandom(300_000 + i) for i in range(6)}
 

@@ -8,12 +8,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import FIXTURE_CARTON, FIXTURE_DIGEST, work_in_tmp
 
-from cartonstore.format.entry import EntryRow
 from cartonstore.errors import NotFound
+from cartonstore.format.entry import EntryRow
 from cartonstore.store import Store
 from cartonstore.store.materialize import build_tree, link_or_copy, plan_tree
-from conftest import FIXTURE_CARTON, FIXTURE_DIGEST, work_in_tmp
 
 
 def test_plan_lists_parents_first_and_manifest() -> None:
@@ -64,8 +64,9 @@ def test_a_failed_build_leaves_nothing(tmp_path: Path) -> None:
 
 
 def test_materialize_refuses_an_incomplete_carton(store: Store, make_carton) -> None:
-    from cartonstore.format.links import build_links
     from conftest import sha
+
+    from cartonstore.format.links import build_links
 
     missing = b"not in the zip"
     files = {"model/w.bin": missing}

@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pytest
 import tritonclient.http as triton
+from conftest import FIXTURE_CARTON, FIXTURE_DIGEST, snapshot
+from kit.daemonkit import DaemonProcess
 from tritonclient.utils import InferenceServerException
 
 from cartonstore.cli.commands import main
 from cartonstore.errors import Conflict, InvalidInput
 from cartonstore.store import Store, validate_name
-from conftest import FIXTURE_CARTON, FIXTURE_DIGEST, snapshot
-from kit.daemonkit import DaemonProcess
 
 TINY_TOML = b'spec_version = 1\nmodel_name = "tiny"\n[runner]\nrunner_name = "none"\nrequired_framework_version = "*"\n'
 

@@ -19,12 +19,12 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
+from conftest import MINIMAL_TOML, carton_entries, manifest_for, sha, snapshot, write_zip
 
 from cartonstore.errors import ManifestMismatch
 from cartonstore.store import Store
 from cartonstore.store.filespace import clone_range
 from cartonstore.zipfmt import STORED, ZipWriter
-from conftest import MINIMAL_TOML, carton_entries, manifest_for, sha, snapshot, write_zip
 
 ENTRY = 32 << 20
 

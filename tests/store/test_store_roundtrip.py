@@ -7,10 +7,10 @@ import stat
 from pathlib import Path
 
 import pytest
+from conftest import FIXTURE_CARTON, FIXTURE_DIGEST, MINIMAL_TOML, manifest_for, sha
 
 from cartonstore.errors import Conflict, NotFound
 from cartonstore.store import Store
-from conftest import FIXTURE_CARTON, FIXTURE_DIGEST, MINIMAL_TOML, manifest_for, sha
 
 
 def test_fixture_round_trip(store: Store, tmp_path: Path) -> None:

@@ -29,15 +29,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from conftest import carton_entries, sha, write_zip
+from kit.crashkit import Carton, cli_argv, hash_path, run_cli, toml_for, verify_problems
+from kit.daemonkit import DaemonProcess
 
 from cartonstore.client.leases import Client
 from cartonstore.errors import CartonStoreError
 from cartonstore.format.links import build_links
 from cartonstore.store import Store
 from cartonstore.store.gc import GcPolicy
-from conftest import carton_entries, sha, write_zip
-from kit.crashkit import Carton, cli_argv, hash_path, run_cli, toml_for, verify_problems
-from kit.daemonkit import DaemonProcess
 
 # With `pytest -n N --dist loadgroup` (README, .ci/run) the suite's long,
 # process-heavy tests (this module, test_crash_kill.py) run one after another

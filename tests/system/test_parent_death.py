@@ -11,7 +11,6 @@ import sys
 import textwrap
 
 import pytest
-
 from kit.prockit import wait_gone
 
 ARMED = textwrap.dedent("""

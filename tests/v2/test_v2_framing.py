@@ -16,7 +16,6 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from cartonstore.errors import InvalidInput
-from cartonstore.v2.shm_params import RegionTooSmall, ShmRef, ShmSink
 from cartonstore.v2.datatypes import (
     ELEMENT_SIZES,
     carton_to_v2,
@@ -36,6 +35,7 @@ from cartonstore.v2.framing import (
     parse_raw_binary_request,
     tensor_to_numpy,
 )
+from cartonstore.v2.shm_params import RegionTooSmall, ShmRef, ShmSink
 
 NUMERIC = {
     "BOOL": np.bool_,

@@ -18,16 +18,20 @@ from aiohttp import web
 
 from cartonstore import __version__
 from cartonstore.errors import CartonStoreError, InvalidInput, http_status_for
-from cartonstore.store.gc import GcPolicy
-from .blobs import serve_blob
-from .infer import infer
-from . import examples as examples_api, leases as lease_api, selftest as selftest_api, shm as shm_api
-from cartonstore.server.models.selftest import SelfTestFailed
 from cartonstore.server.models.metrics import CONTENT_TYPE, Metrics
-from .context import ACCESS_LOG, METRICS, PEER_CERTS, SERVICE, body_json, parameters, svc
-from .responses import ERROR_TEXT, POLLED, error
-from cartonstore.server.runners.settings import RunnersBusy
+from cartonstore.server.models.selftest import SelfTestFailed
 from cartonstore.server.models.service import ModelService
+from cartonstore.server.runners.settings import RunnersBusy
+from cartonstore.store.gc import GcPolicy
+
+from . import examples as examples_api
+from . import leases as lease_api
+from . import selftest as selftest_api
+from . import shm as shm_api
+from .blobs import serve_blob
+from .context import ACCESS_LOG, METRICS, PEER_CERTS, SERVICE, body_json, parameters, svc
+from .infer import infer
+from .responses import ERROR_TEXT, POLLED, error
 
 log = logging.getLogger("cartonstore.server")
 

@@ -24,10 +24,11 @@ from aiohttp import web
 from cartonstore.errors import InvalidInput, NotFound
 from cartonstore.fetch.peers import NODE_HEADER, WAIT_HEADER, PeerSet
 from cartonstore.format.digest import is_sha256
-from cartonstore.store import Store
 from cartonstore.server.models.metrics import Metrics
-from .responses import error
 from cartonstore.server.tensors.shm_regions import peer_of
+from cartonstore.store import Store
+
+from .responses import error
 
 CHUNK = 1 << 20
 

@@ -13,6 +13,7 @@ from aiohttp import web
 from cartonstore.errors import InvalidInput
 from cartonstore.server.models.metrics import Metrics
 from cartonstore.server.models.service import ModelService
+
 from .bodies import body_object, request_body
 
 SERVICE: web.AppKey[ModelService] = web.AppKey("service", ModelService)

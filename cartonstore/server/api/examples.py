@@ -23,10 +23,11 @@ from aiohttp import web
 
 from cartonstore.errors import InvalidCarton, InvalidInput, NotFound
 from cartonstore.format.carton_toml import MISC_PREFIX, TENSOR_PREFIX
+from cartonstore.format.media_types import SNIFF_BYTES, media_type
 from cartonstore.format.paths import validate_carton_path
 from cartonstore.format.tensor_data import INDEX, TensorEntry, load_tensors, parse_tensor_index
-from cartonstore.format.media_types import SNIFF_BYTES, media_type
 from cartonstore.v2.framing import HEADER_LENGTH, encode_infer_response
+
 from .context import svc
 from .infer import ready_model
 

@@ -22,28 +22,29 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 
 from cartonstore.errors import InvalidInput, NotFound
+from cartonstore.server.tensors.arena import ArenaSlot
+from cartonstore.server.tensors.arena_wire import MAX_HEADER, ArenaForward
+from cartonstore.server.tensors.infer_check import checked_unless_shm
+from cartonstore.server.tensors.infer_shm import ShmUse, attach_regions, renamed_answer, renamed_request
+from cartonstore.server.tensors.shm_regions import Peer, ShmRegions, peer_of
+from cartonstore.v2.error_body import error_text
 from cartonstore.v2.framing import (
     HEADER_LENGTH,
     InferRequest,
 )
 from cartonstore.v2.framing import header_length as header_length_of
+from cartonstore.v2.shm_params import REGION
 from cartonstore.v2.validate import parse_raw_binary_for, validate_request
+
 from .blobs import pick_encoding
-from cartonstore.v2.error_body import error_text
 from .bodies import ENCODINGS, IN_THREAD_FROM, request_body
 from .context import svc
-from cartonstore.v2.shm_params import REGION
-from cartonstore.server.tensors.arena import ArenaSlot
-from cartonstore.server.tensors.arena_wire import MAX_HEADER, ArenaForward
-from cartonstore.server.tensors.infer_check import checked_unless_shm
-from cartonstore.server.tensors.infer_shm import ShmUse, attach_regions, renamed_answer, renamed_request
 from .responses import ERROR_TEXT
-from cartonstore.server.tensors.shm_regions import Peer, ShmRegions, peer_of
 
 if TYPE_CHECKING:
-    from cartonstore.server.tensors.check_pool import CheckPool
     from cartonstore.server.models.loaded_model import LoadedModel
     from cartonstore.server.models.service import ModelService
+    from cartonstore.server.tensors.check_pool import CheckPool
 
 SHM_MARK = REGION.encode()
 STREAM_ANSWER = 64 * 1024         # larger answers: headers and body written apart, so neither is copied

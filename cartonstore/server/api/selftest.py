@@ -12,6 +12,7 @@ from aiohttp import web
 from cartonstore.config.values import BadValue, tolerance
 from cartonstore.errors import InvalidInput
 from cartonstore.server.models.selftest import self_test
+
 from .context import body_json, svc
 from .infer import serving_model
 

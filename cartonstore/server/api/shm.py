@@ -13,6 +13,7 @@ from aiohttp import web
 
 from cartonstore.errors import InvalidInput
 from cartonstore.server.tensors.shm_regions import Peer, Region, ShmRegions, peer_of
+
 from .bodies import request_body
 from .context import body_json, svc
 

@@ -24,19 +24,20 @@ from typing import TYPE_CHECKING
 
 from cartonstore.server.api.app import failure, record_request
 from cartonstore.server.api.bodies import content_coding, decoded_body, too_large
-from .http1 import MAX_HEAD, BadHead, RequestHead, for_one_request, parse_request_head, response_head
-from .routes import NativeRoute, native_route
-from cartonstore.server.tensors.arena import ArenaSlot
 from cartonstore.server.api.infer import STREAM_ANSWER, InferAnswer, widen_send_buffer
-from .front_parts import (BODY, BUSY, CLOSED, DISCARD, HANDED, HEAD, LINGER, MAX_PENDING, RELAY_BODY, RELAY_WAIT,
-                          ClientGone, Front, arena_slot, error_answer, fail, wake, with_length)
-from .relay import RelayTransport
+from cartonstore.server.tensors.arena import ArenaSlot
 from cartonstore.server.tensors.shm_regions import Peer, peer_of
+
+from .front_parts import LINGER, MAX_PENDING, ClientGone, Front, Mode, arena_slot, error_answer, fail, wake, with_length
+from .http1 import MAX_HEAD, BadHead, RequestHead, for_one_request, parse_request_head, response_head
+from .relay import RelayTransport
+from .routes import NativeRoute, native_route
 
 if TYPE_CHECKING:
     from aiohttp.web_protocol import RequestHandler
 
 log = logging.getLogger("cartonstore.server")
+
 
 class FrontConnection(asyncio.BufferedProtocol):
     """One client connection: requests one at a time, in order."""
@@ -44,7 +45,7 @@ class FrontConnection(asyncio.BufferedProtocol):
     def __init__(self, front: Front) -> None:
         self.front = front
         self.transport: asyncio.Transport = None  # type: ignore[assignment]  # set by connection_made
-        self.mode = HEAD
+        self.mode = Mode.HEAD
         self.pending = bytearray()          # received, not yet consumed: heads, pipelined requests
         self.body: memoryview | None = None  # the unfilled rest of an infer body, received in place
         self.body_got = 0
@@ -71,54 +72,54 @@ class FrontConnection(asyncio.BufferedProtocol):
 
     def get_buffer(self, sizehint: int) -> memoryview:
         # One buffer for every connection: each buffer_updated copies out what it keeps before returning.
-        return self.body[self.body_got:] if self.mode == BODY else self.front.scratch  # type: ignore[index]
+        return self.body[self.body_got:] if self.mode == Mode.BODY else self.front.scratch  # type: ignore[index]
 
     def buffer_updated(self, nbytes: int) -> None:
         self.last_active = time.monotonic()
-        if self.mode == BODY:
+        if self.mode == Mode.BODY:
             self.body_got += nbytes
             if self.body_got == len(self.body):  # type: ignore[arg-type]
-                self.body, self.mode = None, BUSY
+                self.body, self.mode = None, Mode.BUSY
                 wake(self.body_waiter)
             return
         data = self.front.scratch[:nbytes]
-        if self.mode == HANDED:
+        if self.mode == Mode.HANDED:
             self.relayed.data_received(bytes(data))  # type: ignore[union-attr]
             return
-        if self.mode == RELAY_BODY:
+        if self.mode == Mode.RELAY_BODY:
             take = min(nbytes, self.relay_left)
             self.relay_left -= take
             if self.relay_left == 0:
-                self.mode = RELAY_WAIT
+                self.mode = Mode.RELAY_WAIT
             self.relayed.data_received(bytes(data[:take]))  # type: ignore[union-attr]
             data = data[take:]
-        elif self.mode == DISCARD:
+        elif self.mode == Mode.DISCARD:
             take = min(nbytes, self.discard_left)
             self.discard_left -= take
             if self.discard_left == 0:
                 if self.close_after_discard:
                     self._close()
                     return
-                self.mode = HEAD
+                self.mode = Mode.HEAD
             data = data[take:]
         if len(data):
             self.pending += data
-        if self.mode == HEAD:
+        if self.mode == Mode.HEAD:
             self._next_request()
-        elif self.mode == DISCARD or self.mode == CLOSED:
+        elif self.mode == Mode.DISCARD or self.mode == Mode.CLOSED:
             return
         elif len(self.pending) > MAX_PENDING:
             self.transport.pause_reading()
 
     def eof_received(self) -> bool:
         self.peer_eof = True
-        if self.mode == BODY:
+        if self.mode == Mode.BODY:
             fail(self.body_waiter, ClientGone())
         # Half-closed while its request is answered: keep the connection for the answer.
-        return self.mode in (BUSY, RELAY_WAIT)
+        return self.mode in (Mode.BUSY, Mode.RELAY_WAIT)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self.mode = CLOSED
+        self.mode = Mode.CLOSED
         self.lost = True
         self.front.connections.discard(self)
         fail(self.body_waiter, ClientGone())
@@ -145,15 +146,15 @@ class FrontConnection(asyncio.BufferedProtocol):
 
     def idle(self) -> bool:
         """Between requests (a partial head is dropped at shutdown, as aiohttp did)."""
-        return self.mode == HEAD
+        return self.mode == Mode.HEAD
 
     def _close(self) -> None:
         self.transport.close()
-        self.mode = CLOSED
+        self.mode = Mode.CLOSED
 
     def _abort(self) -> None:
         self.transport.abort()
-        self.mode = CLOSED
+        self.mode = Mode.CLOSED
 
     # -- requests ---------------------------------------------------------------
 
@@ -186,7 +187,7 @@ class FrontConnection(asyncio.BufferedProtocol):
         if route is None:
             self._relay(head, length)
             return
-        self.mode = BUSY
+        self.mode = Mode.BUSY
         self.front.track(asyncio.get_running_loop().create_task(self._serve(head, length, route)))
 
     async def _serve(self, head: RequestHead, length: int, route: NativeRoute) -> None:
@@ -256,7 +257,7 @@ class FrontConnection(asyncio.BufferedProtocol):
         del self.pending[:have]
         if have == length:
             return out
-        self.body, self.body_got, self.mode = memoryview(out)[have:], 0, BODY
+        self.body, self.body_got, self.mode = memoryview(out)[have:], 0, Mode.BODY
         self.body_waiter = asyncio.get_running_loop().create_future()
         self._resume_reading()
         try:
@@ -267,7 +268,7 @@ class FrontConnection(asyncio.BufferedProtocol):
         return out
 
     async def _answer(self, head: RequestHead, answer: InferAnswer, unread: int) -> None:
-        if self.mode == CLOSED:
+        if self.mode == Mode.CLOSED:
             return
         # A client told to go on (100 Continue) may not send a refused body at
         # all: only a close tells it where the next request would start.
@@ -294,7 +295,7 @@ class FrontConnection(asyncio.BufferedProtocol):
             return
         if self.write_paused:   # the client reads slower than it asks
             await self.drained
-            if self.mode == CLOSED:
+            if self.mode == Mode.CLOSED:
                 return
         self._between_requests(unread)
 
@@ -304,24 +305,24 @@ class FrontConnection(asyncio.BufferedProtocol):
         if not self._drop_body(unread):
             self._close()
             return
-        self.mode, self.close_after_discard = DISCARD, True
+        self.mode, self.close_after_discard = Mode.DISCARD, True
         self._resume_reading()
         asyncio.get_running_loop().call_later(LINGER, self._close_if_open)
 
     def _close_if_open(self) -> None:
-        if self.mode != CLOSED:
+        if self.mode != Mode.CLOSED:
             self._close()
 
     def _between_requests(self, unread: int) -> None:
         """After an answer: drop what is left of its body, go on to the next."""
-        self.mode = DISCARD if self._drop_body(unread) else HEAD
+        self.mode = Mode.DISCARD if self._drop_body(unread) else Mode.HEAD
         self._resume_reading()
-        if self.mode == HEAD:
+        if self.mode == Mode.HEAD:
             self._next_request()
 
     def _drop_body(self, unread: int) -> int:
         """Drop an answered request's unread body from ``pending``; what is
-        still to come is dropped as it arrives (DISCARD). Returns that."""
+        still to come is dropped as it arrives (Mode.DISCARD). Returns that."""
         take = min(unread, len(self.pending))
         del self.pending[:take]
         self.discard_left = unread - take
@@ -342,7 +343,7 @@ class FrontConnection(asyncio.BufferedProtocol):
         if length is None or "upgrade" in head.headers:
             # A chunked body (or a protocol switch) aiohttp frames itself: the
             # connection is its own from here on.
-            self.mode = HANDED
+            self.mode = Mode.HANDED
             handler.connection_made(self.transport)
             data, self.pending = bytes(self.pending), bytearray()
             handler.data_received(head.raw + data)
@@ -354,7 +355,7 @@ class FrontConnection(asyncio.BufferedProtocol):
         first = for_one_request(head) + bytes(self.pending[:take])
         del self.pending[:take]
         self.relay_left = length - take
-        self.mode = RELAY_BODY if self.relay_left else RELAY_WAIT
+        self.mode = Mode.RELAY_BODY if self.relay_left else Mode.RELAY_WAIT
         keep_alive = head.keep_alive and not self.front.closing
         handler.connection_made(RelayTransport(self.transport, self._relay_done, keep_alive=keep_alive,
                                                bodiless=head.method == "HEAD"))
@@ -368,7 +369,7 @@ class FrontConnection(asyncio.BufferedProtocol):
         if handler is not None and handler is self.relayed:
             self.relayed, self.relay_paused = None, False
             handler.connection_lost(None)
-        if self.mode == CLOSED:
+        if self.mode == Mode.CLOSED:
             return
         unread, self.relay_left = self.relay_left, 0
         if not reusable or self.front.closing or self.peer_eof or unread > self.front.max_request_size:

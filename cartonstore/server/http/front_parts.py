@@ -14,6 +14,7 @@ from aiohttp import web
 
 from cartonstore.server.api.infer import InferAnswer
 from cartonstore.server.tensors.arena import ARENA_FROM, ArenaSlot, TensorArena
+
 from .http1 import RequestHead
 from .routes import NativeRoute
 
@@ -24,8 +25,11 @@ RECV_CHUNK = 256 * 1024
 LINGER = 5.0    # after refusing a body too big to take: seconds spent dropping it, so the client reads the 413
 MAX_PENDING = 256 * 1024   # pipelined bytes held while a request is answered; reading pauses past it
 
-# What a connection is doing; each mode says where received bytes go.
-HEAD, BODY, BUSY, RELAY_BODY, RELAY_WAIT, DISCARD, HANDED, CLOSED = range(8)
+class Mode:
+    """What a connection is doing; each mode says where received bytes go.
+    Plain ints, compared on every read."""
+
+    HEAD, BODY, BUSY, RELAY_BODY, RELAY_WAIT, DISCARD, HANDED, CLOSED = range(8)
 
 
 class ClientGone(Exception):

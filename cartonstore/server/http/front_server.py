@@ -11,8 +11,9 @@ import time
 from aiohttp import web
 
 from cartonstore.server.api.context import SERVICE
+
 from .front import FrontConnection
-from .front_parts import BODY, DISCARD, HANDED, HEAD, RECV_CHUNK
+from .front_parts import RECV_CHUNK, Mode
 
 KEEPALIVE_TIMEOUT = 75.0   # seconds a connection may stay silent between requests (aiohttp's default)
 
@@ -62,7 +63,7 @@ class FrontServer:
         deadline = time.monotonic() + timeout
         while True:
             # A handed-over connection is aiohttp's: its own shutdown (AppRunner.cleanup) ends it.
-            ours = [conn for conn in self.connections if conn.mode != HANDED]
+            ours = [conn for conn in self.connections if conn.mode != Mode.HANDED]
             for conn in ours:
                 if conn.idle():
                     conn.transport.close()
@@ -70,7 +71,7 @@ class FrontServer:
                 break
             await asyncio.sleep(0.02)
         for conn in list(self.connections):
-            if conn.mode != HANDED:
+            if conn.mode != Mode.HANDED:
                 conn.transport.abort()
 
     async def _sweep(self) -> None:
@@ -80,5 +81,5 @@ class FrontServer:
             await asyncio.sleep(min(10.0, self.keepalive_timeout / 2))
             limit = time.monotonic() - self.keepalive_timeout
             for conn in list(self.connections):
-                if conn.mode in (HEAD, BODY, DISCARD) and conn.last_active < limit:
+                if conn.mode in (Mode.HEAD, Mode.BODY, Mode.DISCARD) and conn.last_active < limit:
                     conn.transport.close()

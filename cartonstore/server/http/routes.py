@@ -16,16 +16,17 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from cartonstore.v2 import json_codec
-from cartonstore.server.api.infer import InferAnswer, proxied_infer, serving_model
 from cartonstore.server.api.bodies import body_object
+from cartonstore.server.api.infer import InferAnswer, proxied_infer, serving_model
 from cartonstore.server.api.leases import release, renew, take
+from cartonstore.v2 import json_codec
 
 if TYPE_CHECKING:
-    from cartonstore.server.tensors.arena import ArenaSlot
-    from .http1 import RequestHead
     from cartonstore.server.models.service import ModelService
+    from cartonstore.server.tensors.arena import ArenaSlot
     from cartonstore.server.tensors.shm_regions import Peer
+
+    from .http1 import RequestHead
 
 _INFER = re.compile(r"^/v2/models/([^/%?]+)(?:/versions/([^/%?]+))?/infer$")
 _LEASE = re.compile(r"^/v1/leases(?:/([^/%?]+)(/renew)?)?$")

@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import Sequence
 
 from cartonstore.errors import CATEGORIES, CartonStoreError, Unavailable, exit_code_for
-from cartonstore.store.gc import GcPolicy, GcReport, eviction_summary
 from cartonstore.format.units import format_size
+from cartonstore.store.gc import GcPolicy, GcReport, eviction_summary
 
 CHILD_NICENESS = 10  # gc is background work: the daemon's requests come first
 

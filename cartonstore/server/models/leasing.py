@@ -20,6 +20,7 @@ from cartonstore.store import Store
 from cartonstore.store.group_commit import GroupCommit
 from cartonstore.store.names import carton_named
 from cartonstore.system.flights import SingleFlight
+
 from .loaded_model import OWNED_LEASE_PREFIXES, Granted, LeaseSettings
 from .metrics import Metrics
 

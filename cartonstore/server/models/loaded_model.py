@@ -8,9 +8,10 @@ from pathlib import Path
 from typing import Any
 
 from cartonstore.format.carton_toml import CartonConfig
-from cartonstore.store.lease_rows import LeaseRow
-from .runtime import files_only_note
 from cartonstore.server.runners import ModelRunners
+from cartonstore.store.lease_rows import LeaseRow
+
+from .runtime import files_only_note
 
 READY, LOADING, UNAVAILABLE = "READY", "LOADING", "UNAVAILABLE"
 

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
+from cartonstore.config.runners import RunnerSettings
 from cartonstore.errors import InvalidInput
 from cartonstore.format.carton_toml import CartonConfig
-from cartonstore.config.runners import RunnerSettings
 from cartonstore.format.semver import parse_version, version_satisfies
 from cartonstore.server.runners import InstanceSpec, fill_argv, instance_socket_path
 

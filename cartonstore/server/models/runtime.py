@@ -13,11 +13,12 @@ import logging
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from cartonstore.format.carton_toml import CartonConfig
 from cartonstore.config.runners import RunnerSettings as RunnerConfig
-from cartonstore.server.tensors.arena import TensorArena
-from .runner_plan import instance_devices, instance_specs, plan_runner, runner_opts
+from cartonstore.format.carton_toml import CartonConfig
 from cartonstore.server.runners import ModelRunners, RunnerSettings, clean_stale_sockets, ensure_run_dir
+from cartonstore.server.tensors.arena import TensorArena
+
+from .runner_plan import instance_devices, instance_specs, plan_runner, runner_opts
 
 log = logging.getLogger("cartonstore.server")
 

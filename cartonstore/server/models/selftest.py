@@ -11,6 +11,7 @@ from pathlib import Path
 
 from cartonstore.carton.selftest import SelfTestReport, infer_via, run_self_tests, self_test_cases
 from cartonstore.errors import InvalidInput
+
 from .loaded_model import LoadedModel
 from .runtime import RunnerHost
 

@@ -14,26 +14,28 @@ import logging
 import time
 from typing import Any
 
+from cartonstore.config.runners import RunnerSettings as RunnerConfig
 from cartonstore.errors import CartonStoreError, InvalidInput, NotFound
 from cartonstore.fetch.puller import Puller
 from cartonstore.format.dtypes import tensor_metadata
-from cartonstore.config.runners import RunnerSettings as RunnerConfig
+from cartonstore.server.tensors.arena import DEFAULT_SIZE as ARENA_SIZE
+from cartonstore.server.tensors.arena import TensorArena
+from cartonstore.server.tensors.check_pool import CheckPool
+from cartonstore.server.tensors.shm_regions import ShmRegions
 from cartonstore.store import Store
 from cartonstore.store.gc import GcPolicy, GcReport
 from cartonstore.store.materialize import remove_tree
 from cartonstore.store.names import carton_named, restore_name, validate_name
 from cartonstore.store.owner import tmp_name
+
 from .collector import collect_in_child, gc_summary
-from .load_params import b64_parameter, parse_triton_config, write_tree
-from .metrics import Metrics
 from .leasing import Leasing, resolve_on
+from .load_params import b64_parameter, parse_triton_config, write_tree
 from .loaded_model import READY, UNAVAILABLE, LeaseSettings, LoadedModel, pin_id, ready_reason
-from .runtime import RunnerHost
+from .metrics import Metrics
 from .runner_plan import instance_devices
+from .runtime import RunnerHost
 from .selftest import self_tested_on_load
-from cartonstore.server.tensors.shm_regions import ShmRegions
-from cartonstore.server.tensors.arena import DEFAULT_SIZE as ARENA_SIZE, TensorArena
-from cartonstore.server.tensors.check_pool import CheckPool
 
 log = logging.getLogger("cartonstore.server")
 

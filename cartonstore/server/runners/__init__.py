@@ -11,6 +11,7 @@ its Unix socket.
 from __future__ import annotations
 
 from cartonstore.config.runner_command import PLACEHOLDERS, fill_argv, template_placeholders
+
 from .pool import ModelRunners
 from .settings import LOADING, READY, UNAVAILABLE, InstanceSpec, RunnerResponse, RunnersBusy, RunnerSettings
 from .sockets import clean_stale_sockets, ensure_run_dir, instance_socket_path

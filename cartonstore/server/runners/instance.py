@@ -12,9 +12,17 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable, Mapping, Sequence
 
 from cartonstore.errors import Unavailable
 from cartonstore.v2.shm_params import ARENA_EXTENSION
+
 from .process import RunnerFailed, RunnerProcess, seconds
-from .settings import FORWARDED_RESPONSE_HEADERS, LOADING, READY, UNAVAILABLE, InstanceSpec, RunnerResponse, \
-    RunnerSettings
+from .settings import (
+    FORWARDED_RESPONSE_HEADERS,
+    LOADING,
+    READY,
+    UNAVAILABLE,
+    InstanceSpec,
+    RunnerResponse,
+    RunnerSettings,
+)
 from .shm_link import RunnerShmLink
 from .sockets import remove_socket
 from .wire import BadResponse, RunnerClient

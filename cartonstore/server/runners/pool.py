@@ -15,6 +15,7 @@ import time
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from cartonstore.errors import InvalidInput, Unavailable
+
 from .instance import RunnerInstance
 from .process import RunnerFailed
 from .settings import LOADING, READY, UNAVAILABLE, InstanceSpec, RunnerResponse, RunnersBusy, RunnerSettings

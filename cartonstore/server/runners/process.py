@@ -22,6 +22,7 @@ import time
 from cartonstore.system.exit_notice import ExitNoticingProtocol
 from cartonstore.system.parent_death import die_with
 from cartonstore.v2.shm_params import ARENA_FD_ENV
+
 from .settings import InstanceSpec
 from .wire import BadResponse, RunnerClient
 

@@ -21,6 +21,7 @@ from cartonstore.v2.error_body import error_text
 
 if TYPE_CHECKING:
     from cartonstore.server.tensors.shm_regions import Region
+
     from .wire import RunnerClient
 
 log = logging.getLogger("cartonstore.server.runners")

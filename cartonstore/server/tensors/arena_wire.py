@@ -19,6 +19,7 @@ from typing import Any
 from cartonstore.errors import Unavailable
 from cartonstore.v2.framing import HEADER_LENGTH, InferRequest
 from cartonstore.v2.shm_params import ARENA_OUTPUTS, ARENA_REGION, BYTE_SIZE, OFFSET, REGION
+
 from .arena import ArenaSlot
 
 MAX_HEADER = 64 * 1024   # bigger JSON headers (JSON data in them) are forwarded as they came: re-encoding costs more

@@ -17,8 +17,8 @@ import asyncio
 import logging
 import os
 import pickle
-import subprocess
 import signal
+import subprocess
 import sys
 import time
 from collections.abc import Coroutine, Sequence
@@ -26,9 +26,10 @@ from typing import Any
 
 from cartonstore.errors import InvalidInput
 from cartonstore.format.carton_toml import TensorSpec
+from cartonstore.system.exit_notice import ExitNoticingProtocol
+
 from .check_worker import ANSWER_HEAD, TASK_HEAD
 from .infer_check import Forward
-from cartonstore.system.exit_notice import ExitNoticingProtocol
 
 log = logging.getLogger("cartonstore.server")
 

@@ -32,6 +32,7 @@ from typing import BinaryIO
 
 from cartonstore.errors import InvalidInput
 from cartonstore.system.parent_death import die_with
+
 from .infer_check import checked_unless_shm
 
 TASK_HEAD = struct.Struct("<IQ")

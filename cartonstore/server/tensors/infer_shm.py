@@ -12,13 +12,13 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
-from typing import Any
-
 from math import prod
+from typing import Any
 
 from cartonstore.v2.elements import fail
 from cartonstore.v2.framing import HEADER_LENGTH, InferRequest, WireTensor
 from cartonstore.v2.shm_params import REGION, with_region
+
 from .shm_regions import Peer, Region, ShmRegions
 
 

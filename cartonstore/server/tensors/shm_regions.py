@@ -27,7 +27,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cartonstore.errors import InvalidInput
-from cartonstore.system.shm_objects import object_size_problem, open_region, read_region, register_fields, unlinked_problem
+from cartonstore.system.shm_objects import (
+    object_size_problem,
+    open_region,
+    read_region,
+    register_fields,
+    unlinked_problem,
+)
 from cartonstore.v2.shm_params import ShmRef, check_within, missing_region
 
 MAX_REGIONS = 4096     # per owner: each holds an fd
