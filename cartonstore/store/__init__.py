@@ -1,4 +1,11 @@
-"""The content-addressed store: blobs, index, materialized models."""
+"""The content-addressed store: blobs named by their sha256 (blobs.py), one
+SQLite index of cartons, entries, names, leases and sources (index.py),
+read-only model directories built of hardlinks (materialize.py), garbage
+collection (gc.py plans, collection.py applies) and verification.
+
+Entry point: ``Store`` (store.py), the library the CLI and the daemon call;
+``validate_name`` and ``VerifyReport`` too. Names are imported on first use.
+"""
 
 from cartonstore.system.lazy_names import lazy_names
 
