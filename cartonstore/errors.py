@@ -75,6 +75,15 @@ class ManifestMismatch(IntegrityError):
         self.problem = problem
 
 
+class PermissionDenied(CartonStoreError):
+    """The caller's credential does not cover what it asked (HTTP 403): the
+    peer token outside /v1/blobs, say."""
+
+
+class Unauthenticated(PermissionDenied):
+    """A route that needs a credential got none, or a wrong one (HTTP 401)."""
+
+
 class Unavailable(CartonStoreError):
     """Something needed is out of reach right now: network, disk space, a lock."""
 
@@ -109,6 +118,8 @@ CATEGORIES: list[tuple[type[CartonStoreError], int, int]] = [
     (IntegrityError, 5, 500),
     (Unavailable, 6, 503),
     (Conflict, 7, 409),
+    (Unauthenticated, 9, 401),
+    (PermissionDenied, 9, 403),
     (AlreadyExists, 7, 409),
     (CartonStoreError, 1, 500),
 ]

@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlsplit
 
-from cartonstore.errors import CartonStoreError, Conflict, InvalidInput, NotFound, Unavailable
+from cartonstore.errors import (CartonStoreError, Conflict, InvalidInput, NotFound, PermissionDenied, Unauthenticated,
+                                Unavailable)
 
 log = logging.getLogger("cartonstore.client")   # not __name__: the name leases.py documents
 
@@ -30,7 +31,8 @@ EXIT_TIMEOUT = 5.0
 _RETRY_FIRST = 0.5
 
 _STATUS_ERRORS: dict[int, type[CartonStoreError]] = {
-    400: InvalidInput, 404: NotFound, 409: Conflict, 503: Unavailable,
+    400: InvalidInput, 401: Unauthenticated, 403: PermissionDenied, 404: NotFound, 409: Conflict,
+    503: Unavailable,
 }
 
 

@@ -289,8 +289,13 @@ def _check(config: Config, origins: Mapping[str, tuple[int, str]]) -> None:
     if address and not server.allow_remote_listen and not is_loopback(address[0]):
         raise _conflict(origins, ("server.listen", "server.allow_remote_listen"),
                         f"{server.listen!r} is not a loopback address (127.0.0.0/8, ::1, "
-                        f"localhost); the API has no authentication, so listening on other "
-                        f"hosts needs server.allow_remote_listen = true")
+                        f"localhost): listening on other hosts needs server.allow_remote_listen = true, "
+                        f"and server.token (or token_file) or server.tls_client_ca")
+    if address and not is_loopback(address[0]) and not (server.token or server.token_file or server.tls_client_ca):
+        raise _conflict(origins, ("server.listen", "server.token", "server.token_file", "server.tls_client_ca"),
+                        f"{server.listen!r} is not a loopback address and no credential is configured: "
+                        f"set server.token (or server.token_file) or server.tls_client_ca, so that TCP "
+                        f"callers must authenticate (anyone reaching the port could load code)")
     if leases.default_ttl > leases.max_ttl:
         raise _conflict(origins, ("leases.default_ttl", "leases.max_ttl"),
                         f"leases.default_ttl ({v.duration_text(leases.default_ttl)}) must not "

@@ -34,36 +34,13 @@ def _check_urls(urls: tuple[str, ...]) -> None:
                                f"<peer>/v1/blobs/<sha256>), with no path or query: {describe(url)}")
 
 
-def _is_token(text: str) -> bool:
-    """It goes in an Authorization header as it is: printable ASCII, no spaces."""
-    return text.isascii() and text.isprintable() and not any(c.isspace() for c in text)
-
-
-def _token(value: object) -> str:
-    if not isinstance(value, str) or not _is_token(value):
-        raise v.BadValue("expected a token as a string of printable ASCII without spaces")
-    return value
-
-
-def read_token(path: Path) -> str:
-    try:
-        token = path.read_text().strip()
-    except OSError as e:
-        raise InvalidInput(f"peers.token_file {path}: cannot read it ({e.strerror})", subject=str(path)) from None
-    except UnicodeDecodeError:
-        token = "\0"   # refused below, as any other unusable content
-    if not token or not _is_token(token):
-        raise InvalidInput(f"peers.token_file {path}: expected one token without spaces", subject=str(path))
-    return token
-
-
 @dataclass(frozen=True)
 class PeerSettings:
     """[peers]"""
 
     urls: tuple[str, ...] = v.setting(_DEFAULTS.urls, v.strings(_check_urls))
     # The shared secret peers send (and this node's /v1/blobs requires over TCP). Prefer token_file.
-    token: str = v.setting("", _token)
+    token: str = v.setting("", v.token)
     token_file: Path | None = v.setting(None, v.path(empty=None), v.show_path)  # noqa: RUF009 - a field()
     timeout: float = v.duration_setting(_DEFAULTS.timeout, positive=True)
     down_for: float = v.duration_setting(_DEFAULTS.down_for, positive=False)
@@ -73,6 +50,6 @@ class PeerSettings:
     ca_file: Path | None = v.setting(None, v.path(empty=None), v.show_path)  # noqa: RUF009 - a field()
 
     def peer_config(self) -> PeerConfig:
-        token = read_token(self.token_file) if self.token_file is not None else self.token
+        token = v.read_token(self.token_file, "peers.token_file") if self.token_file is not None else self.token
         return PeerConfig(tuple(u.rstrip("/") for u in self.urls), token, self.timeout, self.down_for, self.wait,
                           self.tls_cert, self.tls_key, self.ca_file)

@@ -5,6 +5,7 @@
     socket_mode = "0660"
     socket_group = ""           # "": the daemon's group
     listen = ""                 # "" or HOST:PORT for a TCP listener
+    token_file = ""             # the Bearer token TCP callers must send (or token = "...")
 """
 
 from __future__ import annotations
@@ -100,6 +101,13 @@ class ServerSettings:
     tls_cert: Path | None = v.setting(None, v.path(empty=None), v.show_path)  # noqa: RUF009 - a field()
     tls_key: Path | None = v.setting(None, v.path(empty=None), v.show_path)  # noqa: RUF009 - a field()
     tls_client_ca: Path | None = v.setting(None, v.path(empty=None), v.show_path)  # noqa: RUF009 - a field()
+    # The Bearer token every TCP caller must send (api/access.py); prefer token_file, kept out of this file.
+    token: str = v.setting("", v.token)
+    token_file: Path | None = v.setting(None, v.path(empty=None), v.show_path)  # noqa: RUF009 - a field()
+
+    def api_token(self) -> str:
+        """server.token, or the one in server.token_file ("" for none)."""
+        return v.read_token(self.token_file, "server.token_file") if self.token_file is not None else self.token
 
     @property
     def check_worker_count(self) -> int:

@@ -201,3 +201,28 @@ def duration_setting(default: float, *, positive: bool) -> Any:
     return setting(default, duration(positive=positive), duration_text)
 
 
+# -- secrets ----------------------------------------------------------------------
+
+
+def _is_token(text: str) -> bool:
+    """It goes in an Authorization header as it is: printable ASCII, no spaces."""
+    return text.isascii() and text.isprintable() and not any(c.isspace() for c in text)
+
+
+def token(value: object) -> str:
+    if not isinstance(value, str) or not _is_token(value):
+        raise BadValue("expected a token as a string of printable ASCII without spaces")
+    return value
+
+
+def read_token(path: Path, key: str) -> str:
+    """The one token in a file (a secret kept out of the settings file)."""
+    try:
+        text = path.read_text().strip()
+    except OSError as e:
+        raise InvalidInput(f"{key} {path}: cannot read it ({e.strerror})", subject=str(path)) from None
+    except UnicodeDecodeError:
+        text = "\0"   # refused below, as any other unusable content
+    if not text or not _is_token(text):
+        raise InvalidInput(f"{key} {path}: expected one token without spaces", subject=str(path))
+    return text

@@ -26,6 +26,7 @@ from cartonstore.config.runners import RunnerSettings as RunnerConfig
 from cartonstore.errors import InvalidInput
 from cartonstore.fetch.config import FetchConfig
 from cartonstore.fetch.puller import Puller
+from cartonstore.server.api.access import TcpAccess
 from cartonstore.server.api.app import build_app
 from cartonstore.server.http.event_loop import loop_name, run_loop
 from cartonstore.server.http.front_server import FrontServer
@@ -37,6 +38,7 @@ from cartonstore.store import Store
 from cartonstore.store.gc import GcPolicy
 from cartonstore.system.long_lived import settle_heap
 from cartonstore.system.malloc_tuning import keep_big_buffers
+from cartonstore.system.hosts import is_loopback
 from cartonstore.system.sockets import bind_tcp, bind_unix, describe_socket, inherited_sockets, notify
 from cartonstore.zipfmt import ZipLimits
 
@@ -64,7 +66,19 @@ class DaemonSettings:
     runners: RunnerConfig = field(default_factory=RunnerConfig)
     tls_cert: Path | None = None        # TLS on TCP listeners...
     tls_key: Path | None = None
-    tls_client_ca: Path | None = None   # ...asking clients for a certificate this CA signed (peers' mTLS)
+    tls_client_ca: Path | None = None   # ...asking clients for a certificate this CA signed (a credential)
+    token: str = ""                     # server.token: the Bearer token TCP callers must send
+
+    def tcp_access(self) -> TcpAccess:
+        """What TCP callers must show. A listener beyond loopback with no
+        credential configured would let anyone who reaches it load code:
+        refused (InvalidInput) before anything is bound."""
+        access = TcpAccess(self.token, self.fetch.peers.token, self.tls_client_ca is not None)
+        if self.listen and not access.has_credential and not is_loopback(self.listen.rsplit(":", 1)[0]):
+            raise InvalidInput(f"server.listen {self.listen!r} is not a loopback address and no credential is "
+                               "configured: set server.token (or server.token_file), or server.tls_client_ca, "
+                               "so that TCP callers must authenticate", subject="server.listen")
+        return access
 
     def tls_context(self) -> ssl.SSLContext | None:
         """The TCP listeners' TLS context; None for plain HTTP. A client
@@ -135,6 +149,7 @@ class Daemon:
     async def run(self) -> None:
         s = self.settings
         self._tls = s.tls_context()   # a bad certificate stops the start before anything is bound
+        access = s.tcp_access()
         # Bind first: a second daemon on a live socket stops at that conflict
         # having started, cleaned and logged nothing.
         socks = self._sockets()
@@ -149,7 +164,7 @@ class Daemon:
                                            check_workers=s.check_workers)
                     service.runner_host.prepare()
                     app = build_app(service, service.metrics, max_request_size=s.max_request_size,
-                                    access_log=s.access_log, peer_certs=s.tls_client_ca is not None)
+                                    access_log=s.access_log, tcp_access=access)
                     serving = True  # from here _serve closes the sockets and unlinks the socket file
                     await self._serve(app, service, socks)
             finally:

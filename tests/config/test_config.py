@@ -95,6 +95,8 @@ DEFAULTS = {
     "server.tls_cert": None,
     "server.tls_key": None,
     "server.tls_client_ca": None,
+    "server.token": "",
+    "server.token_file": None,
     "leases.default_ttl": 60.0,
     "leases.max_ttl": 3600.0,
     "leases.pin_ttl": 120.0,
@@ -261,6 +263,8 @@ FILE_VALUES = [
     ("server.tls_cert", '"/etc/cartonstore/node.pem"', Path("/etc/cartonstore/node.pem")),
     ("server.tls_key", '"/etc/cartonstore/node.key"', Path("/etc/cartonstore/node.key")),
     ("server.tls_client_ca", '"/etc/cartonstore/fleet-ca.pem"', Path("/etc/cartonstore/fleet-ca.pem")),
+    ("server.token", '"api-s3cret"', "api-s3cret"),
+    ("server.token_file", '"/etc/cartonstore/api-token"', Path("/etc/cartonstore/api-token")),
     ("peers.urls", '["http://10.0.0.2:7070", "https://node3:7070/"]', ("http://10.0.0.2:7070", "https://node3:7070/")),
     ("peers.token", '"s3cret-token"', "s3cret-token"),
     ("peers.token_file", '"/etc/cartonstore/peer-token"', Path("/etc/cartonstore/peer-token")),
@@ -532,6 +536,8 @@ BAD_VALUES = [
     ("peers.urls", '["node2/x"]', "no scheme"),
     ("peers.urls", '["http://10.0.0.2:7070/v1/blobs"]', "with no path or query"),
     ("peers.token", '"two words"', "without spaces"),
+    ("server.token", '"two words"', "without spaces"),
+    ("server.token_file", "1", "expected a path"),
     ("peers.token", '"caf\u00e9"', "printable ASCII"),
     ("peers.token_file", "1", "expected a path"),
     ("peers.timeout", "0", "expected a duration > 0"),
@@ -651,7 +657,9 @@ def test_remote_listen_needs_allow_remote_listen(tmp_path: Path, listen: str) ->
     with pytest.raises(InvalidInput, match="allow_remote_listen = true") as caught:
         load_config(path, env={})
     assert str(caught.value).startswith(f"config {path}: server.listen: ")
-    allowed = load_config(path, env={}, overrides={"server.allow_remote_listen": "true"})
+    with pytest.raises(InvalidInput, match="no credential is configured: set server.token"):
+        load_config(path, env={}, overrides={"server.allow_remote_listen": "true"})
+    allowed = load_config(path, env={}, overrides={"server.allow_remote_listen": "true", "server.token": "t0ken"})
     assert allowed.server.listen == listen
 
 

@@ -146,7 +146,7 @@ def test_blobs_over_tcp_need_the_peer_token(tmp_path):
             with pytest.raises(urllib.error.HTTPError) as e:
                 urllib.request.urlopen(urllib.request.Request(blob, headers=headers), timeout=10)
             assert e.value.code == 401 and why in json.loads(e.value.read())["error"]
-            assert e.value.headers["WWW-Authenticate"] == 'Bearer realm="cartonstore peers"'
+            assert e.value.headers["WWW-Authenticate"] == 'Bearer realm="cartonstore"'
         ok = urllib.request.urlopen(urllib.request.Request(blob, headers={"Authorization": f"Bearer {TOKEN}"}),
                                     timeout=10)
         assert ok.read() == pool[0]
@@ -234,6 +234,7 @@ def metric_tls(node, pki, name: str, labels: str) -> float:  # noqa: ANN001
     import ssl
 
     context = ssl.create_default_context(cafile=str(pki["ca.pem"]))
+    context.load_cert_chain(str(pki["node.pem"]), str(pki["node.key"]))   # a credential, as every TCP route needs
     text = urllib.request.urlopen(f"{node.http_url}/metrics", context=context, timeout=10).read().decode()
     return next(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(f"{name}{{{labels}}} "))
 
@@ -267,7 +268,7 @@ def test_a_registry_carton_takes_its_blobs_from_a_peer(tmp_path, make_carton, mo
     """A node adds an OCI carton; a second one (in this process) adding it
     takes every layer from the first node and only the manifest from the registry."""
     from kit.fetchkit import fast_config, pull
-    from test_oci import FILES
+    from kit.ocikit import FILES
 
     from cartonstore.fetch.config import PeerConfig
     from cartonstore.store import Store
@@ -276,7 +277,7 @@ def test_a_registry_carton_takes_its_blobs_from_a_peer(tmp_path, make_carton, mo
     with Registry(tmp_path / "registry") as registry, short_dir() as base:
         with Store(tmp_path / "src") as source:
             source.add(make_carton(FILES), name="m")
-            from test_oci import config, push
+            from kit.ocikit import config, push
 
             push(source, "m", registry.ref("models/m:v1"), config())
         with fleet(base, 1, peers_of=lambda i, u: []) as (node,):

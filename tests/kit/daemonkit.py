@@ -9,6 +9,8 @@ own under /tmp, not beside the store root: a Unix socket path has at most
 
 from __future__ import annotations
 
+import asyncio
+import json
 import os
 import shutil
 import signal
@@ -113,3 +115,17 @@ def wait_for(predicate, timeout: float = 10.0, interval: float = 0.05) -> bool: 
 
 
 __all__ = ["DaemonProcess", "signal", "unix_session", "wait_for"]
+
+
+async def call_socket(sock: Path, method: str, path: str, **kw) -> tuple[int, object]:  # noqa: ANN003
+    async with unix_session(sock) as s:
+        async with s.request(method, path, **kw) as r:
+            text = await r.text()
+            try:
+                return r.status, json.loads(text) if text else None
+            except json.JSONDecodeError:
+                return r.status, text
+
+
+def call(d: DaemonProcess, method: str, path: str, **kw) -> tuple[int, object]:  # noqa: ANN003
+    return asyncio.run(call_socket(d.socket_path, method, path, **kw))

@@ -13,36 +13,17 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import MINIMAL_TOML, sha, snapshot
-from kit.fetchkit import fast_config, materialize, pull
+from conftest import sha, snapshot
+from kit.fetchkit import materialize, pull
+from kit.ocikit import BIG, FILES, config, make_cert, push
 from kit.registrykit import PASSWORD, USER, Registry, needs_registry
 
 from cartonstore.errors import FetchError
-from cartonstore.fetch.config import RegistryConfig
-from cartonstore.fetch.puller import Puller
 from cartonstore.oci.artifact import ARTIFACT_TYPE, TITLE
-from cartonstore.oci.push import push_carton
 from cartonstore.store import Store
 from cartonstore.store.gc import GcPolicy
 
 pytestmark = needs_registry
-
-BIG = bytes(range(256)) * (3 << 12)   # 3 MiB: several chunks at a 1 MiB chunk size
-FILES = {"carton.toml": MINIMAL_TOML, "model/weights.bin": BIG, "model/vocab.txt": b"a\nb\nc\n",
-         "model/copy.txt": b"a\nb\nc\n"}
-
-
-def config(**registries) -> object:  # noqa: ANN003
-    registries.setdefault("chunk_size", 1 << 20)
-    return fast_config(registries=RegistryConfig(**registries))
-
-
-def push(store: Store, ref: str, target: str, cfg) -> object:  # noqa: ANN001
-    async def run():  # noqa: ANN202
-        async with Puller(store, cfg) as p:
-            return await push_carton(p, ref, target)
-    return asyncio.run(run())
-
 
 @pytest.fixture
 def registry(tmp_path: Path, monkeypatch):  # noqa: ANN001, ANN201
@@ -212,7 +193,7 @@ def test_bearer_tokens_with_credentials(tmp_path: Path, registry: Registry, make
 def test_cli_push_and_add_and_a_daemon_load_by_oci_source(tmp_path: Path, registry: Registry, daemon,
                                                           capsys) -> None:  # noqa: ANN001
     from conftest import FIXTURE_CARTON, FIXTURE_DIGEST
-    from test_daemon_api import call
+    from kit.daemonkit import call
 
     from cartonstore.cli.commands import main
 
@@ -269,20 +250,6 @@ def test_a_blob_that_cannot_be_sent_fails_the_push_and_puts_no_manifest(tmp_path
 
 
 # -- TLS -----------------------------------------------------------------------------------
-
-
-def make_cert(directory: Path) -> tuple[Path, Path]:
-    import shutil
-    import subprocess
-
-    if shutil.which("openssl") is None:
-        pytest.skip("openssl is not installed")
-    cert, key = directory / "cert.pem", directory / "key.pem"
-    directory.mkdir(parents=True, exist_ok=True)
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=127.0.0.1",
-                    "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
-                   check=True, capture_output=True, timeout=60)
-    return cert, key
 
 
 def test_https_registry_is_verified_with_the_configured_ca(tmp_path: Path, make_carton, monkeypatch) -> None:  # noqa: ANN001

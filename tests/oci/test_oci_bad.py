@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 from conftest import MINIMAL_TOML, manifest_for, sha, snapshot
 from kit.fetchkit import fast_config, pull
+from kit.ocikit import FILES, config, push
 from kit.origin import Fault
 from kit.registrykit import Registry, needs_registry
-from test_oci import FILES, config, push
 
 from cartonstore.errors import CartonStoreError, FetchError, InvalidCarton, InvalidInput
 from cartonstore.store import Store

@@ -13,7 +13,7 @@ import pytest
 import tritonclient.http as triton
 import tritonclient.http.aio as triton_aio
 from conftest import FIXTURE_CARTON, FIXTURE_DIGEST, short_dir
-from kit.daemonkit import DaemonProcess, unix_session
+from kit.daemonkit import DaemonProcess, call, call_socket, unix_session
 from tritonclient.utils import InferenceServerException
 
 from cartonstore.cli.commands import main
@@ -82,20 +82,6 @@ def test_tritonclient_aio(served: DaemonProcess) -> None:
             await c.close()
 
     asyncio.run(run())
-
-
-async def _call(sock: Path, method: str, path: str, **kw) -> tuple[int, object]:  # noqa: ANN003
-    async with unix_session(sock) as s:
-        async with s.request(method, path, **kw) as r:
-            text = await r.text()
-            try:
-                return r.status, json.loads(text) if text else None
-            except json.JSONDecodeError:
-                return r.status, text
-
-
-def call(d: DaemonProcess, method: str, path: str, **kw) -> tuple[int, object]:  # noqa: ANN003
-    return asyncio.run(_call(d.socket_path, method, path, **kw))
 
 
 def test_leases_over_the_unix_socket(served: DaemonProcess) -> None:
@@ -211,7 +197,7 @@ def test_concurrent_leases_share_one_fetch(daemon: DaemonProcess, tmp_path: Path
                  "--progress", "none"]) == 0
 
     async def many() -> list:
-        return await asyncio.gather(*(_call(daemon.socket_path, "POST", "/v1/leases", json={"model": "lazy"})
+        return await asyncio.gather(*(call_socket(daemon.socket_path, "POST", "/v1/leases", json={"model": "lazy"})
                                       for _ in range(16)))
 
     results = asyncio.run(many())

@@ -17,11 +17,12 @@ from typing import Any, Awaitable, Callable
 from aiohttp import web
 
 from cartonstore import __version__
-from cartonstore.errors import CartonStoreError, InvalidInput, http_status_for
+from cartonstore.errors import CartonStoreError, InvalidInput, Unauthenticated, http_status_for
 from cartonstore.server.models.metrics import CONTENT_TYPE, Metrics
 from cartonstore.server.models.selftest import SelfTestFailed
 from cartonstore.server.models.service import ModelService
 from cartonstore.server.runners.settings import RunnersBusy
+from cartonstore.server.tensors.shm_regions import peer_of
 from cartonstore.store.gc import GcPolicy
 
 from . import examples as examples_api
@@ -29,7 +30,8 @@ from . import leases as lease_api
 from . import selftest as selftest_api
 from . import shm as shm_api
 from .blobs import serve_blob
-from .context import ACCESS_LOG, METRICS, PEER_CERTS, SERVICE, body_json, parameters, svc
+from .access import REALM, TcpAccess
+from .context import ACCESS_LOG, METRICS, SERVICE, TCP_ACCESS, body_json, parameters, svc
 from .infer import infer
 from .responses import ERROR_TEXT, POLLED, error
 
@@ -46,7 +48,8 @@ def failure(exc: Exception, method: str, path: str) -> tuple[int, str, dict[str,
     not take the daemon down)."""
     if isinstance(exc, CartonStoreError):
         # a source's Retry-After (FetchError's) is not the daemon's to give
-        extra = {"Retry-After": str(math.ceil(exc.retry_after))} if isinstance(exc, RunnersBusy) else {}
+        extra = {"Retry-After": str(math.ceil(exc.retry_after))} if isinstance(exc, RunnersBusy) else \
+            {"WWW-Authenticate": REALM} if isinstance(exc, Unauthenticated) else {}
         return http_status_for(exc), str(exc), extra
     log.exception("unexpected error handling %s %s", method, path)
     return 500, "internal error (see the daemon's log)", {}
@@ -71,6 +74,11 @@ def record_request(app: web.Application, route: str, method: str, path_qs: str, 
 async def errors_and_metrics(request: web.Request, handler: Handler) -> web.StreamResponse:
     started = time.perf_counter()
     try:
+        if request.transport is None:
+            raise InvalidInput("the connection closed before its request was read")
+        if not peer_of(request.transport).unix:
+            request.app[TCP_ACCESS].check(request.path, request.headers.get("Authorization"),
+                                          bool(request.transport.get_extra_info("peercert")))
         response = await handler(request)
     except web.HTTPException as e:
         response = error(e.status, e.reason or "error") if e.status >= 400 else e
@@ -187,8 +195,7 @@ def gc_policy_from(body: dict[str, Any]) -> GcPolicy:
 
 async def blob(request: web.Request) -> web.StreamResponse:
     service = svc(request)
-    return await serve_blob(request, service.store, request.app[METRICS], service.puller.fetcher.peers,
-                            client_ca=request.app[PEER_CERTS])
+    return await serve_blob(request, service.store, request.app[METRICS], service.puller.fetcher.peers)
 
 
 async def metrics(request: web.Request) -> web.Response:
@@ -202,14 +209,14 @@ async def not_found(request: web.Request) -> web.Response:
 
 
 def build_app(service: ModelService, metrics_: Metrics, *, max_request_size: int = 256 << 20,
-              access_log: bool = False, peer_certs: bool = False) -> web.Application:
+              access_log: bool = False, tcp_access: TcpAccess | None = None) -> web.Application:
     """access_log: one info line per request answered (errors always get one);
-    peer_certs: /v1/blobs over TCP takes only clients with a verified certificate."""
+    tcp_access: what callers over TCP must show (access.py)."""
     app = web.Application(middlewares=[errors_and_metrics], client_max_size=max_request_size)
     app[SERVICE] = service
     app[METRICS] = metrics_
     app[ACCESS_LOG] = access_log
-    app[PEER_CERTS] = peer_certs
+    app[TCP_ACCESS] = tcp_access or TcpAccess()
     metrics_.watch(service.live_values)
     r = app.router
     r.add_get("/v2/health/live", live)

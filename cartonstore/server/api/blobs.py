@@ -5,15 +5,15 @@ Identity responses support Range (aiohttp's FileResponse, with sendfile);
 when the client accepts zstd or gzip (and asks no Range) the body is
 compressed on the fly, chunk by chunk, in a worker thread.
 
-Over TCP, with peers.token set the caller must send it as a Bearer token,
-and with server.tls_client_ca it must have shown a certificate that CA
-signed; callers on the Unix socket are this host's and need neither.
+Over TCP, with peers.token set the caller must send it (or server.token)
+as a Bearer token, and with server.tls_client_ca it must have shown a
+certificate that CA signed (access.py checks both before this route runs);
+callers on the Unix socket are this host's and need neither.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hmac
 import os
 import zlib
 from typing import BinaryIO
@@ -25,10 +25,8 @@ from cartonstore.errors import InvalidInput, NotFound
 from cartonstore.fetch.peers import NODE_HEADER, WAIT_HEADER, PeerSet
 from cartonstore.format.digest import is_sha256
 from cartonstore.server.models.metrics import Metrics
-from cartonstore.server.tensors.shm_regions import peer_of
 from cartonstore.store import Store
 
-from .responses import error
 
 CHUNK = 1 << 20
 
@@ -62,28 +60,10 @@ def _compressor(name: str):  # noqa: ANN202
     return zlib.compressobj(6, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
 
 
-def refusal(request: web.Request, token: str, client_ca: bool) -> web.Response | None:
-    """The answer to a TCP caller that lacks what peers must show, else None."""
-    if request.transport is None:
-        raise InvalidInput("the connection closed before its request was read")
-    if peer_of(request.transport).unix:
-        return None
-    if client_ca and not request.transport.get_extra_info("peercert"):
-        return error(403, "/v1/blobs over TCP takes only clients with a certificate signed by server.tls_client_ca")
-    sent = request.headers.get("Authorization", "")
-    if token and not hmac.compare_digest(sent.encode(), f"Bearer {token}".encode()):
-        answer = error(401, "/v1/blobs over TCP needs this fleet's peer token (peers.token) as a Bearer token"
-                       + (": the one sent is not it" if sent else ""))
-        answer.headers["WWW-Authenticate"] = 'Bearer realm="cartonstore peers"'
-        return answer
-    return None
-
-
-async def serve_blob(request: web.Request, store: Store, metrics: Metrics, peers: PeerSet, *,
-                     client_ca: bool = False) -> web.StreamResponse:
+async def serve_blob(request: web.Request, store: Store, metrics: Metrics, peers: PeerSet) -> web.StreamResponse:
+    """Who may ask over TCP was checked before (access.py: the peer token,
+    a client certificate)."""
     digest = request.match_info["digest"]
-    if (refused := refusal(request, peers.config.token, client_ca)) is not None:
-        return refused
     if not is_sha256(digest):
         raise InvalidInput(f"{digest!r} is not a sha256 digest (64 lowercase hex)")
     path = store.blobs.path(digest)

@@ -14,12 +14,13 @@ from cartonstore.errors import InvalidInput
 from cartonstore.server.models.metrics import Metrics
 from cartonstore.server.models.service import ModelService
 
+from .access import TcpAccess
 from .bodies import body_object, request_body
 
 SERVICE: web.AppKey[ModelService] = web.AppKey("service", ModelService)
 METRICS: web.AppKey[Metrics] = web.AppKey("metrics", Metrics)
 ACCESS_LOG: web.AppKey[bool] = web.AppKey("access_log", bool)
-PEER_CERTS: web.AppKey[bool] = web.AppKey("peer_certs", bool)   # /v1/blobs over TCP needs a client certificate
+TCP_ACCESS: web.AppKey[TcpAccess] = web.AppKey("tcp_access", TcpAccess)   # who may call what over TCP
 
 
 async def body_json(request: web.Request) -> dict[str, Any]:

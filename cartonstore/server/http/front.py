@@ -205,6 +205,9 @@ class FrontConnection(asyncio.BufferedProtocol):
         unread = length
         slot = None
         try:
+            if not self.peer.unix:   # who may call what over TCP (api/access.py), before anything else
+                self.front.access.check(head.path, head.headers.get("authorization"),
+                                        bool(self.transport.get_extra_info("peercert")))
             service = self.front.service
             first = route.check_first(service)  # an unknown model is refused before its body is read
             coding = content_coding(head.headers.get("content-encoding"))

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from aiohttp import web
 
+from cartonstore.server.api.access import TcpAccess
 from cartonstore.server.api.infer import InferAnswer
 from cartonstore.server.tensors.arena import ARENA_FROM, ArenaSlot, TensorArena
 
@@ -41,6 +42,7 @@ class Front(Protocol):
 
     app: web.Application
     service: ModelService
+    access: TcpAccess
     aiohttp_server: web.Server
     max_request_size: int
     scratch: memoryview

@@ -10,7 +10,7 @@ import time
 
 from aiohttp import web
 
-from cartonstore.server.api.context import SERVICE
+from cartonstore.server.api.context import SERVICE, TCP_ACCESS
 
 from .front import FrontConnection
 from .front_parts import RECV_CHUNK, Mode
@@ -24,6 +24,7 @@ class FrontServer:
     def __init__(self, app: web.Application, aiohttp_server: web.Server, *, max_request_size: int) -> None:
         self.app = app
         self.service = app[SERVICE]
+        self.access = app[TCP_ACCESS]
         self.aiohttp_server = aiohttp_server
         self.max_request_size = max_request_size
         self.keepalive_timeout = KEEPALIVE_TIMEOUT

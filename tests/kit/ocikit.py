@@ -1,0 +1,47 @@
+"""Pushing cartons to a real registry: the carton most OCI tests push, the
+fetch settings for a registry, a push through the library, and a
+self-signed certificate for an https registry or proxy."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+from conftest import MINIMAL_TOML
+
+from cartonstore.fetch.config import RegistryConfig
+from cartonstore.fetch.puller import Puller
+from cartonstore.oci.push import push_carton
+from cartonstore.store import Store
+from kit.fetchkit import fast_config
+
+BIG = bytes(range(256)) * (3 << 12)   # 3 MiB: several chunks at a 1 MiB chunk size
+FILES = {"carton.toml": MINIMAL_TOML, "model/weights.bin": BIG, "model/vocab.txt": b"a\nb\nc\n",
+         "model/copy.txt": b"a\nb\nc\n"}
+
+
+def config(**registries) -> object:  # noqa: ANN003
+    registries.setdefault("chunk_size", 1 << 20)
+    return fast_config(registries=RegistryConfig(**registries))
+
+
+def push(store: Store, ref: str, target: str, cfg) -> object:  # noqa: ANN001
+    async def run():  # noqa: ANN202
+        async with Puller(store, cfg) as p:
+            return await push_carton(p, ref, target)
+    return asyncio.run(run())
+
+
+def make_cert(directory: Path) -> tuple[Path, Path]:
+    import shutil
+    import subprocess
+
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl is not installed")
+    cert, key = directory / "cert.pem", directory / "key.pem"
+    directory.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=127.0.0.1",
+                    "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
+                   check=True, capture_output=True, timeout=60)
+    return cert, key
