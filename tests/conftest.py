@@ -17,6 +17,11 @@ import pytest
 
 from cartonstore.store import Store
 
+# Runners of the daemons and CLIs the suite starts run unsandboxed: the suite
+# is about everything else, and as root a sandboxed runner needs a user and a
+# Python that user may run. tests/server/test_sandbox.py sets its own.
+os.environ.setdefault("CARTONSTORE_SANDBOX", "none")
+
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 FIXTURE_CARTON = FIXTURES / "carton-repo-test.carton"
 FIXTURE_DIGEST = "f1cae5143a92a44e3a7e1d9c32a0245065dfb6e0f1e91c18b5e44356d081dfb5"

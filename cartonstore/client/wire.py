@@ -17,8 +17,15 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlsplit
 
-from cartonstore.errors import (CartonStoreError, Conflict, InvalidInput, NotFound, PermissionDenied, Unauthenticated,
-                                Unavailable)
+from cartonstore.errors import (
+    CartonStoreError,
+    Conflict,
+    InvalidInput,
+    NotFound,
+    PermissionDenied,
+    Unauthenticated,
+    Unavailable,
+)
 
 log = logging.getLogger("cartonstore.client")   # not __name__: the name leases.py documents
 

@@ -43,7 +43,7 @@ from . import values as v
 from .fetch import POLICY_FIELDS, FetchSettings
 from .peers import PeerSettings
 from .registries import RegistrySettings
-from .runners import RunnerSettings
+from .runners import RUNNER_TABLES, RunnerSettings
 from .server import ServerSettings
 from .values import duration_text, size_text  # noqa: F401 - part of this module's API
 
@@ -56,6 +56,7 @@ ENV_VARS: Mapping[str, str] = MappingProxyType({
     "CARTONSTORE_LOG_FORMAT": "server.log_format",
     "CARTONSTORE_LOG_LEVEL": "server.log_level",
     "CARTONSTORE_ACCESS_LOG": "server.access_log",
+    "CARTONSTORE_SANDBOX": "runners.sandbox",
 })
 """Environment variable -> the setting it overrides. Empty variables are ignored."""
 
@@ -228,7 +229,8 @@ def _flatten(data: Mapping[str, Any], origin: str) -> dict[str, Any]:
             hint = _suggest(section, list(_SECTIONS))
             raise InvalidInput(f"{origin}: unknown section [{section}]{hint}", subject=section)
         if section == "runners":  # [runners.<name>] tables are runner commands, one setting
-            commands = {name: value for name, value in table.items() if isinstance(value, dict)}
+            commands = {name: value for name, value in table.items()
+                        if isinstance(value, dict) and name not in RUNNER_TABLES}
             table = {name: value for name, value in table.items() if name not in commands}
             if commands:
                 values["runners.commands"] = commands

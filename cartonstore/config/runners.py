@@ -11,6 +11,16 @@
 A [runners.<name>] table replaces the built-in runner of that name. Its
 command is an argv template (placeholders: config/runner_command.py); the
 framework version is what `required_framework_version` is checked against.
+[runners.network] is not a runner: ``allow = ["model-name", ...]`` names the
+models whose runners keep the network (the operator's choice, never a
+carton's).
+
+Every runner runs in a sandbox (server/runners/sandbox.py): ``sandbox`` picks
+the mechanism ("auto": bubblewrap and Landlock, whichever are here; "none":
+model code runs with the daemon's rights), ``user`` the unprivileged user it
+runs as when the daemon is root, ``memory_limit`` and ``max_processes`` its
+limits (a cgroup where the daemon may make one, rlimits otherwise) and
+``sandbox_paths`` what else it may read (a custom runner's own files).
 """
 
 from __future__ import annotations
@@ -26,6 +36,8 @@ from cartonstore.errors import InvalidInput
 from . import values as v
 
 _DEVICE = re.compile(r"cpu|cuda:\d+")
+RUNNER_TABLES = frozenset({"network"})   # [runners.<name>] tables that are settings, not runner commands
+_USER = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]*\$?|[0-9]+")
 _RUNNER_NAME = re.compile(r"[A-Za-z0-9_.\-]+")
 
 
@@ -87,6 +99,29 @@ def _command(name: str, table: object) -> RunnerCommand:
     return RunnerCommand(tuple(command), MappingProxyType(dict(env)), version)
 
 
+def _user(value: object) -> str:
+    if isinstance(value, str) and _USER.fullmatch(value):
+        return value
+    raise v.BadValue(f"expected a user name or number, got {value!r}")
+
+
+def _network(value: object) -> frozenset[str]:
+    if not isinstance(value, Mapping) or set(value) - {"allow"}:
+        raise v.BadValue(f'expected a table [runners.network] with allow = ["model-name", ...], got {value!r}')
+    return frozenset(v.strings()(value.get("allow", [])))
+
+
+def _show_network(names: frozenset[str]) -> dict[str, list[str]]:
+    return {"allow": sorted(names)}
+
+
+def _paths(value: object) -> tuple[str, ...]:
+    paths = v.strings()(value)
+    if not all(p.startswith("/") for p in paths):
+        raise v.BadValue(f"expected absolute paths, got {list(paths)!r}")
+    return paths
+
+
 def _show_commands(commands: Mapping[str, RunnerCommand]) -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
     for name, c in commands.items():
@@ -118,3 +153,9 @@ class RunnerSettings:
     selftest_atol: float = v.setting(1e-8, v.tolerance)
     commands: Mapping[str, RunnerCommand] = v.setting(None, parse_commands, _show_commands,
                                                      factory=lambda: MappingProxyType({}))
+    sandbox: str = v.setting("auto", v.choice("auto", "bwrap", "landlock", "none"))
+    user: str = v.setting("cartonstore-runner", _user)       # when the daemon runs as root
+    memory_limit: int | None = v.size_setting(None, 1 << 20, optional=True)
+    max_processes: int = v.setting(512, v.integer(0))        # processes and threads; 0: no limit
+    sandbox_paths: tuple[str, ...] = v.setting((), _paths)    # more that runners may read
+    network: frozenset[str] = v.setting(frozenset(), _network, _show_network)

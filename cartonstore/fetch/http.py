@@ -31,6 +31,7 @@ from .encoding import parse_content_encoding
 from .hooks import ChallengeAnswerer, challenge_answerer_for
 from .policy import describe, redirect_target
 from .proxies import proxy_for
+from .resolver import GuardedResolver
 
 T = TypeVar("T")
 # Each chunk is one hop to the stream's hashing thread; 1 MiB keeps hops rare
@@ -191,7 +192,8 @@ class HttpClient:
         self._peer_tls = peer_context(self.config.peers)
         self._session_options = {"auto_decompress": False, "timeout": timeout, "headers": {"User-Agent": "cartonstore"}}
         self._tls = tls
-        self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=64, ssl=tls),
+        resolver = GuardedResolver(self.config.policy)
+        self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=64, ssl=tls, resolver=resolver),
                                               **self._session_options)
         return self
 
@@ -207,7 +209,9 @@ class HttpClient:
         closed (the pool may hold more such connections)."""
         assert self._session is not None, "use HttpClient as an async context manager"
         if self._fresh is None:
-            self._fresh = aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True, ssl=self._tls),
+            connector = aiohttp.TCPConnector(force_close=True, ssl=self._tls,
+                                             resolver=GuardedResolver(self.config.policy))
+            self._fresh = aiohttp.ClientSession(connector=connector,
                                                 **self._session_options)
         return self._fresh
 

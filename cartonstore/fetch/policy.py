@@ -21,6 +21,11 @@ patterns too, and IPv4 written in forms that resolvers accept but people do
 not read (0x7f.1, 2130706433, 010.0.0.1) is refused, so it cannot slip past
 a CIDR pattern.
 
+Link-local and cloud metadata hosts (169.254.0.0/16, fe80::/10,
+fd00:ec2::254, metadata.google.internal) are refused unless allow_hosts
+names them: a URL a caller hands the daemon must not reach the node's cloud
+credentials (checked again at every redirect, as every host is).
+
 Credentials in the URL (https://user:token@host/) are allowed: private
 mirrors use them. ``describe`` keeps them, and query strings (which carry the
 signatures of presigned URLs), out of every message.
@@ -36,6 +41,7 @@ from typing import TYPE_CHECKING
 from cartonstore.errors import FetchError, InvalidInput
 
 ALLOWED_SCHEMES = ("http", "https")
+METADATA_HOSTS = ("169.254.0.0/16", "fe80::/10", "fd00:ec2::254", "metadata.google.internal")
 
 # ipaddress and urllib.parse are imported where hosts are parsed: the
 # settings import this module for its defaults, and `cartonstore path` must
@@ -127,6 +133,9 @@ class UrlPolicy:
         if allow and not _matches(allow, host):
             raise InvalidInput(f"host '{host}' is not in allow_hosts: {describe(url)}",
                                subject=url)
+        if _matches(_compile(METADATA_HOSTS, "metadata hosts"), host) and not _matches(allow, host):
+            raise InvalidInput(f"host '{host}' is a link-local or cloud metadata address, refused unless "
+                               f"fetch.allow_hosts names it: {describe(url)}", subject=url)
         return url
 
 

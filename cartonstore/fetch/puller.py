@@ -115,7 +115,7 @@ class Puller:
     # -- adding ----------------------------------------------------------------
 
     async def add(self, source: str, *, name: str | None = None, lazy: bool = False,
-                  force: bool = False) -> PullResult:
+                  force: bool = False, confined: bool = False) -> PullResult:
         """Add a carton from a URL or a local path; unless lazy, fetch every
         blob it lacks (LINKS, mirrors) before returning. Naming follows
         Store.add (an explicit name may move, unless loaded and not force)."""
@@ -128,7 +128,7 @@ class Puller:
         elif is_url(source):
             result = await self._add_url(source, name, force)
         else:
-            result = await asyncio.to_thread(self.store.add, source, name=name, force=force)
+            result = await asyncio.to_thread(self.store.add, source, name=name, force=force, confined=confined)
             read = [result.bytes_added, result.blobs_added]
         if result.naming is not None and (note := result.naming.note(result.digest)):
             self.on_event({"event": "name", "message": note, **result.naming.as_json()})

@@ -16,7 +16,7 @@ from aiohttp import web
 from cartonstore.errors import CartonStoreError
 from cartonstore.system.long_lived import settle_heap
 from cartonstore.system.malloc_tuning import keep_big_buffers
-from cartonstore.system.sockets import bind_unix
+from cartonstore.system.sockets import bind_unix, inherited_sockets
 
 from .args import parse_runner_args
 from .context import LoadError, Model, RunnerContext
@@ -39,8 +39,11 @@ async def _serve(model: Model, ctx: RunnerContext, max_concurrency: int) -> None
     runner = web.AppRunner(build_app(state), handle_signals=False, access_log=None)
     await runner.setup()
     settle_heap()   # the model is loaded: before the socket answers, not during the first requests
+    # A sandboxed runner is handed its socket, bound by the daemon (LISTEN_FDS,
+    # as systemd passes them): it has no right to the directory it lives in.
+    inherited = inherited_sockets()
     try:
-        sock = bind_unix_socket(ctx.socket_path)
+        sock = inherited[0] if inherited else bind_unix_socket(ctx.socket_path)
         site = web.SockSite(runner, sock)
         await site.start()
     except BaseException:
@@ -59,10 +62,11 @@ async def _serve(model: Model, ctx: RunnerContext, max_concurrency: int) -> None
     await state.wait_idle()
     await runner.cleanup()
     state.executor.shutdown(wait=True)
-    try:
-        os.unlink(ctx.socket_path)
-    except OSError:
-        pass
+    if not inherited:   # a socket handed over is the daemon's to remove
+        try:
+            os.unlink(ctx.socket_path)
+        except OSError:
+            pass
 
 
 def serve(model: Model, ctx: RunnerContext) -> None:

@@ -36,9 +36,9 @@ from cartonstore.server.models.service import ModelService
 from cartonstore.server.tensors.arena import DEFAULT_SIZE as ARENA_SIZE
 from cartonstore.store import Store
 from cartonstore.store.gc import GcPolicy
+from cartonstore.system.hosts import is_loopback
 from cartonstore.system.long_lived import settle_heap
 from cartonstore.system.malloc_tuning import keep_big_buffers
-from cartonstore.system.hosts import is_loopback
 from cartonstore.system.sockets import bind_tcp, bind_unix, describe_socket, inherited_sockets, notify
 from cartonstore.zipfmt import ZipLimits
 

@@ -2,7 +2,9 @@
 
 Symlinks follow Carton's packer: a link whose target stays inside the same
 top-level folder is kept as a link; one pointing elsewhere is read through
-and stored as the file it points to.
+and stored as the file it points to. A confined view (a directory named by
+an API caller, read with the daemon's rights) refuses a link that leaves the
+directory, naming it, and opens no path that resolves outside it.
 """
 
 from __future__ import annotations
@@ -21,11 +23,12 @@ _METADATA = ("MANIFEST", "LINKS")
 
 
 class DirCartonView:
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, *, confined: bool = False) -> None:
         self.label = str(root)
         if not root.is_dir():
             raise NotFound(f"no such directory: {root}", subject=str(root))
         self.root = root.resolve()
+        self.confined = confined
         self.files: dict[str, SourceFile] = {}
         for dirpath, dirnames, filenames in os.walk(self.root):
             dirnames.sort()
@@ -39,6 +42,9 @@ class DirCartonView:
 
     def _source_file(self, rel: str, full: str) -> SourceFile:
         st = os.lstat(full)
+        if stat.S_ISLNK(st.st_mode) and self.confined and not self._inside(full):
+            raise InvalidCarton(rel, f"is a symlink out of the carton (to {os.readlink(full)!r}): a carton given to "
+                                     "the daemon may not name files outside its directory")
         if stat.S_ISLNK(st.st_mode):
             kept = self._kept_link_target(rel, full)
             if kept is not None:
@@ -72,8 +78,14 @@ class DirCartonView:
             raise InvalidCarton(name, f"is more than the {METADATA_LIMITS[name]} bytes allowed")
         return p.read_bytes()
 
+    def _inside(self, full: str) -> bool:
+        return Path(os.path.realpath(full)).is_relative_to(self.root)
+
     def open(self, path: str) -> BinaryIO:
-        return open(self.root / path, "rb")
+        full = self.root / path
+        if self.confined and not self._inside(str(full)):   # swapped for a link since it was listed
+            raise InvalidCarton(path, "resolves outside the carton's directory")
+        return open(full, "rb")
 
     def close(self) -> None:
         pass

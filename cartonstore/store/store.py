@@ -88,13 +88,15 @@ class Store(StoreParts):
     # -- adding --------------------------------------------------------------
 
     def add(self, source: str | Path, *, name: str | None = None, source_label: str | None = None,
-            force: bool = False) -> IngestResult:
+            force: bool = False, confined: bool = False) -> IngestResult:
         """Ingest a local .carton file or carton directory. Returns once the
         carton is known; raises InvalidCarton (store unchanged) when it is bad.
         An explicit name may move from another carton (result.naming says so)
         unless a daemon has that carton loaded (Conflict, unless force); the
         carton's model_name only names it when that name is free.
-        URLs are the fetcher's (cartonstore.fetch.Puller)."""
+        URLs are the fetcher's (cartonstore.fetch.Puller). ``confined``: a
+        directory named by someone else (an API caller) may not make the
+        store read outside it through a symlink (InvalidCarton naming it)."""
         text = str(source)
         if "://" in text:
             raise InvalidInput(f"cannot add {text!r} here: URLs are fetched by cartonstore.fetch.Puller "
@@ -107,7 +109,7 @@ class Store(StoreParts):
         from .ingest import stage_carton, stage_unpacked
         from .sources import local_sources_of
 
-        view = open_local(Path(source), self.zip_limits)
+        view = open_local(Path(source), self.zip_limits, confined=confined)
         try:
             raw = view.read_metadata("MANIFEST")
             if raw is None and isinstance(view, DirCartonView):  # hashed as staged: each file read once

@@ -18,7 +18,7 @@ Targets (issue), each against a baseline measured in the same run:
   6. (figures) a carton's 10 self-tests of 1 MiB run by the daemon vs the
      same requests straight to the runner (selftest_section.py).
 
-    python tests/bench/bench_infer.py [--quick] [--requests 2000] [--seconds 5] [--rounds 2] [--only shm|selftest]
+    python tests/bench/bench_infer.py [--quick] [--requests 2000] [--seconds 5] [--rounds 2] [--only shm|selftest|sandbox]
 
 Every request goes through tests/bench/http11.py: the daemon's own lean
 HTTP/1.1 client (--client aiohttp for the stock one), one connection per client, in
@@ -46,6 +46,7 @@ REPO = HERE.parents[2]
 sys.path[:0] = [str(REPO), str(HERE.parents[1]), str(HERE.parent)]
 
 import numpy as np
+import sandbox_section
 import selftest_section
 import shm_section
 from bench_daemon import cpu_seconds, percentile, rss_mib, stop_proc
@@ -342,7 +343,8 @@ def main() -> None:
                     help="MLServer parallel_workers (default: MLServer's own default)")
     ap.add_argument("--workdir", default=None)
     ap.add_argument("--shm-requests", type=int, default=20, help="64 MiB requests per way in section 5 (default 20)")
-    ap.add_argument("--only", choices=["shm", "selftest"], help="section 5 (shm) or 6 (selftest) alone")
+    ap.add_argument("--only", choices=["shm", "selftest", "sandbox"],
+                    help="section 5 (shm), 6 (selftest) or 7 (sandbox) alone")
     a = ap.parse_args()
     if a.quick:
         a.requests, a.warmup, a.seconds, a.rounds = 500, 100, 2.0, 1
@@ -357,7 +359,9 @@ def main() -> None:
     if a.workdir:  # a --workdir that does not exist yet is created
         Path(a.workdir).mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="cs-bench-i-", dir=a.workdir))
-    env = {"PYTHONPATH": str(REPO)}
+    # Sections 1-6 run unsandboxed runners (what they measure is the proxy
+    # path); section 7 measures what the sandbox adds.
+    env = {"PYTHONPATH": str(REPO), "CARTONSTORE_SANDBOX": "none"}
     daemons: list[DaemonProcess] = []
     mlserver: subprocess.Popen | None = None
     helpers: list[subprocess.Popen] = []
@@ -404,9 +408,12 @@ def main() -> None:
             verdict(verdicts, "1. proxy overhead p50 <= 0.25 ms", overhead50 <= 0.25, f"{overhead50:.3f} ms "
                     f"(daemon {lat[via_daemon.label]['p50']:.3f} - direct {lat[direct.label]['p50']:.3f})")
 
-        if a.only != "selftest":
+        if a.only in (None, "sandbox"):
+            sandbox_section.run(work, {"PYTHONPATH": str(REPO)}, a.requests, (small_bin.body, small_bin.headers),
+                                load_model, lambda *row: verdict(verdicts, *row))
+        if a.only not in ("selftest", "sandbox"):
             shm_section.run(d.socket_path, "echo", a.shm_requests, lambda *row: verdict(verdicts, *row))
-        if a.only != "shm":
+        if a.only not in ("shm", "sandbox"):
             selftest_section.run(d.socket_path, work, 5, load_model, runner_of, lambda *row: verdict(verdicts, *row))
         for clients in client_counts if not a.only else ():
             best = compare_throughput([via_daemon, direct, via_floor], big_bin, clients, a,

@@ -151,6 +151,12 @@ DEFAULTS = {
     "runners.selftest_rtol": 1e-5,
     "runners.selftest_atol": 1e-8,
     "runners.commands": {},
+    "runners.sandbox": "auto",
+    "runners.user": "cartonstore-runner",
+    "runners.memory_limit": None,
+    "runners.max_processes": 512,
+    "runners.sandbox_paths": (),
+    "runners.network": frozenset(),
 }
 
 
@@ -294,6 +300,12 @@ FILE_VALUES = [
     ("runners.selftest_on_load", "false", False),
     ("runners.selftest_rtol", "0.001", 0.001),
     ("runners.selftest_atol", '"1e-6"', 1e-6),
+    ("runners.sandbox", '"landlock"', "landlock"),
+    ("runners.user", '"65534"', "65534"),
+    ("runners.memory_limit", '"2GiB"', 2 << 30),
+    ("runners.max_processes", "64", 64),
+    ("runners.sandbox_paths", '["/opt/models"]', ("/opt/models",)),
+    ("runners.network", '{ allow = ["fetcher"] }', frozenset({"fetcher"})),
 ]
 
 
@@ -352,6 +364,7 @@ ENV_VALUES = [
     ("CARTONSTORE_LOG_FORMAT", "json", "server.log_format", "json"),
     ("CARTONSTORE_LOG_LEVEL", "DEBUG", "server.log_level", "debug"),
     ("CARTONSTORE_ACCESS_LOG", "true", "server.access_log", True),
+    ("CARTONSTORE_SANDBOX", "bwrap", "runners.sandbox", "bwrap"),
 ]
 
 
@@ -565,6 +578,12 @@ BAD_VALUES = [
     ("runners.selftest_on_load", '"maybe"', "expected true or false"),
     ("runners.selftest_rtol", "-1", "expected a number >= 0"),
     ("runners.selftest_atol", '"nan"', "expected a number >= 0"),
+    ("runners.sandbox", '"docker"', "expected one of"),
+    ("runners.user", '"two words"', "expected a user name"),
+    ("runners.memory_limit", '"lots"', "size"),
+    ("runners.max_processes", "-1", "integer"),
+    ("runners.sandbox_paths", '["relative/path"]', "absolute paths"),
+    ("runners.network", '{ deny = ["x"] }', "[runners.network]"),
 ]
 
 
@@ -951,11 +970,13 @@ def environment(unit: dict) -> dict[str, str]:
     return dict(pairs)
 
 
+# Both run as root (the daemon runs each runner as runners.user, so it must
+# be able to change to it), in group cartonstore, with the rest locked down.
 HARDENING = {
     "ProtectSystem": "strict", "ProtectHome": "yes", "PrivateTmp": "yes",
     "NoNewPrivileges": "yes", "ProtectKernelTunables": "yes", "ProtectKernelModules": "yes",
-    "ProtectControlGroups": "yes", "LockPersonality": "yes", "SystemCallArchitectures": "native",
-    "UMask": "0027", "User": "cartonstore", "Group": "cartonstore",
+    "LockPersonality": "yes", "SystemCallArchitectures": "native",
+    "UMask": "0027", "Group": "cartonstore",
 }
 
 EXPECTED_UNITS = [
@@ -966,9 +987,16 @@ EXPECTED_UNITS = [
         "StateDirectory": "cartonstore",
         "RuntimeDirectory": "cartonstore",
         "RuntimeDirectoryPreserve": "yes",
-        "RestrictAddressFamilies": "AF_UNIX AF_INET AF_INET6",
+        "RestrictAddressFamilies": "AF_UNIX AF_INET AF_INET6 AF_NETLINK",
         "Restart": "on-failure",
         "KillSignal": "SIGTERM",
+        # runners: their own cgroups, their user, bubblewrap's namespaces, GPU device nodes
+        "Delegate": "pids memory",
+        "ProtectControlGroups": "no",
+        "CapabilityBoundingSet": "CAP_SETUID CAP_SETGID CAP_CHOWN CAP_KILL",
+        "RestrictNamespaces": "user mnt pid net ipc uts cgroup",
+        "PrivateDevices": "no",
+        "DevicePolicy": "closed",
     }),
     ("cartonstore.service", "Install", {"WantedBy": "multi-user.target", "Also": "cartonstore.socket"}),
     ("cartonstore.socket", "Socket", {
@@ -982,6 +1010,8 @@ EXPECTED_UNITS = [
         "Type": "oneshot",
         "ExecStart": "/usr/local/bin/cartonstore gc",
         "StateDirectory": "cartonstore",
+        "ProtectControlGroups": "yes",
+        "CapabilityBoundingSet": "",
     }),
     ("cartonstore-gc.timer", "Timer", {"OnCalendar": "hourly", "Persistent": "true"}),
     ("cartonstore-gc.timer", "Install", {"WantedBy": "timers.target"}),
@@ -994,6 +1024,15 @@ def test_unit_settings(name: str, section: str, expected: dict[str, str]) -> Non
     unit = read_unit(name)
     for key, want in expected.items():
         assert value(unit, section, key) == want, f"{name} [{section}] {key}"
+
+
+def test_units_give_runners_their_user_and_gpus() -> None:
+    unit = read_unit("cartonstore.service")
+    assert not values(unit, "Service", "User"), "the daemon runs as root, to run runners as their own user"
+    assert set(values(unit, "Service", "DeviceAllow")) >= {"char-nvidia-frontend rw", "char-nvidia-uvm rw"}
+    sysusers = (REPO / "systemd" / "cartonstore.sysusers").read_text()
+    assert any(line.split()[:2] == ["u", "cartonstore-runner"] for line in sysusers.splitlines())
+    assert load_config(env={}).runners.user == "cartonstore-runner"
 
 
 @pytest.mark.parametrize("name", ["cartonstore.service", "cartonstore-gc.service"])

@@ -289,3 +289,18 @@ def test_a_pull_cancelled_while_parts_arrive_leaves_nothing(store: Store, origin
     asyncio.run(run())
     assert [t.name for t in threading.enumerate() if t.name.startswith("cartonstore-")] == []
     assert digest not in blob_files(store) and tmp_files(store) == []
+
+
+def test_a_redirect_to_the_cloud_metadata_address_is_refused(store: Store, tmp_path: Path, origin) -> None:  # noqa: ANN001
+    """A LINKS URL on an origin the policy allows, redirecting to
+    169.254.169.254 (where a cloud node's credentials are served): refused
+    at the redirect, before any connection, and nothing is stored."""
+    carton, digest = linked_carton(tmp_path, origin, {"model/w.bin": PAYLOAD},
+                                   urls={"model/w.bin": [origin.url("/hop")]})
+    digest = digest["model/w.bin"]
+    for target in ("http://169.254.169.254/latest/meta-data/iam/", "http://[fd00:ec2::254]/latest/",
+                   "http://[::ffff:169.254.169.254]/", "http://metadata.google.internal/computeMetadata/v1/"):
+        origin.put("/hop", b"", fault=Fault(redirect_to=target))
+        with pytest.raises(CartonStoreError, match="link-local or cloud metadata"):
+            pull(store, str(carton))
+        assert digest not in blob_files(store)

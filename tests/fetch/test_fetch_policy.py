@@ -279,3 +279,37 @@ def test_check_only_raises_invalid_input(url: str) -> None:
             assert OPEN.check(candidate) == candidate
         except InvalidInput as error:
             assert error.subject == candidate
+
+
+@pytest.mark.parametrize("url", ["http://169.254.169.254/latest/meta-data/", "http://169.254.0.1:8080/x",
+                                 "http://[fe80::1%25eth0]/x", "http://[fd00:ec2::254]/", "http://[::ffff:169.254.1.1]/",
+                                 "https://metadata.google.internal/computeMetadata/v1/"])
+def test_link_local_and_metadata_hosts_are_refused_unless_allowed(url: str) -> None:
+    with pytest.raises(InvalidInput, match="link-local or cloud metadata"):
+        UrlPolicy().check(url)
+    host = url.split("//", 1)[1].split("/", 1)[0].rsplit(":", 1)[0] if "[" not in url else \
+        url.split("[", 1)[1].split("]", 1)[0].split("%", 1)[0]
+    assert UrlPolicy(allow_hosts=(host,)).check(url) == url
+
+
+def test_a_name_resolving_to_a_metadata_address_is_refused_by_the_resolver() -> None:
+    """The connector's resolver filters getaddrinfo's answers as the policy
+    filters URLs: 'localhost' keeps its loopback answers; a host whose
+    answers are all link-local (169.254.169.254 read back by getaddrinfo)
+    is refused, unless allow_hosts names it."""
+    import asyncio
+
+    from cartonstore.fetch.resolver import GuardedResolver
+
+    async def resolve(host: str, policy: UrlPolicy) -> list:
+        resolver = GuardedResolver(policy)
+        try:
+            return await resolver.resolve(host, 80)
+        finally:
+            await resolver.close()
+
+    assert all(a["host"] in ("127.0.0.1", "::1") for a in asyncio.run(resolve("localhost", UrlPolicy())))
+    with pytest.raises(OSError, match="resolves only to link-local or cloud metadata addresses"):
+        asyncio.run(resolve("169.254.169.254", UrlPolicy()))
+    allowed = asyncio.run(resolve("169.254.169.254", UrlPolicy(allow_hosts=("169.254.169.254",))))
+    assert [a["host"] for a in allowed] == ["169.254.169.254"]

@@ -29,8 +29,8 @@ from . import examples as examples_api
 from . import leases as lease_api
 from . import selftest as selftest_api
 from . import shm as shm_api
-from .blobs import serve_blob
 from .access import REALM, TcpAccess
+from .blobs import serve_blob
 from .context import ACCESS_LOG, METRICS, SERVICE, TCP_ACCESS, body_json, parameters, svc
 from .infer import infer
 from .responses import ERROR_TEXT, POLLED, error

@@ -27,7 +27,6 @@ from cartonstore.format.digest import is_sha256
 from cartonstore.server.models.metrics import Metrics
 from cartonstore.store import Store
 
-
 CHUNK = 1 << 20
 
 

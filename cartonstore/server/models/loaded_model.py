@@ -48,6 +48,7 @@ class LoadedModel:
             row["version"] = self.digest
         if self.runners is not None:
             row["restarts"] = self.runners.restarts
+            row["sandbox"] = self.runners.sandbox
         return row
 
 

@@ -80,13 +80,17 @@ def _runner_families(statuses: list[dict]) -> Iterator:
                                    labels=["model", "version"])
     outstanding = GaugeMetricFamily("cartonstore_runner_outstanding", "Infer requests in flight to runners",
                                     labels=["model", "version"])
+    sandbox = GaugeMetricFamily("cartonstore_runner_sandbox", "The layers a loaded model's runner sandbox holds "
+                                "(1 per model, the layers in the label: bwrap+landlock+uid+cgroup:pids, or none)",
+                                labels=["model", "version", "layers"])
     for st in statuses:
+        sandbox.add_metric([st["name"], st["version"], st.get("sandbox", "none")], 1)
         by_state = collections.Counter(inst["state"] for inst in st["instances"])
         for state, count in by_state.items():
             up.add_metric([st["name"], st["version"], state], count)
         restarts.add_metric([st["name"], st["version"]], st["restarts"])
         outstanding.add_metric([st["name"], st["version"]], st["outstanding"])
-    yield from (up, restarts, outstanding)
+    yield from (up, restarts, outstanding, sandbox)
 
 
 class Metrics:

@@ -20,6 +20,7 @@ from cartonstore.errors import InvalidInput
 from cartonstore.format.carton_toml import CartonConfig
 from cartonstore.format.semver import parse_version, version_satisfies
 from cartonstore.server.runners import InstanceSpec, fill_argv, instance_socket_path
+from cartonstore.server.runners.sandbox import SandboxPolicy
 
 MAX_INSTANCES = 64
 
@@ -145,8 +146,17 @@ def runner_opts(cfg: CartonConfig, triton_config: Mapping[str, Any] | None) -> d
     return opts
 
 
+def sandbox_policy(settings: RunnerSettings) -> SandboxPolicy | None:
+    """What every runner's sandbox holds ([runners]); None for sandbox = "none"."""
+    if settings.sandbox == "none":
+        return None
+    return SandboxPolicy(settings.sandbox, settings.user, settings.memory_limit, settings.max_processes,
+                         settings.sandbox_paths, settings.network)
+
+
 def instance_specs(plan: RunnerPlan, *, model_dir: Path, name: str, version: str, opts: Mapping[str, Any],
-                   devices: list[str], run_dir: Path, generation: int) -> list[InstanceSpec]:
+                   devices: list[str], run_dir: Path, generation: int,
+                   sandbox: SandboxPolicy | None = None) -> list[InstanceSpec]:
     """One spec per device. generation tells the sockets of two starts of one
     version apart (a reload with a new config), so stopping the old runners
     never removes a socket the new ones serve on."""
@@ -156,5 +166,5 @@ def instance_specs(plan: RunnerPlan, *, model_dir: Path, name: str, version: str
         socket = instance_socket_path(run_dir, f"{name}.g{generation}", version, i)
         argv = fill_argv(list(plan.command), model_dir=str(model_dir), socket=str(socket), name=name,
                          version=version, opts=opts_json, devices=device, python=sys.executable)
-        specs.append(InstanceSpec(argv, dict(plan.env), socket, device))
+        specs.append(InstanceSpec(argv, dict(plan.env), socket, device, sandbox, name, model_dir))
     return specs

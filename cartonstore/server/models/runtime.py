@@ -18,7 +18,7 @@ from cartonstore.format.carton_toml import CartonConfig
 from cartonstore.server.runners import ModelRunners, RunnerSettings, clean_stale_sockets, ensure_run_dir
 from cartonstore.server.tensors.arena import TensorArena
 
-from .runner_plan import instance_devices, instance_specs, plan_runner, runner_opts
+from .runner_plan import instance_devices, instance_specs, plan_runner, runner_opts, sandbox_policy
 
 log = logging.getLogger("cartonstore.server")
 
@@ -62,7 +62,7 @@ class RunnerHost:
         devices = instance_devices(triton_config, self.config.devices)
         specs = instance_specs(plan, model_dir=model_dir, name=name, version=version,
                                opts=runner_opts(cfg, triton_config), devices=devices, run_dir=self.run_dir,
-                               generation=next(self._generation))
+                               generation=next(self._generation), sandbox=sandbox_policy(self.config))
         runners = ModelRunners(name, version, specs, self.settings, on_change=self._on_change, arena=self.arena)
         self._live.add(runners)
         log.info("model %s version %s: starting %d %s runner(s) on %s", name, version[:12], len(specs),

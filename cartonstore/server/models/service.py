@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import weakref
 from typing import Any
 
 from cartonstore.config.runners import RunnerSettings as RunnerConfig
@@ -25,7 +26,7 @@ from cartonstore.server.tensors.shm_regions import ShmRegions
 from cartonstore.store import Store
 from cartonstore.store.gc import GcPolicy, GcReport
 from cartonstore.store.materialize import remove_tree
-from cartonstore.store.names import carton_named, restore_name, validate_name
+from cartonstore.store.names import HEX, carton_named, restore_name, validate_name
 from cartonstore.store.owner import tmp_name
 
 from .collector import collect_in_child, gc_summary
@@ -49,7 +50,8 @@ class ModelService(Leasing):
         self.check_pool = CheckPool(check_workers) if check_workers else None
         self.runner_host = RunnerHost(runners or RunnerConfig(), store.layout.root / "run" / "runners",
                                       arena=self.arena)
-        self._load_locks: dict[str, asyncio.Lock] = {}
+        # Weak: a lock lives while a load holds or waits on it, not for every name ever asked.
+        self._load_locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
         self.models: dict[str, LoadedModel] = {}
         self._gc_lock = asyncio.Lock()
         self.ready = True
@@ -62,10 +64,14 @@ class ModelService(Leasing):
         runner). Loading another version of a loaded name starts the new
         runners, switches traffic, then stops the old ones; if the new
         version fails, the old one keeps serving."""
-        if params.get("source") or any(k.startswith("file:") for k in params):
-            # This load names a carton: a bad name is refused before any state is kept for it.
+        # A bad name is refused before any state is kept for it; a load naming no
+        # carton may also name a stored one by its manifest hash (or a prefix).
+        if params.get("source") or any(k.startswith("file:") for k in params) or not HEX.fullmatch(name):
             validate_name(name)
-        async with self._load_locks.setdefault(name, asyncio.Lock()):
+        lock = self._load_locks.get(name)
+        if lock is None:
+            lock = self._load_locks[name] = asyncio.Lock()
+        async with lock:
             return await self._load_locked(name, params)
 
     async def _load_locked(self, name: str, params: dict[str, Any]) -> LoadedModel:
@@ -100,7 +106,11 @@ class ModelService(Leasing):
             log.warning("load of %s failed: %s", name, reason)
             if moved_to is not None:  # this load pointed the name at its carton: point it back
                 await self._batch(lambda conn: restore_name(conn, name, named_before, only_from=moved_to))
-            await self._restore(name, serving, model, reason)
+            if previous is None and not renames and isinstance(e, NotFound):
+                # A name that resolves to nothing leaves no trace: not in the index, not in memory.
+                self.models.pop(name, None)
+            else:
+                await self._restore(name, serving, model, reason)
             raise
         model.state = READY
         model.reason = ready_reason(model)
@@ -150,7 +160,8 @@ class ModelService(Leasing):
             return await self._add_uploaded(name, files)
         if source:
             # Loads of one name queue on its lock, so nothing here could share an add.
-            result = await self.puller.add(source, name=name, force=True)
+            # A path the caller names is read with the daemon's rights: its symlinks may not leave it.
+            result = await self.puller.add(source, name=name, force=True, confined=True)
             self.metrics.dedup_saved_bytes.inc(result.bytes_reused)
             return result.digest
         digest = await self._known(name)

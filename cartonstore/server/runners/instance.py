@@ -90,7 +90,14 @@ class RunnerInstance:
     def status(self) -> dict[str, Any]:
         return {"index": self.index, "device": self.spec.device, "socket": str(self.spec.socket_path),
                 "pid": self.pid, "state": self.state, "reason": self.reason, "restarts": self.restarts,
-                "outstanding": self.outstanding}
+                "outstanding": self.outstanding, "sandbox": self.sandbox}
+
+    @property
+    def sandbox(self) -> str:
+        """The layers its sandbox holds ("bwrap+landlock+uid+cgroup:pids"), "none" unsandboxed."""
+        confinement = self._proc.confinement if self._proc is not None else None
+        return confinement.description if confinement is not None else \
+            ("none" if self.spec.sandbox is None else "starting")
 
     # -- life ---------------------------------------------------------------
 

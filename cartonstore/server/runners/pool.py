@@ -105,8 +105,13 @@ class ModelRunners:
 
     def status(self) -> dict[str, Any]:
         return {"name": self.name, "version": self.version, "state": self.state, "reason": self.reason,
-                "restarts": self.restarts, "outstanding": self.outstanding,
+                "restarts": self.restarts, "outstanding": self.outstanding, "sandbox": self.sandbox,
                 "instances": [inst.status() for inst in self._instances]}
+
+    @property
+    def sandbox(self) -> str:
+        """What the sandbox of its instances holds (the first instance's: all are alike)."""
+        return self._instances[0].sandbox if self._instances else "none"
 
     # -- life ---------------------------------------------------------------
 

@@ -19,10 +19,14 @@ import signal
 import subprocess
 import time
 
+from cartonstore.errors import CartonStoreError
+from cartonstore.system.cgroups import RunnerCgroup
 from cartonstore.system.exit_notice import ExitNoticingProtocol
 from cartonstore.system.parent_death import die_with
+from cartonstore.system.sockets import bind_unix
 from cartonstore.v2.shm_params import ARENA_FD_ENV
 
+from .sandbox import Confinement, confine
 from .settings import InstanceSpec
 from .wire import BadResponse, RunnerClient
 
@@ -57,6 +61,13 @@ def describe_exit(returncode: int) -> str:
     return f"exited with status {returncode}"
 
 
+def _enter(parent_pid: int, cgroup: RunnerCgroup) -> None:
+    """Between fork and exec: die with the daemon, and enter the runner's
+    cgroup before anything of its own runs (nothing it forks escapes it)."""
+    die_with(parent_pid)
+    cgroup.attach_self()
+
+
 class RunnerProcess:
     """A spawned runner process. Create with ``await RunnerProcess.spawn(...)``."""
 
@@ -73,30 +84,59 @@ class RunnerProcess:
         self._drains = [asyncio.ensure_future(self._drain(protocol.stderr, keep=True)),
                         asyncio.ensure_future(self._drain(protocol.stdout, keep=False))]
         self._exited = asyncio.ensure_future(self._wait_exit())
+        self.confinement: Confinement | None = None
 
     @classmethod
     async def spawn(cls, label: str, spec: InstanceSpec, stderr_lines: int,
                     arena_fd: int | None = None) -> RunnerProcess:
         """Start the process (inheriting the tensor arena's fd, when given,
-        named by ARENA_FD_ENV); raises RunnerFailed when it cannot be started."""
+        named by ARENA_FD_ENV); raises RunnerFailed when it cannot be started.
+        A sandboxed one (spec.sandbox) is handed its socket, bound here, and
+        no arena: its runs in a sandbox.py Confinement."""
         env = dict(os.environ)
         env.update(spec.env)
         env["CUDA_VISIBLE_DEVICES"] = spec.cuda_visible_devices()
         env.pop(ARENA_FD_ENV, None)
-        if arena_fd is not None:
+        argv, pass_fds, confinement, listen = list(spec.argv), (), None, None
+        preexec = functools.partial(die_with, os.getpid())
+        if spec.sandbox is not None:
+            try:
+                listen = bind_unix(spec.socket_path, mode=0o600)
+                confinement = confine(spec.sandbox, argv, model_dir=spec.model_dir, model=spec.model,
+                                      device=spec.device, listen_fd=listen.fileno(), env=env,
+                                      label=spec.socket_path.stem)
+            except (CartonStoreError, OSError) as e:
+                if listen is not None:
+                    listen.close()
+                raise RunnerFailed(f"cannot sandbox the runner: {e}") from None
+            argv, env, pass_fds = confinement.argv, confinement.env, (listen.fileno(),)
+            if confinement.cgroup is not None:
+                preexec = functools.partial(_enter, os.getpid(), confinement.cgroup)
+        elif arena_fd is not None:
             env[ARENA_FD_ENV] = str(arena_fd)
+            pass_fds = (arena_fd,)
         loop = asyncio.get_running_loop()
         try:
             transport, protocol = await loop.subprocess_exec(
-                lambda: ExitNoticingProtocol(loop), *spec.argv, stdin=asyncio.subprocess.DEVNULL,
+                lambda: ExitNoticingProtocol(loop), *argv, stdin=asyncio.subprocess.DEVNULL,
                 stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env, start_new_session=True,
-                preexec_fn=functools.partial(die_with, os.getpid()), pass_fds=() if arena_fd is None else (arena_fd,))
+                preexec_fn=preexec, pass_fds=pass_fds)
         except OSError as e:
-            raise RunnerFailed(f"cannot run {spec.argv[0]!r}: {e.strerror or e}") from None
+            if confinement is not None:
+                confinement.release()
+            raise RunnerFailed(f"cannot run {argv[0]!r}: {e.strerror or e}") from None
         except subprocess.SubprocessError as e:
-            raise RunnerFailed(f"cannot run {spec.argv[0]!r}: {e}") from None
-        log.info("[%s] started pid %d: %s", label, transport.get_pid(), " ".join(spec.argv))
-        return cls(label, transport, protocol, stderr_lines)
+            if confinement is not None:
+                confinement.release()
+            raise RunnerFailed(f"cannot run {argv[0]!r}: {e}") from None
+        finally:
+            if listen is not None:
+                listen.close()   # the runner holds it now
+        sandboxed = f" in a sandbox ({confinement.description})" if confinement is not None else ""
+        log.info("[%s] started pid %d%s: %s", label, transport.get_pid(), sandboxed, " ".join(spec.argv))
+        process = cls(label, transport, protocol, stderr_lines)
+        process.confinement = confinement
+        return process
 
     # -- output -------------------------------------------------------------
 
@@ -213,7 +253,10 @@ class RunnerProcess:
         self.close()
 
     def close(self) -> None:
-        """Release the pipes of a process that has exited."""
+        """Release the pipes of a process that has exited, and its sandbox's
+        cgroup and private tmp."""
         for task in self._drains:
             task.cancel()
         self._transport.close()
+        if self.confinement is not None:
+            self.confinement.release()

@@ -9,6 +9,8 @@ from pathlib import Path
 
 from cartonstore.errors import InvalidInput, Unavailable
 
+from .sandbox import SandboxPolicy
+
 READY, LOADING, UNAVAILABLE = "READY", "LOADING", "UNAVAILABLE"
 
 # Response headers a caller of forward() needs; the rest is the runner's business.
@@ -53,6 +55,9 @@ class InstanceSpec:
     env: dict[str, str] = field(default_factory=dict)
     socket_path: Path = Path()
     device: str = "cpu"
+    sandbox: SandboxPolicy | None = None   # None: the daemon's own rights (sandbox.py)
+    model: str = ""                         # the model's name and directory, what a sandbox lets it see
+    model_dir: Path | None = None
 
     def __post_init__(self) -> None:
         if not self.argv or not all(isinstance(a, str) for a in self.argv):
@@ -61,6 +66,8 @@ class InstanceSpec:
             raise InvalidInput(f"runner device {self.device!r} is not 'cpu' or 'cuda:N'")
         if not str(self.socket_path) or str(self.socket_path) == ".":
             raise InvalidInput("runner socket path is empty")
+        if self.sandbox is not None and self.model_dir is None:
+            raise InvalidInput("a sandboxed runner needs its model directory")
 
     def cuda_visible_devices(self) -> str:
         """CUDA_VISIBLE_DEVICES for this instance: none for cpu, exactly its GPU otherwise."""

@@ -1,0 +1,261 @@
+"""The sandbox every runner runs in: a carton's code is hostile.
+
+A runner may read its own model directory, the Python it runs and the
+system libraries (read-only); write a private /tmp; serve the one socket it
+is handed (bound by the daemon, passed as LISTEN_FDS: the run directory is
+never its to see). It may not write anything else, read the store, the
+index, other models, the settings or their secrets, open TCP connections
+(unless [runners.network] allows that model), see or signal the daemon or
+other runners, or run as root. Layers, each where the host has it:
+
+- bwrap (bubblewrap, what Flatpak runs on): a mount namespace holding only
+  what it may read, new PID, IPC, UTS and network namespaces, a tmpfs /tmp;
+- landlock (system/landlock.py): the same file rules in the kernel, no TCP,
+  no signals or abstract sockets out of the domain: the only layer when
+  bubblewrap is missing, a second one inside it otherwise;
+- uid: setpriv (or system/confine.py) drops to ``runners.user`` when the
+  daemon is root;
+- cgroup / rlimits: ``max_processes`` and ``memory_limit``.
+
+``confine`` plans one instance: its whole command line, its environment
+(an allow-list), and what holds, in words, for the index and the log
+("bwrap+landlock+uid+cgroup"). Where no mechanism is found it raises
+InvalidInput saying how to get one, unless runners.sandbox = "none".
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import pwd
+import shutil
+import stat
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import cartonstore
+from cartonstore.errors import InvalidInput
+from cartonstore.system.cgroups import RunnerCgroup
+from cartonstore.system.cgroups import create as create_cgroup
+from cartonstore.system.landlock import abi_version
+
+SYSTEM_READ = ("/usr", "/lib", "/lib64", "/lib32", "/bin", "/sbin", "/opt/conda")
+ETC_READ = ("/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/localtime", "/etc/nsswitch.conf",
+            "/etc/passwd", "/etc/group", "/etc/hosts", "/etc/host.conf", "/etc/mime.types", "/etc/ssl/certs",
+            "/etc/ca-certificates", "/etc/os-release", "/etc/alternatives")
+DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
+CPU_INFO = ("/sys/devices/system/cpu", "/sys/fs/cgroup", "/proc/cpuinfo", "/proc/meminfo", "/proc/self")
+ENV_KEEP = ("LANG", "LC_ALL", "LC_CTYPE", "TZ", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS",
+            "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES")
+PATH = "/usr/local/bin:/usr/bin:/bin"
+HOW_TO = ('install bubblewrap (Debian: apt-get install bubblewrap) or run on a kernel with Landlock (5.13+, '
+          'lsm=landlock); or set [runners] sandbox = "none" to run model code with the daemon\'s own rights')
+
+
+@dataclass(frozen=True)
+class SandboxPolicy:
+    """What the daemon asks of every runner ([runners] settings)."""
+
+    mode: str = "auto"                    # auto | bwrap | landlock | none
+    user: str = "cartonstore-runner"      # runs as this user when the daemon is root
+    memory_limit: int | None = None
+    max_processes: int = 512
+    read_paths: tuple[str, ...] = ()      # sandbox_paths: more it may read
+    network: frozenset[str] = frozenset()  # models whose runners keep the network
+    tmp_size: int = 256 << 20
+
+
+@dataclass
+class Confinement:
+    argv: list[str]
+    env: dict[str, str]
+    layers: tuple[str, ...]
+    cgroup: RunnerCgroup | None = None
+    tmp: Path | None = None     # a private tmp directory on the host (Landlock alone)
+    listen_fd: int = -1
+    released: bool = field(default=False, repr=False)
+
+    @property
+    def description(self) -> str:
+        return "+".join(self.layers)
+
+    def release(self) -> None:
+        """After the runner's processes ended: its cgroup and private tmp."""
+        if self.released:
+            return
+        self.released = True
+        if self.cgroup is not None:
+            self.cgroup.remove()
+        if self.tmp is not None:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+@functools.lru_cache(maxsize=8)
+def _bwrap_works(bwrap: str, setpriv: str | None, uid: int | None, gid: int | None) -> bool:
+    """Whether bubblewrap can make its namespaces here (as the runner user):
+    a container may forbid user namespaces."""
+    argv = [bwrap, "--ro-bind", "/", "/", "--unshare-all", "--die-with-parent", "true"]
+    if uid is not None and setpriv:
+        argv = [setpriv, f"--reuid={uid}", f"--regid={gid}", "--clear-groups", "--", *argv]
+    try:
+        return subprocess.run(argv, capture_output=True, timeout=10).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        return False
+
+
+def runner_identity(policy: SandboxPolicy) -> tuple[int, int] | None:
+    """(uid, gid) runners drop to, None when the daemon is not root (they
+    keep its uid, confined). InvalidInput when runners.user is missing."""
+    if os.geteuid() != 0:
+        return None
+    try:
+        entry = pwd.getpwuid(int(policy.user)) if policy.user.isdigit() else pwd.getpwnam(policy.user)
+    except (KeyError, ValueError):
+        raise InvalidInput(f"runners.user {policy.user!r} does not exist: the daemon runs as root and runs model "
+                           f"code as that user, never as root. Create it (systemd-sysusers with "
+                           f"systemd/cartonstore.sysusers, or: useradd --system --no-create-home "
+                           f"--shell /usr/sbin/nologin {policy.user})", subject="runners.user") from None
+    if entry.pw_uid == 0:
+        raise InvalidInput(f"runners.user {policy.user!r} is root: runners never run as root",
+                           subject="runners.user")
+    return entry.pw_uid, entry.pw_gid
+
+
+def _unreachable(path: str, uid: int, gid: int) -> str | None:
+    """The first directory above path that uid cannot pass through, if any."""
+    p = Path(path)
+    for d in [*reversed(p.parents), p] if p.is_dir() else reversed(p.parents):
+        try:
+            st = os.stat(d)
+        except OSError:
+            return None
+        bit = stat.S_IXUSR if st.st_uid == uid else stat.S_IXGRP if st.st_gid == gid else stat.S_IXOTH
+        if not st.st_mode & bit:
+            return f"{d} (mode {stat.S_IMODE(st.st_mode):04o}, owner uid {st.st_uid})"
+    return None
+
+
+def python_paths() -> tuple[str, ...]:
+    """What the runner's Python reads: its prefixes, its site directories and
+    this package (an editable install lives outside site-packages). Not the
+    daemon's working directory, which sys.path may name."""
+    prefixes = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix)}
+    prefixes.add(os.path.dirname(os.path.realpath(sys.executable)))
+    sites = {os.path.realpath(p) for p in sys.path
+             if p and os.path.isdir(p) and any(os.path.realpath(p).startswith(pre + os.sep) for pre in prefixes)}
+    package = os.path.dirname(os.path.realpath(cartonstore.__file__))
+    return tuple(sorted(prefixes | sites | {package, sys.prefix}))
+
+
+def _isolated(argv: list[str]) -> list[str]:
+    """``python -m x`` made ``python -I -m x``: no environment, no user site,
+    not the working directory on sys.path."""
+    if len(argv) > 1 and os.path.realpath(argv[0]) == os.path.realpath(sys.executable) and argv[1] != "-I":
+        return [argv[0], "-I", *argv[1:]]
+    return list(argv)
+
+
+def _gpu_devices(device: str) -> tuple[str, ...]:
+    if not device.startswith("cuda"):
+        return ()
+    try:
+        names = os.listdir("/dev")
+    except OSError:
+        return ()
+    found = [f"/dev/{n}" for n in names if n.startswith("nvidia")]
+    caps = "/dev/nvidia-caps"
+    if os.path.isdir(caps):
+        found += [f"{caps}/{n}" for n in os.listdir(caps)]
+    return tuple(sorted(found))
+
+
+def confine(policy: SandboxPolicy, argv: list[str], *, model_dir: Path, model: str, device: str, listen_fd: int,
+            env: dict[str, str], label: str) -> Confinement:
+    """The sandboxed command line and environment of one runner instance."""
+    identity = runner_identity(policy)
+    uid, gid = identity if identity is not None else (None, None)
+    bwrap, setpriv = shutil.which("bwrap"), shutil.which("setpriv")
+    if identity is not None and bwrap and not setpriv:
+        bwrap = None   # without setpriv bubblewrap would run as root
+    has_bwrap = bool(bwrap) and policy.mode in ("auto", "bwrap") and _bwrap_works(bwrap, setpriv, uid, gid)
+    abi = abi_version() if policy.mode in ("auto", "landlock", "bwrap") else 0
+    if policy.mode == "bwrap" and not has_bwrap:
+        raise InvalidInput(f"runners.sandbox = \"bwrap\", but bubblewrap cannot run here: {HOW_TO}")
+    if policy.mode == "landlock" and abi < 1:
+        raise InvalidInput(f"runners.sandbox = \"landlock\", but this kernel has no Landlock: {HOW_TO}")
+    if not has_bwrap and abi < 1:
+        raise InvalidInput(f"no sandbox for the runner of {model!r}: {HOW_TO}")
+    reads = (*python_paths(), *SYSTEM_READ, *ETC_READ, *policy.read_paths)
+    if os.path.isabs(argv[0]):
+        reads += (os.path.dirname(os.path.realpath(argv[0])),)
+    if identity is not None:   # bubblewrap binds them as that user too: it must reach them
+        for path in (sys.executable, str(model_dir)):
+            if (blocked := _unreachable(os.path.realpath(path), uid, gid)) is not None:
+                raise InvalidInput(f"runners.user {policy.user!r} cannot reach {path}: {blocked}. Install "
+                                   f"cartonstore's Python and the store where that user may read them, or "
+                                   f"set [runners] sandbox = \"none\"", subject="runners.user")
+    networked = model in policy.network
+    gpus = _gpu_devices(device)
+    cgroup = create_cgroup(f"cartonstore-{label}", max_processes=policy.max_processes or None,
+                           memory_limit=policy.memory_limit) if identity is not None else None
+    rlimits = {}
+    if policy.max_processes and not (cgroup and "cgroup:pids" in cgroup.layers):
+        rlimits["NPROC"] = policy.max_processes
+    if policy.memory_limit and not (cgroup and "cgroup:memory" in cgroup.layers):
+        rlimits["DATA"] = policy.memory_limit
+    tmp = None
+    if not has_bwrap:
+        tmp = Path(tempfile.mkdtemp(prefix=f"cartonstore-runner-{label[:40]}-"))
+        if identity is not None:
+            os.chown(tmp, uid, gid)
+    tmp_inside = "/tmp" if has_bwrap else str(tmp)
+    landlock = None if abi < 1 else {
+        "read": [*reads, str(model_dir), *CPU_INFO], "write": [tmp_inside], "devices": [*DEVICES, *gpus],
+        "deny_tcp": not networked, "scope": True}
+    plan = {"rlimits": rlimits, "listen_fd": listen_fd, "chdir": str(model_dir), "landlock": landlock}
+    if not has_bwrap and identity is not None:
+        plan["user"] = [uid, gid]
+    if not has_bwrap:
+        plan["parent"] = os.getpid()
+    inner = [sys.executable, "-I", "-m", "cartonstore.system.confine", json.dumps(plan), "--", *_isolated(argv)]
+    layers = []
+    if has_bwrap:
+        layers.append("bwrap")
+        inner = [*_bwrap_args(bwrap, reads, model_dir, gpus, networked, policy.tmp_size), "--", *inner]
+        if identity is not None:
+            inner = [setpriv, f"--reuid={uid}", f"--regid={gid}", "--clear-groups", "--pdeathsig=KILL", "--",
+                     *inner]
+    if landlock is not None:
+        layers.append("landlock")
+    if identity is not None:
+        layers.append("uid")
+    if cgroup is not None:
+        layers += list(cgroup.layers)
+    if rlimits:
+        layers.append("rlimits")
+    out_env = {k: env[k] for k in ENV_KEEP if k in env}
+    out_env.update(PATH=PATH, HOME=tmp_inside, TMPDIR=tmp_inside, CUDA_VISIBLE_DEVICES=env.get("CUDA_VISIBLE_DEVICES", ""))
+    return Confinement(inner, out_env, tuple(layers), cgroup, tmp, listen_fd)
+
+
+def _bwrap_args(bwrap: str, reads: tuple[str, ...], model_dir: Path, gpus: tuple[str, ...], networked: bool,
+                tmp_size: int) -> list[str]:
+    args = [bwrap, "--die-with-parent", "--unshare-all", "--cap-drop", "ALL"]
+    if networked:
+        args.append("--share-net")
+    for path in dict.fromkeys(reads):
+        if os.path.islink(path) and path.count("/") == 1:   # merged /usr: /bin -> usr/bin
+            args += ["--symlink", os.readlink(path), path]
+        elif os.path.exists(path):
+            real = os.path.realpath(path)
+            args += ["--ro-bind", real, real] if real == path else ["--ro-bind", real, path]
+    args += ["--dev", "/dev", "--proc", "/proc", "--size", str(tmp_size), "--tmpfs", "/tmp",
+             "--ro-bind-try", "/sys/devices/system/cpu", "/sys/devices/system/cpu"]
+    for device in gpus:
+        args += ["--dev-bind", device, device]
+    args += ["--ro-bind", str(model_dir), str(model_dir), "--chdir", str(model_dir)]
+    return args

@@ -1,0 +1,120 @@
+"""A cgroup per runner, where this process may make one: limits on its
+processes (pids.max) and memory (memory.max, or v1's memory.limit_in_bytes)
+that hold for everything it starts, and a process over its memory limit is
+the one the kernel's OOM killer ends.
+
+cgroup v2: a child of this process's own cgroup, which the daemon may write
+when systemd delegated it (Delegate=yes) or when it runs as root; the pids
+and memory controllers must be enabled for children
+(cgroup.subtree_control). cgroup v1 (hybrid hosts): a child in the pids and
+memory hierarchies, each where writable. Nothing found: ``create`` returns
+None and the caller falls back to rlimits.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path("/sys/fs/cgroup")
+
+
+@dataclass(frozen=True)
+class RunnerCgroup:
+    dirs: tuple[Path, ...]     # one directory (v2) or one per v1 hierarchy
+    layers: tuple[str, ...]    # what it limits: "cgroup:pids", "cgroup:memory"
+
+    def attach_self(self) -> None:
+        """Move the calling process (a runner between fork and exec) in."""
+        pid = str(os.getpid()).encode()
+        for d in self.dirs:
+            fd = os.open(d / "cgroup.procs", os.O_WRONLY)
+            try:
+                os.write(fd, pid)
+            finally:
+                os.close(fd)
+
+    def remove(self) -> None:
+        """Once every process in it has ended."""
+        for d in self.dirs:
+            try:
+                d.rmdir()
+            except OSError:
+                pass
+
+
+def _own_v2_dir() -> Path | None:
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        if line.startswith("0::"):
+            path = ROOT / line[3:].lstrip("/")
+            return path if (path / "cgroup.controllers").is_file() else None
+    return None
+
+
+def _v1_dir(controller: str) -> Path | None:
+    base = ROOT / controller
+    try:
+        for line in Path("/proc/self/cgroup").read_text().splitlines():
+            _, names, path = line.split(":", 2)
+            if controller in names.split(","):
+                here = base / path.lstrip("/")
+                return here if here.is_dir() else base
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+def _write(path: Path, value: str) -> bool:
+    try:
+        path.write_text(value)
+        return True
+    except OSError:
+        return False
+
+
+def create(name: str, *, max_processes: int | None, memory_limit: int | None) -> RunnerCgroup | None:
+    """A new cgroup called ``name`` holding these limits, or None where no
+    writable hierarchy with the needed controllers is found."""
+    v2 = _own_v2_dir()
+    if v2 is not None:
+        enabled = set((v2 / "cgroup.subtree_control").read_text().split()) if \
+            (v2 / "cgroup.subtree_control").is_file() else set()
+        wanted = {c for c, limit in (("pids", max_processes), ("memory", memory_limit)) if limit}
+        if wanted <= enabled:
+            try:
+                d = v2 / name
+                d.mkdir(exist_ok=True)
+            except OSError:
+                d = None
+            if d is not None:
+                layers = []
+                if max_processes and _write(d / "pids.max", str(max_processes)):
+                    layers.append("cgroup:pids")
+                if memory_limit and _write(d / "memory.max", str(memory_limit)):
+                    _write(d / "memory.swap.max", "0")
+                    layers.append("cgroup:memory")
+                return RunnerCgroup((d,), tuple(layers))
+    dirs, layers = [], []
+    for controller, limit, knob in (("pids", max_processes, "pids.max"),
+                                    ("memory", memory_limit, "memory.limit_in_bytes")):
+        base = _v1_dir(controller) if limit else None
+        if base is None:
+            continue
+        d = base / name
+        try:
+            d.mkdir(exist_ok=True)
+        except OSError:
+            continue
+        if _write(d / knob, str(limit)):
+            if controller == "memory":
+                _write(d / "memory.memsw.limit_in_bytes", str(limit))
+            dirs.append(d)
+            layers.append(f"cgroup:{controller}")
+        else:
+            d.rmdir()
+    return RunnerCgroup(tuple(dirs), tuple(layers)) if dirs else None

@@ -1,0 +1,82 @@
+"""The last step before a runner's own program: ``python -I -m
+cartonstore.system.confine PLAN -- ARGV...`` applies PLAN to itself, then
+execs ARGV, which inherits every restriction.
+
+PLAN (JSON) may say, each applied in this order:
+
+- ``rlimits``: {"NPROC": n, "DATA": bytes, ...}, resource.RLIMIT_* names;
+- ``user``: [uid, gid]: drop to them, with no supplementary groups (the
+  daemon runs as root; the runner never does);
+- ``parent``: the daemon's pid, to die with (a change of uid clears the
+  parent-death signal the daemon armed);
+- ``listen_fd``: an inherited listening socket, handed to ARGV as fd 3 with
+  LISTEN_FDS=1 and LISTEN_PID (systemd's socket activation: the runner gets
+  its socket without any right to the directory it lives in);
+- ``chdir``: the working directory;
+- ``landlock``: system/landlock.py's Granted, as a JSON object.
+
+Whatever cannot be applied ends this process with status 3 and the reason
+as its one stderr line (what a runner that cannot load does), never by
+running ARGV less confined than planned.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import sys
+
+from .landlock import Granted, LandlockError, restrict
+from .parent_death import die_with
+
+LISTEN_FDS_START = 3
+
+
+def apply(plan: dict) -> list[str]:
+    """Apply ``plan`` to this process; what holds, in words."""
+    held: list[str] = []
+    for name, limit in (plan.get("rlimits") or {}).items():
+        resource.setrlimit(getattr(resource, f"RLIMIT_{name}"), (int(limit), int(limit)))
+        held.append(f"rlimit:{name.lower()}")
+    if plan.get("user"):
+        uid, gid = plan["user"]
+        os.setgroups([])
+        os.setresgid(gid, gid, gid)
+        os.setresuid(uid, uid, uid)
+        held.append(f"uid:{uid}")
+    if plan.get("parent"):
+        die_with(int(plan["parent"]))
+    if plan.get("listen_fd") is not None:
+        fd = int(plan["listen_fd"])
+        if fd != LISTEN_FDS_START:
+            os.dup2(fd, LISTEN_FDS_START)
+            os.close(fd)
+        os.set_inheritable(LISTEN_FDS_START, True)
+        os.environ.update(LISTEN_FDS="1", LISTEN_PID=str(os.getpid()))
+    if plan.get("chdir"):
+        os.chdir(plan["chdir"])
+    if plan.get("landlock") is not None:
+        granted = plan["landlock"]
+        held += [f"landlock:{what}" for what in restrict(Granted(
+            read=tuple(granted.get("read", ())), write=tuple(granted.get("write", ())),
+            devices=tuple(granted.get("devices", ())), deny_tcp=bool(granted.get("deny_tcp", True)),
+            scope=bool(granted.get("scope", True))))]
+    return held
+
+
+def main(argv: list[str]) -> None:
+    if len(argv) < 3 or argv[1] != "--":
+        print("cartonstore sandbox: usage: python -m cartonstore.system.confine PLAN -- ARGV...", file=sys.stderr)
+        sys.exit(2)
+    try:
+        apply(json.loads(argv[0]))
+        program = argv[2:]
+        os.execvp(program[0], program)
+    except (OSError, LandlockError, ValueError, KeyError, TypeError) as e:
+        print(f"cartonstore sandbox: cannot confine the runner: {e}", file=sys.stderr, flush=True)
+        sys.exit(3)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

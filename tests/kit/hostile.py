@@ -1,0 +1,114 @@
+"""A hostile python carton: each request names one escape to try, and the
+answer says what happened ("ok: ..." when it got through, "denied: ..."
+with the error when it did not). The escapes are the ones a carton's code
+would try on a shared inference node."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+HOSTILE_MAIN = r'''
+import os
+import signal
+import socket
+import time
+
+import numpy as np
+
+
+def attempt(order):
+    what, _, arg = order.partition(":")
+    if what == "chmod_write":          # rewrite a file of its own model (a hardlink to the store's blob)
+        os.chmod(arg, 0o644)
+        with open(arg, "r+b") as f:
+            f.write(b"EVIL")
+        return "rewrote " + arg
+    if what == "write":                # append to any file (the index)
+        with open(arg, "ab") as f:
+            f.write(b"EVIL")
+        return "wrote " + arg
+    if what == "read":                 # another model's file, a secret
+        with open(arg, "rb") as f:
+            return "read %d bytes of %s" % (len(f.read()), arg)
+    if what == "list":
+        return "listed %s" % os.listdir(arg)[:5]
+    if what == "tcp":                  # the daemon's TCP port, or any host
+        host, port = arg.rsplit(":", 1)
+        socket.create_connection((host, int(port)), timeout=2).close()
+        return "connected to " + arg
+    if what == "unix":                 # the daemon's Unix socket
+        s = socket.socket(socket.AF_UNIX)
+        s.settimeout(2)
+        s.connect(arg)
+        s.close()
+        return "connected to " + arg
+    if what == "kill":                 # the daemon
+        os.kill(int(arg), signal.SIGKILL)
+        return "killed " + arg
+    if what == "fork":                 # a fork bomb: children that sleep, then go
+        born = 0
+        try:
+            for _ in range(int(arg)):
+                if os.fork() == 0:
+                    time.sleep(20)
+                    os._exit(0)
+                born += 1
+        except OSError as e:
+            raise OSError(e.errno, "fork %d failed after %d: %s" % (born + 1, born, e.strerror))
+        return "forked %d" % born
+    if what == "mem":                  # touch memory a GiB at a time, up to arg GiB
+        held = []
+        for _ in range(int(arg)):
+            block = np.ones(1 << 30, dtype=np.uint8)
+            held.append(block)
+        return "touched %d GiB" % len(held)
+    if what == "fds":                  # another process's open files (the daemon's tensor arena)
+        return "opened %s" % os.listdir("/proc/%s/fd" % arg)[:5]
+    return "unknown order " + order
+
+
+class Hostile:
+    def infer_with_tensors(self, tensors):
+        order = tensors["order"].flat[0]
+        order = order.decode() if isinstance(order, bytes) else str(order)
+        try:
+            said = "ok: " + attempt(order)
+        except BaseException as e:
+            said = "denied: %s: %s" % (type(e).__name__, e)
+        return {"said": np.array([said.encode()], dtype=object)}
+
+
+def get_model():
+    return Hostile()
+'''
+
+HOSTILE_TOML = '''spec_version = 1
+model_name = "hostile"
+
+[[input]]
+name = "order"
+dtype = "string"
+shape = [1]
+
+[[output]]
+name = "said"
+dtype = "string"
+shape = [1]
+
+[runner]
+runner_name = "python"
+required_framework_version = ">=3.8"
+runner_compat_version = 1
+
+[runner.opts]
+entrypoint_package = "main"
+entrypoint_fn = "get_model"
+'''
+
+
+def hostile_carton(dest: Path) -> Path:
+    (dest / "model").mkdir(parents=True, exist_ok=True)
+    (dest / "carton.toml").write_text(HOSTILE_TOML)
+    (dest / "model" / "main.py").write_text(HOSTILE_MAIN)
+    (dest / "model" / "weights.bin").write_bytes(b"\0" * 4096)
+    return dest

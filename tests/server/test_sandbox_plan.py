@@ -1,0 +1,91 @@
+"""How a runner's sandbox is planned (server/runners/sandbox.py), and the
+loads it refuses: never silently unsandboxed."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+from kit.daemonkit import DaemonProcess, call
+from kit.inferkit import echo_carton
+
+from cartonstore.errors import InvalidInput
+from cartonstore.server.runners.sandbox import SandboxPolicy, _isolated, confine, python_paths, runner_identity
+
+ARGV = [sys.executable, "-m", "cartonstore.runner.python", "--socket", "/x.sock"]
+
+
+def test_no_bubblewrap_where_it_is_asked_for_fails_naming_how_to_get_one(tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
+    monkeypatch.setenv("PATH", str(tmp_path))   # bwrap and setpriv are found on PATH: here, nowhere
+    with pytest.raises(InvalidInput) as caught:
+        confine(SandboxPolicy(mode="bwrap", user="nobody"), ARGV, model_dir=tmp_path, model="m", device="cpu",
+                listen_fd=3, env={}, label="m")
+    message = str(caught.value)
+    assert "apt-get install bubblewrap" in message and 'sandbox = "none"' in message
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="runners change user only under a root daemon")
+def test_a_root_daemon_needs_a_runner_user_that_exists_and_is_not_root() -> None:
+    with pytest.raises(InvalidInput, match="does not exist.*useradd --system"):
+        runner_identity(SandboxPolicy(user="no-such-user-here"))
+    with pytest.raises(InvalidInput, match="runners never run as root"):
+        runner_identity(SandboxPolicy(user="root"))
+    with pytest.raises(InvalidInput, match="runners never run as root"):
+        runner_identity(SandboxPolicy(user="0"))
+    assert runner_identity(SandboxPolicy(user="nobody"))[0] != 0
+
+
+def test_the_runner_gets_an_allow_listed_environment_and_an_isolated_python(short_tmp: Path) -> None:
+    short_tmp.chmod(0o711)   # as a store root is: the runner user may pass
+    model_dir = short_tmp / "model"
+    model_dir.mkdir()
+    env = {"CARTONSTORE_TOKEN": "t", "AWS_SECRET_ACCESS_KEY": "k", "PYTHONPATH": "/evil", "LD_PRELOAD": "/evil.so",
+           "OMP_NUM_THREADS": "2", "LANG": "C.UTF-8", "CUDA_VISIBLE_DEVICES": "", "PATH": "/home/me/bin:/usr/bin"}
+    try:
+        c = confine(SandboxPolicy(mode="auto", user="nobody"), ARGV, model_dir=model_dir, model="m", device="cpu",
+                    listen_fd=3, env=env, label="plan-test")
+    except InvalidInput as e:
+        pytest.skip(f"no sandbox here: {e}")
+    try:
+        assert set(c.env) == {"OMP_NUM_THREADS", "LANG", "CUDA_VISIBLE_DEVICES", "PATH", "HOME", "TMPDIR"}
+        assert c.env["PATH"] == "/usr/local/bin:/usr/bin:/bin"
+        runner = c.argv[c.argv.index("--", c.argv.index("cartonstore.system.confine")) + 1:]
+        assert runner[:3] == [sys.executable, "-I", "-m"]
+    finally:
+        c.release()
+
+
+def test_isolation_is_added_once_and_only_to_this_python() -> None:
+    assert _isolated(ARGV)[:2] == [sys.executable, "-I"]
+    assert _isolated(_isolated(ARGV)) == _isolated(ARGV)
+    assert _isolated(["/opt/serve", "--socket", "x"]) == ["/opt/serve", "--socket", "x"]
+
+
+def test_what_a_runner_may_read_is_python_not_the_working_directory(tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    paths = python_paths()
+    assert str(tmp_path) not in paths and os.path.realpath(sys.prefix) in paths
+
+
+def test_a_daemon_with_sandbox_none_says_so(short_tmp: Path) -> None:
+    with DaemonProcess(short_tmp / "root", env={"CARTONSTORE_SANDBOX": "none"}) as d:
+        source = echo_carton(short_tmp / "echo", dtypes=["float32"])
+        assert call(d, "POST", "/v2/repository/models/echo/load", json={"parameters": {"source": str(source)}})[0] == 200
+        (row,) = call(d, "POST", "/v2/repository/index", json={})[1]
+        assert row["sandbox"] == "none"
+
+
+def test_a_load_with_no_sandbox_to_be_had_fails_naming_how_and_leaves_no_runner(short_tmp: Path) -> None:
+    config = short_tmp / "cartonstore.toml"
+    config.write_text('[runners]\nuser = "nobody"\n')
+    with DaemonProcess(short_tmp / "root", extra_args=["--config", str(config)],
+                       env={"CARTONSTORE_SANDBOX": "bwrap", "PATH": str(short_tmp)}) as d:
+        source = echo_carton(short_tmp / "echo", dtypes=["float32"])
+        status, body = call(d, "POST", "/v2/repository/models/echo/load", json={"parameters": {"source": str(source)}})
+        assert status == 400 and "install bubblewrap" in body["error"], body
+        (row,) = call(d, "POST", "/v2/repository/index", json={})[1]
+        assert row["state"] == "UNAVAILABLE"
+        assert not list((d.root / "run" / "runners").glob("*.sock"))
