@@ -118,3 +118,25 @@ def create(name: str, *, max_processes: int | None, memory_limit: int | None) ->
         else:
             d.rmdir()
     return RunnerCgroup(tuple(dirs), tuple(layers)) if dirs else None
+
+
+def remove_stale(prefix: str) -> list[Path]:
+    """Remove the empty cgroups named ``<prefix><pid>-...`` whose daemon
+    (pid) is gone: what a SIGKILLed daemon's runners left. Returns them."""
+    removed = []
+    bases = [b for b in (_own_v2_dir(), _v1_dir("pids"), _v1_dir("memory")) if b is not None]
+    for base in bases:
+        try:
+            entries = list(base.iterdir())
+        except OSError:
+            continue
+        for d in entries:
+            owner = d.name[len(prefix):].split("-", 1)[0]
+            if not d.name.startswith(prefix) or not owner.isdigit() or Path(f"/proc/{owner}").exists():
+                continue
+            try:
+                d.rmdir()
+                removed.append(d)
+            except OSError:
+                pass
+    return removed

@@ -22,7 +22,7 @@ OPEN = UrlPolicy()
     "https://user:token@models.example.com/a.carton",
     "http://127.0.0.1:8080/x",
     "http://[::1]:8080/x",
-    "http://[fe80::1%25eth0]/x",
+    "http://[fd12::1%25eth0]/x",
     "https://bücher.example/model",
     "https://models.example.com./a",
     "http://under_score.example/",
@@ -112,7 +112,8 @@ def test_malformed_urls_are_refused(url: str, problem: str) -> None:
     (("::1",), "http://[0:0:0:0:0:0:0:1]/", True),
     (("[::1]",), "http://[::1]/", True),
     (("fd00::/8",), "http://[fd12:3456::1]/", True),
-    (("fd00::/8",), "http://[fe80::1]/", False),
+    (("fd00::/8",), "http://[fd80::1]/", True),
+    (("fd00::/8",), "http://[fc00::1]/", False),
     (("fe80::/10",), "http://[fe80::1%25eth0]/", True),
     (("10.0.0.0/8",), "http://[::ffff:10.0.0.1]/", True),  # IPv4-mapped
     (("10.0.0.0/8",), "http://[::ffff:a00:1]/", True),

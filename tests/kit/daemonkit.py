@@ -27,13 +27,16 @@ import aiohttp
 class DaemonProcess:
     def __init__(self, root: Path, *, listen: str | None = "127.0.0.1:0", socket_path: Path | None = None,
                  extra_args: list[str] | None = None, env: dict[str, str] | None = None,
-                 pass_fds: tuple[int, ...] = ()) -> None:
+                 pass_fds: tuple[int, ...] = (), log_file: Path | None = None) -> None:
+        """log_file: the daemon's stderr goes there, not to a pipe that only a
+        reader keeps from filling (a daemon that logs a lot would block on it)."""
         self.root = root
         self.socket_path = socket_path or root / "cartonstore.sock"
         self.listen = listen
         self.extra_args = extra_args or []
         self.env = env or {}
         self.pass_fds = pass_fds
+        self.log_file = log_file
         self.proc: subprocess.Popen | None = None
         self.status = ""
 
@@ -53,8 +56,13 @@ class DaemonProcess:
             notify.bind(notify_path)
             notify.settimeout(0.2)
             env = {**os.environ, "NOTIFY_SOCKET": notify_path, **self.env}
-            self.proc = subprocess.Popen(self.argv(), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                         text=True, pass_fds=self.pass_fds)
+            stderr = open(self.log_file, "a") if self.log_file is not None else subprocess.PIPE  # noqa: SIM115
+            try:
+                self.proc = subprocess.Popen(self.argv(), env=env, stdout=subprocess.PIPE, stderr=stderr, text=True,
+                                             pass_fds=self.pass_fds)
+            finally:
+                if self.log_file is not None:
+                    stderr.close()
             deadline = time.monotonic() + timeout
             while True:
                 try:
@@ -90,6 +98,8 @@ class DaemonProcess:
         if self.proc and self.proc.poll() is None:
             self.proc.kill()
         out, err = self.proc.communicate(timeout=10) if self.proc else ("", "")
+        if self.log_file is not None:
+            err = self.log_file.read_text(errors="replace")
         return f"exit {self.proc.returncode if self.proc else None}; stderr: {err[-3000:]}"
 
     def __enter__(self) -> "DaemonProcess":

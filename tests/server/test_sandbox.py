@@ -106,7 +106,8 @@ def node(request, tmp_path_factory):  # noqa: ANN001, ANN201
         config = base / "cartonstore.toml"
         config.write_text(f'[peers]\ntoken_file = "{secret}"\n[runners]\nsandbox = "{mode}"\n'
                           f'user = "{user.pw_name}"\nmax_processes = 512\nmemory_limit = "1G"\n')
-        d = DaemonProcess(base / "root", extra_args=["--config", str(config)], env={"CARTONSTORE_SANDBOX": mode})
+        d = DaemonProcess(base / "root", extra_args=["--config", str(config)], env={"CARTONSTORE_SANDBOX": mode},
+                          log_file=base / "daemon.log")
         with d:
             for name, source in (("echo", echo_carton(base / "echo", dtypes=["float32"])),
                                  ("victim", echo_carton(base / "victim", label="victim", dtypes=["float32"])),
@@ -174,7 +175,7 @@ def test_a_model_over_its_memory_limit_fails_alone(node) -> None:  # noqa: ANN00
         status, said = order(d, "mem:6")   # 6 GiB at most, whatever happens: the limit is 1 GiB
         assert status != 200 or said.startswith("denied"), said
         # Killed by the OOM killer (cgroup) or refused (rlimit): either way it serves again.
-        assert wait_for(lambda: order(d, "list:.")[0] == 200, timeout=60)
+        assert wait_for(lambda: order(d, "list:.")[0] == 200, timeout=60, interval=0.5)
     assert set(steady.statuses) == {200}
     assert d.proc.poll() is None
 
@@ -188,3 +189,30 @@ def test_the_index_and_metrics_say_which_layers_hold(node) -> None:  # noqa: ANN
         assert "landlock" in layers
     status, text = call(d, "GET", "/metrics")
     assert f'cartonstore_runner_sandbox{{layers="{rows["hostile"]["sandbox"]}",model="hostile"' in text
+
+
+@pytest.mark.parametrize("mode", ["bwrap", "landlock"])
+def test_sandboxed_runners_die_with_a_killed_daemon(mode: str) -> None:
+    """SIGKILL the daemon: nothing it sandboxed outlives it (bwrap, setpriv
+    and the runner under it; or the runner after its change of user, which
+    clears the parent-death signal the daemon armed: confine arms it again)."""
+    from conftest import short_dir
+    from kit.prockit import live_pids
+
+    if (why := why_not(mode)) is not None:
+        pytest.skip(why)
+    with short_dir() as base:
+        base.chmod(0o711)
+        config = base / "cartonstore.toml"
+        config.write_text(f'[runners]\nsandbox = "{mode}"\nuser = "{runner_user().pw_name}"\n')
+        d = DaemonProcess(base / "root", extra_args=["--config", str(config)], env={"CARTONSTORE_SANDBOX": mode},
+                          log_file=base / "daemon.log")
+        with d:
+            source = echo_carton(base / "echo", dtypes=["float32"])
+            assert call(d, "POST", "/v2/repository/models/echo/load",
+                        json={"parameters": {"source": str(source)}})[0] == 200
+            assert live_pids(str(base / "root" / "models")), "no runner process found"
+            d.proc.kill()
+            d.proc.wait(10)
+            assert wait_for(lambda: not live_pids(str(base / "root" / "models")), timeout=10), \
+                live_pids(str(base / "root" / "models"))

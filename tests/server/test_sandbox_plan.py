@@ -89,3 +89,21 @@ def test_a_load_with_no_sandbox_to_be_had_fails_naming_how_and_leaves_no_runner(
         (row,) = call(d, "POST", "/v2/repository/index", json={})[1]
         assert row["state"] == "UNAVAILABLE"
         assert not list((d.root / "run" / "runners").glob("*.sock"))
+
+
+def test_cgroups_a_killed_daemon_left_are_removed_and_live_ones_kept() -> None:
+    from cartonstore.system import cgroups
+
+    made = cgroups.create("cartonstore-test-probe", max_processes=8, memory_limit=None)
+    if made is None:
+        pytest.skip("no cgroup this process may make here")
+    made.remove()
+    gone = cgroups.create("cartonstore-4194303-gone.g1-0", max_processes=8, memory_limit=None)   # no such pid
+    live = cgroups.create(f"cartonstore-{os.getpid()}-live.g1-0", max_processes=8, memory_limit=None)
+    try:
+        removed = cgroups.remove_stale("cartonstore-")
+        assert set(gone.dirs) <= set(removed) and not set(live.dirs) & set(removed)
+        assert all(not d.exists() for d in gone.dirs) and all(d.exists() for d in live.dirs)
+    finally:
+        gone.remove()
+        live.remove()

@@ -16,7 +16,9 @@ from typing import Any, Callable, Mapping
 from cartonstore.config.runners import RunnerSettings as RunnerConfig
 from cartonstore.format.carton_toml import CartonConfig
 from cartonstore.server.runners import ModelRunners, RunnerSettings, clean_stale_sockets, ensure_run_dir
+from cartonstore.server.runners.sandbox import CGROUP_PREFIX
 from cartonstore.server.tensors.arena import TensorArena
+from cartonstore.system.cgroups import remove_stale as remove_stale_cgroups
 
 from .runner_plan import instance_devices, instance_specs, plan_runner, runner_opts, sandbox_policy
 
@@ -50,6 +52,8 @@ class RunnerHost:
         ensure_run_dir(self.run_dir)
         for path in clean_stale_sockets(self.run_dir):
             log.info("removed stale runner socket %s", path)
+        for path in remove_stale_cgroups(CGROUP_PREFIX):
+            log.info("removed the cgroup of a runner of a daemon that is gone: %s", path)
 
     async def start(self, name: str, version: str, model_dir: Path, cfg: CartonConfig,
                     triton_config: Mapping[str, Any] | None) -> ModelRunners | None:

@@ -52,6 +52,7 @@ CPU_INFO = ("/sys/devices/system/cpu", "/sys/fs/cgroup", "/proc/cpuinfo", "/proc
 ENV_KEEP = ("LANG", "LC_ALL", "LC_CTYPE", "TZ", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS",
             "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES")
 PATH = "/usr/local/bin:/usr/bin:/bin"
+CGROUP_PREFIX = "cartonstore-"   # runner cgroups: cartonstore-<daemon pid>-<instance>
 HOW_TO = ('install bubblewrap (Debian: apt-get install bubblewrap) or run on a kernel with Landlock (5.13+, '
           'lsm=landlock); or set [runners] sandbox = "none" to run model code with the daemon\'s own rights')
 
@@ -200,7 +201,7 @@ def confine(policy: SandboxPolicy, argv: list[str], *, model_dir: Path, model: s
                                    f"set [runners] sandbox = \"none\"", subject="runners.user")
     networked = model in policy.network
     gpus = _gpu_devices(device)
-    cgroup = create_cgroup(f"cartonstore-{label}", max_processes=policy.max_processes or None,
+    cgroup = create_cgroup(f"{CGROUP_PREFIX}{os.getpid()}-{label}", max_processes=policy.max_processes or None,
                            memory_limit=policy.memory_limit) if identity is not None else None
     rlimits = {}
     if policy.max_processes and not (cgroup and "cgroup:pids" in cgroup.layers):
@@ -247,14 +248,15 @@ def _bwrap_args(bwrap: str, reads: tuple[str, ...], model_dir: Path, gpus: tuple
     args = [bwrap, "--die-with-parent", "--unshare-all", "--cap-drop", "ALL"]
     if networked:
         args.append("--share-net")
+    # /tmp first: what is bound below it afterwards (a virtualenv, a store under /tmp) stays visible.
+    args += ["--dev", "/dev", "--proc", "/proc", "--size", str(tmp_size), "--tmpfs", "/tmp"]
     for path in dict.fromkeys(reads):
         if os.path.islink(path) and path.count("/") == 1:   # merged /usr: /bin -> usr/bin
             args += ["--symlink", os.readlink(path), path]
         elif os.path.exists(path):
             real = os.path.realpath(path)
             args += ["--ro-bind", real, real] if real == path else ["--ro-bind", real, path]
-    args += ["--dev", "/dev", "--proc", "/proc", "--size", str(tmp_size), "--tmpfs", "/tmp",
-             "--ro-bind-try", "/sys/devices/system/cpu", "/sys/devices/system/cpu"]
+    args += ["--ro-bind-try", "/sys/devices/system/cpu", "/sys/devices/system/cpu"]
     for device in gpus:
         args += ["--dev-bind", device, device]
     args += ["--ro-bind", str(model_dir), str(model_dir), "--chdir", str(model_dir)]
