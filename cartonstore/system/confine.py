@@ -11,7 +11,8 @@ PLAN (JSON) may say, each applied in this order:
   parent-death signal the daemon armed);
 - ``listen_fd``: an inherited listening socket, handed to ARGV as fd 3 with
   LISTEN_FDS=1 and LISTEN_PID (systemd's socket activation: the runner gets
-  its socket without any right to the directory it lives in);
+  its socket without any right to the directory it lives in); an fd that
+  ``fd_env``'s variables name (the tensor arena's) is moved out of its way;
 - ``chdir``: the working directory;
 - ``landlock``: system/landlock.py's Granted, as a JSON object.
 
@@ -49,6 +50,11 @@ def apply(plan: dict) -> list[str]:
         die_with(int(plan["parent"]))
     if plan.get("listen_fd") is not None:
         fd = int(plan["listen_fd"])
+        for name in plan.get("fd_env") or ():   # an fd another variable names must not be overwritten
+            if os.environ.get(name) == str(LISTEN_FDS_START) and fd != LISTEN_FDS_START:
+                moved = os.dup(LISTEN_FDS_START)
+                os.set_inheritable(moved, True)
+                os.environ[name] = str(moved)
         if fd != LISTEN_FDS_START:
             os.dup2(fd, LISTEN_FDS_START)
             os.close(fd)

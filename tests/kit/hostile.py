@@ -62,8 +62,19 @@ def attempt(order):
             block = np.ones(1 << 30, dtype=np.uint8)
             held.append(block)
         return "touched %d GiB" % len(held)
-    if what == "fds":                  # another process's open files (the daemon's tensor arena)
+    if what == "fds":                  # another process's open files (the daemon's, another runner's arena)
         return "opened %s" % os.listdir("/proc/%s/fd" % arg)[:5]
+    if what == "memfds":               # the shared memory it was handed: its own model's arena, nothing else
+        found = {}
+        for fd in os.listdir("/proc/self/fd"):
+            try:
+                link = os.readlink("/proc/self/fd/" + fd)
+                if link.startswith("/memfd:"):
+                    st = os.stat("/proc/self/fd/" + fd)
+                    found[(st.st_dev, st.st_ino)] = link
+            except OSError:            # the directory's own fd, closed since
+                pass
+        return "memfds %s" % sorted(found.values())   # one name per shared-memory object
     return "unknown order " + order
 
 

@@ -386,3 +386,17 @@ def test_pages_are_given_back_without_an_event_loop_too() -> None:
         assert arena.take(TRIM_KEEP + 4 * MIB) is not None
     finally:
         arena.close()
+
+
+def test_a_retired_arena_closes_when_its_last_slot_is_given_back() -> None:
+    """One arena per loaded version: unloading retires it. It gives no new
+    slot, and closes once the answers still sent from its slots have left."""
+    arena = TensorArena(MIB)
+    slot = arena.take(4096)
+    arena.retire()
+    assert not arena.closed and arena.take(4096) is None
+    slot.release()
+    assert arena.closed
+    idle = TensorArena(MIB)
+    idle.retire()
+    assert idle.closed

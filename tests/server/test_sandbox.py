@@ -19,6 +19,7 @@ import sys
 import threading
 import time
 
+import numpy as np
 import pytest
 from kit.daemonkit import DaemonProcess, call, wait_for
 from kit.hostile import hostile_carton
@@ -156,6 +157,39 @@ def test_every_escape_fails_and_the_neighbour_keeps_answering(node) -> None:  # 
     verify = subprocess.run([sys.executable, "-m", "cartonstore.cli", "verify", "--root", str(root), "--json"],
                             capture_output=True, text=True, timeout=120)
     assert verify.returncode == 0 and json.loads(verify.stdout)["ok"], verify.stdout + verify.stderr
+
+
+def test_each_runner_maps_its_own_models_arena_and_no_other(node) -> None:  # noqa: ANN001
+    """One tensor arena per model: the sandboxed runner is handed its own
+    (a big binary request goes through it), and cannot reach another
+    runner's (its /proc/PID/fd: another PID namespace, or another Landlock
+    domain)."""
+    from kit.prockit import live_pids
+
+    mode, d, digests, _ = node
+    status, said = order(d, "memfds")
+    assert status == 200 and said == "ok: memfds ['/memfd:cartonstore-arena (deleted)']", said
+    victims = live_pids(digests["victim"])
+    assert victims
+    for pid in victims:
+        status, said = order(d, f"fds:{pid}")
+        assert said.startswith("denied"), f"{mode}: another runner's fds: {said}"
+    before = arena_requests(d)
+    x = np.arange(1 << 17, dtype=np.float32).reshape(1, -1)   # 512 KiB: big enough for the arena
+    header = json.dumps({"inputs": [{"name": "x_float32", "datatype": "FP32", "shape": list(x.shape),
+                                     "parameters": {"binary_data_size": x.nbytes}}],
+                         "outputs": [{"name": "y_float32", "parameters": {"binary_data": False}}]}).encode()
+    status, body = call(d, "POST", "/v2/models/echo/infer", data=header + x.tobytes(),
+                        headers={"Inference-Header-Content-Length": str(len(header)),
+                                 "Content-Type": "application/octet-stream"})
+    assert status == 200 and body["outputs"][0]["data"][:3] == [0.0, 1.0, 2.0]
+    assert arena_requests(d) == before + 1
+
+
+def arena_requests(d: DaemonProcess) -> float:
+    text = call(d, "GET", "/metrics")[1]
+    return next(float(line.split()[-1]) for line in text.splitlines()
+                if line.startswith("cartonstore_arena_requests_total "))
 
 
 def test_a_fork_bomb_stops_at_max_processes(node) -> None:  # noqa: ANN001

@@ -215,7 +215,7 @@ class FrontConnection(asyncio.BufferedProtocol):
                 raise too_large(length, self.front.max_request_size)
             if head.headers.get("expect", "").lower() == "100-continue":
                 self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-            slot = arena_slot(service.arena, route, first, head, coding, length)
+            slot = arena_slot(route, first, head, coding, length)
             raw = await self._read_body(length, slot)
             unread = 0
             body = await decoded_body(raw, coding, self.front.max_request_size)

@@ -14,7 +14,7 @@ from aiohttp import web
 
 from cartonstore.server.api.access import TcpAccess
 from cartonstore.server.api.infer import InferAnswer
-from cartonstore.server.tensors.arena import ARENA_FROM, ArenaSlot, TensorArena
+from cartonstore.server.tensors.arena import ARENA_FROM, ArenaSlot
 
 from .http1 import RequestHead
 from .routes import NativeRoute
@@ -57,17 +57,16 @@ def with_length(answer: InferAnswer) -> list[tuple[str, str]]:
     return [*answer.headers.items(), ("Content-Length", str(answer.size))]
 
 
-def arena_slot(arena: TensorArena | None, route: NativeRoute, model: object, head: RequestHead, coding: str,
-                length: int) -> ArenaSlot | None:
+def arena_slot(route: NativeRoute, model: object, head: RequestHead, coding: str, length: int) -> ArenaSlot | None:
     """A slot for a big binary infer body and its outputs (as many bytes
-    again), when the model's runners map the arena and one is free."""
-    if (arena is None or not route.arena or coding != "identity" or length < ARENA_FROM
+    again) in the model's own arena, when its runners map it and one is free."""
+    if (not route.arena or coding != "identity" or length < ARENA_FROM
             or "inference-header-content-length" not in head.headers):
         return None
     runners = getattr(model, "runners", None)
-    if runners is None or not runners.arena_capable:
+    if runners is None or runners.arena is None or not runners.arena_capable:
         return None
-    return arena.take(2 * length + 64)
+    return runners.arena.take(2 * length + 64)
 
 
 def wake(waiter: asyncio.Future[None] | None) -> None:

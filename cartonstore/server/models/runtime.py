@@ -34,9 +34,10 @@ class RunnerHost:
     """Starts and stops the runners of loaded models. One per daemon."""
 
     def __init__(self, config: RunnerConfig, run_dir: Path, *, on_change: Callable[[], None] | None = None,
-                 arena: TensorArena | None = None) -> None:
+                 arena_size: int = 0) -> None:
         self.config = config
-        self.arena = arena
+        self.arena_size = arena_size    # each loaded version gets an arena of its own (0: none)
+        self._retired_counts = {"forwarded": 0, "full": 0}   # of the arenas of unloaded versions
         self.run_dir = run_dir
         self.settings = RunnerSettings(
             ready_timeout=config.ready_timeout, request_timeout=config.request_timeout,
@@ -67,7 +68,9 @@ class RunnerHost:
         specs = instance_specs(plan, model_dir=model_dir, name=name, version=version,
                                opts=runner_opts(cfg, triton_config), devices=devices, run_dir=self.run_dir,
                                generation=next(self._generation), sandbox=sandbox_policy(self.config))
-        runners = ModelRunners(name, version, specs, self.settings, on_change=self._on_change, arena=self.arena)
+        # An arena of its own: a runner maps its model's tensors and no other's.
+        arena = TensorArena(self.arena_size) if self.arena_size else None
+        runners = ModelRunners(name, version, specs, self.settings, on_change=self._on_change, arena=arena)
         self._live.add(runners)
         log.info("model %s version %s: starting %d %s runner(s) on %s", name, version[:12], len(specs),
                  plan.runner_name, ", ".join(devices))
@@ -75,6 +78,7 @@ class RunnerHost:
             await runners.start()
         except BaseException:
             self._live.discard(runners)
+            self._retire(runners)
             raise
         return runners
 
@@ -85,10 +89,29 @@ class RunnerHost:
             await runners.stop()
         finally:
             self._live.discard(runners)
+            self._retire(runners)
         log.info("model %s version %s: runners stopped", runners.name, runners.version[:12])
 
     async def stop_all(self) -> None:
         await asyncio.gather(*(self.stop(r) for r in list(self._live)), return_exceptions=True)
+
+    def _retire(self, runners: ModelRunners) -> None:
+        if runners.arena is not None and not runners.arena.retiring:
+            for key in self._retired_counts:
+                self._retired_counts[key] += getattr(runners.arena, key)
+            runners.arena.retire()
+
+    def arena_stats(self) -> dict[str, int] | None:
+        """The arenas of every loaded version together, for /metrics (the
+        counters go on counting those of unloaded versions); None without."""
+        if not self.arena_size:
+            return None
+        stats = dict(self._retired_counts, slots=0, bytes=0)
+        for runners in tuple(self._live):
+            if runners.arena is not None:
+                for key, value in runners.arena.stats().items():
+                    stats[key] += value
+        return stats
 
     def statuses(self) -> list[dict[str, Any]]:
         # Read by /metrics on a worker thread while the loop adds and drops

@@ -20,7 +20,6 @@ from cartonstore.errors import CartonStoreError, InvalidInput, NotFound
 from cartonstore.fetch.puller import Puller
 from cartonstore.format.dtypes import tensor_metadata
 from cartonstore.server.tensors.arena import DEFAULT_SIZE as ARENA_SIZE
-from cartonstore.server.tensors.arena import TensorArena
 from cartonstore.server.tensors.check_pool import CheckPool
 from cartonstore.server.tensors.shm_regions import ShmRegions
 from cartonstore.store import Store
@@ -46,10 +45,9 @@ class ModelService(Leasing):
                  max_request_size: int = 256 << 20, arena_size: int = ARENA_SIZE, check_workers: int = 0) -> None:
         super().__init__(store, puller, leases, metrics)
         self.shm_regions = ShmRegions(allow_tcp=shm_over_tcp, max_read=max_request_size)
-        self.arena = TensorArena(arena_size) if arena_size else None
         self.check_pool = CheckPool(check_workers) if check_workers else None
         self.runner_host = RunnerHost(runners or RunnerConfig(), store.layout.root / "run" / "runners",
-                                      arena=self.arena)
+                                      arena_size=arena_size)
         # Weak: a lock lives while a load holds or waits on it, not for every name ever asked.
         self._load_locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
         self.models: dict[str, LoadedModel] = {}
@@ -302,8 +300,6 @@ class ModelService(Leasing):
             self._pins.pop(lease_id, None)
         await self._commits.close()
         self.shm_regions.close()
-        if self.arena is not None:
-            self.arena.close()
         if self.check_pool is not None:
             await self.check_pool.close()
 
@@ -314,5 +310,5 @@ class ModelService(Leasing):
                 "runners": self.runner_host.statuses(),
                 "fetched_bytes": stats.bytes_received, "fetch_requests": stats.requests,
                 "source_bytes": stats.snapshot()["source_bytes"],
-                "arena": self.arena.stats() if self.arena is not None else None,
+                "arena": self.runner_host.arena_stats(),
                 "check_workers": self.check_pool.stats() if self.check_pool is not None else None}

@@ -50,6 +50,7 @@ class ModelRunners:
         self.settings = settings
         self.outstanding = 0
         self._on_change = on_change
+        self.arena = arena   # this version's own tensor arena (RunnerHost's), or None
         self._instances = [RunnerInstance(name, i, spec, settings, self._changed, arena)
                            for i, spec in enumerate(specs)]
         self._next = 0                      # where the tie-break scan starts

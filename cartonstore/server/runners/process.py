@@ -90,9 +90,9 @@ class RunnerProcess:
     async def spawn(cls, label: str, spec: InstanceSpec, stderr_lines: int,
                     arena_fd: int | None = None) -> RunnerProcess:
         """Start the process (inheriting the tensor arena's fd, when given,
-        named by ARENA_FD_ENV); raises RunnerFailed when it cannot be started.
-        A sandboxed one (spec.sandbox) is handed its socket, bound here, and
-        no arena: its runs in a sandbox.py Confinement."""
+        named by ARENA_FD_ENV: its model's own); raises RunnerFailed when it
+        cannot be started. A sandboxed one (spec.sandbox) runs in a
+        sandbox.py Confinement, handed its socket, bound here."""
         env = dict(os.environ)
         env.update(spec.env)
         env["CUDA_VISIBLE_DEVICES"] = spec.cuda_visible_devices()
@@ -110,6 +110,9 @@ class RunnerProcess:
                     listen.close()
                 raise RunnerFailed(f"cannot sandbox the runner: {e}") from None
             argv, env, pass_fds = confinement.argv, confinement.env, (listen.fileno(),)
+            if arena_fd is not None:
+                env[ARENA_FD_ENV] = str(arena_fd)
+                pass_fds += (arena_fd,)
             if confinement.cgroup is not None:
                 preexec = functools.partial(_enter, os.getpid(), confinement.cgroup)
         elif arena_fd is not None:

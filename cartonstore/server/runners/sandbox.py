@@ -42,6 +42,7 @@ from cartonstore.errors import InvalidInput
 from cartonstore.system.cgroups import RunnerCgroup
 from cartonstore.system.cgroups import create as create_cgroup
 from cartonstore.system.landlock import abi_version
+from cartonstore.v2.shm_params import ARENA_FD_ENV
 
 SYSTEM_READ = ("/usr", "/lib", "/lib64", "/lib32", "/bin", "/sbin", "/opt/conda")
 ETC_READ = ("/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/localtime", "/etc/nsswitch.conf",
@@ -217,7 +218,8 @@ def confine(policy: SandboxPolicy, argv: list[str], *, model_dir: Path, model: s
     landlock = None if abi < 1 else {
         "read": [*reads, str(model_dir), *CPU_INFO], "write": [tmp_inside], "devices": [*DEVICES, *gpus],
         "deny_tcp": not networked, "scope": True}
-    plan = {"rlimits": rlimits, "listen_fd": listen_fd, "chdir": str(model_dir), "landlock": landlock}
+    plan = {"rlimits": rlimits, "listen_fd": listen_fd, "fd_env": [ARENA_FD_ENV], "chdir": str(model_dir),
+            "landlock": landlock}
     if not has_bwrap and identity is not None:
         plan["user"] = [uid, gid]
     if not has_bwrap:

@@ -103,6 +103,7 @@ class TensorArena:
         self._trim_timer: asyncio.TimerHandle | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self.closed = False
+        self.retiring = False   # its model was unloaded: closed once its last slot is given back
         self.forwarded = 0    # requests sent to a runner in the arena's form (arena_wire.py counts them)
         self.full = 0         # slots refused for want of a free span: those bodies were copied
 
@@ -123,7 +124,7 @@ class TensorArena:
 
     def take(self, size: int) -> ArenaSlot | None:
         """A slot of ``size`` bytes, or None when no span that big is free."""
-        if self.closed or size <= 0:
+        if self.closed or self.retiring or size <= 0:
             return None
         want = _aligned(size)
         at = 0
@@ -143,6 +144,9 @@ class TensorArena:
 
     def _free(self, offset: int) -> None:
         del self._spans[bisect.bisect_left(self._spans, (offset,))]
+        if self.retiring and not self._spans:
+            self.close()
+            return
         if self._spans or self._touched <= TRIM_KEEP or self._limit != self.size or self.closed:
             return
         try:
@@ -183,6 +187,13 @@ class TensorArena:
     def _track(self, task: asyncio.Task[None]) -> None:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+    def retire(self) -> None:
+        """Its model's runners are gone: no new slot; closed now, or as soon
+        as the answers still sent from its slots have left."""
+        self.retiring = True
+        if not self._spans:
+            self.close()
 
     def close(self) -> None:
         """At daemon shutdown, once no request is left: unmap and close."""
