@@ -22,7 +22,8 @@ not read (0x7f.1, 2130706433, 010.0.0.1) is refused, so it cannot slip past
 a CIDR pattern.
 
 Link-local and cloud metadata hosts (169.254.0.0/16, fe80::/10,
-fd00:ec2::254, metadata.google.internal) are refused unless allow_hosts
+fd00:ec2::254, its NAT64 form, 100.100.100.200, metadata.google.internal)
+are refused unless allow_hosts
 names them: a URL a caller hands the daemon must not reach the node's cloud
 credentials (checked again at every redirect, as every host is).
 
@@ -41,7 +42,8 @@ from typing import TYPE_CHECKING
 from cartonstore.errors import FetchError, InvalidInput
 
 ALLOWED_SCHEMES = ("http", "https")
-METADATA_HOSTS = ("169.254.0.0/16", "fe80::/10", "fd00:ec2::254", "metadata.google.internal")
+METADATA_HOSTS = ("169.254.0.0/16", "fe80::/10", "fd00:ec2::254", "64:ff9b::a9fe:0/112",   # NAT64 of 169.254/16
+                  "100.100.100.200", "metadata.google.internal")
 
 # ipaddress and urllib.parse are imported where hosts are parsed: the
 # settings import this module for its defaults, and `cartonstore path` must

@@ -150,10 +150,21 @@ class Daemon:
         s = self.settings
         self._tls = s.tls_context()   # a bad certificate stops the start before anything is bound
         access = s.tcp_access()
+        if s.listen and access.token and s.tls_cert is None and not is_loopback(s.listen.rsplit(":", 1)[0]):
+            log.warning("server.listen %s is plain HTTP beyond loopback: server.token crosses the network in "
+                        "clear; set server.tls_cert", s.listen)
         # Bind first: a second daemon on a live socket stops at that conflict
         # having started, cleaned and logged nothing.
         socks = self._sockets()
         serving = False
+        if not access.has_credential:   # sockets systemd handed over are held to the listen rule too
+            for sock in socks:
+                if sock.family in (socket.AF_INET, socket.AF_INET6) and not is_loopback(sock.getsockname()[0]):
+                    for s_ in socks:
+                        s_.close()
+                    raise InvalidInput(f"a TCP socket on {sock.getsockname()[0]} (from systemd) is not loopback and "
+                                       "no credential is configured: set server.token (or server.token_file)",
+                                       subject="server.listen")
         try:
             store = Store(s.root, zip_limits=s.zip_limits)
             try:

@@ -72,20 +72,51 @@ class DirCartonView:
         from .view import METADATA_LIMITS
 
         p = self.root / name
+        if self.confined and p.is_symlink():   # it would be read, and its first line echoed in an error
+            raise InvalidCarton(name, f"is a symlink (to {os.readlink(p)!r}): a carton given to the daemon may "
+                                      "not name files outside its directory")
         if not p.is_file():
             return None
         if p.stat().st_size > METADATA_LIMITS[name]:
             raise InvalidCarton(name, f"is more than the {METADATA_LIMITS[name]} bytes allowed")
+        if self.confined:
+            with self.open(name) as f:
+                return f.read(METADATA_LIMITS[name] + 1)
         return p.read_bytes()
 
     def _inside(self, full: str) -> bool:
         return Path(os.path.realpath(full)).is_relative_to(self.root)
 
     def open(self, path: str) -> BinaryIO:
+        if self.confined:
+            return os.fdopen(self._open_beneath(path), "rb")
+        return open(self.root / path, "rb")
+
+    def _open_beneath(self, path: str) -> int:
+        """Open path component by component from the root, following no
+        symlink: one swapped in since the listing (a file, or a directory
+        above it) fails the read instead of leading out of the carton. A
+        link the listing kept inside its folder is read where it points,
+        checked the same way."""
         full = self.root / path
-        if self.confined and not self._inside(str(full)):   # swapped for a link since it was listed
-            raise InvalidCarton(path, "resolves outside the carton's directory")
-        return open(full, "rb")
+        if os.path.islink(full):
+            target = os.path.realpath(full)
+            if not Path(target).is_relative_to(self.root):
+                raise InvalidCarton(path, "resolves outside the carton's directory")
+            path = os.path.relpath(target, self.root)
+        fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            *dirs, last = path.split("/")
+            for part in dirs:
+                nxt = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+                os.close(fd)
+                fd = nxt
+            return os.open(last, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+        except OSError as e:
+            raise InvalidCarton(path, f"changed while it was read ({e.strerror}): a symlink where the listing "
+                                      "saw none") from None
+        finally:
+            os.close(fd)
 
     def close(self) -> None:
         pass

@@ -13,11 +13,16 @@ None and the caller falls back to rlimits.
 
 from __future__ import annotations
 
+import logging
 import os
+import signal
+import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path("/sys/fs/cgroup")
+log = logging.getLogger("cartonstore.server.runners")
 
 
 @dataclass(frozen=True)
@@ -36,12 +41,13 @@ class RunnerCgroup:
                 os.close(fd)
 
     def remove(self) -> None:
-        """Once every process in it has ended."""
+        """After the runner's end: what is still in it (a process that left
+        the runner's process group with setsid, out of killpg's reach) is
+        killed, then the cgroup goes; retried in a thread while the dead
+        are reaped."""
         for d in self.dirs:
-            try:
-                d.rmdir()
-            except OSError:
-                pass
+            if not _rmdir(d):
+                threading.Thread(target=_kill_and_remove, args=(d,), name="cartonstore-cgroup", daemon=True).start()
 
 
 def _own_v2_dir() -> Path | None:
@@ -77,10 +83,42 @@ def _write(path: Path, value: str) -> bool:
         return False
 
 
+LEAF = "daemon"
+
+
+def take_delegation() -> bool:
+    """cgroup v2 lets a cgroup give controllers to children only while no
+    process sits in it: a daemon alone in the cgroup systemd delegated to
+    it (Delegate=, a *.service) moves into a leaf child and enables pids and
+    memory for its siblings, the runners' cgroups. Nothing is moved where
+    any other process shares the cgroup. Whether it did."""
+    v2 = _own_v2_dir()
+    if v2 is None or not v2.name.endswith(".service"):
+        return False
+    try:
+        if (v2 / "cgroup.procs").read_text().split() != [str(os.getpid())]:
+            return False
+        wanted = {"pids", "memory"} & set((v2 / "cgroup.controllers").read_text().split())
+        leaf = v2 / LEAF
+        leaf.mkdir(exist_ok=True)
+        (leaf / "cgroup.procs").write_text(str(os.getpid()))
+        (v2 / "cgroup.subtree_control").write_text(" ".join(f"+{c}" for c in sorted(wanted)))
+        return True
+    except OSError as e:
+        log.info("runner cgroups: cannot take the delegated cgroup %s (%s); limits fall back to rlimits", v2, e)
+        return False
+
+
+def _runners_base() -> Path | None:
+    """Where runner cgroups go: beside the daemon's leaf, or under its own cgroup."""
+    v2 = _own_v2_dir()
+    return v2.parent if v2 is not None and v2.name == LEAF else v2
+
+
 def create(name: str, *, max_processes: int | None, memory_limit: int | None) -> RunnerCgroup | None:
     """A new cgroup called ``name`` holding these limits, or None where no
     writable hierarchy with the needed controllers is found."""
-    v2 = _own_v2_dir()
+    v2 = _runners_base()
     if v2 is not None:
         enabled = set((v2 / "cgroup.subtree_control").read_text().split()) if \
             (v2 / "cgroup.subtree_control").is_file() else set()
@@ -124,7 +162,7 @@ def remove_stale(prefix: str) -> list[Path]:
     """Remove the empty cgroups named ``<prefix><pid>-...`` whose daemon
     (pid) is gone: what a SIGKILLed daemon's runners left. Returns them."""
     removed = []
-    bases = [b for b in (_own_v2_dir(), _v1_dir("pids"), _v1_dir("memory")) if b is not None]
+    bases = [b for b in (_runners_base(), _v1_dir("pids"), _v1_dir("memory")) if b is not None]
     for base in bases:
         try:
             entries = list(base.iterdir())
@@ -140,3 +178,33 @@ def remove_stale(prefix: str) -> list[Path]:
             except OSError:
                 pass
     return removed
+
+
+def _rmdir(d: Path) -> bool:
+    try:
+        d.rmdir()
+        return True
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+
+
+def _kill_and_remove(d: Path) -> None:
+    for _ in range(50):
+        if (d / "cgroup.kill").exists():
+            _write(d / "cgroup.kill", "1")
+        else:
+            try:
+                pids = [int(p) for p in (d / "cgroup.procs").read_text().split()]
+            except (OSError, ValueError):
+                pids = []
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+        if _rmdir(d):
+            return
+        time.sleep(0.1)
+    log.warning("could not remove runner cgroup %s: processes are still in it", d)

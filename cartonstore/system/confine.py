@@ -38,7 +38,10 @@ def apply(plan: dict) -> list[str]:
     """Apply ``plan`` to this process; what holds, in words."""
     held: list[str] = []
     for name, limit in (plan.get("rlimits") or {}).items():
-        resource.setrlimit(getattr(resource, f"RLIMIT_{name}"), (int(limit), int(limit)))
+        which = getattr(resource, f"RLIMIT_{name}")
+        hard = resource.getrlimit(which)[1]
+        limit = int(limit) if hard == resource.RLIM_INFINITY else min(int(limit), hard)   # lowering only
+        resource.setrlimit(which, (limit, limit))
         held.append(f"rlimit:{name.lower()}")
     if plan.get("user"):
         uid, gid = plan["user"]
@@ -64,10 +67,13 @@ def apply(plan: dict) -> list[str]:
         os.chdir(plan["chdir"])
     if plan.get("landlock") is not None:
         granted = plan["landlock"]
-        held += [f"landlock:{what}" for what in restrict(Granted(
+        got = restrict(Granted(
             read=tuple(granted.get("read", ())), write=tuple(granted.get("write", ())),
             devices=tuple(granted.get("devices", ())), deny_tcp=bool(granted.get("deny_tcp", True)),
-            scope=bool(granted.get("scope", True))))]
+            scope=bool(granted.get("scope", True))))
+        if missing := set(granted.get("require", ())) - set(got):
+            raise LandlockError(95, f"Landlock did not take hold of {', '.join(sorted(missing))}")
+        held += [f"landlock:{what}" for what in got]
     return held
 
 

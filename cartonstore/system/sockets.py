@@ -49,10 +49,13 @@ def is_live_socket(path: Path) -> bool:
         probe.close()
 
 
-def bind_unix(path: Path, *, mode: int = 0o660, group: str | None = None) -> socket.socket:
+def bind_unix(path: Path, *, mode: int = 0o660, group: str | None = None, private_dir: bool = False) -> socket.socket:
     """Bind a Unix socket at path. A live socket there belongs to another
     daemon and is left alone (Conflict); a stale one from a crash is replaced;
-    anything else at that path is an error."""
+    anything else at that path is an error. ``private_dir``: its directory
+    is the caller's alone (0700), so nobody can connect before the mode is
+    set, and the process-wide umask is left alone (files other threads
+    create meanwhile keep their modes)."""
     if (size := len(os.fsencode(path))) > MAX_UNIX_PATH:
         raise InvalidInput(f"socket path {path} is {size} bytes, longer than the {MAX_UNIX_PATH}-byte limit of Unix sockets")
     if not path.parent.is_dir():
@@ -64,14 +67,15 @@ def bind_unix(path: Path, *, mode: int = 0o660, group: str | None = None) -> soc
             raise Conflict(f"another daemon is already serving {path}", subject=str(path))
         path.unlink()
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    old = os.umask(0o177)  # nobody may connect before the mode is set
+    old = None if private_dir else os.umask(0o177)  # nobody may connect before the mode is set
     try:
         sock.bind(str(path))
     except OSError as e:
         sock.close()
         raise Unavailable(f"cannot bind {path}: {e.strerror}", subject=str(path)) from e
     finally:
-        os.umask(old)
+        if old is not None:
+            os.umask(old)
     try:
         if group:
             try:

@@ -284,7 +284,8 @@ def test_check_only_raises_invalid_input(url: str) -> None:
 
 @pytest.mark.parametrize("url", ["http://169.254.169.254/latest/meta-data/", "http://169.254.0.1:8080/x",
                                  "http://[fe80::1%25eth0]/x", "http://[fd00:ec2::254]/", "http://[::ffff:169.254.1.1]/",
-                                 "https://metadata.google.internal/computeMetadata/v1/"])
+                                 "https://metadata.google.internal/computeMetadata/v1/",
+                                 "http://[64:ff9b::a9fe:a9fe]/latest/", "http://100.100.100.200/latest/meta-data/"])
 def test_link_local_and_metadata_hosts_are_refused_unless_allowed(url: str) -> None:
     with pytest.raises(InvalidInput, match="link-local or cloud metadata"):
         UrlPolicy().check(url)

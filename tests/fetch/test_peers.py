@@ -231,12 +231,29 @@ def test_peers_over_mutual_tls(tmp_path):
 
 
 def metric_tls(node, pki, name: str, labels: str) -> float:  # noqa: ANN001
+    """Over the node's Unix socket: over TCP a fleet certificate opens /v1/blobs alone."""
+    from kit.daemonkit import call
+
+    status, text = call(node, "GET", "/metrics")
+    assert status == 200, text
+    return next(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(f"{name}{{{labels}}} "))
+
+
+def test_a_fleet_certificate_opens_blobs_alone(tmp_path):  # noqa: ANN001
+    """mTLS between peers: the fleet's certificate fetches blobs but loads
+    nothing (a peer must not be able to load code on its neighbours)."""
     import ssl
 
-    context = ssl.create_default_context(cafile=str(pki["ca.pem"]))
-    context.load_cert_chain(str(pki["node.pem"]), str(pki["node.key"]))   # a credential, as every TCP route needs
-    text = urllib.request.urlopen(f"{node.http_url}/metrics", context=context, timeout=10).read().decode()
-    return next(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(f"{name}{{{labels}}} "))
+    pki = make_pki(tmp_path / "pki")
+    tls = (f'[server]\ntls_cert = "{pki["node.pem"]}"\ntls_key = "{pki["node.key"]}"\n'
+           f'tls_client_ca = "{pki["ca.pem"]}"\n')
+    with short_dir() as base, fleet(base, 1, token="", scheme="https", extra=tls) as (node,):
+        member = ssl.create_default_context(cafile=str(pki["ca.pem"]))
+        member.load_cert_chain(str(pki["node.pem"]), str(pki["node.key"]))
+        request = urllib.request.Request(f"{node.http_url}/v2/repository/models/x/load", data=b"{}", method="POST")
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(request, context=member, timeout=10)
+        assert e.value.code == 403 and "authorizes /v1/blobs only" in json.loads(e.value.read())["error"]
 
 
 def test_a_probe_names_a_bad_wait_and_answers_at_once_for_what_it_has_or_lacks(tmp_path):

@@ -75,6 +75,20 @@ def attempt(order):
             except OSError:            # the directory's own fd, closed since
                 pass
         return "memfds %s" % sorted(found.values())   # one name per shared-memory object
+    if what == "stash":                # a private directory in its tmp, that its daemon may not enter
+        path = os.path.join(os.environ.get("TMPDIR", "/tmp"), "stash")
+        os.makedirs(path + "/inner", mode=0o700, exist_ok=True)
+        with open(path + "/inner/data", "wb") as f:
+            f.write(b"x" * 4096)
+        os.chmod(path, 0o700)
+        return "stashed in " + path
+    if what == "escape":               # a child in a session of its own, out of its process group's reach
+        if os.fork() == 0:
+            os.setsid()
+            if os.fork() == 0:
+                time.sleep(120)
+            os._exit(0)
+        return "escaped"
     return "unknown order " + order
 
 

@@ -5,6 +5,7 @@ trace in the index."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -67,3 +68,19 @@ def test_a_bad_name_is_refused_before_anything_is_kept(served: DaemonProcess, na
     assert status == 400 and "invalid name" in body["error"], body
     index = call(served, "POST", "/v2/repository/index", json={})[1]
     assert index == []
+
+
+@pytest.mark.parametrize("metadata", ["MANIFEST", "LINKS", "carton.toml"])
+def test_a_metadata_file_that_is_a_symlink_out_is_refused_and_not_echoed(served: DaemonProcess, short_tmp: Path,
+                                                                        metadata: str) -> None:
+    """MANIFEST and LINKS are read whole and their bad lines quoted in the
+    error: a symlink out of the carton would read a secret into the answer."""
+    secret = short_tmp / "token"
+    secret.write_text("s3cr3t-line-one\n")
+    source = echo_carton(short_tmp / f"leaky-{metadata}", dtypes=["float32"])
+    (source / metadata).unlink(missing_ok=True)
+    os.symlink(secret, source / metadata)
+    status, body = call(served, "POST", "/v2/repository/models/leaky/load",
+                        json={"parameters": {"source": str(source)}})
+    assert status == 400 and metadata in body["error"], body
+    assert "s3cr3t" not in json.dumps(body)

@@ -18,6 +18,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -223,6 +224,26 @@ def test_the_index_and_metrics_say_which_layers_hold(node) -> None:  # noqa: ANN
         assert "landlock" in layers
     status, text = call(d, "GET", "/metrics")
     assert f'cartonstore_runner_sandbox{{layers="{rows["hostile"]["sandbox"]}",model="hostile"' in text
+
+
+def test_an_unloaded_runner_leaves_no_process_tmp_or_cgroup(node) -> None:  # noqa: ANN001
+    """Last of the module's tests: it unloads the hostile model. A child it
+    put in a session of its own (out of killpg's reach) dies with its cgroup,
+    and the tmp it filled with a private directory is removed (as the runner
+    user: the daemon's root may hold no CAP_DAC_OVERRIDE)."""
+    from kit.prockit import live_pids
+
+    mode, d, digests, _ = node
+    assert order(d, "stash")[1].startswith("ok"), order(d, "stash")
+    assert order(d, "escape")[1] == "ok: escaped"
+    assert wait_for(lambda: len(live_pids(digests["hostile"])) >= 2, timeout=10)
+    tmps = [p for p in Path("/tmp").glob(f"cartonstore-runner-{d.proc.pid}-hostile*")]   # this daemon's
+    assert (mode == "landlock") == bool(tmps), tmps   # bubblewrap's /tmp is a tmpfs of its own
+    assert call(d, "POST", "/v2/repository/models/hostile/unload", json={})[0] == 200
+    assert wait_for(lambda: not live_pids(digests["hostile"]), timeout=15), live_pids(digests["hostile"])
+    assert wait_for(lambda: not any(p.exists() for p in tmps), timeout=15), tmps
+    assert wait_for(lambda: not [c for base in ("pids", "memory") for c in Path(f"/sys/fs/cgroup/{base}").glob(
+        f"cartonstore-{d.proc.pid}-hostile*")], timeout=15)
 
 
 @pytest.mark.parametrize("mode", ["bwrap", "landlock"])

@@ -107,3 +107,21 @@ def test_cgroups_a_killed_daemon_left_are_removed_and_live_ones_kept() -> None:
     finally:
         gone.remove()
         live.remove()
+
+
+def test_landlock_alone_is_refused_for_a_runner_of_the_daemons_own_user(tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
+    """Landlock stops no chmod and no connect() to a socket by path: a
+    runner keeping the daemon's uid could chmod the store's blobs and use
+    its API socket. Without bubblewrap, only a runner of another uid may
+    run under Landlock alone."""
+    from cartonstore.server.runners.sandbox import mechanisms
+    from cartonstore.system.landlock import abi_version
+
+    if abi_version() < 1:
+        pytest.skip("no Landlock in this kernel")
+    monkeypatch.setenv("PATH", str(tmp_path))   # no bubblewrap on PATH
+    for mode in ("auto", "landlock"):
+        with pytest.raises(InvalidInput, match="only Landlock is here.*install bubblewrap"):
+            mechanisms(SandboxPolicy(mode=mode), None)
+    if abi_version() >= 6:
+        assert mechanisms(SandboxPolicy(mode="landlock"), (65534, 65534)) == (None, False, abi_version())

@@ -153,8 +153,11 @@ def test_a_daemon_beyond_loopback_without_a_credential_does_not_start(tmp_path: 
     (TcpAccess(token="t", peer_token="p"), "/v1/blobs/ab", "Bearer t", False, None),
     (TcpAccess(peer_token="p"), "/v1/blobs/ab", None, False, Unauthenticated),
     (TcpAccess(peer_token="p"), "/v2/repository/index", None, False, None),                # no server credential
-    (TcpAccess(client_ca=True), "/v2/repository/index", None, True, None),
+    (TcpAccess(client_ca=True), "/v2/repository/index", None, True, PermissionDenied),   # a peer's certificate
+    (TcpAccess(client_ca=True), "/v1/blobs/ab", None, True, None),
+    (TcpAccess(client_ca=True, token="t"), "/v2/repository/index", "Bearer t", True, None),
     (TcpAccess(client_ca=True), "/v2/repository/index", None, False, Unauthenticated),
+    (TcpAccess(token="t"), "/v2/models/m/infer", "Bearer \udcff\udcfe", False, Unauthenticated),   # undecodable
     (TcpAccess(client_ca=True), "/v1/blobs/ab", None, False, PermissionDenied),
     (TcpAccess(client_ca=True, token="t"), "/v1/blobs/ab", "Bearer t", False, PermissionDenied),
 ])

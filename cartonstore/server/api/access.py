@@ -5,15 +5,17 @@ Over TCP every route but /v2/health/* needs a credential, once one is
 configured:
 
 - ``server.token`` (Bearer): every route;
-- a client certificate that ``server.tls_client_ca`` signed: every route;
-- ``peers.token`` (Bearer): /v1/blobs alone, so that a peer can never load
-  code on its neighbours (403 elsewhere).
+- ``peers.token`` (Bearer), or a client certificate that
+  ``server.tls_client_ca`` signed: /v1/blobs alone, so that a peer (every
+  node of a fleet holds such a certificate) can never load code on its
+  neighbours (403 elsewhere).
 
 /v1/blobs keeps its own rules: with tls_client_ca it takes only callers
 with a certificate (403), with a token configured only the peer token or
 server.token (401). With no credential configured at all, TCP is open:
 the daemon starts so only on a loopback listener (the quick start), and
-then every local user may load code (see the README).
+then every local user may load code (see the README). With only
+tls_client_ca, every route but /v1/blobs is closed over TCP.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ class TcpAccess:
 
     @property
     def has_credential(self) -> bool:
-        """A credential that admits to every route is configured."""
+        """TCP callers must show something: TCP is not open to anyone."""
         return bool(self.token) or self.client_ca
 
     def check(self, path: str, authorization: str | None, has_certificate: bool) -> None:
@@ -44,7 +46,8 @@ class TcpAccess:
         caller sending ``authorization`` may call ``path``."""
         if path.startswith(OPEN_PREFIX):
             return
-        sent = (authorization or "").encode()
+        # surrogateescape: aiohttp keeps a header's undecodable bytes as surrogates (a wrong token, not a 500)
+        sent = (authorization or "").encode("utf-8", "surrogateescape")
         if path.startswith(BLOBS_PREFIX):
             if self.client_ca and not has_certificate:
                 raise PermissionDenied("/v1/blobs over TCP takes only clients with a certificate signed by "
@@ -58,13 +61,13 @@ class TcpAccess:
             return   # loopback only: the daemon refuses to start otherwise
         if self.token and _is(sent, self.token):
             return
-        if self.client_ca and has_certificate:
-            return
         if self.peer_token and _is(sent, self.peer_token):
             raise PermissionDenied(f"the peer token (peers.token) authorizes /v1/blobs only, not {path}")
-        what = "server.token as a Bearer token" + (" or a client certificate signed by server.tls_client_ca"
-                                                    if self.client_ca else "")
-        raise Unauthenticated(f"{path} over TCP needs {what}" + (": the token sent is not it" if sent else ""))
+        if not self.token and has_certificate:
+            raise PermissionDenied(f"a client certificate (server.tls_client_ca) authorizes /v1/blobs only, not "
+                                   f"{path}: the API over TCP needs server.token")
+        raise Unauthenticated(f"{path} over TCP needs server.token as a Bearer token"
+                              + (": the token sent is not it" if sent else ""))
 
 
 def _is(sent: bytes, token: str) -> bool:

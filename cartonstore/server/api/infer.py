@@ -147,8 +147,10 @@ async def proxied_infer(service: ModelService, model: LoadedModel, name: str, ve
     if forward_length is not None:
         headers[HEADER_LENGTH] = str(forward_length)
     regions = list(use.regions.values()) if use is not None else ()
+    # A slot is in one model version's own arena: after a switch it is not the new runners'.
+    own_slot = slot is not None and slot.arena is getattr(model.runners, "arena", None)
     arena = ArenaForward(slot, len(body), header_length, req) \
-        if slot is not None and use is None and header_length is not None and header_length <= MAX_HEADER else None
+        if own_slot and use is None and header_length is not None and header_length <= MAX_HEADER else None
     answer = await model.runners.forward(f"/v2/models/{name}/infer", parts, headers, regions, arena)
     out_headers = dict(answer.headers)
     payload: bytes | bytearray = answer.body

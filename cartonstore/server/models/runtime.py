@@ -14,11 +14,13 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from cartonstore.config.runners import RunnerSettings as RunnerConfig
+from cartonstore.errors import InvalidInput
 from cartonstore.format.carton_toml import CartonConfig
 from cartonstore.server.runners import ModelRunners, RunnerSettings, clean_stale_sockets, ensure_run_dir
-from cartonstore.server.runners.sandbox import CGROUP_PREFIX
+from cartonstore.server.runners.sandbox import CGROUP_PREFIX, mechanisms, runner_identity
 from cartonstore.server.tensors.arena import TensorArena
 from cartonstore.system.cgroups import remove_stale as remove_stale_cgroups
+from cartonstore.system.cgroups import take_delegation
 
 from .runner_plan import instance_devices, instance_specs, plan_runner, runner_opts, sandbox_policy
 
@@ -55,6 +57,24 @@ class RunnerHost:
             log.info("removed stale runner socket %s", path)
         for path in remove_stale_cgroups(CGROUP_PREFIX):
             log.info("removed the cgroup of a runner of a daemon that is gone: %s", path)
+        if self.config.sandbox != "none" and take_delegation():
+            log.info("runner cgroups: the delegated cgroup's controllers are the runners' (the daemon moved to a leaf)")
+        self._check_sandbox()
+
+    def _check_sandbox(self) -> None:
+        """Say at start what runners will run in (and probe bubblewrap now,
+        off the event loop: the probe starts processes)."""
+        policy = sandbox_policy(self.config)
+        if policy is None:
+            log.warning("runners.sandbox = none: model code runs with the daemon's own rights")
+            return
+        try:
+            bwrap, _, abi = mechanisms(policy, runner_identity(policy))
+        except InvalidInput as e:
+            log.warning("runners cannot be sandboxed here, so loads that run model code will fail: %s", e)
+            return
+        log.info("runners run sandboxed: %s", "bubblewrap" + (f" with Landlock ABI {abi}" if abi else "")
+                 if bwrap else f"Landlock ABI {abi} alone, as {policy.user}")
 
     async def start(self, name: str, version: str, model_dir: Path, cfg: CartonConfig,
                     triton_config: Mapping[str, Any] | None) -> ModelRunners | None:

@@ -81,10 +81,15 @@ class ModelService(Leasing):
         named_before = await self._batch(lambda conn: carton_named(conn, name))
         renames = bool(params.get("source")) or any(k.startswith("file:") for k in params)
         moved_to: str | None = None   # where this load pointed the name, once known
+        unknown = False               # the name resolved to nothing: the load leaves no trace
         try:
             model.config = parse_triton_config(params.get("config"))
             instance_devices(model.config, self.runner_host.config.devices)  # a bad config fails before any work
-            digest = await self._load_source(name, params)
+            try:
+                digest = await self._load_source(name, params)
+            except NotFound:
+                unknown = previous is None and not renames
+                raise
             moved_to = digest if renames else None
             if serving is not None and serving.digest == digest and serving.config == model.config and \
                     serving.serving_state == READY:
@@ -104,8 +109,7 @@ class ModelService(Leasing):
             log.warning("load of %s failed: %s", name, reason)
             if moved_to is not None:  # this load pointed the name at its carton: point it back
                 await self._batch(lambda conn: restore_name(conn, name, named_before, only_from=moved_to))
-            if previous is None and not renames and isinstance(e, NotFound):
-                # A name that resolves to nothing leaves no trace: not in the index, not in memory.
+            if unknown:   # nothing was pinned or leased yet: not in the index, not in memory
                 self.models.pop(name, None)
             else:
                 await self._restore(name, serving, model, reason)

@@ -201,7 +201,7 @@ class RunnerInstance:
         proc, client, shm = self._proc, self._client, self._shm
         if proc is None or client is None or client.closed:
             raise Unavailable(f"{self.label} is not running: {self.reason or 'restarting'}")
-        via_arena = arena is not None and self.arena_capable
+        via_arena = arena is not None and self.arena_capable and arena.slot.arena is self._arena
         if via_arena:
             body, headers = arena.runner_request()  # type: ignore[union-attr]
         try:

@@ -101,10 +101,10 @@ class RunnerProcess:
         preexec = functools.partial(die_with, os.getpid())
         if spec.sandbox is not None:
             try:
-                listen = bind_unix(spec.socket_path, mode=0o600)
+                listen = bind_unix(spec.socket_path, mode=0o600, private_dir=True)
                 confinement = confine(spec.sandbox, argv, model_dir=spec.model_dir, model=spec.model,
                                       device=spec.device, listen_fd=listen.fileno(), env=env,
-                                      label=spec.socket_path.stem)
+                                      label=spec.socket_path.stem, extra_env=dict(spec.env))
             except (CartonStoreError, OSError) as e:
                 if listen is not None:
                     listen.close()

@@ -34,6 +34,7 @@ import stat
 import subprocess
 import sys
 import tempfile
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -79,6 +80,7 @@ class Confinement:
     cgroup: RunnerCgroup | None = None
     tmp: Path | None = None     # a private tmp directory on the host (Landlock alone)
     listen_fd: int = -1
+    owner: tuple[int, int] | None = None   # the runner user, who owns what it wrote in tmp
     released: bool = field(default=False, repr=False)
 
     @property
@@ -93,20 +95,74 @@ class Confinement:
         if self.cgroup is not None:
             self.cgroup.remove()
         if self.tmp is not None:
-            shutil.rmtree(self.tmp, ignore_errors=True)
+            _remove_as(self.tmp, self.owner)
+
+
+def _remove_as(tmp: Path, owner: tuple[int, int] | None) -> None:
+    """Remove a runner's private tmp as the user who wrote it: the daemon's
+    root holds no CAP_DAC_OVERRIDE under its unit, so it could not enter
+    the runner's own 0700 directories. In a thread: it may be big."""
+    if owner is None:
+        shutil.rmtree(tmp, ignore_errors=True)
+        return
+
+    def run() -> None:
+        try:
+            subprocess.run(["rm", "-rf", "--one-file-system", str(tmp)], user=owner[0], group=owner[1],
+                           extra_groups=[], capture_output=True, timeout=600)
+        except (OSError, subprocess.SubprocessError):
+            pass
+        shutil.rmtree(tmp, ignore_errors=True)   # the directory itself sits in /tmp, the daemon's
+    threading.Thread(target=run, name="cartonstore-tmp-rm", daemon=True).start()
 
 
 @functools.lru_cache(maxsize=8)
-def _bwrap_works(bwrap: str, setpriv: str | None, uid: int | None, gid: int | None) -> bool:
-    """Whether bubblewrap can make its namespaces here (as the runner user):
-    a container may forbid user namespaces."""
-    argv = [bwrap, "--ro-bind", "/", "/", "--unshare-all", "--die-with-parent", "true"]
-    if uid is not None and setpriv:
-        argv = [setpriv, f"--reuid={uid}", f"--regid={gid}", "--clear-groups", "--", *argv]
-    try:
-        return subprocess.run(argv, capture_output=True, timeout=10).returncode == 0
-    except (OSError, subprocess.SubprocessError):
-        return False
+def bwrap_support(bwrap: str, setpriv: str | None, uid: int | None, gid: int | None) -> tuple[bool, bool]:
+    """(whether bubblewrap can make its namespaces here, as the runner user:
+    a container may forbid user namespaces; whether it takes --size, which
+    bubblewrap before 0.8 does not), tried with the options runners get."""
+    def runs(*extra: str) -> bool:
+        argv = [bwrap, "--die-with-parent", "--unshare-all", "--cap-drop", "ALL", "--ro-bind", "/", "/", *extra,
+                "--tmpfs", "/tmp", "true"]
+        if uid is not None and setpriv:
+            argv = [setpriv, f"--reuid={uid}", f"--regid={gid}", "--clear-groups", "--", *argv]
+        try:
+            return subprocess.run(argv, capture_output=True, timeout=10).returncode == 0
+        except (OSError, subprocess.SubprocessError):
+            return False
+    if runs("--size", str(1 << 20)):
+        return True, True
+    return runs(), False
+
+
+def mechanisms(policy: SandboxPolicy, identity: tuple[int, int] | None) -> tuple[str | None, bool, int]:
+    """(bubblewrap's path, or None where it is not to be used; whether it
+    takes --size; the Landlock ABI), or InvalidInput saying what is missing."""
+    uid, gid = identity if identity is not None else (None, None)
+    bwrap, setpriv = shutil.which("bwrap"), shutil.which("setpriv")
+    if identity is not None and bwrap and not setpriv:
+        bwrap = None   # without setpriv bubblewrap would run as root
+    works, sized = bwrap_support(bwrap, setpriv, uid, gid) if bwrap and policy.mode in ("auto", "bwrap") \
+        else (False, False)
+    abi = abi_version()
+    if policy.mode == "bwrap" and not works:
+        raise InvalidInput(f"runners.sandbox = \"bwrap\", but bubblewrap cannot run here: {HOW_TO}")
+    if works:
+        return bwrap, sized, abi
+    # Landlock alone stops no chmod, no connect() to a Unix socket by path and no UDP: it holds only for a
+    # runner of another uid than the daemon's (whose files and socket that uid may not touch), and only
+    # from ABI 6, which scopes signals (before it a runner may kill the daemon).
+    if abi < 1:
+        raise InvalidInput(f"no sandbox for model runners here: {HOW_TO}")
+    if identity is None:
+        raise InvalidInput("only Landlock is here, and alone it cannot keep a runner that runs as the daemon's own "
+                           "user from the daemon's socket and files: install bubblewrap (and allow unprivileged "
+                           "user namespaces), run the daemon as root with runners.user, or set [runners] "
+                           "sandbox = \"none\"")
+    if abi < 6:
+        raise InvalidInput(f"only Landlock ABI {abi} is here (Linux before 6.12): it cannot stop a runner from "
+                           f"signalling the daemon. {HOW_TO}")
+    return None, False, abi
 
 
 def runner_identity(policy: SandboxPolicy) -> tuple[int, int] | None:
@@ -176,22 +232,16 @@ def _gpu_devices(device: str) -> tuple[str, ...]:
 
 
 def confine(policy: SandboxPolicy, argv: list[str], *, model_dir: Path, model: str, device: str, listen_fd: int,
-            env: dict[str, str], label: str) -> Confinement:
-    """The sandboxed command line and environment of one runner instance."""
+            env: dict[str, str], label: str, extra_env: dict[str, str] | None = None) -> Confinement:
+    """The sandboxed command line and environment of one runner instance;
+    ``extra_env``: what the operator's [runners.<name>] env sets."""
     identity = runner_identity(policy)
     uid, gid = identity if identity is not None else (None, None)
-    bwrap, setpriv = shutil.which("bwrap"), shutil.which("setpriv")
-    if identity is not None and bwrap and not setpriv:
-        bwrap = None   # without setpriv bubblewrap would run as root
-    has_bwrap = bool(bwrap) and policy.mode in ("auto", "bwrap") and _bwrap_works(bwrap, setpriv, uid, gid)
-    abi = abi_version() if policy.mode in ("auto", "landlock", "bwrap") else 0
-    if policy.mode == "bwrap" and not has_bwrap:
-        raise InvalidInput(f"runners.sandbox = \"bwrap\", but bubblewrap cannot run here: {HOW_TO}")
-    if policy.mode == "landlock" and abi < 1:
-        raise InvalidInput(f"runners.sandbox = \"landlock\", but this kernel has no Landlock: {HOW_TO}")
-    if not has_bwrap and abi < 1:
-        raise InvalidInput(f"no sandbox for the runner of {model!r}: {HOW_TO}")
-    reads = (*python_paths(), *SYSTEM_READ, *ETC_READ, *policy.read_paths)
+    bwrap, sized, abi = mechanisms(policy, identity)
+    has_bwrap, setpriv = bwrap is not None, shutil.which("setpriv")
+    networked = model in policy.network
+    reads = (*python_paths(), *SYSTEM_READ, *ETC_READ, *policy.read_paths,
+             *(("/etc/resolv.conf",) if networked else ()))
     if os.path.isabs(argv[0]):
         reads += (os.path.dirname(os.path.realpath(argv[0])),)
     if identity is not None:   # bubblewrap binds them as that user too: it must reach them
@@ -200,24 +250,26 @@ def confine(policy: SandboxPolicy, argv: list[str], *, model_dir: Path, model: s
                 raise InvalidInput(f"runners.user {policy.user!r} cannot reach {path}: {blocked}. Install "
                                    f"cartonstore's Python and the store where that user may read them, or "
                                    f"set [runners] sandbox = \"none\"", subject="runners.user")
-    networked = model in policy.network
     gpus = _gpu_devices(device)
     cgroup = create_cgroup(f"{CGROUP_PREFIX}{os.getpid()}-{label}", max_processes=policy.max_processes or None,
                            memory_limit=policy.memory_limit) if identity is not None else None
     rlimits = {}
-    if policy.max_processes and not (cgroup and "cgroup:pids" in cgroup.layers):
+    # RLIMIT_NPROC counts every task of a uid: only a runner user's is the runners' own.
+    if policy.max_processes and identity is not None and not (cgroup and "cgroup:pids" in cgroup.layers):
         rlimits["NPROC"] = policy.max_processes
     if policy.memory_limit and not (cgroup and "cgroup:memory" in cgroup.layers):
         rlimits["DATA"] = policy.memory_limit
     tmp = None
     if not has_bwrap:
-        tmp = Path(tempfile.mkdtemp(prefix=f"cartonstore-runner-{label[:40]}-"))
+        tmp = Path(tempfile.mkdtemp(prefix=f"cartonstore-runner-{os.getpid()}-{label[:40]}-"))
         if identity is not None:
             os.chown(tmp, uid, gid)
     tmp_inside = "/tmp" if has_bwrap else str(tmp)
     landlock = None if abi < 1 else {
         "read": [*reads, str(model_dir), *CPU_INFO], "write": [tmp_inside], "devices": [*DEVICES, *gpus],
-        "deny_tcp": not networked, "scope": True}
+        "deny_tcp": not networked, "scope": True,
+        # what must hold, or the runner does not start (alone, Landlock must hold it all)
+        "require": ["fs"] + (["tcp"] if abi >= 4 and not networked else []) + (["signals"] if abi >= 6 else [])}
     plan = {"rlimits": rlimits, "listen_fd": listen_fd, "fd_env": [ARENA_FD_ENV], "chdir": str(model_dir),
             "landlock": landlock}
     if not has_bwrap and identity is not None:
@@ -228,7 +280,8 @@ def confine(policy: SandboxPolicy, argv: list[str], *, model_dir: Path, model: s
     layers = []
     if has_bwrap:
         layers.append("bwrap")
-        inner = [*_bwrap_args(bwrap, reads, model_dir, gpus, networked, policy.tmp_size), "--", *inner]
+        inner = [*_bwrap_args(bwrap, reads, model_dir, gpus, networked, policy.tmp_size if sized else None), "--",
+                 *inner]
         if identity is not None:
             inner = [setpriv, f"--reuid={uid}", f"--regid={gid}", "--clear-groups", "--pdeathsig=KILL", "--",
                      *inner]
@@ -242,16 +295,17 @@ def confine(policy: SandboxPolicy, argv: list[str], *, model_dir: Path, model: s
         layers.append("rlimits")
     out_env = {k: env[k] for k in ENV_KEEP if k in env}
     out_env.update(PATH=PATH, HOME=tmp_inside, TMPDIR=tmp_inside, CUDA_VISIBLE_DEVICES=env.get("CUDA_VISIBLE_DEVICES", ""))
-    return Confinement(inner, out_env, tuple(layers), cgroup, tmp, listen_fd)
+    out_env.update(extra_env or {})
+    return Confinement(inner, out_env, tuple(layers), cgroup, tmp, listen_fd, owner=identity)
 
 
 def _bwrap_args(bwrap: str, reads: tuple[str, ...], model_dir: Path, gpus: tuple[str, ...], networked: bool,
-                tmp_size: int) -> list[str]:
+                tmp_size: int | None) -> list[str]:
     args = [bwrap, "--die-with-parent", "--unshare-all", "--cap-drop", "ALL"]
     if networked:
         args.append("--share-net")
     # /tmp first: what is bound below it afterwards (a virtualenv, a store under /tmp) stays visible.
-    args += ["--dev", "/dev", "--proc", "/proc", "--size", str(tmp_size), "--tmpfs", "/tmp"]
+    args += ["--dev", "/dev", "--proc", "/proc", *(("--size", str(tmp_size)) if tmp_size else ()), "--tmpfs", "/tmp"]
     for path in dict.fromkeys(reads):
         if os.path.islink(path) and path.count("/") == 1:   # merged /usr: /bin -> usr/bin
             args += ["--symlink", os.readlink(path), path]
