@@ -50,7 +50,7 @@ def attempt(order):
         try:
             for _ in range(int(arg)):
                 if os.fork() == 0:
-                    time.sleep(20)
+                    time.sleep(5)
                     os._exit(0)
                 born += 1
         except OSError as e:
@@ -83,6 +83,11 @@ def attempt(order):
         os.chmod(path, 0o700)
         return "stashed in " + path
     if what == "escape":               # a child in a session of its own, out of its process group's reach
+        try:                           # first the fork bomb's children, dead and not yet reaped
+            while os.waitpid(-1, os.WNOHANG)[0]:
+                pass
+        except ChildProcessError:
+            pass
         if os.fork() == 0:
             os.setsid()
             if os.fork() == 0:
