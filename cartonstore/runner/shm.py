@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import socket
 import sys
 import threading
 from dataclasses import dataclass
@@ -32,6 +33,7 @@ from cartonstore.system.shm_objects import object_size_problem, open_region, rea
 from cartonstore.v2.shm_params import (
     ARENA_FD_ENV,
     ARENA_REGION,
+    SHM_CHANNEL_ENV,
     RegionShrunk,
     ShmRef,
     ShmSink,
@@ -71,6 +73,29 @@ class MappedRegions:
     def __init__(self) -> None:
         self._regions: dict[str, MappedRegion] = {}
         self._lock = threading.Lock()   # requests take views in worker threads
+        self._channel: socket.socket | None = None   # the daemon's fds, in a sandbox (SHM_CHANNEL_ENV)
+        self._handed: dict[str, int] = {}             # fds received and not yet registered, by region name
+        if (text := os.environ.get(SHM_CHANNEL_ENV)) and text.isdigit():
+            self._channel = socket.socket(fileno=int(text))
+            self._channel.setblocking(False)
+
+    def _handed_fd(self, name: str) -> int:
+        """The fd the daemon sent for region ``name`` (it sends before it
+        registers: the datagram is queued by now)."""
+        if self._channel is None:
+            raise InvalidInput(f"region {name!r}: the daemon handed an fd, but this runner has no channel for it")
+        with self._lock:
+            while name not in self._handed:
+                try:
+                    msg, fds, _flags, _addr = socket.recv_fds(self._channel, 1024, 1)
+                except BlockingIOError:
+                    raise InvalidInput(f"region {name!r}: the daemon's fd for it did not arrive") from None
+                for fd in fds:
+                    old = self._handed.pop(msg.decode(errors="replace"), None)
+                    if old is not None:
+                        os.close(old)
+                    self._handed[msg.decode(errors="replace")] = fd
+            return self._handed.pop(name)
 
     def register(self, name: str, doc: Any) -> None:
         key, offset, size = register_fields(doc, name)
@@ -82,7 +107,15 @@ class MappedRegions:
                 if (known.key, known.offset, known.byte_size) == (key, offset, size):
                     return   # the same registration again (a caller retrying after a lost answer)
                 raise InvalidInput(f"shared memory region {name!r} is already registered", subject=name)
-        fd, st = open_region(key, name, offset, size)
+        if doc.get("cartonstore_fd") is True:   # sandboxed: no /dev/shm to open it by name
+            fd = self._handed_fd(name)
+            st = os.fstat(fd)
+            if st.st_size < offset + size:
+                os.close(fd)
+                raise InvalidInput(f"region {name!r}: offset {offset} + byte_size {size} runs past the end of the "
+                                   f"{st.st_size}-byte object {key!r}", subject=name)
+        else:
+            fd, st = open_region(key, name, offset, size)
         try:
             expected = doc.get("cartonstore_object")
             if expected is not None and list(expected) != [st.st_dev, st.st_ino]:
@@ -196,6 +229,10 @@ class MappedRegions:
 
     def close(self) -> None:
         self.unregister()
+        with self._lock:
+            for fd in self._handed.values():
+                os.close(fd)
+            self._handed.clear()
 
 
 class MappedSink(ShmSink):

@@ -28,6 +28,10 @@ ARENA_REGION = "cartonstore.arena"
 ARENA_OUTPUTS = "cartonstore_arena_outputs"
 ARENA_EXTENSION = "cartonstore_arena"   # in a runner's GET /v2 "extensions" when it mapped the arena
 ARENA_FD_ENV = "CARTONSTORE_ARENA_FD"   # a runner's environment: the arena's fd, inherited at spawn
+# A sandboxed runner sees no /dev/shm: the daemon hands it each region's fd
+# (SCM_RIGHTS) over this datagram socket, named in the message, before it
+# registers the region with ``cartonstore_fd`` set.
+SHM_CHANNEL_ENV = "CARTONSTORE_SHM_CHANNEL_FD"
 
 
 @dataclass(frozen=True, slots=True)

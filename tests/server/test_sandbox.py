@@ -193,6 +193,35 @@ def arena_requests(d: DaemonProcess) -> float:
                 if line.startswith("cartonstore_arena_requests_total "))
 
 
+def test_system_shared_memory_reaches_a_sandboxed_runner_as_fds(node) -> None:  # noqa: ANN001
+    """Triton's system shared memory through a sandboxed runner: it sees no
+    /dev/shm, so the daemon hands it each region's fd; inputs are read from
+    the client's object and outputs written into it."""
+    mode, d, _, _ = node
+    x = np.arange(4, dtype=np.float32) + 0.5
+    keys = {"in": f"/cs-sbx-in-{mode}-{os.getpid()}", "out": f"/cs-sbx-out-{mode}-{os.getpid()}"}
+    paths = {k: Path("/dev/shm") / v[1:] for k, v in keys.items()}
+    try:
+        paths["in"].write_bytes(x.tobytes())
+        paths["out"].write_bytes(bytes(x.nbytes))
+        for name, key in keys.items():
+            status, body = call(d, "POST", f"/v2/systemsharedmemory/region/{name}-{mode}/register",
+                                json={"key": key, "offset": 0, "byte_size": x.nbytes})
+            assert status == 200, body
+        status, body = call(d, "POST", "/v2/models/echo/infer", json={
+            "inputs": [{"name": "x_float32", "datatype": "FP32", "shape": [1, 4],
+                        "parameters": {"shared_memory_region": f"in-{mode}", "shared_memory_byte_size": x.nbytes}}],
+            "outputs": [{"name": "y_float32", "parameters": {"shared_memory_region": f"out-{mode}",
+                                                              "shared_memory_byte_size": x.nbytes}}]})
+        assert status == 200, body
+        assert np.array_equal(np.frombuffer(paths["out"].read_bytes(), dtype=np.float32), x)
+    finally:
+        for name in keys:
+            call(d, "POST", f"/v2/systemsharedmemory/region/{name}-{mode}/unregister")
+        for path in paths.values():
+            path.unlink(missing_ok=True)
+
+
 def test_a_fork_bomb_stops_at_max_processes(node) -> None:  # noqa: ANN001
     mode, d, _, _ = node
     with Steady(d) as steady:

@@ -115,7 +115,7 @@ class RunnerInstance:
             spawn.add_done_callback(_abandon)
             raise
         self._client = RunnerClient(str(self.spec.socket_path))
-        self._shm = RunnerShmLink(self._client, self.label)
+        self._shm = RunnerShmLink(self._client, self.label, self._proc.shm_channel)
         await self._proc.wait_ready(self._client, self.settings.ready_timeout)
         if self._arena is not None:
             self.arena_capable = await _speaks_arena(self._client)

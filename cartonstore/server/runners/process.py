@@ -16,6 +16,7 @@ import functools
 import logging
 import os
 import signal
+import socket
 import subprocess
 import time
 
@@ -24,7 +25,7 @@ from cartonstore.system.cgroups import RunnerCgroup
 from cartonstore.system.exit_notice import ExitNoticingProtocol
 from cartonstore.system.parent_death import die_with
 from cartonstore.system.sockets import bind_unix
-from cartonstore.v2.shm_params import ARENA_FD_ENV
+from cartonstore.v2.shm_params import ARENA_FD_ENV, SHM_CHANNEL_ENV
 
 from .sandbox import Confinement, confine
 from .settings import InstanceSpec
@@ -85,6 +86,7 @@ class RunnerProcess:
                         asyncio.ensure_future(self._drain(protocol.stdout, keep=False))]
         self._exited = asyncio.ensure_future(self._wait_exit())
         self.confinement: Confinement | None = None
+        self.shm_channel: socket.socket | None = None   # a sandboxed runner's end for region fds (shm_link.py)
 
     @classmethod
     async def spawn(cls, label: str, spec: InstanceSpec, stderr_lines: int,
@@ -98,6 +100,7 @@ class RunnerProcess:
         env["CUDA_VISIBLE_DEVICES"] = spec.cuda_visible_devices()
         env.pop(ARENA_FD_ENV, None)
         argv, pass_fds, confinement, listen = list(spec.argv), (), None, None
+        shm_channel = runner_end = None
         preexec = functools.partial(die_with, os.getpid())
         if spec.sandbox is not None:
             try:
@@ -110,6 +113,10 @@ class RunnerProcess:
                     listen.close()
                 raise RunnerFailed(f"cannot sandbox the runner: {e}") from None
             argv, env, pass_fds = confinement.argv, confinement.env, (listen.fileno(),)
+            # No /dev/shm in the sandbox: regions' fds are handed over this channel (shm_link.py).
+            shm_channel, runner_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+            env[SHM_CHANNEL_ENV] = str(runner_end.fileno())
+            pass_fds += (runner_end.fileno(),)
             if arena_fd is not None:
                 env[ARENA_FD_ENV] = str(arena_fd)
                 pass_fds += (arena_fd,)
@@ -132,13 +139,19 @@ class RunnerProcess:
             if confinement is not None:
                 confinement.release()
             raise RunnerFailed(f"cannot run {argv[0]!r}: {e}") from None
+        except BaseException:
+            if shm_channel is not None:
+                shm_channel.close()
+            raise
         finally:
             if listen is not None:
                 listen.close()   # the runner holds it now
+            if runner_end is not None:
+                runner_end.close()
         sandboxed = f" in a sandbox ({confinement.description})" if confinement is not None else ""
         log.info("[%s] started pid %d%s: %s", label, transport.get_pid(), sandboxed, " ".join(spec.argv))
         process = cls(label, transport, protocol, stderr_lines)
-        process.confinement = confinement
+        process.confinement, process.shm_channel = confinement, shm_channel
         return process
 
     # -- output -------------------------------------------------------------
@@ -263,3 +276,5 @@ class RunnerProcess:
         self._transport.close()
         if self.confinement is not None:
             self.confinement.release()
+        if self.shm_channel is not None:
+            self.shm_channel.close()

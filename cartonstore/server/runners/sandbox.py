@@ -43,7 +43,7 @@ from cartonstore.errors import InvalidInput
 from cartonstore.system.cgroups import RunnerCgroup
 from cartonstore.system.cgroups import create as create_cgroup
 from cartonstore.system.landlock import abi_version
-from cartonstore.v2.shm_params import ARENA_FD_ENV
+from cartonstore.v2.shm_params import ARENA_FD_ENV, SHM_CHANNEL_ENV
 
 SYSTEM_READ = ("/usr", "/lib", "/lib64", "/lib32", "/bin", "/sbin", "/opt/conda")
 ETC_READ = ("/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/localtime", "/etc/nsswitch.conf",
@@ -270,7 +270,7 @@ def confine(policy: SandboxPolicy, argv: list[str], *, model_dir: Path, model: s
         "deny_tcp": not networked, "scope": True,
         # what must hold, or the runner does not start (alone, Landlock must hold it all)
         "require": ["fs"] + (["tcp"] if abi >= 4 and not networked else []) + (["signals"] if abi >= 6 else [])}
-    plan = {"rlimits": rlimits, "listen_fd": listen_fd, "fd_env": [ARENA_FD_ENV], "chdir": str(model_dir),
+    plan = {"rlimits": rlimits, "listen_fd": listen_fd, "fd_env": [ARENA_FD_ENV, SHM_CHANNEL_ENV], "chdir": str(model_dir),
             "landlock": landlock}
     if not has_bwrap and identity is not None:
         plan["user"] = [uid, gid]

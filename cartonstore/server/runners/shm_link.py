@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import socket
 from typing import TYPE_CHECKING, Iterable
 
 from cartonstore.errors import InvalidInput, Unavailable
@@ -29,8 +30,9 @@ _JSON = {"Content-Type": "application/json"}
 
 
 class RunnerShmLink:
-    def __init__(self, client: RunnerClient, label: str) -> None:
+    def __init__(self, client: RunnerClient, label: str, channel: socket.socket | None = None) -> None:
         self._client = client
+        self._channel = channel   # a sandboxed runner's: regions go to it as fds, not names
         self._label = label
         self._registered: dict[str, asyncio.Future[None]] = {}
         self._tasks: set[asyncio.Task[None]] = set()   # unregisters under way (the loop keeps only weak refs)
@@ -69,9 +71,16 @@ class RunnerShmLink:
 
     async def _register(self, region: Region) -> None:
         # Triton's three fields, and two of cartonstore's own that other v2 servers ignore.
-        body = json.dumps({"key": region.key, "offset": region.offset, "byte_size": region.byte_size,
-                           "cartonstore_object": list(region.object_id),
-                           "cartonstore_copy_inputs": region.foreign}).encode()
+        doc = {"key": region.key, "offset": region.offset, "byte_size": region.byte_size,
+               "cartonstore_object": list(region.object_id), "cartonstore_copy_inputs": region.foreign}
+        if self._channel is not None:   # a sandboxed runner sees no /dev/shm: it gets the daemon's fd
+            try:
+                socket.send_fds(self._channel, [region.runner_name.encode()], [region.fd])
+            except OSError as e:
+                raise Unavailable(f"cannot hand shared memory region {region.name!r} to {self._label}: "
+                                  f"{e.strerror or e}", subject=region.name) from None
+            doc["cartonstore_fd"] = True
+        body = json.dumps(doc).encode()
         status, _, answer = await self._client.request(
             "POST", f"/v2/systemsharedmemory/region/{region.runner_name}/register", _JSON, [body])
         if status == 404:
