@@ -25,7 +25,7 @@ ROUNDS = 6
 
 
 def why_not() -> str | None:
-    from cartonstore.server.runners.sandbox import _unreachable
+    from cartonstore.server.runners.sandbox import unreachable
 
     if os.geteuid() != 0:
         return None   # runners keep the daemon's uid: nothing more to check
@@ -37,7 +37,7 @@ def why_not() -> str | None:
             continue
     else:
         return "no unprivileged user to run runners as"
-    blocked = _unreachable(os.path.realpath(sys.executable), user.pw_uid, user.pw_gid)
+    blocked = unreachable(os.path.realpath(sys.executable), user.pw_uid, user.pw_gid)
     return f"{user.pw_name} cannot execute this Python: {blocked}" if blocked else None
 
 

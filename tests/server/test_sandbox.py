@@ -26,7 +26,7 @@ from kit.daemonkit import DaemonProcess, call, wait_for
 from kit.hostile import hostile_carton
 from kit.inferkit import echo_carton
 
-from cartonstore.server.runners.sandbox import _unreachable
+from cartonstore.server.runners.sandbox import unreachable
 
 SECRET = "s3cret-peer-token"
 
@@ -49,7 +49,7 @@ def why_not(mode: str) -> str | None:
     if mode == "bwrap" and subprocess.run(["which", "bwrap"], capture_output=True).returncode:
         return "bubblewrap is not installed (apt-get install bubblewrap)"
     # Bubblewrap too binds what the runner reads as that user.
-    blocked = _unreachable(os.path.realpath(sys.executable), user.pw_uid, user.pw_gid)
+    blocked = unreachable(os.path.realpath(sys.executable), user.pw_uid, user.pw_gid)
     if blocked:
         return f"{user.pw_name} cannot execute this Python: {blocked} (use a Python outside /root)"
     return None

@@ -10,6 +10,8 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import os
+import sys
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
@@ -17,7 +19,7 @@ from cartonstore.config.runners import RunnerSettings as RunnerConfig
 from cartonstore.errors import InvalidInput
 from cartonstore.format.carton_toml import CartonConfig
 from cartonstore.server.runners import ModelRunners, RunnerSettings, clean_stale_sockets, ensure_run_dir
-from cartonstore.server.runners.sandbox import CGROUP_PREFIX, mechanisms, runner_identity
+from cartonstore.server.runners.sandbox import CGROUP_PREFIX, mechanisms, runner_identity, unreachable
 from cartonstore.server.tensors.arena import TensorArena
 from cartonstore.system.cgroups import remove_stale as remove_stale_cgroups
 from cartonstore.system.cgroups import take_delegation
@@ -69,7 +71,10 @@ class RunnerHost:
             log.warning("runners.sandbox = none: model code runs with the daemon's own rights")
             return
         try:
-            bwrap, _, abi = mechanisms(policy, runner_identity(policy))
+            identity = runner_identity(policy)
+            bwrap, _, abi = mechanisms(policy, identity)
+            if identity is not None and (blocked := unreachable(os.path.realpath(sys.executable), *identity)):
+                raise InvalidInput(f"runners.user {policy.user!r} cannot reach {sys.executable}: {blocked}")
         except InvalidInput as e:
             log.warning("runners cannot be sandboxed here, so loads that run model code will fail: %s", e)
             return

@@ -183,7 +183,7 @@ def runner_identity(policy: SandboxPolicy) -> tuple[int, int] | None:
     return entry.pw_uid, entry.pw_gid
 
 
-def _unreachable(path: str, uid: int, gid: int) -> str | None:
+def unreachable(path: str, uid: int, gid: int) -> str | None:
     """The first directory above path that uid cannot pass through, if any."""
     p = Path(path)
     for d in [*reversed(p.parents), p] if p.is_dir() else reversed(p.parents):
@@ -246,7 +246,7 @@ def confine(policy: SandboxPolicy, argv: list[str], *, model_dir: Path, model: s
         reads += (os.path.dirname(os.path.realpath(argv[0])),)
     if identity is not None:   # bubblewrap binds them as that user too: it must reach them
         for path in (sys.executable, str(model_dir)):
-            if (blocked := _unreachable(os.path.realpath(path), uid, gid)) is not None:
+            if (blocked := unreachable(os.path.realpath(path), uid, gid)) is not None:
                 raise InvalidInput(f"runners.user {policy.user!r} cannot reach {path}: {blocked}. Install "
                                    f"cartonstore's Python and the store where that user may read them, or "
                                    f"set [runners] sandbox = \"none\"", subject="runners.user")
