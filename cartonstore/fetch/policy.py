@@ -135,10 +135,25 @@ class UrlPolicy:
         if allow and not _matches(allow, host):
             raise InvalidInput(f"host '{host}' is not in allow_hosts: {describe(url)}",
                                subject=url)
-        if _matches(_compile(METADATA_HOSTS, "metadata hosts"), host) and not _matches(allow, host):
+        if self._metadata(host):
             raise InvalidInput(f"host '{host}' is a link-local or cloud metadata address, refused unless "
                                f"fetch.allow_hosts names it: {describe(url)}", subject=url)
         return url
+
+    def refuses_address(self, address: str) -> bool:
+        """Whether ``address`` (a name or an IP address, as a resolver
+        answers it) is a link-local or metadata host allow_hosts does not name."""
+        host = _parse_host(address)
+        return host is not None and self._metadata(host)
+
+    def names(self, host: str) -> bool:
+        """Whether allow_hosts names this host (then it may point anywhere)."""
+        parsed = _parse_host(host)
+        return parsed is not None and _matches(_compile(self.allow_hosts, "allow_hosts"), parsed)
+
+    def _metadata(self, host: str | IpAddress) -> bool:
+        return _matches(_compile(METADATA_HOSTS, "metadata hosts"), host) and \
+            not _matches(_compile(self.allow_hosts, "allow_hosts"), host)
 
 
 def _has_controls(text: str) -> bool:

@@ -11,7 +11,7 @@ from typing import Any
 import aiohttp
 from aiohttp.abc import AbstractResolver
 
-from .policy import METADATA_HOSTS, UrlPolicy, host_matches
+from .policy import UrlPolicy
 
 
 class GuardedResolver(AbstractResolver):
@@ -21,9 +21,9 @@ class GuardedResolver(AbstractResolver):
 
     async def resolve(self, host: str, port: int = 0, family: int = socket.AF_INET) -> list[dict[str, Any]]:
         answers = await self._inner.resolve(host, port, family)
-        if self._policy.allow_hosts and host_matches(f"http://{host}/", self._policy.allow_hosts, "allow_hosts"):
+        if self._policy.names(host):
             return answers   # the operator named this host: wherever it points
-        kept = [a for a in answers if not host_matches(_url(a["host"]), METADATA_HOSTS, "metadata hosts")]
+        kept = [a for a in answers if not self._policy.refuses_address(a["host"])]
         if not kept:
             raise OSError(f"{host} resolves only to link-local or cloud metadata addresses "
                           f"({', '.join(a['host'] for a in answers)}): refused unless fetch.allow_hosts names it")
@@ -32,6 +32,3 @@ class GuardedResolver(AbstractResolver):
     async def close(self) -> None:
         await self._inner.close()
 
-
-def _url(address: str) -> str:
-    return f"http://[{address}]/" if ":" in address else f"http://{address}/"

@@ -90,11 +90,11 @@ class MappedRegions:
                     msg, fds, _flags, _addr = socket.recv_fds(self._channel, 1024, 1)
                 except BlockingIOError:
                     raise InvalidInput(f"region {name!r}: the daemon's fd for it did not arrive") from None
-                for fd in fds:
-                    old = self._handed.pop(msg.decode(errors="replace"), None)
+                for fd in fds:   # a region sent again replaces what came before
+                    old = self._handed.pop(region := msg.decode(errors="replace"), None)
                     if old is not None:
                         os.close(old)
-                    self._handed[msg.decode(errors="replace")] = fd
+                    self._handed[region] = fd
             return self._handed.pop(name)
 
     def register(self, name: str, doc: Any) -> None:

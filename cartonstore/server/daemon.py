@@ -150,21 +150,21 @@ class Daemon:
         s = self.settings
         self._tls = s.tls_context()   # a bad certificate stops the start before anything is bound
         access = s.tcp_access()
-        if s.listen and access.token and s.tls_cert is None and not is_loopback(s.listen.rsplit(":", 1)[0]):
-            log.warning("server.listen %s is plain HTTP beyond loopback: server.token crosses the network in "
-                        "clear; set server.tls_cert", s.listen)
         # Bind first: a second daemon on a live socket stops at that conflict
         # having started, cleaned and logged nothing.
         socks = self._sockets()
         serving = False
-        if not access.has_credential:   # sockets systemd handed over are held to the listen rule too
-            for sock in socks:
-                if sock.family in (socket.AF_INET, socket.AF_INET6) and not is_loopback(sock.getsockname()[0]):
-                    for s_ in socks:
-                        s_.close()
-                    raise InvalidInput(f"a TCP socket on {sock.getsockname()[0]} (from systemd) is not loopback and "
-                                       "no credential is configured: set server.token (or server.token_file)",
-                                       subject="server.listen")
+        # What was bound, or handed over by systemd, is held to the rule tcp_access() checked on the settings.
+        if public := [sock.getsockname()[0] for sock in socks
+                      if sock.family in (socket.AF_INET, socket.AF_INET6) and not is_loopback(sock.getsockname()[0])]:
+            if not access.has_credential:
+                for sock in socks:
+                    sock.close()
+                raise InvalidInput(f"a TCP socket on {public[0]} is not loopback and no credential is configured: "
+                                   "set server.token (or server.token_file)", subject="server.listen")
+            if access.token and self._tls is None:
+                log.warning("TCP on %s is plain HTTP beyond loopback: server.token crosses the network in clear; "
+                            "set server.tls_cert", ", ".join(public))
         try:
             store = Store(s.root, zip_limits=s.zip_limits)
             try:
@@ -173,7 +173,7 @@ class Daemon:
                                            shm_over_tcp=s.shared_memory_over_tcp,
                                            max_request_size=s.max_request_size, arena_size=s.arena_size,
                                            check_workers=s.check_workers)
-                    service.runner_host.prepare()
+                    await asyncio.to_thread(service.runner_host.prepare)   # probes bubblewrap: processes
                     app = build_app(service, service.metrics, max_request_size=s.max_request_size,
                                     access_log=s.access_log, tcp_access=access)
                     serving = True  # from here _serve closes the sockets and unlinks the socket file

@@ -36,9 +36,13 @@ LISTEN_FDS_START = 3
 
 def apply(plan: dict) -> list[str]:
     """Apply ``plan`` to this process; what holds, in words."""
+    if not isinstance(plan, dict):
+        raise ValueError(f"a plan is a JSON object, not {type(plan).__name__}")
     held: list[str] = []
     for name, limit in (plan.get("rlimits") or {}).items():
-        which = getattr(resource, f"RLIMIT_{name}")
+        which = getattr(resource, f"RLIMIT_{name}", None)
+        if which is None:
+            raise ValueError(f"no resource limit RLIMIT_{name} here")
         hard = resource.getrlimit(which)[1]
         limit = int(limit) if hard == resource.RLIM_INFINITY else min(int(limit), hard)   # lowering only
         resource.setrlimit(which, (limit, limit))
@@ -82,11 +86,17 @@ def main(argv: list[str]) -> None:
         print("cartonstore sandbox: usage: python -m cartonstore.system.confine PLAN -- ARGV...", file=sys.stderr)
         sys.exit(2)
     try:
-        apply(json.loads(argv[0]))
-        program = argv[2:]
-        os.execvp(program[0], program)
+        held = apply(json.loads(argv[0]))
+        # What took hold, as the kernel answered (the daemon's index says what was planned).
+        print(f"cartonstore sandbox: {', '.join(held) or 'nothing'} held", file=sys.stderr, flush=True)
     except (OSError, LandlockError, ValueError, KeyError, TypeError) as e:
         print(f"cartonstore sandbox: cannot confine the runner: {e}", file=sys.stderr, flush=True)
+        sys.exit(3)
+    program = argv[2:]
+    try:
+        os.execvp(program[0], program)
+    except OSError as e:
+        print(f"cartonstore sandbox: cannot run {program[0]!r}: {e.strerror}", file=sys.stderr, flush=True)
         sys.exit(3)
 
 

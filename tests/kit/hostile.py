@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from kit.inferkit import echo_toml
+
 HOSTILE_MAIN = r'''
 import os
 import signal
@@ -99,46 +101,22 @@ def attempt(order):
 
 class Hostile:
     def infer_with_tensors(self, tensors):
-        order = tensors["order"].flat[0]
+        order = tensors["x_string"].flat[0]
         order = order.decode() if isinstance(order, bytes) else str(order)
         try:
             said = "ok: " + attempt(order)
         except BaseException as e:
             said = "denied: %s: %s" % (type(e).__name__, e)
-        return {"said": np.array([said.encode()], dtype=object)}
+        return {"y_string": np.array([[said.encode()]], dtype=object)}
 
 
 def get_model():
     return Hostile()
 '''
 
-HOSTILE_TOML = '''spec_version = 1
-model_name = "hostile"
-
-[[input]]
-name = "order"
-dtype = "string"
-shape = [1]
-
-[[output]]
-name = "said"
-dtype = "string"
-shape = [1]
-
-[runner]
-runner_name = "python"
-required_framework_version = ">=3.8"
-runner_compat_version = 1
-
-[runner.opts]
-entrypoint_package = "main"
-entrypoint_fn = "get_model"
-'''
-
-
 def hostile_carton(dest: Path) -> Path:
     (dest / "model").mkdir(parents=True, exist_ok=True)
-    (dest / "carton.toml").write_text(HOSTILE_TOML)
+    (dest / "carton.toml").write_text(echo_toml("hostile", ["string"]))   # the order in x_string, the answer in y_string
     (dest / "model" / "main.py").write_text(HOSTILE_MAIN)
     (dest / "model" / "weights.bin").write_bytes(b"\0" * 4096)
     return dest

@@ -57,7 +57,7 @@ def why_not(mode: str) -> str | None:
 
 def order(d: DaemonProcess, what: str, model: str = "hostile") -> tuple[int, str]:
     status, body = call(d, "POST", f"/v2/models/{model}/infer",
-                        json={"inputs": [{"name": "order", "datatype": "BYTES", "shape": [1], "data": [what]}]})
+                        json={"inputs": [{"name": "x_string", "datatype": "BYTES", "shape": [1, 1], "data": [what]}]})
     if status != 200:
         return status, json.dumps(body)
     return status, body["outputs"][0]["data"][0]

@@ -3,7 +3,9 @@ loads it refuses: never silently unsandboxed."""
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -125,3 +127,32 @@ def test_landlock_alone_is_refused_for_a_runner_of_the_daemons_own_user(tmp_path
             mechanisms(SandboxPolicy(mode=mode), None)
     if abi_version() >= 6:
         assert mechanisms(SandboxPolicy(mode="landlock"), (65534, 65534)) == (None, False, abi_version())
+
+
+@pytest.mark.parametrize(("args", "status", "said"), [
+    (["{not json", "--", "true"], 3, "cannot confine the runner"),
+    (["[]", "--", "true"], 3, "a plan is a JSON object"),
+    (['{"rlimits": {"NO_SUCH_LIMIT": 1}}', "--", "true"], 3, "cannot confine the runner"),
+    (['{"chdir": "/no/such/dir"}', "--", "true"], 3, "/no/such/dir"),
+    (['{}', "--", "/no/such/program"], 3, "/no/such/program"),
+    (['{}'], 2, "usage"),
+])
+def test_the_launcher_refuses_a_plan_it_cannot_apply_and_runs_nothing(args: list[str], status: int, said: str) -> None:
+    p = subprocess.run([sys.executable, "-I", "-m", "cartonstore.system.confine", *args], capture_output=True,
+                       text=True, timeout=60)
+    assert p.returncode == status and said in p.stderr, (p.returncode, p.stderr)
+
+
+def test_the_launcher_fails_when_landlock_does_not_hold_what_the_plan_requires() -> None:
+    from cartonstore.system.landlock import abi_version
+
+    if abi_version() < 1:
+        pytest.skip("no Landlock in this kernel")
+    plan = json.dumps({"landlock": {"read": ["/usr", "/lib", "/lib64", "/etc"], "require": ["fs", "time-travel"]}})
+    p = subprocess.run([sys.executable, "-I", "-m", "cartonstore.system.confine", plan, "--", "true"],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 3 and "Landlock did not take hold of time-travel" in p.stderr, p.stderr
+    ok = json.dumps({"landlock": {"read": ["/usr", "/lib", "/lib64", "/etc", "/bin"], "require": ["fs"]}})
+    p = subprocess.run([sys.executable, "-I", "-m", "cartonstore.system.confine", ok, "--", "true"],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0 and "landlock:fs" in p.stderr and "held" in p.stderr, p.stderr

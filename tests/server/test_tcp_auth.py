@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import http.client
 import json
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -168,3 +169,22 @@ def test_who_may_call_what(access: TcpAccess, path: str, sent: str | None, cert:
         with pytest.raises(outcome) as caught:
             access.check(path, sent, cert)
         assert type(caught.value) is outcome
+
+
+def test_a_public_tcp_socket_from_systemd_without_a_credential_is_refused(tmp_path: Path) -> None:
+    """Socket activation hands the daemon its sockets, settings aside: one
+    beyond loopback is held to the same rule as server.listen."""
+    listener = socket.create_server(("0.0.0.0", 0))
+    fd = listener.fileno()
+    launcher = ("import os, sys\n"
+                "fd = int(sys.argv[1])\n"
+                "if fd != 3:\n    os.dup2(fd, 3)\n    os.close(fd)\n"
+                "os.environ.update(LISTEN_PID=str(os.getpid()), LISTEN_FDS='1')\n"
+                "os.execv(sys.executable, [sys.executable, '-m', 'cartonstore.cli', 'serve', '--root', sys.argv[2]])\n")
+    try:
+        p = subprocess.run([sys.executable, "-c", launcher, str(fd), str(tmp_path / "root")], pass_fds=(fd,),
+                           capture_output=True, text=True, timeout=60)
+    finally:
+        listener.close()
+    assert p.returncode == 4, p.stderr
+    assert "0.0.0.0 is not loopback and no credential is configured" in p.stderr

@@ -48,8 +48,11 @@ def failure(exc: Exception, method: str, path: str) -> tuple[int, str, dict[str,
     not take the daemon down)."""
     if isinstance(exc, CartonStoreError):
         # a source's Retry-After (FetchError's) is not the daemon's to give
-        extra = {"Retry-After": str(math.ceil(exc.retry_after))} if isinstance(exc, RunnersBusy) else \
-            {"WWW-Authenticate": REALM} if isinstance(exc, Unauthenticated) else {}
+        extra = {}
+        if isinstance(exc, RunnersBusy):
+            extra["Retry-After"] = str(math.ceil(exc.retry_after))
+        elif isinstance(exc, Unauthenticated):
+            extra["WWW-Authenticate"] = REALM
         return http_status_for(exc), str(exc), extra
     log.exception("unexpected error handling %s %s", method, path)
     return 500, "internal error (see the daemon's log)", {}

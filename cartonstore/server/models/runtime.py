@@ -10,8 +10,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import os
-import sys
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
@@ -19,7 +17,7 @@ from cartonstore.config.runners import RunnerSettings as RunnerConfig
 from cartonstore.errors import InvalidInput
 from cartonstore.format.carton_toml import CartonConfig
 from cartonstore.server.runners import ModelRunners, RunnerSettings, clean_stale_sockets, ensure_run_dir
-from cartonstore.server.runners.sandbox import CGROUP_PREFIX, mechanisms, runner_identity, unreachable
+from cartonstore.server.runners.sandbox import CGROUP_PREFIX, prerequisites
 from cartonstore.server.tensors.arena import TensorArena
 from cartonstore.system.cgroups import remove_stale as remove_stale_cgroups
 from cartonstore.system.cgroups import take_delegation
@@ -64,22 +62,18 @@ class RunnerHost:
         self._check_sandbox()
 
     def _check_sandbox(self) -> None:
-        """Say at start what runners will run in (and probe bubblewrap now,
-        off the event loop: the probe starts processes)."""
+        """Say at start what runners will run in (probing bubblewrap now,
+        once: prepare() runs in a thread, and the probe starts processes)."""
         policy = sandbox_policy(self.config)
         if policy is None:
             log.warning("runners.sandbox = none: model code runs with the daemon's own rights")
             return
         try:
-            identity = runner_identity(policy)
-            bwrap, _, abi = mechanisms(policy, identity)
-            if identity is not None and (blocked := unreachable(os.path.realpath(sys.executable), *identity)):
-                raise InvalidInput(f"runners.user {policy.user!r} cannot reach {sys.executable}: {blocked}")
+            host = prerequisites(policy)
         except InvalidInput as e:
             log.warning("runners cannot be sandboxed here, so loads that run model code will fail: %s", e)
             return
-        log.info("runners run sandboxed: %s", "bubblewrap" + (f" with Landlock ABI {abi}" if abi else "")
-                 if bwrap else f"Landlock ABI {abi} alone, as {policy.user}")
+        log.info("runners run sandboxed: %s", host.describe(policy))
 
     async def start(self, name: str, version: str, model_dir: Path, cfg: CartonConfig,
                     triton_config: Mapping[str, Any] | None) -> ModelRunners | None:

@@ -69,6 +69,19 @@ def _enter(parent_pid: int, cgroup: RunnerCgroup) -> None:
     cgroup.attach_self()
 
 
+def _sandboxed(spec: InstanceSpec, env: dict[str, str]) -> tuple[socket.socket, Confinement]:
+    """In a thread: the socket a sandboxed runner is handed, bound here (it
+    may not see the run directory), and its Confinement."""
+    listen = bind_unix(spec.socket_path, mode=0o600, private_dir=True)
+    try:
+        return listen, confine(spec.sandbox, list(spec.argv), model_dir=spec.model_dir, model=spec.model,
+                               device=spec.device, listen_fd=listen.fileno(), env=env,
+                               label=spec.socket_path.stem, extra_env=dict(spec.env))
+    except BaseException:
+        listen.close()
+        raise
+
+
 class RunnerProcess:
     """A spawned runner process. Create with ``await RunnerProcess.spawn(...)``."""
 
@@ -99,55 +112,41 @@ class RunnerProcess:
         env.update(spec.env)
         env["CUDA_VISIBLE_DEVICES"] = spec.cuda_visible_devices()
         env.pop(ARENA_FD_ENV, None)
-        argv, pass_fds, confinement, listen = list(spec.argv), (), None, None
-        shm_channel = runner_end = None
-        preexec = functools.partial(die_with, os.getpid())
-        if spec.sandbox is not None:
-            try:
-                listen = bind_unix(spec.socket_path, mode=0o600, private_dir=True)
-                confinement = confine(spec.sandbox, argv, model_dir=spec.model_dir, model=spec.model,
-                                      device=spec.device, listen_fd=listen.fileno(), env=env,
-                                      label=spec.socket_path.stem, extra_env=dict(spec.env))
-            except (CartonStoreError, OSError) as e:
-                if listen is not None:
-                    listen.close()
-                raise RunnerFailed(f"cannot sandbox the runner: {e}") from None
-            argv, env, pass_fds = confinement.argv, confinement.env, (listen.fileno(),)
-            # No /dev/shm in the sandbox: regions' fds are handed over this channel (shm_link.py).
-            shm_channel, runner_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
-            env[SHM_CHANNEL_ENV] = str(runner_end.fileno())
-            pass_fds += (runner_end.fileno(),)
+        argv, pass_fds, preexec = list(spec.argv), (), functools.partial(die_with, os.getpid())
+        confinement = listen = shm_channel = runner_end = None
+        try:
+            if spec.sandbox is not None:
+                # Planning reads the user database, walks directories, makes a cgroup: not on the loop.
+                listen, confinement = await asyncio.to_thread(_sandboxed, spec, env)
+                argv, env, pass_fds = confinement.argv, confinement.env, (listen.fileno(),)
+                # No /dev/shm in the sandbox: regions' fds are handed over this channel (shm_link.py).
+                shm_channel, runner_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+                env[SHM_CHANNEL_ENV] = str(runner_end.fileno())
+                pass_fds += (runner_end.fileno(),)
+                if confinement.cgroup is not None:
+                    preexec = functools.partial(_enter, os.getpid(), confinement.cgroup)
             if arena_fd is not None:
                 env[ARENA_FD_ENV] = str(arena_fd)
                 pass_fds += (arena_fd,)
-            if confinement.cgroup is not None:
-                preexec = functools.partial(_enter, os.getpid(), confinement.cgroup)
-        elif arena_fd is not None:
-            env[ARENA_FD_ENV] = str(arena_fd)
-            pass_fds = (arena_fd,)
-        loop = asyncio.get_running_loop()
-        try:
+            loop = asyncio.get_running_loop()
             transport, protocol = await loop.subprocess_exec(
                 lambda: ExitNoticingProtocol(loop), *argv, stdin=asyncio.subprocess.DEVNULL,
                 stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env, start_new_session=True,
                 preexec_fn=preexec, pass_fds=pass_fds)
-        except OSError as e:
-            if confinement is not None:
-                confinement.release()
-            raise RunnerFailed(f"cannot run {argv[0]!r}: {e.strerror or e}") from None
-        except subprocess.SubprocessError as e:
-            if confinement is not None:
-                confinement.release()
-            raise RunnerFailed(f"cannot run {argv[0]!r}: {e}") from None
-        except BaseException:
+        except BaseException as e:
             if shm_channel is not None:
                 shm_channel.close()
-            raise
+            if confinement is not None:
+                confinement.release()
+            if not isinstance(e, (OSError, subprocess.SubprocessError, CartonStoreError)):
+                raise
+            if spec.sandbox is not None and confinement is None:
+                raise RunnerFailed(f"cannot sandbox the runner: {e}") from None
+            raise RunnerFailed(f"cannot run {argv[0]!r}: {getattr(e, 'strerror', None) or e}") from None
         finally:
-            if listen is not None:
-                listen.close()   # the runner holds it now
-            if runner_end is not None:
-                runner_end.close()
+            for sock in (listen, runner_end):   # the runner holds them now
+                if sock is not None:
+                    sock.close()
         sandboxed = f" in a sandbox ({confinement.description})" if confinement is not None else ""
         log.info("[%s] started pid %d%s: %s", label, transport.get_pid(), sandboxed, " ".join(spec.argv))
         process = cls(label, transport, protocol, stderr_lines)

@@ -79,7 +79,6 @@ class Confinement:
     layers: tuple[str, ...]
     cgroup: RunnerCgroup | None = None
     tmp: Path | None = None     # a private tmp directory on the host (Landlock alone)
-    listen_fd: int = -1
     owner: tuple[int, int] | None = None   # the runner user, who owns what it wrote in tmp
     released: bool = field(default=False, repr=False)
 
@@ -165,6 +164,40 @@ def mechanisms(policy: SandboxPolicy, identity: tuple[int, int] | None) -> tuple
     return None, False, abi
 
 
+@dataclass(frozen=True)
+class Host:
+    """What this host offers runners (``prerequisites``)."""
+
+    identity: tuple[int, int] | None   # (uid, gid) runners drop to; None: the daemon's own (not root)
+    bwrap: str | None                  # bubblewrap, where it is used
+    sized: bool                        # it takes --size
+    abi: int                           # Landlock ABI (0: none)
+
+    def describe(self, policy: SandboxPolicy) -> str:
+        return ("bubblewrap" + (f" with Landlock ABI {self.abi}" if self.abi else "") if self.bwrap
+                else f"Landlock ABI {self.abi} alone") + (f", as {policy.user}" if self.identity else "")
+
+
+def prerequisites(policy: SandboxPolicy) -> Host:
+    """The mechanisms runners get here, or InvalidInput saying what is
+    missing: a runner user that exists, is not root and can reach the
+    daemon's Python; bubblewrap, or Landlock under the rules of mechanisms()."""
+    identity = runner_identity(policy)
+    bwrap, sized, abi = mechanisms(policy, identity)
+    if identity is not None:
+        _reachable(policy, sys.executable, identity)
+    return Host(identity, bwrap, sized, abi)
+
+
+def _reachable(policy: SandboxPolicy, path: str, identity: tuple[int, int]) -> None:
+    """InvalidInput unless the runner user can pass down to path (bubblewrap
+    binds what a runner reads as that user too)."""
+    if (blocked := unreachable(os.path.realpath(path), *identity)) is not None:
+        raise InvalidInput(f"runners.user {policy.user!r} cannot reach {path}: {blocked}. Install cartonstore's "
+                           f"Python and the store where that user may read them, or set [runners] sandbox = "
+                           f"\"none\"", subject="runners.user")
+
+
 def runner_identity(policy: SandboxPolicy) -> tuple[int, int] | None:
     """(uid, gid) runners drop to, None when the daemon is not root (they
     keep its uid, confined). InvalidInput when runners.user is missing."""
@@ -235,21 +268,16 @@ def confine(policy: SandboxPolicy, argv: list[str], *, model_dir: Path, model: s
             env: dict[str, str], label: str, extra_env: dict[str, str] | None = None) -> Confinement:
     """The sandboxed command line and environment of one runner instance;
     ``extra_env``: what the operator's [runners.<name>] env sets."""
-    identity = runner_identity(policy)
-    uid, gid = identity if identity is not None else (None, None)
-    bwrap, sized, abi = mechanisms(policy, identity)
-    has_bwrap, setpriv = bwrap is not None, shutil.which("setpriv")
+    host = prerequisites(policy)
+    identity, bwrap, abi = host.identity, host.bwrap, host.abi
+    has_bwrap = bwrap is not None
     networked = model in policy.network
     reads = (*python_paths(), *SYSTEM_READ, *ETC_READ, *policy.read_paths,
              *(("/etc/resolv.conf",) if networked else ()))
     if os.path.isabs(argv[0]):
         reads += (os.path.dirname(os.path.realpath(argv[0])),)
-    if identity is not None:   # bubblewrap binds them as that user too: it must reach them
-        for path in (sys.executable, str(model_dir)):
-            if (blocked := unreachable(os.path.realpath(path), uid, gid)) is not None:
-                raise InvalidInput(f"runners.user {policy.user!r} cannot reach {path}: {blocked}. Install "
-                                   f"cartonstore's Python and the store where that user may read them, or "
-                                   f"set [runners] sandbox = \"none\"", subject="runners.user")
+    if identity is not None:
+        _reachable(policy, str(model_dir), identity)
     gpus = _gpu_devices(device)
     cgroup = create_cgroup(f"{CGROUP_PREFIX}{os.getpid()}-{label}", max_processes=policy.max_processes or None,
                            memory_limit=policy.memory_limit) if identity is not None else None
@@ -260,31 +288,29 @@ def confine(policy: SandboxPolicy, argv: list[str], *, model_dir: Path, model: s
     if policy.memory_limit and not (cgroup and "cgroup:memory" in cgroup.layers):
         rlimits["DATA"] = policy.memory_limit
     tmp = None
-    if not has_bwrap:
+    if not has_bwrap:   # Landlock alone: a runner of another uid (mechanisms), given a private tmp of its own
         tmp = Path(tempfile.mkdtemp(prefix=f"cartonstore-runner-{os.getpid()}-{label[:40]}-"))
-        if identity is not None:
-            os.chown(tmp, uid, gid)
+        os.chown(tmp, *identity)
     tmp_inside = "/tmp" if has_bwrap else str(tmp)
     landlock = None if abi < 1 else {
         "read": [*reads, str(model_dir), *CPU_INFO], "write": [tmp_inside], "devices": [*DEVICES, *gpus],
         "deny_tcp": not networked, "scope": True,
         # what must hold, or the runner does not start (alone, Landlock must hold it all)
         "require": ["fs"] + (["tcp"] if abi >= 4 and not networked else []) + (["signals"] if abi >= 6 else [])}
-    plan = {"rlimits": rlimits, "listen_fd": listen_fd, "fd_env": [ARENA_FD_ENV, SHM_CHANNEL_ENV], "chdir": str(model_dir),
-            "landlock": landlock}
-    if not has_bwrap and identity is not None:
-        plan["user"] = [uid, gid]
-    if not has_bwrap:
-        plan["parent"] = os.getpid()
+    plan = {"rlimits": rlimits, "listen_fd": listen_fd, "fd_env": [ARENA_FD_ENV, SHM_CHANNEL_ENV],
+            "chdir": str(model_dir), "landlock": landlock}
+    if not has_bwrap:   # the launcher drops to the runner user itself, which clears the parent-death signal
+        plan.update(user=list(identity), parent=os.getpid())
     inner = [sys.executable, "-I", "-m", "cartonstore.system.confine", json.dumps(plan), "--", *_isolated(argv)]
     layers = []
     if has_bwrap:
         layers.append("bwrap")
-        inner = [*_bwrap_args(bwrap, reads, model_dir, gpus, networked, policy.tmp_size if sized else None), "--",
-                 *inner]
-        if identity is not None:
-            inner = [setpriv, f"--reuid={uid}", f"--regid={gid}", "--clear-groups", "--pdeathsig=KILL", "--",
-                     *inner]
+        inner = [*_bwrap_args(bwrap, reads, model_dir, gpus, networked, policy.tmp_size if host.sized else None),
+                 "--", *inner]
+        if identity is not None:   # mechanisms() uses bubblewrap for a root daemon only where setpriv is
+            uid, gid = identity
+            inner = [shutil.which("setpriv"), f"--reuid={uid}", f"--regid={gid}", "--clear-groups",
+                     "--pdeathsig=KILL", "--", *inner]
     if landlock is not None:
         layers.append("landlock")
     if identity is not None:
@@ -294,9 +320,10 @@ def confine(policy: SandboxPolicy, argv: list[str], *, model_dir: Path, model: s
     if rlimits:
         layers.append("rlimits")
     out_env = {k: env[k] for k in ENV_KEEP if k in env}
-    out_env.update(PATH=PATH, HOME=tmp_inside, TMPDIR=tmp_inside, CUDA_VISIBLE_DEVICES=env.get("CUDA_VISIBLE_DEVICES", ""))
+    out_env.update(PATH=PATH, HOME=tmp_inside, TMPDIR=tmp_inside,
+                   CUDA_VISIBLE_DEVICES=env.get("CUDA_VISIBLE_DEVICES", ""))
     out_env.update(extra_env or {})
-    return Confinement(inner, out_env, tuple(layers), cgroup, tmp, listen_fd, owner=identity)
+    return Confinement(inner, out_env, tuple(layers), cgroup, tmp, owner=identity)
 
 
 def _bwrap_args(bwrap: str, reads: tuple[str, ...], model_dir: Path, gpus: tuple[str, ...], networked: bool,
