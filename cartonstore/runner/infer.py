@@ -24,10 +24,10 @@ from cartonstore.v2.framing import (
     tensor_to_numpy,
 )
 from cartonstore.v2.shm_params import ARENA_OUTPUTS, ARENA_REGION, RegionTooSmall, ShmRef, ShmSink
+from cartonstore.v2.statistics import RequestTiming
 from cartonstore.v2.validate import parse_raw_binary_for, validate_request
 
 from .context import InferResult, Model, RunnerContext
-from .stats import InferStats
 
 if TYPE_CHECKING:
     from .shm import MappedRegions
@@ -124,15 +124,16 @@ def run_and_encode(
     ctx: RunnerContext,
     req: InferRequest,
     inputs: dict[str, np.ndarray],
-    stats: InferStats,
+    timing: RequestTiming,
     queued_ns: int,
     regions: MappedRegions | None = None,
 ) -> tuple[BodyParts, int | None]:
     """Call the model and encode its answer (runs in a worker thread:
     encoding JSON or BYTES outputs is CPU work too). Outputs requested in
     shared memory are written into ``regions``; RegionTooSmall when one
-    does not fit."""
+    does not fit. ``timing`` gets the queue, model and encoding times."""
     started = time.monotonic_ns()
+    timing.queue_ns = started - queued_ns
     parameters = dict(req.parameters)
     parameters.pop(ARENA_OUTPUTS, None)   # the daemon's, not the model's
     try:
@@ -141,7 +142,8 @@ def run_and_encode(
         traceback.print_exc(file=sys.stderr)
         raise ModelFailed(f"{type(exc).__name__}: {exc}") from None
     finally:
-        stats.record_execution(started - queued_ns, time.monotonic_ns() - started)
+        encoding = time.monotonic_ns()
+        timing.infer_ns = encoding - started
     outputs, parameters = _split_result(result)
     selected = _select_outputs(outputs, req)
     sinks = _output_sinks(req, regions, selected)   # looked up again: an object may have shrunk meanwhile
@@ -161,6 +163,7 @@ def run_and_encode(
         raise ModelFailed(f"cannot send the model's outputs: {exc.message}") from None
     finally:
         _close(sinks)
+        timing.output_ns = time.monotonic_ns() - encoding
 
 
 def _split_result(result: Any) -> tuple[Mapping[str, Any], dict[str, Any]]:

@@ -21,6 +21,7 @@ from cartonstore.format.dtypes import tensor_metadata
 from cartonstore.v2.framing import HEADER_LENGTH
 from cartonstore.v2.framing import header_length as header_length_of
 from cartonstore.v2.shm_params import ARENA_EXTENSION, REGION
+from cartonstore.v2.statistics import TIMING_HEADER, InferStatistics, RequestTiming, statistics_answer
 
 from .context import Model, RunnerContext
 from .infer import (
@@ -30,7 +31,6 @@ from .infer import (
     run_and_encode,
 )
 from .shm import MappedRegions
-from .stats import InferStats
 
 # Big binary outputs are written in slices so the transport never holds a
 # second full copy of a tensor in its buffer.
@@ -49,7 +49,7 @@ class RunnerState:
         self.model = model
         self.ctx = ctx
         self.executor = ThreadPoolExecutor(max_workers=max_concurrency, thread_name_prefix="infer")
-        self.stats = InferStats()
+        self.stats = InferStatistics()
         self.regions = MappedRegions()
         self.arena = self.regions.adopt_arena()
         self.draining = False
@@ -140,7 +140,7 @@ async def _metadata(request: web.Request) -> web.Response:
 
 async def _stats(request: web.Request) -> web.Response:
     state = _state_for(request)
-    return web.json_response(state.stats.as_json(state.ctx.name, state.ctx.version))
+    return web.json_response(statistics_answer([state.stats.model_stats(state.ctx.name, state.ctx.version)]))
 
 
 async def _read_body(request: web.Request) -> memoryview:
@@ -173,42 +173,50 @@ async def _infer(request: web.Request) -> web.StreamResponse:
         return _error(503, "the runner is stopping")
     started = time.monotonic_ns()
     state.begin()
-    ok = False
+    timing = RequestTiming()
     try:
         try:
             body = await _read_body(request)
             header_length = header_length_of(request.headers.get(HEADER_LENGTH))
+            decoding = time.monotonic_ns()
             if len(body) < DECODE_IN_THREAD_FROM and SHM_MARK not in body:
                 req, inputs = decode_request(body, header_length, state.ctx, state.regions)
             else:  # JSON or BYTES of this size (or in shared memory) would hold the loop for a while
                 req, inputs = await asyncio.to_thread(decode_request, body, header_length, state.ctx,
                                                       state.regions)
+            timing.input_ns = time.monotonic_ns() - decoding
         except InvalidInput as exc:
-            return _error(400, exc.message)
+            return _failed(state, started, 400, exc.message)
         except Exception as exc:  # noqa: BLE001 - a malformed request must never take the runner down
-            return _error(400, f"{type(exc).__name__}: {exc}")
+            return _failed(state, started, 400, f"{type(exc).__name__}: {exc}")
         loop = asyncio.get_running_loop()
         try:
             parts, out_header_length = await loop.run_in_executor(
-                state.executor, run_and_encode, state.model, state.ctx, req, inputs, state.stats,
+                state.executor, run_and_encode, state.model, state.ctx, req, inputs, timing,
                 time.monotonic_ns(), state.regions,
             )
         except InvalidInput as exc:   # an output that does not fit its shared memory, a region gone meanwhile
-            return _error(400, exc.message)
+            return _failed(state, started, 400, exc.message)
         except ModelFailed as exc:
-            return _error(500, str(exc))
+            return _failed(state, started, 500, str(exc))
         except Exception as exc:  # noqa: BLE001 - a bug here must not take the runner down either
-            return _error(500, f"{type(exc).__name__}: {exc}")
-        response = await _write_parts(request, parts, out_header_length)
-        ok = True
-        return response
+            return _failed(state, started, 500, f"{type(exc).__name__}: {exc}")
+        # counted before the answer is written: a client that reads it and asks
+        # for statistics at once finds this request in them
+        state.stats.record_success(time.monotonic_ns() - started, timing)
+        return await _write_parts(request, parts, out_header_length, timing)
     finally:
-        state.stats.record_request(ok, started)
         state.end()
 
 
-async def _write_parts(request: web.Request, parts: BodyParts, header_length: int | None) -> web.StreamResponse:
-    response = web.StreamResponse(status=200)
+def _failed(state: RunnerState, started: int, status: int, message: str) -> web.Response:
+    state.stats.record_failure(time.monotonic_ns() - started)
+    return _error(status, message)
+
+
+async def _write_parts(request: web.Request, parts: BodyParts, header_length: int | None,
+                       timing: RequestTiming) -> web.StreamResponse:
+    response = web.StreamResponse(status=200, headers={TIMING_HEADER: timing.header()})
     if header_length is None:
         response.content_type = "application/json"
     else:

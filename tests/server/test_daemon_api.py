@@ -132,7 +132,7 @@ BAD_REQUESTS = [
     ("POST", "/v2/repository/index", {"json": {"ready": "yes"}}, 400, "'ready' must be a boolean"),
     ("POST", "/v2/repository/models/nope/unload", {}, 404, "unknown model"),
     ("GET", "/v2/models/nope", {}, 404, "unknown model"),
-    ("GET", f"/v2/models/fx/versions/{'0' * 64}", {}, 404, "no version"),
+    ("GET", f"/v2/models/fx/versions/{'0' * 64}", {}, 404, "Request for unknown model: 'fx' version 0{64} is not found"),
     ("GET", "/v2/models/fx/ready", {}, 400, "not ready"),
     ("POST", "/v1/leases/pin:fx/renew", {}, 404, "no lease"),
     ("DELETE", "/v1/leases/pin:fx", {}, 400, "unloading"),

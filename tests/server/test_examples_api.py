@@ -101,7 +101,7 @@ def test_tensor_errors_name_the_problem(served: DaemonProcess) -> None:
     status, body, _ = get(served, "/v2/models/ghost/tensors/a")
     assert status == 404 and "model 'ghost' is not loaded" in json.loads(body)["error"]
     status, body, _ = get(served, "/v2/models/fx/versions/0000/tensors/_tensor_1")
-    assert status == 404 and "no loaded version '0000'" in json.loads(body)["error"]
+    assert status == 404 and "Request for unknown model: 'fx' version 0000 is not found" in json.loads(body)["error"]
     with InferClient(served.socket_path) as c, pytest.raises(NotFound, match="no tensor 'nope'"):
         c.tensor("fx", "nope")
 

@@ -182,7 +182,7 @@ def test_an_unknown_model_is_refused_and_its_body_dropped_keeping_the_connection
         request = infer_request(list(range(20_000)), name="nope")   # ~80 KB: arrives in several reads
         c.send(request[:3000])
         status, _, body = c.answer()   # refused before the body is read
-        assert status == 404 and "unknown model 'nope'" in json.loads(body)["error"]
+        assert status == 404 and "Request for unknown model: 'nope' is not found" in json.loads(body)["error"]
         c.send(request[3000:] + infer_request([9]))
         assert echoed(c.answer()) == [9]
     assert runner_count(served, "echo") == before + 1

@@ -227,7 +227,7 @@ def test_symbols_bind_one_value_across_inputs(served: DaemonProcess) -> None:
 
 def test_unknown_and_unready_models(served: DaemonProcess) -> None:
     status, _, body = raw_post(served, "/v2/models/nope/infer", b"{}", {})
-    assert status == 404 and "unknown model 'nope'" in json.loads(body)["error"]
+    assert status == 404 and "Request for unknown model: 'nope' is not found" in json.loads(body)["error"]
     status, _, body = raw_post(served, "/v2/models/affine/versions/" + "0" * 64 + "/infer", b"{}", {})
     assert status == 404
 

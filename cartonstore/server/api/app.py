@@ -25,6 +25,7 @@ from cartonstore.server.runners.settings import RunnersBusy
 from cartonstore.server.tensors.shm_regions import peer_of
 from cartonstore.store.gc import GcPolicy
 
+from . import cuda_shm, model_info
 from . import examples as examples_api
 from . import leases as lease_api
 from . import selftest as selftest_api
@@ -37,8 +38,8 @@ from .responses import ERROR_TEXT, POLLED, error
 
 log = logging.getLogger("cartonstore.server")
 
-EXTENSIONS = ["binary_tensor_data", "model_repository", "system_shared_memory", "cartonstore_leases",
-              "cartonstore_blobs"]
+EXTENSIONS = ["binary_tensor_data", "model_repository", "system_shared_memory", "cuda_shared_memory",
+              "statistics", "model_configuration", "cartonstore_leases", "cartonstore_blobs"]
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -220,7 +221,7 @@ def build_app(service: ModelService, metrics_: Metrics, *, max_request_size: int
     app[METRICS] = metrics_
     app[ACCESS_LOG] = access_log
     app[TCP_ACCESS] = tcp_access or TcpAccess()
-    metrics_.watch(service.live_values)
+    metrics_.watch(service.live_values, service.inference_values)
     r = app.router
     r.add_get("/v2/health/live", live)
     r.add_get("/v2/health/ready", ready)
@@ -228,6 +229,7 @@ def build_app(service: ModelService, metrics_: Metrics, *, max_request_size: int
     r.add_post("/v2/repository/index", repository_index)
     r.add_post("/v2/repository/models/{name}/load", load)
     r.add_post("/v2/repository/models/{name}/unload", unload)
+    model_info.add_routes(r)   # before the metadata routes: /v2/models/stats names no model
     r.add_get("/v2/models/{name}", model_metadata)
     r.add_get("/v2/models/{name}/versions/{version}", model_metadata)
     r.add_get("/v2/models/{name}/ready", model_ready)
@@ -235,6 +237,7 @@ def build_app(service: ModelService, metrics_: Metrics, *, max_request_size: int
     r.add_post("/v2/models/{name}/infer", infer)
     r.add_post("/v2/models/{name}/versions/{version}/infer", infer)
     shm_api.add_routes(r)
+    cuda_shm.add_routes(r)
     selftest_api.add_routes(r)
     examples_api.add_routes(r)
     r.add_post("/v1/leases", take_lease)

@@ -15,13 +15,15 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+import time
 import zlib
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
 from cartonstore.errors import InvalidInput, NotFound
+from cartonstore.server.models.loaded_model import triton_unknown_model
 from cartonstore.server.tensors.arena import ArenaSlot
 from cartonstore.server.tensors.arena_wire import MAX_HEADER, ArenaForward
 from cartonstore.server.tensors.infer_check import checked_unless_shm
@@ -34,6 +36,7 @@ from cartonstore.v2.framing import (
 )
 from cartonstore.v2.framing import header_length as header_length_of
 from cartonstore.v2.shm_params import REGION
+from cartonstore.v2.statistics import RequestTiming
 from cartonstore.v2.validate import parse_raw_binary_for, validate_request
 
 from .blobs import pick_encoding
@@ -56,10 +59,10 @@ def ready_model(service: ModelService, name: str, version: str | None) -> Loaded
     are served either way), or the error that says why not."""
     model = service.models.get(name)
     if model is None or model.digest is None:
-        raise NotFound(f"unknown model {name!r}: model {name!r} is not loaded; load it first "
+        raise NotFound(f"{triton_unknown_model(name)}: model {name!r} is not loaded; load it first "
                        f"(POST /v2/repository/models/{name}/load)", subject=name)
     if version is not None and version != model.digest:
-        raise NotFound(f"model {name!r} has no loaded version {version!r} (loaded: {model.digest})",
+        raise NotFound(f"{triton_unknown_model(name, version)}: the loaded version is {model.digest}",
                        subject=version)
     if model.state != "READY":
         raise InvalidInput(f"model {name!r} is not ready ({model.state.lower()}: {model.reason})", subject=name)
@@ -129,13 +132,67 @@ class InferAnswer:
         return b"".join([self.payload, *self.tail]) if self.tail else self.payload
 
 
+@dataclass
+class _Phases:
+    """Where a request's time went in the daemon, for the statistics of
+    the model version (``runners``) that ran it."""
+
+    started: int = field(default_factory=time.monotonic_ns)
+    runners: Any = None          # the ModelRunners it was forwarded to
+    checked: int = 0             # monotonic ns at each step's end
+    answered: int = 0
+    runner_timing: RequestTiming | None = None
+    batch: int = 1
+
+    def record(self, model: LoadedModel, ok: bool) -> None:
+        runners = self.runners if self.runners is not None else model.runners
+        if runners is None:
+            return
+        now = time.monotonic_ns()
+        if not ok:
+            runners.statistics.record_failure(now - self.started)
+            return
+        checking, shaping = self.checked - self.started, now - self.answered
+        inside = self.runner_timing
+        if inside is None:   # a runner that does not say: its whole round trip is the model's time
+            timing = RequestTiming(0, checking, self.answered - self.checked, shaping)
+        else:
+            timing = RequestTiming(inside.queue_ns, checking + inside.input_ns, inside.infer_ns,
+                                   inside.output_ns + shaping)
+        runners.statistics.record_success(now - self.started, timing, self.batch)
+
+
 async def proxied_infer(service: ModelService, model: LoadedModel, name: str, version: str | None,
                         body: bytes | bytearray | memoryview, sent_length: str | None, accept_encoding: str,
                         peer: Peer, slot: ArenaSlot | None = None) -> InferAnswer:
     """Validate a whole (decoded) request body from ``peer`` against
     ``model`` and forward it; the runner's answer, compressed when
     ``accept_encoding`` asks. ``slot``: the arena slot ``body`` was
-    received into (the caller releases it once the answer is written)."""
+    received into (the caller releases it once the answer is written).
+    Every request that reached a model's check counts in its statistics."""
+    phases = _Phases()
+    try:
+        answer = await _proxied(service, model, name, version, body, sent_length, accept_encoding, peer, slot,
+                                phases)
+    except BaseException:
+        phases.record(model, False)
+        raise
+    phases.record(model, answer.status < 400)
+    return answer
+
+
+def _batch_size(model: LoadedModel, req: InferRequest | None) -> int:
+    """What one request adds to inference_count: its batch for a model
+    whose first dimension is one (max_batch_size > 0), else 1."""
+    if req is None or not req.inputs or not (model.config or {}).get("max_batch_size"):
+        return 1
+    shape = req.inputs[0].shape
+    return shape[0] if shape and shape[0] > 0 else 1
+
+
+async def _proxied(service: ModelService, model: LoadedModel, name: str, version: str | None,
+                   body: bytes | bytearray | memoryview, sent_length: str | None, accept_encoding: str,
+                   peer: Peer, slot: ArenaSlot | None, phases: _Phases) -> InferAnswer:
     header_length = header_length_of(sent_length)  # 0: a raw binary request
     shm = (service.shm_regions, peer)
     req, parts, forward_length, use = await _checked_off_loop(model, body, header_length, shm, service.check_pool)
@@ -143,6 +200,7 @@ async def proxied_infer(service: ModelService, model: LoadedModel, name: str, ve
     if current is not model:
         model = current
         req, parts, forward_length, use = await _checked_off_loop(model, body, header_length, shm, service.check_pool)
+    phases.runners, phases.batch, phases.checked = model.runners, _batch_size(model, req), time.monotonic_ns()
     headers = {"Content-Type": "application/octet-stream" if forward_length is not None else "application/json"}
     if forward_length is not None:
         headers[HEADER_LENGTH] = str(forward_length)
@@ -152,6 +210,7 @@ async def proxied_infer(service: ModelService, model: LoadedModel, name: str, ve
     arena = ArenaForward(slot, len(body), header_length, req) \
         if own_slot and use is None and header_length is not None and header_length <= MAX_HEADER else None
     answer = await model.runners.forward(f"/v2/models/{name}/infer", parts, headers, regions, arena)
+    phases.answered, phases.runner_timing = time.monotonic_ns(), answer.timing
     out_headers = dict(answer.headers)
     payload: bytes | bytearray = answer.body
     tail: list[memoryview] = []

@@ -76,3 +76,15 @@ def pin_id(name: str) -> str:
 def ready_reason(model: LoadedModel) -> str:
     """What the index says of a READY model: nothing, or that it runs no runner."""
     return "" if model.runners is not None else files_only_note(model.carton.runner.runner_name)
+
+
+def triton_load_failure(name: str, message: str) -> str:
+    """A load failure as Triton words it ("failed to load 'x'"), ours after."""
+    prefix = f"failed to load {name!r}"
+    return message if message.startswith(prefix) else f"{prefix}: {message}"
+
+
+def triton_unknown_model(name: str, version: str | None = None) -> str:
+    """Triton's words for a model (version) it does not serve."""
+    which = repr(name) if version is None else f"{name!r} version {version}"
+    return f"Request for unknown model: {which} is not found"

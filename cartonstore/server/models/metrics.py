@@ -21,8 +21,9 @@ disable_created_metrics()
 
 
 class _Live(Collector):
-    def __init__(self, read: Callable[[], dict[str, float]]) -> None:
+    def __init__(self, read: Callable[[], dict[str, float]], inference: Callable[[], list]) -> None:
         self.read = read
+        self.inference = inference
 
     def collect(self) -> Iterator:
         values = self.read()
@@ -44,8 +45,63 @@ class _Live(Collector):
                 by_source.add_metric([source], count)
         yield by_source
         yield from _runner_families(values.get("runners", []))
+        yield from _inference_families(self.inference())
         yield from _arena_families(values.get("arena"))
         yield from _check_families(values.get("check_workers"))
+
+
+def _inference_families(entries: list[tuple[str, str, dict]]) -> Iterator:
+    requests = CounterMetricFamily("cartonstore_inference_requests", "Infer requests by model version and outcome "
+                                   "(success, fail), as the statistics extension counts them",
+                                   labels=["model", "version", "outcome"])
+    seconds = CounterMetricFamily("cartonstore_inference_seconds", "Time of successful infer requests by phase: "
+                                  "queue, compute_input, compute_infer, compute_output (and success: the whole)",
+                                  labels=["model", "version", "phase"])
+    for name, version, snap in entries:
+        for outcome in ("success", "fail"):
+            requests.add_metric([name, version, outcome], snap[outcome][0])
+        for phase in ("success", "queue", "compute_input", "compute_infer", "compute_output"):
+            seconds.add_metric([name, version, phase], snap[phase][1] / 1e9)
+    yield from (requests, seconds)
+
+
+# Triton's own series, named and typed as Triton exposes them (no _total suffix), so
+# dashboards made for Triton chart cartonstore unchanged.
+_TRITON_SERIES = (
+    ("nv_inference_request_success", "Number of successful inference requests, all batch sizes",
+     lambda s: s["success"][0]),
+    ("nv_inference_request_failure", "Number of failed inference requests, all batch sizes", lambda s: s["fail"][0]),
+    ("nv_inference_count", "Number of inferences performed (does not include cached requests)",
+     lambda s: s["inference_count"]),
+    ("nv_inference_exec_count", "Number of model executions performed (does not include cached requests)",
+     lambda s: s["execution_count"]),
+    ("nv_inference_request_duration_us", "Cumulative inference request duration in microseconds "
+     "(includes cached requests)", lambda s: s["success"][1] // 1000),
+    ("nv_inference_queue_duration_us", "Cumulative inference queuing duration in microseconds "
+     "(includes cached requests)", lambda s: s["queue"][1] // 1000),
+    ("nv_inference_compute_input_duration_us", "Cumulative compute input duration in microseconds "
+     "(does not include cached requests)", lambda s: s["compute_input"][1] // 1000),
+    ("nv_inference_compute_infer_duration_us", "Cumulative compute inference duration in microseconds "
+     "(does not include cached requests)", lambda s: s["compute_infer"][1] // 1000),
+    ("nv_inference_compute_output_duration_us", "Cumulative inference compute output duration in microseconds "
+     "(does not include cached requests)", lambda s: s["compute_output"][1] // 1000),
+)
+
+
+def _label(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def triton_text(entries: list[tuple[str, str, dict]]) -> bytes:
+    """Triton's nv_inference_* counters of each loaded version, in the text format."""
+    if not entries:
+        return b""
+    lines = []
+    for metric, doc, value in _TRITON_SERIES:
+        lines += [f"# HELP {metric} {doc}", f"# TYPE {metric} counter"]
+        lines += [f'{metric}{{model="{_label(name)}",version="{_label(version)}"}} {value(snap)}'
+                  for name, version, snap in entries]
+    return ("\n".join(lines) + "\n").encode()
 
 
 def _check_families(stats: dict[str, int] | None) -> Iterator:
@@ -109,6 +165,7 @@ class Metrics:
                                          registry=self.registry)
         self.fetch_errors = Counter("cartonstore_fetch_errors", "Fetches that failed", registry=self.registry)
         self._request_counters: dict[tuple[str, str, int], Any] = {}
+        self._inference: Callable[[], list] = list
 
     def count_request(self, route: str, method: str, status: int) -> None:
         # labels() costs ~5 us (a lock, a tuple of strings, a dict); an infer
@@ -119,8 +176,11 @@ class Metrics:
             counter = self._request_counters[key] = self.requests.labels(route, method, str(status))
         counter.inc()
 
-    def watch(self, read: Callable[[], dict[str, float]]) -> None:
-        self.registry.register(_Live(read))
+    def watch(self, read: Callable[[], dict[str, float]], inference: Callable[[], list] = list) -> None:
+        """read: the store's and runners' values; inference: (model, version,
+        statistics snapshot) of each loaded version."""
+        self.registry.register(_Live(read, inference))
+        self._inference = inference
 
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        return generate_latest(self.registry) + triton_text(self._inference())

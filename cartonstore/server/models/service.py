@@ -31,8 +31,18 @@ from cartonstore.store.owner import tmp_name
 from .collector import collect_in_child, gc_summary
 from .leasing import Leasing, resolve_on
 from .load_params import b64_parameter, parse_triton_config, write_tree
-from .loaded_model import READY, UNAVAILABLE, LeaseSettings, LoadedModel, pin_id, ready_reason
+from .loaded_model import (
+    READY,
+    UNAVAILABLE,
+    LeaseSettings,
+    LoadedModel,
+    pin_id,
+    ready_reason,
+    triton_load_failure,
+    triton_unknown_model,
+)
 from .metrics import Metrics
+from .model_config import check_against_carton, check_config_fields
 from .runner_plan import instance_devices
 from .runtime import RunnerHost
 from .selftest import self_tested_on_load
@@ -69,8 +79,12 @@ class ModelService(Leasing):
         lock = self._load_locks.get(name)
         if lock is None:
             lock = self._load_locks[name] = asyncio.Lock()
-        async with lock:
-            return await self._load_locked(name, params)
+        try:
+            async with lock:
+                return await self._load_locked(name, params)
+        except CartonStoreError as e:   # Triton's words first: clients match on them
+            e.message = triton_load_failure(name, e.message)
+            raise
 
     async def _load_locked(self, name: str, params: dict[str, Any]) -> LoadedModel:
         previous = self.models.get(name)
@@ -84,6 +98,7 @@ class ModelService(Leasing):
         unknown = False               # the name resolved to nothing: the load leaves no trace
         try:
             model.config = parse_triton_config(params.get("config"))
+            check_config_fields(model.config)
             instance_devices(model.config, self.runner_host.config.devices)  # a bad config fails before any work
             try:
                 digest = await self._load_source(name, params)
@@ -101,6 +116,7 @@ class ModelService(Leasing):
             granted = await self.take_lease(digest, self.leases.pin_ttl, f"loaded:{name}", pin_id(name))
             model.digest = granted.lease.carton
             model.carton = await asyncio.to_thread(self.store.config_of, model.digest)
+            check_against_carton(name, model.carton, model.config)
             model.runners = await self.runner_host.start(name, model.digest, granted.path, model.carton,
                                                          model.config)
             await self_tested_on_load(self.runner_host, model, self.store.layout.model_path(model.digest))
@@ -205,7 +221,7 @@ class ModelService(Leasing):
         lock = self._load_locks.get(name)
         loading = lock is not None and lock.locked()  # a first load still fetching: unload after it
         if never_loaded and not loading and await self._known(name) is None:
-            raise NotFound(f"unknown model {name!r}", subject=name)
+            raise NotFound(f"failed to unload {name!r}: {triton_unknown_model(name)}", subject=name)
         async with self._load_locks.setdefault(name, asyncio.Lock()):  # after a load in progress
             model = self.models.get(name)
             if model is not None:
@@ -241,9 +257,9 @@ class ModelService(Leasing):
         model = self.models.get(name)
         digest = model.digest if model and model.digest else await asyncio.to_thread(self._resolve_fast, name)
         if digest is None:
-            raise NotFound(f"unknown model {name!r}", subject=name)
+            raise NotFound(triton_unknown_model(name), subject=name)
         if version is not None and version != digest:
-            raise NotFound(f"model {name!r} has no version {version!r} (its version is {digest})", subject=version)
+            raise NotFound(f"{triton_unknown_model(name, version)}: its version is {digest}", subject=version)
         cfg = await asyncio.to_thread(self.store.config_of, digest)
         return {"name": name, "versions": [digest], "platform": f"carton_{cfg.runner.runner_name}",
                 "inputs": tensor_metadata(cfg.inputs), "outputs": tensor_metadata(cfg.outputs)}
@@ -306,6 +322,11 @@ class ModelService(Leasing):
         self.shm_regions.close()
         if self.check_pool is not None:
             await self.check_pool.close()
+
+    def inference_values(self) -> list[tuple[str, str, dict]]:
+        """(name, version, statistics) of each loaded version with runners."""
+        return [(m.name, m.digest, m.runners.statistics.snapshot()) for m in tuple(self.models.values())
+                if m.runners is not None and m.digest is not None and m.state == READY]
 
     def live_values(self) -> dict[str, float]:
         stats = self.puller.stats

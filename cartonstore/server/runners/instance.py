@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable, Mapping, Sequence
 
 from cartonstore.errors import Unavailable
 from cartonstore.v2.shm_params import ARENA_EXTENSION
+from cartonstore.v2.statistics import TIMING_HEADER, RequestTiming
 
 from .process import RunnerFailed, RunnerProcess, seconds
 from .settings import (
@@ -36,6 +37,7 @@ log = logging.getLogger("cartonstore.server.runners")
 
 STOPPED = "STOPPED"
 _FORWARDED = [(name, name.lower()) for name in FORWARDED_RESPONSE_HEADERS]
+_TIMING = TIMING_HEADER.lower()
 DEATH_NOTICE = 0.25   # after a broken connection, how long to wait to learn whether the process died
 
 
@@ -211,7 +213,7 @@ class RunnerInstance:
                 arena.slot.hold_until(proc.wait())  # type: ignore[union-attr]
             raise
         return RunnerResponse(status, {name: headers_in[key] for name, key in _FORWARDED if key in headers_in}, answer,
-                              via_arena)
+                              via_arena, RequestTiming.parse(headers_in.get(_TIMING)))
 
     async def _exchange(self, proc: RunnerProcess, client: RunnerClient, shm: RunnerShmLink | None, path: str,
                         body: Sequence[bytes | memoryview], headers: Mapping[str, str],

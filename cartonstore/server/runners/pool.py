@@ -15,6 +15,7 @@ import time
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from cartonstore.errors import InvalidInput, Unavailable
+from cartonstore.v2.statistics import InferStatistics
 
 from .instance import RunnerInstance
 from .process import RunnerFailed
@@ -49,6 +50,7 @@ class ModelRunners:
         self.version = version
         self.settings = settings
         self.outstanding = 0
+        self.statistics = InferStatistics()   # Triton's statistics of this version (api/statistics.py)
         self._on_change = on_change
         self.arena = arena   # this version's own tensor arena (RunnerHost's), or None
         self._instances = [RunnerInstance(name, i, spec, settings, self._changed, arena)
@@ -108,6 +110,11 @@ class ModelRunners:
         return {"name": self.name, "version": self.version, "state": self.state, "reason": self.reason,
                 "restarts": self.restarts, "outstanding": self.outstanding, "sandbox": self.sandbox,
                 "instances": [inst.status() for inst in self._instances]}
+
+    @property
+    def devices(self) -> list[str]:
+        """The device of each instance, in order."""
+        return [inst.spec.device for inst in self._instances]
 
     @property
     def sandbox(self) -> str:

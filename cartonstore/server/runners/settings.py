@@ -8,6 +8,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from cartonstore.errors import InvalidInput, Unavailable
+from cartonstore.v2.statistics import RequestTiming
 
 from .sandbox import SandboxPolicy
 
@@ -82,6 +83,7 @@ class RunnerResponse:
     headers: dict[str, str]
     body: bytes
     arena: bool = False   # sent in the arena's form: binary outputs may be in the slot (arena_wire.py)
+    timing: RequestTiming | None = None   # where its time went in the runner (None: the runner did not say)
 
 
 class RunnersBusy(Unavailable):

@@ -1,0 +1,108 @@
+"""Triton's statistics extension: the counters of one model version, in
+the shape GET /v2/models[/{name}[/versions/{v}]]/stats answers them, and
+the timing a runner sends back with each answer (the Cartonstore-Timing
+header), so the daemon can count what happened inside the runner.
+
+Pure: the runner SDK and the daemon both keep their counters here.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+TIMING_HEADER = "Cartonstore-Timing"
+_PHASES = ("queue", "input", "infer", "output")
+_TIMING = re.compile(r"queue=(\d{1,19});input=(\d{1,19});infer=(\d{1,19});output=(\d{1,19})")
+# Triton's inference_stats keys, in its order
+STAT_KEYS = ("success", "fail", "queue", "compute_input", "compute_infer", "compute_output", "cache_hit",
+             "cache_miss")
+
+
+@dataclass
+class RequestTiming:
+    """Where one request's time went inside a runner, in nanoseconds:
+    waiting for a free model thread, decoding the inputs, in the model,
+    encoding the outputs."""
+
+    queue_ns: int = 0
+    input_ns: int = 0
+    infer_ns: int = 0
+    output_ns: int = 0
+
+    def header(self) -> str:
+        return f"queue={self.queue_ns};input={self.input_ns};infer={self.infer_ns};output={self.output_ns}"
+
+    @classmethod
+    def parse(cls, text: str | None) -> RequestTiming | None:
+        """The timing a runner sent, or None (none sent, or not ours: a
+        third-party runner's header is never trusted to be well formed)."""
+        match = _TIMING.fullmatch(text.strip()) if text else None
+        return cls(*(int(g) for g in match.groups())) if match else None
+
+
+@dataclass
+class Duration:
+    count: int = 0
+    ns: int = 0
+
+    def add(self, ns: int, count: int = 1) -> None:
+        self.count += count
+        self.ns += max(0, ns)
+
+    def as_json(self) -> dict[str, int]:
+        return {"count": self.count, "ns": self.ns}
+
+
+@dataclass
+class InferStatistics:
+    """The counters of one model version, as Triton keeps them:
+    ``success``/``fail`` count requests and their whole time in the server;
+    ``queue`` and the three ``compute_*`` count successful executions and
+    the time of each phase. Thread-safe: model threads and the event loop
+    both record."""
+
+    durations: dict[str, Duration] = field(default_factory=lambda: {k: Duration() for k in STAT_KEYS})
+    inference_count: int = 0     # inferences (a batch of n counts n; one request counts its batch size)
+    execution_count: int = 0     # model executions
+    last_inference_ms: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def record_success(self, total_ns: int, timing: RequestTiming, batch: int = 1) -> None:
+        with self._lock:
+            d = self.durations
+            d["success"].add(total_ns)
+            d["queue"].add(timing.queue_ns)
+            d["compute_input"].add(timing.input_ns)
+            d["compute_infer"].add(timing.infer_ns)
+            d["compute_output"].add(timing.output_ns)
+            self.inference_count += batch
+            self.execution_count += 1
+            self.last_inference_ms = int(time.time() * 1000)
+
+    def record_failure(self, total_ns: int) -> None:
+        with self._lock:
+            self.durations["fail"].add(total_ns)
+            self.last_inference_ms = int(time.time() * 1000)
+
+    def snapshot(self) -> dict[str, Any]:
+        """The counters as plain numbers (for /metrics)."""
+        with self._lock:
+            return {"inference_count": self.inference_count, "execution_count": self.execution_count,
+                    "last_inference": self.last_inference_ms,
+                    **{k: (d.count, d.ns) for k, d in self.durations.items()}}
+
+    def model_stats(self, name: str, version: str) -> dict[str, Any]:
+        """One entry of Triton's model_stats[]."""
+        with self._lock:
+            return {"name": name, "version": version, "last_inference": self.last_inference_ms,
+                    "inference_count": self.inference_count, "execution_count": self.execution_count,
+                    "inference_stats": {k: d.as_json() for k, d in self.durations.items()},
+                    "batch_stats": []}
+
+
+def statistics_answer(entries: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"model_stats": entries}
