@@ -123,6 +123,7 @@ def _serve(sp: argparse.ArgumentParser) -> None:
     sp.add_argument("--print-config", action="store_true", help="print the settings in effect (TOML) and exit")
     sp.add_argument("--socket", help="Unix socket path (default: $CARTONSTORE_SOCKET or ROOT/cartonstore.sock)")
     sp.add_argument("--listen", metavar="HOST:PORT", help="also serve on a loopback TCP port (0: any free port)")
+    sp.add_argument("--grpc-listen", metavar="HOST:PORT", help="also serve gRPC on a loopback TCP port (0: any free port)")
     sp.add_argument("--log-format", choices=["text", "json"])
     sp.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
 

@@ -53,6 +53,7 @@ ENV_VARS: Mapping[str, str] = MappingProxyType({
     "CARTONSTORE_ROOT": "store.root",
     "CARTONSTORE_SOCKET": "server.socket",
     "CARTONSTORE_LISTEN": "server.listen",
+    "CARTONSTORE_GRPC_LISTEN": "server.grpc_listen",
     "CARTONSTORE_LOG_FORMAT": "server.log_format",
     "CARTONSTORE_LOG_LEVEL": "server.log_level",
     "CARTONSTORE_ACCESS_LOG": "server.access_log",
@@ -142,6 +143,15 @@ class Config:
     def socket_path(self) -> Path:
         """server.socket, else ROOT/cartonstore.sock."""
         return self.server.socket or self.store.root / SOCKET_NAME
+
+    @property
+    def grpc_socket_path(self) -> Path | None:
+        """server.grpc_socket, else the HTTP socket's path with .grpc before
+        its suffix (cartonstore.grpc.sock); None with server.grpc off."""
+        if not self.server.grpc:
+            return None
+        http = self.socket_path
+        return self.server.grpc_socket or http.with_name(f"{http.stem}.grpc{http.suffix or '.sock'}")
 
     def fetch_config(self) -> FetchConfig:
         values = {setting.name: getattr(self.fetch, setting.name) for setting in fields(self.fetch)
@@ -287,17 +297,18 @@ def _parse(key: str, raw: object, layer: _Layer) -> Any:
 def _check(config: Config, origins: Mapping[str, tuple[int, str]]) -> None:
     """Rules between settings; the message blames the key set last (see _conflict)."""
     server, leases, fetch = config.server, config.leases, config.fetch
-    address = server.listen_address
-    if address and not server.allow_remote_listen and not is_loopback(address[0]):
-        raise _conflict(origins, ("server.listen", "server.allow_remote_listen"),
-                        f"{server.listen!r} is not a loopback address (127.0.0.0/8, ::1, "
-                        f"localhost): listening on other hosts needs server.allow_remote_listen = true, "
-                        f"and server.token (or token_file) or server.tls_client_ca")
-    if address and not is_loopback(address[0]) and not (server.token or server.token_file or server.tls_client_ca):
-        raise _conflict(origins, ("server.listen", "server.token", "server.token_file", "server.tls_client_ca"),
-                        f"{server.listen!r} is not a loopback address and no credential is configured: "
-                        f"set server.token (or server.token_file) or server.tls_client_ca, so that TCP "
-                        f"callers must authenticate (anyone reaching the port could load code)")
+    for key, address in (("server.listen", server.listen_address), ("server.grpc_listen", server.grpc_listen_address)):
+        text = getattr(server, key.split(".")[1])
+        if address and not server.allow_remote_listen and not is_loopback(address[0]):
+            raise _conflict(origins, (key, "server.allow_remote_listen"),
+                            f"{text!r} is not a loopback address (127.0.0.0/8, ::1, "
+                            f"localhost): listening on other hosts needs server.allow_remote_listen = true, "
+                            f"and server.token (or token_file) or server.tls_client_ca")
+        if address and not is_loopback(address[0]) and not (server.token or server.token_file or server.tls_client_ca):
+            raise _conflict(origins, (key, "server.token", "server.token_file", "server.tls_client_ca"),
+                            f"{text!r} is not a loopback address and no credential is configured: "
+                            f"set server.token (or server.token_file) or server.tls_client_ca, so that TCP "
+                            f"callers must authenticate (anyone reaching the port could load code)")
     if leases.default_ttl > leases.max_ttl:
         raise _conflict(origins, ("leases.default_ttl", "leases.max_ttl"),
                         f"leases.default_ttl ({v.duration_text(leases.default_ttl)}) must not "

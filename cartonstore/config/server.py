@@ -5,6 +5,9 @@
     socket_mode = "0660"
     socket_group = ""           # "": the daemon's group
     listen = ""                 # "" or HOST:PORT for a TCP listener
+    grpc = true                 # the v2 gRPC service, on a Unix socket beside the HTTP one
+    grpc_socket = ""            # "": the HTTP socket's path with .grpc before its suffix
+    grpc_listen = ""            # "" or HOST:PORT for gRPC over TCP
     token_file = ""             # the Bearer token TCP callers must send (or token = "...")
 """
 
@@ -87,6 +90,10 @@ class ServerSettings:
     socket_group: str = v.setting("", _group)
     listen: str = v.setting("", _listen)  # "" or HOST:PORT, see listen_address
     allow_remote_listen: bool = v.setting(False, v.boolean)
+    grpc: bool = v.setting(True, v.boolean)
+    # None: the HTTP socket's path with ".grpc" before its suffix (Config.grpc_socket_path)
+    grpc_socket: Path | None = v.setting(None, v.path(empty=None), v.show_path)  # noqa: RUF009 - a field()
+    grpc_listen: str = v.setting("", _listen)  # "" or HOST:PORT (TLS and credentials as listen's)
     log_format: str = v.setting("text", v.choice("text", "json"))
     log_level: str = v.setting("info", v.choice("debug", "info", "warning", "error"))
     access_log: bool = v.setting(False, v.boolean)
@@ -115,6 +122,10 @@ class ServerSettings:
         most 8 (each holds a request's parsed JSON, tens of MiB for a million
         values, while it works)."""
         return max(1, min(8, len(os.sched_getaffinity(0)))) if self.check_workers is None else self.check_workers
+
+    @property
+    def grpc_listen_address(self) -> tuple[str, int] | None:
+        return _split_listen(self.grpc_listen) if self.grpc_listen else None
 
     @property
     def listen_address(self) -> tuple[str, int] | None:

@@ -33,6 +33,7 @@ from cartonstore.server.http.front_server import FrontServer
 from cartonstore.server.models.loaded_model import LeaseSettings
 from cartonstore.server.models.metrics import Metrics
 from cartonstore.server.models.service import ModelService
+from cartonstore.server.rpc.grpc_server import GrpcServer, GrpcTls
 from cartonstore.server.tensors.arena import DEFAULT_SIZE as ARENA_SIZE
 from cartonstore.store import Store
 from cartonstore.store.gc import GcPolicy
@@ -52,6 +53,8 @@ class DaemonSettings:
     socket_mode: int = 0o660
     socket_group: str | None = None
     listen: str | None = None
+    grpc_socket: Path | None = None     # the gRPC service's Unix socket (None: no gRPC)
+    grpc_listen: str | None = None      # and its TCP listener
     leases: LeaseSettings = field(default_factory=LeaseSettings)
     fetch: FetchConfig = field(default_factory=FetchConfig)
     zip_limits: ZipLimits = field(default_factory=ZipLimits)
@@ -74,11 +77,24 @@ class DaemonSettings:
         credential configured would let anyone who reaches it load code:
         refused (InvalidInput) before anything is bound."""
         access = TcpAccess(self.token, self.fetch.peers.token, self.tls_client_ca is not None)
-        if self.listen and not access.has_credential and not is_loopback(self.listen.rsplit(":", 1)[0]):
-            raise InvalidInput(f"server.listen {self.listen!r} is not a loopback address and no credential is "
-                               "configured: set server.token (or server.token_file), or server.tls_client_ca, "
-                               "so that TCP callers must authenticate", subject="server.listen")
+        for key, listen in (("server.listen", self.listen), ("server.grpc_listen", self.grpc_listen)):
+            if listen and not access.has_credential and not is_loopback(listen.rsplit(":", 1)[0].strip("[]")):
+                raise InvalidInput(f"{key} {listen!r} is not a loopback address and no credential is "
+                                   "configured: set server.token (or server.token_file), or server.tls_client_ca, "
+                                   "so that TCP callers must authenticate", subject=key)
         return access
+
+    def grpc_tls(self) -> GrpcTls | None:
+        """The TLS of the gRPC listener: the HTTP listener's files."""
+        if self.tls_cert is None:
+            return None
+        try:
+            chain = self.tls_cert.read_bytes()
+            key = self.tls_key.read_bytes() if self.tls_key is not None else chain
+            ca = self.tls_client_ca.read_bytes() if self.tls_client_ca is not None else None
+        except OSError as e:
+            raise InvalidInput(f"server TLS for gRPC: cannot read {e.filename} ({e.strerror})") from None
+        return GrpcTls(chain, key, ca)
 
     def tls_context(self) -> ssl.SSLContext | None:
         """The TCP listeners' TLS context; None for plain HTTP. A client
@@ -125,6 +141,7 @@ class Daemon:
         self.bound: list[str] = []
         self._stop = asyncio.Event()
         self._owned_socket: Path | None = None
+        self._owned_grpc: Path | None = None
         self._tls: ssl.SSLContext | None = None
 
     def _sockets(self) -> list[socket.socket]:
@@ -143,6 +160,14 @@ class Daemon:
                 raise
         return socks
 
+    def _grpc_socket(self) -> socket.socket | None:
+        s = self.settings
+        if s.grpc_socket is None:
+            return None
+        sock = bind_unix(s.grpc_socket, mode=s.socket_mode, group=s.socket_group)
+        self._owned_grpc = s.grpc_socket
+        return sock
+
     def stop(self) -> None:
         self._stop.set()
 
@@ -154,6 +179,11 @@ class Daemon:
         # having started, cleaned and logged nothing.
         socks = self._sockets()
         serving = False
+        try:
+            grpc_sock = self._grpc_socket()
+        except BaseException:
+            self._close_unserved(socks)
+            raise
         # What was bound, or handed over by systemd, is held to the rule tcp_access() checked on the settings.
         if public := [sock.getsockname()[0] for sock in socks
                       if sock.family in (socket.AF_INET, socket.AF_INET6) and not is_loopback(sock.getsockname()[0])]:
@@ -177,17 +207,35 @@ class Daemon:
                     app = build_app(service, service.metrics, max_request_size=s.max_request_size,
                                     access_log=s.access_log, tcp_access=access)
                     serving = True  # from here _serve closes the sockets and unlinks the socket file
-                    await self._serve(app, service, socks)
+                    try:
+                        await self._serve(app, service, socks, self._grpc_server(service, access, grpc_sock))
+                    finally:
+                        if grpc_sock is not None:
+                            grpc_sock.close()
+                        if self._owned_grpc is not None:
+                            self._owned_grpc.unlink(missing_ok=True)
             finally:
                 store.close()
         finally:
             if not serving:
-                for sock in socks:
-                    sock.close()
-                if self._owned_socket is not None:
-                    self._owned_socket.unlink(missing_ok=True)
+                self._close_unserved(socks + ([grpc_sock] if grpc_sock is not None else []))
 
-    async def _serve(self, app: web.Application, service: ModelService, socks: list[socket.socket]) -> None:
+    def _close_unserved(self, socks: list[socket.socket]) -> None:
+        for sock in socks:
+            sock.close()
+        for owned in (self._owned_socket, self._owned_grpc):
+            if owned is not None:
+                owned.unlink(missing_ok=True)
+
+    def _grpc_server(self, service: ModelService, access: TcpAccess, sock: socket.socket | None) -> GrpcServer | None:
+        s = self.settings
+        if sock is None and not s.grpc_listen:
+            return None
+        return GrpcServer(service, service.metrics, access, unix=sock,
+                          listen=s.grpc_listen, tls=s.grpc_tls(), max_request_size=s.max_request_size)
+
+    async def _serve(self, app: web.Application, service: ModelService, socks: list[socket.socket],
+                     grpc_server: GrpcServer | None) -> None:
         # auto_decompress off: request bodies are decoded by the handlers, bounded (api/bodies.request_body).
         runner = web.AppRunner(app, handle_signals=False, access_log=None, auto_decompress=False,
                                shutdown_timeout=self.settings.shutdown_timeout)
@@ -206,6 +254,8 @@ class Daemon:
             for sock in socks:
                 await front.listen(sock, tls=tls)
                 self.bound.append(describe_socket(sock, tls=tls is not None))
+            if grpc_server is not None:
+                self.bound += await grpc_server.start()
             loop = asyncio.get_running_loop()
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, self.stop)
@@ -223,7 +273,9 @@ class Daemon:
             await asyncio.gather(keeper, return_exceptions=True)
         finally:
             started = time.monotonic()
-            await front.close(self.settings.shutdown_timeout)  # stop accepting, then wait for in-flight requests
+            # stop accepting, then wait for in-flight requests
+            await asyncio.gather(front.close(self.settings.shutdown_timeout),
+                                 *([grpc_server.stop(self.settings.shutdown_timeout)] if grpc_server else []))
             for sock in socks:   # those a failed start left unserved; closing a served one again is harmless
                 sock.close()
             await runner.cleanup()

@@ -156,7 +156,7 @@ def test_a_model_that_passes_loads_and_selftest_reports_each_test(served) -> Non
         status, answer = post(d, "/v2/models/good/selftest", doc)
         assert status == 400 and fragment in answer["error"], answer
     status, answer = post(d, "/v2/models/nope/selftest", {})
-    assert status == 404 and "unknown model 'nope'" in answer["error"]
+    assert status == 404 and "Request for unknown model: 'nope' is not found" in answer["error"]
 
 
 def test_a_model_that_fails_never_becomes_ready(served) -> None:  # noqa: ANN001
@@ -166,7 +166,8 @@ def test_a_model_that_fails_never_becomes_ready(served) -> None:  # noqa: ANN001
     before = set(runner_pids(d.root))
     status, answer = load(d, "bad", doubler_carton(base / "bad", expected_y=wrong))
     assert status == 400, answer
-    assert answer["error"].startswith("self-test failed, so the model was not made ready: 1 of 1 self-test(s) "
+    assert answer["error"].startswith("failed to load 'bad': self-test failed, so the model was not made ready: "
+                                      "1 of 1 self-test(s) "
                                       "failed: doubles-0: output 'y' differs in 1 element(s), worst by 0.5 at [1, 2]"), answer
     (test,) = answer["selftest"]["tests"]
     assert test["mismatches"][0]["index"] == [1, 2] and test["mismatches"][0]["max_abs_diff"] == 0.5

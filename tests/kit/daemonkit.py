@@ -88,6 +88,15 @@ class DaemonProcess:
     def host_port(self) -> str:
         return self.http_url.split("://", 1)[1]
 
+    @property
+    def grpc_unix(self) -> str:
+        """The gRPC Unix socket as tritonclient.grpc takes it: unix://PATH."""
+        return "unix://" + next(w for w in self.status.split() if w.startswith("grpc+unix:"))[len("grpc+unix:"):]
+
+    @property
+    def grpc_host_port(self) -> str:
+        return next(w for w in self.status.split() if w.startswith(("grpc://", "grpcs://"))).split("://", 1)[1]
+
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 30.0) -> int:
         assert self.proc is not None
         if self.proc.poll() is None:

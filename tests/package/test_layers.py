@@ -30,7 +30,7 @@ LAYERS = [
     ["server.runners"],
     ["server.models"],
     ["server.api"],
-    ["server.http"],
+    ["server.rpc", "server.http"],
     ["server"],
     ["cli"],
 ]

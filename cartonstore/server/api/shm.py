@@ -49,11 +49,11 @@ async def unregister(request: web.Request) -> web.Response:
     if (await request_body(request)).strip():
         raise InvalidInput("an unregister request has an empty body (the region is named in the URL)")
     gone = _registry(request).unregister(peer, request.match_info.get("name"))
-    _tell_runners(gone)
+    tell_runners(gone)
     return web.Response(status=200)
 
 
-def _tell_runners(gone: list[Region]) -> None:
+def tell_runners(gone: list[Region]) -> None:
     for region in gone:
         for link in list(region.links):
             link.forget(region)

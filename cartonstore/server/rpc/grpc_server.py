@@ -1,0 +1,79 @@
+"""Starting and stopping the gRPC service: grpcio's asyncio server on a
+private Unix socket (reached through the relay that knows callers' uids,
+unix_relay.py) and, when [server] grpc_listen says so, on TCP (with the
+HTTP listener's TLS and credentials)."""
+
+from __future__ import annotations
+
+import logging
+import socket
+from dataclasses import dataclass
+
+import grpc
+from tritonclient.grpc import service_pb2_grpc as pb_grpc
+
+from cartonstore.errors import InvalidInput
+from cartonstore.server.api.access import TcpAccess
+from cartonstore.server.models.metrics import Metrics
+from cartonstore.server.models.service import ModelService
+
+from .servicer import InferenceServicer
+from .unix_relay import PeerBook, UnixRelay, private_address
+
+log = logging.getLogger("cartonstore.server.grpc")
+
+
+@dataclass(frozen=True)
+class GrpcTls:
+    cert_chain: bytes
+    key: bytes
+    client_ca: bytes | None = None   # asked for, not required (TcpAccess decides what it opens)
+
+
+class GrpcServer:
+    def __init__(self, service: ModelService, metrics: Metrics, access: TcpAccess, *,
+                 unix: socket.socket | None, listen: str | None, tls: GrpcTls | None, max_request_size: int) -> None:
+        self.book = PeerBook()
+        self.servicer = InferenceServicer(service, metrics, self.book, access, max_request_size=max_request_size)
+        self.unix = unix
+        self.listen = listen
+        self.tls = tls
+        self.max_request_size = max_request_size
+        self.bound: list[str] = []
+        self._server: grpc.aio.Server | None = None
+        self._relay: UnixRelay | None = None
+
+    async def start(self) -> list[str]:
+        options = [("grpc.max_receive_message_length", self.max_request_size + (1 << 20)),
+                   ("grpc.max_send_message_length", -1), ("grpc.so_reuseport", 0)]
+        server = grpc.aio.server(options=options)
+        pb_grpc.add_GRPCInferenceServiceServicer_to_server(self.servicer, server)
+        self._server = server
+        private_uri, private = private_address()
+        if self.unix is not None:
+            server.add_insecure_port(private_uri)
+        if self.listen:
+            if self.tls is not None:
+                creds = grpc.ssl_server_credentials([(self.tls.key, self.tls.cert_chain)],
+                                                    root_certificates=self.tls.client_ca,
+                                                    require_client_auth=False)
+                port = server.add_secure_port(self.listen, creds)
+            else:
+                port = server.add_insecure_port(self.listen)
+            if not port:
+                raise InvalidInput(f"server.grpc_listen: cannot listen on {self.listen}", subject="server.grpc_listen")
+            host = self.listen.rsplit(":", 1)[0]
+            self.bound.append(f"grpc{'s' if self.tls else ''}://{host}:{port}")
+        await server.start()
+        if self.unix is not None:
+            self._relay = UnixRelay(self.unix, private, self.book)
+            await self._relay.start()
+            self.bound.insert(0, f"grpc+unix:{self.unix.getsockname()}")
+        return self.bound
+
+    async def stop(self, grace: float) -> None:
+        """Stop taking calls; those in flight get ``grace`` seconds."""
+        if self._server is not None:
+            await self._server.stop(grace)
+        if self._relay is not None:
+            await self._relay.close()

@@ -1,0 +1,274 @@
+"""inference.GRPCInferenceService: the v2 gRPC service, on the messages
+tritonclient[grpc] ships, as a thin layer over the model service and the
+HTTP API's own functions (the same checks, statistics, config and
+shared-memory registry). Errors become gRPC codes from the HTTP status
+each would have had; Triton's trace and log settings are refused by name.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
+
+import grpc
+from google.protobuf import json_format
+from tritonclient.grpc import model_config_pb2
+from tritonclient.grpc import service_pb2 as pb
+from tritonclient.grpc import service_pb2_grpc as pb_grpc
+
+from cartonstore import __version__
+from cartonstore.errors import CartonStoreError, InvalidInput, PermissionDenied, http_status_for
+from cartonstore.server.api import cuda_shm
+from cartonstore.server.api.access import TcpAccess
+from cartonstore.server.api.app import EXTENSIONS
+from cartonstore.server.api.model_info import config_of, statistics
+from cartonstore.server.api.shm import tell_runners
+from cartonstore.server.models.metrics import Metrics
+from cartonstore.server.models.service import ModelService
+from cartonstore.server.tensors.shm_regions import Peer
+
+from .infer import RunnerRefused, code_for, grpc_infer, stream_error
+from .unix_relay import UNIX_PEERS, PeerBook
+
+log = logging.getLogger("cartonstore.server.grpc")
+T = TypeVar("T")
+STREAM_WINDOW = 64          # requests of one stream in flight at once
+_OPEN = ("ServerLive", "ServerReady")   # what TCP callers may ask without a credential (as /v2/health/)
+
+
+class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
+    def __init__(self, service: ModelService, metrics: Metrics, book: PeerBook, access: TcpAccess, *,
+                 max_request_size: int) -> None:
+        self.service = service
+        self.metrics = metrics
+        self.book = book
+        self.access = access
+        self.max_request_size = max_request_size
+
+    # -- who is asking, and the answer's status -----------------------------------
+
+    def _peer(self, context: grpc.aio.ServicerContext, method: str) -> Peer:
+        """The caller (a Unix-socket one by uid); a TCP one must show what
+        TcpAccess asks of HTTP callers, as Bearer metadata."""
+        grpc_peer = context.peer()
+        relayed = self.book.peer_of(grpc_peer)
+        if relayed is not None:
+            return relayed
+        if grpc_peer.startswith(UNIX_PEERS):   # grpcio's own socket, reached around the relay
+            raise PermissionDenied("gRPC over a Unix socket is served on the daemon's gRPC socket only "
+                                   "(server.grpc_socket)")
+        path = f"/v2/health/{method}" if method in _OPEN else f"/inference.GRPCInferenceService/{method}"
+        sent = dict(context.invocation_metadata() or ()).get("authorization")
+        has_cert = bool((context.auth_context() or {}).get("x509_pem_cert"))
+        self.access.check(path, sent, has_cert)
+        return Peer(None)
+
+    async def _call(self, context: grpc.aio.ServicerContext, method: str, work: Callable[[Peer], Awaitable[T]]) -> T:
+        started = time.perf_counter()
+        status = 200
+        try:
+            return await work(self._peer(context, method))
+        except CartonStoreError as e:
+            status = e.status if isinstance(e, RunnerRefused) else http_status_for(e)
+            level = logging.WARNING if status >= 500 else logging.INFO
+            log.log(level, "gRPC %s -> %s: %s", method, code_for(e).name, e)
+            await context.abort(code_for(e), str(e))
+        except asyncio.CancelledError:
+            status = 499
+            raise
+        except Exception:
+            status = 500
+            log.exception("unexpected error in gRPC %s", method)
+            await context.abort(grpc.StatusCode.INTERNAL, "internal error (see the daemon's log)")
+        finally:
+            self.metrics.count_request(f"grpc:{method}", "RPC", status)
+            if log.isEnabledFor(logging.DEBUG):
+                log.debug("gRPC %s -> %d in %.2f ms", method, status, (time.perf_counter() - started) * 1000)
+        raise AssertionError("unreachable: abort raises")
+
+    # -- health and metadata --------------------------------------------------------
+
+    async def ServerLive(self, request: pb.ServerLiveRequest, context: Any) -> pb.ServerLiveResponse:
+        return await self._call(context, "ServerLive", _const(pb.ServerLiveResponse(live=True)))
+
+    async def ServerReady(self, request: pb.ServerReadyRequest, context: Any) -> pb.ServerReadyResponse:
+        async def work(_: Peer) -> pb.ServerReadyResponse:
+            return pb.ServerReadyResponse(ready=self.service.ready)
+        return await self._call(context, "ServerReady", work)
+
+    async def ModelReady(self, request: pb.ModelReadyRequest, context: Any) -> pb.ModelReadyResponse:
+        async def work(_: Peer) -> pb.ModelReadyResponse:
+            ready = self.service.loaded(request.name, request.version or None) is not None
+            return pb.ModelReadyResponse(ready=ready)
+        return await self._call(context, "ModelReady", work)
+
+    async def ServerMetadata(self, request: pb.ServerMetadataRequest, context: Any) -> pb.ServerMetadataResponse:
+        answer = pb.ServerMetadataResponse(name="cartonstore", version=__version__, extensions=EXTENSIONS)
+        return await self._call(context, "ServerMetadata", _const(answer))
+
+    async def ModelMetadata(self, request: pb.ModelMetadataRequest, context: Any) -> pb.ModelMetadataResponse:
+        async def work(_: Peer) -> pb.ModelMetadataResponse:
+            doc = await self.service.metadata(request.name, request.version or None)
+            return json_format.ParseDict(doc, pb.ModelMetadataResponse(), ignore_unknown_fields=True)
+        return await self._call(context, "ModelMetadata", work)
+
+    async def ModelConfig(self, request: pb.ModelConfigRequest, context: Any) -> pb.ModelConfigResponse:
+        async def work(_: Peer) -> pb.ModelConfigResponse:
+            doc = config_of(self.service, request.name, request.version or None)
+            config = json_format.ParseDict(doc, model_config_pb2.ModelConfig(), ignore_unknown_fields=True)
+            return pb.ModelConfigResponse(config=config)
+        return await self._call(context, "ModelConfig", work)
+
+    async def ModelStatistics(self, request: pb.ModelStatisticsRequest, context: Any) -> pb.ModelStatisticsResponse:
+        async def work(_: Peer) -> pb.ModelStatisticsResponse:
+            doc = statistics(self.service, request.name or None, request.version or None)
+            return json_format.ParseDict(doc, pb.ModelStatisticsResponse(), ignore_unknown_fields=True)
+        return await self._call(context, "ModelStatistics", work)
+
+    # -- inference ------------------------------------------------------------------
+
+    async def ModelInfer(self, request: pb.ModelInferRequest, context: Any) -> pb.ModelInferResponse:
+        return await self._call(context, "ModelInfer",
+                                lambda peer: grpc_infer(self.service, request, peer, self.max_request_size))
+
+    async def ModelStreamInfer(self, request_iterator: AsyncIterator[pb.ModelInferRequest],
+                               context: Any) -> AsyncIterator[pb.ModelStreamInferResponse]:
+        """Requests run as they come (up to STREAM_WINDOW at once); answers
+        leave in the order the requests came. A failed request answers with
+        its error_message and the stream goes on."""
+        peer = await self._call(context, "ModelStreamInfer", _const_peer)
+        queue: asyncio.Queue[asyncio.Task[pb.ModelStreamInferResponse] | None] = asyncio.Queue(STREAM_WINDOW)
+
+        async def one(request: pb.ModelInferRequest) -> pb.ModelStreamInferResponse:
+            try:
+                answer = await grpc_infer(self.service, request, peer, self.max_request_size)
+                return pb.ModelStreamInferResponse(infer_response=answer)
+            except CartonStoreError as e:
+                return stream_error(request, e)
+
+        async def read() -> None:
+            try:
+                async for request in request_iterator:
+                    await queue.put(asyncio.ensure_future(one(request)))
+            finally:
+                await queue.put(None)
+
+        reader = asyncio.ensure_future(read())
+        try:
+            while (task := await queue.get()) is not None:
+                yield await task
+            await reader   # a broken stream's error, if any
+        finally:
+            reader.cancel()
+            while not queue.empty():
+                left = queue.get_nowait()
+                if left is not None:
+                    left.cancel()
+
+    # -- repository -----------------------------------------------------------------
+
+    async def RepositoryIndex(self, request: pb.RepositoryIndexRequest, context: Any) -> pb.RepositoryIndexResponse:
+        async def work(_: Peer) -> pb.RepositoryIndexResponse:
+            rows = await self.service.index(request.ready)
+            models = [pb.RepositoryIndexResponse.ModelIndex(name=r["name"], version=r.get("version", ""),
+                                                            state=r["state"], reason=r.get("reason", ""))
+                      for r in rows]
+            return pb.RepositoryIndexResponse(models=models)
+        return await self._call(context, "RepositoryIndex", work)
+
+    async def RepositoryModelLoad(self, request: pb.RepositoryModelLoadRequest,
+                                  context: Any) -> pb.RepositoryModelLoadResponse:
+        async def work(_: Peer) -> pb.RepositoryModelLoadResponse:
+            await self.service.load(request.model_name, _load_parameters(request.parameters))
+            return pb.RepositoryModelLoadResponse()
+        return await self._call(context, "RepositoryModelLoad", work)
+
+    async def RepositoryModelUnload(self, request: pb.RepositoryModelUnloadRequest,
+                                    context: Any) -> pb.RepositoryModelUnloadResponse:
+        async def work(_: Peer) -> pb.RepositoryModelUnloadResponse:
+            await self.service.unload(request.model_name)
+            return pb.RepositoryModelUnloadResponse()
+        return await self._call(context, "RepositoryModelUnload", work)
+
+    # -- shared memory --------------------------------------------------------------
+
+    async def SystemSharedMemoryStatus(self, request: pb.SystemSharedMemoryStatusRequest,
+                                       context: Any) -> pb.SystemSharedMemoryStatusResponse:
+        async def work(peer: Peer) -> pb.SystemSharedMemoryStatusResponse:
+            regions = self.service.shm_regions.status(peer, request.name or None)
+            return pb.SystemSharedMemoryStatusResponse(regions={
+                r["name"]: pb.SystemSharedMemoryStatusResponse.RegionStatus(**r) for r in regions})
+        return await self._call(context, "SystemSharedMemoryStatus", work)
+
+    async def SystemSharedMemoryRegister(self, request: pb.SystemSharedMemoryRegisterRequest,
+                                         context: Any) -> pb.SystemSharedMemoryRegisterResponse:
+        async def work(peer: Peer) -> pb.SystemSharedMemoryRegisterResponse:
+            doc = {"key": request.key, "offset": request.offset, "byte_size": request.byte_size}
+            self.service.shm_regions.register(peer, request.name, doc)
+            return pb.SystemSharedMemoryRegisterResponse()
+        return await self._call(context, "SystemSharedMemoryRegister", work)
+
+    async def SystemSharedMemoryUnregister(self, request: pb.SystemSharedMemoryUnregisterRequest,
+                                           context: Any) -> pb.SystemSharedMemoryUnregisterResponse:
+        async def work(peer: Peer) -> pb.SystemSharedMemoryUnregisterResponse:
+            tell_runners(self.service.shm_regions.unregister(peer, request.name or None))
+            return pb.SystemSharedMemoryUnregisterResponse()
+        return await self._call(context, "SystemSharedMemoryUnregister", work)
+
+    async def CudaSharedMemoryStatus(self, request: pb.CudaSharedMemoryStatusRequest,
+                                     context: Any) -> pb.CudaSharedMemoryStatusResponse:
+        async def work(_: Peer) -> pb.CudaSharedMemoryStatusResponse:
+            cuda_shm.status_answer(request.name or None)
+            return pb.CudaSharedMemoryStatusResponse()
+        return await self._call(context, "CudaSharedMemoryStatus", work)
+
+    async def CudaSharedMemoryRegister(self, request: pb.CudaSharedMemoryRegisterRequest,
+                                       context: Any) -> pb.CudaSharedMemoryRegisterResponse:
+        async def work(_: Peer) -> pb.CudaSharedMemoryRegisterResponse:
+            doc = {"raw_handle": {"b64": base64.b64encode(request.raw_handle).decode()},
+                   "device_id": request.device_id, "byte_size": request.byte_size}
+            devices = self.service.runner_host.config.devices
+            raise InvalidInput(cuda_shm.register_problem(doc, request.name, devices), subject=request.name)
+        return await self._call(context, "CudaSharedMemoryRegister", work)
+
+    async def CudaSharedMemoryUnregister(self, request: pb.CudaSharedMemoryUnregisterRequest,
+                                         context: Any) -> pb.CudaSharedMemoryUnregisterResponse:
+        return await self._call(context, "CudaSharedMemoryUnregister", _const(pb.CudaSharedMemoryUnregisterResponse()))
+
+    # -- what cartonstore does not serve ---------------------------------------------
+
+    async def TraceSetting(self, request: Any, context: Any) -> Any:
+        await self._refuse(context, "TraceSetting", "Triton's trace extension")
+
+    async def LogSettings(self, request: Any, context: Any) -> Any:
+        await self._refuse(context, "LogSettings", "Triton's logging extension (set server.log_level)")
+
+    async def _refuse(self, context: Any, method: str, what: str) -> None:
+        self._peer(context, method)
+        self.metrics.count_request(f"grpc:{method}", "RPC", 501)
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, f"cartonstore does not support {what}: {method}")
+
+
+def _const(answer: T) -> Callable[[Peer], Awaitable[T]]:
+    async def work(_: Peer) -> T:
+        return answer
+    return work
+
+
+async def _const_peer(peer: Peer) -> Peer:
+    return peer
+
+
+def _load_parameters(params: Any) -> dict[str, Any]:
+    """A load's parameters as the HTTP API takes them: uploaded files
+    (bytes_param) in base64, as Triton's HTTP form sends them."""
+    out: dict[str, Any] = {}
+    for key, param in params.items():
+        kind = param.WhichOneof("parameter_choice")
+        value = getattr(param, kind) if kind else None
+        out[key] = base64.b64encode(value).decode() if kind == "bytes_param" else value
+    return out
