@@ -16,9 +16,13 @@ Targets (issue), each against a baseline measured in the same run:
   5. 64 MiB FP32 in and out through Triton's system shared memory vs a
      bare numpy copy and vs binary over the socket (shm_section.py);
   6. (figures) a carton's 10 self-tests of 1 MiB run by the daemon vs the
-     same requests straight to the runner (selftest_section.py).
+     same requests straight to the runner (selftest_section.py);
+  7. the runner sandbox's cost (sandbox_section.py);
+  8. gRPC vs HTTP on the same daemon and model (Unix and TCP), and vs
+     MLServer 1.7's gRPC (grpc_section.py).
 
-    python tests/bench/bench_infer.py [--quick] [--requests 2000] [--seconds 5] [--rounds 2] [--only shm|selftest|sandbox]
+    python tests/bench/bench_infer.py [--quick] [--requests 2000] [--seconds 5] [--rounds 2]
+        [--only shm|selftest|sandbox|grpc]
 
 Every request goes through tests/bench/http11.py: the daemon's own lean
 HTTP/1.1 client (--client aiohttp for the stock one), one connection per client, in
@@ -45,6 +49,7 @@ HERE = Path(__file__).resolve()
 REPO = HERE.parents[2]
 sys.path[:0] = [str(REPO), str(HERE.parents[1]), str(HERE.parent)]
 
+import grpc_section
 import numpy as np
 import sandbox_section
 import selftest_section
@@ -343,8 +348,8 @@ def main() -> None:
                     help="MLServer parallel_workers (default: MLServer's own default)")
     ap.add_argument("--workdir", default=None)
     ap.add_argument("--shm-requests", type=int, default=20, help="64 MiB requests per way in section 5 (default 20)")
-    ap.add_argument("--only", choices=["shm", "selftest", "sandbox"],
-                    help="section 5 (shm), 6 (selftest) or 7 (sandbox) alone")
+    ap.add_argument("--only", choices=["shm", "selftest", "sandbox", "grpc"],
+                    help="section 5 (shm), 6 (selftest), 7 (sandbox) or 8 (grpc, with MLServer's gRPC) alone")
     a = ap.parse_args()
     if a.quick:
         a.requests, a.warmup, a.seconds, a.rounds = 500, 100, 2.0, 1
@@ -375,7 +380,8 @@ def main() -> None:
 
         # -- 1 and 2: daemon vs its own runner, Unix sockets -------------------------
         root = work / "root"
-        d = DaemonProcess(root, listen="127.0.0.1:0", socket_path=work / "cs.sock", env=env).start()
+        d = DaemonProcess(root, listen="127.0.0.1:0", socket_path=work / "cs.sock", env=env,
+                          extra_args=["--grpc-listen", "127.0.0.1:0"]).start()
         daemons.append(d)
         load_model(d.socket_path, "echo", echo_carton(work / "echo", dtypes=["float32"]))
         rsock, rpid = runner_of(root, "echo")
@@ -408,12 +414,27 @@ def main() -> None:
             verdict(verdicts, "1. proxy overhead p50 <= 0.25 ms", overhead50 <= 0.25, f"{overhead50:.3f} ms "
                     f"(daemon {lat[via_daemon.label]['p50']:.3f} - direct {lat[direct.label]['p50']:.3f})")
 
+        if a.only in (None, "grpc"):
+            def mlserver_grpc() -> tuple[subprocess.Popen, str] | None:
+                nonlocal mlserver
+                if a.no_mlserver and a.only != "grpc":
+                    return None
+                exe, how = ensure_mlserver(a.mlserver_venv, work)
+                if exe is None:
+                    print(f"8. MLServer: cannot install it: {how}")
+                    return None
+                mlserver, _, grpc_port = start_mlserver(exe, work / "ml-grpc", a.mlserver_workers)
+                return mlserver, f"127.0.0.1:{grpc_port}"
+            grpc_section.run(d, work, small_bin, big_bin, a, client_counts, lambda *row: verdict(verdicts, *row),
+                             mlserver_grpc)
+            stop_group(mlserver)
+            mlserver = None
         if a.only in (None, "sandbox"):
             sandbox_section.run(work, {"PYTHONPATH": str(REPO)}, a.requests, (small_bin.body, small_bin.headers),
                                 load_model, lambda *row: verdict(verdicts, *row))
-        if a.only not in ("selftest", "sandbox"):
+        if a.only in (None, "shm"):
             shm_section.run(d.socket_path, "echo", a.shm_requests, lambda *row: verdict(verdicts, *row))
-        if a.only not in ("shm", "sandbox"):
+        if a.only in (None, "selftest"):
             selftest_section.run(d.socket_path, work, 5, load_model, runner_of, lambda *row: verdict(verdicts, *row))
         for clients in client_counts if not a.only else ():
             best = compare_throughput([via_daemon, direct, via_floor], big_bin, clients, a,
@@ -441,7 +462,7 @@ def main() -> None:
                 version = subprocess.run([str(a.mlserver_venv / "bin" / "python"), "-c",
                                           "import mlserver; print(mlserver.__version__)"],
                                          capture_output=True, text=True, check=False).stdout.strip()
-                mlserver, ml_address = start_mlserver(exe, work, a.mlserver_workers)
+                mlserver, ml_address, _ = start_mlserver(exe, work, a.mlserver_workers)
                 ml_pids = [mlserver.pid] + children(mlserver.pid)
                 why_not_binary = mlserver_accepts_binary(ml_address)
                 binary = why_not_binary is None

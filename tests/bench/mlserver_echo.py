@@ -100,15 +100,17 @@ def ensure_mlserver(venv: Path, work: Path) -> tuple[Path | None, str]:
     return exe, how
 
 
-def start_mlserver(exe: Path, work: Path, workers: int | None) -> tuple[subprocess.Popen, Address]:
+def start_mlserver(exe: Path, work: Path, workers: int | None) -> tuple[subprocess.Popen, Address, int]:
+    """The server, its HTTP address and its gRPC port."""
     models = work / "mlserver"
     (models / "echo").mkdir(parents=True)
     (models / "echo" / "echo_model.py").write_text(MLSERVER_MODEL)
     (models / "echo" / "model-settings.json").write_text(json.dumps(
         {"name": "echo", "implementation": "echo_model.EchoModel"}))
-    port = free_port()
-    settings = {"host": "127.0.0.1", "http_port": port, "grpc_port": free_port(), "metrics_port": free_port(),
-                "debug": False}
+    port, grpc_port = free_port(), free_port()
+    # 64 MiB gRPC messages: its 4 MiB default refuses a 4 MiB tensor with its header
+    settings = {"host": "127.0.0.1", "http_port": port, "grpc_port": grpc_port, "metrics_port": free_port(),
+                "debug": False, "grpc_max_message_length": 64 << 20}
     if workers is not None:
         settings["parallel_workers"] = workers
     (models / "settings.json").write_text(json.dumps(settings))
@@ -123,7 +125,7 @@ def start_mlserver(exe: Path, work: Path, workers: int | None) -> tuple[subproce
             raise RuntimeError(f"mlserver exited {proc.returncode}: {(work / 'mlserver.log').read_text()[-2000:]}")
         try:
             if asyncio.run(_get_status(address, "/v2/models/echo/ready")) == 200:
-                return proc, address
+                return proc, address, grpc_port
         except OSError:
             pass
         time.sleep(0.5)
