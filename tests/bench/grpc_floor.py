@@ -9,7 +9,6 @@ model, no runner, no check. What grpcio itself costs per call.
 
 from __future__ import annotations
 
-import asyncio
 import sys
 from pathlib import Path
 
