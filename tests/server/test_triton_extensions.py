@@ -51,9 +51,11 @@ def test_statistics_move_as_requests_succeed_and_fail(affine: tuple[DaemonProces
         assert (out.as_numpy("y") == 3).all()
     with pytest.raises(InferenceServerException, match="shape"):
         _infer(c, "affine", np.ones((2, 5), np.float32))    # refused by the daemon's check: a failure all the same
+    with pytest.raises(InferenceServerException, match="batch-size must be <= 8 for 'affine' \\(got 9\\)"):
+        _infer(c, "affine", np.ones((9, 4), np.float32))    # over max_batch_size, as Triton refuses it
     stats = c.get_inference_statistics("affine", digest)["model_stats"][0]
     s = stats["inference_stats"]
-    assert s["success"]["count"] == 3 and s["fail"]["count"] == 1
+    assert s["success"]["count"] == 3 and s["fail"]["count"] == 2
     assert stats["inference_count"] == 6 and stats["execution_count"] == 3   # a batch of 2 counts 2 inferences
     for phase in ("queue", "compute_input", "compute_infer", "compute_output"):
         assert s[phase]["count"] == 3 and s[phase]["ns"] > 0, phase
@@ -69,7 +71,7 @@ def test_statistics_move_as_requests_succeed_and_fail(affine: tuple[DaemonProces
     status, text = call(daemon, "GET", "/metrics")
     assert status == 200 and isinstance(text, str)
     labels = f'model="affine",version="{digest}"'
-    for series, value in (("nv_inference_request_success", 3), ("nv_inference_request_failure", 1),
+    for series, value in (("nv_inference_request_success", 3), ("nv_inference_request_failure", 2),
                           ("nv_inference_count", 6), ("nv_inference_exec_count", 3)):
         assert f"# TYPE {series} counter" in text and f"{series}{{{labels}}} {value}\n" in text, series
     assert re.search(rf'nv_inference_compute_infer_duration_us{{{labels}}} \d+', text)

@@ -182,12 +182,22 @@ async def proxied_infer(service: ModelService, model: LoadedModel, name: str, ve
 
 
 def _batch_size(model: LoadedModel, req: InferRequest | None) -> int:
-    """What one request adds to inference_count: its batch for a model
-    whose first dimension is one (max_batch_size > 0), else 1."""
-    if req is None or not req.inputs or not (model.config or {}).get("max_batch_size"):
+    """What one request adds to inference_count: 1, or for a model whose
+    first dimension is a batch (max_batch_size > 0) that batch, refused as
+    Triton refuses it when over max_batch_size or unequal across inputs."""
+    limit = model.max_batch_size
+    if not limit or req is None or not req.inputs:
         return 1
-    shape = req.inputs[0].shape
-    return shape[0] if shape and shape[0] > 0 else 1
+    batches = {tensor.shape[0] if tensor.shape else None for tensor in req.inputs}
+    if None in batches or len(batches) > 1:
+        raise InvalidInput(f"model {model.name!r} takes a batch (max_batch_size {limit}): every input's first "
+                           f"dimension is its batch size, one value for all inputs (got "
+                           f"{', '.join(f'{t.name} {t.shape}' for t in req.inputs)})", subject=model.name)
+    batch = batches.pop()
+    if batch > limit:
+        raise InvalidInput(f"inference request batch-size must be <= {limit} for {model.name!r} (got {batch})",
+                           subject=model.name)
+    return max(batch, 1)
 
 
 async def _proxied(service: ModelService, model: LoadedModel, name: str, version: str | None,
@@ -261,7 +271,8 @@ async def _checked_off_loop(model: LoadedModel, body: bytes | bytearray | memory
     needs it), anything else in a thread."""
     if _walks_little(model, body, header_length):
         return checked_request(model, body, header_length, shm)
-    if pool is not None and header_length is None and len(body) >= IN_THREAD_FROM:   # the worker tells shm apart
+    # the worker tells shm apart; a batched model's request is wanted back to count its batch
+    if pool is not None and header_length is None and len(body) >= IN_THREAD_FROM and not model.max_batch_size:
         forward = await pool.check(model.carton.inputs, model.carton.outputs, body)
         if forward is not None:
             return None, *forward, None

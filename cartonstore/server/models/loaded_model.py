@@ -32,6 +32,7 @@ class LoadedModel:
     config: dict | None = None          # the load's Triton config
     carton: CartonConfig | None = None  # its carton.toml
     runners: ModelRunners | None = None  # None: loaded as files only (reason says why)
+    max_batch_size: int = 0             # > 0: inputs' first dimension is a batch of at most this
 
     @property
     def serving_state(self) -> str:

@@ -42,7 +42,7 @@ from .loaded_model import (
     triton_unknown_model,
 )
 from .metrics import Metrics
-from .model_config import check_against_carton, check_config_fields
+from .model_config import check_against_carton, check_config_fields, max_batch_size
 from .runner_plan import instance_devices
 from .runtime import RunnerHost
 from .selftest import self_tested_on_load
@@ -117,6 +117,7 @@ class ModelService(Leasing):
             model.digest = granted.lease.carton
             model.carton = await asyncio.to_thread(self.store.config_of, model.digest)
             check_against_carton(name, model.carton, model.config)
+            model.max_batch_size = max_batch_size(model.carton, model.config)
             model.runners = await self.runner_host.start(name, model.digest, granted.path, model.carton,
                                                          model.config)
             await self_tested_on_load(self.runner_host, model, self.store.layout.model_path(model.digest))
