@@ -70,6 +70,11 @@ def validate_request(
         raise InvalidInput(
             f"input {missing[0]!r} is missing (the model needs {_names(inputs)})", subject=missing[0]
         )
+    for requested in req.outputs or ():
+        if "classification" in requested.parameters:   # Triton would answer top-k labels; a runner, the tensor
+            raise InvalidInput(f"requested output {requested.name!r}: Triton's classification extension "
+                               f"(parameter 'classification') is not supported by cartonstore",
+                               subject=requested.name)
     if outputs is not None and req.outputs is not None:
         declared = {spec.name for spec in outputs}
         for requested in req.outputs:

@@ -164,6 +164,10 @@ def _malformed() -> list[tuple[str, pb.ModelInferRequest, str]]:
     t = r.inputs.add(name="x", datatype="FP32", shape=[1, 4])
     t.parameters["shared_memory_region"].string_param = "ghost"
     t.parameters["shared_memory_byte_size"].int64_param = 16
+    r = case("classification extension")                   # would be top-k labels in Triton: refused by name
+    r.inputs.add(name="x", datatype="FP32", shape=[1, 4])
+    r.raw_input_contents.append(four)
+    r.outputs.add(name="y").parameters["classification"].int64_param = 2
     r = case("cartonstore_arena_outputs")                  # the daemon's own parameter
     r.inputs.add(name="x", datatype="FP32", shape=[1, 4])
     r.raw_input_contents.append(four)

@@ -160,6 +160,9 @@ BAD_REQUESTS = [
     ("not json", b"{nope", {}, "JSON is not valid"),
     ("unknown input", _header([{**X4, "name": "z", "data": [1, 2, 3, 4]}]), {}, "input 'z'"),
     ("missing input", _header([]), {}, "input 'x' is missing"),
+    ("classification", _header([{**X4, "data": [1, 2, 3, 4]}], outputs=[{"name": "y", "parameters":
+                                                                          {"classification": 2}}]),
+     {}, "classification extension"),
     ("wrong datatype", _header([{**X4, "datatype": "INT32", "data": [1, 2, 3, 4]}]), {}, "datatype"),
     ("wrong fixed dim", _header([{**X4, "shape": [1, 5], "data": [1, 2, 3, 4, 5]}]), {}, "input 'x'"),
     ("json count", _header([{**X4, "data": [1, 2, 3]}]), {}, "input 'x'"),
