@@ -77,6 +77,24 @@ def _runner_seen(d: DaemonProcess, name: str) -> int:
     return stats["success"]["count"] + stats["fail"]["count"]
 
 
+def _private_dirs(pid: int) -> set[Path]:
+    """The directories of the Unix sockets process ``pid`` listens on under /tmp/cartonstore-grpc-*."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            target = os.readlink(fd)
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[len("socket:["):-1])
+    out = set()
+    for line in Path("/proc/net/unix").read_text().splitlines()[1:]:
+        fields = line.split()
+        if len(fields) >= 8 and fields[6] in inodes and "/cartonstore-grpc-" in fields[7]:
+            out.add(Path(fields[7]).parent)
+    return out
+
+
 def test_infer_over_the_unix_socket_and_tcp(served: DaemonProcess) -> None:
     for url in (served.grpc_unix, served.grpc_host_port):
         c = tg.InferenceServerClient(url)
@@ -270,6 +288,10 @@ def test_asyncio_client_repository_statistics_and_config(served: DaemonProcess) 
             await c.load_model("affine", config=json.dumps({"max_batch_size": 4}))
             config = (await c.get_model_config("affine")).config
             assert config.max_batch_size == 4 and list(config.input[0].dims) == [4]
+            as_json = (await c.get_model_config("affine", as_json=True))["config"]   # protobuf JSON: dims as strings
+            assert as_json["input"][0]["dims"] == ["4"]
+            await c.load_model("affine", config=json.dumps(as_json))   # read back, loaded again unchanged
+            assert (await c.get_model_config("affine")).config == config
             with pytest.raises(InferenceServerException, match="failed to load 'affine'.*dynamic_batching"):
                 await c.load_model("affine", config=json.dumps({"dynamic_batching": {}}))
             assert await c.is_model_ready("affine")
@@ -289,11 +311,15 @@ def test_tcp_needs_the_token_once_one_is_set(short_tmp: Path) -> None:
     config = short_tmp / "config.toml"
     config.write_text('[server]\ntoken = "sesame-sesame-sesame"\n')
     d = DaemonProcess(short_tmp / "root", extra_args=["--config", str(config), "--grpc-listen", "127.0.0.1:0"]).start()
+    ours = _private_dirs(d.proc.pid)   # grpcio's private directory
+    assert len(ours) == 1
     try:
         c = tg.InferenceServerClient(d.grpc_host_port)
         assert c.is_server_live()                      # health is open, as /v2/health/ is
         with pytest.raises(InferenceServerException, match="needs server.token"):
             c.get_model_repository_index()
+        with pytest.raises(InferenceServerException, match="UNAUTHENTICATED.*needs server.token"):
+            c.get_trace_settings()                     # refused calls check the caller first too
         with pytest.raises(InferenceServerException, match="the token sent is not it"):
             c.get_model_repository_index(headers={"authorization": "Bearer wrong"})
         assert c.get_model_repository_index(headers={"authorization": "Bearer sesame-sesame-sesame"}) is not None
@@ -304,6 +330,7 @@ def test_tcp_needs_the_token_once_one_is_set(short_tmp: Path) -> None:
     finally:
         d.stop()
     assert not (d.root / "cartonstore.grpc.sock").exists()
+    assert not [p for p in ours if p.exists()], "grpcio's private directory was left behind"
 
 
 _OTHER_UID_CLIENT = """
@@ -363,13 +390,19 @@ def test_another_uid_on_the_unix_socket_sees_and_takes_none_of_its_regions(short
 
 
 def test_a_caller_going_around_the_relay_is_refused(served: DaemonProcess) -> None:
-    """grpcio's own socket is an abstract address anyone on the host could
-    reach: a caller there that the relay did not bring is refused."""
-    names = {line.split()[-1][1:] for line in Path("/proc/net/unix").read_text().splitlines()[1:]
-             if line.split()[-1].startswith("@cartonstore-grpc-server-")}
-    assert names, "no gRPC server socket found in /proc/net/unix"
-    for name in names:   # this module's daemon, and any other test's
-        c = tg.InferenceServerClient(f"unix-abstract:{name}")
+    """grpcio's own socket is in a directory only the daemon's uid may
+    enter; a caller that reaches it all the same (root) without the relay
+    is refused."""
+    import stat
+
+    paths = {line.split()[-1] for line in Path("/proc/net/unix").read_text().splitlines()[1:]
+             if "/cartonstore-grpc-" in line.split()[-1] and line.split()[-1].endswith("/grpc.sock")}
+    assert paths, "no gRPC server socket found in /proc/net/unix"
+    for path in paths:   # this module's daemon, and any other test's
+        directory = os.stat(os.path.dirname(path))
+        assert stat.S_IMODE(directory.st_mode) == 0o700 and directory.st_uid == os.getuid()
+        c = tg.InferenceServerClient(f"unix://{path}")
         with pytest.raises(InferenceServerException, match="PERMISSION_DENIED.*daemon's gRPC socket only"):
             c.get_model_repository_index()
         c.close()
+    assert not [line for line in Path("/proc/net/unix").read_text().splitlines() if "@cartonstore-grpc" in line]

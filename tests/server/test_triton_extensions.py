@@ -96,8 +96,21 @@ def test_model_config_reflects_the_load_and_refuses_what_it_cannot_honour(affine
     config = c.get_model_config("affine", digest)
     assert config["max_batch_size"] == 4 and config["input"][0]["dims"] == [4]
     assert config["instance_group"][0]["count"] == 2 and config["parameters"]["note"] == {"string_value": "hi"}
+    # what the daemon answers loads again unchanged, as does protobuf JSON's form of it (int64 dims as strings)
+    c.load_model("affine", config=json.dumps(config))
+    assert c.get_model_config("affine") == config
+    strings = {**config, "input": [{**config["input"][0], "dims": [str(d) for d in config["input"][0]["dims"]],
+                                    "format": "FORMAT_NONE", "is_shape_tensor": False}]}
+    c.load_model("affine", config=json.dumps(strings))
+    assert c.get_model_config("affine") == config
     refused = [
         ({"dynamic_batching": {}}, "does not support 'dynamic_batching'"),
+        ({"version_policy": {"all": {}}}, "'version_policy' {'all': {}} is not supported"),
+        ({"instance_group": [{"count": 1, "passive": True}]},
+         "instance_group[0]: cartonstore does not support 'passive'"),
+        ({"input": [{"name": "x", "reshape": {"shape": [4]}}]}, "input 'x': cartonstore does not support 'reshape'"),
+        ({"input": [{"name": "x", "optional": True}]}, "does not support 'optional' = True"),
+        ({"runtime": "model.py"}, "'runtime' is 'model.py'"),
         ({"max_batch_size": -1}, "'max_batch_size' must be an integer"),
         ({"platform": "tensorrt_plan"}, "'platform' is 'tensorrt_plan'"),
         ({"name": "other"}, "'name' is 'other'"),

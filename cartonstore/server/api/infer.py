@@ -18,7 +18,7 @@ import socket
 import time
 import zlib
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from aiohttp import web
 
@@ -123,6 +123,7 @@ class InferAnswer:
     payload: bytes | bytearray
     error_text: str | None = None   # for the daemon's log line, on errors
     tail: list[memoryview] = field(default_factory=list)   # sent after payload (views of an arena slot)
+    converted: Any = None   # the answer in another framing (proxied_infer's convert)
 
     @property
     def size(self) -> int:
@@ -154,8 +155,11 @@ class _Phases:
             return
         checking, shaping = self.checked - self.started, now - self.answered
         inside = self.runner_timing
+        round_trip = self.answered - self.checked
+        if inside is not None and inside.queue_ns + inside.input_ns + inside.infer_ns + inside.output_ns > round_trip:
+            inside = None   # more time than the daemon waited: not believed (a runner's header is its own word)
         if inside is None:   # a runner that does not say: its whole round trip is the model's time
-            timing = RequestTiming(0, checking, self.answered - self.checked, shaping)
+            timing = RequestTiming(0, checking, round_trip, shaping)
         else:
             timing = RequestTiming(inside.queue_ns, checking + inside.input_ns, inside.infer_ns,
                                    inside.output_ns + shaping)
@@ -164,16 +168,21 @@ class _Phases:
 
 async def proxied_infer(service: ModelService, model: LoadedModel, name: str, version: str | None,
                         body: bytes | bytearray | memoryview, sent_length: str | None, accept_encoding: str,
-                        peer: Peer, slot: ArenaSlot | None = None) -> InferAnswer:
+                        peer: Peer, slot: ArenaSlot | None = None,
+                        convert: Callable[[InferAnswer], Any] | None = None) -> InferAnswer:
     """Validate a whole (decoded) request body from ``peer`` against
     ``model`` and forward it; the runner's answer, compressed when
     ``accept_encoding`` asks. ``slot``: the arena slot ``body`` was
     received into (the caller releases it once the answer is written).
+    ``convert``: turns a successful answer into another framing's
+    (``answer.converted``); if it raises, the request failed.
     Every request that reached a model's check counts in its statistics."""
     phases = _Phases()
     try:
         answer = await _proxied(service, model, name, version, body, sent_length, accept_encoding, peer, slot,
                                 phases)
+        if convert is not None and answer.status < 400:
+            answer.converted = convert(answer)
     except BaseException:
         phases.record(model, False)
         raise
@@ -209,8 +218,10 @@ async def _proxied(service: ModelService, model: LoadedModel, name: str, version
     current = serving_model(service, name, version)  # the version may have switched while the body arrived
     if current is not model:
         model = current
+        phases.runners = model.runners
         req, parts, forward_length, use = await _checked_off_loop(model, body, header_length, shm, service.check_pool)
-    phases.runners, phases.batch, phases.checked = model.runners, _batch_size(model, req), time.monotonic_ns()
+    phases.runners = model.runners
+    phases.batch, phases.checked = _batch_size(model, req), time.monotonic_ns()
     headers = {"Content-Type": "application/octet-stream" if forward_length is not None else "application/json"}
     if forward_length is not None:
         headers[HEADER_LENGTH] = str(forward_length)

@@ -21,7 +21,16 @@ from cartonstore.format.dtypes import carton_dtype_to_v2, shape_to_v2_dims
 
 MAX_BATCH_LIMIT = 1 << 20
 HONOURED = ("max_batch_size", "instance_group", "parameters")
-CHECKED = ("name", "platform", "backend", "input", "output")
+CHECKED = ("name", "platform", "backend", "input", "output", "version_policy", "runtime")
+# what config_of answers beside these, so a config read back loads again unchanged
+_ONE_VERSION = {"latest": {"num_versions": 1}}
+# fields of a tensor or an instance group that mean nothing unless set (protobuf JSON writes defaults too)
+_TENSOR_DEFAULTS = {"format": ("FORMAT_NONE",), "is_shape_tensor": (False,), "optional": (False,),
+                    "allow_ragged_batch": (False,), "label_filename": ("",), "is_non_linear_format_io": (False,),
+                    "reshape": ({}, None)}
+_GROUP_FIELDS = ("name", "kind", "count", "gpus")
+_GROUP_DEFAULTS = {"passive": (False,), "secondary_devices": ([],), "profile": ([],), "host_policy": ("",),
+                   "rate_limiter": ({}, None)}
 # Triton's names for what the built-in runners run (model_config.proto's platform and backend)
 _PLATFORMS = {"onnx": ("onnxruntime_onnx", "onnxruntime"), "torchscript": ("pytorch_libtorch", "pytorch"),
               "python": ("", "python")}
@@ -46,6 +55,24 @@ def check_config_fields(config: Mapping[str, Any] | None) -> None:
     if isinstance(batch, bool) or not isinstance(batch, int) or not 0 <= batch <= MAX_BATCH_LIMIT:
         raise InvalidInput(f"config: 'max_batch_size' must be an integer in [0, {MAX_BATCH_LIMIT}], not {batch!r}",
                            subject="max_batch_size")
+    if config.get("version_policy") not in (None, {}, _ONE_VERSION):
+        raise InvalidInput(f"config: cartonstore serves one version of a model (its manifest hash): "
+                           f"'version_policy' {config['version_policy']!r} is not supported", subject="version_policy")
+    groups = config.get("instance_group")
+    for i, group in enumerate(groups if isinstance(groups, list) else ()):
+        if isinstance(group, dict):
+            _unsupported_fields(group, _GROUP_FIELDS, _GROUP_DEFAULTS, f"instance_group[{i}]")
+
+
+def _unsupported_fields(entry: Mapping[str, Any], known: Sequence[str], defaults: Mapping[str, tuple],
+                        where: str) -> None:
+    """Refuse a field cartonstore would ignore: one it does not know, or
+    one it knows only at its default value, set otherwise."""
+    for key, value in entry.items():
+        if key in known:
+            continue
+        if key not in defaults or value not in defaults[key]:
+            raise InvalidInput(f"config: {where}: cartonstore does not support {key!r} = {value!r}", subject=key)
 
 
 def max_batch_size(carton: CartonConfig, config: Mapping[str, Any] | None) -> int:
@@ -64,7 +91,7 @@ def check_against_carton(name: str, carton: CartonConfig, config: Mapping[str, A
         raise InvalidInput(f"config: 'name' is {config['name']!r}, but the model is loaded as {name!r}",
                            subject="name")
     platform, backend = platform_of(carton.runner.runner_name)
-    for key, ours in (("platform", platform), ("backend", backend)):
+    for key, ours in (("platform", platform), ("backend", backend), ("runtime", carton.runner.runner_name)):
         if config.get(key) not in (None, "", ours):
             raise InvalidInput(f"config: {key!r} is {config[key]!r}, but the carton's runner "
                                f"{carton.runner.runner_name!r} is {ours!r}", subject=key)
@@ -88,11 +115,21 @@ def _check_tensors(key: str, given: Any, specs: Sequence[TensorSpec], batch: int
         if spec is None:
             raise InvalidInput(f"config: {key} {entry.get('name')!r} is not one the carton declares "
                                f"({', '.join(declared) or 'none'})", subject=key)
+        _unsupported_fields(entry, ("name", "data_type", "dims"), _TENSOR_DEFAULTS, f"{key} {spec.name!r}")
         ours = tensor_config(spec, batch)
         for field_name in ("data_type", "dims"):
-            if field_name in entry and entry[field_name] != ours[field_name]:
+            value = entry.get(field_name)
+            if field_name == "dims" and isinstance(value, list):   # protobuf JSON writes int64 as strings
+                value = [_dim(d) for d in value]
+            if field_name in entry and value != ours[field_name]:
                 raise InvalidInput(f"config: {key} {spec.name!r} {field_name} is {entry[field_name]!r}, but the "
                                    f"carton declares {ours[field_name]!r}", subject=key)
+
+
+def _dim(value: Any) -> Any:
+    if isinstance(value, str) and value.lstrip("-").isdigit():
+        return int(value)
+    return value
 
 
 def triton_data_type(carton_dtype: str) -> str:

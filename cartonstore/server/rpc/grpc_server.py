@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import socket
 from dataclasses import dataclass
+from pathlib import Path
 
 import grpc
 from tritonclient.grpc import service_pb2_grpc as pb_grpc
@@ -18,7 +19,7 @@ from cartonstore.server.models.metrics import Metrics
 from cartonstore.server.models.service import ModelService
 
 from .servicer import InferenceServicer
-from .unix_relay import PeerBook, UnixRelay, private_address
+from .unix_relay import PeerBook, UnixRelay, private_directory, remove_directory
 
 log = logging.getLogger("cartonstore.server.grpc")
 # HTTP/2 frames of up to 16 MiB (the protocol's most; grpcio's default is 16 KiB)
@@ -40,6 +41,7 @@ class GrpcServer:
     def __init__(self, service: ModelService, metrics: Metrics, access: TcpAccess, *,
                  unix: socket.socket | None, listen: str | None, tls: GrpcTls | None, max_request_size: int) -> None:
         self.book = PeerBook()
+        self.directory: Path | None = None
         self.servicer = InferenceServicer(service, metrics, self.book, access, max_request_size=max_request_size)
         self.unix = unix
         self.listen = listen
@@ -55,9 +57,11 @@ class GrpcServer:
         server = grpc.aio.server(options=options)
         pb_grpc.add_GRPCInferenceServiceServicer_to_server(self.servicer, server)
         self._server = server
-        private_uri, private = private_address()
         if self.unix is not None:
-            server.add_insecure_port(private_uri)
+            # grpcio's socket and the relay's, in a directory only the daemon may enter (unix_relay.py)
+            self.directory = private_directory()
+            self.book.relayed_from(self.directory)
+            server.add_insecure_port(f"unix:{self.directory / 'grpc.sock'}")
         if self.listen:
             if self.tls is not None:
                 creds = grpc.ssl_server_credentials([(self.tls.key, self.tls.cert_chain)],
@@ -72,14 +76,19 @@ class GrpcServer:
             self.bound.append(f"grpc{'s' if self.tls else ''}://{host}:{port}")
         await server.start()
         if self.unix is not None:
-            self._relay = UnixRelay(self.unix, private, self.book)
+            self._relay = UnixRelay(self.unix, self.directory / "grpc.sock", self.book)   # type: ignore[operator]
             await self._relay.start()
             self.bound.insert(0, f"grpc+unix:{self.unix.getsockname()}")
         return self.bound
 
     async def stop(self, grace: float) -> None:
-        """Stop taking calls; those in flight get ``grace`` seconds."""
+        """Stop taking calls (the relay first: no caller is brought to a
+        grpcio that is going); those in flight get ``grace`` seconds."""
+        if self._relay is not None:
+            self._relay.stop_accepting()
         if self._server is not None:
             await self._server.stop(grace)
         if self._relay is not None:
             await self._relay.close()
+        if self.directory is not None:
+            remove_directory(self.directory)

@@ -10,7 +10,7 @@ from tritonclient.grpc import service_pb2 as pb
 
 from cartonstore.errors import CartonStoreError, InvalidInput, NotFound, Unavailable, http_status_for
 from cartonstore.server.api.bodies import too_large
-from cartonstore.server.api.infer import proxied_infer, serving_model
+from cartonstore.server.api.infer import InferAnswer, proxied_infer, serving_model
 from cartonstore.server.models.service import ModelService
 from cartonstore.server.tensors.arena import ARENA_FROM, ArenaSlot
 from cartonstore.server.tensors.shm_regions import Peer
@@ -21,7 +21,8 @@ from cartonstore.v2.grpc_form import framed_request, grpc_response
 _CODES = {400: grpc.StatusCode.INVALID_ARGUMENT, 401: grpc.StatusCode.UNAUTHENTICATED,
           403: grpc.StatusCode.PERMISSION_DENIED, 404: grpc.StatusCode.NOT_FOUND,
           409: grpc.StatusCode.FAILED_PRECONDITION, 413: grpc.StatusCode.RESOURCE_EXHAUSTED,
-          429: grpc.StatusCode.UNAVAILABLE, 503: grpc.StatusCode.UNAVAILABLE, 504: grpc.StatusCode.DEADLINE_EXCEEDED}
+          429: grpc.StatusCode.UNAVAILABLE, 501: grpc.StatusCode.UNIMPLEMENTED, 503: grpc.StatusCode.UNAVAILABLE,
+          504: grpc.StatusCode.DEADLINE_EXCEEDED}
 
 
 def code_for_status(status: int) -> grpc.StatusCode:
@@ -29,8 +30,9 @@ def code_for_status(status: int) -> grpc.StatusCode:
     return _CODES.get(status, grpc.StatusCode.INTERNAL if status >= 500 else grpc.StatusCode.INVALID_ARGUMENT)
 
 
-class RunnerRefused(CartonStoreError):
-    """A runner's error answer, carried to the gRPC caller with its status."""
+class StatusError(CartonStoreError):
+    """An error that stands for an HTTP status of its own (a runner's error
+    answer; a call cartonstore does not implement), for the gRPC caller."""
 
     def __init__(self, status: int, message: str) -> None:
         super().__init__(message)
@@ -38,7 +40,7 @@ class RunnerRefused(CartonStoreError):
 
 
 def code_for(exc: CartonStoreError) -> grpc.StatusCode:
-    return code_for_status(exc.status if isinstance(exc, RunnerRefused) else http_status_for(exc))
+    return code_for_status(exc.status if isinstance(exc, StatusError) else http_status_for(exc))
 
 
 def _arena_slot(runners: object, length: int) -> ArenaSlot | None:
@@ -54,7 +56,7 @@ def _arena_slot(runners: object, length: int) -> ArenaSlot | None:
 
 async def grpc_infer(service: ModelService, request: pb.ModelInferRequest, peer: Peer,
                      max_request_size: int) -> pb.ModelInferResponse:
-    """One ModelInfer; a CartonStoreError (RunnerRefused for a runner's
+    """One ModelInfer; a CartonStoreError (StatusError for a runner's
     error answer) says why it failed."""
     name, version = request.model_name, request.model_version or None
     if not name:
@@ -74,17 +76,24 @@ async def grpc_infer(service: ModelService, request: pb.ModelInferRequest, peer:
             body = slot.view[:length]
         else:
             body = parts[0] if len(parts) == 1 else b"".join(parts)
-        answer = await proxied_infer(service, model, name, version, body, str(header_length), "", peer, slot)
+        answer = await proxied_infer(service, model, name, version, body, str(header_length), "", peer, slot,
+                                     convert=lambda a: _converted(a, name))
         if answer.status != 200:
-            raise RunnerRefused(answer.status, error_text(answer.joined()))
-        sent = answer.headers.get(HEADER_LENGTH)
-        try:
-            return grpc_response([answer.payload, *answer.tail], int(sent) if sent else None)
-        except (ValueError, KeyError, TypeError) as e:
-            raise Unavailable(f"the runner for {name} sent an answer that is not a v2 infer response: {e}") from None
+            raise StatusError(answer.status, error_text(answer.joined()))
+        return answer.converted
     finally:
         if slot is not None:
             slot.release()
+
+
+def _converted(answer: InferAnswer, name: str) -> pb.ModelInferResponse:
+    """The runner's answer as a ModelInferResponse (before the arena slot
+    its outputs may lie in is released)."""
+    sent = answer.headers.get(HEADER_LENGTH)
+    try:
+        return grpc_response([answer.payload, *answer.tail], int(sent) if sent else None)
+    except (ValueError, KeyError, TypeError) as e:
+        raise Unavailable(f"the runner for {name} sent an answer that is not a v2 infer response: {e}") from None
 
 
 def stream_error(request: pb.ModelInferRequest, exc: CartonStoreError) -> pb.ModelStreamInferResponse:
@@ -93,4 +102,4 @@ def stream_error(request: pb.ModelInferRequest, exc: CartonStoreError) -> pb.Mod
         model_name=request.model_name, model_version=request.model_version, id=request.id))
 
 
-__all__ = ["NotFound", "RunnerRefused", "code_for", "code_for_status", "grpc_infer", "stream_error"]
+__all__ = ["NotFound", "StatusError", "code_for", "code_for_status", "grpc_infer", "stream_error"]

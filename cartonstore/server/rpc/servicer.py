@@ -31,7 +31,7 @@ from cartonstore.server.models.metrics import Metrics
 from cartonstore.server.models.service import ModelService
 from cartonstore.server.tensors.shm_regions import Peer
 
-from .infer import RunnerRefused, code_for, grpc_infer, stream_error
+from .infer import StatusError, code_for, grpc_infer, stream_error
 from .unix_relay import UNIX_PEERS, PeerBook
 
 log = logging.getLogger("cartonstore.server.grpc")
@@ -73,7 +73,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         try:
             return await work(self._peer(context, method))
         except CartonStoreError as e:
-            status = e.status if isinstance(e, RunnerRefused) else http_status_for(e)
+            status = e.status if isinstance(e, StatusError) else http_status_for(e)
             level = logging.WARNING if status >= 500 else logging.INFO
             log.log(level, "gRPC %s -> %s: %s", method, code_for(e).name, e)
             await context.abort(code_for(e), str(e))
@@ -137,11 +137,13 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     async def ModelStreamInfer(self, request_iterator: AsyncIterator[pb.ModelInferRequest],
                                context: Any) -> AsyncIterator[pb.ModelStreamInferResponse]:
-        """Requests run as they come (up to STREAM_WINDOW at once); answers
-        leave in the order the requests came. A failed request answers with
-        its error_message and the stream goes on."""
+        """Requests run as they come, up to STREAM_WINDOW at once and
+        max_request_size bytes of requests in flight (one bigger request
+        runs alone); answers leave in the order the requests came. A failed
+        request answers with its error_message and the stream goes on."""
         peer = await self._call(context, "ModelStreamInfer", _const_peer)
-        queue: asyncio.Queue[asyncio.Task[pb.ModelStreamInferResponse] | None] = asyncio.Queue(STREAM_WINDOW)
+        window = _StreamWindow(STREAM_WINDOW, self.max_request_size)
+        answers: asyncio.Queue[tuple[asyncio.Task[pb.ModelStreamInferResponse], int] | None] = asyncio.Queue()
 
         async def one(request: pb.ModelInferRequest) -> pb.ModelStreamInferResponse:
             try:
@@ -149,25 +151,34 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                 return pb.ModelStreamInferResponse(infer_response=answer)
             except CartonStoreError as e:
                 return stream_error(request, e)
+            except Exception:  # noqa: BLE001 - a bug answers this request, logged; the stream goes on
+                log.exception("unexpected error in a gRPC stream's request")
+                return stream_error(request, InvalidInput("internal error (see the daemon's log)"))
 
         async def read() -> None:
             try:
                 async for request in request_iterator:
-                    await queue.put(asyncio.ensure_future(one(request)))
+                    size = request.ByteSize()
+                    await window.take(size)   # a slot before the work starts: nothing runs unanswered
+                    await answers.put((asyncio.ensure_future(one(request)), size))
             finally:
-                await queue.put(None)
+                await answers.put(None)
 
         reader = asyncio.ensure_future(read())
         try:
-            while (task := await queue.get()) is not None:
-                yield await task
+            while (item := await answers.get()) is not None:
+                task, size = item
+                try:
+                    yield await task
+                finally:
+                    await window.give(size)
             await reader   # a broken stream's error, if any
         finally:
             reader.cancel()
-            while not queue.empty():
-                left = queue.get_nowait()
+            while not answers.empty():
+                left = answers.get_nowait()
                 if left is not None:
-                    left.cancel()
+                    left[0].cancel()
 
     # -- repository -----------------------------------------------------------------
 
@@ -248,9 +259,32 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         await self._refuse(context, "LogSettings", "Triton's logging extension (set server.log_level)")
 
     async def _refuse(self, context: Any, method: str, what: str) -> None:
-        self._peer(context, method)
-        self.metrics.count_request(f"grpc:{method}", "RPC", 501)
-        await context.abort(grpc.StatusCode.UNIMPLEMENTED, f"cartonstore does not support {what}: {method}")
+        async def work(_: Peer) -> None:   # reached once the caller may ask at all
+            raise StatusError(501, f"cartonstore does not support {what}: {method}")
+        await self._call(context, method, work)
+
+
+class _StreamWindow:
+    """How much of a stream may be in flight: ``count`` requests and
+    ``size`` bytes of them (a single bigger request alone)."""
+
+    def __init__(self, count: int, size: int) -> None:
+        self.count, self.size = count, size
+        self.requests = self.bytes = 0
+        self._changed = asyncio.Condition()
+
+    async def take(self, size: int) -> None:
+        async with self._changed:
+            await self._changed.wait_for(lambda: self.requests < self.count and
+                                         (self.bytes + size <= self.size or self.requests == 0))
+            self.requests += 1
+            self.bytes += size
+
+    async def give(self, size: int) -> None:
+        async with self._changed:
+            self.requests -= 1
+            self.bytes -= size
+            self._changed.notify_all()
 
 
 def _const(answer: T) -> Callable[[Peer], Awaitable[T]]:

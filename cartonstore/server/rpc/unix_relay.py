@@ -3,34 +3,46 @@
 grpcio tells a handler nothing of who is on a Unix socket (no
 SO_PEERCRED), yet system shared memory needs it: one uid must never use
 another's regions. So the public socket is the daemon's own: each
-connection accepted there has its uid read, and is relayed to grpcio's
-own socket (an abstract address with a random name) from a socket bound
-to an abstract address made for it, "cartonstore-grpc-<token>". The
-handler reads that address in ``context.peer()`` and finds the uid by the
-token (unguessable, and gone when the connection is). Anyone on the host
-could connect to grpcio's socket directly: such callers are not in the
-book, and the servicer refuses every Unix-socket caller the book does not
-know (servicer._peer).
+connection accepted there has its uid read, and is relayed to grpcio's own
+socket from a socket bound to a path made for it, both in a directory only
+the daemon's uid may enter (mode 0700). The handler reads that path in
+``context.peer()`` ("unix:<dir>/<token>") and finds the uid by the token
+(random, and forgotten when the connection ends). Nobody else can connect
+to grpcio's socket, nor bind a name there; the servicer still refuses a
+Unix-socket caller the book does not know (servicer._peer).
+
+Why not abstract addresses: they have no permissions, any local user can
+list them (/proc/net/unix), connect to grpcio without the socket's mode and
+group, or bind the name grpcio lets go of at shutdown and answer callers
+the relay still brings.
 """
 
 from __future__ import annotations
 
 import asyncio
 import secrets
+import shutil
 import socket
+import tempfile
+from pathlib import Path
 
 from cartonstore.server.tensors.shm_regions import Peer, peer_of
 
-PEER_PREFIX = "unix-abstract:cartonstore-grpc-"
 UNIX_PEERS = ("unix:", "unix-abstract:")   # how grpcio names a Unix-socket caller
 _BUFFER = 4 << 20
+_MAX_PATH = 100   # sun_path holds 108 bytes; a token's name takes 33 of them after the directory
 
 
 class PeerBook:
-    """token -> the caller of a relayed connection."""
+    """token -> the caller of a relayed connection, for connections from
+    sockets bound in ``directory``."""
 
     def __init__(self) -> None:
+        self.prefix: str | None = None   # "unix:<directory>/" once the relay serves
         self._peers: dict[str, Peer] = {}
+
+    def relayed_from(self, directory: Path) -> None:
+        self.prefix = f"unix:{directory}/"
 
     def add(self, peer: Peer) -> str:
         token = secrets.token_hex(16)
@@ -42,28 +54,40 @@ class PeerBook:
 
     def peer_of(self, grpc_peer: str) -> Peer | None:
         """The caller behind grpcio's peer string; None for one that did
-        not come through the relay (a TCP caller, or a stranger on grpcio's
-        own socket)."""
-        if grpc_peer.startswith(PEER_PREFIX):
-            return self._peers.get(grpc_peer[len(PEER_PREFIX):])
+        not come through the relay (a TCP caller, or anyone else)."""
+        if self.prefix is not None and grpc_peer.startswith(self.prefix):
+            return self._peers.get(grpc_peer[len(self.prefix):])
         return None
 
     def __len__(self) -> int:
         return len(self._peers)
 
 
+def private_directory() -> Path:
+    """A new directory only this uid may enter (0700), with a path short
+    enough for the sockets in it: the temporary directory ($TMPDIR, a
+    private /tmp under systemd's PrivateTmp), else /tmp."""
+    base = tempfile.gettempdir()
+    if len(base) > _MAX_PATH - 60:
+        base = "/tmp"
+    return Path(tempfile.mkdtemp(prefix="cartonstore-grpc-", dir=base))
+
+
 class _Half(asyncio.Protocol):
     """One side of a relayed connection: what it receives goes to the
     other side's transport; a full other side pauses this one."""
 
-    def __init__(self) -> None:
+    def __init__(self, paused: bool = False) -> None:
         self.transport: asyncio.Transport | None = None
         self.other: _Half | None = None
-        self.pending: list[bytes] = []    # received before the other side was connected
+        self.pending: list[bytes] = []    # received before the other side was joined (bounded: see paused)
+        self.paused = paused              # reading paused until joined
         self.closed = asyncio.get_running_loop().create_future()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+        if self.paused:
+            transport.pause_reading()  # type: ignore[attr-defined]
         sock = transport.get_extra_info("socket")
         if sock is not None:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, _BUFFER)
@@ -96,10 +120,10 @@ class _Half(asyncio.Protocol):
 
 
 class UnixRelay:
-    """Serves ``public`` (the socket clients use), relaying to grpcio on
-    the abstract address ``private``."""
+    """Serves ``public`` (the socket clients use), relaying to grpcio's
+    socket ``private`` from sockets bound in its directory."""
 
-    def __init__(self, public: socket.socket, private: bytes, book: PeerBook) -> None:
+    def __init__(self, public: socket.socket, private: Path, book: PeerBook) -> None:
         self.public = public
         self.private = private
         self.book = book
@@ -111,7 +135,7 @@ class UnixRelay:
         self._server = await loop.create_unix_server(self._accepted, sock=self.public)
 
     def _accepted(self) -> _Half:
-        client = _Half()
+        client = _Half(paused=True)
         task = asyncio.get_running_loop().create_task(self._link(client))
         self._links.add(task)
         task.add_done_callback(self._links.discard)
@@ -121,33 +145,46 @@ class UnixRelay:
         await asyncio.sleep(0)   # connection_made has run: the transport is set
         if client.transport is None:
             return
-        token = self.book.add(peer_of(client.transport))
-        inner = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        token: str | None = None
+        inner: socket.socket | None = None
+        name = None
+        server: _Half | None = None
         try:
-            inner.bind(b"\0cartonstore-grpc-" + token.encode())
+            token = self.book.add(peer_of(client.transport))
+            name = self.private.parent / token
+            inner = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            inner.bind(str(name))
             inner.setblocking(False)
-            await asyncio.get_running_loop().sock_connect(inner, self.private)
-            _, server = await asyncio.get_running_loop().create_unix_connection(_Half, sock=inner)
-        except OSError:
-            inner.close()
-            self.book.forget(token)
-            client.transport.close()
-            return
-        client.other, server.other = server, client
-        for half in (client, server):   # what either side sent before they were joined
-            for data in half.pending:
-                half.other.transport.write(data)   # type: ignore[union-attr]
-            half.pending.clear()
-        try:
+            loop = asyncio.get_running_loop()
+            await loop.sock_connect(inner, str(self.private))
+            _, server = await loop.create_unix_connection(_Half, sock=inner)
+            inner = None   # the transport owns it
+            client.other, server.other = server, client
+            for half in (client, server):   # what either side sent before they were joined
+                for data in half.pending:
+                    half.other.transport.write(data)   # type: ignore[union-attr]
+                half.pending.clear()
+            client.transport.resume_reading()
             await asyncio.wait([client.closed, server.closed], return_when=asyncio.FIRST_COMPLETED)
+        except OSError:
+            pass   # the client left, or grpcio is gone: the connection ends
         finally:
             client.transport.close()
-            server.transport.close()   # type: ignore[union-attr]
-            self.book.forget(token)
+            if server is not None and server.transport is not None:
+                server.transport.close()
+            if inner is not None:
+                inner.close()
+            if token is not None:
+                self.book.forget(token)
+            if name is not None:
+                name.unlink(missing_ok=True)
 
-    async def close(self) -> None:
+    def stop_accepting(self) -> None:
         if self._server is not None:
             self._server.close()
+
+    async def close(self) -> None:
+        self.stop_accepting()
         for task in list(self._links):
             task.cancel()
         await asyncio.gather(*self._links, return_exceptions=True)
@@ -155,7 +192,5 @@ class UnixRelay:
             await self._server.wait_closed()
 
 
-def private_address() -> tuple[str, bytes]:
-    """grpcio's own socket: (its grpcio URI, its address for connect())."""
-    name = f"cartonstore-grpc-server-{secrets.token_hex(16)}"
-    return f"unix-abstract:{name}", b"\0" + name.encode()
+def remove_directory(directory: Path) -> None:
+    shutil.rmtree(directory, ignore_errors=True)
