@@ -20,6 +20,7 @@ the relay still brings.
 from __future__ import annotations
 
 import asyncio
+import os
 import secrets
 import shutil
 import socket
@@ -66,11 +67,26 @@ class PeerBook:
 def private_directory() -> Path:
     """A new directory only this uid may enter (0700), with a path short
     enough for the sockets in it: the temporary directory ($TMPDIR, a
-    private /tmp under systemd's PrivateTmp), else /tmp."""
+    private /tmp under systemd's PrivateTmp), else /tmp. Those a killed
+    daemon of this uid left there are removed first."""
     base = tempfile.gettempdir()
     if len(base) > _MAX_PATH - 60:
         base = "/tmp"
-    return Path(tempfile.mkdtemp(prefix="cartonstore-grpc-", dir=base))
+    _sweep(Path(base))
+    return Path(tempfile.mkdtemp(prefix=f"cartonstore-grpc-{os.getpid()}-", dir=base))
+
+
+def _sweep(base: Path) -> None:
+    for left in base.glob("cartonstore-grpc-*-*"):
+        try:
+            pid = int(left.name.split("-")[2])
+            if left.lstat().st_uid != os.getuid() or not left.is_dir() or left.is_symlink():
+                continue
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            shutil.rmtree(left, ignore_errors=True)   # its daemon is gone
+        except (ValueError, IndexError, OSError):
+            continue   # not ours to judge
 
 
 class _Half(asyncio.Protocol):
