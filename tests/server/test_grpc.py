@@ -408,7 +408,7 @@ def test_a_caller_going_around_the_relay_is_refused(served: DaemonProcess) -> No
     assert not [line for line in Path("/proc/net/unix").read_text().splitlines() if "@cartonstore-grpc" in line]
 
 
-def test_a_killed_daemons_private_directory_is_swept_at_the_next_start(tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
+def test_a_killed_daemons_private_directory_is_swept_at_the_next_start(short_tmp: Path, monkeypatch) -> None:  # noqa: ANN001
     """The private directory is removed at stop; one a SIGKILLed daemon left
     is removed by the next daemon of that uid (its pid is in the name), one
     of a live process is not."""
@@ -417,14 +417,14 @@ def test_a_killed_daemons_private_directory_is_swept_at_the_next_start(tmp_path:
 
     from cartonstore.server.rpc.unix_relay import private_directory
 
-    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(tempfile, "tempdir", str(short_tmp))
     gone = subprocess.Popen(["true"])
     gone.wait()
-    dead = tmp_path / f"cartonstore-grpc-{gone.pid}-abc"
-    live = tmp_path / f"cartonstore-grpc-{os.getpid()}-def"
+    dead = short_tmp / f"cartonstore-grpc-{gone.pid}-abc"
+    live = short_tmp / f"cartonstore-grpc-{os.getpid()}-def"
     for d in (dead, live):
         d.mkdir(mode=0o700)
         (d / "grpc.sock").write_bytes(b"")
     made = private_directory()
     assert not dead.exists() and live.exists()
-    assert made.parent == tmp_path and oct(made.stat().st_mode & 0o777) == "0o700"
+    assert made.parent == short_tmp and oct(made.stat().st_mode & 0o777) == "0o700"
