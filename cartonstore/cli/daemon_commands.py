@@ -32,6 +32,7 @@ def cmd_serve(store: Store | None, args: argparse.Namespace, out: Output) -> Non
         root=cfg.store.root, socket=cfg.socket_path, socket_mode=cfg.server.socket_mode,
         socket_group=cfg.server.socket_group or None, listen=cfg.server.listen or None,
         grpc_socket=cfg.grpc_socket_path, grpc_listen=cfg.server.grpc_listen or None,
+        restore_loaded=cfg.server.restore_loaded and not args.no_restore,
         leases=LeaseSettings(cfg.leases.default_ttl, cfg.leases.max_ttl, cfg.leases.pin_ttl),
         fetch=cfg.fetch_config(), zip_limits=cfg.zip_limits(), max_request_size=cfg.server.max_request_size,
         shared_memory_over_tcp=cfg.server.shared_memory_over_tcp, arena_size=cfg.server.arena_size,

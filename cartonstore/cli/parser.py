@@ -124,6 +124,8 @@ def _serve(sp: argparse.ArgumentParser) -> None:
     sp.add_argument("--socket", help="Unix socket path (default: $CARTONSTORE_SOCKET or ROOT/cartonstore.sock)")
     sp.add_argument("--listen", metavar="HOST:PORT", help="also serve on a loopback TCP port (0: any free port)")
     sp.add_argument("--grpc-listen", metavar="HOST:PORT", help="also serve gRPC on a loopback TCP port (0: any free port)")
+    sp.add_argument("--no-restore", action="store_true",
+                    help="do not load again the models this daemon had loaded (server.restore_loaded)")
     sp.add_argument("--log-format", choices=["text", "json"])
     sp.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
 

@@ -8,6 +8,7 @@
     grpc = true                 # the v2 gRPC service, on a Unix socket beside the HTTP one
     grpc_socket = ""            # "": the HTTP socket's path with .grpc before its suffix
     grpc_listen = ""            # "" or HOST:PORT for gRPC over TCP
+    restore_loaded = true       # a restarted daemon loads again what it had loaded
     token_file = ""             # the Bearer token TCP callers must send (or token = "...")
 """
 
@@ -94,6 +95,7 @@ class ServerSettings:
     # None: the HTTP socket's path with ".grpc" before its suffix (Config.grpc_socket_path)
     grpc_socket: Path | None = v.setting(None, v.path(empty=None), v.show_path)  # noqa: RUF009 - a field()
     grpc_listen: str = v.setting("", _listen)  # "" or HOST:PORT (TLS and credentials as listen's)
+    restore_loaded: bool = v.setting(True, v.boolean)  # load again at start what this socket's daemon had loaded
     log_format: str = v.setting("text", v.choice("text", "json"))
     log_level: str = v.setting("info", v.choice("debug", "info", "warning", "error"))
     access_log: bool = v.setting(False, v.boolean)

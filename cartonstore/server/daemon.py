@@ -32,6 +32,7 @@ from cartonstore.server.http.event_loop import loop_name, run_loop
 from cartonstore.server.http.front_server import FrontServer
 from cartonstore.server.models.loaded_model import LeaseSettings
 from cartonstore.server.models.metrics import Metrics
+from cartonstore.server.models.restore import restore_loaded
 from cartonstore.server.models.service import ModelService
 from cartonstore.server.rpc.grpc_server import GrpcServer, GrpcTls
 from cartonstore.server.tensors.arena import DEFAULT_SIZE as ARENA_SIZE
@@ -55,6 +56,7 @@ class DaemonSettings:
     listen: str | None = None
     grpc_socket: Path | None = None     # the gRPC service's Unix socket (None: no gRPC)
     grpc_listen: str | None = None      # and its TCP listener
+    restore_loaded: bool = True         # load again what this daemon (its socket path) had loaded
     leases: LeaseSettings = field(default_factory=LeaseSettings)
     fetch: FetchConfig = field(default_factory=FetchConfig)
     zip_limits: ZipLimits = field(default_factory=ZipLimits)
@@ -202,7 +204,7 @@ class Daemon:
                     service = ModelService(store, puller, s.leases, Metrics(), s.runners,
                                            shm_over_tcp=s.shared_memory_over_tcp,
                                            max_request_size=s.max_request_size, arena_size=s.arena_size,
-                                           check_workers=s.check_workers)
+                                           check_workers=s.check_workers, daemon_id=str(s.socket))
                     await asyncio.to_thread(service.runner_host.prepare)   # probes bubblewrap: processes
                     app = build_app(service, service.metrics, max_request_size=s.max_request_size,
                                     access_log=s.access_log, tcp_access=access)
@@ -262,6 +264,9 @@ class Daemon:
             settle_heap()   # before READY: the first requests must not wait for a full collection
             keeper = asyncio.gather(service.keep_pins(),
                                     service.keep_within_budget(self.settings.gc, self.settings.gc_interval))
+            if self.settings.restore_loaded:   # live at once, ready once every model was tried again
+                service.ready = False
+                keeper = asyncio.gather(keeper, restore_loaded(service))
             log.info("cartonstore serving %s on %s (%s event loop)", self.settings.root, ", ".join(self.bound),
                      loop_name())
             notify("READY=1\nSTATUS=serving " + " ".join(self.bound))

@@ -1,6 +1,8 @@
 """The index's tables (ROOT/index.db). Created if missing; SCHEMA_VERSION
 is recorded in meta. Version 2: leases is a WITHOUT ROWID table with no
-index by carton (migrate_leases)."""
+index by carton (migrate_leases). loaded_models (the models a daemon,
+known by its socket path, had loaded: loaded_rows.py) came later, a table
+an older cartonstore leaves alone."""
 
 import sqlite3
 
@@ -52,6 +54,14 @@ CREATE TABLE IF NOT EXISTS leases (
     holder TEXT,
     created_at REAL NOT NULL,
     expires_at REAL NOT NULL
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS loaded_models (
+    daemon TEXT NOT NULL,
+    name TEXT NOT NULL,
+    carton TEXT NOT NULL,
+    config TEXT,
+    loaded_at REAL NOT NULL,
+    PRIMARY KEY (daemon, name)
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS local_sources (
     digest TEXT NOT NULL,

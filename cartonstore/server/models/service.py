@@ -43,6 +43,7 @@ from .loaded_model import (
 )
 from .metrics import Metrics
 from .model_config import check_against_carton, check_config_fields, max_batch_size
+from .restore import forget_loaded, remember_loaded
 from .runner_plan import instance_devices
 from .runtime import RunnerHost
 from .selftest import self_tested_on_load
@@ -52,8 +53,12 @@ log = logging.getLogger("cartonstore.server")
 class ModelService(Leasing):
     def __init__(self, store: Store, puller: Puller, leases: LeaseSettings, metrics: Metrics,
                  runners: RunnerConfig | None = None, *, shm_over_tcp: bool = False,
-                 max_request_size: int = 256 << 20, arena_size: int = ARENA_SIZE, check_workers: int = 0) -> None:
+                 max_request_size: int = 256 << 20, arena_size: int = ARENA_SIZE, check_workers: int = 0,
+                 daemon_id: str | None = None) -> None:
+        """daemon_id: who this daemon is in the index's loaded_models (its
+        socket path); None records nothing (restore.py)."""
         super().__init__(store, puller, leases, metrics)
+        self.daemon_id = daemon_id
         self.shm_regions = ShmRegions(allow_tcp=shm_over_tcp, max_read=max_request_size)
         self.check_pool = CheckPool(check_workers) if check_workers else None
         self.runner_host = RunnerHost(runners or RunnerConfig(), store.layout.root / "run" / "runners",
@@ -66,7 +71,7 @@ class ModelService(Leasing):
 
     # -- Triton repository ---------------------------------------------------------
 
-    async def load(self, name: str, params: dict[str, Any]) -> LoadedModel:
+    async def load(self, name: str, params: dict[str, Any], *, version: str | None = None) -> LoadedModel:
         """Fetch, materialize, pin, start the runners, then READY. Loads of
         one name queue behind each other (two concurrent loads start one
         runner). Loading another version of a loaded name starts the new
@@ -81,12 +86,14 @@ class ModelService(Leasing):
             lock = self._load_locks[name] = asyncio.Lock()
         try:
             async with lock:
-                return await self._load_locked(name, params)
+                model = await self._load_locked(name, params, version)
+                await remember_loaded(self, model)
+                return model
         except CartonStoreError as e:   # Triton's words first: clients match on them
             e.message = triton_load_failure(name, e.message)
             raise
 
-    async def _load_locked(self, name: str, params: dict[str, Any]) -> LoadedModel:
+    async def _load_locked(self, name: str, params: dict[str, Any], version: str | None) -> LoadedModel:
         previous = self.models.get(name)
         serving = previous if previous is not None and previous.state == READY else None
         model = LoadedModel(name)
@@ -100,8 +107,8 @@ class ModelService(Leasing):
             model.config = parse_triton_config(params.get("config"))
             check_config_fields(model.config)
             instance_devices(model.config, self.runner_host.config.devices)  # a bad config fails before any work
-            try:
-                digest = await self._load_source(name, params)
+            try:   # a restore names the version it loads (restore.py)
+                digest = version if version is not None else await self._load_source(name, params)
             except NotFound:
                 unknown = previous is None and not renames
                 raise
@@ -232,6 +239,7 @@ class ModelService(Leasing):
             finally:
                 await self._let_go(pin_id(name))
             self.models[name] = LoadedModel(name, model.digest if model else None, UNAVAILABLE, "unloaded")
+            await forget_loaded(self, name)
             log.info("model %s unloaded", name)
 
     async def index(self, ready_only: bool) -> list[dict[str, str]]:
