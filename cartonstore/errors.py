@@ -13,10 +13,12 @@ from __future__ import annotations
 class CartonStoreError(Exception):
     """Base of every error cartonstore raises on purpose."""
 
-    def __init__(self, message: str, *, subject: str | None = None) -> None:
+    def __init__(self, message: str, *, subject: str | None = None, details: dict | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.subject = subject
+        # what an error answer carries beside its message, as JSON (a runner's stderr lines)
+        self.details = details or {}
 
     def __str__(self) -> str:
         return self.message

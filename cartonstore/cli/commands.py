@@ -10,6 +10,8 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Sequence
 
@@ -23,6 +25,7 @@ from .output import Output, print_json
 from .progress import Progress
 
 if TYPE_CHECKING:
+    from cartonstore.client.infer import InferClient
     from cartonstore.config.load import Config
     from cartonstore.fetch.puller import Puller
     from cartonstore.store import Store
@@ -93,13 +96,13 @@ def cmd_infer(store: Store, args: argparse.Namespace, out: Output) -> None:
     from cartonstore.client.wire import DaemonUnavailable  # not leases.py: asyncio is not needed to catch it
 
     client = InferClient(args.settings.socket_path)
+    loaded: dict[str, bool] = {}
     try:
-        if not client.is_ready(args.ref):
-            client.load(args.ref)
-        meta = client.metadata(args.ref)
-        datatypes = {t["name"]: t["datatype"] for t in meta.get("inputs", [])}
-        inputs = dict(parse_input_arg(text, datatypes) for text in args.input)
-        outputs = client.infer(args.ref, inputs)
+        with loaded_for_this_command(client, args, loaded):
+            meta = client.metadata(args.ref)
+            datatypes = {t["name"]: t["datatype"] for t in meta.get("inputs", [])}
+            inputs = dict(parse_input_arg(text, datatypes) for text in args.input)
+            outputs = client.infer(args.ref, inputs)
     except DaemonUnavailable:
         from cartonstore.format.dtypes import carton_dtype_to_v2
 
@@ -110,7 +113,7 @@ def cmd_infer(store: Store, args: argparse.Namespace, out: Output) -> None:
         inputs = dict(parse_input_arg(text, datatypes) for text in args.input)
         outputs = infer_locally(store, args.settings, args.ref, inputs)
     if out.as_json:
-        print_json({"outputs": outputs_as_json(outputs)})
+        print_json({"outputs": outputs_as_json(outputs), **loaded})
     else:
         print("\n".join(describe_outputs(outputs)))
 
@@ -126,16 +129,16 @@ def cmd_selftest(store: Store, args: argparse.Namespace, out: Output) -> int:
     runners = args.settings.runners
     rtol = runners.selftest_rtol if args.rtol is None else args.rtol
     atol = runners.selftest_atol if args.atol is None else args.atol
+    loaded: dict[str, bool] = {}
     try:
-        if not client.is_ready(args.ref):
-            try:
-                client.load(args.ref)
-            except InvalidInput as e:   # the daemon ran them on load (runners.selftest_on_load) and they failed
-                if not e.message.startswith("self-test failed"):
-                    raise
-                print(f"cartonstore selftest: {e.message}", file=sys.stderr)
-                return SELFTEST_FAILED
-        report = client.selftest(args.ref, rtol=rtol, atol=atol)
+        try:
+            with loaded_for_this_command(client, args, loaded):
+                report = client.selftest(args.ref, rtol=rtol, atol=atol)
+        except InvalidInput as e:   # the daemon ran them on load (runners.selftest_on_load) and they failed
+            if "self-test failed" not in e.message:
+                raise
+            print(f"cartonstore selftest: {e.message}", file=sys.stderr)
+            return SELFTEST_FAILED
     except DaemonUnavailable:
         from .local_infer import selftest_locally
 
@@ -143,8 +146,31 @@ def cmd_selftest(store: Store, args: argparse.Namespace, out: Output) -> int:
     lines = [f"{t['outcome'].upper().replace('PASSED', 'PASS').replace('FAILED', 'FAIL')} {t['name']}"
              + (f": {t['error']}" if "error" in t else "")
              + "".join(f"\n  {m['problem']}" for m in t.get("mismatches", [])) for t in report["tests"]]
-    out.emit(report, [*lines, report["summary"]])
+    out.emit({**report, **loaded}, [*lines, report["summary"]])
     return 0 if report["passed"] else SELFTEST_FAILED
+
+
+@contextmanager
+def loaded_for_this_command(client: InferClient, args: argparse.Namespace, said: dict[str, bool]) -> Iterator[None]:
+    """Load args.ref into the daemon unless it is ready, saying so on
+    stderr (and in ``said``, for --json); with --unload-after, unload what
+    was loaded here once the work is done, whatever happened."""
+    if client.is_ready(args.ref):
+        yield
+        return
+    client.load(args.ref)
+    said["loaded_into_daemon"] = True
+    if args.unload_after:
+        print(f"cartonstore {args.command}: loaded {args.ref} into the daemon; unloading it after", file=sys.stderr)
+    else:
+        print(f"cartonstore {args.command}: loaded {args.ref} into the daemon, where it stays loaded "
+              f"(--unload-after unloads what this command loads)", file=sys.stderr)
+    try:
+        yield
+    finally:
+        if args.unload_after:
+            client.unload(args.ref)
+            said["unloaded_after"] = True
 
 
 def already_materialized(store: Store, args: argparse.Namespace) -> Path | None:
@@ -298,7 +324,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         with Store(args.settings.store.root, zip_limits=args.settings.zip_limits()) as store:
             return args.func(store, args, out) or 0
     except CartonStoreError as e:
-        print(f"cartonstore {args.command}: error: {e}", file=sys.stderr)
+        if args.json:   # a runner's stderr as a list of lines, not folded into the text
+            import json  # here: the CLI's start imports no more than it must
+
+            print(json.dumps({**e.details, "error": e.message}), file=sys.stderr)
+        else:
+            print(f"cartonstore {args.command}: error: {e}", file=sys.stderr)
         return exit_code_for(e)
     except KeyboardInterrupt:
         return 130

@@ -73,11 +73,16 @@ def _ref(sp: argparse.ArgumentParser) -> None:
     sp.add_argument("ref")
 
 
+UNLOAD_AFTER_HELP = ("unload the model from the daemon afterwards if this command loaded it (by default it stays "
+                     "loaded, and the command says so)")
+
+
 def _infer(sp: argparse.ArgumentParser) -> None:
     sp.add_argument("ref", help="the model's name (or, with no daemon, any REF)")
     sp.add_argument("--input", action="append", default=[], metavar="NAME=FILE.npy|JSON",
                     help="an input tensor: a .npy file, or JSON data typed by the model's declared dtype")
     sp.add_argument("--socket", help=SOCKET_HELP)
+    sp.add_argument("--unload-after", action="store_true", help=UNLOAD_AFTER_HELP)
 
 
 def _selftest(sp: argparse.ArgumentParser) -> None:
@@ -85,6 +90,7 @@ def _selftest(sp: argparse.ArgumentParser) -> None:
     sp.add_argument("--rtol", type=float, help="relative tolerance (default: runners.selftest_rtol)")
     sp.add_argument("--atol", type=float, help="absolute tolerance (default: runners.selftest_atol)")
     sp.add_argument("--socket", help=SOCKET_HELP)
+    sp.add_argument("--unload-after", action="store_true", help=UNLOAD_AFTER_HELP)
 
 
 def _push(sp: argparse.ArgumentParser) -> None:

@@ -86,6 +86,11 @@ class InferClient:
         status, _, body = self._exchange("GET", _model_path(model, version) + "/examples", None, {})
         return json_body(status, body, model)["examples"]
 
+    def unload(self, model: str) -> None:
+        status, _, body = self._exchange("POST", f"/v2/repository/models/{quote(model, safe='')}/unload", b"{}",
+                                         {"Content-Type": "application/json"})
+        json_body(status, body, model)
+
     def load(self, model: str) -> None:
         status, _, body = self._exchange("POST", f"/v2/repository/models/{quote(model, safe='')}/load", b"{}",
                                          {"Content-Type": "application/json"})

@@ -111,13 +111,18 @@ def transport_error(addr: Address, e: BaseException) -> Unavailable:
 def error_for(status: int, body: bytes, subject: str | None) -> CartonStoreError:
     """The exception for an error response: the status picks the class, the
     daemon's ``{"error": ...}`` is the message."""
+    details: dict[str, Any] = {}
     try:
-        message = json.loads(body)["error"]
+        doc = json.loads(body)
+        message = doc["error"]
         if not isinstance(message, str):
             raise TypeError(message)
-    except (ValueError, TypeError, KeyError):
+        stderr = doc.get("stderr")   # a runner's last stderr lines, kept as lines
+        if isinstance(stderr, list) and all(isinstance(line, str) for line in stderr):
+            details["stderr"] = stderr
+    except (ValueError, TypeError, KeyError, AttributeError):
         message = f"HTTP {status} from the cartonstore daemon: {body[:200].decode('utf-8', 'replace')!r}"
-    return _STATUS_ERRORS.get(status, CartonStoreError)(message, subject=subject)
+    return _STATUS_ERRORS.get(status, CartonStoreError)(message, subject=subject, details=details)
 
 
 def json_body(status: int, body: bytes, subject: str | None) -> Any:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from kit.daemonkit import DaemonProcess, unix_session, wait_for
+from kit.daemonkit import DaemonProcess, call, unix_session, wait_for
 from kit.inferkit import echo_carton, runner_pids
 
 FAST = """
@@ -330,15 +330,48 @@ def test_infer_cli_through_the_daemon_and_without_one(daemon: DaemonProcess, sho
     assert main(["add", str(src), "--name", "cli", "--root", root, "--progress", "none"]) == 0
     np.save(short_tmp / "x.npy", np.array([[1.5, 2.5]], np.float32))
     capsys.readouterr()
-    assert main(["infer", "cli", "--input", f"x_float32={short_tmp / 'x.npy'}", "--root", root, "--json"]) == 0
-    out = json.loads(capsys.readouterr().out)
+    assert main(["infer", "cli", "--input", f"x_float32={short_tmp / 'x.npy'}", "--root", root, "--json",
+                 "--unload-after"]) == 0
+    said = capsys.readouterr()
+    out = json.loads(said.out)
     assert out["outputs"]["y_float32"] == {"datatype": "FP32", "shape": [1, 2], "data": [1.5, 2.5]}
+    assert out["loaded_into_daemon"] and out["unloaded_after"] and "unloading it after" in said.err
+    assert call(daemon, "GET", "/v2/models/cli/ready")[0] == 400      # what it loaded, it unloaded
+    assert main(["infer", "cli", "--input", "x_float32=[[3]]", "--root", root]) == 0
+    assert "loaded cli into the daemon, where it stays loaded" in capsys.readouterr().err
+    assert call(daemon, "GET", "/v2/models/cli/ready")[0] == 200
+    assert main(["infer", "cli", "--input", "x_float32=[[3]]", "--root", root, "--json", "--unload-after"]) == 0
+    said = capsys.readouterr()                                       # loaded before: neither said nor unloaded
+    assert "loaded_into_daemon" not in json.loads(said.out) and said.err == ""
+    assert call(daemon, "GET", "/v2/models/cli/ready")[0] == 200
     assert main(["infer", "cli", "--input", "x_float32=[[7]]", "--root", root, "--socket",
                  str(short_tmp / "nobody.sock"), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["outputs"]["y_float32"]["data"] == [7.0]
     assert main(["infer", "cli", "--input", "nope=[1]", "--root", root]) == 4
     assert "has no input 'nope'" in capsys.readouterr().err
+
+
+def test_a_runners_stderr_reaches_clients_as_lines(daemon: DaemonProcess, short_tmp: Path, capsys) -> None:  # noqa: ANN001
+    from cartonstore.cli.commands import main
+
+    startup = ("import sys; print('first line', file=sys.stderr); print('second | line', file=sys.stderr); "
+               "raise SystemExit(3)")
+    src = echo_carton(short_tmp / "m", startup=startup, **SMALL)
+    root = str(daemon.root)
+    assert main(["add", str(src), "--name", "broken", "--root", root, "--progress", "none"]) == 0
+    status, body = call(daemon, "POST", "/v2/repository/models/broken/load", json={})
+    assert status == 400 and body["stderr"][-2:] == ["first line", "second | line"]
+    assert body["error"].startswith("failed to load 'broken': runner for broken failed to start: exited with "
+                                    "status 3; its last stderr lines:\n")
+    assert body["error"].endswith("\n  first line\n  second | line")
+    capsys.readouterr()
+    assert main(["infer", "broken", "--input", "x_float32=[[1]]", "--root", root, "--json"]) == 4
+    err = json.loads(capsys.readouterr().err)
+    assert err["stderr"][-2:] == ["first line", "second | line"] and "failed to load 'broken'" in err["error"]
+    assert main(["selftest", "broken", "--root", root]) == 4
+    text = capsys.readouterr().err
+    assert text.startswith("cartonstore selftest: error: failed to load 'broken'") and "\n  second | line" in text
 
 
 def test_unload_during_a_starting_load_waits_then_stops_it(daemon: DaemonProcess, tmp_path: Path) -> None:

@@ -220,8 +220,9 @@ def test_runner_that_exits_at_start(script: Path, short_tmp: Path) -> None:
         runners = ModelRunners("m", "1", [spec(script, short_tmp, 0, "--start", "exit")], RunnerSettings(**FAST))
         with pytest.raises(InvalidInput) as e:
             await runners.start()
-        assert str(e.value) == ("runner for m failed to start: exited with status 3; "
-                                "stderr: loading model... | fatal: no weights here")
+        assert str(e.value) == ("runner for m failed to start: exited with status 3; its last stderr lines:\n"
+                                "  loading model...\n  fatal: no weights here")
+        assert e.value.details == {"stderr": ["loading model...", "fatal: no weights here"]}
         assert runners.state == "UNAVAILABLE"
 
     run(go())
@@ -264,7 +265,7 @@ def test_crash_on_request_fails_it_and_restarts(script: Path, short_tmp: Path) -
         try:
             first = (await infer(runners))["pid"]
             with pytest.raises(Unavailable, match=r"^runner for m \(instance 0\) died: exited with status 1; "
-                                                  r"stderr: crashing on purpose$"):
+                                                  r"its last stderr lines:\n  crashing on purpose$"):
                 await runners.forward(INFER, b"crash", {})
             await until(lambda: runners.restarts == 1 and runners.state == "READY")
             assert (await infer(runners))["pid"] != first
@@ -303,7 +304,7 @@ def test_runner_that_keeps_dying_becomes_unavailable(script: Path, short_tmp: Pa
             await until(lambda: runners.state == "UNAVAILABLE", timeout=20)
             assert runners.restarts == 2
             assert runners.reason == ("failed 3 times in a row; last: exited with status 7; "
-                                      "stderr: dying on schedule")
+                                      "its last stderr lines:\n  dying on schedule")
             with pytest.raises(Unavailable, match="model m has no ready runner .unavailable.: failed 3 times"):
                 await runners.forward(INFER, b"x", {})
         finally:

@@ -88,7 +88,7 @@ async def errors_and_metrics(request: web.Request, handler: Handler) -> web.Stre
         response = error(e.status, e.reason or "error") if e.status >= 400 else e
     except Exception as e:  # noqa: BLE001 - failure() logs what was not expected
         status, message, extra = failure(e, request.method, request.path)
-        response = error(status, message)
+        response = error(status, message, details=e.details if isinstance(e, CartonStoreError) else None)
         response.headers.update(extra)
     route = request.match_info.route.resource.canonical if request.match_info.route.resource else "unmatched"
     record_request(request.app, route, request.method, request.path_qs, response.status,

@@ -9,8 +9,9 @@ ERROR_TEXT = "cartonstore.error"   # the key under which an error response keeps
 POLLED = "cartonstore.polled"      # an answer clients poll for (not ready yet): logged at debug
 
 
-def error(status: int, message: str, *, polled: bool = False) -> web.Response:
-    response = web.json_response({"error": message}, status=status)
+def error(status: int, message: str, *, polled: bool = False, details: dict | None = None) -> web.Response:
+    """{"error": message, **details} (details: a runner's "stderr" lines)."""
+    response = web.json_response({**(details or {}), "error": message}, status=status)
     response[ERROR_TEXT] = message
     if polled:
         response[POLLED] = True

@@ -22,6 +22,7 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
+from cartonstore.errors import CartonStoreError
 from cartonstore.server.api.app import failure, record_request
 from cartonstore.server.api.bodies import content_coding, decoded_body, too_large
 from cartonstore.server.api.infer import STREAM_ANSWER, InferAnswer, widen_send_buffer
@@ -224,7 +225,7 @@ class FrontConnection(asyncio.BufferedProtocol):
             return slot   # nothing reached the runner, and no one is left to answer
         except Exception as e:  # noqa: BLE001 - failure() logs what was not expected
             status, message, extra = failure(e, head.method, head.path)
-            answer = error_answer(status, message, extra)
+            answer = error_answer(status, message, extra, e.details if isinstance(e, CartonStoreError) else None)
         try:
             record_request(self.front.app, route.label, head.method, head.target, answer.status, answer.error_text,
                            False, started)

@@ -79,7 +79,8 @@ def fail(waiter: asyncio.Future[None] | None, exc: BaseException) -> None:
         waiter.set_exception(exc)
 
 
-def error_answer(status: int, message: str, extra: dict[str, str] | None = None) -> InferAnswer:
-    """{"error": message}, as every error answer of the API is shaped."""
+def error_answer(status: int, message: str, extra: dict[str, str] | None = None,
+                 details: dict | None = None) -> InferAnswer:
+    """{"error": message, **details}, as every error answer of the API is shaped."""
     return InferAnswer(status, {"Content-Type": "application/json; charset=utf-8", **(extra or {})},
-                       json.dumps({"error": message}).encode(), message)
+                       json.dumps({**(details or {}), "error": message}).encode(), message)

@@ -230,11 +230,13 @@ class RunnerInstance:
             if proc.returncode is None:
                 proc.kill(f"killed after not answering a request within {seconds(timeout)}")
                 raise Unavailable(f"{self.label} did not answer within {seconds(timeout)}; restarting it") from None
-            raise Unavailable(f"{self.label} died: {proc.exit_reason()}") from None
+            raise Unavailable(f"{self.label} died: {proc.exit_reason()}",
+                              details={"stderr": proc.stderr_lines()}) from None
         except (BadResponse, OSError) as e:
             # A dead runner closes the connection first; its exit status follows.
             if await proc.exited_within(DEATH_NOTICE):
-                raise Unavailable(f"{self.label} died: {proc.exit_reason()}") from None
+                raise Unavailable(f"{self.label} died: {proc.exit_reason()}",
+                                  details={"stderr": proc.stderr_lines()}) from None
             detail = str(e) if isinstance(e, BadResponse) else f"{type(e).__name__}: {e.strerror or e}"
             raise Unavailable(f"{self.label} broke the HTTP exchange: {detail}") from None
         finally:

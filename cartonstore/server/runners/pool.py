@@ -147,7 +147,7 @@ class ModelRunners:
             if isinstance(error, RunnerFailed):
                 which = f" (instance {inst.index})" if len(self._instances) > 1 else ""
                 raise InvalidInput(f"runner for {self.name}{which} failed to start: {error.reason}",
-                                   subject=self.name)
+                                   subject=self.name, details={"stderr": error.stderr} if error.stderr else None)
             raise error
         if any(t.cancelled() for t in tasks) or self._closing:
             await self._abort(tasks)

@@ -39,11 +39,13 @@ MAX_LINE = 4000          # a longer stderr line is cut, so one line cannot hog m
 DRAIN_WAIT = 1.0         # after exit, how long to wait for the last stderr bytes
 
 class RunnerFailed(Exception):
-    """A runner that did not come up or went away; reason says how."""
+    """A runner that did not come up or went away; reason says how, with
+    its last stderr lines (also kept apart in ``stderr``)."""
 
-    def __init__(self, reason: str) -> None:
+    def __init__(self, reason: str, stderr: list[str] | None = None) -> None:
         super().__init__(reason)
         self.reason = reason
+        self.stderr = stderr or []
 
 
 def seconds(value: float) -> str:
@@ -183,8 +185,8 @@ class RunnerProcess:
         if keep and self._keep_stderr:
             self._tail.append(text)
 
-    def stderr_tail(self) -> str:
-        return " | ".join(self._tail)
+    def stderr_lines(self) -> list[str]:
+        return list(self._tail)
 
     # -- life ---------------------------------------------------------------
 
@@ -218,8 +220,8 @@ class RunnerProcess:
         """How it ended, with the last stderr lines: the reason users see."""
         code = self.returncode
         what = self.kill_reason or ("is running" if code is None else describe_exit(code))
-        tail = self.stderr_tail()
-        return f"{what}; stderr: {tail}" if tail else what
+        tail = self.stderr_lines()
+        return f"{what}; its last stderr lines:\n" + "\n".join(f"  {line}" for line in tail) if tail else what
 
     async def wait_ready(self, client: RunnerClient, timeout: float) -> None:
         """Poll /v2/health/ready until it answers 200. Raises RunnerFailed
@@ -228,12 +230,12 @@ class RunnerProcess:
         while True:
             if self._exit_seen.done():
                 await self.wait()
-                raise RunnerFailed(self.exit_reason())
+                raise RunnerFailed(self.exit_reason(), self.stderr_lines())
             left = deadline - time.monotonic()
             if left <= 0:
                 self.kill(f"not ready after {seconds(timeout)}")
                 await self.wait()
-                raise RunnerFailed(self.exit_reason())
+                raise RunnerFailed(self.exit_reason(), self.stderr_lines())
             try:
                 status, _, _ = await asyncio.wait_for(client.request("GET", HEALTH_READY, {}), min(left, 2.0))
                 if status == 200:
