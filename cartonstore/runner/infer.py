@@ -28,6 +28,7 @@ from cartonstore.v2.statistics import RequestTiming
 from cartonstore.v2.validate import parse_raw_binary_for, validate_request
 
 from .context import InferResult, Model, RunnerContext
+from .declared import output_problem
 
 if TYPE_CHECKING:
     from .shm import MappedRegions
@@ -146,6 +147,12 @@ def run_and_encode(
         timing.infer_ns = encoding - started
     outputs, parameters = _split_result(result)
     selected = _select_outputs(outputs, req)
+    if ctx.outputs is not None:   # what metadata announces is what responses carry
+        declared = {spec.name: spec for spec in ctx.outputs}
+        for name, value in selected.items():
+            problem = output_problem(name, value, declared)
+            if problem is not None:
+                raise ModelFailed(problem)
     sinks = _output_sinks(req, regions, selected)   # looked up again: an object may have shrunk meanwhile
     try:
         return encode_infer_response(

@@ -1,7 +1,9 @@
 """The built-in `onnx` runner: an onnxruntime InferenceSession.
 
 The model is model/model.onnx, or the file [runner.opts] model_file names
-(relative to model/). Carton input names are the ONNX graph's input names.
+(relative to model/). Carton input names are the ONNX graph's input names;
+the graph is checked against carton.toml at load (declared.py) and only
+the declared outputs are computed.
 On a "cuda:N" device the CUDA execution provider is used when this
 onnxruntime has it, else the CPU. Opts intra_op_num_threads and
 inter_op_num_threads size onnxruntime's thread pools.
@@ -17,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from .context import LoadError, RunnerContext, cuda_ordinal
+from .declared import graph_problems
 from .serving import main
 
 
@@ -32,9 +35,11 @@ def _providers(ort: Any, ctx: RunnerContext) -> list[Any]:
 
 
 class OnnxModel:
-    def __init__(self, session: Any) -> None:
+    def __init__(self, session: Any, declared_outputs: list[str] | None = None) -> None:
         self._session = session
-        self._output_names = [o.name for o in session.get_outputs()]
+        # the declared outputs only (checked against the graph at load): a graph's other
+        # outputs are neither computed nor sent, as the model's metadata does not announce them
+        self._output_names = declared_outputs or [o.name for o in session.get_outputs()]
         # ONNX string tensors are numpy arrays of str; BYTES arrive as bytes.
         self._string_inputs = {i.name for i in session.get_inputs() if i.type == "tensor(string)"}
 
@@ -71,7 +76,11 @@ def load(ctx: RunnerContext) -> OnnxModel:
         session = ort.InferenceSession(str(path), sess_options=options, providers=_providers(ort, ctx))
     except Exception as exc:  # noqa: BLE001 - onnxruntime raises its own exception types
         raise LoadError(f"onnxruntime cannot load {path.name}: {type(exc).__name__}: {exc}") from None
-    return OnnxModel(session)
+    problems = graph_problems([(i.name, i.type, i.shape) for i in session.get_inputs()],
+                              [(o.name, o.type, o.shape) for o in session.get_outputs()], ctx.inputs, ctx.outputs)
+    if problems:
+        raise LoadError(f"{path.name} does not match carton.toml: " + "; ".join(problems))
+    return OnnxModel(session, [s.name for s in ctx.outputs] if ctx.outputs else None)
 
 
 if __name__ == "__main__":

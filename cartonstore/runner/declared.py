@@ -1,0 +1,110 @@
+"""A model checked against what its carton.toml declares.
+
+At load: an ONNX graph's inputs and outputs (names, element types, ranks,
+fixed dimensions) against the declared tensors, every mismatch named in
+one refusal (graph_problems). At infer: what a model returned against the
+declared outputs, so a response never carries a tensor the metadata does
+not announce, nor another dtype or shape (output_problem).
+
+Pure: no onnxruntime here (graph_problems takes its NodeArgs' plain
+fields), numpy for the outputs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from cartonstore.format.carton_toml import TensorSpec
+
+# ONNX tensor element types (as onnxruntime names them) -> carton dtypes
+ONNX_TO_CARTON = {
+    "tensor(float)": "float32", "tensor(double)": "float64", "tensor(string)": "string",
+    "tensor(int8)": "int8", "tensor(int16)": "int16", "tensor(int32)": "int32", "tensor(int64)": "int64",
+    "tensor(uint8)": "uint8", "tensor(uint16)": "uint16", "tensor(uint32)": "uint32", "tensor(uint64)": "uint64",
+}
+_NUMPY_KIND = {"float32": "f4", "float64": "f8", "int8": "i1", "int16": "i2", "int32": "i4", "int64": "i8",
+               "uint8": "u1", "uint16": "u2", "uint32": "u4", "uint64": "u8"}
+
+
+def _names(items: Sequence[str]) -> str:
+    return ", ".join(repr(n) for n in items) or "none"
+
+
+def _kind_text(onnx_type: str) -> str:
+    if onnx_type.startswith("seq(map("):
+        return "a sequence of maps"
+    if onnx_type.startswith("seq("):
+        return "a sequence"
+    if onnx_type.startswith("map("):
+        return "a map"
+    return onnx_type
+
+
+def _shape_problems(role: str, spec: TensorSpec, graph_shape: Sequence[Any] | None) -> list[str]:
+    declared = spec.shape
+    if not isinstance(declared, tuple) or graph_shape is None:
+        return []   # "any shape" declared, or a graph that does not say
+    if len(declared) != len(graph_shape):
+        return [f"{role} {spec.name!r} has rank {len(graph_shape)} in the graph ({list(graph_shape)}) but "
+                f"{len(declared)} in carton.toml ({list(declared)})"]
+    return [f"{role} {spec.name!r} dimension {axis} is {theirs} in the graph but {ours} in carton.toml"
+            for axis, (ours, theirs) in enumerate(zip(declared, graph_shape))
+            if isinstance(ours, int) and isinstance(theirs, int) and ours != theirs]
+
+
+def graph_problems(graph_inputs: Sequence[tuple[str, str, Any]], graph_outputs: Sequence[tuple[str, str, Any]],
+                   inputs: Sequence[TensorSpec] | None, outputs: Sequence[TensorSpec] | None) -> list[str]:
+    """Every way an ONNX graph, given as (name, type, shape) of its inputs
+    and outputs, differs from the declared tensors (None: not declared,
+    nothing to check)."""
+    problems: list[str] = []
+    for role, graph, declared in (("input", graph_inputs, inputs), ("output", graph_outputs, outputs)):
+        if declared is None:
+            continue
+        by_name = {name: (kind, shape) for name, kind, shape in graph}
+        for spec in declared:
+            if spec.name not in by_name:
+                problems.append(f"{role} {spec.name!r} is not in the model's graph (its {role}s: "
+                                f"{_names([g[0] for g in graph])})")
+                continue
+            kind, shape = by_name[spec.name]
+            dtype = ONNX_TO_CARTON.get(kind)
+            if dtype is None:
+                problems.append(f"{role} {spec.name!r} is {_kind_text(kind)} ({kind}): cartonstore serves tensors"
+                                + ("; convert with zipmap disabled (skl2onnx: options={'zipmap': False})"
+                                   if kind.startswith("seq(map(") else ""))
+                continue
+            if dtype != spec.dtype:
+                problems.append(f"{role} {spec.name!r} is {dtype} in the graph but {spec.dtype} in carton.toml")
+            problems += _shape_problems(role, spec, shape)
+        if role == "input":
+            missing = [name for name, _, _ in graph if name not in {s.name for s in declared}]
+            if missing:
+                problems.append(f"the graph needs input(s) {_names(missing)} that carton.toml does not declare")
+    return problems
+
+
+def output_problem(name: str, value: np.ndarray, declared: dict[str, TensorSpec]) -> str | None:
+    """Why output ``name`` as the model returned it is not what carton.toml
+    declares (None when it is)."""
+    spec = declared.get(name)
+    if spec is None:
+        return f"the model returned output {name!r}, which carton.toml does not declare ({_names(list(declared))})"
+    if spec.dtype == "string":
+        if value.dtype.kind not in "OSU":
+            return f"output {name!r} is {value.dtype} but carton.toml declares string"
+    elif value.dtype.kind + str(value.dtype.itemsize) != _NUMPY_KIND.get(spec.dtype):
+        return f"output {name!r} is {value.dtype} but carton.toml declares {spec.dtype}"
+    declared_shape = spec.shape
+    if isinstance(declared_shape, tuple):
+        if len(declared_shape) != value.ndim:
+            return (f"output {name!r} has shape {list(value.shape)} but carton.toml declares "
+                    f"{list(declared_shape)}")
+        for axis, dim in enumerate(declared_shape):
+            if isinstance(dim, int) and dim != value.shape[axis]:
+                return (f"output {name!r} has shape {list(value.shape)} but carton.toml declares "
+                        f"{list(declared_shape)}")
+    return None
