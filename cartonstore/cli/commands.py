@@ -232,10 +232,28 @@ def cmd_export(store: Store, args: argparse.Namespace, out: Output) -> None:
 
 
 def cmd_pack(store: Store | None, args: argparse.Namespace, out: Output) -> None:
+    import tempfile
+
+    from cartonstore.carton.from_model import model_file_in, onnx_carton_dir, parse_dims
     from cartonstore.carton.pack import pack_directory
 
-    _wrote(pack_directory(Path(args.directory), Path(args.output), compression=args.compression,
-                          link_prefix=args.link_prefix, link_min_size=parse_size(args.link_min_size)), out)
+    source = Path(args.directory)
+    model = model_file_in(source)
+    if model is None and (args.name or args.dim or args.self_test):
+        raise InvalidInput("--name, --dim and --self-test make a carton from a model file; "
+                           f"{source} is a carton directory (its carton.toml says all that)")
+    with tempfile.TemporaryDirectory(prefix="cartonstore-pack-") as work:
+        if model is not None:
+            tests = {}
+            for item in args.self_test:
+                input_name, sep, file = item.partition("=")
+                if not sep or not input_name or not file:
+                    raise InvalidInput(f"--self-test {item!r}: expected INPUT=FILE.npy", subject=item)
+                tests[input_name] = Path(file)
+            source = onnx_carton_dir(model, Path(work) / "carton", name=args.name, dims=parse_dims(args.dim),
+                                     self_tests=tests)
+        _wrote(pack_directory(source, Path(args.output), compression=args.compression,
+                              link_prefix=args.link_prefix, link_min_size=parse_size(args.link_min_size)), out)
 
 
 def _wrote(w, out: Output) -> None:  # noqa: ANN001 - a carton.writer.WrittenCarton

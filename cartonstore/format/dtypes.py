@@ -159,3 +159,26 @@ def tensor_metadata(specs) -> list[dict]:  # noqa: ANN001 - TensorSpec-like: nam
     """KServe v2 model metadata for carton.toml's tensors (inputs or outputs; None: [])."""
     return [{"name": s.name, "datatype": carton_dtype_to_v2(s.dtype), "shape": shape_to_v2_dims(s.shape)}
             for s in specs or ()]
+
+
+# ONNX tensor element types, as onnxruntime names them -> carton dtypes
+ONNX_TO_CARTON = {
+    "tensor(float)": "float32", "tensor(double)": "float64", "tensor(string)": "string",
+    "tensor(int8)": "int8", "tensor(int16)": "int16", "tensor(int32)": "int32", "tensor(int64)": "int64",
+    "tensor(uint8)": "uint8", "tensor(uint16)": "uint16", "tensor(uint32)": "uint32", "tensor(uint64)": "uint64",
+}
+
+
+def onnx_kind_text(onnx_type: str) -> str:
+    """What an ONNX value that is not a carton tensor is, and what to do ("a
+    sequence of maps (seq(map(...))): cartonstore serves tensors; ...")."""
+    if onnx_type.startswith("seq(map("):
+        kind = "a sequence of maps"
+    elif onnx_type.startswith("seq("):
+        kind = "a sequence"
+    elif onnx_type.startswith("map("):
+        kind = "a map"
+    else:
+        kind = "a tensor type carton has no dtype for"
+    hint = "; convert with zipmap disabled (skl2onnx: options={'zipmap': False})" if kind == "a sequence of maps" else ""
+    return f"{kind} ({onnx_type}): cartonstore serves tensors{hint}"

@@ -18,29 +18,14 @@ from typing import Any
 import numpy as np
 
 from cartonstore.format.carton_toml import TensorSpec
+from cartonstore.format.dtypes import ONNX_TO_CARTON, onnx_kind_text
 
-# ONNX tensor element types (as onnxruntime names them) -> carton dtypes
-ONNX_TO_CARTON = {
-    "tensor(float)": "float32", "tensor(double)": "float64", "tensor(string)": "string",
-    "tensor(int8)": "int8", "tensor(int16)": "int16", "tensor(int32)": "int32", "tensor(int64)": "int64",
-    "tensor(uint8)": "uint8", "tensor(uint16)": "uint16", "tensor(uint32)": "uint32", "tensor(uint64)": "uint64",
-}
 _NUMPY_KIND = {"float32": "f4", "float64": "f8", "int8": "i1", "int16": "i2", "int32": "i4", "int64": "i8",
                "uint8": "u1", "uint16": "u2", "uint32": "u4", "uint64": "u8"}
 
 
 def _names(items: Sequence[str]) -> str:
     return ", ".join(repr(n) for n in items) or "none"
-
-
-def _kind_text(onnx_type: str) -> str:
-    if onnx_type.startswith("seq(map("):
-        return "a sequence of maps"
-    if onnx_type.startswith("seq("):
-        return "a sequence"
-    if onnx_type.startswith("map("):
-        return "a map"
-    return onnx_type
 
 
 def _shape_problems(role: str, spec: TensorSpec, graph_shape: Sequence[Any] | None) -> list[str]:
@@ -73,9 +58,7 @@ def graph_problems(graph_inputs: Sequence[tuple[str, str, Any]], graph_outputs: 
             kind, shape = by_name[spec.name]
             dtype = ONNX_TO_CARTON.get(kind)
             if dtype is None:
-                problems.append(f"{role} {spec.name!r} is {_kind_text(kind)} ({kind}): cartonstore serves tensors"
-                                + ("; convert with zipmap disabled (skl2onnx: options={'zipmap': False})"
-                                   if kind.startswith("seq(map(") else ""))
+                problems.append(f"{role} {spec.name!r} is {onnx_kind_text(kind)}")
                 continue
             if dtype != spec.dtype:
                 problems.append(f"{role} {spec.name!r} is {dtype} in the graph but {spec.dtype} in carton.toml")

@@ -1,0 +1,157 @@
+"""A carton made from a model file: `cartonstore pack model.onnx -o m.carton`.
+
+carton.toml is written from the graph as onnxruntime reads it: each input
+and output with its name, dtype and shape (a dimension the graph names,
+such as "N" or "batch", stays a symbol; one it leaves unnamed becomes a
+symbol of its own), runner "onnx", and the file where that runner expects
+it (model/model.onnx). ``dims`` renames a symbol or fixes it to a size;
+``self_tests`` (input name -> .npy file) runs the model once on those
+inputs and records the run as a [[self_test]] with its outputs as the
+expected ones, so every load checks the model still answers the same.
+
+Outputs that are not tensors (a classifier converted with zipmap) are
+refused here, naming the fix, as the onnx runner would refuse them at load.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from cartonstore.errors import InvalidInput
+from cartonstore.format.dtypes import ONNX_TO_CARTON, onnx_kind_text
+
+ONNX_FRAMEWORK = ">=1.10"   # what the graphs onnxruntime 1.10 reads (opsets up to 15) need; newer ones say more
+_SYMBOL = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def model_file_in(path: Path) -> Path | None:
+    """The model file ``pack`` should make a carton of: ``path`` itself (an
+    .onnx file), or the one .onnx in a directory that holds no carton.toml;
+    None for a carton directory."""
+    if path.is_file() and path.suffix == ".onnx":
+        return path
+    if path.is_dir() and not (path / "carton.toml").exists():
+        found = sorted(path.glob("*.onnx"))
+        if len(found) == 1:
+            return found[0]
+        raise InvalidInput(f"{path} holds no carton.toml and {len(found)} .onnx files: give a carton directory or "
+                           f"one model file", subject=str(path))
+    return None
+
+
+def parse_dims(items: list[str]) -> dict[str, str | int]:
+    """``--dim SYMBOL=VALUE`` arguments: VALUE a size or a new symbol."""
+    out: dict[str, str | int] = {}
+    for item in items:
+        symbol, sep, value = item.partition("=")
+        if not sep or not _SYMBOL.fullmatch(symbol) or not (value.isdigit() or _SYMBOL.fullmatch(value)):
+            raise InvalidInput(f"--dim {item!r}: expected SYMBOL=SIZE or SYMBOL=NEW_SYMBOL (batch=8, N=batch)",
+                               subject=item)
+        out[symbol] = int(value) if value.isdigit() else value
+    return out
+
+
+def _session(model: Path) -> Any:
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        raise InvalidInput("making a carton from an .onnx file reads it with onnxruntime: "
+                           "pip install 'cartonstore[onnx]'") from None
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    try:
+        return ort.InferenceSession(str(model), sess_options=options, providers=["CPUExecutionProvider"])
+    except Exception as exc:  # noqa: BLE001 - onnxruntime raises its own exception types
+        raise InvalidInput(f"onnxruntime cannot read {model}: {type(exc).__name__}: {exc}",
+                           subject=str(model)) from None
+
+
+def _declaration(arg: Any, role: str, dims: Mapping[str, str | int], used: set[str]) -> dict[str, Any]:
+    dtype = ONNX_TO_CARTON.get(arg.type)
+    if dtype is None:
+        raise InvalidInput(f"{role} {arg.name!r} is {onnx_kind_text(arg.type)}", subject=arg.name)
+    shape: list[Any] = []
+    for axis, dim in enumerate(arg.shape or ()):
+        if isinstance(dim, int) and dim >= 0:
+            shape.append(dim)
+            continue
+        symbol = dim if isinstance(dim, str) and _SYMBOL.fullmatch(dim) else f"{arg.name}_{axis}"
+        symbol = re.sub(r"\W", "_", symbol)
+        used.add(symbol)
+        shape.append(dims.get(symbol, symbol))
+    entry: dict[str, Any] = {"name": arg.name, "dtype": dtype}
+    entry["shape"] = shape if arg.shape is not None else "*"
+    return entry
+
+
+def onnx_carton_dir(model: Path, work: Path, *, name: str | None = None, dims: Mapping[str, str | int] = {},
+                    self_tests: Mapping[str, Path] = {}) -> Path:
+    """An unpacked carton in ``work`` (made here) for the ONNX file ``model``."""
+    import tomli_w
+
+    session = _session(model)
+    used: set[str] = set()
+    inputs = [_declaration(arg, "input", dims, used) for arg in session.get_inputs()]
+    outputs = [_declaration(arg, "output", dims, used) for arg in session.get_outputs()]
+    unknown = sorted(set(dims) - used)
+    if unknown:
+        raise InvalidInput(f"--dim names {', '.join(repr(u) for u in unknown)}, which the graph does not use "
+                           f"(its symbols: {', '.join(sorted(used)) or 'none'})", subject=unknown[0])
+    toml: dict[str, Any] = {"spec_version": 1, "model_name": name or model.stem, "input": inputs, "output": outputs,
+                            "runner": {"runner_name": "onnx", "required_framework_version": ONNX_FRAMEWORK,
+                                       "runner_compat_version": 1}}
+    (work / "model").mkdir(parents=True)
+    _place(model, work / "model" / "model.onnx")
+    if self_tests:
+        toml["self_test"] = [_record_self_test(session, work / "tensor_data", self_tests)]
+    (work / "carton.toml").write_text(tomli_w.dumps(toml))
+    return work
+
+
+def _place(src: Path, dest: Path) -> None:
+    """A hard link where the file system allows (a model may be gigabytes), else a copy."""
+    try:
+        os.link(src, dest)
+    except OSError:
+        shutil.copyfile(src, dest)
+
+
+def _record_self_test(session: Any, tensor_dir: Path, given: Mapping[str, Path]) -> dict[str, Any]:
+    import numpy as np
+
+    from .tensor_files import write_tensors
+
+    names = [arg.name for arg in session.get_inputs()]
+    unknown = sorted(set(given) - set(names))
+    missing = [n for n in names if n not in given]
+    if unknown or missing:
+        raise InvalidInput(f"--self-test: the model's inputs are {', '.join(names)}"
+                           + (f"; not inputs: {', '.join(unknown)}" if unknown else "")
+                           + (f"; missing: {', '.join(missing)}" if missing else ""))
+    feed = {}
+    for arg in session.get_inputs():
+        try:
+            array = np.load(given[arg.name], allow_pickle=False)
+        except (OSError, ValueError) as e:
+            raise InvalidInput(f"--self-test {arg.name}={given[arg.name]}: not a .npy file numpy reads: {e}",
+                               subject=str(given[arg.name])) from None
+        want = ONNX_TO_CARTON[arg.type]
+        if want != "string" and array.dtype != np.dtype(want):
+            raise InvalidInput(f"--self-test {arg.name}: the array is {array.dtype}, the model takes {want}",
+                               subject=arg.name)
+        feed[arg.name] = array
+    try:
+        results = session.run(None, feed)
+    except Exception as exc:  # noqa: BLE001 - onnxruntime raises its own exception types
+        raise InvalidInput(f"--self-test: the model failed on the given inputs: {type(exc).__name__}: {exc}") from None
+    outputs = {arg.name: value for arg, value in zip(session.get_outputs(), results, strict=True)}
+    write_tensors(tensor_dir, {**{f"in_{k}": v for k, v in feed.items()},
+                               **{f"out_{k}": v for k, v in outputs.items()}})
+    return {"name": "recorded", "description": "the model's answer when it was packed",
+            "inputs": {k: f"@tensor_data/in_{k}" for k in feed},
+            "expected_out": {k: f"@tensor_data/out_{k}" for k in outputs}}

@@ -1,0 +1,40 @@
+"""Writing a carton's tensor_data/: index.toml and one data file per
+tensor (numeric ones raw little-endian in C order as .bin, strings as a
+.toml ``data`` list), as format/tensor_data.py reads them."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+import numpy as np
+
+from cartonstore.errors import InvalidInput
+from cartonstore.format.dtypes import CARTON_DTYPES
+
+
+def carton_dtype_of(array: np.ndarray) -> str:
+    if array.dtype.kind in "OSU":
+        return "string"
+    for dtype, typestr in CARTON_DTYPES.items():
+        if typestr is not None and np.dtype(typestr) == array.dtype.newbyteorder("<"):
+            return dtype
+    raise InvalidInput(f"a {array.dtype} tensor has no carton dtype", subject=str(array.dtype))
+
+
+def write_tensors(directory: Path, tensors: Mapping[str, np.ndarray]) -> None:
+    import tomli_w
+
+    directory.mkdir(parents=True, exist_ok=True)
+    entries = []
+    for name, array in tensors.items():
+        dtype = carton_dtype_of(array)
+        if dtype == "string":
+            file = f"{name}.toml"
+            data = [v.decode("utf-8") if isinstance(v, bytes) else str(v) for v in array.reshape(-1).tolist()]
+            (directory / file).write_text(tomli_w.dumps({"data": data}))
+        else:
+            file = f"{name}.bin"
+            (directory / file).write_bytes(np.ascontiguousarray(array, dtype=np.dtype(CARTON_DTYPES[dtype])).tobytes())
+        entries.append({"name": name, "dtype": dtype, "shape": list(array.shape), "file": file})
+    (directory / "index.toml").write_text(tomli_w.dumps({"tensor": entries}))

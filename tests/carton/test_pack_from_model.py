@@ -1,0 +1,103 @@
+"""`cartonstore pack model.onnx`: a carton written from the graph (names,
+dtypes, shapes with their symbols), the model where the onnx runner looks,
+an optional recorded self-test that then passes through a real runner,
+--dim and --name, and the refusals (a zipmap classifier, unknown symbols,
+bad --self-test arguments). Round trips through `inspect`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from kit.runnerkit import onnx_model_dir
+
+from cartonstore.cli.commands import main
+
+
+@pytest.fixture
+def affine(tmp_path: Path) -> Path:
+    """y = 2x + 1 on float32 x [N, 4], as a bare .onnx file."""
+    return onnx_model_dir(tmp_path / "src", name="affine", ids=False) / "model" / "model.onnx"
+
+
+def _inspect(path: Path, capsys) -> dict:  # noqa: ANN001
+    capsys.readouterr()
+    assert main(["inspect", str(path), "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_a_carton_from_an_onnx_file_round_trips_and_self_tests(affine: Path, tmp_path: Path, capsys) -> None:  # noqa: ANN001
+    x = np.arange(8, dtype=np.float32).reshape(2, 4)
+    np.save(tmp_path / "x.npy", x)
+    out = tmp_path / "affine.carton"
+    assert main(["pack", str(affine), "-o", str(out), "--name", "affine", "--self-test", f"x={tmp_path / 'x.npy'}",
+                 "--json"]) == 0
+    doc = _inspect(out, capsys)
+    assert doc["model_name"] == "affine" and doc["runner"]["runner_name"] == "onnx"
+    assert [(t["name"], t["dtype"], t["shape"]) for t in doc["inputs"]] == [("x", "float32", ["N", 4])]
+    assert [(t["name"], t["dtype"], t["shape"]) for t in doc["outputs"]] == [("y", "float32", ["N", 4])]
+    assert {f["path"] for f in doc["files"]} >= {"carton.toml", "model/model.onnx", "tensor_data/index.toml"}
+    assert doc["self_tests"] == 1
+    # the recorded answer is the model's: its self-test passes through a runner of its own
+    capsys.readouterr()
+    assert main(["selftest", str(out), "--root", str(tmp_path / "root"), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["passed"] and [t["outcome"] for t in report["tests"]] == ["passed"]
+
+
+def test_dims_are_renamed_or_fixed_and_a_directory_works(affine: Path, tmp_path: Path, capsys) -> None:  # noqa: ANN001
+    out = tmp_path / "a.carton"
+    assert main(["pack", str(affine), "-o", str(out), "--dim", "N=batch"]) == 0
+    assert _inspect(out, capsys)["inputs"][0]["shape"] == ["batch", 4]
+    assert main(["pack", str(affine.parent), "-o", str(out), "--dim", "N=2"]) == 0   # the directory holding it
+    doc = _inspect(out, capsys)
+    assert doc["inputs"][0]["shape"] == [2, 4] and doc["model_name"] == "model"
+
+
+def _zipmap_file(dest: Path) -> Path:
+    from onnx import TensorProto, helper
+
+    nodes = [helper.make_node("Softmax", ["X"], ["probs"], axis=1),
+             helper.make_node("ZipMap", ["probs"], ["output_probability"], domain="ai.onnx.ml",
+                              classlabels_int64s=[0, 1])]
+    out = helper.make_value_info("output_probability", helper.make_sequence_type_proto(
+        helper.make_map_type_proto(TensorProto.INT64, helper.make_tensor_type_proto(TensorProto.FLOAT, []))))
+    graph = helper.make_graph(nodes, "zip", [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["N", 2])], [out])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13), helper.make_opsetid("ai.onnx.ml", 1)])
+    model.ir_version = 8
+    dest.write_bytes(model.SerializeToString())
+    return dest
+
+
+@pytest.mark.parametrize("extra,words", [
+    (["--dim", "Q=1"], "--dim names 'Q', which the graph does not use (its symbols: N)"),
+    (["--dim", "N"], "expected SYMBOL=SIZE or SYMBOL=NEW_SYMBOL"),
+    (["--self-test", "x"], "expected INPUT=FILE.npy"),
+    (["--self-test", "z=nowhere.npy"], "the model's inputs are x; not inputs: z; missing: x"),
+    (["--self-test", "x=nowhere.npy"], "not a .npy file numpy reads"),
+])
+def test_bad_arguments_are_refused_naming_them(affine: Path, tmp_path: Path, capsys, extra, words) -> None:  # noqa: ANN001
+    out = tmp_path / "a.carton"
+    assert main(["pack", str(affine), "-o", str(out), *extra]) == 4
+    assert words in capsys.readouterr().err and not out.exists()
+
+
+def test_a_zipmap_classifier_and_other_mistakes_are_refused(tmp_path: Path, capsys) -> None:  # noqa: ANN001
+    out = tmp_path / "z.carton"
+    assert main(["pack", str(_zipmap_file(tmp_path / "zip.onnx")), "-o", str(out)]) == 4
+    err = capsys.readouterr().err
+    assert "output 'output_probability' is a sequence of maps" in err and "zipmap disabled" in err
+    np.save(tmp_path / "x.npy", np.ones((1, 4), np.float64))
+    model = onnx_model_dir(tmp_path / "src", name="affine", ids=False) / "model" / "model.onnx"
+    assert main(["pack", str(model), "-o", str(out), "--self-test", f"x={tmp_path / 'x.npy'}"]) == 4
+    assert "the array is float64, the model takes float32" in capsys.readouterr().err
+    assert main(["pack", str(model.parent.parent), "-o", str(out), "--name", "x"]) == 4   # a carton directory
+    assert "is a carton directory" in capsys.readouterr().err
+    (tmp_path / "two").mkdir()
+    for n in ("a.onnx", "b.onnx"):
+        (tmp_path / "two" / n).write_bytes(model.read_bytes())
+    assert main(["pack", str(tmp_path / "two"), "-o", str(out)]) == 4
+    assert "holds no carton.toml and 2 .onnx files" in capsys.readouterr().err
+    assert not out.exists()
