@@ -237,23 +237,35 @@ def cmd_pack(store: Store | None, args: argparse.Namespace, out: Output) -> None
     from cartonstore.carton.from_model import model_file_in, onnx_carton_dir, parse_dims
     from cartonstore.carton.pack import pack_directory
 
-    source = Path(args.directory)
-    model = model_file_in(source)
-    if model is None and (args.name or args.dim or args.self_test):
+    if (args.directory is None) == (args.python is None):
+        raise InvalidInput("pack takes a carton directory or a model file, or --python FILE.py:FUNCTION: one of them")
+    source = Path(args.directory) if args.directory is not None else None
+    model = model_file_in(source) if source is not None else None
+    if source is not None and model is None and (args.name or args.dim or args.self_test):
         raise InvalidInput("--name, --dim and --self-test make a carton from a model file; "
                            f"{source} is a carton directory (its carton.toml says all that)")
     with tempfile.TemporaryDirectory(prefix="cartonstore-pack-") as work:
-        if model is not None:
-            tests = {}
-            for item in args.self_test:
-                input_name, sep, file = item.partition("=")
-                if not sep or not input_name or not file:
-                    raise InvalidInput(f"--self-test {item!r}: expected INPUT=FILE.npy", subject=item)
-                tests[input_name] = Path(file)
+        if args.python is not None:
+            from cartonstore.carton.from_python import python_carton_dir
+
+            source = python_carton_dir(args.python, Path(work) / "carton", name=args.name,
+                                       examples=_named_files("--example", args.example))
+        elif model is not None:
             source = onnx_carton_dir(model, Path(work) / "carton", name=args.name, dims=parse_dims(args.dim),
-                                     self_tests=tests)
+                                     self_tests=_named_files("--self-test", args.self_test))
         _wrote(pack_directory(source, Path(args.output), compression=args.compression,
                               link_prefix=args.link_prefix, link_min_size=parse_size(args.link_min_size)), out)
+
+
+def _named_files(flag: str, items: list[str]) -> dict[str, Path]:
+    """INPUT=FILE arguments."""
+    out = {}
+    for item in items:
+        input_name, sep, file = item.partition("=")
+        if not sep or not input_name or not file:
+            raise InvalidInput(f"{flag} {item!r}: expected INPUT=FILE.npy", subject=item)
+        out[input_name] = Path(file)
+    return out
 
 
 def _wrote(w, out: Output) -> None:  # noqa: ANN001 - a carton.writer.WrittenCarton

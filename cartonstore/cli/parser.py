@@ -119,13 +119,18 @@ def _export(sp: argparse.ArgumentParser) -> None:
 
 
 def _pack(sp: argparse.ArgumentParser) -> None:
-    sp.add_argument("directory", help="a carton directory, or a model file (model.onnx) or a directory holding one")
+    sp.add_argument("directory", nargs="?",
+                    help="a carton directory, or a model file (model.onnx) or a directory holding one")
     _archive(sp)
     sp.add_argument("--name", help="from a model file: the carton's model_name (default: the file's name)")
     sp.add_argument("--dim", action="append", default=[], metavar="SYMBOL=SIZE|NEW_SYMBOL",
                     help="from a model file: fix or rename a dimension the graph names (batch=8, N=batch)")
     sp.add_argument("--self-test", action="append", default=[], metavar="INPUT=FILE.npy",
                     help="from a model file: run the model once on these inputs and record it as a self-test")
+    sp.add_argument("--python", metavar="FILE.py:FUNCTION",
+                    help="a python model: FUNCTION() returns it; its directory becomes the carton's model/")
+    sp.add_argument("--example", action="append", default=[], metavar="INPUT=FILE.npy",
+                    help="with --python: the inputs it is run on once, to record what it takes and returns")
     sp.add_argument("--link-prefix", metavar="URL", help="URL prefix for files listed in LINKS")
     sp.add_argument("--link-min-size", default="0", metavar="SIZE", help="files at least this big go to LINKS")
 

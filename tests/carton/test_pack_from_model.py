@@ -103,3 +103,61 @@ def test_a_zipmap_classifier_and_other_mistakes_are_refused(tmp_path: Path, caps
     assert main(["pack", str(tmp_path / "two"), "-o", str(out)]) == 4
     assert "holds no carton.toml and 2 .onnx files" in capsys.readouterr().err
     assert not out.exists()
+
+
+ENTRY = '''
+import numpy as np
+from helper import scale
+
+class Model:
+    def infer_with_tensors(self, tensors):
+        if tensors["x"].flat[0] < 0:
+            raise ValueError("negative input, on purpose")
+        return {"y": tensors["x"] * scale(), "tag": np.array(["t"] * len(tensors["x"]), dtype=object)}
+
+def get_model():
+    return Model()
+'''
+
+
+def _python_model(tmp_path: Path) -> Path:
+    (tmp_path / "py").mkdir()
+    (tmp_path / "py" / "entry.py").write_text(ENTRY)
+    (tmp_path / "py" / "helper.py").write_text("def scale():\n    return 3\n")
+    return tmp_path / "py" / "entry.py"
+
+
+def test_a_carton_from_a_python_model_records_its_run(tmp_path: Path, short_tmp: Path, capsys) -> None:  # noqa: ANN001
+    entry = _python_model(tmp_path)
+    np.save(tmp_path / "x.npy", np.ones((2, 3), np.float32))
+    out = tmp_path / "py.carton"
+    assert main(["pack", "--python", f"{entry}:get_model", "--example", f"x={tmp_path / 'x.npy'}", "-o", str(out),
+                 "--name", "tripler"]) == 0
+    doc = _inspect(out, capsys)
+    assert doc["model_name"] == "tripler" and doc["runner"]["opts"] == {"entrypoint_package": "entry",
+                                                                       "entrypoint_fn": "get_model"}
+    assert [(t["name"], t["dtype"], t["shape"]) for t in doc["inputs"]] == [("x", "float32", ["batch", 3])]
+    assert [(t["name"], t["dtype"], t["shape"]) for t in doc["outputs"]] == [("y", "float32", ["batch", 3]),
+                                                                              ("tag", "string", ["batch"])]
+    assert {"model/entry.py", "model/helper.py"} <= {f["path"] for f in doc["files"]}   # its directory, imports too
+    capsys.readouterr()
+    assert main(["selftest", str(out), "--root", str(short_tmp / "root"), "--json"]) == 0, capsys.readouterr().err
+    assert json.loads(capsys.readouterr().out)["passed"]
+
+
+def test_a_python_model_that_fails_or_is_misnamed_is_refused(tmp_path: Path, capsys) -> None:  # noqa: ANN001
+    entry = _python_model(tmp_path)
+    np.save(tmp_path / "neg.npy", -np.ones((1, 3), np.float32))
+    out = tmp_path / "py.carton"
+    assert main(["pack", "--python", f"{entry}:get_model", "--example", f"x={tmp_path / 'neg.npy'}",
+                 "-o", str(out), "--json"]) == 4
+    err = json.loads(capsys.readouterr().err)
+    assert "the model failed on the examples" in err["error"] and "negative input, on purpose" in err["stderr"][-1]
+    for args, words in (([f"{entry}"], "expected FILE.py:FUNCTION"),
+                        ([f"{tmp_path / 'nope.py'}:get_model"], "is not a file"),
+                        ([f"{entry}:get_model"], "--python needs --example")):
+        assert main(["pack", "--python", *args, "-o", str(out)]) == 4
+        assert words in capsys.readouterr().err
+    assert main(["pack", str(tmp_path), "--python", f"{entry}:get_model", "-o", str(out)]) == 4
+    assert "one of them" in capsys.readouterr().err
+    assert not out.exists()
