@@ -85,7 +85,8 @@ def _declaration(arg: Any, role: str, dims: Mapping[str, str | int], used: set[s
         used.add(symbol)
         shape.append(dims.get(symbol, symbol))
     entry: dict[str, Any] = {"name": arg.name, "dtype": dtype}
-    entry["shape"] = shape if arg.shape is not None else "*"
+    # onnxruntime says [] for a shape it does not know (a scalar, too): any shape, then
+    entry["shape"] = shape if arg.shape else "*"
     return entry
 
 

@@ -38,13 +38,14 @@ ctx = RunnerContext(model_dir=Path(model_dir), socket_path=Path("unused"), devic
                     version="pack", opts={"entrypoint_package": package, "entrypoint_fn": fn})
 outputs = load(ctx).infer(inputs, {})
 outputs = getattr(outputs, "outputs", outputs)
-for name, value in outputs.items():
-    array = np.asarray(value)
+names = list(outputs)
+for index, name in enumerate(names):   # files by position: a tensor's name may hold "/"
+    array = np.asarray(outputs[name])
     if array.dtype.kind in "OU":
         flat = [v.decode() if isinstance(v, bytes) else str(v) for v in array.reshape(-1)]
         array = np.array(flat).reshape(array.shape)
-    np.save(Path(out) / (name + ".npy"), array, allow_pickle=False)
-print(json.dumps(list(outputs)))
+    np.save(Path(out) / f"{index}.npy", array, allow_pickle=False)
+(Path(out) / "names.json").write_text(json.dumps(names))   # not stdout: the model may print
 """
 
 
@@ -59,15 +60,17 @@ def parse_entry(entry: str) -> tuple[Path, str]:
     return path, fn
 
 
-def _declarations(tensors: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
-    """name -> its [[input]]/[[output]] table, from the arrays of the run."""
+def _batched(arrays: list[Any]) -> bool:
+    """Every tensor of the run has a first dimension, of one size: a batch."""
+    return all(array.ndim for array in arrays) and len({array.shape[0] for array in arrays}) == 1
+
+
+def _declaration(name: str, array: Any, batched: bool) -> dict[str, Any]:
+    """An [[input]]/[[output]] table from an array of the run."""
     from .tensor_files import carton_dtype_of
 
-    firsts = {array.shape[0] for array in tensors.values() if array.ndim}
-    batched = len(firsts) == 1 and all(array.ndim for array in tensors.values())
-    return {name: {"name": name, "dtype": carton_dtype_of(array),
-                   "shape": ["batch", *array.shape[1:]] if batched else list(array.shape)}
-            for name, array in tensors.items()}
+    return {"name": name, "dtype": carton_dtype_of(array),
+            "shape": ["batch", *array.shape[1:]] if batched else list(array.shape)}
 
 
 def python_carton_dir(entry: str, work: Path, *, name: str | None, examples: Mapping[str, Path]) -> Path:
@@ -81,7 +84,8 @@ def python_carton_dir(entry: str, work: Path, *, name: str | None, examples: Map
     if not examples:
         raise InvalidInput("--python needs --example INPUT=FILE.npy for each input: the model is run once on them "
                            "to learn what it takes and returns")
-    shutil.copytree(path.parent, work / "model", ignore=shutil.ignore_patterns("__pycache__", ".*"))
+    # links are kept as links (pack refuses one that leaves the directory), not followed out of it
+    shutil.copytree(path.parent, work / "model", symlinks=True, ignore=shutil.ignore_patterns("__pycache__", ".*"))
     inputs = {}
     for input_name, file in examples.items():
         try:
@@ -97,12 +101,13 @@ def python_carton_dir(entry: str, work: Path, *, name: str | None, examples: Map
             lines = done.stderr.strip().splitlines()[-12:]
             raise InvalidInput(f"--python {entry}: the model failed on the examples:\n" +
                                "\n".join(f"  {line}" for line in lines), details={"stderr": lines})
-        outputs = {n: np.load(Path(out) / f"{n}.npy", allow_pickle=False) for n in json.loads(done.stdout)}
-    decl = _declarations({**inputs, **outputs})
+        names = json.loads((Path(out) / "names.json").read_text())
+        outputs = {n: np.load(Path(out) / f"{i}.npy", allow_pickle=False) for i, n in enumerate(names)}
+    batched = _batched([*inputs.values(), *outputs.values()])
     toml: dict[str, Any] = {
         "spec_version": 1, "model_name": name or path.stem,
-        "input": [decl[n] for n in inputs],
-        "output": [decl[n] for n in outputs],
+        "input": [_declaration(n, a, batched) for n, a in inputs.items()],   # an input and an output may share a name
+        "output": [_declaration(n, a, batched) for n, a in outputs.items()],
         "self_test": [{"name": "recorded", "description": "the model's answer when it was packed",
                        "inputs": {n: f"@tensor_data/in_{n}" for n in inputs},
                        "expected_out": {n: f"@tensor_data/out_{n}" for n in outputs}}],

@@ -27,14 +27,15 @@ def write_tensors(directory: Path, tensors: Mapping[str, np.ndarray]) -> None:
 
     directory.mkdir(parents=True, exist_ok=True)
     entries = []
-    for name, array in tensors.items():
+    for index, (name, array) in enumerate(tensors.items()):
         dtype = carton_dtype_of(array)
+        stem = f"tensor_{index}"   # tensor names may hold / or : (tf2onnx's "dense/BiasAdd:0"); index.toml keeps them
         if dtype == "string":
-            file = f"{name}.toml"
+            file = f"{stem}.toml"
             data = [v.decode("utf-8") if isinstance(v, bytes) else str(v) for v in array.reshape(-1).tolist()]
             (directory / file).write_text(tomli_w.dumps({"data": data}))
         else:
-            file = f"{name}.bin"
+            file = f"{stem}.bin"
             (directory / file).write_bytes(np.ascontiguousarray(array, dtype=np.dtype(CARTON_DTYPES[dtype])).tobytes())
         entries.append({"name": name, "dtype": dtype, "shape": list(array.shape), "file": file})
     (directory / "index.toml").write_text(tomli_w.dumps({"tensor": entries}))

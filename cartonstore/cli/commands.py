@@ -154,7 +154,14 @@ def cmd_selftest(store: Store, args: argparse.Namespace, out: Output) -> int:
 def loaded_for_this_command(client: InferClient, args: argparse.Namespace, said: dict[str, bool]) -> Iterator[None]:
     """Load args.ref into the daemon unless it is ready, saying so on
     stderr (and in ``said``, for --json); with --unload-after, unload what
-    was loaded here once the work is done, whatever happened."""
+    was loaded here once the work is done, whatever happened. A daemon
+    still loading again what it had loaded before a restart is waited
+    for: a model it brings back is not this command's to load or unload."""
+    import time
+
+    deadline = time.monotonic() + 120
+    while not client.server_ready() and time.monotonic() < deadline:
+        time.sleep(0.1)
     if client.is_ready(args.ref):
         yield
         return

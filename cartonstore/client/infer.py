@@ -59,6 +59,10 @@ class InferClient:
         status, _, body = self._exchange("GET", _model_path(model, version), None, {})
         return json_body(status, body, model)
 
+    def server_ready(self) -> bool:
+        """Whether the daemon is ready: started, and done loading again what it had loaded."""
+        return self._exchange("GET", "/v2/health/ready", None, {})[0] == 200
+
     def is_ready(self, model: str) -> bool:
         return self._exchange("GET", _model_path(model, None) + "/ready", None, {})[0] == 200
 

@@ -30,23 +30,26 @@ def _names(items: Sequence[str]) -> str:
 
 def _shape_problems(role: str, spec: TensorSpec, graph_shape: Sequence[Any] | None) -> list[str]:
     declared = spec.shape
-    if not isinstance(declared, tuple) or graph_shape is None:
-        return []   # "any shape" declared, or a graph that does not say
+    if not isinstance(declared, tuple) or not graph_shape:
+        return []   # "any shape" declared, or a graph that does not say (onnxruntime gives [] for an unknown rank)
     if len(declared) != len(graph_shape):
         return [f"{role} {spec.name!r} has rank {len(graph_shape)} in the graph ({list(graph_shape)}) but "
                 f"{len(declared)} in carton.toml ({list(declared)})"]
     return [f"{role} {spec.name!r} dimension {axis} is {theirs} in the graph but {ours} in carton.toml"
-            for axis, (ours, theirs) in enumerate(zip(declared, graph_shape))
+            for axis, (ours, theirs) in enumerate(zip(declared, graph_shape, strict=True))
             if isinstance(ours, int) and isinstance(theirs, int) and ours != theirs]
 
 
 def graph_problems(graph_inputs: Sequence[tuple[str, str, Any]], graph_outputs: Sequence[tuple[str, str, Any]],
-                   inputs: Sequence[TensorSpec] | None, outputs: Sequence[TensorSpec] | None) -> list[str]:
+                   inputs: Sequence[TensorSpec] | None, outputs: Sequence[TensorSpec] | None,
+                   optional_inputs: Sequence[tuple[str, str, Any]] = ()) -> list[str]:
     """Every way an ONNX graph, given as (name, type, shape) of its inputs
     and outputs, differs from the declared tensors (None: not declared,
-    nothing to check)."""
+    nothing to check). ``optional_inputs``: initializers a caller may
+    override (declaring them is allowed, not needed)."""
     problems: list[str] = []
-    for role, graph, declared in (("input", graph_inputs, inputs), ("output", graph_outputs, outputs)):
+    sides = (("input", [*graph_inputs, *optional_inputs], inputs), ("output", graph_outputs, outputs))
+    for role, graph, declared in sides:
         if declared is None:
             continue
         by_name = {name: (kind, shape) for name, kind, shape in graph}
@@ -64,7 +67,7 @@ def graph_problems(graph_inputs: Sequence[tuple[str, str, Any]], graph_outputs: 
                 problems.append(f"{role} {spec.name!r} is {dtype} in the graph but {spec.dtype} in carton.toml")
             problems += _shape_problems(role, spec, shape)
         if role == "input":
-            missing = [name for name, _, _ in graph if name not in {s.name for s in declared}]
+            missing = [name for name, _, _ in graph_inputs if name not in {s.name for s in declared}]
             if missing:
                 problems.append(f"the graph needs input(s) {_names(missing)} that carton.toml does not declare")
     return problems

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from cartonstore.errors import InvalidInput
+from cartonstore.format.dtypes import carton_numpy_dtype
 from cartonstore.v2.framing import (
     InferRequest,
     encode_infer_response,
@@ -146,9 +147,9 @@ def run_and_encode(
         encoding = time.monotonic_ns()
         timing.infer_ns = encoding - started
     outputs, parameters = _split_result(result)
-    selected = _select_outputs(outputs, req)
-    if ctx.outputs is not None:   # what metadata announces is what responses carry
-        declared = {spec.name: spec for spec in ctx.outputs}
+    declared = {spec.name: spec for spec in ctx.outputs} if ctx.outputs is not None else None
+    selected = _select_outputs(outputs, req, declared)
+    if declared is not None:   # what metadata announces is what responses carry
         for name, value in selected.items():
             problem = output_problem(name, value, declared)
             if problem is not None:
@@ -186,8 +187,11 @@ def _split_result(result: Any) -> tuple[Mapping[str, Any], dict[str, Any]]:
     return outputs, parameters
 
 
-def _select_outputs(outputs: Mapping[str, Any], req: InferRequest) -> dict[str, np.ndarray]:
-    """The requested outputs (all when none is named), as arrays."""
+def _select_outputs(outputs: Mapping[str, Any], req: InferRequest,
+                    declared: Mapping[str, Any] | None = None) -> dict[str, np.ndarray]:
+    """The requested outputs (all when none is named), as arrays. A value
+    that is not an array (a list, a Python number) has no dtype of its own:
+    it takes the declared one."""
     names = list(outputs) if req.outputs is None else [o.name for o in req.outputs]
     selected: dict[str, np.ndarray] = {}
     for name in names:
@@ -197,7 +201,9 @@ def _select_outputs(outputs: Mapping[str, Any], req: InferRequest) -> dict[str, 
             )
         value = outputs[name]
         try:
-            selected[name] = value if isinstance(value, np.ndarray) else np.asarray(value)
+            spec = (declared or {}).get(name)
+            dtype = carton_numpy_dtype(spec.dtype) if spec is not None and spec.dtype != "string" else None
+            selected[name] = value if isinstance(value, np.ndarray) else np.asarray(value, dtype=dtype)
         except Exception as exc:  # noqa: BLE001 - any odd object the model returned
             raise ModelFailed(f"output {name!r} is not a tensor: {type(exc).__name__}: {exc}") from None
     return selected

@@ -77,7 +77,8 @@ def load(ctx: RunnerContext) -> OnnxModel:
     except Exception as exc:  # noqa: BLE001 - onnxruntime raises its own exception types
         raise LoadError(f"onnxruntime cannot load {path.name}: {type(exc).__name__}: {exc}") from None
     problems = graph_problems([(i.name, i.type, i.shape) for i in session.get_inputs()],
-                              [(o.name, o.type, o.shape) for o in session.get_outputs()], ctx.inputs, ctx.outputs)
+                              [(o.name, o.type, o.shape) for o in session.get_outputs()], ctx.inputs, ctx.outputs,
+                              [(i.name, i.type, i.shape) for i in session.get_overridable_initializers()])
     if problems:
         raise LoadError(f"{path.name} does not match carton.toml: " + "; ".join(problems))
     return OnnxModel(session, [s.name for s in ctx.outputs] if ctx.outputs else None)

@@ -161,3 +161,57 @@ def test_a_python_model_that_fails_or_is_misnamed_is_refused(tmp_path: Path, cap
     assert main(["pack", str(tmp_path), "--python", f"{entry}:get_model", "-o", str(out)]) == 4
     assert "one of them" in capsys.readouterr().err
     assert not out.exists()
+
+
+ODD = '''
+import numpy as np
+print("loading the model")   # a model that talks on stdout
+
+class Model:
+    def infer_with_tensors(self, tensors):
+        print("inferring")
+        return {"x": tensors["x"].sum(axis=1).astype(np.int64), "dense/BiasAdd:0": tensors["x"] * 2}
+
+def get_model():
+    return Model()
+'''
+
+
+def test_python_models_that_print_and_share_names_pack_and_self_test(tmp_path: Path, short_tmp: Path,
+                                                                      capsys) -> None:  # noqa: ANN001
+    (tmp_path / "odd").mkdir()
+    (tmp_path / "odd" / "main.py").write_text(ODD)
+    np.save(tmp_path / "x.npy", np.ones((4, 3), np.float32))
+    out = tmp_path / "odd.carton"
+    assert main(["pack", "--python", f"{tmp_path / 'odd' / 'main.py'}:get_model", "--example",
+                 f"x={tmp_path / 'x.npy'}", "-o", str(out)]) == 0, capsys.readouterr().err
+    doc = _inspect(out, capsys)
+    assert [(t["name"], t["dtype"], t["shape"]) for t in doc["inputs"]] == [("x", "float32", ["batch", 3])]
+    assert [(t["name"], t["dtype"], t["shape"]) for t in doc["outputs"]] == [("x", "int64", ["batch"]),
+                                                                              ("dense/BiasAdd:0", "float32",
+                                                                               ["batch", 3])]
+    capsys.readouterr()
+    assert main(["selftest", str(out), "--root", str(short_tmp / "root"), "--json"]) == 0, capsys.readouterr().err
+    assert json.loads(capsys.readouterr().out)["passed"]
+
+
+def test_an_onnx_output_of_unknown_shape_is_declared_any_shape(tmp_path: Path, short_tmp: Path, capsys) -> None:  # noqa: ANN001
+    import onnx
+    from onnx import TensorProto, helper
+
+    unknown = onnx.ValueInfoProto(name="y")          # an element type and no shape at all, as converters leave
+    unknown.type.tensor_type.elem_type = TensorProto.FLOAT
+    graph = helper.make_graph([helper.make_node("Reshape", ["x", "shape"], ["y"])], "reshape",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [12]),
+                               helper.make_tensor_value_info("shape", TensorProto.INT64, [2])], [unknown])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    (tmp_path / "r.onnx").write_bytes(model.SerializeToString())
+    np.save(tmp_path / "x.npy", np.arange(12, dtype=np.float32))
+    np.save(tmp_path / "shape.npy", np.array([2, 6], np.int64))
+    out = tmp_path / "r.carton"
+    assert main(["pack", str(tmp_path / "r.onnx"), "-o", str(out), "--self-test", f"x={tmp_path / 'x.npy'}",
+                 "--self-test", f"shape={tmp_path / 'shape.npy'}"]) == 0, capsys.readouterr().err
+    assert _inspect(out, capsys)["outputs"][0]["shape"] == "*"
+    capsys.readouterr()
+    assert main(["selftest", str(out), "--root", str(short_tmp / "root")]) == 0, capsys.readouterr().err

@@ -110,3 +110,49 @@ def test_a_killed_daemon_serves_its_loaded_models_again(short_tmp: Path, capsys)
     finally:
         d.stop()
     assert not runner_pids(root)
+
+
+def test_a_callers_load_or_cli_command_during_a_restore_is_not_undone(short_tmp: Path, capsys) -> None:  # noqa: ANN001
+    """What a caller asks while the daemon is still loading models again
+    stands: a load with another config is not replaced by the restore's,
+    and `infer --unload-after` neither loads nor unloads a model the
+    restore brings back (it waits for the daemon to be ready)."""
+    from cartonstore.cli.commands import main
+
+    root = short_tmp / "root"
+    slow = "import time; time.sleep(1.0)"
+    _add(root, echo_carton(short_tmp / "src" / "b", label="b", startup=slow, dtypes=["float32"]), "b")
+    _add(root, echo_carton(short_tmp / "src" / "c", label="c", startup=slow, dtypes=["float32"]), "c")
+    capsys.readouterr()
+    d = DaemonProcess(root).start()
+    try:
+        assert call(d, "POST", "/v2/repository/models/b/load",
+                    json={"parameters": {"config": json.dumps({"max_batch_size": 4})}})[0] == 200
+        assert call(d, "POST", "/v2/repository/models/c/load", json={})[0] == 200
+    finally:
+        d.stop(signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while runner_pids(root) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+    d = DaemonProcess(root).start()
+    try:   # at once, while b and c are being loaded again
+        status, body = call(d, "POST", "/v2/repository/models/b/load",
+                            json={"parameters": {"config": json.dumps({"max_batch_size": 2})}})
+        assert status == 200, body
+        assert main(["infer", "c", "--input", "x_float32=[[1]]", "--root", str(root), "--json",
+                     "--unload-after"]) == 0
+        said = capsys.readouterr()
+        assert "loaded_into_daemon" not in json.loads(said.out) and "loaded c" not in said.err
+        _ready(d)
+        assert call(d, "GET", "/v2/models/b/config")[1]["max_batch_size"] == 2
+        assert _states(d)["c"][0] == "READY"
+    finally:
+        d.stop()
+    d = DaemonProcess(root).start()   # and the caller's config is the one recorded
+    try:
+        _ready(d)
+        assert call(d, "GET", "/v2/models/b/config")[1]["max_batch_size"] == 2
+    finally:
+        d.stop()
+    assert not runner_pids(root)

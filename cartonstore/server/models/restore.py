@@ -15,7 +15,7 @@ import logging
 import time
 from typing import Any, Awaitable, Callable, Protocol
 
-from cartonstore.errors import CartonStoreError
+from cartonstore.errors import CartonStoreError, NotFound
 from cartonstore.store import loaded_rows
 
 from .loaded_model import LoadedModel
@@ -31,12 +31,13 @@ class ModelService(Protocol):
 
     async def _batch(self, op: Callable[[Any], Any]) -> Any: ...
 
-    def load(self, name: str, params: dict[str, Any], *, version: str | None = None) -> Awaitable[LoadedModel]: ...
+    def load(self, name: str, params: dict[str, Any], *, version: str | None = None,
+             restoring: bool = False) -> Awaitable[LoadedModel | None]: ...
 
 
-async def remember_loaded(service: ModelService, model: LoadedModel) -> None:
+async def remember_loaded(service: ModelService, model: LoadedModel | None) -> None:
     daemon = service.daemon_id
-    if daemon is None or model.digest is None:
+    if daemon is None or model is None or model.digest is None:
         return
     config = json.dumps(model.config, sort_keys=True) if model.config is not None else None
     await service._batch(lambda conn: loaded_rows.remember_loaded(conn, daemon, model.name, model.digest, config))
@@ -51,7 +52,9 @@ async def forget_loaded(service: ModelService, name: str) -> None:
 async def restore_loaded(service: ModelService) -> None:
     """Load again, all at once, what this daemon had loaded. The caller
     sets ``service.ready`` false before; it is true again once each load
-    has succeeded or failed."""
+    has succeeded or failed (not when the restore is cancelled: the daemon
+    is stopping). A name a caller loads or unloads meanwhile is theirs."""
+    cancelled = False
     try:
         daemon = service.daemon_id
         if daemon is None:
@@ -63,15 +66,23 @@ async def restore_loaded(service: ModelService) -> None:
         log.info("restoring %d loaded model(s): %s", len(rows), ", ".join(row.name for row in rows))
         results = await asyncio.gather(*(_restore_one(service, row) for row in rows))
         log.info("restored %d of %d loaded model(s) in %.2fs", sum(results), len(rows), time.monotonic() - started)
+    except asyncio.CancelledError:
+        cancelled = True
+        raise
     finally:
-        service.ready = True
+        if not cancelled:
+            service.ready = True
 
 
 async def _restore_one(service: ModelService, row: loaded_rows.LoadedRow) -> bool:
     params = {"config": row.config} if row.config is not None else {}
     try:
-        await service.load(row.name, params, version=row.carton)
-        return True
-    except CartonStoreError as e:   # UNAVAILABLE with the reason, as any failed load
+        return await service.load(row.name, params, version=row.carton, restoring=True) is not None
+    except NotFound as e:   # its carton is gone from the store: it will not come back, so it is forgotten
+        log.warning("could not restore model %s (version %s): %s; forgetting it", row.name, row.carton[:12], e)
+        await forget_loaded(service, row.name)
+    except CartonStoreError as e:   # UNAVAILABLE with the reason, as any failed load; tried again next start
         log.warning("could not restore model %s (version %s): %s", row.name, row.carton[:12], e)
-        return False
+    except Exception:  # noqa: BLE001 - a bug: logged, and the other restores go on
+        log.exception("could not restore model %s (version %s)", row.name, row.carton[:12])
+    return False

@@ -68,10 +68,12 @@ class ModelService(Leasing):
         self.models: dict[str, LoadedModel] = {}
         self._gc_lock = asyncio.Lock()
         self.ready = True
+        self.asked: set[str] = set()   # names a caller loaded or unloaded: a restore leaves them alone
 
     # -- Triton repository ---------------------------------------------------------
 
-    async def load(self, name: str, params: dict[str, Any], *, version: str | None = None) -> LoadedModel:
+    async def load(self, name: str, params: dict[str, Any], *, version: str | None = None,
+                   restoring: bool = False) -> LoadedModel | None:
         """Fetch, materialize, pin, start the runners, then READY. Loads of
         one name queue behind each other (two concurrent loads start one
         runner). Loading another version of a loaded name starts the new
@@ -81,11 +83,15 @@ class ModelService(Leasing):
         # carton may also name a stored one by its manifest hash (or a prefix).
         if params.get("source") or any(k.startswith("file:") for k in params) or not HEX.fullmatch(name):
             validate_name(name)
+        if not restoring:
+            self.asked.add(name)
         lock = self._load_locks.get(name)
         if lock is None:
             lock = self._load_locks[name] = asyncio.Lock()
         try:
             async with lock:
+                if restoring and name in self.asked:   # a caller's load or unload came first: theirs stands
+                    return None
                 model = await self._load_locked(name, params, version)
                 await remember_loaded(self, model)
                 return model
@@ -224,11 +230,13 @@ class ModelService(Leasing):
             await asyncio.to_thread(remove_tree, work)
 
     async def unload(self, name: str) -> None:
+        self.asked.add(name)
         model = self.models.get(name)
         never_loaded = model is None or model.digest is None
         lock = self._load_locks.get(name)
         loading = lock is not None and lock.locked()  # a first load still fetching: unload after it
         if never_loaded and not loading and await self._known(name) is None:
+            await forget_loaded(self, name)   # a restore that could not find its carton leaves a row: gone now
             raise NotFound(f"failed to unload {name!r}: {triton_unknown_model(name)}", subject=name)
         async with self._load_locks.setdefault(name, asyncio.Lock()):  # after a load in progress
             model = self.models.get(name)
