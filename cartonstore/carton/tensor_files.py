@@ -9,17 +9,13 @@ from pathlib import Path
 
 import numpy as np
 
-from cartonstore.errors import InvalidInput
 from cartonstore.format.dtypes import CARTON_DTYPES
+from cartonstore.v2.datatypes import datatype_of, v2_to_carton
 
 
 def carton_dtype_of(array: np.ndarray) -> str:
-    if array.dtype.kind in "OSU":
-        return "string"
-    for dtype, typestr in CARTON_DTYPES.items():
-        if typestr is not None and np.dtype(typestr) == array.dtype.newbyteorder("<"):
-            return dtype
-    raise InvalidInput(f"a {array.dtype} tensor has no carton dtype", subject=str(array.dtype))
+    """The carton dtype that holds ``array`` (InvalidInput naming it when none does)."""
+    return v2_to_carton(datatype_of(array))
 
 
 def write_tensors(directory: Path, tensors: Mapping[str, np.ndarray]) -> None:

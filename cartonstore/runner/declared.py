@@ -18,10 +18,7 @@ from typing import Any
 import numpy as np
 
 from cartonstore.format.carton_toml import TensorSpec
-from cartonstore.format.dtypes import ONNX_TO_CARTON, onnx_kind_text
-
-_NUMPY_KIND = {"float32": "f4", "float64": "f8", "int8": "i1", "int16": "i2", "int32": "i4", "int64": "i8",
-               "uint8": "u1", "uint16": "u2", "uint32": "u4", "uint64": "u8"}
+from cartonstore.format.dtypes import ONNX_TO_CARTON, carton_numpy_dtype, onnx_kind_text
 
 
 def _names(items: Sequence[str]) -> str:
@@ -82,7 +79,7 @@ def output_problem(name: str, value: np.ndarray, declared: dict[str, TensorSpec]
     if spec.dtype == "string":
         if value.dtype.kind not in "OSU":
             return f"output {name!r} is {value.dtype} but carton.toml declares string"
-    elif value.dtype.kind + str(value.dtype.itemsize) != _NUMPY_KIND.get(spec.dtype):
+    elif value.dtype.newbyteorder("<") != carton_numpy_dtype(spec.dtype):
         return f"output {name!r} is {value.dtype} but carton.toml declares {spec.dtype}"
     declared_shape = spec.shape
     if isinstance(declared_shape, tuple):

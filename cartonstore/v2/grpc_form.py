@@ -11,7 +11,6 @@ are (no copy); typed ``contents`` are packed once into their binary form.
 from __future__ import annotations
 
 import json
-import struct
 from typing import Any
 
 import numpy as np
@@ -21,6 +20,7 @@ from cartonstore.errors import InvalidInput
 
 from .datatypes import numpy_dtype
 from .shm_params import REGION
+from .tensors import frame_bytes
 
 # datatype -> the typed contents field that carries it (FP16 and BF16 have none: raw only)
 CONTENTS_FIELDS = {
@@ -31,7 +31,6 @@ CONTENTS_FIELDS = {
 _ALL_FIELDS = sorted(set(CONTENTS_FIELDS.values()))
 # the HTTP binary form's own parameters: over gRPC the daemon sets them, a client may not
 HTTP_ONLY = ("binary_data_size", "binary_data", "binary_data_output")
-_U32 = struct.Struct("<I")
 
 
 def _refuse(message: str, subject: str | None = None) -> InvalidInput:
@@ -82,7 +81,7 @@ def typed_bytes(tensor: pb.ModelInferRequest.InferInputTensor) -> bytes:
                       tensor.name)
     values = getattr(tensor.contents, wanted)
     if tensor.datatype == "BYTES":
-        return b"".join(_U32.pack(len(v)) + v for v in values)
+        return frame_bytes(what, list(values))
     dtype = numpy_dtype(tensor.datatype)
     if dtype.kind in "iu" and dtype.itemsize < 4 and len(values):
         wide = np.asarray(values, dtype=np.int64)
@@ -162,8 +161,7 @@ class _Reader:
 
 def _json_bytes(data: Any, datatype: str, what: str) -> bytes:
     if datatype == "BYTES":
-        items = [v.encode() if isinstance(v, str) else bytes(v) for v in np.asarray(data, dtype=object).ravel()]
-        return b"".join(_U32.pack(len(v)) + v for v in items)
+        return frame_bytes(what, np.asarray(data, dtype=object).reshape(-1).tolist())
     try:
         return np.asarray(data, dtype=numpy_dtype(datatype)).tobytes()
     except (TypeError, ValueError) as e:

@@ -428,3 +428,53 @@ def test_a_killed_daemons_private_directory_is_swept_at_the_next_start(short_tmp
     made = private_directory()
     assert not dead.exists() and live.exists()
     assert made.parent == short_tmp and oct(made.stat().st_mode & 0o777) == "0o700"
+
+
+def test_a_streams_window_bounds_requests_and_bytes() -> None:
+    """At most ``count`` requests and ``size`` bytes of a stream in flight;
+    one request bigger than ``size`` runs, alone."""
+    from cartonstore.server.rpc.servicer import _StreamWindow
+
+    async def run() -> None:
+        window = _StreamWindow(3, 100)
+        await window.take(40)
+        await window.take(40)
+        third = asyncio.ensure_future(window.take(40))    # 120 bytes: over the size, it waits
+        await asyncio.sleep(0.05)
+        assert not third.done()
+        await window.give(40)
+        await asyncio.wait_for(third, 1)
+        await window.take(10)                               # 90 bytes, 3 requests: full by count
+        fourth = asyncio.ensure_future(window.take(1))
+        await asyncio.sleep(0.05)
+        assert not fourth.done()
+        for size in (40, 40, 10):
+            await window.give(size)
+        await asyncio.wait_for(fourth, 1)
+        await window.give(1)
+        assert (window.requests, window.bytes) == (0, 0)
+        await asyncio.wait_for(window.take(1000), 1)        # bigger than the window: alone, at once
+        big_and_another = asyncio.ensure_future(window.take(1))
+        await asyncio.sleep(0.05)
+        assert not big_and_another.done()
+        await window.give(1000)
+        await asyncio.wait_for(big_and_another, 1)
+    asyncio.run(run())
+
+
+def test_uploads_and_named_regions_over_grpc(served: DaemonProcess) -> None:
+    """A load's files as gRPC bytes parameters (tritonclient.grpc's files=),
+    and the CUDA status of a region that is not there."""
+    from conftest import FIXTURE_CARTON, FIXTURE_DIGEST
+
+    c = tg.InferenceServerClient(served.grpc_unix)
+    c.load_model("uploaded", config=json.dumps({"name": "uploaded"}),
+                 files={"file:1/model.carton": FIXTURE_CARTON.read_bytes()})
+    assert c.is_model_ready("uploaded", FIXTURE_DIGEST)
+    with pytest.raises(InferenceServerException, match="failed to load 'junk'.*(carton|zip)"):
+        c.load_model("junk", files={"file:1/model.carton": b"not a zip at all" * 100})
+    with pytest.raises(InferenceServerException,
+                       match="INVALID_ARGUMENT.*Unable to find cuda shared memory region: 'r'"):
+        c.get_cuda_shared_memory_status("r")
+    c.unload_model("uploaded")
+    c.close()

@@ -21,8 +21,8 @@ from aiohttp import web
 
 from cartonstore.errors import InvalidInput
 
-from .bodies import request_body
 from .context import body_json, svc
+from .shm import add_region_routes, empty_unregister_body
 
 PREFIX = "/v2/cudasharedmemory"
 
@@ -72,14 +72,9 @@ async def register(request: web.Request) -> web.Response:
 
 
 async def unregister(request: web.Request) -> web.Response:
-    if (await request_body(request)).strip():
-        raise InvalidInput("an unregister request has an empty body (the region is named in the URL)")
+    await empty_unregister_body(request)
     return web.Response(status=200)
 
 
 def add_routes(router: web.UrlDispatcher) -> None:
-    router.add_get(PREFIX + "/status", status)
-    router.add_get(PREFIX + "/region/{name}/status", status)
-    router.add_post(PREFIX + "/region/{name}/register", register)
-    router.add_post(PREFIX + "/unregister", unregister)
-    router.add_post(PREFIX + "/region/{name}/unregister", unregister)
+    add_region_routes(router, PREFIX, status, register, unregister)

@@ -24,7 +24,7 @@ from aiohttp import web
 
 from cartonstore.errors import InvalidInput, NotFound
 from cartonstore.server.models.loaded_model import triton_unknown_model
-from cartonstore.server.tensors.arena import ArenaSlot
+from cartonstore.server.tensors.arena import ARENA_FROM, ArenaSlot
 from cartonstore.server.tensors.arena_wire import MAX_HEADER, ArenaForward
 from cartonstore.server.tensors.infer_check import checked_unless_shm
 from cartonstore.server.tensors.infer_shm import ShmUse, attach_regions, renamed_answer, renamed_request
@@ -52,6 +52,16 @@ if TYPE_CHECKING:
 SHM_MARK = REGION.encode()
 STREAM_ANSWER = 64 * 1024         # larger answers: headers and body written apart, so neither is copied
 CLIENT_SEND_BUFFER = 4 << 20      # a 4 MiB answer leaves in one send, not copied into asyncio's buffer
+
+
+def arena_slot_for(runners: Any, length: int) -> ArenaSlot | None:
+    """A slot for a big binary request of ``length`` bytes and its outputs
+    (as many bytes again) in the model version's own arena, when its
+    runners map it and one is free; None otherwise (the request goes over
+    the runner's socket). The HTTP front and gRPC both take theirs here."""
+    if length < ARENA_FROM or runners is None or runners.arena is None or not runners.arena_capable:
+        return None
+    return runners.arena.take(2 * length + 64)
 
 
 def ready_model(service: ModelService, name: str, version: str | None) -> LoadedModel:

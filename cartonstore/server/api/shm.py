@@ -9,6 +9,8 @@ Every caller sees and changes only its own regions (shm_regions.py).
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+
 from aiohttp import web
 
 from cartonstore.errors import InvalidInput
@@ -18,6 +20,7 @@ from .bodies import request_body
 from .context import body_json, svc
 
 PREFIX = "/v2/systemsharedmemory"
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 def _registry(request: web.Request) -> ShmRegions:
@@ -44,10 +47,15 @@ async def register(request: web.Request) -> web.Response:
     return web.Response(status=200)
 
 
-async def unregister(request: web.Request) -> web.Response:
-    peer = _peer(request)
+async def empty_unregister_body(request: web.Request) -> None:
+    """Triton's unregister requests name the region in the URL, nothing in the body."""
     if (await request_body(request)).strip():
         raise InvalidInput("an unregister request has an empty body (the region is named in the URL)")
+
+
+async def unregister(request: web.Request) -> web.Response:
+    peer = _peer(request)
+    await empty_unregister_body(request)
     gone = _registry(request).unregister(peer, request.match_info.get("name"))
     tell_runners(gone)
     return web.Response(status=200)
@@ -59,9 +67,15 @@ def tell_runners(gone: list[Region]) -> None:
             link.forget(region)
 
 
+def add_region_routes(router: web.UrlDispatcher, prefix: str, status: Handler, register: Handler,
+                      unregister: Handler) -> None:
+    """The routes of a Triton shared-memory extension under ``prefix``."""
+    router.add_get(prefix + "/status", status)
+    router.add_get(prefix + "/region/{name}/status", status)
+    router.add_post(prefix + "/region/{name}/register", register)
+    router.add_post(prefix + "/unregister", unregister)
+    router.add_post(prefix + "/region/{name}/unregister", unregister)
+
+
 def add_routes(router: web.UrlDispatcher) -> None:
-    router.add_get(PREFIX + "/status", status)
-    router.add_get(PREFIX + "/region/{name}/status", status)
-    router.add_post(PREFIX + "/region/{name}/register", register)
-    router.add_post(PREFIX + "/unregister", unregister)
-    router.add_post(PREFIX + "/region/{name}/unregister", unregister)
+    add_region_routes(router, PREFIX, status, register, unregister)

@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Protocol
 from aiohttp import web
 
 from cartonstore.server.api.access import TcpAccess
-from cartonstore.server.api.infer import InferAnswer
-from cartonstore.server.tensors.arena import ARENA_FROM, ArenaSlot
+from cartonstore.server.api.infer import InferAnswer, arena_slot_for
+from cartonstore.server.tensors.arena import ArenaSlot
 
 from .http1 import RequestHead
 from .routes import NativeRoute
@@ -60,13 +60,9 @@ def with_length(answer: InferAnswer) -> list[tuple[str, str]]:
 def arena_slot(route: NativeRoute, model: object, head: RequestHead, coding: str, length: int) -> ArenaSlot | None:
     """A slot for a big binary infer body and its outputs (as many bytes
     again) in the model's own arena, when its runners map it and one is free."""
-    if (not route.arena or coding != "identity" or length < ARENA_FROM
-            or "inference-header-content-length" not in head.headers):
+    if not route.arena or coding != "identity" or "inference-header-content-length" not in head.headers:
         return None
-    runners = getattr(model, "runners", None)
-    if runners is None or runners.arena is None or not runners.arena_capable:
-        return None
-    return runners.arena.take(2 * length + 64)
+    return arena_slot_for(getattr(model, "runners", None), length)
 
 
 def wake(waiter: asyncio.Future[None] | None) -> None:

@@ -5,6 +5,7 @@ HTTP listener's TLS and credentials)."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import socket
 from dataclasses import dataclass
@@ -59,7 +60,7 @@ class GrpcServer:
         self._server = server
         if self.unix is not None:
             # grpcio's socket and the relay's, in a directory only the daemon may enter (unix_relay.py)
-            self.directory = private_directory()
+            self.directory = await asyncio.to_thread(private_directory)   # it sweeps what killed daemons left
             self.book.relayed_from(self.directory)
             server.add_insecure_port(f"unix:{self.directory / 'grpc.sock'}")
         if self.listen:
@@ -91,4 +92,4 @@ class GrpcServer:
         if self._relay is not None:
             await self._relay.close()
         if self.directory is not None:
-            remove_directory(self.directory)
+            await asyncio.to_thread(remove_directory, self.directory)

@@ -5,14 +5,15 @@ the answer framed back as a ModelInferResponse."""
 
 from __future__ import annotations
 
+import asyncio
+
 import grpc
 from tritonclient.grpc import service_pb2 as pb
 
-from cartonstore.errors import CartonStoreError, InvalidInput, NotFound, Unavailable, http_status_for
-from cartonstore.server.api.bodies import too_large
-from cartonstore.server.api.infer import InferAnswer, proxied_infer, serving_model
+from cartonstore.errors import CartonStoreError, InvalidInput, Unavailable, http_status_for
+from cartonstore.server.api.bodies import IN_THREAD_FROM, too_large
+from cartonstore.server.api.infer import InferAnswer, arena_slot_for, proxied_infer, serving_model
 from cartonstore.server.models.service import ModelService
-from cartonstore.server.tensors.arena import ARENA_FROM, ArenaSlot
 from cartonstore.server.tensors.shm_regions import Peer
 from cartonstore.v2.error_body import error_text
 from cartonstore.v2.framing import HEADER_LENGTH
@@ -43,17 +44,6 @@ def code_for(exc: CartonStoreError) -> grpc.StatusCode:
     return code_for_status(exc.status if isinstance(exc, StatusError) else http_status_for(exc))
 
 
-def _arena_slot(runners: object, length: int) -> ArenaSlot | None:
-    """A slot for a big request and its outputs in the model's own arena,
-    as the HTTP front takes one (front_parts.arena_slot)."""
-    if length < ARENA_FROM or runners is None:
-        return None
-    arena = getattr(runners, "arena", None)
-    if arena is None or not runners.arena_capable:   # type: ignore[attr-defined]
-        return None
-    return arena.take(2 * length + 64)
-
-
 async def grpc_infer(service: ModelService, request: pb.ModelInferRequest, peer: Peer,
                      max_request_size: int) -> pb.ModelInferResponse:
     """One ModelInfer; a CartonStoreError (StatusError for a runner's
@@ -62,11 +52,14 @@ async def grpc_infer(service: ModelService, request: pb.ModelInferRequest, peer:
     if not name:
         raise InvalidInput("an infer request names its model (model_name is empty)")
     model = serving_model(service, name, version)   # an unknown model is refused before any framing
-    parts, header_length = framed_request(request)
+    # raw_input_contents are framed as they are; typed contents are packed element by element: big ones off the loop
+    typed_and_big = not request.raw_input_contents and request.ByteSize() >= IN_THREAD_FROM
+    parts, header_length = await asyncio.to_thread(framed_request, request) if typed_and_big else \
+        framed_request(request)
     length = sum(len(p) for p in parts)
     if length > max_request_size:
         raise too_large(length, max_request_size)
-    slot = _arena_slot(model.runners, length)
+    slot = arena_slot_for(model.runners, length)
     try:
         if slot is not None:   # framed once, straight into the memory the runner reads
             at = 0
@@ -102,4 +95,3 @@ def stream_error(request: pb.ModelInferRequest, exc: CartonStoreError) -> pb.Mod
         model_name=request.model_name, model_version=request.model_version, id=request.id))
 
 
-__all__ = ["NotFound", "StatusError", "code_for", "code_for_status", "grpc_infer", "stream_error"]

@@ -60,8 +60,6 @@ class PeerBook:
             return self._peers.get(grpc_peer[len(self.prefix):])
         return None
 
-    def __len__(self) -> int:
-        return len(self._peers)
 
 
 def private_directory() -> Path:

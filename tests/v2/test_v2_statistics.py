@@ -1,0 +1,57 @@
+"""Triton's statistics counters (pure) and the runner's timing header, which
+the daemon reads from any runner: only its exact form is believed."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from cartonstore.v2.statistics import InferStatistics, RequestTiming, statistics_answer
+
+
+def test_a_timing_header_round_trips() -> None:
+    timing = RequestTiming(1, 22, 333, 4444)
+    assert RequestTiming.parse(timing.header()) == timing
+    assert RequestTiming.parse(f"  {timing.header()}\t") == timing
+
+
+@pytest.mark.parametrize("text", [
+    None, "", "queue=1;input=2;infer=3", "queue=1;input=2;infer=3;output=x", "queue=-1;input=2;infer=3;output=4",
+    "queue=1;input=2;infer=3;output=4;more=5", "queue=12345678901234567890;input=2;infer=3;output=4",
+    "output=4;infer=3;input=2;queue=1"])
+def test_a_malformed_timing_header_is_not_believed(text: str | None) -> None:
+    assert RequestTiming.parse(text) is None
+
+
+def test_counters_as_triton_answers_them() -> None:
+    stats = InferStatistics()
+    stats.record_success(1000, RequestTiming(10, 20, 30, 40), batch=4)
+    stats.record_success(2000, RequestTiming(1, 2, 3, 4))
+    stats.record_failure(500)
+    stats.record_failure(-5)   # a clock that went back counts the request, not negative time
+    entry = stats.model_stats("m", "v")
+    assert (entry["inference_count"], entry["execution_count"]) == (5, 2)
+    s = entry["inference_stats"]
+    assert s["success"] == {"count": 2, "ns": 3000} and s["fail"] == {"count": 2, "ns": 500}
+    assert s["queue"] == {"count": 2, "ns": 11} and s["compute_output"] == {"count": 2, "ns": 44}
+    assert s["cache_hit"] == {"count": 0, "ns": 0} and entry["last_inference"] > 0
+    assert statistics_answer([entry]) == {"model_stats": [entry]}
+    snap = stats.snapshot()
+    assert snap["success"] == (2, 3000) and snap["inference_count"] == 5
+
+
+def test_concurrent_recorders_lose_nothing() -> None:
+    stats = InferStatistics()
+
+    def record() -> None:
+        for _ in range(2000):
+            stats.record_success(1, RequestTiming(1, 1, 1, 1))
+            stats.record_failure(1)
+    threads = [threading.Thread(target=record) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    snap = stats.snapshot()
+    assert snap["success"] == (8000, 8000) and snap["fail"] == (8000, 8000) and snap["execution_count"] == 8000
