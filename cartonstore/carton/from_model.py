@@ -1,4 +1,5 @@
-"""A carton made from a model file: `cartonstore pack model.onnx -o m.carton`.
+"""A carton made from an ONNX file: `cartonstore pack model.onnx -o m.carton`
+(from_torchscript.py does .pt files).
 
 carton.toml is written from the graph as onnxruntime reads it: each input
 and output with its name, dtype and shape (a dimension the graph names,
@@ -29,18 +30,21 @@ ONNX_FRAMEWORK = ">=1.10"   # what the graphs onnxruntime 1.10 reads (opsets up 
 _SYMBOL = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
+MODEL_SUFFIXES = (".onnx", ".pt")   # what pack makes a carton of: ONNX (from_model), TorchScript (from_torchscript)
+
+
 def model_file_in(path: Path) -> Path | None:
     """The model file ``pack`` should make a carton of: ``path`` itself (an
-    .onnx file), or the one .onnx in a directory that holds no carton.toml;
-    None for a carton directory."""
-    if path.is_file() and path.suffix == ".onnx":
+    .onnx or .pt file), or the one such file in a directory that holds no
+    carton.toml; None for a carton directory."""
+    if path.is_file() and path.suffix in MODEL_SUFFIXES:
         return path
     if path.is_dir() and not (path / "carton.toml").exists():
-        found = sorted(path.glob("*.onnx"))
+        found = sorted(p for p in path.iterdir() if p.suffix in MODEL_SUFFIXES and p.is_file())
         if len(found) == 1:
             return found[0]
-        raise InvalidInput(f"{path} holds no carton.toml and {len(found)} .onnx files: give a carton directory or "
-                           f"one model file", subject=str(path))
+        raise InvalidInput(f"{path} holds no carton.toml and {len(found)} model files (.onnx, .pt): give a carton "
+                           f"directory or one model file", subject=str(path))
     return None
 
 
@@ -107,14 +111,14 @@ def onnx_carton_dir(model: Path, work: Path, *, name: str | None = None, dims: M
                             "runner": {"runner_name": "onnx", "required_framework_version": ONNX_FRAMEWORK,
                                        "runner_compat_version": 1}}
     (work / "model").mkdir(parents=True)
-    _place(model, work / "model" / "model.onnx")
+    place_file(model, work / "model" / "model.onnx")
     if self_tests:
         toml["self_test"] = [_record_self_test(session, work / "tensor_data", self_tests)]
     (work / "carton.toml").write_text(tomli_w.dumps(toml))
     return work
 
 
-def _place(src: Path, dest: Path) -> None:
+def place_file(src: Path, dest: Path) -> None:
     """A hard link where the file system allows (a model may be gigabytes), else a copy."""
     try:
         os.link(src, dest)
@@ -125,7 +129,7 @@ def _place(src: Path, dest: Path) -> None:
 def _record_self_test(session: Any, tensor_dir: Path, given: Mapping[str, Path]) -> dict[str, Any]:
     import numpy as np
 
-    from .tensor_files import write_tensors
+    from .example_run import load_arrays, recorded_self_test
 
     names = [arg.name for arg in session.get_inputs()]
     unknown = sorted(set(given) - set(names))
@@ -134,25 +138,15 @@ def _record_self_test(session: Any, tensor_dir: Path, given: Mapping[str, Path])
         raise InvalidInput(f"--self-test: the model's inputs are {', '.join(names)}"
                            + (f"; not inputs: {', '.join(unknown)}" if unknown else "")
                            + (f"; missing: {', '.join(missing)}" if missing else ""))
-    feed = {}
+    feed = load_arrays("--self-test", given)
     for arg in session.get_inputs():
-        try:
-            array = np.load(given[arg.name], allow_pickle=False)
-        except (OSError, ValueError) as e:
-            raise InvalidInput(f"--self-test {arg.name}={given[arg.name]}: not a .npy file numpy reads: {e}",
-                               subject=str(given[arg.name])) from None
         want = ONNX_TO_CARTON[arg.type]
-        if want != "string" and array.dtype != np.dtype(want):
-            raise InvalidInput(f"--self-test {arg.name}: the array is {array.dtype}, the model takes {want}",
+        if want != "string" and feed[arg.name].dtype != np.dtype(want):
+            raise InvalidInput(f"--self-test {arg.name}: the array is {feed[arg.name].dtype}, the model takes {want}",
                                subject=arg.name)
-        feed[arg.name] = array
     try:
         results = session.run(None, feed)
     except Exception as exc:  # noqa: BLE001 - onnxruntime raises its own exception types
         raise InvalidInput(f"--self-test: the model failed on the given inputs: {type(exc).__name__}: {exc}") from None
     outputs = {arg.name: value for arg, value in zip(session.get_outputs(), results, strict=True)}
-    write_tensors(tensor_dir, {**{f"in_{k}": v for k, v in feed.items()},
-                               **{f"out_{k}": v for k, v in outputs.items()}})
-    return {"name": "recorded", "description": "the model's answer when it was packed",
-            "inputs": {k: f"@tensor_data/in_{k}" for k in feed},
-            "expected_out": {k: f"@tensor_data/out_{k}" for k in outputs}}
+    return recorded_self_test(tensor_dir, {arg.name: feed[arg.name] for arg in session.get_inputs()}, outputs)

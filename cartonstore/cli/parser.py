@@ -27,6 +27,7 @@ examples:
   cartonstore path resnet                 # prints the model directory
   cartonstore inspect f1cae514 --json
   cartonstore pack ./my-model -o my-model.carton --compression zstd
+  cartonstore pack model.pt --example input=x.npy -o model.carton
   cartonstore export resnet -o copy.carton
   cartonstore verify --repair
 
@@ -120,17 +121,18 @@ def _export(sp: argparse.ArgumentParser) -> None:
 
 def _pack(sp: argparse.ArgumentParser) -> None:
     sp.add_argument("directory", nargs="?",
-                    help="a carton directory, or a model file (model.onnx) or a directory holding one")
+                    help="a carton directory, or a model file (model.onnx, model.pt) or a directory holding one")
     _archive(sp)
     sp.add_argument("--name", help="from a model file: the carton's model_name (default: the file's name)")
     sp.add_argument("--dim", action="append", default=[], metavar="SYMBOL=SIZE|NEW_SYMBOL",
-                    help="from a model file: fix or rename a dimension the graph names (batch=8, N=batch)")
+                    help="from an .onnx file: fix or rename a dimension the graph names (batch=8, N=batch)")
     sp.add_argument("--self-test", action="append", default=[], metavar="INPUT=FILE.npy",
-                    help="from a model file: run the model once on these inputs and record it as a self-test")
+                    help="from an .onnx file: run the model once on these inputs and record it as a self-test")
     sp.add_argument("--python", metavar="FILE.py:FUNCTION",
                     help="a python model: FUNCTION() returns it; its directory becomes the carton's model/")
     sp.add_argument("--example", action="append", default=[], metavar="INPUT=FILE.npy",
-                    help="with --python: the inputs it is run on once, to record what it takes and returns")
+                    help="with a .pt file or --python: the inputs it is run on once, to record what it takes and "
+                         "returns")
     sp.add_argument("--link-prefix", metavar="URL", help="URL prefix for files listed in LINKS")
     sp.add_argument("--link-min-size", default="0", metavar="SIZE", help="files at least this big go to LINKS")
 
@@ -185,7 +187,7 @@ COMMANDS: dict[str, tuple[str, str, bool, Callable[[argparse.ArgumentParser], No
              "cartonstore push resnet oci://registry.example.com/models/resnet:v1", True, _push),
     "export": ("write a carton from the store to a .carton file", "cartonstore export my-model -o my-model.carton",
                False, _export),
-    "pack": ("pack an unpacked carton directory into a .carton file",
+    "pack": ("pack a carton directory, or make a carton of a model file (.onnx, .pt) or a python model",
              "cartonstore pack ./my-model -o my-model.carton --link-prefix https://cdn/x --link-min-size 64M",
              False, _pack),
     "rm": ("remove a carton, its model directory and blobs no other carton uses", "cartonstore rm my-model",

@@ -91,3 +91,73 @@ def output_problem(name: str, value: np.ndarray, declared: dict[str, TensorSpec]
                 return (f"output {name!r} has shape {list(value.shape)} but carton.toml declares "
                         f"{list(declared_shape)}")
     return None
+
+
+# -- TorchScript: forward's schema against the declaration -----------------
+# TorchScript types as torch prints them: "Tensor", "Optional[Tensor]",
+# "List[str]", "Dict[str, Tensor]", "Tuple[Tensor, Tensor]". A Tensor type
+# carries no dtype or rank; self-tests check those at load, output_problem
+# at every infer.
+
+_TENSOR_TYPES = {"Tensor", "Optional[Tensor]"}
+_STRING_TYPES = {"str", "List[str]", "Optional[str]", "Optional[List[str]]"}
+
+
+def takes_input_dict(arguments: Sequence[tuple[str, str, bool]]) -> bool:
+    """Carton's convention: forward takes one Dict[str, Tensor] of all inputs
+    (``arguments`` as (name, type, has_default), self left out)."""
+    return len(arguments) == 1 and arguments[0][1].startswith("Dict[str, ")
+
+
+def _tuple_elements(text: str) -> list[str]:
+    """"Tuple[Tensor, List[str]]" -> ["Tensor", "List[str]"]."""
+    body, depth, start, out = text[len("Tuple["):-1], 0, 0, []
+    for index, char in enumerate(body):
+        depth += char == "["
+        depth -= char == "]"
+        if char == "," and depth == 0:
+            out.append(body[start:index].strip())
+            start = index + 1
+    return [*out, body[start:].strip()] if body.strip() else out
+
+
+def _value_problem(role: str, spec: TensorSpec, type_text: str) -> str | None:
+    wanted = _STRING_TYPES if spec.dtype == "string" else _TENSOR_TYPES
+    if type_text in wanted:
+        return None
+    takes = "str or List[str]" if spec.dtype == "string" else "Tensor"
+    return f"{role} {spec.name!r} is {spec.dtype} in carton.toml, which the runner passes as {takes}, but forward's " \
+           f"{'argument' if role == 'input' else 'result'} is {type_text}"
+
+
+def forward_problems(arguments: Sequence[tuple[str, str, bool]], returns: str,
+                     inputs: Sequence[TensorSpec] | None, outputs: Sequence[TensorSpec] | None) -> list[str]:
+    """Every way a TorchScript forward, given as its arguments (name, type,
+    has_default; self left out) and its return type, cannot take the declared
+    inputs or give the declared outputs (None: not declared)."""
+    problems: list[str] = []
+    if inputs is not None and takes_input_dict(arguments):
+        problems += [f"input {s.name!r} is a string, but forward takes one {arguments[0][1]}"
+                     for s in inputs if s.dtype == "string" and not arguments[0][1].endswith("str]")]
+    elif inputs is not None:
+        by_name = {name: type_text for name, type_text, _ in arguments}
+        for spec in inputs:
+            if spec.name not in by_name:
+                problems.append(f"input {spec.name!r} is not an argument of forward (its arguments: "
+                                f"{_names(list(by_name))})")
+            elif (problem := _value_problem("input", spec, by_name[spec.name])) is not None:
+                problems.append(problem)
+        declared = {s.name for s in inputs}
+        missing = [name for name, _, has_default in arguments if not has_default and name not in declared]
+        if missing:
+            problems.append(f"forward needs argument(s) {_names(missing)} that carton.toml does not declare")
+    if outputs is None or returns.startswith(("Dict[str, ", "List[Tensor]")):
+        return problems   # named by the model, or as many as it returns: checked at infer
+    results = _tuple_elements(returns) if returns.startswith("Tuple[") else [returns]
+    if len(results) != len(outputs):
+        problems.append(f"forward returns {len(results)} value(s) ({returns}) but carton.toml declares "
+                        f"{len(outputs)} output(s): {_names([s.name for s in outputs])}")
+        return problems
+    problems += [p for spec, result in zip(outputs, results, strict=True)
+                 if (p := _value_problem("output", spec, result)) is not None]
+    return problems

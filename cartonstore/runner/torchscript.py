@@ -8,6 +8,8 @@ the carton's outputs in order; a single tensor as the one output. String
 inputs become str (0-d) or List[str] (1-d), and str / List[str] outputs
 come back as BYTES. Opts num_threads and num_interop_threads size torch's
 thread pools. On "cuda:N" the model runs on that GPU when torch sees one.
+At load, forward's schema is checked against carton.toml (declared.py):
+argument names and kinds, and how many values it returns.
 
 Run as: python -m cartonstore.runner.torchscript --model-dir ... --socket ...
 """
@@ -20,6 +22,7 @@ from typing import Any, Callable
 import numpy as np
 
 from .context import LoadError, RunnerContext, cuda_ordinal
+from .declared import forward_problems, takes_input_dict
 from .serving import main
 
 
@@ -34,22 +37,35 @@ def _device(torch: Any, ctx: RunnerContext) -> str:
     return f"cuda:{cuda_ordinal(device)}"
 
 
-def _caller(module: Any) -> Callable[[dict[str, Any]], Any]:
+# forward's arguments (name, type, has_default) and return type, as TorchScript prints them
+Schema = tuple[list[tuple[str, str, bool]], str]
+
+
+def _schema(module: Any) -> Schema | None:
+    """forward's arguments (name, type, has_default; self left out) and
+    return type as TorchScript prints them; None when it has no schema."""
+    try:
+        schema = module.forward.schema
+    except AttributeError:
+        return None
+    arguments = [(a.name, str(a.type), a.has_default_value()) for a in schema.arguments if a.name != "self"]
+    types = [str(r.type) for r in schema.returns]
+    return arguments, types[0] if len(types) == 1 else f"Tuple[{', '.join(types)}]"
+
+
+def _caller(module: Any, schema: Schema | None) -> Callable[[dict[str, Any]], Any]:
     """How to pass the inputs to forward: one dict (Carton's convention)
     or keyword arguments named like the inputs."""
-    try:
-        arguments = [a for a in module.forward.schema.arguments if a.name != "self"]
-    except AttributeError:
-        return lambda tensors: module(tensors)
-    if len(arguments) == 1 and str(arguments[0].type).startswith("Dict"):
+    if schema is None or takes_input_dict(schema[0]):
         return lambda tensors: module(tensors)
     return lambda tensors: module(**tensors)
 
 
 class TorchScriptModel:
-    def __init__(self, torch: Any, module: Any, device: str, output_names: list[str] | None) -> None:
+    def __init__(self, torch: Any, module: Any, device: str, output_names: list[str] | None,
+                 schema: Schema | None) -> None:
         self._torch = torch
-        self._call = _caller(module)
+        self._call = _caller(module, schema)
         self._device = device
         self._output_names = output_names
 
@@ -121,8 +137,12 @@ def load(ctx: RunnerContext) -> TorchScriptModel:
     except Exception as exc:  # noqa: BLE001 - torch raises RuntimeError and friends
         raise LoadError(f"torch.jit.load cannot load {path.name}: {type(exc).__name__}: {exc}") from None
     module.eval()
+    schema = _schema(module)
+    problems = forward_problems(*schema, ctx.inputs, ctx.outputs) if schema is not None else []
+    if problems:
+        raise LoadError(f"{path.name} does not match carton.toml: " + "; ".join(problems))
     names = [spec.name for spec in ctx.outputs] if ctx.outputs is not None else None
-    return TorchScriptModel(torch, module, device, names)
+    return TorchScriptModel(torch, module, device, names, schema)
 
 
 if __name__ == "__main__":

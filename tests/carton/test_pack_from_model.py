@@ -101,7 +101,7 @@ def test_a_zipmap_classifier_and_other_mistakes_are_refused(tmp_path: Path, caps
     for n in ("a.onnx", "b.onnx"):
         (tmp_path / "two" / n).write_bytes(model.read_bytes())
     assert main(["pack", str(tmp_path / "two"), "-o", str(out)]) == 4
-    assert "holds no carton.toml and 2 .onnx files" in capsys.readouterr().err
+    assert "holds no carton.toml and 2 model files (.onnx, .pt)" in capsys.readouterr().err
     assert not out.exists()
 
 
@@ -155,7 +155,7 @@ def test_a_python_model_that_fails_or_is_misnamed_is_refused(tmp_path: Path, cap
     assert "the model failed on the examples" in err["error"] and "negative input, on purpose" in err["stderr"][-1]
     for args, words in (([f"{entry}"], "expected FILE.py:FUNCTION"),
                         ([f"{tmp_path / 'nope.py'}:get_model"], "is not a file"),
-                        ([f"{entry}:get_model"], "--python needs --example")):
+                        ([f"{entry}:get_model"], "give --example INPUT=FILE.npy for each input")):
         assert main(["pack", "--python", *args, "-o", str(out)]) == 4
         assert words in capsys.readouterr().err
     assert main(["pack", str(tmp_path), "--python", f"{entry}:get_model", "-o", str(out)]) == 4

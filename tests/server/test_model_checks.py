@@ -136,3 +136,64 @@ def test_outputs_are_checked_at_infer(daemon: DaemonProcess, tmp_path: Path) -> 
             infer(kind)
     assert infer(4).as_numpy("s").tolist() == [b"a"]
     c.close()
+
+
+TWO_RESULTS = '''
+import torch
+from typing import Tuple
+
+class Model(torch.nn.Module):
+    def forward(self, x: torch.Tensor, k: int = 2) -> Tuple[torch.Tensor, torch.Tensor]:
+        return x * k, x.sum(dim=1)
+'''
+
+
+def _torchscript(dest: Path, inputs: list, outputs: list) -> Path:
+    """A scripted TorchScript model taking x (and an int with a default), returning two tensors."""
+    torch = pytest.importorskip("torch", reason="torch is not installed in this environment")
+    import importlib.util
+
+    (dest / "model").mkdir(parents=True)
+    source = dest.parent / f"{dest.name}_src.py"
+    source.write_text(TWO_RESULTS)
+    spec = importlib.util.spec_from_file_location(source.stem, source)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    torch.jit.script(module.Model()).save(str(dest / "model" / "model.pt"))
+    (dest / "carton.toml").write_text(carton_toml("torchscript", ">=2.0", {"num_threads": 1}, model_name=dest.name,
+                                                  inputs=inputs, outputs=outputs))
+    return dest
+
+
+TS_IN = [("x", "float32", ["N", 3])]
+TS_OUT = [("doubled", "float32", ["N", 3]), ("total", "float32", ["N"])]
+
+
+def test_a_torchscript_model_that_matches_loads_and_names_its_results(daemon: DaemonProcess, tmp_path: Path) -> None:
+    status, body = _load(daemon, "ts", _torchscript(tmp_path / "ts", TS_IN, TS_OUT))
+    assert status == 200, body
+    c = triton.InferenceServerClient(daemon.host_port)
+    x = triton.InferInput("x", [2, 3], "FP32")
+    x.set_data_from_numpy(np.arange(6, dtype=np.float32).reshape(2, 3))
+    out = c.infer("ts", [x])
+    assert out.as_numpy("doubled").tolist() == [[0, 2, 4], [6, 8, 10]] and out.as_numpy("total").tolist() == [3, 12]
+    c.close()
+
+
+@pytest.mark.parametrize("inputs,outputs,words", [
+    ([("features", "float32", ["N", 3])], TS_OUT,
+     ["input 'features' is not an argument of forward (its arguments: 'x', 'k')",
+      "forward needs argument(s) 'x' that carton.toml does not declare"]),
+    ([("x", "string", ["N"])], TS_OUT,
+     ["input 'x' is string in carton.toml, which the runner passes as str or List[str], but forward's argument is "
+      "Tensor"]),
+    (TS_IN, TS_OUT[:1],
+     ["forward returns 2 value(s) (Tuple[Tensor, Tensor]) but carton.toml declares 1 output(s): 'doubled'"]),
+], ids=["renamed-input", "string-input", "one-output"])
+def test_a_torchscript_mismatch_refuses_the_load_naming_it(daemon: DaemonProcess, tmp_path: Path, inputs, outputs,  # noqa: ANN001
+                                                           words) -> None:  # noqa: ANN001
+    status, body = _load(daemon, "tsm", _torchscript(tmp_path / "tsm", inputs, outputs))
+    assert status == 400, body
+    assert "model.pt does not match carton.toml: " in body["error"]
+    for w in words:
+        assert w in body["error"], (w, body["error"])
