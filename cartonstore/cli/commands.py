@@ -127,13 +127,12 @@ def cmd_selftest(store: Store, args: argparse.Namespace, out: Output) -> int:
 
     client = InferClient(args.settings.socket_path)
     runners = args.settings.runners
-    rtol = runners.selftest_rtol if args.rtol is None else args.rtol
-    atol = runners.selftest_atol if args.atol is None else args.atol
     loaded: dict[str, bool] = {}
     try:
         try:
             with loaded_for_this_command(client, args, loaded):
-                report = client.selftest(args.ref, rtol=rtol, atol=atol)
+                # no tolerance given: the daemon's for the model's device (selftest_rtol[_cuda])
+                report = client.selftest(args.ref, rtol=args.rtol, atol=args.atol)
         except InvalidInput as e:   # the daemon ran them on load (runners.selftest_on_load) and they failed
             if "self-test failed" not in e.message:
                 raise
@@ -142,6 +141,8 @@ def cmd_selftest(store: Store, args: argparse.Namespace, out: Output) -> int:
     except DaemonUnavailable:
         from .local_infer import selftest_locally
 
+        rtol = runners.selftest_rtol if args.rtol is None else args.rtol   # a runner of its own: on the CPU
+        atol = runners.selftest_atol if args.atol is None else args.atol
         report = selftest_locally(store, args.settings, args.ref, rtol, atol).as_json()
     lines = [f"{t['outcome'].upper().replace('PASSED', 'PASS').replace('FAILED', 'FAIL')} {t['name']}"
              + (f": {t['error']}" if "error" in t else "")

@@ -88,8 +88,10 @@ def _infer(sp: argparse.ArgumentParser) -> None:
 
 def _selftest(sp: argparse.ArgumentParser) -> None:
     sp.add_argument("ref", help="the model's name (or, with no daemon, any REF)")
-    sp.add_argument("--rtol", type=float, help="relative tolerance (default: runners.selftest_rtol)")
-    sp.add_argument("--atol", type=float, help="absolute tolerance (default: runners.selftest_atol)")
+    sp.add_argument("--rtol", type=float,
+                    help="relative tolerance (default: runners.selftest_rtol; selftest_rtol_cuda on a GPU)")
+    sp.add_argument("--atol", type=float,
+                    help="absolute tolerance (default: runners.selftest_atol; selftest_atol_cuda on a GPU)")
     sp.add_argument("--socket", help=SOCKET_HELP)
     sp.add_argument("--unload-after", action="store_true", help=UNLOAD_AFTER_HELP)
 

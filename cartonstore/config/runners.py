@@ -151,6 +151,11 @@ class RunnerSettings:
     selftest_on_load: bool = v.setting(True, v.boolean)
     selftest_rtol: float = v.setting(1e-5, v.tolerance)
     selftest_atol: float = v.setting(1e-8, v.tolerance)
+    # A model on a GPU: other kernels, other summation orders, and TF32
+    # (onnxruntime's CUDA provider and torch's cuDNN convolutions use it by
+    # default) give about 1e-3 relative error against a CPU-recorded answer.
+    selftest_rtol_cuda: float = v.setting(1e-3, v.tolerance)
+    selftest_atol_cuda: float = v.setting(1e-5, v.tolerance)
     commands: Mapping[str, RunnerCommand] = v.setting(None, parse_commands, _show_commands,
                                                      factory=lambda: MappingProxyType({}))
     sandbox: str = v.setting("auto", v.choice("auto", "bwrap", "landlock", "none"))
@@ -159,3 +164,9 @@ class RunnerSettings:
     max_processes: int = v.setting(512, v.integer(0))        # processes and threads; 0: no limit
     sandbox_paths: tuple[str, ...] = v.setting((), _paths)    # more that runners may read
     network: frozenset[str] = v.setting(frozenset(), _network, _show_network)
+
+    def selftest_tolerances(self, devices: list[str] | tuple[str, ...]) -> tuple[float, float]:
+        """(rtol, atol) for a model on ``devices``: the _cuda pair when any is a GPU."""
+        if any(d.startswith("cuda") for d in devices):
+            return self.selftest_rtol_cuda, self.selftest_atol_cuda
+        return self.selftest_rtol, self.selftest_atol

@@ -62,6 +62,16 @@ class RunnerContext:
             raise LoadError(f"runner option {key!r} must be an integer >= {minimum}, not {value!r}")
         return value
 
+    def opt_bool(self, key: str, default: bool) -> bool:
+        """A boolean option (Triton's string parameters "true"/"false" too),
+        or ``default``; LoadError for anything else."""
+        value = self.opts.get(key, default)
+        if isinstance(value, str) and value.strip().lower() in ("true", "false"):
+            value = value.strip().lower() == "true"
+        if not isinstance(value, bool):
+            raise LoadError(f"runner option {key!r} must be true or false, not {value!r}")
+        return value
+
     def opt_str(self, key: str, default: str | None = None) -> str | None:
         value = self.opts.get(key, default)
         if value is not None and (not isinstance(value, str) or not value):

@@ -4,8 +4,8 @@ The model is model/model.onnx, or the file [runner.opts] model_file names
 (relative to model/). Carton input names are the ONNX graph's input names;
 the graph is checked against carton.toml at load (declared.py) and only
 the declared outputs are computed.
-On a "cuda:N" device the CUDA execution provider is used when this
-onnxruntime has it, else the CPU. Opts intra_op_num_threads and
+On a "cuda:N" device the CUDA execution provider is used, and the load
+fails naming why when this onnxruntime has none or cannot start it. Opts intra_op_num_threads and
 inter_op_num_threads size onnxruntime's thread pools.
 
 Run as: python -m cartonstore.runner.onnx --model-dir ... --socket ...
@@ -13,6 +13,7 @@ Run as: python -m cartonstore.runner.onnx --model-dir ... --socket ...
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Any
 
@@ -28,10 +29,22 @@ def _providers(ort: Any, ctx: RunnerContext) -> list[Any]:
     if device is None:
         return ["CPUExecutionProvider"]
     if "CUDAExecutionProvider" not in ort.get_available_providers():
-        print(f"cartonstore onnx runner: {device} asked for, but this onnxruntime has no "
-              "CUDAExecutionProvider; running on the CPU", file=sys.stderr)
-        return ["CPUExecutionProvider"]
+        raise LoadError(f"the model is placed on {device}, but this onnxruntime ({ort.__version__}) has no "
+                        f"CUDAExecutionProvider (its providers: {', '.join(ort.get_available_providers())}; "
+                        "install onnxruntime-gpu)")
+    # CPU as the second provider runs the nodes CUDA has no kernel for, as onnxruntime does on GPUs
     return [("CUDAExecutionProvider", {"device_id": cuda_ordinal(device)}), "CPUExecutionProvider"]
+
+
+def _check_placed(session: Any, ctx: RunnerContext) -> None:
+    """onnxruntime falls back to the CPU, with a warning only, when its CUDA
+    provider cannot start (no driver, no usable GPU, a missing cuDNN): a model
+    the daemon says is on cuda:N must not run on the CPU unsaid."""
+    device = ctx.cuda_device()
+    if device is not None and "CUDAExecutionProvider" not in session.get_providers():
+        raise LoadError(f"the model is placed on {device}, but onnxruntime could not start its CUDA provider "
+                        f"(the session's providers: {', '.join(session.get_providers())}; "
+                        f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r})")
 
 
 class OnnxModel:
@@ -76,6 +89,7 @@ def load(ctx: RunnerContext) -> OnnxModel:
         session = ort.InferenceSession(str(path), sess_options=options, providers=_providers(ort, ctx))
     except Exception as exc:  # noqa: BLE001 - onnxruntime raises its own exception types
         raise LoadError(f"onnxruntime cannot load {path.name}: {type(exc).__name__}: {exc}") from None
+    _check_placed(session, ctx)
     problems = graph_problems([(i.name, i.type, i.shape) for i in session.get_inputs()],
                               [(o.name, o.type, o.shape) for o in session.get_outputs()], ctx.inputs, ctx.outputs,
                               [(i.name, i.type, i.shape) for i in session.get_overridable_initializers()])

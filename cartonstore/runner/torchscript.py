@@ -7,7 +7,10 @@ name. Outputs: a dict by name; a tuple (or a list of tensors) mapped onto
 the carton's outputs in order; a single tensor as the one output. String
 inputs become str (0-d) or List[str] (1-d), and str / List[str] outputs
 come back as BYTES. Opts num_threads and num_interop_threads size torch's
-thread pools. On "cuda:N" the model runs on that GPU when torch sees one.
+thread pools. On "cuda:N" the model runs on that GPU, and the load fails
+naming why when torch cannot use it; inputs reach it through reused pinned
+buffers (torch_staging.py; opt pinned_staging = false: pageable copies).
+BF16 tensors cross as their bit patterns, exactly.
 At load, forward's schema is checked against carton.toml (declared.py):
 argument names and kinds, and how many values it returns.
 
@@ -16,6 +19,7 @@ Run as: python -m cartonstore.runner.torchscript --model-dir ... --socket ...
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Any, Callable
 
@@ -24,17 +28,26 @@ import numpy as np
 from .context import LoadError, RunnerContext, cuda_ordinal
 from .declared import forward_problems, takes_input_dict
 from .serving import main
+from .torch_staging import TensorStaging
 
 
 def _device(torch: Any, ctx: RunnerContext) -> str:
+    """The torch device for the load's device; LoadError when it is a GPU
+    torch cannot use (never a silent fall back to the CPU while the daemon
+    says cuda:N)."""
     device = ctx.cuda_device()
     if device is None:
         return "cpu"
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if not torch.cuda.is_available():
-        print(f"cartonstore torchscript runner: {device} asked for, but torch sees no CUDA device; "
-              "running on the CPU", file=sys.stderr)
-        return "cpu"
-    return f"cuda:{cuda_ordinal(device)}"
+        why = ("this torch is built without CUDA" if torch.version.cuda is None
+               else f"torch (CUDA {torch.version.cuda}) finds no usable GPU; CUDA_VISIBLE_DEVICES={visible!r}")
+        raise LoadError(f"the model is placed on {device}, but {why} (torch {torch.__version__})")
+    ordinal = cuda_ordinal(device)
+    if ordinal >= torch.cuda.device_count():
+        raise LoadError(f"the model is placed on {device}, but torch sees {torch.cuda.device_count()} GPU(s) "
+                        f"(CUDA_VISIBLE_DEVICES={visible!r})")
+    return f"cuda:{ordinal}"
 
 
 # forward's arguments (name, type, has_default) and return type, as TorchScript prints them
@@ -62,11 +75,11 @@ def _caller(module: Any, schema: Schema | None) -> Callable[[dict[str, Any]], An
 
 
 class TorchScriptModel:
-    def __init__(self, torch: Any, module: Any, device: str, output_names: list[str] | None,
+    def __init__(self, torch: Any, module: Any, staging: TensorStaging, output_names: list[str] | None,
                  schema: Schema | None) -> None:
         self._torch = torch
         self._call = _caller(module, schema)
-        self._device = device
+        self._staging = staging
         self._output_names = output_names
 
     def _to_torch(self, name: str, array: np.ndarray) -> Any:
@@ -77,16 +90,17 @@ class TorchScriptModel:
             if array.ndim == 1:
                 return strings
             raise ValueError(f"input {name!r}: string tensors must have 0 or 1 dimensions, not {array.ndim}")
-        # from_numpy shares memory; it needs an aligned, writable array
-        # (binary inputs are views at arbitrary offsets of the body).
-        array = np.require(array, requirements=["A", "C", "W"])
-        return self._torch.from_numpy(array).to(self._device, non_blocking=True)
+        return self._staging.to_device(array, name)
 
     def infer(self, inputs: dict[str, np.ndarray], parameters: dict[str, Any]) -> dict[str, Any]:
-        tensors = {name: self._to_torch(name, array) for name, array in inputs.items()}
-        with self._torch.inference_mode():
-            result = self._call(tensors)
-        return {name: self._to_numpy(name, value) for name, value in self._name_outputs(result).items()}
+        try:
+            tensors = {name: self._to_torch(name, array) for name, array in inputs.items()}
+            with self._torch.inference_mode():
+                result = self._call(tensors)
+            return {name: self._to_numpy(name, value) for name, value in self._name_outputs(result).items()}
+        except BaseException:
+            self._staging.settle()   # no staging buffer is rewritten while a copy from it may run
+            raise
 
     def _names(self, count: int) -> list[str]:
         names = self._output_names or [f"output{i}" for i in range(count)]
@@ -106,10 +120,7 @@ class TorchScriptModel:
     def _to_numpy(self, name: str, value: Any) -> np.ndarray:
         torch = self._torch
         if isinstance(value, torch.Tensor):
-            value = value.detach().cpu()
-            if value.dtype == torch.bfloat16:  # numpy has no bfloat16 of its own
-                value = value.float()
-            return value.numpy()
+            return self._staging.to_numpy(value)
         if isinstance(value, str):
             return np.array(value, dtype=object)
         if isinstance(value, list) and all(isinstance(item, str) for item in value):
@@ -142,7 +153,8 @@ def load(ctx: RunnerContext) -> TorchScriptModel:
     if problems:
         raise LoadError(f"{path.name} does not match carton.toml: " + "; ".join(problems))
     names = [spec.name for spec in ctx.outputs] if ctx.outputs is not None else None
-    return TorchScriptModel(torch, module, device, names, schema)
+    staging = TensorStaging(torch, device, pinned=ctx.opt_bool("pinned_staging", True))
+    return TorchScriptModel(torch, module, staging, names, schema)
 
 
 if __name__ == "__main__":

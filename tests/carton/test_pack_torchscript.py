@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from kit.runnerkit import save_scripted
 
 from cartonstore.cli.commands import main
 
@@ -35,15 +36,7 @@ def _traced_mlp(dest: Path) -> Path:
 
 
 def _scripted(tmp_path: Path) -> Path:
-    import importlib.util
-
-    source = tmp_path / "scorer_src.py"
-    source.write_text(SCRIPTED)
-    spec = importlib.util.spec_from_file_location("scorer_src", source)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)  # type: ignore[union-attr]
-    torch.jit.script(module.Scorer()).save(str(tmp_path / "scorer.pt"))
-    return tmp_path / "scorer.pt"
+    return save_scripted(SCRIPTED, "Scorer", tmp_path / "scorer.pt")
 
 
 def _inspect(path: Path, capsys) -> dict:  # noqa: ANN001

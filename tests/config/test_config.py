@@ -154,6 +154,8 @@ DEFAULTS = {
     "runners.selftest_on_load": True,
     "runners.selftest_rtol": 1e-5,
     "runners.selftest_atol": 1e-8,
+    "runners.selftest_rtol_cuda": 1e-3,
+    "runners.selftest_atol_cuda": 1e-5,
     "runners.commands": {},
     "runners.sandbox": "auto",
     "runners.user": "cartonstore-runner",
@@ -308,6 +310,8 @@ FILE_VALUES = [
     ("runners.selftest_on_load", "false", False),
     ("runners.selftest_rtol", "0.001", 0.001),
     ("runners.selftest_atol", '"1e-6"', 1e-6),
+    ("runners.selftest_rtol_cuda", "0.01", 0.01),
+    ("runners.selftest_atol_cuda", "0", 0.0),
     ("runners.sandbox", '"landlock"', "landlock"),
     ("runners.user", '"65534"', "65534"),
     ("runners.memory_limit", '"2GiB"', 2 << 30),
@@ -590,6 +594,8 @@ BAD_VALUES = [
     ("runners.max_inflight", "0", "expected an integer >= 1"),
     ("runners.selftest_on_load", '"maybe"', "expected true or false"),
     ("runners.selftest_rtol", "-1", "expected a number >= 0"),
+    ("runners.selftest_rtol_cuda", '"lots"', "expected a number >= 0"),
+    ("runners.selftest_atol_cuda", "-0.5", "expected a number >= 0"),
     ("runners.selftest_atol", '"nan"', "expected a number >= 0"),
     ("runners.sandbox", '"docker"', "expected one of"),
     ("runners.user", '"two words"', "expected a user name"),
@@ -1098,3 +1104,12 @@ def test_auto_check_workers_is_one_per_core_at_most_eight() -> None:
     assert load_config(env={}).server.check_worker_count == max(1, min(8, len(os.sched_getaffinity(0))))
     assert load_config(env={}, overrides={"server.check_workers": 3}).server.check_worker_count == 3
     assert load_config(env={}, overrides={"server.check_workers": 0}).server.check_worker_count == 0
+
+
+def test_self_test_tolerances_follow_the_models_device() -> None:
+    from cartonstore.config.runners import RunnerSettings
+
+    runners = RunnerSettings(selftest_rtol=1e-5, selftest_atol=1e-8, selftest_rtol_cuda=1e-2, selftest_atol_cuda=1e-4)
+    assert runners.selftest_tolerances(["cpu"]) == (1e-5, 1e-8)
+    assert runners.selftest_tolerances(["cpu", "cuda:1"]) == (1e-2, 1e-4)
+    assert runners.selftest_tolerances([]) == (1e-5, 1e-8)

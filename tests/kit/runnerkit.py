@@ -197,21 +197,30 @@ class Affine(torch.nn.Module):
 '''
 
 
-def torchscript_model_dir(tmp: Path, *, name: str = "affine-pt") -> Path:
-    """The onnx model's maths as TorchScript (Carton's dict convention).
-    Needs torch importable in this python."""
+def save_scripted(source: str, class_name: str, dest: Path) -> Path:
+    """torch.jit.script of ``class_name()`` from the python ``source``, saved
+    at ``dest`` (TorchScript reads a module's source from its file, so the
+    source is written beside it first). Needs torch."""
     import importlib.util
 
     import torch
 
-    source = tmp / f"_{name.replace('-', '_')}_src.py"
-    source.write_text(_TORCH_MODULE)
-    spec = importlib.util.spec_from_file_location(source.stem, source)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    module_file = dest.parent / f"_{dest.stem.replace('-', '_')}_{class_name.lower()}_src.py"
+    module_file.write_text(source)
+    spec = importlib.util.spec_from_file_location(module_file.stem, module_file)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)  # type: ignore[union-attr]
+    torch.jit.script(getattr(module, class_name)()).save(str(dest))
+    module_file.unlink()   # not part of the carton
+    return dest
+
+
+def torchscript_model_dir(tmp: Path, *, name: str = "affine-pt") -> Path:
+    """The onnx model's maths as TorchScript (Carton's dict convention).
+    Needs torch importable in this python."""
     root = tmp / name
-    (root / "model").mkdir(parents=True)
-    torch.jit.script(module.Affine()).save(str(root / "model" / "model.pt"))
+    save_scripted(_TORCH_MODULE, "Affine", root / "model" / "model.pt")
     (root / "carton.toml").write_text(carton_toml("torchscript", ">=2.0", None, model_name=name,
                                                   inputs=ONNX_DECLS_IN, outputs=ONNX_DECLS_OUT))
     return root
@@ -238,11 +247,27 @@ def runner_argv(kind: str, model_dir: Path, socket_path: Path, *, name: str = "m
             "--version", version, "--opts", values["opts"], "--devices", devices]
 
 
-def start_runner(kind: str, model_dir: Path, socket_path: Path, **kwargs: Any) -> subprocess.Popen:
-    """A runner process (stderr piped; read it with stop_runner)."""
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
+def start_runner(kind: str, model_dir: Path, socket_path: Path, *, env: dict[str, str] | None = None,
+                 **kwargs: Any) -> subprocess.Popen:
+    """A runner process (stderr piped; read it with stop_runner); ``env`` adds to this process's."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1", **(env or {}))
     return subprocess.Popen(runner_argv(kind, model_dir, socket_path, **kwargs), env=env,
                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+
+def runner_infer(sock: Path, inputs: dict[str, Any], **kw: Any) -> tuple[int, Any]:
+    """One v2 infer straight to a runner's socket (encode_infer_request's
+    keywords): (status, (doc, outputs)) on 200, else (status, error JSON)."""
+    from cartonstore.v2.framing import encode_infer_request, parse_infer_response
+
+    parts, header_length = encode_infer_request(inputs, **kw)
+    hcl = "Inference-Header-Content-Length"
+    status, headers, body = unix_request(sock, "POST", "/v2/models/m/infer", b"".join(parts),
+                                         {hcl: str(header_length)} if header_length else {})
+    if status != 200:
+        return status, json.loads(body)
+    length = headers.get(hcl)
+    return status, parse_infer_response(body, int(length) if length else None)
 
 
 def unix_request(socket_path: Path, method: str, path: str, body: bytes | None = None,

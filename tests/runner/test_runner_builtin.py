@@ -28,15 +28,16 @@ from kit.runnerkit import (
     stop_runner,
     torchscript_model_dir,
     unix_get,
-    unix_request,
     wait_gone,
     wait_ready,
+)
+from kit.runnerkit import (
+    runner_infer as infer,
 )
 
 from cartonstore.config.runner_command import fill_argv
 from cartonstore.runner.builtin import BUILTIN_RUNNERS, FRAMEWORK_VERSION_PROBES
 from cartonstore.runner.lifecycle import EXIT_LOAD_FAILED
-from cartonstore.v2.framing import encode_infer_request, parse_infer_response
 
 HCL = "Inference-Header-Content-Length"
 HAVE_TORCH = importlib.util.find_spec("torch") is not None
@@ -91,17 +92,6 @@ def typed(base: Path):
 @pytest.fixture(scope="module")
 def onnx_runner(base: Path):
     yield from _serve("onnx", onnx_model_dir(base), base / "onnx.sock", opts={"intra_op_num_threads": 1})
-
-
-def infer(sock: Path, inputs: dict[str, np.ndarray], **kw: Any) -> tuple[int, Any]:
-    """(status, (doc, outputs)) on 200, else (status, error JSON)."""
-    parts, header_length = encode_infer_request(inputs, **kw)
-    status, headers, body = unix_request(sock, "POST", "/v2/models/m/infer", b"".join(parts),
-                                         {HCL: str(header_length)} if header_length else {})
-    if status != 200:
-        return status, json.loads(body)
-    length = headers.get(HCL)
-    return status, parse_infer_response(body, int(length) if length else None)
 
 
 def sample(dtype: str, *, utf8_only: bool) -> np.ndarray:

@@ -445,3 +445,17 @@ def test_integer_options_from_triton_load_parameters_arrive_as_strings() -> None
     for key in ("bad", "low"):
         with pytest.raises(LoadError, match=f"runner option '{key}' must be an integer >= 1"):
             ctx.opt_int(key, 1, minimum=1)
+
+
+def test_boolean_options_take_true_false_and_their_strings() -> None:
+    import pytest
+
+    from cartonstore.runner.context import LoadError, RunnerContext
+
+    ctx = RunnerContext(Path("/m"), Path("/s"), {"a": False, "b": " TRUE ", "c": "false", "d": "yes", "e": 1},
+                        ["cpu"], "m", "1")
+    assert (ctx.opt_bool("a", True), ctx.opt_bool("b", False), ctx.opt_bool("c", True)) == (False, True, False)
+    assert ctx.opt_bool("absent", True) is True
+    for key in ("d", "e"):
+        with pytest.raises(LoadError, match=f"runner option '{key}' must be true or false"):
+            ctx.opt_bool(key, True)

@@ -6,7 +6,6 @@ answers with exactly what it received, and end to end with tritonclient."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import tritonclient.http as triton
 from kit.daemonkit import DaemonProcess, call
-from kit.runnerkit import carton_toml
+from kit.runnerkit import carton_toml, save_scripted
 from tritonclient.utils import InferenceServerException
 
 
@@ -150,16 +150,8 @@ class Model(torch.nn.Module):
 
 def _torchscript(dest: Path, inputs: list, outputs: list) -> Path:
     """A scripted TorchScript model taking x (and an int with a default), returning two tensors."""
-    torch = pytest.importorskip("torch", reason="torch is not installed in this environment")
-    import importlib.util
-
-    (dest / "model").mkdir(parents=True)
-    source = dest.parent / f"{dest.name}_src.py"
-    source.write_text(TWO_RESULTS)
-    spec = importlib.util.spec_from_file_location(source.stem, source)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)  # type: ignore[union-attr]
-    torch.jit.script(module.Model()).save(str(dest / "model" / "model.pt"))
+    pytest.importorskip("torch", reason="torch is not installed in this environment")
+    save_scripted(TWO_RESULTS, "Model", dest / "model" / "model.pt")
     (dest / "carton.toml").write_text(carton_toml("torchscript", ">=2.0", {"num_threads": 1}, model_name=dest.name,
                                                   inputs=inputs, outputs=outputs))
     return dest

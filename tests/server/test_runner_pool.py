@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 from kit.prockit import live_pids, script_leaving_no_process, wait_gone
 
-from cartonstore.errors import InvalidInput, Unavailable
+from cartonstore.errors import CartonStoreError, InvalidInput, Unavailable
 from cartonstore.server.runners import (
     InstanceSpec,
     ModelRunners,
@@ -198,6 +198,39 @@ def test_start_forward_stop(script: Path, short_tmp: Path) -> None:
 
     run(go())
     assert "READY" in changes and changes[-1] == "UNAVAILABLE"
+
+
+def test_a_gpu_is_named_as_the_daemons_own_cuda_visible_devices_names_it(script: Path, short_tmp: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """A daemon given GPUs 5 and 7 places cuda:1 on GPU 7; cuda:2 it was not given."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "5,7")
+
+    async def go() -> None:
+        runners = ModelRunners("m", "1", [spec(script, short_tmp, device="cuda:1")], RunnerSettings(**FAST))
+        await runners.start()
+        try:
+            assert (await infer(runners))["cuda"] == "7"
+        finally:
+            await runners.stop()
+        beyond = ModelRunners("m", "1", [spec(script, short_tmp, device="cuda:2")], RunnerSettings(**FAST))
+        with pytest.raises(CartonStoreError) as raised:
+            await beyond.start()
+        assert "cuda:2 is not a GPU this daemon was given: CUDA_VISIBLE_DEVICES is '5,7' (cuda:0 is GPU 5, " \
+               "cuda:1 is GPU 7)" in str(raised.value)
+        await beyond.stop()
+
+    run(go())
+
+
+def test_physical_gpu_follows_the_inherited_list() -> None:
+    from cartonstore.server.runners.settings import physical_gpu
+
+    assert physical_gpu("cuda:3", None) == "3"
+    assert physical_gpu("cuda:0", "2,3") == "2" and physical_gpu("cuda:1", " 2 , 3 ") == "3"
+    assert physical_gpu("cuda:0", "GPU-5a1b") == "GPU-5a1b"
+    for inherited, words in (("", "no GPU"), ("2", "cuda:0 is GPU 2")):
+        with pytest.raises(InvalidInput, match=words):
+            physical_gpu("cuda:1", inherited)
 
 
 def test_cpu_instance_sees_no_gpu(script: Path, short_tmp: Path) -> None:

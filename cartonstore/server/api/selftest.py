@@ -5,7 +5,7 @@ here; a load turns it into a 400 (SelfTestFailed)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from aiohttp import web
 
@@ -16,17 +16,13 @@ from cartonstore.server.models.selftest import self_test
 from .context import body_json, svc
 from .infer import serving_model
 
-if TYPE_CHECKING:
-    from cartonstore.server.models.service import ModelService
 
-
-def _tolerances(doc: dict[str, Any], service: ModelService) -> tuple[float, float]:
-    settings = service.runner_host.config
+def _tolerances(doc: dict[str, Any], defaults: tuple[float, float]) -> tuple[float, float]:
     unknown = sorted(set(doc) - {"rtol", "atol"})
     if unknown:
         raise InvalidInput(f"unknown field(s) in the selftest request: {', '.join(unknown)} (it takes rtol, atol)")
     out = []
-    for key, default in (("rtol", settings.selftest_rtol), ("atol", settings.selftest_atol)):
+    for key, default in zip(("rtol", "atol"), defaults, strict=True):
         try:
             out.append(tolerance(doc[key]) if key in doc else default)
         except BadValue as e:
@@ -38,7 +34,8 @@ async def selftest(request: web.Request) -> web.Response:
     service = svc(request)
     name, version = request.match_info["name"], request.match_info.get("version")
     model = serving_model(service, name, version)
-    rtol, atol = _tolerances(await body_json(request), service)
+    devices = model.runners.devices if model.runners is not None else []
+    rtol, atol = _tolerances(await body_json(request), service.runner_host.config.selftest_tolerances(devices))
     report = await self_test(model, service.store.layout.model_path(model.digest), rtol, atol)
     return web.json_response({"model_name": name, "model_version": model.digest, **report.as_json()})
 

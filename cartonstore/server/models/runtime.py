@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import os
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
@@ -18,6 +19,7 @@ from cartonstore.errors import InvalidInput
 from cartonstore.format.carton_toml import CartonConfig
 from cartonstore.server.runners import ModelRunners, RunnerSettings, clean_stale_sockets, ensure_run_dir
 from cartonstore.server.runners.sandbox import CGROUP_PREFIX, prerequisites
+from cartonstore.server.runners.settings import physical_gpu
 from cartonstore.server.tensors.arena import TensorArena
 from cartonstore.system.cgroups import remove_stale as remove_stale_cgroups
 from cartonstore.system.cgroups import take_delegation
@@ -52,6 +54,10 @@ class RunnerHost:
     def prepare(self) -> None:
         """At daemon start: the socket directory, without sockets of runners
         that died with an earlier daemon."""
+        inherited = os.environ.get("CUDA_VISIBLE_DEVICES")
+        for device in self.config.devices:   # a GPU the daemon was not given fails the start, not each load
+            if device != "cpu":
+                physical_gpu(device, inherited)
         ensure_run_dir(self.run_dir)
         for path in clean_stale_sockets(self.run_dir):
             log.info("removed stale runner socket %s", path)

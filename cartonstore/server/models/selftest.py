@@ -43,7 +43,7 @@ async def self_tested_on_load(runner_host: RunnerHost, model: LoadedModel, model
     if model.runners is None or not settings.selftest_on_load or not model.carton.self_tests:
         return
     try:
-        report = await self_test(model, model_dir, settings.selftest_rtol, settings.selftest_atol)
+        report = await self_test(model, model_dir, *settings.selftest_tolerances(model.runners.devices))
     except BaseException:
         await _stop(runner_host, model)
         raise

@@ -20,7 +20,7 @@ import socket
 import subprocess
 import time
 
-from cartonstore.errors import CartonStoreError
+from cartonstore.errors import CartonStoreError, InvalidInput
 from cartonstore.system.cgroups import RunnerCgroup
 from cartonstore.system.exit_notice import ExitNoticingProtocol
 from cartonstore.system.parent_death import die_with
@@ -112,7 +112,10 @@ class RunnerProcess:
         sandbox.py Confinement, handed its socket, bound here."""
         env = dict(os.environ)
         env.update(spec.env)
-        env["CUDA_VISIBLE_DEVICES"] = spec.cuda_visible_devices()
+        try:
+            env["CUDA_VISIBLE_DEVICES"] = spec.cuda_visible_devices(os.environ.get("CUDA_VISIBLE_DEVICES"))
+        except InvalidInput as e:
+            raise RunnerFailed(str(e)) from None
         env.pop(ARENA_FD_ENV, None)
         argv, pass_fds, preexec = list(spec.argv), (), functools.partial(die_with, os.getpid())
         confinement = listen = shm_channel = runner_end = None

@@ -70,9 +70,27 @@ class InstanceSpec:
         if self.sandbox is not None and self.model_dir is None:
             raise InvalidInput("a sandboxed runner needs its model directory")
 
-    def cuda_visible_devices(self) -> str:
-        """CUDA_VISIBLE_DEVICES for this instance: none for cpu, exactly its GPU otherwise."""
-        return "" if self.device == "cpu" else self.device.split(":", 1)[1]
+    def cuda_visible_devices(self, inherited: str | None) -> str:
+        """CUDA_VISIBLE_DEVICES for this instance: none for cpu, exactly its
+        GPU otherwise, as the daemon's own CUDA_VISIBLE_DEVICES (``inherited``)
+        numbers them (physical_gpu)."""
+        return "" if self.device == "cpu" else physical_gpu(self.device, inherited)
+
+
+def physical_gpu(device: str, inherited: str | None) -> str:
+    """What CUDA_VISIBLE_DEVICES names "cuda:N" as: N's entry in the
+    daemon's own CUDA_VISIBLE_DEVICES when it has one (a daemon given
+    "2,3" places cuda:0 on GPU 2, as CUDA would number them for it), else N.
+    InvalidInput for a GPU the daemon was not given."""
+    number = int(device.split(":", 1)[1])
+    if inherited is None:
+        return str(number)
+    given = [entry.strip() for entry in inherited.split(",") if entry.strip()]
+    if number >= len(given):
+        which = ", ".join(f"cuda:{i} is GPU {g}" for i, g in enumerate(given)) or "no GPU"
+        raise InvalidInput(f"{device} is not a GPU this daemon was given: CUDA_VISIBLE_DEVICES is {inherited!r} "
+                           f"({which})", subject=device)
+    return given[number]
 
 
 @dataclass

@@ -1,0 +1,119 @@
+"""Moving numpy arrays into torch tensors on a device and back, for the
+torchscript runner.
+
+To a GPU, inputs go through page-locked ("pinned") host buffers that a
+runner keeps and reuses: a copy from pageable memory is staged by the
+driver through a small pinned bounce buffer, synchronously, at a fraction
+of the bus's speed (7 GiB/s against 51 GiB/s on an H100; bench_gpu_staging.py
+measures it), and allocating pinned memory per request costs more than
+the copy. Each model thread has its own buffers (the runner SDK may run a
+model on several), one per input name, grown to the largest tensor seen.
+A big input is copied into its buffer by several threads, chunk by chunk,
+and each chunk goes to the device while the next ones are copied.
+
+BF16 crosses as its 16-bit pattern both ways, so it round-trips exactly
+(numpy's bfloat16 is ml_dtypes', which torch.from_numpy does not take).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+
+COPY_CHUNK = 8 << 20   # big enough that a chunk's DMA is not all latency, small enough to overlap
+_POOL: ThreadPoolExecutor | None = None
+_POOL_LOCK = threading.Lock()
+
+
+def _copy_pool() -> ThreadPoolExecutor:
+    """Threads that copy into pinned buffers: as many as the runner may use
+    cores, up to 8 (past that a host's memory bandwidth is spent)."""
+    global _POOL
+    with _POOL_LOCK:
+        if _POOL is None:
+            cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+            _POOL = ThreadPoolExecutor(max_workers=max(1, min(8, cores)), thread_name_prefix="pinned-copy")
+        return _POOL
+
+
+def _is_bfloat16(array: np.ndarray) -> bool:
+    return array.dtype.name == "bfloat16"
+
+
+class TensorStaging:
+    """numpy <-> torch on ``device`` ("cpu" or "cuda:N"); ``pinned`` stages
+    GPU inputs through reused page-locked buffers (else pageable copies)."""
+
+    def __init__(self, torch: Any, device: str, *, pinned: bool = True) -> None:
+        self._torch = torch
+        self._device = device
+        self._pinned = pinned and device.startswith("cuda")
+        self._local = threading.local()
+
+    @property
+    def pinned(self) -> bool:
+        return self._pinned
+
+    def to_device(self, array: np.ndarray, name: str) -> Any:
+        """A tensor on the device with ``array``'s values (C order, any alignment)."""
+        torch = self._torch
+        bf16 = _is_bfloat16(array)
+        if bf16:
+            array = array.view(np.int16)
+        if not self._pinned:
+            # from_numpy shares memory; it needs an aligned, writable array
+            # (binary inputs are views at arbitrary offsets of the body).
+            host = torch.from_numpy(np.require(array, requirements=["A", "C", "W"]))
+            tensor = host.to(self._device, non_blocking=True)
+        else:
+            tensor = self._staged(array, name)
+        return tensor.view(torch.bfloat16) if bf16 else tensor
+
+    def _staged(self, array: np.ndarray, name: str) -> Any:
+        """``array`` on the device, through this thread's pinned buffer for
+        ``name``: copied into it in chunks by the copy pool (numpy's copy lets
+        go of the GIL: one thread's memcpy is a fraction of the memory's
+        bandwidth), each chunk sent to the device as soon as it is in (the
+        bus works while the next chunks are copied)."""
+        torch = self._torch
+        buffers: dict[str, Any] = self._local.__dict__.setdefault("buffers", {})
+        nbytes = array.nbytes
+        buffer = buffers.get(name)
+        if buffer is None or buffer.numel() < nbytes:
+            buffers[name] = None   # the old one goes first: page-locked memory is scarce
+            buffer = buffers[name] = torch.empty(max(nbytes, 1), dtype=torch.uint8, pin_memory=True)
+        host, source = buffer[:nbytes], np.ascontiguousarray(array).reshape(-1).view(np.uint8)
+        pinned_view = host.numpy()
+        device = torch.empty(nbytes, dtype=torch.uint8, device=self._device)
+        spans = [(start, min(start + COPY_CHUNK, nbytes)) for start in range(0, nbytes, COPY_CHUNK)]
+        if len(spans) < 2:
+            np.copyto(pinned_view, source)
+            device.copy_(host, non_blocking=True)
+        else:
+            copies = [_copy_pool().submit(np.copyto, pinned_view[a:b], source[a:b]) for a, b in spans]
+            for (a, b), copied in zip(spans, copies, strict=True):
+                copied.result()
+                device[a:b].copy_(host[a:b], non_blocking=True)
+        dtype = torch.from_numpy(np.empty(0, array.dtype)).dtype
+        return device.view(dtype).view(array.shape)
+
+    def settle(self) -> None:
+        """Wait for this thread's copies to the device: before its buffers
+        are written again after a model call that did not finish (one that
+        did read its outputs back, which waits for them)."""
+        if self._pinned:
+            self._torch.cuda.current_stream().synchronize()
+
+    def to_numpy(self, tensor: Any) -> np.ndarray:
+        """A tensor's values on the host (BF16 as numpy's bfloat16, exactly)."""
+        torch = self._torch
+        value = tensor.detach().cpu()
+        if value.dtype == torch.bfloat16:
+            from cartonstore.v2.datatypes import numpy_dtype
+
+            return value.view(torch.int16).numpy().view(numpy_dtype("BF16"))
+        return value.numpy()
