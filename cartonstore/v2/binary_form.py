@@ -23,7 +23,7 @@ from .elements import fail
 from .framing import InferRequest, WireTensor
 from .tensors import frame_bytes
 
-__all__ = ["binary_form"]
+__all__ = ["binary_form", "tensor_bytes"]
 
 
 def binary_form(req: InferRequest) -> tuple[list[bytes | memoryview], int] | None:
@@ -42,7 +42,7 @@ def binary_form(req: InferRequest) -> tuple[list[bytes | memoryview], int] | Non
             entry = {key: value for key, value in entry.items() if key != "data"}
             entry["parameters"] = {**tensor.parameters, "binary_data_size": len(chunk)}
         else:
-            chunk = tensor.data if tensor.data is not None else b""   # binary as sent; shared memory: no bytes
+            chunk = tensor_bytes(tensor)   # binary as sent; shared memory: no bytes
         entries.append(entry)
         if len(chunk):
             chunks.append(chunk)
@@ -51,6 +51,15 @@ def binary_form(req: InferRequest) -> tuple[list[bytes | memoryview], int] | Non
     # strict parser let in (NaN in parameters) is written as it came.
     header = json_codec.dumps(doc, exact=False)
     return [header, *chunks], len(header)
+
+
+def tensor_bytes(tensor: WireTensor) -> bytes | memoryview:
+    """A validated input's binary tensor data: as sent, or its JSON data
+    packed (flat, of its datatype, as validate_request leaves it); no bytes
+    for one in shared memory."""
+    if tensor.json_data is not None:
+        return _binary_data(tensor)
+    return tensor.data if tensor.data is not None else b""
 
 
 def _binary_data(tensor: WireTensor) -> bytes | memoryview:

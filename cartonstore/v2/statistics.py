@@ -69,9 +69,17 @@ class InferStatistics:
     inference_count: int = 0     # inferences (a batch of n counts n; one request counts its batch size)
     execution_count: int = 0     # model executions
     last_inference_ms: int = 0
+    # executions by batch size: compute_input, compute_infer, compute_output (Triton's batch_stats)
+    batch_durations: dict[int, tuple[Duration, Duration, Duration]] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
-    def record_success(self, total_ns: int, timing: RequestTiming, batch: int = 1) -> None:
+    def record_success(self, total_ns: int, timing: RequestTiming, batch: int = 1,
+                       execution: int | None = None) -> None:
+        """One request of ``batch`` rows that succeeded. ``execution``: the
+        rows of the model execution it starts (its own batch unless given;
+        0 for a request that joined one another request counts, as
+        dynamic batching's requests do)."""
+        execution = batch if execution is None else execution
         with self._lock:
             d = self.durations
             d["success"].add(total_ns)
@@ -80,7 +88,11 @@ class InferStatistics:
             d["compute_infer"].add(timing.infer_ns)
             d["compute_output"].add(timing.output_ns)
             self.inference_count += batch
-            self.execution_count += 1
+            if execution:
+                self.execution_count += 1
+                by_size = self.batch_durations.setdefault(execution, (Duration(), Duration(), Duration()))
+                for duration, ns in zip(by_size, (timing.input_ns, timing.infer_ns, timing.output_ns), strict=True):
+                    duration.add(ns)
             self.last_inference_ms = int(time.time() * 1000)
 
     def record_failure(self, total_ns: int) -> None:
@@ -101,7 +113,9 @@ class InferStatistics:
             return {"name": name, "version": version, "last_inference": self.last_inference_ms,
                     "inference_count": self.inference_count, "execution_count": self.execution_count,
                     "inference_stats": {k: d.as_json() for k, d in self.durations.items()},
-                    "batch_stats": []}
+                    "batch_stats": [{"batch_size": size, **{key: d.as_json() for key, d in zip(
+                        ("compute_input", "compute_infer", "compute_output"), durations, strict=True)}}
+                        for size, durations in sorted(self.batch_durations.items())]}
 
 
 def statistics_answer(entries: list[dict[str, Any]]) -> dict[str, Any]:

@@ -104,7 +104,8 @@ def test_model_config_reflects_the_load_and_refuses_what_it_cannot_honour(affine
     c.load_model("affine", config=json.dumps(strings))
     assert c.get_model_config("affine") == config
     refused = [
-        ({"dynamic_batching": {}}, "does not support 'dynamic_batching'"),
+        ({"sequence_batching": {}}, "does not support 'sequence_batching'"),
+        ({"dynamic_batching": {}}, "dynamic_batching joins requests along their first dimension"),
         ({"version_policy": {"all": {}}}, "'version_policy' {'all': {}} is not supported"),
         ({"instance_group": [{"count": 1, "passive": True}]},
          "instance_group[0]: cartonstore does not support 'passive'"),

@@ -154,6 +154,7 @@ class _Phases:
     answered: int = 0
     runner_timing: RequestTiming | None = None
     batch: int = 1
+    execution: int | None = None   # rows of the execution it starts (None: its own batch; 0: it joined one)
 
     def record(self, model: LoadedModel, ok: bool) -> None:
         runners = self.runners if self.runners is not None else model.runners
@@ -173,7 +174,7 @@ class _Phases:
         else:
             timing = RequestTiming(inside.queue_ns, checking + inside.input_ns, inside.infer_ns,
                                    inside.output_ns + shaping)
-        runners.statistics.record_success(now - self.started, timing, self.batch)
+        runners.statistics.record_success(now - self.started, timing, self.batch, self.execution)
 
 
 async def proxied_infer(service: ModelService, model: LoadedModel, name: str, version: str | None,
@@ -240,7 +241,11 @@ async def _proxied(service: ModelService, model: LoadedModel, name: str, version
     own_slot = slot is not None and slot.arena is getattr(model.runners, "arena", None)
     arena = ArenaForward(slot, len(body), header_length, req) \
         if own_slot and use is None and header_length is not None and header_length <= MAX_HEADER else None
-    answer = await model.runners.forward(f"/v2/models/{name}/infer", parts, headers, regions, arena)
+    if model.batcher is not None and req is not None and use is None:
+        batched = await model.batcher.submit(req, parts, headers, f"/v2/models/{name}/infer")
+        answer, phases.execution, arena = batched.response, batched.execution_rows, None
+    else:
+        answer = await model.runners.forward(f"/v2/models/{name}/infer", parts, headers, regions, arena)
     phases.answered, phases.runner_timing = time.monotonic_ns(), answer.timing
     out_headers = dict(answer.headers)
     payload: bytes | bytearray = answer.body

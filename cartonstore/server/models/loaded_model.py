@@ -11,6 +11,7 @@ from cartonstore.format.carton_toml import CartonConfig
 from cartonstore.server.runners import ModelRunners
 from cartonstore.store.lease_rows import LeaseRow
 
+from .batcher import DynamicBatcher
 from .runtime import files_only_note
 
 READY, LOADING, UNAVAILABLE = "READY", "LOADING", "UNAVAILABLE"
@@ -33,6 +34,7 @@ class LoadedModel:
     carton: CartonConfig | None = None  # its carton.toml
     runners: ModelRunners | None = None  # None: loaded as files only (reason says why)
     max_batch_size: int = 0             # > 0: inputs' first dimension is a batch of at most this
+    batcher: DynamicBatcher | None = None  # the load's dynamic_batching, over these runners
 
     @property
     def serving_state(self) -> str:

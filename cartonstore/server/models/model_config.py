@@ -3,16 +3,17 @@
 GET /v2/models/{name}/config answers, made from carton.toml and that
 load's config.
 
-Honoured: max_batch_size, instance_group, parameters (the runner's opts);
-name, platform, backend, input and output are accepted when they say what
-the carton says. Everything else Triton's ModelConfig has (dynamic
-batching, ensembles, warmup, ...) is refused, naming the field, rather
-than accepted and ignored.
+Honoured: max_batch_size, dynamic_batching (batcher.py), instance_group,
+parameters (the runner's opts); name, platform, backend, input and output
+are accepted when they say what the carton says. Everything else Triton's
+ModelConfig has (ensembles, warmup, sequence batching, ...) is refused,
+naming the field, rather than accepted and ignored.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from cartonstore.errors import InvalidInput
@@ -20,7 +21,7 @@ from cartonstore.format.carton_toml import CartonConfig, TensorSpec
 from cartonstore.format.dtypes import carton_dtype_to_v2, shape_to_v2_dims
 
 MAX_BATCH_LIMIT = 1 << 20
-HONOURED = ("max_batch_size", "instance_group", "parameters")
+HONOURED = ("max_batch_size", "dynamic_batching", "instance_group", "parameters")
 CHECKED = ("name", "platform", "backend", "input", "output", "version_policy", "runtime")
 # what config_of answers beside these, so a config read back loads again unchanged
 _ONE_VERSION = {"latest": {"num_versions": 1}}
@@ -62,6 +63,62 @@ def check_config_fields(config: Mapping[str, Any] | None) -> None:
     for i, group in enumerate(groups if isinstance(groups, list) else ()):
         if isinstance(group, dict):
             _unsupported_fields(group, _GROUP_FIELDS, _GROUP_DEFAULTS, f"instance_group[{i}]")
+
+
+MAX_QUEUE_DELAY_US = 10_000_000   # ten seconds: a longer wait is a mistake, not a policy
+_BATCHING_FIELDS = ("preferred_batch_size", "max_queue_delay_microseconds", "preserve_ordering")
+_BATCHING_DEFAULTS = {"priority_levels": (0, "0"), "default_priority_level": (0, "0"),
+                      "default_queue_policy": ({}, None), "priority_queue_policy": ({}, None)}
+
+
+@dataclass(frozen=True)
+class BatchingPolicy:
+    """A load's dynamic_batching: requests joined up to max_batch_size rows,
+    a batch of a preferred size sent at once, any other after the oldest
+    request has waited max_queue_delay."""
+
+    max_batch_size: int
+    max_queue_delay_us: int = 0
+    preferred: tuple[int, ...] = ()
+
+    def as_config(self) -> dict[str, Any]:
+        return {"preferred_batch_size": list(self.preferred), "max_queue_delay_microseconds": self.max_queue_delay_us}
+
+
+def _whole(value: Any) -> int | None:
+    """An integer, or one protobuf JSON spelled as a string (uint64)."""
+    if isinstance(value, str) and value.isdigit():
+        return int(value)
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def batching_policy(carton: CartonConfig, config: Mapping[str, Any] | None) -> BatchingPolicy | None:
+    """The load's dynamic_batching checked (InvalidInput naming what is
+    wrong), or None when it asks for none."""
+    given = (config or {}).get("dynamic_batching")
+    if given is None:
+        return None
+    if not isinstance(given, Mapping):
+        raise InvalidInput(f"config: 'dynamic_batching' must be an object, not {given!r}", subject="dynamic_batching")
+    _unsupported_fields(given, _BATCHING_FIELDS, _BATCHING_DEFAULTS, "dynamic_batching")
+    batch = max_batch_size(carton, config)
+    if not batch:
+        raise InvalidInput("config: dynamic_batching joins requests along their first dimension, so it needs "
+                           "max_batch_size > 0", subject="dynamic_batching")
+    delay = _whole(given.get("max_queue_delay_microseconds", 0))
+    if delay is None or not 0 <= delay <= MAX_QUEUE_DELAY_US:
+        raise InvalidInput(f"config: dynamic_batching: 'max_queue_delay_microseconds' must be an integer in "
+                           f"[0, {MAX_QUEUE_DELAY_US}], not {given['max_queue_delay_microseconds']!r}",
+                           subject="max_queue_delay_microseconds")
+    preferred = given.get("preferred_batch_size", [])
+    sizes = [_whole(v) for v in preferred] if isinstance(preferred, list) else [None]
+    if any(size is None or not 1 <= size <= batch for size in sizes):
+        raise InvalidInput(f"config: dynamic_batching: 'preferred_batch_size' must be a list of sizes in "
+                           f"[1, max_batch_size {batch}], not {preferred!r}", subject="preferred_batch_size")
+    if not isinstance(given.get("preserve_ordering", False), bool):
+        raise InvalidInput(f"config: dynamic_batching: 'preserve_ordering' must be true or false, not "
+                           f"{given['preserve_ordering']!r}", subject="preserve_ordering")
+    return BatchingPolicy(batch, delay, tuple(sorted(set(sizes))))  # type: ignore[arg-type]
 
 
 def _unsupported_fields(entry: Mapping[str, Any], known: Sequence[str], defaults: Mapping[str, tuple],
@@ -164,4 +221,5 @@ def model_config(name: str, carton: CartonConfig, config: Mapping[str, Any] | No
             "input": [tensor_config(s, batch) for s in carton.inputs or ()],
             "output": [tensor_config(s, batch) for s in carton.outputs or ()],
             "instance_group": groups, "parameters": params,
-            "runtime": carton.runner.runner_name}
+            "runtime": carton.runner.runner_name,
+            **({"dynamic_batching": policy.as_config()} if (policy := batching_policy(carton, config)) else {})}

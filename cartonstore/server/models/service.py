@@ -28,6 +28,7 @@ from cartonstore.store.materialize import remove_tree
 from cartonstore.store.names import HEX, carton_named, restore_name, validate_name
 from cartonstore.store.owner import tmp_name
 
+from .batcher import DynamicBatcher
 from .collector import collect_in_child, gc_summary
 from .leasing import Leasing, resolve_on
 from .load_params import b64_parameter, parse_triton_config, write_tree
@@ -42,7 +43,7 @@ from .loaded_model import (
     triton_unknown_model,
 )
 from .metrics import Metrics
-from .model_config import check_against_carton, check_config_fields, max_batch_size
+from .model_config import batching_policy, check_against_carton, check_config_fields, max_batch_size
 from .restore import forget_loaded, remember_loaded
 from .runner_plan import instance_devices
 from .runtime import RunnerHost
@@ -131,8 +132,12 @@ class ModelService(Leasing):
             model.carton = await asyncio.to_thread(self.store.config_of, model.digest)
             check_against_carton(name, model.carton, model.config)
             model.max_batch_size = max_batch_size(model.carton, model.config)
+            policy = batching_policy(model.carton, model.config)
             model.runners = await self.runner_host.start(name, model.digest, granted.path, model.carton,
                                                          model.config)
+            if policy is not None and model.runners is not None:
+                model.batcher = DynamicBatcher(model.runners, policy, instances=len(model.runners.devices),
+                                               max_queued=self.runner_host.config.max_inflight)
             await self_tested_on_load(self.runner_host, model, self.store.layout.model_path(model.digest))
         except BaseException as e:
             reason = str(e) if isinstance(e, CartonStoreError) else f"load failed: {type(e).__name__}"
