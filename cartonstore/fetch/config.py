@@ -30,7 +30,7 @@ class PeerConfig:
     token: str = ""                   # sent as a Bearer token; a daemon with one refuses peers without it
     timeout: float = 2.0              # to connect, and for an answer beyond the wait below
     down_for: float = 30.0            # a peer that failed is not asked for this long
-    wait: float = 10.0                # a peer fetching a blob holds a probe this long before "not yet"
+    wait: float = 10.0                # a peer fetching a blob holds a probe this long before "not yet"; in all per blob
     tls_cert: Path | None = None      # client certificate (mTLS) for https peers...
     tls_key: Path | None = None       # ...and its key
     ca_file: Path | None = None       # CA that signed the peers' server certificates

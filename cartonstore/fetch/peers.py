@@ -125,8 +125,10 @@ class PeerSet:
 
     async def locate(self, digest: str, claim: Claim | None = None) -> str | None:
         """The URL of the blob at the first peer (in rendezvous order) that
-        has it, waiting on those fetching it; None when none has it, and
-        the claim moves on to the origin."""
+        has it, waiting on those fetching it, peers.wait in all (a peer whose
+        own fetch is stuck answers "not yet" for ever); None when none has
+        it, and the claim moves on to the origin."""
+        deadline = time.monotonic() + self.config.wait
         while True:
             if claim is not None:
                 claim.outranked = False
@@ -134,7 +136,12 @@ class PeerSet:
                 url = f"{peer}/v1/blobs/{digest}"
                 status = PENDING
                 while status == PENDING:
-                    status = await self._ask(peer, url)
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        log.info("peer %s was still fetching %s after peers.wait (%gs in all): not waited for "
+                                 "longer", describe(peer), digest[:12], self.config.wait)
+                        break
+                    status = await self._ask(peer, url, left)
                 if status == FOUND:
                     return url
             # A higher-ranked node that asked meanwhile was told "absent" and
@@ -146,11 +153,12 @@ class PeerSet:
             claim.stage = ORIGIN
         return None
 
-    async def _ask(self, peer: str, url: str) -> int:
-        headers = {NODE_HEADER: self.node_id, WAIT_HEADER: f"{self.config.wait:g}"}
+    async def _ask(self, peer: str, url: str, wait: float) -> int:
+        """One probe, which the peer may hold ``wait`` seconds."""
+        headers = {NODE_HEADER: self.node_id, WAIT_HEADER: f"{wait:.3f}"}
         if auth := self.client.authorization(url, kind="peer"):
             headers["Authorization"] = auth
-        limit = self.config.wait + self.config.timeout
+        limit = wait + self.config.timeout
         timeout = aiohttp.ClientTimeout(total=limit, sock_connect=self.config.timeout)
         started = time.monotonic()
         try:
@@ -159,7 +167,7 @@ class PeerSet:
                                                               **self.client.route(url, "peer")) as r:
                 status = r.status
         except asyncio.TimeoutError:
-            return self.mark_down(peer, f"did not answer within {limit:g}s")
+            return self.mark_down(peer, f"did not answer within {limit:.3g}s")
         except (aiohttp.ClientError, OSError) as e:
             return self.mark_down(peer, translate(e, peer).message.removeprefix(f"{describe(peer)}: "))
         if status == PENDING and time.monotonic() - started < 0.1:

@@ -370,3 +370,44 @@ def test_when_the_fetching_node_fails_the_nodes_waiting_on_it_are_told(tmp_path)
             assert len(failures) == 3 and all(sha(pool[0]) in f and "404" in f for f in failures), failures
             assert origin.count(f"/blobs/{sha(pool[0])}") == 3
         assert not live_pids(str(base))
+
+
+def test_a_peer_that_answers_not_yet_for_ever_is_waited_for_peers_wait_in_all(tmp_path):
+    """A peer whose own fetch is stuck answers 202 to every probe (holding
+    each a little): the node stops asking it once peers.wait has passed in
+    all, not per answer, and takes the blob from its origin."""
+    import http.server
+
+    probes = []
+
+    class Stuck(http.server.BaseHTTPRequestHandler):
+        def do_HEAD(self) -> None:  # noqa: N802 - http.server's name
+            probes.append(float(self.headers.get("Carton-Wait", "0")))
+            time.sleep(0.2)
+            self.send_response(202)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args) -> None:  # noqa: ANN002
+            pass
+
+    stuck = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Stuck)
+    threading.Thread(target=stuck.serve_forever, daemon=True).start()
+    pool = [os.urandom(BLOB) for _ in range(3)]
+    try:
+        with Origin() as origin, short_dir() as base, fleet(
+                base, 1, peers_of=lambda i, urls: [f"http://127.0.0.1:{stuck.server_address[1]}"],
+                wait="2s") as nodes:
+            url = linked_cartons(tmp_path, origin, 1, pool)[0]
+            started = time.monotonic()
+            Client(nodes[0].socket_path, timeout=60).acquire(url, ttl=600)
+            took = time.monotonic() - started
+            log = nodes[0].stop_and_read()
+    finally:
+        stuck.shutdown()
+        stuck.server_close()
+    assert took < 3 * (2 + 1), took   # three blobs, each waited for 2 s at most (not for ever)
+    assert len(probes) >= 6 and all(0 < wait <= 2 for wait in probes), probes
+    assert min(probes) < 1.9   # a probe after the first offers the peer what is left of the wait, not a new one
+    assert "was still fetching" in log and "after peers.wait (2s in all)" in log, log[-2000:]
+    assert all(origin.count(f"/blobs/{sha(d)}") == 1 for d in pool)
