@@ -34,6 +34,8 @@ from importlib import import_module
 runner, model_dir, opts, out, examples, dtypes = sys.argv[1:7]
 load = import_module(f"cartonstore.runner.{runner}").load
 inputs = {name: np.load(path, allow_pickle=False) for name, path in json.loads(examples).items()}
+# strings reach a model as object arrays, as the daemon sends them, not numpy's fixed-width str
+inputs = {name: a.astype(object) if a.dtype.kind in "US" else a for name, a in inputs.items()}
 ctx = RunnerContext(model_dir=Path(model_dir), socket_path=Path("unused"), devices=["cpu"], name="pack",
                     version="pack", opts=json.loads(opts), runner_name=runner,
                     inputs=[TensorSpec(n, d, "*") for n, d in json.loads(dtypes).items()])
@@ -46,6 +48,8 @@ outputs = getattr(outputs, "outputs", outputs)
 names = list(outputs)
 for index, name in enumerate(names):   # files by position: a tensor's name may hold "/"
     array = np.asarray(outputs[name])
+    if array.dtype.name == "bfloat16":   # carton format v1 has no bfloat16: declared float32
+        array = array.astype(np.float32)
     if array.dtype.kind in "OU":
         flat = [v.decode() if isinstance(v, bytes) else str(v) for v in array.reshape(-1)]
         array = np.array(flat).reshape(array.shape)

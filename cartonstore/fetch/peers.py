@@ -134,14 +134,15 @@ class PeerSet:
                 claim.outranked = False
             for peer in self.order(digest):
                 url = f"{peer}/v1/blobs/{digest}"
-                status = PENDING
+                status, asked = PENDING, False
                 while status == PENDING:
-                    left = deadline - time.monotonic()
-                    if left <= 0:
+                    left = max(0.0, deadline - time.monotonic())
+                    if asked and left <= 0:
                         log.info("peer %s was still fetching %s after peers.wait (%gs in all): not waited for "
                                  "longer", describe(peer), digest[:12], self.config.wait)
                         break
-                    status = await self._ask(peer, url, left)
+                    # once the wait is spent, each peer is still asked once, to answer at once: it may have it
+                    status, asked = await self._ask(peer, url, left), True
                 if status == FOUND:
                     return url
             # A higher-ranked node that asked meanwhile was told "absent" and

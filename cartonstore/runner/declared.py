@@ -137,8 +137,9 @@ def forward_problems(arguments: Sequence[tuple[str, str, bool]], returns: str,
     inputs or give the declared outputs (None: not declared)."""
     problems: list[str] = []
     if inputs is not None and takes_input_dict(arguments):
+        holds_tensors = arguments[0][1] == "Dict[str, Tensor]"
         problems += [f"input {s.name!r} is a string, but forward takes one {arguments[0][1]}"
-                     for s in inputs if s.dtype == "string" and not arguments[0][1].endswith("str]")]
+                     for s in inputs if s.dtype == "string" and holds_tensors]
     elif inputs is not None:
         by_name = {name: type_text for name, type_text, _ in arguments}
         for spec in inputs:
@@ -151,8 +152,8 @@ def forward_problems(arguments: Sequence[tuple[str, str, bool]], returns: str,
         missing = [name for name, _, has_default in arguments if not has_default and name not in declared]
         if missing:
             problems.append(f"forward needs argument(s) {_names(missing)} that carton.toml does not declare")
-    if outputs is None or returns.startswith(("Dict[str, ", "List[Tensor]")):
-        return problems   # named by the model, or as many as it returns: checked at infer
+    if outputs is None or returns.startswith(("Dict[str, ", "List[Tensor]", "__torch__.")):
+        return problems   # named by the model, as many as it returns, or a NamedTuple's fields: checked at infer
     results = _tuple_elements(returns) if returns.startswith("Tuple[") else [returns]
     if len(results) != len(outputs):
         problems.append(f"forward returns {len(results)} value(s) ({returns}) but carton.toml declares "

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import os
 import threading
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Any
 
 import numpy as np
@@ -82,10 +82,12 @@ class TensorStaging:
         torch = self._torch
         buffers: dict[str, Any] = self._local.__dict__.setdefault("buffers", {})
         nbytes = array.nbytes
-        buffer = buffers.get(name)
+        buffer, sent = buffers.get(name, (None, None))
+        if sent is not None:
+            sent.synchronize()   # the last copy from it is done (a model's outputs need not have waited for it)
         if buffer is None or buffer.numel() < nbytes:
-            buffers[name] = None   # the old one goes first: page-locked memory is scarce
-            buffer = buffers[name] = torch.empty(max(nbytes, 1), dtype=torch.uint8, pin_memory=True)
+            buffers[name] = (None, None)   # the old one goes first: page-locked memory is scarce
+            buffer = torch.empty(max(nbytes, 1), dtype=torch.uint8, pin_memory=True)
         host, source = buffer[:nbytes], np.ascontiguousarray(array).reshape(-1).view(np.uint8)
         pinned_view = host.numpy()
         device = torch.empty(nbytes, dtype=torch.uint8, device=self._device)
@@ -95,9 +97,15 @@ class TensorStaging:
             device.copy_(host, non_blocking=True)
         else:
             copies = [_copy_pool().submit(np.copyto, pinned_view[a:b], source[a:b]) for a, b in spans]
-            for (a, b), copied in zip(spans, copies, strict=True):
-                copied.result()
-                device[a:b].copy_(host[a:b], non_blocking=True)
+            try:
+                for (a, b), copied in zip(spans, copies, strict=True):
+                    copied.result()
+                    device[a:b].copy_(host[a:b], non_blocking=True)
+            finally:
+                wait(copies)   # none still writes the buffer when this returns, even on an error
+        sent = torch.cuda.Event()
+        sent.record()
+        buffers[name] = (buffer, sent)
         dtype = torch.from_numpy(np.empty(0, array.dtype)).dtype
         return device.view(dtype).view(array.shape)
 

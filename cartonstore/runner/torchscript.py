@@ -25,6 +25,8 @@ from typing import Any, Callable
 
 import numpy as np
 
+from cartonstore.format.carton_toml import TensorSpec
+
 from .context import LoadError, RunnerContext, cuda_ordinal
 from .declared import forward_problems, takes_input_dict
 from .serving import main
@@ -75,12 +77,13 @@ def _caller(module: Any, schema: Schema | None) -> Callable[[dict[str, Any]], An
 
 
 class TorchScriptModel:
-    def __init__(self, torch: Any, module: Any, staging: TensorStaging, output_names: list[str] | None,
+    def __init__(self, torch: Any, module: Any, staging: TensorStaging, outputs: list[TensorSpec] | None,
                  schema: Schema | None) -> None:
         self._torch = torch
         self._call = _caller(module, schema)
         self._staging = staging
-        self._output_names = output_names
+        self._output_names = [spec.name for spec in outputs] if outputs is not None else None
+        self._declared = {spec.name: spec.dtype for spec in outputs or ()}
 
     def _to_torch(self, name: str, array: np.ndarray) -> Any:
         if array.dtype == object:
@@ -120,6 +123,8 @@ class TorchScriptModel:
     def _to_numpy(self, name: str, value: Any) -> np.ndarray:
         torch = self._torch
         if isinstance(value, torch.Tensor):
+            if value.dtype == torch.bfloat16 and self._declared.get(name) == "float32":
+                value = value.float()   # carton format v1 has no bfloat16: such a model declares float32
             return self._staging.to_numpy(value)
         if isinstance(value, str):
             return np.array(value, dtype=object)
@@ -152,9 +157,8 @@ def load(ctx: RunnerContext) -> TorchScriptModel:
     problems = forward_problems(*schema, ctx.inputs, ctx.outputs) if schema is not None else []
     if problems:
         raise LoadError(f"{path.name} does not match carton.toml: " + "; ".join(problems))
-    names = [spec.name for spec in ctx.outputs] if ctx.outputs is not None else None
     staging = TensorStaging(torch, device, pinned=ctx.opt_bool("pinned_staging", True))
-    return TorchScriptModel(torch, module, staging, names, schema)
+    return TorchScriptModel(torch, module, staging, ctx.outputs, schema)
 
 
 if __name__ == "__main__":

@@ -77,8 +77,8 @@ class InferStatistics:
                        execution: int | None = None) -> None:
         """One request of ``batch`` rows that succeeded. ``execution``: the
         rows of the model execution it starts (its own batch unless given;
-        0 for a request that joined one another request counts, as
-        dynamic batching's requests do)."""
+        0 for a request whose execution is recorded on its own, as dynamic
+        batching records its batches: record_execution)."""
         execution = batch if execution is None else execution
         with self._lock:
             d = self.durations
@@ -89,11 +89,20 @@ class InferStatistics:
             d["compute_output"].add(timing.output_ns)
             self.inference_count += batch
             if execution:
-                self.execution_count += 1
-                by_size = self.batch_durations.setdefault(execution, (Duration(), Duration(), Duration()))
-                for duration, ns in zip(by_size, (timing.input_ns, timing.infer_ns, timing.output_ns), strict=True):
-                    duration.add(ns)
+                self._executed(execution, timing)
             self.last_inference_ms = int(time.time() * 1000)
+
+    def record_execution(self, rows: int, timing: RequestTiming) -> None:
+        """One model execution of ``rows`` rows that requests joined (each
+        request is recorded with execution=0)."""
+        with self._lock:
+            self._executed(rows, timing)
+
+    def _executed(self, rows: int, timing: RequestTiming) -> None:
+        self.execution_count += 1
+        by_size = self.batch_durations.setdefault(rows, (Duration(), Duration(), Duration()))
+        for duration, ns in zip(by_size, (timing.input_ns, timing.infer_ns, timing.output_ns), strict=True):
+            duration.add(ns)
 
     def record_failure(self, total_ns: int) -> None:
         with self._lock:

@@ -124,3 +124,26 @@ def test_example_is_refused_for_an_onnx_file(tmp_path: Path, capsys) -> None:  #
     model = onnx_model_dir(tmp_path / "src", name="affine", ids=False) / "model" / "model.onnx"
     assert main(["pack", str(model), "--example", "x=x.npy", "-o", str(tmp_path / "a.carton")]) == 4
     assert "--example is for a .pt file or --python" in capsys.readouterr().err
+
+
+WORDS = '''
+import torch
+from typing import List
+
+class Lengths(torch.nn.Module):
+    def forward(self, words: List[str]) -> torch.Tensor:
+        return torch.tensor([len(w) for w in words])
+'''
+
+
+def test_a_model_taking_strings_packs_from_a_numpy_string_array(tmp_path: Path, short_tmp: Path,
+                                                                 capsys) -> None:  # noqa: ANN001
+    model = save_scripted(WORDS, "Lengths", tmp_path / "lengths.pt")
+    np.save(tmp_path / "w.npy", np.array(["a", "héllo", ""]))   # numpy's fixed-width str, as users save them
+    out = tmp_path / "lengths.carton"
+    assert main(["pack", str(model), "--example", f"words={tmp_path / 'w.npy'}", "-o", str(out)]) == 0, \
+        capsys.readouterr().err
+    doc = _inspect(out, capsys)
+    assert [(t["name"], t["dtype"], t["shape"]) for t in doc["inputs"]] == [("words", "string", ["batch"])]
+    assert [(t["name"], t["dtype"], t["shape"]) for t in doc["outputs"]] == [("output0", "int64", ["batch"])]
+    _selftest_passes(out, short_tmp / "root", capsys)

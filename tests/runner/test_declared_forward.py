@@ -67,3 +67,12 @@ def test_what_forward_returns_is_matched_by_count_and_kind(returns: str, outputs
 
 def test_nothing_declared_nothing_checked() -> None:
     assert forward_problems([("x", "Tensor", False)], "int", None, None) == []
+
+
+def test_a_named_tuple_and_a_dict_of_strings_are_left_to_infer() -> None:
+    """A NamedTuple prints as its class (its fields are checked at infer);
+    a Dict[str, List[str]] takes string inputs."""
+    assert forward_problems([("x", "Tensor", False)], "__torch__.Out", _specs(("x", "float32")),
+                            _specs(("a", "float32"), ("b", "float32"))) == []
+    assert forward_problems([("inputs", "Dict[str, List[str]]", False)], "Tensor", _specs(("words", "string")),
+                            None) == []

@@ -133,3 +133,31 @@ def test_cuda_placement_without_a_cuda_provider_fails_the_onnx_load(base: Path) 
     rc, err = stop_runner(start_runner("onnx", model, base / "onnxgpu.sock", devices="cuda:0"), sig=0, timeout=60)
     assert rc == EXIT_LOAD_FAILED
     assert "the model is placed on cuda:0, but this onnxruntime" in err and "has no CUDAExecutionProvider" in err
+
+
+HALF = '''
+import torch
+
+class Half(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.to(torch.bfloat16)
+'''
+
+
+def test_a_bfloat16_output_declared_float32_comes_back_float32(base: Path) -> None:
+    """Carton format v1 has no bfloat16: a model computing in it declares
+    float32, and its outputs are widened to what carton.toml says."""
+    root = base / "half"
+    save_scripted(HALF, "Half", root / "model" / "model.pt")
+    (root / "carton.toml").write_text(carton_toml("torchscript", ">=2.0", None, model_name="half",
+                                                  inputs=[("x", "float32", ["n"])], outputs=[("y", "float32", ["n"])]))
+    sock = base / "half.sock"
+    proc = _serving(root, sock, "cpu")
+    try:
+        x = np.array([1.0, 1.00390625, 3.14159], np.float32)
+        status, (doc, out) = runner_infer(sock, {"x": x})
+        assert status == 200, doc
+        assert doc["outputs"][0]["datatype"] == "FP32"
+        np.testing.assert_array_equal(out["y"], x.astype(_bf16([0]).dtype).astype(np.float32))
+    finally:
+        assert stop_runner(proc)[0] == 0

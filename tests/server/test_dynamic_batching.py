@@ -203,3 +203,23 @@ def test_a_lone_request_goes_as_it_came(daemon: DaemonProcess, tmp_path: Path, r
     np.testing.assert_array_equal(result.as_numpy("y"), x * 2)
     assert result.as_numpy("seen").tolist() == [rows] * rows
     assert all("binary_data_size" not in o.get("parameters", {}) for o in result.get_response()["outputs"])
+
+
+def test_requests_waiting_at_an_unload_are_sent_not_dropped(daemon: DaemonProcess, tmp_path: Path) -> None:
+    """An unload sends what waits in the batcher at once (its runners then
+    stop), rather than letting the waiting requests find them gone."""
+    src = _carton(tmp_path / "w")
+    assert _load(daemon, "w", src, {"max_batch_size": 8,
+                                    "dynamic_batching": {"max_queue_delay_microseconds": 5_000_000}})[0] == 200
+
+    def one(i: int) -> object:
+        if i == 2:
+            time.sleep(1.0)   # the others are waiting by now
+            return call(daemon, "POST", "/v2/repository/models/w/unload", json={})[0]
+        started = time.monotonic()
+        result = _infer(daemon.host_port, "w", np.full((1, 2), i, np.float32))
+        return time.monotonic() - started, result.as_numpy("seen").tolist()
+    first, second, unloaded = _concurrently(3, one)
+    assert unloaded == 200
+    for took, seen in (first, second):
+        assert seen == [2] and took < 4.0   # sent together by the unload, well before the 5 s delay

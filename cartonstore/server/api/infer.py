@@ -154,7 +154,7 @@ class _Phases:
     answered: int = 0
     runner_timing: RequestTiming | None = None
     batch: int = 1
-    execution: int | None = None   # rows of the execution it starts (None: its own batch; 0: it joined one)
+    execution: int | None = None   # rows of the execution it starts (None: its own batch; 0: counted elsewhere)
 
     def record(self, model: LoadedModel, ok: bool) -> None:
         runners = self.runners if self.runners is not None else model.runners
@@ -243,7 +243,7 @@ async def _proxied(service: ModelService, model: LoadedModel, name: str, version
         if own_slot and use is None and header_length is not None and header_length <= MAX_HEADER else None
     if model.batcher is not None and req is not None and use is None:
         batched = await model.batcher.submit(req, parts, headers, f"/v2/models/{name}/infer")
-        answer, phases.execution, arena = batched.response, batched.execution_rows, None
+        answer, phases.execution, arena = batched.response, 0, None   # its execution: counted by the batcher
     else:
         answer = await model.runners.forward(f"/v2/models/{name}/infer", parts, headers, regions, arena)
     phases.answered, phases.runner_timing = time.monotonic_ns(), answer.timing

@@ -41,13 +41,12 @@ IN_THREAD_FROM = 1 << 20   # joining or cutting more bytes than this runs in a t
 @dataclass
 class BatchedAnswer:
     """A request's share of a batch: the answer as its runner would have
-    given it, and what its statistics need."""
+    given it (the execution itself is counted by the batcher)."""
 
     response: RunnerResponse
-    execution_rows: int    # rows of the execution this request starts; 0 when another request counts it
 
 
-@dataclass
+@dataclass(eq=False)   # compared by identity: a request's tensors are not walked to find it
 class _Waiting:
     req: InferRequest
     rows: int
@@ -67,6 +66,20 @@ class DynamicBatcher:
         self._groups: dict[tuple, list[_Waiting]] = {}
         self._timer: asyncio.TimerHandle | None = None
         self._tasks: set[asyncio.Task] = set()
+        self._draining = False
+        self._path = ""
+
+    async def drain(self) -> None:
+        """Before its runners stop (an unload, a version switch): send what
+        waits at once, and wait for every batch to be answered."""
+        self._draining = True
+        while self._groups or self._tasks:
+            if self._groups:
+                self._pump(self._path)
+            if self._tasks:
+                await asyncio.wait(set(self._tasks))
+            else:
+                await asyncio.sleep(0)
 
     async def submit(self, req: InferRequest, parts: list[Any], headers: dict[str, str],
                      path: str) -> BatchedAnswer:
@@ -78,6 +91,7 @@ class DynamicBatcher:
                               f"batched (runners.max_inflight {self._max_queued}); retry later",
                               subject=self._runners.name)
         waiting = _Waiting(req, rows(req), (parts, headers))
+        self._path = path
         key = batch_key(req)
         self._groups.setdefault(key, []).append(waiting)
         self._queued += 1
@@ -91,6 +105,7 @@ class DynamicBatcher:
                 self._queued -= 1
                 if not group:
                     del self._groups[key]
+                self._pump(path)   # what is left may be ready now (a preferred size)
             raise
 
     def _pump(self, path: str) -> None:
@@ -104,7 +119,7 @@ class DynamicBatcher:
         while self._busy < self._slots and self._groups:
             ready = None
             for key, group in sorted(self._groups.items(), key=lambda kv: kv[1][0].arrived):
-                count = self._batch_of(group, now >= group[0].arrived + delay)
+                count = self._batch_of(group, self._draining or now >= group[0].arrived + delay)
                 if count:
                     ready = key, count
                     break
@@ -172,23 +187,24 @@ class DynamicBatcher:
         sent = time.monotonic_ns()
         response = await self._runners.forward(path, parts, headers)
         ran = time.monotonic_ns() - sent
+        if response.status == 200:   # counted here, once, whatever becomes of the requests in it
+            inside = response.timing or RequestTiming(0, 0, ran, 0)
+            self._runners.statistics.record_execution(size, inside)
         if response.status != 200 or len(batch) == 1:   # an error is every request's; one alone is as it came
-            return [BatchedAnswer(_timed(response, w, sent, ran, response.timing), size if i == 0 else 0)
-                    for i, w in enumerate(batch)]
+            return [BatchedAnswer(_timed(response, w, sent, ran, response.timing)) for w in batch]
         body, length = response.body, response.headers.get(HEADER_LENGTH)
         try:
             if len(body) >= IN_THREAD_FROM:
                 shares = await asyncio.to_thread(_cut, reqs, body, length, self._runners.name)
             else:
                 shares = _cut(reqs, body, length, self._runners.name)
-        except ValueError as e:
+        except Exception as e:  # noqa: BLE001 - the runner's answer, not the clients' requests, is at fault
             log.warning("model %s: a batched answer could not be cut back: %s", self._runners.name, e)
             failed = RunnerResponse(500, {"Content-Type": "application/json"},
                                     json_codec.dumps({"error": f"dynamic batching: {e}"}, exact=False))
-            return [BatchedAnswer(_timed(failed, w, sent, ran), size if i == 0 else 0) for i, w in enumerate(batch)]
-        return [BatchedAnswer(_timed(RunnerResponse(200, headers, b"".join(parts)), w, sent, ran,
-                                     response.timing), size if i == 0 else 0)
-                for i, (w, (parts, headers)) in enumerate(zip(batch, shares, strict=True))]
+            return [BatchedAnswer(_timed(failed, w, sent, ran)) for w in batch]
+        return [BatchedAnswer(_timed(RunnerResponse(200, headers, b"".join(parts)), w, sent, ran, response.timing))
+                for w, (parts, headers) in zip(batch, shares, strict=True)]
 
 
 def _cut(reqs: list[InferRequest], body: bytes | bytearray, length: str | None,

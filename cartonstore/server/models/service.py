@@ -156,10 +156,22 @@ class ModelService(Leasing):
                  "" if model.runners is not None else " (files only: no runner configured)")
         if serving is not None:
             try:
+                await self._drained(serving)
                 await self.runner_host.stop(serving.runners)
             finally:
                 await self._let_go(f"switch:{name}")
         return model
+
+    async def _drained(self, model: LoadedModel) -> None:
+        """Requests waiting in the model's batcher are sent before its
+        runners stop (stop waits only for those already sent), within
+        runners.stop_grace."""
+        if model.batcher is None:
+            return
+        try:
+            await asyncio.wait_for(model.batcher.drain(), self.runner_host.config.stop_grace or None)
+        except asyncio.TimeoutError:
+            log.warning("model %s: batched requests still waiting after runners.stop_grace", model.name)
 
     async def _restore(self, name: str, serving: LoadedModel | None, model: LoadedModel, reason: str) -> None:
         """A failed load: the version that served before goes on serving
@@ -248,6 +260,8 @@ class ModelService(Leasing):
             if model is not None:
                 model.state, model.reason = UNAVAILABLE, "unloading"
             try:
+                if model is not None:
+                    await self._drained(model)
                 await self.runner_host.stop(model.runners if model is not None else None)
             finally:
                 await self._let_go(pin_id(name))
