@@ -6,13 +6,19 @@
     auth_file = "/etc/cartonstore/registry-auth.json"
     chunk_size = "64MiB"
     proxy = "http://proxy.lab:3128"    # "" for none; fetch.no_proxy applies
+
+    [registries.mirrors."registry.example.com"]
+    endpoints = ["http://127.0.0.1:30020", "https://cache.lab"]   # tried in order, the upstream last
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
+from urllib.parse import urlsplit
 
 from cartonstore.errors import InvalidInput
 from cartonstore.fetch.config import RegistryConfig
@@ -30,6 +36,33 @@ def _check_hosts(hosts: tuple[str, ...]) -> None:
             raise InvalidInput(f"{host!r} is not a registry host or host:port (no scheme, no path)")
 
 
+def _mirrors(value: object) -> Mapping[str, tuple[str, ...]]:
+    """[registries.mirrors."host"] tables, each with endpoints = [URL, ...]:
+    an http(s) URL of a registry (a path prefix allowed, no query)."""
+    if not isinstance(value, Mapping):
+        raise v.BadValue(f'expected tables [registries.mirrors."registry.example.com"] with endpoints = [...], '
+                         f"got {value!r}")
+    out = {}
+    for host, table in value.items():
+        if not isinstance(host, str) or not _AUTHORITY.fullmatch(host):
+            raise v.BadValue(f"mirrors: {host!r} is not a registry host or host:port (no scheme, no path)")
+        if not isinstance(table, Mapping) or set(table) != {"endpoints"}:
+            raise v.BadValue(f'mirrors."{host}": expected endpoints = ["https://mirror", ...] and nothing else, '
+                             f"got {table!r}")
+        endpoints = v.strings()(table["endpoints"])
+        for url in endpoints:
+            parts = urlsplit(url)
+            if parts.scheme not in ("http", "https") or not parts.netloc or parts.query or parts.fragment:
+                raise v.BadValue(f'mirrors."{host}": {url!r} is not an http(s) URL of a registry (a path prefix '
+                                 f"is allowed, a query or fragment is not)")
+        out[host.lower()] = tuple(url.rstrip("/") for url in endpoints)
+    return MappingProxyType(out)
+
+
+def _show_mirrors(mirrors: Mapping[str, tuple[str, ...]]) -> dict[str, dict[str, list[str]]]:
+    return {host: {"endpoints": list(urls)} for host, urls in mirrors.items()}
+
+
 @dataclass(frozen=True)
 class RegistrySettings:
     """[registries]"""
@@ -39,7 +72,9 @@ class RegistrySettings:
     auth_file: Path | None = v.setting(None, v.path(empty=None), v.show_path)  # noqa: RUF009 - a field()
     chunk_size: int = v.size_setting(_DEFAULTS.chunk_size, 1 << 20)
     proxy: str | None = v.setting(None, proxy_parser("registries.proxy"), lambda p: p or "")
+    mirrors: Mapping[str, tuple[str, ...]] = v.setting(None, _mirrors, _show_mirrors,
+                                                       factory=lambda: MappingProxyType({}))
 
     def registry_config(self) -> RegistryConfig:
         return RegistryConfig(tuple(h.lower() for h in self.insecure), self.ca_file, self.auth_file,
-                              self.chunk_size, self.proxy)
+                              self.chunk_size, self.proxy, self.mirrors)

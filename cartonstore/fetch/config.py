@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -20,6 +21,9 @@ class RegistryConfig:
     auth_file: Path | None = None     # docker config.json format, read before docker's own
     chunk_size: int = 64 << 20        # blobs larger than this are pushed in chunks of this size
     proxy: str | None = None          # HTTP(S) proxy for registries (and their token servers)
+    # upstream authority (host or host:port, lower case) -> mirror endpoints, tried in order for
+    # manifests by digest and blobs before the upstream (containerd's hosts.toml "mirrors")
+    mirrors: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -79,7 +79,7 @@ class _Blobs:
                                                                    expected_size=self.sizes[digest])
                 if staged is None:
                     staged = await fetch_blob(self.puller.client, self.puller.store.blobs, digest,
-                                              [self.registry.blob_url(digest)], self.puller.config,
+                                              self.registry.blob_urls(digest), self.puller.config,
                                               stats=self.puller.stats, kind_of=lambda _u: "registry",
                                               expected_size=self.sizes[digest])
             self.staging.add_staged(staged)
@@ -149,7 +149,7 @@ async def _add_layers(puller: "Puller", registry: Registry, ref: OciReference, m
                                                 if layer.path not in METADATA_NAMES})
         checked = await asyncio.to_thread(check_carton, OciCartonView(str(ref), layers, small), links_raw=b"")
         check_layers(layers, checked.manifest.as_dict())
-        urls = {layer.digest: (registry.blob_url(layer.digest),) for layer in layers
+        urls = {layer.digest: tuple(registry.blob_urls(layer.digest)) for layer in layers
                 if layer.path not in METADATA_NAMES}
         checked = dataclasses.replace(checked, links=urls)
         if "MANIFEST" not in by_path and not puller.store.blobs.has(checked.digest):

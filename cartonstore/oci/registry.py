@@ -16,8 +16,10 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import logging
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable
+from urllib.parse import quote
 
 import aiohttp
 
@@ -29,6 +31,7 @@ from cartonstore.system.hosts import is_loopback
 from .artifact import ACCEPT, MAX_MANIFEST_SIZE, OCI_MANIFEST
 from .reference import OciReference
 
+log = logging.getLogger("cartonstore.oci")
 
 @dataclass(frozen=True)
 class Answer:
@@ -56,6 +59,24 @@ class Registry:
 
     def blob_url(self, digest: str) -> str:
         return self.url(f"blobs/sha256:{digest}")
+
+    @property
+    def mirrors(self) -> tuple[str, ...]:
+        """The endpoints [registries.mirrors] lists for this registry, in order."""
+        mirrors = self.config.registries.mirrors
+        return mirrors.get(self.ref.authority.lower()) or mirrors.get(self.ref.host.lower()) or ()
+
+    def mirror_url(self, endpoint: str, path: str) -> str:
+        """``path`` of this repository at a mirror, naming the registry it
+        mirrors as containerd does (the ``ns`` query parameter)."""
+        return f"{endpoint}/v2/{self.ref.repository}/{path}?ns={quote(self.ref.authority, safe=':')}"
+
+    def blob_urls(self, digest: str) -> list[str]:
+        """Where a blob is fetched from, in order: each mirror, then the
+        registry (once it answered: a pull by digest from a mirror needs no
+        registry)."""
+        path = f"blobs/sha256:{digest}"
+        return [self.mirror_url(m, path) for m in self.mirrors] + ([self.url(path)] if self.base else [])
 
     async def connect(self) -> str:
         """Find the scheme the registry answers on (GET /v2/); returns the base URL."""
@@ -131,7 +152,17 @@ class Registry:
     async def get_manifest(self) -> tuple[bytes, str, str]:
         """The manifest's bytes, media type and digest ("sha256:..."), checked:
         by digest when the reference names one, and against the digest the
-        registry says it served."""
+        registry says it served. By digest, each mirror is asked first, and
+        the registry only when none has it (a tag is resolved at the registry)."""
+        if self.ref.digest:
+            for endpoint in self.mirrors:
+                found = await self._manifest_from_mirror(endpoint)
+                if found is not None:
+                    try:   # the registry, when it answers, is the blobs' last source
+                        await self.connect()
+                    except FetchError as e:
+                        log.info("%s: the registry is not reachable (%s); pulling from its mirrors", self.ref, e)
+                    return found
         await self.connect()
         url = self.url(f"manifests/{self.ref.reference}")
 
@@ -159,6 +190,22 @@ class Registry:
                                  subject=str(self.ref))
         media_type = answer.headers.get("Content-Type", "").split(";")[0].strip()
         return answer.body, media_type, digest
+
+    async def _manifest_from_mirror(self, endpoint: str) -> tuple[bytes, str, str] | None:
+        """The manifest by digest from one mirror, checked; None (logged) when
+        it has not got it, cannot be reached, or serves other bytes."""
+        url = self.mirror_url(endpoint, f"manifests/{self.ref.digest}")
+        try:
+            answer = await self.request("GET", url, headers={"Accept": ACCEPT}, limit=MAX_MANIFEST_SIZE)
+        except FetchError as e:
+            log.info("mirror %s: %s; asking the next", describe(url), e.message)
+            return None
+        digest = "sha256:" + hashlib.sha256(answer.body).hexdigest()
+        if answer.status != 200 or digest != self.ref.digest:
+            why = f"HTTP {answer.status}" if answer.status != 200 else f"a manifest that hashes to {digest}"
+            log.info("mirror %s answered %s; asking the next", describe(url), why)
+            return None
+        return answer.body, answer.headers.get("Content-Type", "").split(";")[0].strip(), digest
 
     async def put_manifest(self, tag: str, raw: bytes) -> str:
         """Push the manifest under tag; returns its digest."""

@@ -127,6 +127,7 @@ DEFAULTS = {
     "registries.auth_file": None,
     "registries.chunk_size": 64 << 20,
     "registries.proxy": None,
+    "registries.mirrors": {},
     "limits.zip_max_entries": 200_000,
     "limits.zip_max_ratio": 1000,
     "gc.max_size": None,
@@ -167,7 +168,7 @@ DEFAULTS = {
 
 
 # Settings written as TOML tables ([runners.<name>]), tested in test_runner_settings.py.
-TABLES = {"runners.commands"}
+TABLES = {"runners.commands", "registries.mirrors"}
 
 
 def test_the_defaults_table_covers_every_setting() -> None:
@@ -923,8 +924,9 @@ def test_as_dict_is_toml_that_loads_back(tmp_path: Path, overrides: dict) -> Non
     config = load_config(env={}, overrides=overrides)
     shown = config.as_dict()
     assert list(shown) == ["store", "server", "leases", "fetch", "registries", "limits", "gc", "peers", "runners"]
+    # [runners.<name>] tables are shown flattened into [runners]; [registries.mirrors] stays one table
     assert [f"{s}.{k}" for s, table in shown.items() for k in table] == \
-        [key for key in setting_keys() if key not in TABLES]
+        [key for key in setting_keys() if key != "runners.commands"]
     path = write(tmp_path, tomli_w.dumps(shown))
     again = load_config(path, env={})
     assert again.as_dict() == shown
@@ -1113,3 +1115,21 @@ def test_self_test_tolerances_follow_the_models_device() -> None:
     assert runners.selftest_tolerances(["cpu"]) == (1e-5, 1e-8)
     assert runners.selftest_tolerances(["cpu", "cuda:1"]) == (1e-2, 1e-4)
     assert runners.selftest_tolerances([]) == (1e-5, 1e-8)
+
+
+def test_registry_mirrors_are_tables_of_endpoints_by_host(tmp_path: Path) -> None:
+    """[registries.mirrors."host"] endpoints = [...], as containerd's hosts.toml; a table, so tested apart."""
+    path = tmp_path / "c.toml"
+    path.write_text('[registries.mirrors."Registry.Lab:5000"]\nendpoints = ["http://127.0.0.1:30020/", '
+                    '"https://cache.lab/v"]\n')
+    config = load_config(path, env={})
+    assert dict(config.registries.mirrors) == {"registry.lab:5000": ("http://127.0.0.1:30020", "https://cache.lab/v")}
+    assert config.fetch_config().registries.mirrors == config.registries.mirrors
+    for table, words in (('[registries.mirrors."https://r.lab"]\nendpoints = []', "is not a registry host"),
+                         ('[registries.mirrors."r.lab"]\nendpoint = ["http://m"]', "expected endpoints = "),
+                         ('[registries.mirrors."r.lab"]\nendpoints = ["ftp://m"]', "is not an http(s) URL"),
+                         ('[registries.mirrors."r.lab"]\nendpoints = ["http://m/?ns=x"]', "a query or fragment")):
+        path.write_text(table + "\n")
+        with pytest.raises(InvalidInput, match="registries.mirrors") as raised:
+            load_config(path, env={})
+        assert words in str(raised.value), raised.value
