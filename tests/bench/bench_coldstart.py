@@ -1,0 +1,168 @@
+#!/usr/bin/env python3
+"""Benchmark: time to first inference, cold (by URL) and warm (in the
+store, not loaded), against the shell and a bare interpreter doing the same
+work, in the same run.
+
+    python tests/bench/bench_coldstart.py [--sizes 256,1024] [--rounds 2] [--sandbox auto]
+
+The model: an ONNX chain of MatMuls with 1024x1024 float32 weights (4 MiB
+each), --sizes MiB of them in all, in a LINKS carton whose one big file is
+served by a local origin (fetch_origin.py, sendfile) at /blobs/<sha256>.
+
+- Cold. Baseline: ``curl -o model.onnx URL; python -c "import onnxruntime;
+  load; infer"``, one shell command. Ours: a daemon already running on a
+  fresh store; the time from ``POST /v2/repository/models/m/load`` with
+  the carton's URL as its source to the first infer's answer. Also printed:
+  the download alone (curl) and the load alone (python), whose larger is
+  the floor a load that overlaps them could reach.
+- Warm. Baseline: ``python -c "import onnxruntime; load; infer"`` on the
+  file (in the page cache). Ours: the carton in the store, not loaded:
+  load by name, then the first infer.
+
+Each measure is the minimum of --rounds. Targets (issue 29): cold <= 1.0x
+its baseline; warm <= 0.8x its baseline (with pre-warmed runners).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parents[1]))
+sys.path.insert(0, str(HERE.parent))
+
+from fetch_origin import Origin  # noqa: E402
+from kit.daemonkit import DaemonProcess  # noqa: E402
+from kit.runnerkit import carton_toml, unix_request  # noqa: E402
+
+from cartonstore.carton.pack import pack_directory  # noqa: E402
+from cartonstore.v2.encode import encode_infer_request  # noqa: E402
+
+DIM = 1024
+LOAD_AND_INFER = ("import numpy as np, onnxruntime as ort; "
+                  "s = ort.InferenceSession({path!r}, providers=['CPUExecutionProvider']); "
+                  "s.run(None, {{'x': np.ones((1, %d), np.float32)}})" % DIM)
+
+
+def chain_model(path: Path, mib: int) -> None:
+    from onnx import TensorProto, helper, numpy_helper
+
+    layers = max(1, mib // 4)
+    rng = np.random.default_rng(0)
+    nodes, weights = [], []
+    for i in range(layers):
+        weights.append(numpy_helper.from_array((rng.standard_normal((DIM, DIM), dtype=np.float32) / 32), f"w{i}"))
+        nodes.append(helper.make_node("MatMul", ["x" if i == 0 else f"h{i - 1}", f"w{i}"],
+                                      ["y" if i == layers - 1 else f"h{i}"]))
+    graph = helper.make_graph(nodes, "chain", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", DIM])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", DIM])], weights)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    path.write_bytes(model.SerializeToString())
+
+
+def timed(cmd: list[str] | str) -> float:
+    start = time.perf_counter()
+    subprocess.run(cmd, shell=isinstance(cmd, str), check=True, stdout=subprocess.DEVNULL)
+    return time.perf_counter() - start
+
+
+def first_inference(d: DaemonProcess, source: str | None) -> float:
+    """Load (by ``source`` URL, or by name) and infer once: seconds."""
+    parts, length = encode_infer_request({"x": np.ones((1, DIM), np.float32)})
+    body = b"".join(bytes(p) for p in parts)
+    params = {"parameters": {"source": source}} if source else {}
+    start = time.perf_counter()
+    status, _, answer = unix_request(d.socket_path, "POST", "/v2/repository/models/m/load",
+                                     json.dumps(params).encode(), {"Content-Type": "application/json"}, timeout=600)
+    if status != 200:
+        raise SystemExit(f"load failed: {status} {answer[:500]!r}")
+    status, _, answer = unix_request(d.socket_path, "POST", "/v2/models/m/infer", body,
+                                     {"Inference-Header-Content-Length": str(length)}, timeout=600)
+    if status != 200:
+        raise SystemExit(f"infer failed: {status} {answer[:500]!r}")
+    return time.perf_counter() - start
+
+
+def one_size(mib: int, rounds: int, sandbox: str, work: Path) -> dict[str, float]:
+    served = work / "served"
+    (served / "blobs").mkdir(parents=True)
+    src = work / "carton"
+    (src / "model").mkdir(parents=True)
+    chain_model(src / "model" / "model.onnx", mib)
+    (src / "carton.toml").write_text(carton_toml("onnx", ">=1.10", None, model_name="chain",
+                                                 inputs=[("x", "float32", ["n", DIM])],
+                                                 outputs=[("y", "float32", ["n", DIM])]))
+    data = (src / "model" / "model.onnx").read_bytes()
+    digest = hashlib.sha256(data).hexdigest()
+    del data
+    shutil.copyfile(src / "model" / "model.onnx", served / "blobs" / digest)
+    origin = Origin(served)
+    try:
+        pack_directory(src, served / "m.carton", link_prefix=origin.url("/blobs"), link_min_size=1 << 20)
+        url, blob_url = origin.url("/m.carton"), origin.url(f"/blobs/{digest}")
+        local = work / "baseline.onnx"
+        python = [sys.executable, "-c", LOAD_AND_INFER.format(path=str(local))]
+        curl = f"curl -s -S --fail --noproxy '*' -o {local} {blob_url}"
+        config_file = work / "cartonstore.toml"
+        config_file.write_text(f'[runners]\nsandbox = "{sandbox}"\n')
+        best: dict[str, float] = {}
+
+        def keep(key: str, value: float) -> None:
+            best[key] = min(best.get(key, value), value)
+        for r in range(rounds):
+            local.unlink(missing_ok=True)
+            keep("cold baseline", timed(f"{curl} && {' '.join(map(repr, python))}"))
+            local.unlink(missing_ok=True)
+            keep("download alone", timed(curl))
+            keep("warm baseline", timed(python))
+            root = work / f"root{r}"
+            root.mkdir()
+            root.chmod(0o755)   # a sandboxed runner's user reads the store under it
+            d = DaemonProcess(root, listen=None, extra_args=["--config", str(config_file)]).start()
+            try:
+                keep("cold ours", first_inference(d, url))
+                status, _, answer = unix_request(d.socket_path, "POST", "/v2/repository/models/m/unload", b"{}",
+                                                 {"Content-Type": "application/json"}, timeout=120)
+                assert status == 200, answer
+                keep("warm ours", first_inference(d, None))
+            finally:
+                d.stop()
+                shutil.rmtree(root, ignore_errors=True)
+    finally:
+        origin.stop()
+    return best
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--sizes", default="256", help="model sizes in MiB, comma-separated (256,1024)")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--sandbox", choices=["auto", "bwrap", "landlock", "none"], default="auto")
+    args = ap.parse_args()
+    for mib in (int(s) for s in args.sizes.split(",")):
+        with tempfile.TemporaryDirectory(prefix="cs-cold-", dir="/tmp") as tmp:
+            Path(tmp).chmod(0o755)
+            best = one_size(mib, args.rounds, args.sandbox, Path(tmp))
+        floor = max(best["download alone"], best["warm baseline"])
+        print(f"== {mib} MiB ONNX model, min of {args.rounds} rounds, runners.sandbox = {args.sandbox}")
+        for key in ("download alone", "warm baseline", "cold baseline", "cold ours", "warm ours"):
+            print(f"  {key:15s} {best[key]:7.3f} s")
+        cold, warm = best["cold ours"] / best["cold baseline"], best["warm ours"] / best["warm baseline"]
+        print(f"  cold: ours / (curl; python) = {cold:.2f}  (target <= 1.0)  {'PASS' if cold <= 1.0 else 'FAIL'}; "
+              f"ours / max(download, load) = {best['cold ours'] / floor:.2f}")
+        print(f"  warm: ours / python = {warm:.2f}  (target <= 0.8)  {'PASS' if warm <= 0.8 else 'FAIL'}")
+
+
+if __name__ == "__main__":
+    main()
