@@ -1,17 +1,22 @@
 """main() and serve(): load a model, listen on the Unix socket, stop
-gracefully on SIGTERM (finish what is in flight, then exit 0)."""
+gracefully on SIGTERM (finish what is in flight, then exit 0).
+
+The HTTP server (aiohttp, rest.py) is imported in a thread while the model
+loads: aiohttp's import alone takes about 0.2 s (it builds TLS contexts),
+a third of a small model's time to ready, and a model's load mostly runs
+in C (onnxruntime, torch) without the GIL."""
 
 from __future__ import annotations
 
 import asyncio
+import importlib
 import os
 import signal
 import socket
 import sys
+import threading
 from pathlib import Path
 from typing import Callable
-
-from aiohttp import web
 
 from cartonstore.errors import CartonStoreError
 from cartonstore.system.long_lived import settle_heap
@@ -21,7 +26,6 @@ from cartonstore.system.sockets import bind_unix, inherited_sockets
 from .args import parse_runner_args
 from .context import LoadError, Model, RunnerContext
 from .lifecycle import describe_load_exception, die_with_parent, fail_load
-from .rest import RunnerState, build_app
 
 
 def bind_unix_socket(path: Path) -> socket.socket:
@@ -35,6 +39,10 @@ def bind_unix_socket(path: Path) -> socket.socket:
 
 
 async def _serve(model: Model, ctx: RunnerContext, max_concurrency: int) -> None:
+    from aiohttp import web
+
+    from .rest import RunnerState, build_app
+
     state = RunnerState(model, ctx, max_concurrency)
     runner = web.AppRunner(build_app(state), handle_signals=False, access_log=None)
     await runner.setup()
@@ -104,5 +112,15 @@ def main(load: Callable[[RunnerContext], Model], argv: list[str] | None = None) 
         ctx = parse_runner_args(argv, prog=prog)
     except LoadError as exc:
         fail_load(str(exc))
+    server_imports = threading.Thread(target=_import_server, name="import-server", daemon=True)
+    server_imports.start()
     model = load_model(load, ctx)
+    server_imports.join()
     serve(model, ctx)
+
+
+def _import_server() -> None:
+    try:
+        importlib.import_module("cartonstore.runner.rest")
+    except BaseException:  # noqa: BLE001 - serve() imports it again and reports what fails
+        pass

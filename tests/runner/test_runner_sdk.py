@@ -459,3 +459,16 @@ def test_boolean_options_take_true_false_and_their_strings() -> None:
     for key in ("d", "e"):
         with pytest.raises(LoadError, match=f"runner option '{key}' must be true or false"):
             ctx.opt_bool(key, True)
+
+
+def test_loading_a_runner_does_not_wait_for_the_http_server_import() -> None:
+    """aiohttp (about 0.2 s to import) is imported in a thread while the
+    model loads (serving.py): the runner modules themselves must not pull
+    it in."""
+    import subprocess
+    import sys
+
+    code = ("import sys, cartonstore.runner.onnx, cartonstore.runner.python, cartonstore.runner.torchscript; "
+            "print('aiohttp' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert out.stdout.strip() == "False"
