@@ -1,0 +1,171 @@
+#!/usr/bin/env python3
+"""Benchmark: one-row inference of a small model through the daemon,
+against a bare in-process v2 server, with the same client, in the same run.
+
+    python tests/bench/bench_rf.py [--requests 2000] [--rounds 2]
+
+The model: a scikit-learn RandomForest (50 trees) on 4 features, converted
+by skl2onnx with zipmap off (label int64, probabilities float32). The
+client: tritonclient.http, one connection, sequential requests of one row,
+binary outputs.
+
+- Baseline: a bare v2 server in a process of its own: uvloop, aiohttp,
+  onnxruntime's session called in the handler, the request and answer
+  framed by cartonstore.v2 (the binary tensor data extension).
+- Ours: cartonstore serve on loopback TCP, the model packed from the same
+  .onnx file (cartonstore pack) and loaded; requests go through the daemon
+  to its runner process.
+
+Printed: p50 and p99 of each (all rounds' samples pooled), the p50 ratio,
+and where a request's time went in the daemon (its statistics: the
+runner's queue, decode, model and encode times from its timing header; the
+rest is the hop between daemon and runner). Target (issue 29): ours <=
+1.3x the bare server.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parents[1]))
+sys.path.insert(0, str(HERE.parent))
+
+from kit.daemonkit import DaemonProcess, call  # noqa: E402
+
+BARE = r'''
+import asyncio, sys
+import numpy as np, onnxruntime as ort, uvloop
+from aiohttp import web
+from cartonstore.v2.encode import encode_infer_response
+from cartonstore.v2.framing import parse_infer_request, tensor_to_numpy
+
+options = ort.SessionOptions()
+options.intra_op_num_threads = 1
+session = ort.InferenceSession(sys.argv[1], sess_options=options, providers=["CPUExecutionProvider"])
+names = [o.name for o in session.get_outputs()]
+
+async def infer(request):
+    body = await request.read()
+    length = request.headers.get("Inference-Header-Content-Length")
+    req = parse_infer_request(body, int(length) if length is not None else None)
+    feed = {t.name: tensor_to_numpy(t) for t in req.inputs}
+    outputs = dict(zip(names, session.run(names, feed)))
+    parts, header = encode_infer_response(model_name="rf", model_version="1", request_id=req.id,
+                                          outputs=outputs, binary=req.wants_binary)
+    headers = {"Inference-Header-Content-Length": str(header)} if header is not None else {}
+    return web.Response(body=b"".join(parts), headers=headers,
+                        content_type="application/octet-stream" if header is not None else "application/json")
+
+async def ready(request):
+    return web.Response()
+
+app = web.Application()
+app.router.add_post("/v2/models/rf/infer", infer)
+app.router.add_get("/v2/health/ready", ready)
+uvloop.install()
+web.run_app(app, host="127.0.0.1", port=int(sys.argv[2]), print=lambda *a: print("ready", flush=True),
+            access_log=None)
+'''
+
+
+def forest(path: Path) -> None:
+    from skl2onnx import to_onnx
+    from sklearn.ensemble import RandomForestClassifier
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((600, 4)).astype(np.float32)
+    y = (x[:, 0] + x[:, 1] * x[:, 2] > 0).astype(np.int64) + (x[:, 3] > 1)
+    model = RandomForestClassifier(n_estimators=50, max_depth=8, random_state=0).fit(x, y)
+    onx = to_onnx(model, x[:1], options={id(model): {"zipmap": False}}, target_opset=15)
+    path.write_bytes(onx.SerializeToString())
+
+
+def latencies(host_port: str, model: str, requests: int) -> list[float]:
+    import tritonclient.http as triton
+
+    c = triton.InferenceServerClient(host_port)
+    x = triton.InferInput("X", [1, 4], "FP32")
+    x.set_data_from_numpy(np.array([[0.1, -0.2, 0.3, 1.5]], np.float32))
+    outputs = [triton.InferRequestedOutput("label"), triton.InferRequestedOutput("probabilities")]
+    for _ in range(50):
+        c.infer(model, [x], outputs=outputs)
+    out = []
+    for _ in range(requests):
+        start = time.perf_counter()
+        c.infer(model, [x], outputs=outputs)
+        out.append(time.perf_counter() - start)
+    c.close()
+    return out
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--requests", type=int, default=2000)
+    ap.add_argument("--rounds", type=int, default=2)
+    args = ap.parse_args()
+    samples: dict[str, list[float]] = {"bare": [], "ours": []}
+    with tempfile.TemporaryDirectory(prefix="cs-rf-", dir="/tmp") as tmp:
+        work = Path(tmp)
+        work.chmod(0o755)   # a sandboxed runner's user reads the store under it
+        onnx_file = work / "rf.onnx"
+        forest(onnx_file)
+        carton = work / "rf.carton"
+        subprocess.run([sys.executable, "-m", "cartonstore.cli", "pack", str(onnx_file), "-o", str(carton),
+                        "--name", "rf"], check=True, stdout=subprocess.DEVNULL)
+        port = free_port()
+        bare = subprocess.Popen([sys.executable, "-c", BARE, str(onnx_file), str(port)], stdout=subprocess.PIPE,
+                                text=True, cwd=str(HERE.parents[1]))
+        d = DaemonProcess(work / "root").start()
+        try:
+            assert bare.stdout.readline().strip() == "ready"
+            status, body = call(d, "POST", "/v2/repository/models/rf/load",
+                                json={"parameters": {"source": str(carton),
+                                                     "config": json.dumps({"parameters": {
+                                                         "intra_op_num_threads": {"string_value": "1"}}})}})
+            assert status == 200, body
+            for r in range(args.rounds):
+                order = [("bare", f"127.0.0.1:{port}"), ("ours", d.host_port)]
+                for name, where in (order if r % 2 == 0 else order[::-1]):
+                    samples[name] += latencies(where, "rf", args.requests)
+            status, stats = call(d, "GET", "/v2/models/rf/stats")
+        finally:
+            d.stop()
+            bare.terminate()
+            bare.wait()
+    p = {name: np.percentile(v, [50, 99]) * 1e3 for name, v in samples.items()}
+    print(f"RandomForest (50 trees, 4 features), one row, tritonclient.http, {args.requests} x {args.rounds} "
+          f"sequential requests each:")
+    print(f"  bare uvloop + aiohttp + onnxruntime   p50 {p['bare'][0]:.3f} ms   p99 {p['bare'][1]:.3f} ms")
+    print(f"  cartonstore daemon + runner           p50 {p['ours'][0]:.3f} ms   p99 {p['ours'][1]:.3f} ms")
+    # where a request's time went, as the daemon's statistics (Triton's) count it, mean per request
+    phases = stats["model_stats"][0]["inference_stats"]
+    mean = {k: phases[k]["ns"] / max(1, phases[k]["count"]) / 1e3 for k in
+            ("success", "queue", "compute_input", "compute_infer", "compute_output")}
+    print(f"  in the daemon, mean per request (us): all {mean['success']:.0f} = queue {mean['queue']:.0f} "
+          f"(waiting for a model thread) + input {mean['compute_input']:.0f} (the daemon's checks and the runner's "
+          f"decoding) + infer {mean['compute_infer']:.0f} (onnxruntime) + output {mean['compute_output']:.0f} "
+          f"(encoding) + the rest (the runner's HTTP hop, both ways): "
+          f"{mean['success'] - mean['queue'] - mean['compute_input'] - mean['compute_infer'] - mean['compute_output']:.0f}")
+    ratio = p["ours"][0] / p["bare"][0]
+    print(f"p50 ours / bare: {ratio:.2f}  (target <= 1.3)  {'PASS' if ratio <= 1.3 else 'FAIL'}")
+
+
+if __name__ == "__main__":
+    main()
