@@ -55,6 +55,11 @@ def _mirrors(value: object) -> Mapping[str, tuple[str, ...]]:
             if parts.scheme not in ("http", "https") or not parts.netloc or parts.query or parts.fragment:
                 raise v.BadValue(f'mirrors."{host}": {url!r} is not an http(s) URL of a registry (a path prefix '
                                  f"is allowed, a query or fragment is not)")
+            if parts.path.rstrip("/").endswith("/v2"):
+                raise v.BadValue(f'mirrors."{host}": {url!r}: give the mirror\'s base URL, without /v2 '
+                                 f"(cartonstore adds /v2/<repository>/..., as containerd does)")
+        if host.lower() in out:
+            raise v.BadValue(f"mirrors: {host!r} is listed twice (host names are not case-sensitive)")
         out[host.lower()] = tuple(url.rstrip("/") for url in endpoints)
     return MappingProxyType(out)
 

@@ -17,17 +17,19 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import io
+import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
 
 from cartonstore.carton.checks import check_carton
-from cartonstore.errors import IntegrityError, InvalidCarton, ManifestMismatch
+from cartonstore.errors import CartonStoreError, IntegrityError, InvalidCarton, ManifestMismatch
 from cartonstore.fetch.peers import Claim, offer
 from cartonstore.fetch.remote_zip import read_whole_limit
 from cartonstore.fetch.transfer import fetch_blob
 from cartonstore.format.manifest import build_manifest
 from cartonstore.sources.view import SourceFile
 from cartonstore.sources.zip_source import METADATA_NAMES
+from cartonstore.store.blobs import StagedBlob
 from cartonstore.store.ingest import IngestResult, Staging, check_staged_safetensors
 from cartonstore.system.flights import all_or_none
 
@@ -37,6 +39,8 @@ from .registry import Registry
 
 if TYPE_CHECKING:
     from cartonstore.fetch.puller import Puller
+
+log = logging.getLogger("cartonstore.oci")
 
 
 class OciCartonView:
@@ -78,13 +82,32 @@ class _Blobs:
                 staged = await self.puller.fetcher.stage_from_peer(digest, self.claims.get(digest),
                                                                    expected_size=self.sizes[digest])
                 if staged is None:
+                    staged = await self._from_mirrors(digest)
+                if staged is None:
+                    if self.registry.base is None:
+                        await self.registry.connect()   # a pull whose manifest a mirror served: the registry now
                     staged = await fetch_blob(self.puller.client, self.puller.store.blobs, digest,
-                                              self.registry.blob_urls(digest), self.puller.config,
+                                              [self.registry.blob_url(digest)], self.puller.config,
                                               stats=self.puller.stats, kind_of=lambda _u: "registry",
                                               expected_size=self.sizes[digest])
             self.staging.add_staged(staged)
             offer(self.claims, digest, staged.tmp_path)
         return self.staging.staged[digest].tmp_path
+
+    async def _from_mirrors(self, digest: str) -> StagedBlob | None:
+        """The blob from the registry's mirrors, each tried once (no retries:
+        the registry is next), or None."""
+        urls = self.registry.mirror_blob_urls(digest)
+        if not urls:
+            return None
+        try:
+            return await fetch_blob(self.puller.client, self.puller.store.blobs, digest, urls,
+                                    dataclasses.replace(self.puller.config, retries=0), stats=self.puller.stats,
+                                    kind_of=lambda _u: "registry", expected_size=self.sizes[digest])
+        except CartonStoreError as e:
+            log.info("blob %s: not from the mirrors of %s (%s); asking the registry", digest[:12],
+                     self.registry.ref.authority, e.message.splitlines()[0])
+            return None
 
     async def read(self, digest: str) -> bytes:
         """A small blob's bytes: the store's copy, else the registry's."""
@@ -149,7 +172,7 @@ async def _add_layers(puller: "Puller", registry: Registry, ref: OciReference, m
                                                 if layer.path not in METADATA_NAMES})
         checked = await asyncio.to_thread(check_carton, OciCartonView(str(ref), layers, small), links_raw=b"")
         check_layers(layers, checked.manifest.as_dict())
-        urls = {layer.digest: tuple(registry.blob_urls(layer.digest)) for layer in layers
+        urls = {layer.digest: (registry.source_url(layer.digest),) for layer in layers
                 if layer.path not in METADATA_NAMES}
         checked = dataclasses.replace(checked, links=urls)
         if "MANIFEST" not in by_path and not puller.store.blobs.has(checked.digest):

@@ -23,7 +23,7 @@ from urllib.parse import quote
 
 import aiohttp
 
-from cartonstore.errors import FetchError, FetchNotFound, IntegrityError
+from cartonstore.errors import CartonStoreError, FetchError, FetchNotFound, IntegrityError
 from cartonstore.fetch.http import HttpClient, translate, with_retries
 from cartonstore.fetch.policy import describe, redirect_target
 from cartonstore.system.hosts import is_loopback
@@ -63,28 +63,32 @@ class Registry:
     @property
     def mirrors(self) -> tuple[str, ...]:
         """The endpoints [registries.mirrors] lists for this registry, in order."""
-        mirrors = self.config.registries.mirrors
-        return mirrors.get(self.ref.authority.lower()) or mirrors.get(self.ref.host.lower()) or ()
+        # by host:port as written in the reference, as containerd keys them
+        return self.config.registries.mirrors.get(self.ref.authority.lower(), ())
 
     def mirror_url(self, endpoint: str, path: str) -> str:
         """``path`` of this repository at a mirror, naming the registry it
         mirrors as containerd does (the ``ns`` query parameter)."""
         return f"{endpoint}/v2/{self.ref.repository}/{path}?ns={quote(self.ref.authority, safe=':')}"
 
-    def blob_urls(self, digest: str) -> list[str]:
-        """Where a blob is fetched from, in order: each mirror, then the
-        registry (once it answered: a pull by digest from a mirror needs no
-        registry)."""
-        path = f"blobs/sha256:{digest}"
-        return [self.mirror_url(m, path) for m in self.mirrors] + ([self.url(path)] if self.base else [])
+    def mirror_blob_urls(self, digest: str) -> list[str]:
+        """The blob at each mirror, in order (tried before the registry)."""
+        return [self.mirror_url(m, f"blobs/sha256:{digest}") for m in self.mirrors]
+
+    def source_url(self, digest: str) -> str:
+        """The blob at the registry, as recorded for fetching it again: the
+        registry's own URL, never a mirror's (mirrors are the config's of the
+        day, and node-local); when the registry did not answer, the scheme
+        it most likely has (plain http for loopback and insecure ones)."""
+        base = self.base or f"{'http' if self._plain_ok() else 'https'}://{self.ref.authority}"
+        return f"{base}/v2/{self.ref.repository}/blobs/sha256:{digest}"
 
     async def connect(self) -> str:
         """Find the scheme the registry answers on (GET /v2/); returns the base URL."""
         if self.base is not None:
             return self.base
         authority = self.ref.authority
-        plain_ok = is_loopback(self.ref.host) or authority.lower() in self.config.registries.insecure \
-            or self.ref.host.lower() in self.config.registries.insecure
+        plain_ok = self._plain_ok()
         problems = []
         for scheme in ("https", "http") if plain_ok else ("https",):
             base = f"{scheme}://{authority}"
@@ -100,6 +104,12 @@ class Registry:
         hint = "" if plain_ok else " (plain http is tried only for hosts in registries.insecure)"
         raise FetchError(f"cannot reach the registry {authority}{hint}: " + "; ".join(problems),
                          subject=str(self.ref), retryable=True)
+
+    def _plain_ok(self) -> bool:
+        """Plain http may be tried: a loopback registry, or one in registries.insecure."""
+        insecure = self.config.registries.insecure
+        return is_loopback(self.ref.host) or self.ref.authority.lower() in insecure \
+            or self.ref.host.lower() in insecure
 
     async def request(self, method: str, url: str, *, push: bool = False, headers: dict | None = None,
                       body: Callable[[], Any] | None = None, limit: int = 1 << 20, authorize: bool = True,
@@ -158,10 +168,11 @@ class Registry:
             for endpoint in self.mirrors:
                 found = await self._manifest_from_mirror(endpoint)
                 if found is not None:
-                    try:   # the registry, when it answers, is the blobs' last source
-                        await self.connect()
-                    except FetchError as e:
-                        log.info("%s: the registry is not reachable (%s); pulling from its mirrors", self.ref, e)
+                    try:   # the registry, when it answers soon, is the blobs' last source
+                        await asyncio.wait_for(self.connect(), self.config.connect_timeout)
+                    except (FetchError, asyncio.TimeoutError) as e:
+                        log.info("%s: the registry is not reachable (%s); pulling from its mirrors", self.ref,
+                                 getattr(e, "message", None) or "no answer in time")
                     return found
         await self.connect()
         url = self.url(f"manifests/{self.ref.reference}")
@@ -197,7 +208,7 @@ class Registry:
         url = self.mirror_url(endpoint, f"manifests/{self.ref.digest}")
         try:
             answer = await self.request("GET", url, headers={"Accept": ACCEPT}, limit=MAX_MANIFEST_SIZE)
-        except FetchError as e:
+        except CartonStoreError as e:   # unreachable, or a host fetch.allow_hosts/deny_hosts refuses
             log.info("mirror %s: %s; asking the next", describe(url), e.message)
             return None
         digest = "sha256:" + hashlib.sha256(answer.body).hexdigest()

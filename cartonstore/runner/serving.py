@@ -112,15 +112,22 @@ def main(load: Callable[[RunnerContext], Model], argv: list[str] | None = None) 
         ctx = parse_runner_args(argv, prog=prog)
     except LoadError as exc:
         fail_load(str(exc))
-    server_imports = threading.Thread(target=_import_server, name="import-server", daemon=True)
+    failed: list[BaseException] = []
+    server_imports = threading.Thread(target=_import_server, args=(failed,), name="import-server", daemon=True)
     server_imports.start()
+    # a model that forks while it loads (multiprocessing) does so once the import is done: a child
+    # must not inherit import locks that thread holds
+    os.register_at_fork(before=lambda: server_imports.join() if threading.current_thread() is not server_imports
+                        else None)
     model = load_model(load, ctx)
     server_imports.join()
+    if failed:
+        fail_load(f"cannot import the runner's HTTP server: {type(failed[0]).__name__}: {failed[0]}")
     serve(model, ctx)
 
 
-def _import_server() -> None:
+def _import_server(failed: list[BaseException]) -> None:
     try:
         importlib.import_module("cartonstore.runner.rest")
-    except BaseException:  # noqa: BLE001 - serve() imports it again and reports what fails
-        pass
+    except BaseException as e:  # noqa: BLE001 - reported by main() once the model is loaded
+        failed.append(e)

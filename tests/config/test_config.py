@@ -1128,7 +1128,10 @@ def test_registry_mirrors_are_tables_of_endpoints_by_host(tmp_path: Path) -> Non
     for table, words in (('[registries.mirrors."https://r.lab"]\nendpoints = []', "is not a registry host"),
                          ('[registries.mirrors."r.lab"]\nendpoint = ["http://m"]', "expected endpoints = "),
                          ('[registries.mirrors."r.lab"]\nendpoints = ["ftp://m"]', "is not an http(s) URL"),
-                         ('[registries.mirrors."r.lab"]\nendpoints = ["http://m/?ns=x"]', "a query or fragment")):
+                         ('[registries.mirrors."r.lab"]\nendpoints = ["http://m/?ns=x"]', "a query or fragment"),
+                         ('[registries.mirrors."r.lab"]\nendpoints = ["https://m/v2"]', "without /v2"),
+                         ('[registries.mirrors."r.lab"]\nendpoints = []\n[registries.mirrors."R.lab"]\n'
+                          'endpoints = []', "listed twice")):
         path.write_text(table + "\n")
         with pytest.raises(InvalidInput, match="registries.mirrors") as raised:
             load_config(path, env={})

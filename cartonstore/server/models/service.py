@@ -169,7 +169,7 @@ class ModelService(Leasing):
         if model.batcher is None:
             return
         try:
-            await asyncio.wait_for(model.batcher.drain(), self.runner_host.config.stop_grace or None)
+            await asyncio.wait_for(model.batcher.drain(), self.runner_host.config.stop_grace)
         except asyncio.TimeoutError:
             log.warning("model %s: batched requests still waiting after runners.stop_grace", model.name)
 
