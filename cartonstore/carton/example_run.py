@@ -24,12 +24,14 @@ from cartonstore.errors import InvalidInput
 
 from .tensor_files import carton_dtype_of, write_tensors
 
+RUN_TIMEOUT = 600   # seconds for the model's load and one run on the examples
 _RUN = """
 import json, sys
 from pathlib import Path
 import numpy as np
 from cartonstore.format.carton_toml import TensorSpec
 from cartonstore.runner.context import LoadError, RunnerContext
+from cartonstore.runner.infer import split_result
 from importlib import import_module
 runner, model_dir, opts, out, examples, dtypes = sys.argv[1:7]
 load = import_module(f"cartonstore.runner.{runner}").load
@@ -43,8 +45,7 @@ try:
     model = load(ctx)
 except LoadError as e:
     sys.exit(f"the runner refused the model: {e}")
-outputs = model.infer(inputs, {})
-outputs = getattr(outputs, "outputs", outputs)
+outputs, _ = split_result(model.infer(inputs, {}))   # as the runner reads an answer (a dict by string name)
 names = list(outputs)
 for index, name in enumerate(names):   # files by position: a tensor's name may hold "/"
     array = np.asarray(outputs[name])
@@ -81,11 +82,17 @@ def run_on_examples(runner: str, carton_dir: Path, opts: Mapping[str, Any], exam
     inputs = load_arrays("--example", examples)
     dtypes = {name: carton_dtype_of(array) for name, array in inputs.items()}
     with tempfile.TemporaryDirectory(prefix="cartonstore-pack-run-") as out:
-        done = subprocess.run([sys.executable, "-c", _RUN, runner, str(carton_dir), json.dumps(dict(opts)), out,
-                               json.dumps({k: str(v) for k, v in examples.items()}), json.dumps(dtypes)],
-                              capture_output=True, text=True, timeout=600, check=False)
-        if done.returncode != 0:
-            lines = done.stderr.strip().splitlines()[-12:]
+        try:
+            done = subprocess.run([sys.executable, "-c", _RUN, runner, str(carton_dir), json.dumps(dict(opts)),
+                                   out, json.dumps({k: str(v) for k, v in examples.items()}), json.dumps(dtypes)],
+                                  capture_output=True, text=True, errors="replace", timeout=RUN_TIMEOUT,
+                                  check=False)
+        except subprocess.TimeoutExpired:
+            raise InvalidInput(f"{what}: the model did not answer the examples within {RUN_TIMEOUT} s") from None
+        lines = done.stderr.strip().splitlines()[-12:]
+        if done.returncode == 0 and not (Path(out) / "names.json").exists():
+            lines.append("(it ended before it answered: a model that calls sys.exit?)")
+        if done.returncode != 0 or not (Path(out) / "names.json").exists():
             raise InvalidInput(f"{what}: the model failed on the examples:\n" +
                                "\n".join(f"  {line}" for line in lines), details={"stderr": lines})
         names = json.loads((Path(out) / "names.json").read_text())

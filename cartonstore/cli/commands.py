@@ -126,7 +126,6 @@ def cmd_selftest(store: Store, args: argparse.Namespace, out: Output) -> int:
     from cartonstore.client.wire import DaemonUnavailable  # not leases.py: asyncio is not needed to catch it
 
     client = InferClient(args.settings.socket_path)
-    runners = args.settings.runners
     loaded: dict[str, bool] = {}
     try:
         try:
@@ -141,9 +140,7 @@ def cmd_selftest(store: Store, args: argparse.Namespace, out: Output) -> int:
     except DaemonUnavailable:
         from .local_infer import selftest_locally
 
-        rtol = runners.selftest_rtol if args.rtol is None else args.rtol   # a runner of its own: on the CPU
-        atol = runners.selftest_atol if args.atol is None else args.atol
-        report = selftest_locally(store, args.settings, args.ref, rtol, atol).as_json()
+        report = selftest_locally(store, args.settings, args.ref, args.rtol, args.atol).as_json()
     lines = [f"{t['outcome'].upper().replace('PASSED', 'PASS').replace('FAILED', 'FAIL')} {t['name']}"
              + (f": {t['error']}" if "error" in t else "")
              + "".join(f"\n  {m['problem']}" for m in t.get("mismatches", [])) for t in report["tests"]]

@@ -30,10 +30,17 @@ def infer_locally(store: Store, settings: Config, ref: str, inputs: Mapping[str,
     return asyncio.run(with_local_runner(store, settings, ref, one))
 
 
-def selftest_locally(store: Store, settings: Config, ref: str, rtol: float, atol: float) -> SelfTestReport:
+def selftest_locally(store: Store, settings: Config, ref: str, rtol: float | None,
+                     atol: float | None) -> SelfTestReport:
+    """The carton's self-tests through a runner started here; a tolerance
+    not given is runners.selftest_rtol/atol, or their _cuda pair when the
+    runner is on a GPU."""
     async def tests(runners: ModelRunners, cfg: CartonConfig, model_dir: Path) -> SelfTestReport:
         cases = await asyncio.to_thread(self_test_cases, cfg, model_dir)
-        return await run_self_tests(cases, lambda inputs: infer_via(runners, cfg, inputs), rtol=rtol, atol=atol)
+        default_rtol, default_atol = settings.runners.selftest_tolerances(runners.devices)
+        return await run_self_tests(cases, lambda inputs: infer_via(runners, cfg, inputs),
+                                    rtol=default_rtol if rtol is None else rtol,
+                                    atol=default_atol if atol is None else atol)
     return asyncio.run(with_local_runner(store, settings, ref, tests))
 
 

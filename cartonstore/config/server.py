@@ -5,7 +5,7 @@
     socket_mode = "0660"
     socket_group = ""           # "": the daemon's group
     listen = ""                 # "" or HOST:PORT for a TCP listener
-    grpc = true                 # the v2 gRPC service, on a Unix socket beside the HTTP one
+    grpc = true                 # the v2 gRPC service on a Unix socket beside the HTTP one (TCP: grpc_listen)
     grpc_socket = ""            # "": the HTTP socket's path with .grpc before its suffix
     grpc_listen = ""            # "" or HOST:PORT for gRPC over TCP
     restore_loaded = true       # a restarted daemon loads again what it had loaded

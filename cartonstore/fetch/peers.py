@@ -128,7 +128,7 @@ class PeerSet:
         has it, waiting on those fetching it, peers.wait in all (a peer whose
         own fetch is stuck answers "not yet" for ever); None when none has
         it, and the claim moves on to the origin."""
-        deadline = time.monotonic() + self.config.wait
+        deadline: float | None = None   # set by the first probe, which is offered the whole wait
         while True:
             if claim is not None:
                 claim.outranked = False
@@ -136,7 +136,10 @@ class PeerSet:
                 url = f"{peer}/v1/blobs/{digest}"
                 status, asked = PENDING, False
                 while status == PENDING:
-                    left = max(0.0, deadline - time.monotonic())
+                    now = time.monotonic()
+                    if deadline is None:
+                        deadline = now + self.config.wait
+                    left = max(0.0, deadline - now)
                     if asked and left <= 0:
                         log.info("peer %s was still fetching %s after peers.wait (%gs in all): not waited for "
                                  "longer", describe(peer), digest[:12], self.config.wait)

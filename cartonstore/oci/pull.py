@@ -84,8 +84,7 @@ class _Blobs:
                 if staged is None:
                     staged = await self._from_mirrors(digest)
                 if staged is None:
-                    if self.registry.base is None:
-                        await self.registry.connect()   # a pull whose manifest a mirror served: the registry now
+                    await self.registry.connect()   # once (a pull whose manifest a mirror served: now)
                     staged = await fetch_blob(self.puller.client, self.puller.store.blobs, digest,
                                               [self.registry.blob_url(digest)], self.puller.config,
                                               stats=self.puller.stats, kind_of=lambda _u: "registry",

@@ -48,6 +48,7 @@ class Registry:
         self.client = client
         self.ref = ref
         self.base: str | None = None   # "https://host:port", found by connect()
+        self._connecting = asyncio.Lock()   # blobs staged at once after a mirror's manifest probe it once
 
     @property
     def config(self):  # noqa: ANN201 - FetchConfig
@@ -87,6 +88,13 @@ class Registry:
         """Find the scheme the registry answers on (GET /v2/); returns the base URL."""
         if self.base is not None:
             return self.base
+        async with self._connecting:
+            if self.base is None:
+                self.base = await self._probe()
+            return self.base
+
+    async def _probe(self) -> str:
+        """GET /v2/ over https (and plain http where allowed): the base URL that answers."""
         authority = self.ref.authority
         plain_ok = self._plain_ok()
         problems = []
@@ -98,7 +106,6 @@ class Registry:
                 problems.append(f"{scheme}: {e.message}")
                 continue
             if answer.status in (200, 401):
-                self.base = base
                 return base
             problems.append(f"{scheme}: GET /v2/ answered HTTP {answer.status}, not an OCI registry")
         hint = "" if plain_ok else " (plain http is tried only for hosts in registries.insecure)"
@@ -168,12 +175,7 @@ class Registry:
             for endpoint in self.mirrors:
                 found = await self._manifest_from_mirror(endpoint)
                 if found is not None:
-                    try:   # the registry, when it answers soon, is the blobs' last source
-                        await asyncio.wait_for(self.connect(), self.config.connect_timeout)
-                    except (FetchError, asyncio.TimeoutError) as e:
-                        log.info("%s: the registry is not reachable (%s); pulling from its mirrors", self.ref,
-                                 getattr(e, "message", None) or "no answer in time")
-                    return found
+                    return found   # the registry is asked only if a blob needs it (pull.py)
         await self.connect()
         url = self.url(f"manifests/{self.ref.reference}")
 
@@ -199,8 +201,7 @@ class Registry:
         if said and said.startswith("sha256:") and said != digest:
             raise IntegrityError(f"{self.ref}: the registry says the manifest is {said}, its bytes hash to {digest}",
                                  subject=str(self.ref))
-        media_type = answer.headers.get("Content-Type", "").split(";")[0].strip()
-        return answer.body, media_type, digest
+        return answer.body, _media_type(answer), digest
 
     async def _manifest_from_mirror(self, endpoint: str) -> tuple[bytes, str, str] | None:
         """The manifest by digest from one mirror, checked; None (logged) when
@@ -216,7 +217,7 @@ class Registry:
             why = f"HTTP {answer.status}" if answer.status != 200 else f"a manifest that hashes to {digest}"
             log.info("mirror %s answered %s; asking the next", describe(url), why)
             return None
-        return answer.body, answer.headers.get("Content-Type", "").split(";")[0].strip(), digest
+        return answer.body, _media_type(answer), digest
 
     async def put_manifest(self, tag: str, raw: bytes) -> str:
         """Push the manifest under tag; returns its digest."""
@@ -257,6 +258,10 @@ class Registry:
                              f"{answer.status}: {said_by_registry(answer)})", subject=answer.url,
                              retryable=answer.status >= 500)
         return self.location(answer)
+
+
+def _media_type(answer: Answer) -> str:
+    return answer.headers.get("Content-Type", "").split(";")[0].strip()
 
 
 async def _read_limited(r: Any, limit: int, url: str) -> bytes:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Mapping, Protocol, Union, runtime_checkable
 
@@ -38,6 +39,12 @@ class RunnerContext:
     inputs: list[TensorSpec] | None = None
     outputs: list[TensorSpec] | None = None
     runner_name: str | None = None
+
+    @cached_property
+    def declared_outputs(self) -> dict[str, TensorSpec] | None:
+        """carton.toml's outputs by name (None: it declares none), what every
+        answer is checked against."""
+        return {spec.name: spec for spec in self.outputs} if self.outputs is not None else None
 
     @property
     def model_files(self) -> Path:

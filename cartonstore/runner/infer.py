@@ -146,8 +146,8 @@ def run_and_encode(
     finally:
         encoding = time.monotonic_ns()
         timing.infer_ns = encoding - started
-    outputs, parameters = _split_result(result)
-    declared = {spec.name: spec for spec in ctx.outputs} if ctx.outputs is not None else None
+    outputs, parameters = split_result(result)
+    declared = ctx.declared_outputs
     selected = _select_outputs(outputs, req, declared)
     if declared is not None:   # what metadata announces is what responses carry
         for name, value in selected.items():
@@ -174,7 +174,9 @@ def run_and_encode(
         timing.output_ns = time.monotonic_ns() - encoding
 
 
-def _split_result(result: Any) -> tuple[Mapping[str, Any], dict[str, Any]]:
+def split_result(result: Any) -> tuple[Mapping[str, Any], dict[str, Any]]:
+    """What Model.infer returned: (outputs by name, response parameters);
+    ModelFailed for anything but a dict of string names (or an InferResult)."""
     if isinstance(result, InferResult):
         outputs, parameters = result.outputs, dict(result.parameters)
     else:
@@ -202,8 +204,22 @@ def _select_outputs(outputs: Mapping[str, Any], req: InferRequest,
         value = outputs[name]
         try:
             spec = (declared or {}).get(name)
-            dtype = carton_numpy_dtype(spec.dtype) if spec is not None and spec.dtype != "string" else None
-            selected[name] = value if isinstance(value, np.ndarray) else np.asarray(value, dtype=dtype)
+            selected[name] = value if isinstance(value, np.ndarray) else _plain_array(value, spec)
         except Exception as exc:  # noqa: BLE001 - any odd object the model returned
             raise ModelFailed(f"output {name!r} is not a tensor: {type(exc).__name__}: {exc}") from None
     return selected
+
+
+def _plain_array(value: Any, spec: Any) -> np.ndarray:
+    """A list or Python number as an array of the declared dtype when its
+    values are of that kind and fit it exactly (ints that fit int32, floats
+    for float32); else as numpy reads it, for output_problem to refuse:
+    floats are never cut to integers, nor big integers wrapped."""
+    array = np.asarray(value)
+    if spec is None or spec.dtype == "string" or array.dtype.kind not in "biuf":
+        return array
+    dtype = carton_numpy_dtype(spec.dtype)
+    if array.dtype.kind == "f" and dtype.kind == "f":
+        return array.astype(dtype)   # a Python float is a double: a float32 output takes it rounded
+    cast = array.astype(dtype)
+    return cast if array.dtype.kind != "f" and np.array_equal(cast, array) else array

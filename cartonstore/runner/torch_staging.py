@@ -54,10 +54,6 @@ class TensorStaging:
         self._pinned = pinned and device.startswith("cuda")
         self._local = threading.local()
 
-    @property
-    def pinned(self) -> bool:
-        return self._pinned
-
     def to_device(self, array: np.ndarray, name: str) -> Any:
         """A tensor on the device with ``array``'s values (C order, any alignment)."""
         torch = self._torch
@@ -92,29 +88,24 @@ class TensorStaging:
         pinned_view = host.numpy()
         device = torch.empty(nbytes, dtype=torch.uint8, device=self._device)
         spans = [(start, min(start + COPY_CHUNK, nbytes)) for start in range(0, nbytes, COPY_CHUNK)]
-        if len(spans) < 2:
-            np.copyto(pinned_view, source)
-            device.copy_(host, non_blocking=True)
-        else:
-            copies = [_copy_pool().submit(np.copyto, pinned_view[a:b], source[a:b]) for a, b in spans]
-            try:
-                for (a, b), copied in zip(spans, copies, strict=True):
-                    copied.result()
-                    device[a:b].copy_(host[a:b], non_blocking=True)
-            finally:
-                wait(copies)   # none still writes the buffer when this returns, even on an error
-        sent = torch.cuda.Event()
-        sent.record()
-        buffers[name] = (buffer, sent)
+        chunked = len(spans) > 1
+        copies = [_copy_pool().submit(np.copyto, pinned_view[a:b], source[a:b]) for a, b in spans] if chunked else []
+        try:
+            if not chunked:
+                np.copyto(pinned_view, source)
+                device.copy_(host, non_blocking=True)
+            for (a, b), copied in zip(spans, copies):
+                copied.result()
+                device[a:b].copy_(host[a:b], non_blocking=True)
+        finally:
+            # whatever happened: no copy thread still writes the buffer, and the next use
+            # waits for every transfer from it queued so far (success or not)
+            wait(copies)
+            sent = torch.cuda.Event()
+            sent.record()
+            buffers[name] = (buffer, sent)
         dtype = torch.from_numpy(np.empty(0, array.dtype)).dtype
         return device.view(dtype).view(array.shape)
-
-    def settle(self) -> None:
-        """Wait for this thread's copies to the device: before its buffers
-        are written again after a model call that did not finish (one that
-        did read its outputs back, which waits for them)."""
-        if self._pinned:
-            self._torch.cuda.current_stream().synchronize()
 
     def to_numpy(self, tensor: Any) -> np.ndarray:
         """A tensor's values on the host (BF16 as numpy's bfloat16, exactly)."""

@@ -96,14 +96,10 @@ class TorchScriptModel:
         return self._staging.to_device(array, name)
 
     def infer(self, inputs: dict[str, np.ndarray], parameters: dict[str, Any]) -> dict[str, Any]:
-        try:
-            tensors = {name: self._to_torch(name, array) for name, array in inputs.items()}
-            with self._torch.inference_mode():
-                result = self._call(tensors)
-            return {name: self._to_numpy(name, value) for name, value in self._name_outputs(result).items()}
-        except BaseException:
-            self._staging.settle()   # no staging buffer is rewritten while a copy from it may run
-            raise
+        tensors = {name: self._to_torch(name, array) for name, array in inputs.items()}
+        with self._torch.inference_mode():
+            result = self._call(tensors)
+        return {name: self._to_numpy(name, value) for name, value in self._name_outputs(result).items()}
 
     def _names(self, count: int) -> list[str]:
         names = self._output_names or [f"output{i}" for i in range(count)]

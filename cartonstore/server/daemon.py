@@ -80,7 +80,7 @@ class DaemonSettings:
         refused (InvalidInput) before anything is bound."""
         access = TcpAccess(self.token, self.fetch.peers.token, self.tls_client_ca is not None)
         for key, listen in (("server.listen", self.listen), ("server.grpc_listen", self.grpc_listen)):
-            if listen and not access.has_credential and not is_loopback(listen.rsplit(":", 1)[0].strip("[]")):
+            if listen and not access.has_credential and not is_loopback(listen.rsplit(":", 1)[0]):
                 raise InvalidInput(f"{key} {listen!r} is not a loopback address and no credential is "
                                    "configured: set server.token (or server.token_file), or server.tls_client_ca, "
                                    "so that TCP callers must authenticate", subject=key)

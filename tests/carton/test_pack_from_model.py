@@ -215,3 +215,25 @@ def test_an_onnx_output_of_unknown_shape_is_declared_any_shape(tmp_path: Path, s
     assert _inspect(out, capsys)["outputs"][0]["shape"] == "*"
     capsys.readouterr()
     assert main(["selftest", str(out), "--root", str(short_tmp / "root")]) == 0, capsys.readouterr().err
+
+
+@pytest.mark.parametrize("body,words", [
+    ("import sys\n        sys.exit(0)", "it ended before it answered"),
+    ("import sys\n        sys.stderr.buffer.write(b'\\\\xff\\\\xfe not utf-8\\\\n'); sys.stderr.flush()\n"
+     "        raise RuntimeError('bytes on stderr, on purpose')", "bytes on stderr, on purpose"),
+    ("return [tensors['x']]", "the model returned list, not a dict of output name to tensor"),
+    ("return {1: tensors['x']}", "output names must be strings"),
+], ids=["exits", "non-utf8-stderr", "a-list", "int-names"])
+def test_a_python_model_that_misbehaves_on_its_examples_is_refused(tmp_path: Path, capsys, body: str,  # noqa: ANN001
+                                                                    words: str) -> None:
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "main.py").write_text(
+        f"class Model:\n    def infer_with_tensors(self, tensors):\n        {body}\n\n"
+        "def get_model():\n    return Model()\n")
+    np.save(tmp_path / "x.npy", np.ones((2, 3), np.float32))
+    out = tmp_path / "bad.carton"
+    assert main(["pack", "--python", f"{tmp_path / 'bad' / 'main.py'}:get_model", "--example",
+                 f"x={tmp_path / 'x.npy'}", "-o", str(out), "--json"]) == 4
+    err = json.loads(capsys.readouterr().err)
+    assert "the model failed on the examples" in err["error"] and words in err["error"], err
+    assert not out.exists()

@@ -6,8 +6,9 @@ from __future__ import annotations
 import asyncio
 import io
 import json
-import threading
 import time
+
+from kit.together import all_at_once
 
 from cartonstore.cli import progress as progress_mod
 from cartonstore.cli.progress import Progress
@@ -119,11 +120,7 @@ def test_counters_are_exact_when_counted_from_many_threads() -> None:
             stats.received(3, "mirror")
             stats.expect(3)
 
-    threads = [threading.Thread(target=work) for _ in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    all_at_once([work] * 8)
     assert stats.progress() == (480_000, 480_000) and stats.source_bytes["mirror"] == 480_000
 
 

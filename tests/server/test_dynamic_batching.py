@@ -10,9 +10,9 @@ what is wrong."""
 
 from __future__ import annotations
 
+import functools
 import json
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +20,7 @@ import pytest
 import tritonclient.http as triton
 from kit.daemonkit import DaemonProcess, call
 from kit.runnerkit import carton_toml
+from kit.together import all_at_once
 from tritonclient.utils import InferenceServerException
 
 MODEL = '''
@@ -71,8 +72,7 @@ def _infer(port: str, name: str, x: np.ndarray, *, binary: bool = True, request_
 
 
 def _concurrently(count: int, fn):  # noqa: ANN001, ANN202
-    with ThreadPoolExecutor(count) as pool:
-        return list(pool.map(fn, range(count)))
+    return all_at_once([functools.partial(fn, i) for i in range(count)])
 
 
 BATCHING = {"max_batch_size": 8, "dynamic_batching": {"max_queue_delay_microseconds": 300_000}}
@@ -223,3 +223,20 @@ def test_requests_waiting_at_an_unload_are_sent_not_dropped(daemon: DaemonProces
     assert unloaded == 200
     for took, seen in (first, second):
         assert seen == [2] and took < 4.0   # sent together by the unload, well before the 5 s delay
+
+
+def test_a_big_request_to_a_batched_model_is_answered_whole(daemon: DaemonProcess, tmp_path: Path) -> None:
+    """A body big enough for the tensor arena (over 256 KiB) to a batched
+    model, which sends its batches over the runner's socket (the front and
+    gRPC take no arena slot for it): the answer is whole, over HTTP and gRPC."""
+    import tritonclient.grpc as tg
+
+    assert _load(daemon, "big", _carton(tmp_path / "big"), {"max_batch_size": 4, "dynamic_batching": {}})[0] == 200
+    x = np.arange(2 * 100_000, dtype=np.float32).reshape(2, 100_000)
+    result = _infer(daemon.host_port, "big", x)
+    np.testing.assert_array_equal(result.as_numpy("y"), x * 2)
+    c = tg.InferenceServerClient(daemon.grpc_unix)
+    tensor = tg.InferInput("x", list(x.shape), "FP32")
+    tensor.set_data_from_numpy(x)
+    np.testing.assert_array_equal(c.infer("big", [tensor]).as_numpy("y"), x * 2)
+    c.close()

@@ -478,3 +478,20 @@ def test_uploads_and_named_regions_over_grpc(served: DaemonProcess) -> None:
         c.get_cuda_shared_memory_status("r")
     c.unload_model("uploaded")
     c.close()
+
+
+def test_a_grpc_port_in_use_fails_the_start_naming_it(short_tmp: Path) -> None:
+    import socket
+
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen(1)
+    port = taken.getsockname()[1]
+    try:
+        d = DaemonProcess(short_tmp / "root", extra_args=["--grpc-listen", f"127.0.0.1:{port}"])
+        with pytest.raises(RuntimeError, match="daemon exited before ready") as raised:
+            d.start()
+    finally:
+        taken.close()
+    assert f"server.grpc_listen: cannot listen on 127.0.0.1:{port}" in str(raised.value)
+    assert "Traceback" not in str(raised.value)

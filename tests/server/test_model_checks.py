@@ -189,3 +189,39 @@ def test_a_torchscript_mismatch_refuses_the_load_naming_it(daemon: DaemonProcess
     assert "model.pt does not match carton.toml: " in body["error"]
     for w in words:
         assert w in body["error"], (w, body["error"])
+
+
+LISTS = '''
+class Model:
+    def infer_with_tensors(self, tensors):
+        kind = int(tensors["x"].flat[0])
+        return {"y": [[1, 2], [0.7, 1.9], [2 ** 40, 1]][kind]}
+
+def get_model():
+    return Model()
+'''
+
+
+def test_a_python_list_takes_the_declared_dtype_only_when_it_fits(daemon: DaemonProcess, tmp_path: Path) -> None:
+    """Floats are never cut to a declared integer, nor big integers wrapped:
+    such an output is refused naming what it is."""
+    src = tmp_path / "lists"
+    (src / "model").mkdir(parents=True)
+    (src / "model" / "main.py").write_text(LISTS)
+    (src / "carton.toml").write_text(carton_toml(
+        "python", ">=3.8", {"entrypoint_package": "main", "entrypoint_fn": "get_model"}, model_name="lists",
+        inputs=[("x", "int32", [1])], outputs=[("y", "int32", [2])]))
+    assert _load(daemon, "lists", src)[0] == 200
+    c = triton.InferenceServerClient(daemon.host_port)
+
+    def infer(kind: int) -> triton.InferResult:
+        x = triton.InferInput("x", [1], "INT32")
+        x.set_data_from_numpy(np.array([kind], np.int32))
+        return c.infer("lists", [x])
+    out = infer(0).as_numpy("y")
+    assert out.tolist() == [1, 2] and out.dtype == np.int32
+    for kind, words in ((1, "output 'y' is float64 but carton.toml declares int32"),
+                        (2, "output 'y' is int64 but carton.toml declares int32")):
+        with pytest.raises(InferenceServerException, match=r"^\[500\] " + words):
+            infer(kind)
+    c.close()

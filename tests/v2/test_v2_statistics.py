@@ -3,9 +3,8 @@ the daemon reads from any runner: only its exact form is believed."""
 
 from __future__ import annotations
 
-import threading
-
 import pytest
+from kit.together import all_at_once
 
 from cartonstore.v2.statistics import InferStatistics, RequestTiming, statistics_answer
 
@@ -48,10 +47,6 @@ def test_concurrent_recorders_lose_nothing() -> None:
         for _ in range(2000):
             stats.record_success(1, RequestTiming(1, 1, 1, 1))
             stats.record_failure(1)
-    threads = [threading.Thread(target=record) for _ in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    all_at_once([record] * 4)
     snap = stats.snapshot()
     assert snap["success"] == (8000, 8000) and snap["fail"] == (8000, 8000) and snap["execution_count"] == 8000

@@ -54,12 +54,15 @@ STREAM_ANSWER = 64 * 1024         # larger answers: headers and body written apa
 CLIENT_SEND_BUFFER = 4 << 20      # a 4 MiB answer leaves in one send, not copied into asyncio's buffer
 
 
-def arena_slot_for(runners: Any, length: int) -> ArenaSlot | None:
+def arena_slot_for(model: LoadedModel | None, length: int) -> ArenaSlot | None:
     """A slot for a big binary request of ``length`` bytes and its outputs
     (as many bytes again) in the model version's own arena, when its
     runners map it and one is free; None otherwise (the request goes over
-    the runner's socket). The HTTP front and gRPC both take theirs here."""
-    if length < ARENA_FROM or runners is None or runners.arena is None or not runners.arena_capable:
+    the runner's socket, as a dynamically batched model's requests always
+    do). The HTTP front and gRPC both take theirs here."""
+    runners = getattr(model, "runners", None)
+    if length < ARENA_FROM or runners is None or runners.arena is None or not runners.arena_capable \
+            or getattr(model, "batcher", None) is not None:
         return None
     return runners.arena.take(2 * length + 64)
 
@@ -242,8 +245,8 @@ async def _proxied(service: ModelService, model: LoadedModel, name: str, version
     arena = ArenaForward(slot, len(body), header_length, req) \
         if own_slot and use is None and header_length is not None and header_length <= MAX_HEADER else None
     if model.batcher is not None and req is not None and use is None:
-        batched = await model.batcher.submit(req, parts, headers, f"/v2/models/{name}/infer")
-        answer, phases.execution, arena = batched.response, 0, None   # its execution: counted by the batcher
+        answer = await model.batcher.submit(req, parts, headers)   # never in the arena (arena_slot_for)
+        phases.execution = 0   # its execution: counted by the batcher
     else:
         answer = await model.runners.forward(f"/v2/models/{name}/infer", parts, headers, regions, arena)
     phases.answered, phases.runner_timing = time.monotonic_ns(), answer.timing

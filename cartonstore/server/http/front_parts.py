@@ -62,7 +62,7 @@ def arena_slot(route: NativeRoute, model: object, head: RequestHead, coding: str
     again) in the model's own arena, when its runners map it and one is free."""
     if not route.arena or coding != "identity" or "inference-header-content-length" not in head.headers:
         return None
-    return arena_slot_for(getattr(model, "runners", None), length)
+    return arena_slot_for(model, length)
 
 
 def wake(waiter: asyncio.Future[None] | None) -> None:

@@ -38,14 +38,6 @@ log = logging.getLogger("cartonstore.batcher")
 IN_THREAD_FROM = 1 << 20   # joining or cutting more bytes than this runs in a thread
 
 
-@dataclass
-class BatchedAnswer:
-    """A request's share of a batch: the answer as its runner would have
-    given it (the execution itself is counted by the batcher)."""
-
-    response: RunnerResponse
-
-
 @dataclass(eq=False)   # compared by identity: a request's tensors are not walked to find it
 class _Waiting:
     req: InferRequest
@@ -58,6 +50,7 @@ class _Waiting:
 class DynamicBatcher:
     def __init__(self, runners: ModelRunners, policy: BatchingPolicy, *, instances: int, max_queued: int) -> None:
         self._runners = runners
+        self._path = f"/v2/models/{runners.name}/infer"
         self._policy = policy
         self._slots = max(1, instances)
         self._max_queued = max_queued
@@ -67,7 +60,6 @@ class DynamicBatcher:
         self._timer: asyncio.TimerHandle | None = None
         self._tasks: set[asyncio.Task] = set()
         self._draining = False
-        self._path = ""
 
     async def drain(self) -> None:
         """Before its runners stop (an unload, a version switch): send what
@@ -75,27 +67,26 @@ class DynamicBatcher:
         self._draining = True
         while self._groups or self._tasks:
             if self._groups:
-                self._pump(self._path)
+                self._pump()
             if self._tasks:
                 await asyncio.wait(set(self._tasks))
             else:
                 await asyncio.sleep(0)
 
-    async def submit(self, req: InferRequest, parts: list[Any], headers: dict[str, str],
-                     path: str) -> BatchedAnswer:
-        """Run validated ``req`` as part of a batch; its answer. ``parts``
-        and ``headers``: the request as it goes to the runner unbatched
-        (what it is sent as in a batch of one)."""
+    async def submit(self, req: InferRequest, parts: list[Any], headers: dict[str, str]) -> RunnerResponse:
+        """Run validated ``req`` as part of a batch; its answer, as its runner
+        would have given it (the execution is counted here). ``parts`` and
+        ``headers``: the request as it goes to the runner unbatched (what it
+        is sent as in a batch of one)."""
         if self._queued >= self._max_queued:
             raise RunnersBusy(f"model {self._runners.name} already has {self._queued} requests waiting to be "
                               f"batched (runners.max_inflight {self._max_queued}); retry later",
                               subject=self._runners.name)
         waiting = _Waiting(req, rows(req), (parts, headers))
-        self._path = path
         key = batch_key(req)
         self._groups.setdefault(key, []).append(waiting)
         self._queued += 1
-        self._pump(path)
+        self._pump()
         try:
             return await waiting.future
         except asyncio.CancelledError:
@@ -105,10 +96,10 @@ class DynamicBatcher:
                 self._queued -= 1
                 if not group:
                     del self._groups[key]
-                self._pump(path)   # what is left may be ready now (a preferred size)
+                self._pump()   # what is left may be ready now (a preferred size)
             raise
 
-    def _pump(self, path: str) -> None:
+    def _pump(self) -> None:
         """Send every batch that is ready while instances are free; else
         wake up when the oldest waiting request's delay is over."""
         if self._timer is not None:
@@ -126,7 +117,7 @@ class DynamicBatcher:
             if ready is None:
                 due = min(group[0].arrived for group in self._groups.values()) + delay
                 loop = asyncio.get_running_loop()
-                self._timer = loop.call_at(loop.time() + max(0, due - now) / 1e9, self._pump, path)
+                self._timer = loop.call_at(loop.time() + max(0, due - now) / 1e9, self._pump)
                 return
             key, count = ready
             group = self._groups[key]
@@ -135,7 +126,7 @@ class DynamicBatcher:
                 del self._groups[key]
             self._queued -= count
             self._busy += 1
-            task = asyncio.create_task(self._run(batch, path))
+            task = asyncio.create_task(self._run(batch))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
@@ -156,24 +147,26 @@ class DynamicBatcher:
             return fitted
         return preferred_count
 
-    async def _run(self, batch: list[_Waiting], path: str) -> None:
+    async def _run(self, batch: list[_Waiting]) -> None:
         try:
-            answers = await self._execute(batch, path)
-        except BaseException as e:  # noqa: BLE001 - every waiting request gets the failure, whatever it is
+            answers = await self._execute(batch)
+        except Exception as e:  # noqa: BLE001 - every waiting request gets the failure, whatever it is
             for waiting in batch:
                 if not waiting.future.done():
-                    waiting.future.set_exception(e if isinstance(e, Exception) else asyncio.CancelledError())
-            if not isinstance(e, Exception):
-                raise
+                    waiting.future.set_exception(e)
+        except BaseException:   # cancelled (the daemon stopping): so are they
+            for waiting in batch:
+                waiting.future.cancel()
+            raise
         else:
             for waiting, answer in zip(batch, answers, strict=True):
                 if not waiting.future.done():
                     waiting.future.set_result(answer)
         finally:
             self._busy -= 1
-            self._pump(path)
+            self._pump()
 
-    async def _execute(self, batch: list[_Waiting], path: str) -> list[BatchedAnswer]:
+    async def _execute(self, batch: list[_Waiting]) -> list[RunnerResponse]:
         reqs = [w.req for w in batch]
         size = sum(w.rows for w in batch)
         if len(batch) == 1:
@@ -185,13 +178,13 @@ class DynamicBatcher:
         if len(batch) > 1:
             headers = {"Content-Type": "application/octet-stream", HEADER_LENGTH: str(header_length)}
         sent = time.monotonic_ns()
-        response = await self._runners.forward(path, parts, headers)
+        response = await self._runners.forward(self._path, parts, headers)
         ran = time.monotonic_ns() - sent
         if response.status == 200:   # counted here, once, whatever becomes of the requests in it
             inside = response.timing or RequestTiming(0, 0, ran, 0)
             self._runners.statistics.record_execution(size, inside)
         if response.status != 200 or len(batch) == 1:   # an error is every request's; one alone is as it came
-            return [BatchedAnswer(_timed(response, w, sent, ran, response.timing)) for w in batch]
+            return [_timed(response, w, sent, ran, response.timing) for w in batch]
         body, length = response.body, response.headers.get(HEADER_LENGTH)
         try:
             if len(body) >= IN_THREAD_FROM:
@@ -202,8 +195,8 @@ class DynamicBatcher:
             log.warning("model %s: a batched answer could not be cut back: %s", self._runners.name, e)
             failed = RunnerResponse(500, {"Content-Type": "application/json"},
                                     json_codec.dumps({"error": f"dynamic batching: {e}"}, exact=False))
-            return [BatchedAnswer(_timed(failed, w, sent, ran)) for w in batch]
-        return [BatchedAnswer(_timed(RunnerResponse(200, headers, b"".join(parts)), w, sent, ran, response.timing))
+            return [_timed(failed, w, sent, ran) for w in batch]
+        return [_timed(RunnerResponse(200, headers, b"".join(parts)), w, sent, ran, response.timing)
                 for w, (parts, headers) in zip(batch, shares, strict=True)]
 
 

@@ -29,6 +29,10 @@ def parse_triton_config(value: Any) -> dict | None:
 
 
 def b64_parameter(key: str, value: Any) -> bytes:
+    """An uploaded file's bytes: base64 text (Triton's HTTP form), or bytes
+    as they are (gRPC's bytes_param)."""
+    if isinstance(value, (bytes, bytearray)):
+        return bytes(value)
     if not isinstance(value, str):
         raise InvalidInput(f"parameter 'file:{key}' must be a base64 string, got {type(value).__name__}")
     try:

@@ -70,6 +70,7 @@ async def restore_loaded(service: ModelService) -> None:
         cancelled = True
         raise
     finally:
+        service.asked.clear()   # what callers asked during the restore mattered during it only
         if not cancelled:
             service.ready = True
 

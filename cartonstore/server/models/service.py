@@ -69,7 +69,8 @@ class ModelService(Leasing):
         self.models: dict[str, LoadedModel] = {}
         self._gc_lock = asyncio.Lock()
         self.ready = True
-        self.asked: set[str] = set()   # names a caller loaded or unloaded: a restore leaves them alone
+        # names a caller loaded or unloaded while a restore runs (ready is false): it leaves them alone
+        self.asked: set[str] = set()
 
     # -- Triton repository ---------------------------------------------------------
 
@@ -85,7 +86,7 @@ class ModelService(Leasing):
         if params.get("source") or any(k.startswith("file:") for k in params) or not HEX.fullmatch(name):
             validate_name(name)
         if not restoring:
-            self.asked.add(name)
+            self.note_asked(name)
         lock = self._load_locks.get(name)
         if lock is None:
             lock = self._load_locks[name] = asyncio.Lock()
@@ -99,6 +100,11 @@ class ModelService(Leasing):
         except CartonStoreError as e:   # Triton's words first: clients match on them
             e.message = triton_load_failure(name, e.message)
             raise
+
+    def note_asked(self, name: str) -> None:
+        """A caller loads or unloads ``name``: a restore under way leaves it alone."""
+        if not self.ready:
+            self.asked.add(name)
 
     async def _load_locked(self, name: str, params: dict[str, Any], version: str | None) -> LoadedModel:
         previous = self.models.get(name)
@@ -247,7 +253,7 @@ class ModelService(Leasing):
             await asyncio.to_thread(remove_tree, work)
 
     async def unload(self, name: str) -> None:
-        self.asked.add(name)
+        self.note_asked(name)
         model = self.models.get(name)
         never_loaded = model is None or model.digest is None
         lock = self._load_locks.get(name)

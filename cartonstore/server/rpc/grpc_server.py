@@ -64,15 +64,19 @@ class GrpcServer:
             self.book.relayed_from(self.directory)
             server.add_insecure_port(f"unix:{self.directory / 'grpc.sock'}")
         if self.listen:
-            if self.tls is not None:
-                creds = grpc.ssl_server_credentials([(self.tls.key, self.tls.cert_chain)],
-                                                    root_certificates=self.tls.client_ca,
-                                                    require_client_auth=False)
-                port = server.add_secure_port(self.listen, creds)
-            else:
-                port = server.add_insecure_port(self.listen)
+            try:   # grpcio says a bind that failed with 0 in some versions, RuntimeError in others
+                if self.tls is not None:
+                    creds = grpc.ssl_server_credentials([(self.tls.key, self.tls.cert_chain)],
+                                                        root_certificates=self.tls.client_ca,
+                                                        require_client_auth=False)
+                    port = server.add_secure_port(self.listen, creds)
+                else:
+                    port = server.add_insecure_port(self.listen)
+            except RuntimeError:
+                port = 0
             if not port:
-                raise InvalidInput(f"server.grpc_listen: cannot listen on {self.listen}", subject="server.grpc_listen")
+                raise InvalidInput(f"server.grpc_listen: cannot listen on {self.listen} (in use, or not an address "
+                                   f"of this host)", subject="server.grpc_listen")
             host = self.listen.rsplit(":", 1)[0]
             self.bound.append(f"grpc{'s' if self.tls else ''}://{host}:{port}")
         await server.start()

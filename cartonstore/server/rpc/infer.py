@@ -59,7 +59,7 @@ async def grpc_infer(service: ModelService, request: pb.ModelInferRequest, peer:
     length = sum(len(p) for p in parts)
     if length > max_request_size:
         raise too_large(length, max_request_size)
-    slot = arena_slot_for(model.runners, length)
+    slot = arena_slot_for(model, length)
     try:
         if slot is not None:   # framed once, straight into the memory the runner reads
             at = 0

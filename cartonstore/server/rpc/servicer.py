@@ -30,6 +30,7 @@ from cartonstore.server.api.shm import tell_runners
 from cartonstore.server.models.metrics import Metrics
 from cartonstore.server.models.service import ModelService
 from cartonstore.server.tensors.shm_regions import Peer
+from cartonstore.v2.grpc_form import parameter_value
 
 from .infer import StatusError, code_for, grpc_infer, stream_error
 from .unix_relay import UNIX_PEERS, PeerBook
@@ -298,11 +299,6 @@ async def _const_peer(peer: Peer) -> Peer:
 
 
 def _load_parameters(params: Any) -> dict[str, Any]:
-    """A load's parameters as the HTTP API takes them: uploaded files
-    (bytes_param) in base64, as Triton's HTTP form sends them."""
-    out: dict[str, Any] = {}
-    for key, param in params.items():
-        kind = param.WhichOneof("parameter_choice")
-        value = getattr(param, kind) if kind else None
-        out[key] = base64.b64encode(value).decode() if kind == "bytes_param" else value
-    return out
+    """A load's parameters as the service takes them (uploaded files as
+    bytes, which load_params.b64_parameter takes as they are)."""
+    return {key: parameter_value(param) for key, param in params.items()}
