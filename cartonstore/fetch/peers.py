@@ -128,7 +128,7 @@ class PeerSet:
         has it, waiting on those fetching it, peers.wait in all (a peer whose
         own fetch is stuck answers "not yet" for ever); None when none has
         it, and the claim moves on to the origin."""
-        deadline: float | None = None   # set by the first probe, which is offered the whole wait
+        deadline: float | None = None   # set by the first "not yet": waiting is what peers.wait bounds
         while True:
             if claim is not None:
                 claim.outranked = False
@@ -137,15 +137,15 @@ class PeerSet:
                 status, asked = PENDING, False
                 while status == PENDING:
                     now = time.monotonic()
-                    if deadline is None:
-                        deadline = now + self.config.wait
-                    left = max(0.0, deadline - now)
+                    left = self.config.wait if deadline is None else max(0.0, deadline - now)
                     if asked and left <= 0:
                         log.info("peer %s was still fetching %s after peers.wait (%gs in all): not waited for "
                                  "longer", describe(peer), digest[:12], self.config.wait)
                         break
                     # once the wait is spent, each peer is still asked once, to answer at once: it may have it
                     status, asked = await self._ask(peer, url, left), True
+                    if status == PENDING and deadline is None:
+                        deadline = now + self.config.wait
                 if status == FOUND:
                     return url
             # A higher-ranked node that asked meanwhile was told "absent" and
