@@ -99,6 +99,17 @@ def _command(name: str, table: object) -> RunnerCommand:
     return RunnerCommand(tuple(command), MappingProxyType(dict(env)), version)
 
 
+PREWARM_KINDS = ("python", "onnx", "torchscript")   # the built-in runners
+
+
+def _prewarm(value: object) -> tuple[str, ...]:
+    kinds = v.strings()(value)
+    for kind in kinds:
+        if kind not in PREWARM_KINDS:
+            raise v.BadValue(f"{kind!r} is not a built-in runner; only {', '.join(PREWARM_KINDS)} can be pre-warmed")
+    return tuple(dict.fromkeys(kinds))
+
+
 def _user(value: object) -> str:
     if isinstance(value, str) and _USER.fullmatch(value):
         return value
@@ -163,7 +174,19 @@ class RunnerSettings:
     memory_limit: int | None = v.size_setting(None, 1 << 20, optional=True)
     max_processes: int = v.setting(512, v.integer(0))        # processes and threads; 0: no limit
     sandbox_paths: tuple[str, ...] = v.setting((), _paths)    # more that runners may read
+    # Built-in runner kinds kept started, one spare per device, so that a load
+    # pays for its model, not for the interpreter and the framework's import.
+    prewarm: tuple[str, ...] = v.setting((), _prewarm)
     network: frozenset[str] = v.setting(frozenset(), _network, _show_network)
+
+    def __post_init__(self) -> None:
+        replaced = [kind for kind in self.prewarm if kind in self.commands]
+        if replaced:
+            raise InvalidInput(f"runners.prewarm: {', '.join(replaced)} is run by a [runners.{replaced[0]}] command "
+                               "here; only the built-in runners can be pre-warmed", subject="runners.prewarm")
+        if self.prewarm and not self.builtin:
+            raise InvalidInput("runners.prewarm: the built-in runners are off (runners.builtin = false)",
+                               subject="runners.prewarm")
 
     def selftest_tolerances(self, devices: list[str] | tuple[str, ...]) -> tuple[float, float]:
         """(rtol, atol) for a model on ``devices``: the _cuda pair when any is a GPU."""

@@ -115,10 +115,13 @@ class Puller:
     # -- adding ----------------------------------------------------------------
 
     async def add(self, source: str, *, name: str | None = None, lazy: bool = False,
-                  force: bool = False, confined: bool = False) -> PullResult:
+                  force: bool = False, confined: bool = False,
+                  on_committed: Callable[[str], None] | None = None) -> PullResult:
         """Add a carton from a URL or a local path; unless lazy, fetch every
         blob it lacks (LINKS, mirrors) before returning. Naming follows
-        Store.add (an explicit name may move, unless loaded and not force)."""
+        Store.add (an explicit name may move, unless loaded and not force).
+        ``on_committed(digest)``: the carton is in the index (its carton.toml
+        readable) while its missing blobs are still to come."""
         if name is not None:
             validate_name(name)
         before = self.stats.snapshot()
@@ -133,6 +136,8 @@ class Puller:
         if result.naming is not None and (note := result.naming.note(result.digest)):
             self.on_event({"event": "name", "message": note, **result.naming.as_json()})
         if not lazy:  # blobs a collection evicted meanwhile come back from their local source
+            if on_committed is not None:
+                on_committed(result.digest)
             await self.complete(result.digest)
         missing = await asyncio.to_thread(self.store.missing_blobs, result.digest)
         moved = self.stats.since(before)

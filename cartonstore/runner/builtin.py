@@ -14,8 +14,13 @@ from importlib import metadata
 from typing import Callable
 
 
+def program(kind: str) -> list[str]:
+    """What runs the built-in runner ``kind``, before its arguments."""
+    return [sys.executable, "-m", f"cartonstore.runner.{kind}"]
+
+
 def _argv(kind: str) -> list[str]:
-    return [sys.executable, "-m", f"cartonstore.runner.{kind}", "--model-dir", "{model_dir}", "--socket", "{socket}",
+    return [*program(kind), "--model-dir", "{model_dir}", "--socket", "{socket}",
             "--name", "{name}", "--version", "{version}", "--opts", "{opts}", "--devices", "{devices}"]
 
 

@@ -98,5 +98,10 @@ def load(ctx: RunnerContext) -> OnnxModel:
     return OnnxModel(session, [s.name for s in ctx.outputs] if ctx.outputs else None)
 
 
+def warm(devices: list[str]) -> None:
+    """What a runner started before its model does while it waits: onnxruntime's import."""
+    import onnxruntime  # noqa: F401
+
+
 if __name__ == "__main__":
-    main(load)
+    main(load, warm=warm)

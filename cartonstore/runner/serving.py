@@ -22,10 +22,12 @@ from cartonstore.errors import CartonStoreError
 from cartonstore.system.long_lived import settle_heap
 from cartonstore.system.malloc_tuning import keep_big_buffers
 from cartonstore.system.sockets import bind_unix, inherited_sockets
+from cartonstore.v2.shm_params import ARENA_FD_ENV
 
 from .args import parse_runner_args
 from .context import LoadError, Model, RunnerContext
 from .lifecycle import describe_load_exception, die_with_parent, fail_load
+from .model_channel import MODEL_CHANNEL_ENV, WARM_DEVICES_ENV, ChannelError, receive_model
 
 
 def bind_unix_socket(path: Path) -> socket.socket:
@@ -102,16 +104,17 @@ def load_model(load: Callable[[RunnerContext], Model], ctx: RunnerContext) -> Mo
     return model
 
 
-def main(load: Callable[[RunnerContext], Model], argv: list[str] | None = None) -> None:
+def main(load: Callable[[RunnerContext], Model], argv: list[str] | None = None, *,
+         warm: Callable[[list[str]], None] | None = None) -> None:
     """A runner's whole life: parse the standard argv, die with the parent,
-    load (status 3 on failure), serve until SIGTERM, exit 0."""
+    load (status 3 on failure), serve until SIGTERM, exit 0.
+
+    ``warm(devices)`` imports what every load of this kind needs (a
+    framework, a GPU context): a runner the daemon starts before its model's
+    files are all there (model_channel.py) runs it while it waits."""
     die_with_parent()
     keep_big_buffers()
     prog = None if argv is not None else os.path.basename(sys.argv[0])
-    try:
-        ctx = parse_runner_args(argv, prog=prog)
-    except LoadError as exc:
-        fail_load(str(exc))
     failed: list[BaseException] = []
     server_imports = threading.Thread(target=_import_server, args=(failed,), name="import-server", daemon=True)
     server_imports.start()
@@ -119,11 +122,44 @@ def main(load: Callable[[RunnerContext], Model], argv: list[str] | None = None) 
     # must not inherit import locks that thread holds
     os.register_at_fork(before=lambda: server_imports.join() if threading.current_thread() is not server_imports
                         else None)
+    if argv is None and (channel := os.environ.pop(MODEL_CHANNEL_ENV, None)) is not None:
+        argv = await_model(channel, warm)
+    try:
+        ctx = parse_runner_args(argv, prog=prog)
+    except LoadError as exc:
+        fail_load(str(exc))
     model = load_model(load, ctx)
     server_imports.join()
     if failed:
         fail_load(f"cannot import the runner's HTTP server: {type(failed[0]).__name__}: {failed[0]}")
     serve(model, ctx)
+
+
+def await_model(channel_fd: str, warm: Callable[[list[str]], None] | None) -> list[str] | None:
+    """Warm up, then wait for the daemon's word (model_channel.py): the
+    arguments to run with (None: this process's own). The tensor arena's fd,
+    when passed, is named by ARENA_FD_ENV as if inherited."""
+    devices = [d for d in os.environ.pop(WARM_DEVICES_ENV, "cpu").split(",") if d]
+    if warm is not None:
+        try:
+            warm(devices)
+        except Exception as exc:  # noqa: BLE001 - the load itself will fail and say why, if it must
+            print(f"cartonstore runner: warming up failed ({type(exc).__name__}: {exc}); going on",
+                  file=sys.stderr, flush=True)
+    try:
+        with socket.socket(fileno=int(channel_fd)) as channel:
+            message = receive_model(channel)
+    except (OSError, ValueError, ChannelError) as exc:
+        fail_load(f"cannot read the daemon's model channel {channel_fd}: {exc}")
+    if message is None:   # not wanted after all
+        sys.stdout.flush()
+        os._exit(0)
+    for name, fd in message.fds.items():
+        if name == "arena":
+            os.environ[ARENA_FD_ENV] = str(fd)
+        else:
+            os.close(fd)
+    return message.argv if message.argv is not None else sys.argv[1:]
 
 
 def _import_server(failed: list[BaseException]) -> None:

@@ -206,6 +206,7 @@ class Daemon:
                                            max_request_size=s.max_request_size, arena_size=s.arena_size,
                                            check_workers=s.check_workers, daemon_id=str(s.socket))
                     await asyncio.to_thread(service.runner_host.prepare)   # probes bubblewrap: processes
+                    service.runner_host.start_prewarm()
                     app = build_app(service, service.metrics, max_request_size=s.max_request_size,
                                     access_log=s.access_log, tcp_access=access)
                     serving = True  # from here _serve closes the sockets and unlinks the socket file

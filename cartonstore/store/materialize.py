@@ -114,6 +114,31 @@ def _make_read_only(work: Path, plan: TreePlan) -> None:
     os.chmod(work, DIR_MODE)
 
 
+def link_tree(src: Path, dst: Path) -> None:
+    """Lay a materialized model directory out again in the empty directory
+    ``dst`` (on the same filesystem) by hardlinks: the same files, no bytes
+    copied, read-only like the original. OSError when a link is refused."""
+    for dirpath, dirnames, filenames in os.walk(src):
+        rel = os.path.relpath(dirpath, src)
+        here = dst if rel == "." else dst / rel
+        for name in dirnames:
+            source = os.path.join(dirpath, name)
+            if os.path.islink(source):
+                os.symlink(os.readlink(source), here / name)
+            else:
+                (here / name).mkdir()
+        for name in filenames:
+            source = os.path.join(dirpath, name)
+            if os.path.islink(source):
+                os.symlink(os.readlink(source), here / name)
+            else:
+                os.link(source, here / name)
+    for dirpath, dirnames, _ in os.walk(dst, topdown=False):
+        for name in dirnames:
+            if not os.path.islink(os.path.join(dirpath, name)):
+                os.chmod(os.path.join(dirpath, name), DIR_MODE)
+
+
 def remove_tree(path: Path) -> None:
     """Delete a (read-only) tree: directories get write permission back first."""
     if not os.path.lexists(path):

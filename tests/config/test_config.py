@@ -163,6 +163,7 @@ DEFAULTS = {
     "runners.memory_limit": None,
     "runners.max_processes": 512,
     "runners.sandbox_paths": (),
+    "runners.prewarm": (),
     "runners.network": frozenset(),
 }
 
@@ -318,6 +319,7 @@ FILE_VALUES = [
     ("runners.memory_limit", '"2GiB"', 2 << 30),
     ("runners.max_processes", "64", 64),
     ("runners.sandbox_paths", '["/opt/models"]', ("/opt/models",)),
+    ("runners.prewarm", '["onnx", "torchscript", "onnx"]', ("onnx", "torchscript")),
     ("runners.network", '{ allow = ["fetcher"] }', frozenset({"fetcher"})),
 ]
 
@@ -603,6 +605,7 @@ BAD_VALUES = [
     ("runners.memory_limit", '"lots"', "size"),
     ("runners.max_processes", "-1", "integer"),
     ("runners.sandbox_paths", '["relative/path"]', "absolute paths"),
+    ("runners.prewarm", '["tensorflow"]', "only python, onnx, torchscript can be pre-warmed"),
     ("runners.network", '{ deny = ["x"] }', "[runners.network]"),
 ]
 

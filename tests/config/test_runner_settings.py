@@ -45,3 +45,17 @@ def test_bad_runner_tables_are_named(tmp_path: Path, table: str, fragment: str) 
     with pytest.raises(InvalidInput, match="runners") as info:
         config_with(tmp_path, f"[runners.mine]\n{table}\n")
     assert fragment in str(info.value) and "[runners.mine]" in str(info.value)
+
+
+@pytest.mark.parametrize("text, fragment", [
+    ('[runners]\nprewarm = ["onnx"]\n[runners.onnx]\ncommand = ["/opt/onnx/serve", "{socket}"]\n',
+     "onnx is run by a [runners.onnx] command here; only the built-in runners can be pre-warmed"),
+    ('[runners]\nbuiltin = false\nprewarm = ["python"]\n', "the built-in runners are off"),
+    ('[runners]\nprewarm = "onnx"\n', "runners.prewarm"),
+])
+def test_prewarm_only_names_builtin_runners_that_run(tmp_path: Path, text: str, fragment: str) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text(text)
+    with pytest.raises(InvalidInput) as e:
+        load_config(path, env={})
+    assert fragment in str(e.value)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import os
-import pwd
+import re
 import subprocess
 import sys
 import threading
@@ -25,34 +25,18 @@ import pytest
 from kit.daemonkit import DaemonProcess, call, wait_for
 from kit.hostile import hostile_carton
 from kit.inferkit import echo_carton
-
-from cartonstore.server.runners.sandbox import unreachable
+from kit.sandboxkit import runner_user, why_not
 
 SECRET = "s3cret-peer-token"
 
 
-def runner_user() -> pwd.struct_passwd | None:
-    for name in ("cartonstore-runner", "nobody"):
-        try:
-            return pwd.getpwnam(name)
-        except KeyError:
-            continue
-    return None
-
-
-def why_not(mode: str) -> str | None:
-    if os.geteuid() != 0:
-        return "runners change user only under a root daemon: run as root"
-    user = runner_user()
-    if user is None:
-        return "no unprivileged user (cartonstore-runner or nobody) to run runners as"
-    if mode == "bwrap" and subprocess.run(["which", "bwrap"], capture_output=True).returncode:
-        return "bubblewrap is not installed (apt-get install bubblewrap)"
-    # Bubblewrap too binds what the runner reads as that user.
-    blocked = unreachable(os.path.realpath(sys.executable), user.pw_uid, user.pw_gid)
-    if blocked:
-        return f"{user.pw_name} cannot execute this Python: {blocked} (use a Python outside /root)"
-    return None
+def runner_marker(d: DaemonProcess, name: str, digests: dict[str, str]) -> str:
+    """What the command lines of the model's runner processes (and of what
+    they fork) hold: its digest, or for a pre-warmed spare, its slot."""
+    row = next(r for r in call(d, "POST", "/v2/repository/index", json={})[1] if r["name"] == name)
+    cmdline = Path(f"/proc/{row['pids'][0]}/cmdline").read_bytes().decode()
+    slot = re.search(r"/run/slots/[^\x00]+", cmdline)
+    return cmdline[:slot.end()].rsplit("\x00", 1)[-1] if slot else digests[name]
 
 
 def order(d: DaemonProcess, what: str, model: str = "hostile") -> tuple[int, str]:
@@ -90,13 +74,15 @@ class Steady:
         self.thread.join(30)
 
 
-@pytest.fixture(scope="module", params=["bwrap", "landlock"])
+@pytest.fixture(scope="module", params=["bwrap", "landlock", "bwrap, prewarmed", "landlock, prewarmed"])
 def node(request, tmp_path_factory):  # noqa: ANN001, ANN201
     """A root daemon whose runners are sandboxed by ``request.param``, with
-    a hostile model, a well-behaved one and a victim model loaded."""
+    a hostile model, a well-behaved one and a victim model loaded. Prewarmed:
+    the hostile model is loaded first, into a pre-warmed spare (a runner
+    started before any load, and handed its model), which must hold it the same."""
     from conftest import short_dir
 
-    mode = request.param
+    mode, _, prewarmed = request.param.partition(", ")
     if (why := why_not(mode)) is not None:
         pytest.skip(why)
     user = runner_user()
@@ -107,16 +93,26 @@ def node(request, tmp_path_factory):  # noqa: ANN001, ANN201
         secret.chmod(0o644)    # readable by anyone: only the sandbox keeps it from the model
         config = base / "cartonstore.toml"
         config.write_text(f'[peers]\ntoken_file = "{secret}"\n[runners]\nsandbox = "{mode}"\n'
-                          f'user = "{user.pw_name}"\nmax_processes = 512\nmemory_limit = "1G"\n')
+                          f'user = "{user.pw_name}"\nmax_processes = 512\nmemory_limit = "1G"\n'
+                          + ('prewarm = ["python"]\n' if prewarmed else ''))
         d = DaemonProcess(base / "root", extra_args=["--config", str(config)], env={"CARTONSTORE_SANDBOX": mode},
                           log_file=base / "daemon.log")
         with d:
-            for name, source in (("echo", echo_carton(base / "echo", dtypes=["float32"])),
-                                 ("victim", echo_carton(base / "victim", label="victim", dtypes=["float32"])),
-                                 ("hostile", hostile_carton(base / "hostile"))):
+            models = [("echo", echo_carton(base / "echo", dtypes=["float32"])),
+                      ("victim", echo_carton(base / "victim", label="victim", dtypes=["float32"])),
+                      ("hostile", hostile_carton(base / "hostile"))]
+            if prewarmed:
+                models.reverse()
+                assert wait_for(lambda: "cartonstore_runner_spares{" in call(d, "GET", "/metrics")[1], timeout=30)
+                time.sleep(1.0)   # its process is forked inside the sandbox a moment after it is counted
+            asked = time.time()
+            for name, source in models:
                 status, body = call(d, "POST", f"/v2/repository/models/{name}/load",
                                     json={"parameters": {"source": str(source)}})
                 assert status == 200, body
+            if prewarmed:
+                status, said = order(d, "started")
+                assert status == 200 and float(said.removeprefix("ok: ")) < asked, "the hostile model's runner is not the spare"
             index = {row["name"]: row for row in call(d, "POST", "/v2/repository/index", json={})[1]}
             digests = {name: row["version"] for name, row in index.items()}
             yield mode, d, digests, secret
@@ -170,7 +166,7 @@ def test_each_runner_maps_its_own_models_arena_and_no_other(node) -> None:  # no
     mode, d, digests, _ = node
     status, said = order(d, "memfds")
     assert status == 200 and said == "ok: memfds ['/memfd:cartonstore-arena (deleted)']", said
-    victims = live_pids(digests["victim"])
+    victims = live_pids(runner_marker(d, "victim", digests))
     assert victims
     for pid in victims:
         status, said = order(d, f"fds:{pid}")
@@ -263,14 +259,17 @@ def test_an_unloaded_runner_leaves_no_process_tmp_or_cgroup(node) -> None:  # no
     from kit.prockit import live_pids
 
     mode, d, digests, _ = node
+    hostile = runner_marker(d, "hostile", digests)
     assert order(d, "stash")[1].startswith("ok"), order(d, "stash")
     # The fork bomb's children (5 s sleepers) may still hold the cgroup's pids: fork again once they went.
     assert wait_for(lambda: order(d, "escape")[1] == "ok: escaped", timeout=40, interval=1.0)
-    assert wait_for(lambda: len(live_pids(digests["hostile"])) >= 2, timeout=10)
-    tmps = [p for p in Path("/tmp").glob(f"cartonstore-runner-{d.proc.pid}-hostile*")]   # this daemon's
+    assert wait_for(lambda: len(live_pids(hostile)) >= 2, timeout=10)
+    # this daemon's, named for the runner's label: the model's, or the spare's it took
+    label = os.path.basename(hostile).rsplit("-", 1)[0] + "-" if "/run/slots/" in hostile else "hostile"
+    tmps = [p for p in Path("/tmp").glob(f"cartonstore-runner-{d.proc.pid}-{label}*")]
     assert (mode == "landlock") == bool(tmps), tmps   # bubblewrap's /tmp is a tmpfs of its own
     assert call(d, "POST", "/v2/repository/models/hostile/unload", json={})[0] == 200
-    assert wait_for(lambda: not live_pids(digests["hostile"]), timeout=15), live_pids(digests["hostile"])
+    assert wait_for(lambda: not live_pids(hostile), timeout=15), live_pids(hostile)
     assert wait_for(lambda: not any(p.exists() for p in tmps), timeout=15), tmps
     assert wait_for(lambda: not [c for base in ("pids", "memory") for c in Path(f"/sys/fs/cgroup/{base}").glob(
         f"cartonstore-{d.proc.pid}-hostile*")], timeout=15)
@@ -296,8 +295,8 @@ def test_sandboxed_runners_die_with_a_killed_daemon(mode: str) -> None:
             source = echo_carton(base / "echo", dtypes=["float32"])
             assert call(d, "POST", "/v2/repository/models/echo/load",
                         json={"parameters": {"source": str(source)}})[0] == 200
-            assert live_pids(str(base / "root" / "models")), "no runner process found"
+            runners = f"{base / 'root' / 'run'}/"   # in the command lines of runners (sockets, slots), not the daemon's
+            assert live_pids(runners), "no runner process found"
             d.proc.kill()
             d.proc.wait(10)
-            assert wait_for(lambda: not live_pids(str(base / "root" / "models")), timeout=10), \
-                live_pids(str(base / "root" / "models"))
+            assert wait_for(lambda: not live_pids(runners), timeout=10), live_pids(runners)

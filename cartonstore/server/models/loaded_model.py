@@ -52,6 +52,7 @@ class LoadedModel:
         if self.runners is not None:
             row["restarts"] = self.runners.restarts
             row["sandbox"] = self.runners.sandbox
+            row["pids"] = self.runners.pids   # ps shows a pre-warmed runner's slot, not its model: this says
         return row
 
 

@@ -47,6 +47,7 @@ class _Live(Collector):
         yield from _runner_families(values.get("runners", []))
         yield from _inference_families(self.inference())
         yield from _arena_families(values.get("arena"))
+        yield from _spare_families(values.get("spares"))
         yield from _check_families(values.get("check_workers"))
 
 
@@ -126,6 +127,16 @@ def _arena_families(stats: dict[str, int] | None) -> Iterator:
                               "arena (their tensors not copied over the runner's socket)", value=stats["forwarded"])
     yield CounterMetricFamily("cartonstore_arena_full", "Big infer bodies copied because the tensor arena had no "
                               "free span for them (raise server.arena_size)", value=stats["full"])
+
+
+def _spare_families(spares: list[dict] | None) -> Iterator:
+    if spares is None:   # runners.prewarm is off
+        return
+    family = GaugeMetricFamily("cartonstore_runner_spares", "Pre-warmed runners waiting for a load (runners.prewarm)",
+                               labels=["kind", "device"])
+    for (kind, device), count in sorted(collections.Counter((s["kind"], s["device"]) for s in spares).items()):
+        family.add_metric([kind, device], count)
+    yield family
 
 
 def _runner_families(statuses: list[dict]) -> Iterator:

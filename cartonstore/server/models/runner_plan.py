@@ -42,7 +42,7 @@ def plan_runner(cfg: CartonConfig, settings: RunnerSettings) -> RunnerPlan | Non
     if custom is not None:
         plan = RunnerPlan(name, custom.command, custom.env, custom.framework_version)
     elif settings.builtin and name in _builtin_runners():
-        plan = RunnerPlan(name, tuple(_builtin_runners()[name]), {}, _probe_version(name))
+        plan = RunnerPlan(name, tuple(_builtin_runners()[name]), {}, probe_framework(name))
     else:
         return None
     _check_framework(plan, cfg.runner.required_framework_version)
@@ -55,7 +55,7 @@ def _builtin_runners() -> Mapping[str, list[str]]:
     return BUILTIN_RUNNERS
 
 
-def _probe_version(runner_name: str) -> str:
+def probe_framework(runner_name: str) -> str:
     from cartonstore.runner.builtin import FRAMEWORK_VERSION_PROBES
 
     try:

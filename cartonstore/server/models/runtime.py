@@ -8,6 +8,7 @@ supervisor's settings here; runner_plan.py decides what to run.
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import logging
 import os
@@ -17,14 +18,34 @@ from typing import Any, Callable, Mapping
 from cartonstore.config.runners import RunnerSettings as RunnerConfig
 from cartonstore.errors import InvalidInput
 from cartonstore.format.carton_toml import CartonConfig
-from cartonstore.server.runners import ModelRunners, RunnerSettings, clean_stale_sockets, ensure_run_dir
+from cartonstore.runner.builtin import BUILTIN_RUNNERS, program
+from cartonstore.server.runners import InstanceSpec, ModelRunners, RunnerSettings, clean_stale_sockets, ensure_run_dir
+from cartonstore.server.runners.instance import FirstProcess
+from cartonstore.server.runners.prewarm import PrewarmPool
+from cartonstore.server.runners.process import RunnerFailed, RunnerProcess
 from cartonstore.server.runners.sandbox import CGROUP_PREFIX, prerequisites
 from cartonstore.server.runners.settings import physical_gpu
+from cartonstore.server.runners.waiting import (
+    WaitingRunner,
+    ensure_slots_dir,
+    hand_model,
+    new_slot,
+    start_waiting,
+    with_model_dir,
+)
 from cartonstore.server.tensors.arena import TensorArena
 from cartonstore.system.cgroups import remove_stale as remove_stale_cgroups
 from cartonstore.system.cgroups import take_delegation
 
-from .runner_plan import instance_devices, instance_specs, plan_runner, runner_opts, sandbox_policy
+from .runner_plan import (
+    RunnerPlan,
+    instance_devices,
+    instance_specs,
+    plan_runner,
+    probe_framework,
+    runner_opts,
+    sandbox_policy,
+)
 
 log = logging.getLogger("cartonstore.server")
 
@@ -50,6 +71,7 @@ class RunnerHost:
         self._on_change = on_change
         self._live: set[ModelRunners] = set()
         self._generation = itertools.count(1)
+        self.prewarm: PrewarmPool | None = None   # started by start_prewarm(), after prepare()
 
     def prepare(self) -> None:
         """At daemon start: the socket directory, without sockets of runners
@@ -59,6 +81,7 @@ class RunnerHost:
             if device != "cpu":
                 physical_gpu(device, inherited)
         ensure_run_dir(self.run_dir)
+        ensure_slots_dir(self.run_dir)
         for path in clean_stale_sockets(self.run_dir):
             log.info("removed stale runner socket %s", path)
         for path in remove_stale_cgroups(CGROUP_PREFIX):
@@ -81,31 +104,85 @@ class RunnerHost:
             return
         log.info("runners run sandboxed: %s", host.describe(policy))
 
-    async def start(self, name: str, version: str, model_dir: Path, cfg: CartonConfig,
-                    triton_config: Mapping[str, Any] | None) -> ModelRunners | None:
-        """Start and wait for the runners of one model version; None when no
-        runner is configured for it. InvalidInput when it cannot start (the
-        reason carries the runner's last stderr lines)."""
+    async def begin(self, name: str, version: str, model_dir: Path, cfg: CartonConfig,
+                    triton_config: Mapping[str, Any] | None, *, early: bool) -> Starting | None:
+        """Plan the runners of one model version and get their processes
+        going before model_dir exists: each instance takes a pre-warmed spare
+        of its kind and device, or, when ``early``, starts its own runner now
+        (waiting.py). None when no runner is configured for it; InvalidInput
+        when it cannot run."""
         plan = await asyncio.to_thread(plan_runner, cfg, self.config)
         if plan is None:
             return None
         devices = instance_devices(triton_config, self.config.devices)
+        policy = sandbox_policy(self.config)
         specs = instance_specs(plan, model_dir=model_dir, name=name, version=version,
                                opts=runner_opts(cfg, triton_config), devices=devices, run_dir=self.run_dir,
-                               generation=next(self._generation), sandbox=sandbox_policy(self.config))
-        # An arena of its own: a runner maps its model's tensors and no other's.
-        arena = TensorArena(self.arena_size) if self.arena_size else None
-        runners = ModelRunners(name, version, specs, self.settings, on_change=self._on_change, arena=arena)
-        self._live.add(runners)
-        log.info("model %s version %s: starting %d %s runner(s) on %s", name, version[:12], len(specs),
-                 plan.runner_name, ", ".join(devices))
+                               generation=next(self._generation), sandbox=policy)
+        starting = Starting(plan, devices, specs)
+        kind = builtin_kind(plan)
+        if kind is None:   # only the built-in runners wait for their model (model_channel.py)
+            return starting
+        for i, spec in enumerate(specs):
+            spare = self.prewarm.take(kind, spec.device) \
+                if self.prewarm is not None and (policy is None or name not in policy.network) else None
+            if spare is not None:
+                starting.waiting[i] = _done(spare)
+            elif early:
+                label = f"{spec.socket_path.stem}"
+                slotted = with_model_dir(spec, new_slot(self.run_dir, label))
+                starting.waiting[i] = asyncio.ensure_future(
+                    start_waiting(slotted, f"{name}#{i}", self.settings.stderr_lines))
+        return starting
+
+    async def start(self, name: str, version: str, model_dir: Path, cfg: CartonConfig,
+                    triton_config: Mapping[str, Any] | None, starting: Starting | None = None) -> ModelRunners | None:
+        """Start and wait for the runners of one model version (those
+        ``starting`` began, begin() otherwise); None when no runner is
+        configured for it. InvalidInput when it cannot start (the reason
+        carries the runner's last stderr lines)."""
         try:
-            await runners.start()
-        except BaseException:
-            self._live.discard(runners)
-            self._retire(runners)
-            raise
-        return runners
+            if starting is None:
+                starting = await self.begin(name, version, model_dir, cfg, triton_config, early=False)
+                if starting is None:
+                    return None
+            # An arena of its own: a runner maps its model's tensors and no other's.
+            arena = TensorArena(self.arena_size) if self.arena_size else None
+            runners = ModelRunners(name, version, starting.specs, self.settings, on_change=self._on_change,
+                                   arena=arena, first_processes=starting.first_processes())
+            self._live.add(runners)
+            log.info("model %s version %s: starting %d %s runner(s) on %s%s", name, version[:12],
+                     len(starting.specs), starting.plan.runner_name, ", ".join(starting.devices),
+                     starting.describe())
+            try:
+                await runners.start()
+            except BaseException:
+                self._live.discard(runners)
+                self._retire(runners)
+                raise
+            return runners
+        finally:
+            if starting is not None:
+                await starting.close()
+
+    def start_prewarm(self) -> None:
+        """Keep the spares of runners.prewarm (prewarm.py), each kind whose
+        framework is installed here; the others are logged and skipped."""
+        kinds = []
+        for kind in self.config.prewarm:
+            try:
+                probe_framework(kind)
+            except InvalidInput as e:
+                log.warning("runners.prewarm: not pre-warming %s: %s", kind, e)
+                continue
+            kinds.append(kind)
+        if not kinds:
+            return
+        programs = {kind: tuple(program(kind)) for kind in kinds}
+        self.prewarm = PrewarmPool(programs, self.config.devices, self.run_dir, self.settings,
+                                   sandbox_policy(self.config))
+        self.prewarm.start()
+        log.info("pre-warming %s runners on %s", ", ".join(kinds), ", ".join(self.config.devices))
 
     async def stop(self, runners: ModelRunners | None) -> None:
         if runners is None:
@@ -118,6 +195,8 @@ class RunnerHost:
         log.info("model %s version %s: runners stopped", runners.name, runners.version[:12])
 
     async def stop_all(self) -> None:
+        if self.prewarm is not None:
+            await self.prewarm.close()
         await asyncio.gather(*(self.stop(r) for r in list(self._live)), return_exceptions=True)
 
     def _retire(self, runners: ModelRunners) -> None:
@@ -142,3 +221,63 @@ class RunnerHost:
         # Read by /metrics on a worker thread while the loop adds and drops
         # runners: tuple() copies the set without letting the loop in between.
         return [r.status() for r in tuple(self._live)]
+
+
+def builtin_kind(plan: RunnerPlan) -> str | None:
+    """The built-in runner kind a plan runs, None for a [runners.<name>] command."""
+    builtin = BUILTIN_RUNNERS.get(plan.runner_name)
+    return plan.runner_name if builtin is not None and list(plan.command) == builtin else None
+
+
+def _done(value: WaitingRunner) -> asyncio.Future[WaitingRunner]:
+    future: asyncio.Future[WaitingRunner] = asyncio.get_running_loop().create_future()
+    future.set_result(value)
+    return future
+
+
+class Starting:
+    """The runners of one load, planned, some perhaps already started and
+    waiting for the model (``waiting[i]``, instance i's), until start() hands
+    them theirs. close() ends those never handed one."""
+
+    def __init__(self, plan: RunnerPlan, devices: list[str], specs: list[InstanceSpec]) -> None:
+        self.plan, self.devices, self.specs = plan, devices, specs
+        self.waiting: list[asyncio.Future[WaitingRunner] | None] = [None] * len(specs)
+
+    def describe(self) -> str:
+        started = sum(1 for w in self.waiting if w is not None)
+        return f" ({started} already started)" if started else ""
+
+    def first_processes(self) -> list[FirstProcess | None]:
+        return [functools.partial(self._hand, i) if w is not None else None for i, w in enumerate(self.waiting)]
+
+    async def _hand(self, index: int, spec: InstanceSpec, arena_fd: int | None, label: str) -> RunnerProcess | None:
+        """Instance ``index``'s started runner, handed its model; None (the
+        instance spawns one the usual way) when it could not start or died
+        waiting, or the handing failed."""
+        waiting, self.waiting[index] = self.waiting[index], None
+        if waiting is None:
+            return None
+        try:
+            runner = await waiting
+            if not runner.alive:
+                await runner.process.wait()
+                reason = runner.process.exit_reason()
+                await runner.discard()
+                raise RunnerFailed(f"it exited while waiting: {reason}")
+            return await hand_model(runner, spec, arena_fd, label)
+        except RunnerFailed as e:
+            log.warning("[%s] the runner started before its model cannot serve it, starting another: %s", label,
+                        e.reason)
+            return None
+
+    async def close(self) -> None:
+        """End every started runner no instance took."""
+        left = [w for w in self.waiting if w is not None]
+        self.waiting = [None] * len(self.waiting)
+        for waiting in left:
+            try:
+                runner = await waiting
+            except BaseException:  # noqa: BLE001 - cancelled or failed: nothing left to end
+                continue
+            await runner.discard()

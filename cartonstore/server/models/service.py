@@ -13,7 +13,7 @@ import asyncio
 import logging
 import time
 import weakref
-from typing import Any
+from typing import Any, Callable
 
 from cartonstore.config.runners import RunnerSettings as RunnerConfig
 from cartonstore.errors import CartonStoreError, InvalidInput, NotFound
@@ -30,6 +30,7 @@ from cartonstore.store.owner import tmp_name
 
 from .batcher import DynamicBatcher
 from .collector import collect_in_child, gc_summary
+from .early_start import EarlyStart
 from .leasing import Leasing, resolve_on
 from .load_params import b64_parameter, parse_triton_config, write_tree
 from .loaded_model import (
@@ -116,18 +117,20 @@ class ModelService(Leasing):
         renames = bool(params.get("source")) or any(k.startswith("file:") for k in params)
         moved_to: str | None = None   # where this load pointed the name, once known
         unknown = False               # the name resolved to nothing: the load leaves no trace
+        early = EarlyStart(self.store, self.runner_host, model)   # runners started while the carton's blobs come
         try:
             model.config = parse_triton_config(params.get("config"))
             check_config_fields(model.config)
             instance_devices(model.config, self.runner_host.config.devices)  # a bad config fails before any work
             try:   # a restore names the version it loads (restore.py)
-                digest = version if version is not None else await self._load_source(name, params)
+                digest = version if version is not None else await self._load_source(name, params, early.committed)
             except NotFound:
                 unknown = previous is None and not renames
                 raise
             moved_to = digest if renames else None
             if serving is not None and serving.digest == digest and serving.config == model.config and \
                     serving.serving_state == READY:
+                await early.close()
                 serving.reason = ready_reason(serving)  # drops a "reload failed" left by an earlier load
                 return serving  # already loaded as asked: nothing to restart
             if serving is not None and serving.digest != digest:  # the old version stays pinned until stopped
@@ -140,12 +143,13 @@ class ModelService(Leasing):
             model.max_batch_size = max_batch_size(model.carton, model.config)
             policy = batching_policy(model.carton, model.config)
             model.runners = await self.runner_host.start(name, model.digest, granted.path, model.carton,
-                                                         model.config)
+                                                         model.config, await early.starting(model))
             if policy is not None and model.runners is not None:
                 model.batcher = DynamicBatcher(model.runners, policy, instances=len(model.runners.devices),
                                                max_queued=self.runner_host.config.max_inflight)
             await self_tested_on_load(self.runner_host, model, self.store.layout.model_path(model.digest))
         except BaseException as e:
+            await asyncio.shield(early.close())
             reason = str(e) if isinstance(e, CartonStoreError) else f"load failed: {type(e).__name__}"
             log.warning("load of %s failed: %s", name, reason)
             if moved_to is not None:  # this load pointed the name at its carton: point it back
@@ -202,7 +206,8 @@ class ModelService(Leasing):
         self._pins.pop(lease_id, None)
         await self._batch(lambda conn: self.store.index.drop_lease(conn, lease_id))
 
-    async def _load_source(self, name: str, params: dict[str, Any]) -> str:
+    async def _load_source(self, name: str, params: dict[str, Any],
+                           on_committed: Callable[[str], None] | None = None) -> str:
         files = {k[len("file:"):]: v for k, v in params.items() if k.startswith("file:")}
         source = params.get("source")
         if source is not None and not isinstance(source, str):
@@ -216,7 +221,7 @@ class ModelService(Leasing):
         if source:
             # Loads of one name queue on its lock, so nothing here could share an add.
             # A path the caller names is read with the daemon's rights: its symlinks may not leave it.
-            result = await self.puller.add(source, name=name, force=True, confined=True)
+            result = await self.puller.add(source, name=name, force=True, confined=True, on_committed=on_committed)
             self.metrics.dedup_saved_bytes.inc(result.bytes_reused)
             return result.digest
         digest = await self._known(name)
@@ -378,4 +383,5 @@ class ModelService(Leasing):
                 "fetched_bytes": stats.bytes_received, "fetch_requests": stats.requests,
                 "source_bytes": stats.snapshot()["source_bytes"],
                 "arena": self.runner_host.arena_stats(),
+                "spares": self.runner_host.prewarm.status() if self.runner_host.prewarm is not None else None,
                 "check_workers": self.check_pool.stats() if self.check_pool is not None else None}

@@ -49,9 +49,14 @@ else:                                  # pragma: no cover - Python 3.10
     _within = asyncio.wait_for
 
 
-def _abandon(spawn: asyncio.Future[RunnerProcess]) -> None:
-    if not spawn.cancelled() and spawn.exception() is None:
+def _abandon(spawn: asyncio.Future[RunnerProcess | None]) -> None:
+    if not spawn.cancelled() and spawn.exception() is None and spawn.result() is not None:
         asyncio.ensure_future(spawn.result().terminate(0.0))
+
+
+# The process a first start may be given instead of spawning one (waiting.py):
+# (spec, arena fd, log name) -> a runner handed its model, or None.
+FirstProcess = Callable[[InstanceSpec, "int | None", str], Awaitable["RunnerProcess | None"]]
 
 
 class RunnerInstance:
@@ -59,8 +64,10 @@ class RunnerInstance:
     and errors: "runner for <model> (instance <i>)"."""
 
     def __init__(self, model: str, index: int, spec: InstanceSpec, settings: RunnerSettings,
-                 on_change: Callable[[], None], arena: TensorArena | None = None) -> None:
+                 on_change: Callable[[], None], arena: TensorArena | None = None,
+                 first_process: FirstProcess | None = None) -> None:
         self.index = index
+        self._first_process = first_process
         self.spec = spec
         self.settings = settings
         self.label = f"runner for {model} (instance {index})"
@@ -103,19 +110,18 @@ class RunnerInstance:
 
     # -- life ---------------------------------------------------------------
 
-    async def _launch(self) -> None:
-        """Spawn a process and wait until it is ready; RunnerFailed if not."""
-        remove_socket(self.spec.socket_path)   # left by the previous process; the new one binds afresh
+    async def _launch(self, first: bool = False) -> None:
+        """Spawn a process (on the first start, take the one already started
+        for it, when there is one) and wait until it is ready; RunnerFailed if not."""
         self.arena_capable = False
         arena_fd = self._arena.fd if self._arena is not None else None
-        spawn = asyncio.ensure_future(RunnerProcess.spawn(self._log_name, self.spec, self.settings.stderr_lines,
-                                                          arena_fd))
-        try:
-            self._proc = await asyncio.shield(spawn)
-        except asyncio.CancelledError:
-            # Stopped while the fork was under way: the process must not outlive us.
-            spawn.add_done_callback(_abandon)
-            raise
+        proc = None
+        if first and self._first_process is not None:
+            proc = await _owned(self._first_process(self.spec, arena_fd, self._log_name))
+        if proc is None:
+            remove_socket(self.spec.socket_path)   # left by the previous process; the new one binds afresh
+            proc = await _owned(RunnerProcess.spawn(self._log_name, self.spec, self.settings.stderr_lines, arena_fd))
+        self._proc = proc
         self._client = RunnerClient(str(self.spec.socket_path))
         self._shm = RunnerShmLink(self._client, self.label, self._proc.shm_channel)
         await self._proc.wait_ready(self._client, self.settings.ready_timeout)
@@ -127,7 +133,7 @@ class RunnerInstance:
 
     async def start(self) -> None:
         """First start: no restarts; RunnerFailed if it does not come up."""
-        await self._launch()
+        await self._launch(first=True)
         self._set(READY, "")
         self._supervisor = asyncio.ensure_future(self._supervise())
 
@@ -242,6 +248,17 @@ class RunnerInstance:
         finally:
             self.outstanding -= 1
         return status, headers_in, answer
+
+
+async def _owned(starting: Awaitable[RunnerProcess | None]) -> RunnerProcess | None:
+    """The process ``starting`` gives; stopped while the fork was under way,
+    the process must not outlive us."""
+    spawn = asyncio.ensure_future(starting)
+    try:
+        return await asyncio.shield(spawn)
+    except asyncio.CancelledError:
+        spawn.add_done_callback(_abandon)
+        raise
 
 
 async def _speaks_arena(client: RunnerClient) -> bool:

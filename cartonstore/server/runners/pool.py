@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 from cartonstore.errors import InvalidInput, Unavailable
 from cartonstore.v2.statistics import InferStatistics
 
-from .instance import RunnerInstance
+from .instance import FirstProcess, RunnerInstance
 from .process import RunnerFailed
 from .settings import LOADING, READY, UNAVAILABLE, InstanceSpec, RunnerResponse, RunnersBusy, RunnerSettings
 
@@ -40,7 +40,8 @@ class ModelRunners:
     state, restarts included."""
 
     def __init__(self, name: str, version: str, specs: list[InstanceSpec], settings: RunnerSettings, *,
-                 on_change: Callable[[], None] | None = None, arena: TensorArena | None = None) -> None:
+                 on_change: Callable[[], None] | None = None, arena: TensorArena | None = None,
+                 first_processes: Sequence[FirstProcess | None] = ()) -> None:
         if not specs:
             raise InvalidInput(f"model {name}: no runner instance to start")
         sockets = [s.socket_path for s in specs]
@@ -53,7 +54,8 @@ class ModelRunners:
         self.statistics = InferStatistics()   # Triton's statistics of this version (api/statistics.py)
         self._on_change = on_change
         self.arena = arena   # this version's own tensor arena (RunnerHost's), or None
-        self._instances = [RunnerInstance(name, i, spec, settings, self._changed, arena)
+        firsts = list(first_processes) + [None] * (len(specs) - len(first_processes))
+        self._instances = [RunnerInstance(name, i, spec, settings, self._changed, arena, firsts[i])
                            for i, spec in enumerate(specs)]
         self._next = 0                      # where the tie-break scan starts
         self._closing = False
@@ -110,6 +112,11 @@ class ModelRunners:
         return {"name": self.name, "version": self.version, "state": self.state, "reason": self.reason,
                 "restarts": self.restarts, "outstanding": self.outstanding, "sandbox": self.sandbox,
                 "instances": [inst.status() for inst in self._instances]}
+
+    @property
+    def pids(self) -> list[int | None]:
+        """Each instance's process id (None while it is not running), in order."""
+        return [inst.pid for inst in self._instances]
 
     @property
     def devices(self) -> list[str]:

@@ -19,8 +19,11 @@ import signal
 import socket
 import subprocess
 import time
+from pathlib import Path
 
 from cartonstore.errors import CartonStoreError, InvalidInput
+from cartonstore.runner.model_channel import MODEL_CHANNEL_ENV, WARM_DEVICES_ENV
+from cartonstore.store.materialize import remove_tree
 from cartonstore.system.cgroups import RunnerCgroup
 from cartonstore.system.exit_notice import ExitNoticingProtocol
 from cartonstore.system.parent_death import die_with
@@ -102,14 +105,17 @@ class RunnerProcess:
         self._exited = asyncio.ensure_future(self._wait_exit())
         self.confinement: Confinement | None = None
         self.shm_channel: socket.socket | None = None   # a sandboxed runner's end for region fds (shm_link.py)
+        self.slot: Path | None = None   # the model directory it was started with, ours to remove (waiting.py)
 
     @classmethod
     async def spawn(cls, label: str, spec: InstanceSpec, stderr_lines: int,
-                    arena_fd: int | None = None) -> RunnerProcess:
+                    arena_fd: int | None = None, model_channel: socket.socket | None = None) -> RunnerProcess:
         """Start the process (inheriting the tensor arena's fd, when given,
         named by ARENA_FD_ENV: its model's own); raises RunnerFailed when it
         cannot be started. A sandboxed one (spec.sandbox) runs in a
-        sandbox.py Confinement, handed its socket, bound here."""
+        sandbox.py Confinement, handed its socket, bound here. Given
+        ``model_channel`` (its end is inherited), it waits for its model
+        (runner/model_channel.py, waiting.py)."""
         env = dict(os.environ)
         env.update(spec.env)
         try:
@@ -133,6 +139,9 @@ class RunnerProcess:
             if arena_fd is not None:
                 env[ARENA_FD_ENV] = str(arena_fd)
                 pass_fds += (arena_fd,)
+            if model_channel is not None:
+                env.update({MODEL_CHANNEL_ENV: str(model_channel.fileno()), WARM_DEVICES_ENV: spec.device})
+                pass_fds += (model_channel.fileno(),)
             loop = asyncio.get_running_loop()
             transport, protocol = await loop.subprocess_exec(
                 lambda: ExitNoticingProtocol(loop), *argv, stdin=asyncio.subprocess.DEVNULL,
@@ -282,3 +291,6 @@ class RunnerProcess:
             self.confinement.release()
         if self.shm_channel is not None:
             self.shm_channel.close()
+        if self.slot is not None:
+            slot, self.slot = self.slot, None
+            remove_tree(slot)   # directories and hardlinks only: no bytes to free

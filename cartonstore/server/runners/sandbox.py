@@ -40,6 +40,7 @@ from pathlib import Path
 
 import cartonstore
 from cartonstore.errors import InvalidInput
+from cartonstore.runner.model_channel import MODEL_CHANNEL_ENV
 from cartonstore.system.cgroups import RunnerCgroup
 from cartonstore.system.cgroups import create as create_cgroup
 from cartonstore.system.landlock import abi_version
@@ -297,7 +298,7 @@ def confine(policy: SandboxPolicy, argv: list[str], *, model_dir: Path, model: s
         "deny_tcp": not networked, "scope": True,
         # what must hold, or the runner does not start (alone, Landlock must hold it all)
         "require": ["fs"] + (["tcp"] if abi >= 4 and not networked else []) + (["signals"] if abi >= 6 else [])}
-    plan = {"rlimits": rlimits, "listen_fd": listen_fd, "fd_env": [ARENA_FD_ENV, SHM_CHANNEL_ENV],
+    plan = {"rlimits": rlimits, "listen_fd": listen_fd, "fd_env": [ARENA_FD_ENV, SHM_CHANNEL_ENV, MODEL_CHANNEL_ENV],
             "chdir": str(model_dir), "landlock": landlock}
     if not has_bwrap:   # the launcher drops to the runner user itself, which clears the parent-death signal
         plan.update(user=list(identity), parent=os.getpid())

@@ -1,0 +1,123 @@
+"""Pre-warmed runners (``runners.prewarm``): for each built-in runner kind
+named there and each device of ``runners.devices``, one spare runner
+process that has already started its interpreter, imported its framework
+(onnxruntime, torch) and made its GPU context, waiting in a sandbox of its
+own for a model (waiting.py). A load takes it, so a model already in the
+store pays for its own load only; another spare is started at once.
+
+A spare is sandboxed like any runner, and given nothing of any model until
+a load hands it one: a slot of its own, bound read-only, is all it may
+read of models. Its command line names no model (the instance's arguments
+come over its channel); the index and the log say which pid serves what.
+A spare that exits unbidden is started again after a doubling delay.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from pathlib import Path
+from typing import Mapping
+
+from .process import RunnerFailed
+from .sandbox import SandboxPolicy
+from .settings import InstanceSpec, RunnerSettings
+from .waiting import WaitingRunner, new_slot, start_waiting
+
+log = logging.getLogger("cartonstore.server.runners")
+
+
+class PrewarmPool:
+    """Spares by (kind, device). ``programs``: each kind's command without
+    its arguments (``python -m cartonstore.runner.onnx``)."""
+
+    def __init__(self, programs: Mapping[str, tuple[str, ...]], devices: tuple[str, ...], run_dir: Path,
+                 settings: RunnerSettings, sandbox: SandboxPolicy | None) -> None:
+        self._programs = dict(programs)
+        self._devices = devices
+        self._run_dir = run_dir
+        self._settings = settings
+        self._sandbox = sandbox
+        self._spares: dict[tuple[str, str], WaitingRunner] = {}
+        self._taken: dict[tuple[str, str], asyncio.Event] = {}
+        self._keepers: list[asyncio.Task[None]] = []
+        self._numbers = itertools.count(1)
+
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        return tuple(self._programs)
+
+    def start(self) -> None:
+        for kind in self._programs:
+            for device in self._devices:
+                self._taken[(kind, device)] = asyncio.Event()
+                self._keepers.append(asyncio.ensure_future(self._keep(kind, device)))
+
+    def take(self, kind: str, device: str) -> WaitingRunner | None:
+        """The spare of this kind on this device, if one is waiting; another
+        is started in its place."""
+        spare = self._spares.get((kind, device))
+        if spare is None or not spare.alive:
+            return None
+        del self._spares[(kind, device)]
+        self._taken[(kind, device)].set()
+        return spare
+
+    def status(self) -> list[dict[str, object]]:
+        return [{"kind": kind, "device": device, "pid": spare.process.pid}
+                for (kind, device), spare in tuple(self._spares.items()) if spare.alive]
+
+    async def _keep(self, kind: str, device: str) -> None:
+        key, failures = (kind, device), 0
+        while True:
+            if failures:
+                delay = min(self._settings.restart_backoff * 2 ** (failures - 1), self._settings.max_backoff)
+                await asyncio.sleep(delay)
+            label = f"spare-{kind}-{device.replace(':', '')}-{next(self._numbers)}"
+            slot = new_slot(self._run_dir, label)
+            # its slot in its command line, for ps: the arguments it runs with come with its model
+            spec = InstanceSpec([*self._programs[kind], "--model-dir", str(slot)], {},
+                                self._run_dir / f"{label}.sock", device, self._sandbox, "", slot)
+            starting = asyncio.ensure_future(start_waiting(spec, label, self._settings.stderr_lines,
+                                                           program=self._programs[kind]))
+            try:
+                spare = await asyncio.shield(starting)
+            except asyncio.CancelledError:   # closing while it forks: it must not outlive the pool
+                starting.add_done_callback(_discard_when_started)
+                raise
+            except RunnerFailed as e:
+                failures += 1
+                log.warning("cannot start a pre-warmed %s runner on %s: %s", kind, device, e.reason)
+                continue
+            self._taken[key].clear()
+            self._spares[key] = spare
+            log.info("[%s] pre-warmed %s runner on %s: pid %d", label, kind, device, spare.process.pid)
+            waits = [asyncio.ensure_future(self._taken[key].wait()), asyncio.ensure_future(spare.process.exit_seen())]
+            try:
+                await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for wait in waits:
+                    wait.cancel()
+            if self._spares.get(key) is spare:   # it exited before any load took it
+                del self._spares[key]
+                await spare.process.wait()
+                failures += 1
+                log.warning("[%s] pre-warmed %s runner exited unbidden: %s", label, kind, spare.process.exit_reason())
+                await spare.discard()
+            else:
+                failures = 0
+
+    async def close(self) -> None:
+        """Stop keeping spares and end those waiting."""
+        for keeper in self._keepers:
+            keeper.cancel()
+        await asyncio.gather(*self._keepers, return_exceptions=True)
+        self._keepers.clear()
+        spares, self._spares = list(self._spares.values()), {}
+        await asyncio.gather(*(spare.discard() for spare in spares), return_exceptions=True)
+
+
+def _discard_when_started(starting: asyncio.Future[WaitingRunner]) -> None:
+    if not starting.cancelled() and starting.exception() is None:
+        asyncio.ensure_future(starting.result().discard())

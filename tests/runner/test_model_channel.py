@@ -1,0 +1,102 @@
+"""The channel that hands a started runner its model (runner/model_channel.py):
+a real socket pair and real descriptors, both ends of the framing."""
+
+from __future__ import annotations
+
+import os
+import socket
+import struct
+import threading
+
+import pytest
+
+from cartonstore.runner.model_channel import MAX_MESSAGE, ChannelError, ModelMessage, receive_model, send_model
+
+
+@pytest.fixture()
+def pair():  # noqa: ANN201
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    yield ours, theirs
+    ours.close()
+    theirs.close()
+
+
+def test_the_arguments_and_a_descriptor_arrive(pair, tmp_path) -> None:  # noqa: ANN001
+    ours, theirs = pair
+    path = tmp_path / "arena"
+    path.write_bytes(b"arena bytes")
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        send_model(ours, ModelMessage(["--model-dir", "/slot", "--name", "m"], {"arena": fd}))
+    finally:
+        os.close(fd)   # the receiver holds its own copy
+    got = receive_model(theirs)
+    assert got is not None and got.argv == ["--model-dir", "/slot", "--name", "m"]
+    assert list(got.fds) == ["arena"]
+    try:
+        assert os.pread(got.fds["arena"], 100, 0) == b"arena bytes"
+    finally:
+        os.close(got.fds["arena"])
+
+
+def test_no_arguments_means_the_runners_own(pair) -> None:  # noqa: ANN001
+    ours, theirs = pair
+    send_model(ours, ModelMessage())
+    assert receive_model(theirs) == ModelMessage(None, {})
+
+
+def test_a_closed_channel_means_not_wanted(pair) -> None:  # noqa: ANN001
+    ours, theirs = pair
+    ours.close()
+    assert receive_model(theirs) is None
+
+
+def test_a_message_in_pieces_is_read_whole(pair) -> None:  # noqa: ANN001
+    ours, theirs = pair
+    payload = b'{"argv": ["' + b"x" * 300_000 + b'"], "fds": []}'
+
+    def write() -> None:
+        ours.sendall(struct.pack(">I", len(payload))[:2])
+        ours.sendall(struct.pack(">I", len(payload))[2:])
+        for i in range(0, len(payload), 4096):
+            ours.sendall(payload[i:i + 4096])
+    writer = threading.Thread(target=write)
+    writer.start()
+    got = receive_model(theirs)
+    writer.join()
+    assert got is not None and got.argv == ["x" * 300_000]
+
+
+@pytest.mark.parametrize("raw, problem", [
+    (struct.pack(">I", MAX_MESSAGE + 1), "at most"),
+    (struct.pack(">I", 5) + b"nope!", "not JSON"),
+    (struct.pack(">I", 2) + b"[]", "not a model message"),
+    (struct.pack(">I", 13) + b'{"argv": [1]}', "not a model message"),
+    (struct.pack(">I", 25) + b'{"argv": null, "fds": [1]}'[:25], "not"),
+    (struct.pack(">I", 100) + b'{"argv"', "closed 7 bytes into a 100-byte message"),
+])
+def test_a_malformed_message_is_refused_by_name(pair, raw: bytes, problem: str) -> None:  # noqa: ANN001
+    ours, theirs = pair
+    ours.sendall(raw)
+    ours.close()
+    with pytest.raises(ChannelError, match=problem):
+        receive_model(theirs)
+
+
+def test_passed_descriptors_of_a_refused_message_are_closed(pair, tmp_path) -> None:  # noqa: ANN001
+    ours, theirs = pair
+    fd = os.open(tmp_path, os.O_RDONLY)
+    import array
+    ours.sendmsg([struct.pack(">I", 2)], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [fd]))])
+    ours.sendall(b"{}")
+    os.close(fd)
+    before = set(os.listdir("/proc/self/fd"))
+    with pytest.raises(ChannelError, match="not a model message"):
+        receive_model(theirs)
+    assert set(os.listdir("/proc/self/fd")) <= before
+
+
+def test_arguments_too_big_are_refused_before_sending(pair) -> None:  # noqa: ANN001
+    ours, theirs = pair
+    with pytest.raises(ChannelError, match="at most"):
+        send_model(ours, ModelMessage(["x" * (MAX_MESSAGE + 1)]))

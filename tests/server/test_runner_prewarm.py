@@ -1,0 +1,215 @@
+"""Runners started before their model (issue 29, parts 1 and 2), with real
+daemons, runners, origins and sandboxes: a pre-warmed spare takes a load
+(its process existed before the load was asked for); a load by URL starts
+its runner while the carton's blobs are still coming; whatever was started
+and not used, a spare that dies, a load that fails, a daemon that stops,
+leaves no process and no slot behind.
+
+The model says when its own process started (from /proc/self/stat), so
+each test sees from outside which process served it."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import signal
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+from conftest import short_dir
+from kit.daemonkit import DaemonProcess, call, wait_for
+from kit.inferkit import echo_toml
+from kit.origin import Fault, Origin
+from kit.prockit import live_pids
+from kit.sandboxkit import runner_user, why_not
+
+from cartonstore.carton.pack import pack_directory
+
+STARTED_MAIN = '''
+import os
+import time
+
+import numpy as np
+
+
+def started():
+    """When this process started, in seconds since the epoch."""
+    ticks = int(open("/proc/self/stat").read().rsplit(")", 1)[1].split()[19])
+    since_boot = time.clock_gettime(time.CLOCK_BOOTTIME)   # /proc/uptime is not the sandbox's to read
+    return time.time() - since_boot + ticks / os.sysconf("SC_CLK_TCK")
+
+
+class Model:
+    def infer_with_tensors(self, tensors):
+        return {"y_float64": np.full((1, 1), started())}
+
+
+def get_model():
+    {startup}
+    return Model()
+'''
+
+
+def started_carton(dest: Path, *, startup: str = "pass", weights: int = 0) -> Path:
+    (dest / "model").mkdir(parents=True)
+    (dest / "carton.toml").write_text(echo_toml("started", dtypes=["float64"]))
+    (dest / "model" / "main.py").write_text(STARTED_MAIN.replace("{startup}", startup))
+    if weights:
+        (dest / "model" / "weights.bin").write_bytes(os.urandom(weights))
+    return dest
+
+
+def started_at(d: DaemonProcess, model: str) -> float:
+    status, body = call(d, "POST", f"/v2/models/{model}/infer",
+                        json={"inputs": [{"name": "x_float64", "datatype": "FP64", "shape": [1, 1], "data": [0.0]}]})
+    assert status == 200, body
+    return body["outputs"][0]["data"][0]
+
+
+def load(d: DaemonProcess, name: str, source: str | Path | None = None) -> tuple[int, object]:
+    params = {"parameters": {"source": str(source)}} if source is not None else {}
+    return call(d, "POST", f"/v2/repository/models/{name}/load", json=params)
+
+
+def spare_ready(d: DaemonProcess) -> bool:
+    """A spare is counted once spawned; inside a sandbox its own process
+    is forked a moment later: give it that moment."""
+    if spares(d) != 1:
+        return False
+    time.sleep(0.5)
+    return True
+
+
+def spares(d: DaemonProcess) -> int:
+    text = call(d, "GET", "/metrics")[1]
+    return sum(int(float(line.split()[-1])) for line in text.splitlines()
+               if line.startswith("cartonstore_runner_spares{"))
+
+
+def left_behind(root: Path) -> tuple[list[int], list[str]]:
+    slots = root / "run" / "slots"
+    return live_pids(str(slots)), sorted(os.listdir(slots)) if slots.is_dir() else []
+
+
+@pytest.fixture(params=["none", "bwrap"])
+def node(request):  # noqa: ANN001, ANN201
+    """(daemon factory, base dir): daemons whose runners run unsandboxed or
+    under bubblewrap as the runner user (root only)."""
+    mode = request.param
+    if mode != "none" and (why := why_not(mode)) is not None:
+        pytest.skip(why)
+    with short_dir() as base:
+        base.chmod(0o711)
+        started: list[DaemonProcess] = []
+
+        def daemon(settings: str = "") -> DaemonProcess:
+            config = base / f"cartonstore{len(started)}.toml"
+            user = f'user = "{runner_user().pw_name}"\n' if mode != "none" else ""
+            config.write_text(f'[runners]\nsandbox = "{mode}"\n{user}{settings}')
+            d = DaemonProcess(base / f"root{len(started)}", extra_args=["--config", str(config)],
+                              env={"CARTONSTORE_SANDBOX": mode}, log_file=base / f"daemon{len(started)}.log")
+            started.append(d)
+            return d.start()
+        yield daemon, base, mode
+        for d in started:
+            if d.proc is not None and d.proc.poll() is None:
+                d.stop()
+            assert left_behind(d.root) == ([], []), f"left behind by {d.root}"
+
+
+def test_a_load_takes_the_prewarmed_spare_and_another_starts(node) -> None:  # noqa: ANN001
+    daemon, base, mode = node
+    d = daemon('prewarm = ["python"]\n')
+    assert wait_for(lambda: spare_ready(d), timeout=30), "no spare"
+    before = time.time()
+    status, body = load(d, "m", started_carton(base / "m"))
+    assert status == 200, body
+    assert started_at(d, "m") < before, "the model's runner started after the load was asked for"
+    index = {row["name"]: row for row in call(d, "POST", "/v2/repository/index", json={})[1]}
+    assert index["m"]["sandbox"].split("+")[0] == mode
+    assert wait_for(lambda: spare_ready(d), timeout=30), "no spare after the load took one"
+    # Another version of the model, by name: the new spare serves it; the old runner stops.
+    before = time.time()
+    status, body = load(d, "m2", started_carton(base / "m2", startup="x = 2"))
+    assert status == 200, body
+    assert started_at(d, "m2") < before
+    assert started_at(d, "m") < started_at(d, "m2")
+    d.stop()
+    assert left_behind(d.root) == ([], [])
+
+
+def test_a_spare_that_dies_is_replaced(node) -> None:  # noqa: ANN001
+    daemon, base, _ = node
+    d = daemon('prewarm = ["python"]\nrestart_backoff = "100ms"\n')
+    assert wait_for(lambda: spares(d) == 1, timeout=30)
+    first = live_pids(str(d.root / "run" / "slots"))
+    assert first
+    for pid in first:   # under bubblewrap: setpriv, bwrap and the runner; one's death may end the others first
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    assert wait_for(lambda: spares(d) == 1 and not set(live_pids(str(d.root / "run" / "slots"))) & set(first),
+                    timeout=30), "the dead spare was not replaced"
+    status, body = load(d, "m", started_carton(base / "m"))
+    assert status == 200, body
+    assert started_at(d, "m") > 0
+
+
+def test_a_model_that_fails_in_a_spare_fails_its_load_by_name(node) -> None:  # noqa: ANN001
+    daemon, base, _ = node
+    d = daemon('prewarm = ["python"]\n')
+    assert wait_for(lambda: spares(d) == 1, timeout=30)
+    status, body = load(d, "bad", started_carton(base / "bad", startup="raise RuntimeError('weights are gone')"))
+    assert status == 400 and "weights are gone" in json.dumps(body), body
+    assert wait_for(lambda: spares(d) == 1, timeout=30)
+    status, body = load(d, "m", started_carton(base / "m"))
+    assert status == 200, body
+
+
+def links_carton(base: Path, origin: Origin, *, startup: str = "pass") -> tuple[str, str]:
+    """A carton whose 4 MiB weights file is a LINK to the origin, which
+    answers for it only after a delay: its URL, and the weights' path there."""
+    src = started_carton(base / "links-src", startup=startup, weights=4 << 20)
+    served = base / "served"
+    (served / "blobs").mkdir(parents=True)
+    data = (src / "model" / "weights.bin").read_bytes()
+    digest = hashlib.sha256(data).hexdigest()
+    origin.put(f"/blobs/{digest}", data)
+    pack_directory(src, served / "m.carton", link_prefix=origin.url("/blobs"), link_min_size=1 << 20)
+    origin.put_file("/m.carton", served / "m.carton")
+    origin.set_fault(f"/blobs/{digest}", Fault(delay=2.0))
+    return origin.url("/m.carton"), f"/blobs/{digest}"
+
+
+def test_a_load_by_url_starts_its_runner_while_the_blobs_come(node) -> None:  # noqa: ANN001
+    daemon, base, _ = node
+    d = daemon()
+    with Origin() as origin:
+        url, _ = links_carton(base, origin)
+        before = time.time()
+        status, body = load(d, "m", url)
+        took = time.time() - before
+    assert status == 200, body
+    assert took >= 2.0, "the origin's delay did not hold the load"
+    # Started at once, not after the 2 s the weights took to come.
+    assert started_at(d, "m") - before < 1.5, (started_at(d, "m") - before, took)
+
+
+def test_a_load_whose_blobs_fail_ends_the_runner_it_started(node) -> None:  # noqa: ANN001
+    daemon, base, _ = node
+    d = daemon()
+    with Origin() as origin:
+        url, blob = links_carton(base, origin)
+        origin.set_fault(blob, Fault(delay=1.5, status_sequence=[404] * 20))
+        with ThreadPoolExecutor(1) as pool:
+            loading = pool.submit(load, d, "m", url)
+            # its runner is up while the origin keeps it waiting
+            assert wait_for(lambda: live_pids(str(d.root / "run" / "slots")), timeout=10)
+            status, body = loading.result()
+    assert status in (400, 404, 502, 503), body
+    assert wait_for(lambda: left_behind(d.root) == ([], []), timeout=10), left_behind(d.root)
+    index = {row["name"]: row for row in call(d, "POST", "/v2/repository/index", json={})[1]}
+    assert index.get("m", {}).get("state") != "READY"
