@@ -121,7 +121,7 @@ class Puller:
         blob it lacks (LINKS, mirrors) before returning. Naming follows
         Store.add (an explicit name may move, unless loaded and not force).
         ``on_committed(digest)``: the carton is in the index (its carton.toml
-        readable) while its missing blobs are still to come."""
+        readable), before the blobs it lacks, if any, are fetched."""
         if name is not None:
             validate_name(name)
         before = self.stats.snapshot()

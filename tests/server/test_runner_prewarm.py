@@ -26,6 +26,7 @@ from kit.inferkit import echo_toml
 from kit.origin import Fault, Origin
 from kit.prockit import live_pids
 from kit.sandboxkit import runner_user, why_not
+from kit.together import all_at_once
 
 from cartonstore.carton.pack import pack_directory
 
@@ -213,3 +214,47 @@ def test_a_load_whose_blobs_fail_ends_the_runner_it_started(node) -> None:  # no
     assert wait_for(lambda: left_behind(d.root) == ([], []), timeout=10), left_behind(d.root)
     index = {row["name"]: row for row in call(d, "POST", "/v2/repository/index", json={})[1]}
     assert index.get("m", {}).get("state") != "READY"
+
+
+def test_concurrent_loads_share_out_one_spare(node) -> None:  # noqa: ANN001
+    """Three loads at once and one spare: one takes it, the others start
+    runners of their own; each serves its own model, and nothing is left."""
+    daemon, base, _ = node
+    d = daemon('prewarm = ["python"]\n')
+    assert wait_for(lambda: spare_ready(d), timeout=30)
+    names = ["a", "b", "c"]
+    sources = {n: started_carton(base / n, startup=f"x = {n!r}") for n in names}
+    before = time.time()
+    answers = all_at_once([lambda n=n: load(d, n, sources[n]) for n in names])
+    assert [status for status, _ in answers] == [200, 200, 200], answers
+    started = sorted(started_at(d, n) for n in names)
+    assert started[0] < before, "no load took the spare"
+    rows = {row["name"]: row for row in call(d, "POST", "/v2/repository/index", json={})[1]}
+    pids = [rows[n]["pids"][0] for n in names]
+    assert len(set(pids)) == 3 and None not in pids, rows
+
+
+def test_slots_of_a_daemon_that_is_gone_are_removed_and_a_live_ones_kept(tmp_path: Path) -> None:
+    """Daemons may share a store root: each names its slots for its pid,
+    and a starting one removes only those of daemons that are gone."""
+    import subprocess
+    import sys
+
+    from cartonstore.server.runners.waiting import ensure_slots_dir, slots_dir
+
+    run_dir = tmp_path / "run" / "runners"
+    run_dir.mkdir(parents=True)
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    slots = slots_dir(run_dir)
+    slots.mkdir()
+    dead = slots / f"{gone.stdout.strip()}-m.g1-abc-0-1234abcd"
+    live = slots / f"{os.getppid()}-n.g1-def-0-5678abcd"
+    ours = slots / f"{os.getpid()}-o.g1-012-0-9abcdef0"   # an earlier daemon's, whose pid is ours now
+    odd = slots / "not-a-slot"
+    for slot in (dead, live, ours, odd):
+        (slot / "model").mkdir(parents=True)
+        (slot / "model" / "w.bin").write_bytes(b"w")
+        (slot / "model").chmod(0o555)
+    assert sorted(ensure_slots_dir(run_dir)) == sorted([dead, ours, odd])
+    assert sorted(slots.iterdir()) == [live]
+    assert oct(slots.stat().st_mode & 0o777) == "0o711"

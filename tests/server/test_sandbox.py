@@ -265,7 +265,9 @@ def test_an_unloaded_runner_leaves_no_process_tmp_or_cgroup(node) -> None:  # no
     assert wait_for(lambda: order(d, "escape")[1] == "ok: escaped", timeout=40, interval=1.0)
     assert wait_for(lambda: len(live_pids(hostile)) >= 2, timeout=10)
     # this daemon's, named for the runner's label: the model's, or the spare's it took
-    label = os.path.basename(hostile).rsplit("-", 1)[0] + "-" if "/run/slots/" in hostile else "hostile"
+    # (a slot is <daemon pid>-<label>-<random>)
+    label = os.path.basename(hostile).split("-", 1)[1].rsplit("-", 1)[0] + "-" if "/run/slots/" in hostile \
+        else "hostile"
     tmps = [p for p in Path("/tmp").glob(f"cartonstore-runner-{d.proc.pid}-{label}*")]
     assert (mode == "landlock") == bool(tmps), tmps   # bubblewrap's /tmp is a tmpfs of its own
     assert call(d, "POST", "/v2/repository/models/hostile/unload", json={})[0] == 200

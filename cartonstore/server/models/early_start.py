@@ -15,8 +15,6 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING
 
-from cartonstore.errors import CartonStoreError
-
 if TYPE_CHECKING:
     from cartonstore.store import Store
 
@@ -52,8 +50,8 @@ class EarlyStart:
             return None
         try:
             starting = await task
-        except (CartonStoreError, OSError) as e:   # the load's own start says why, if it must fail
-            log.info("model %s: runners not started early: %s", model.name, e)
+        except Exception as e:  # noqa: BLE001 - the load's own start says why, if it must fail
+            log.info("model %s: runners not started early: %s: %s", model.name, type(e).__name__, e)
             return None
         if starting is not None and model.digest != self._digest:
             await starting.close()

@@ -31,6 +31,7 @@ class RunnerPlan:
     command: tuple[str, ...]
     env: Mapping[str, str]
     framework_version: str | None
+    builtin: bool = False     # one of cartonstore's own runners (which can start before their model)
 
 
 def plan_runner(cfg: CartonConfig, settings: RunnerSettings) -> RunnerPlan | None:
@@ -42,7 +43,7 @@ def plan_runner(cfg: CartonConfig, settings: RunnerSettings) -> RunnerPlan | Non
     if custom is not None:
         plan = RunnerPlan(name, custom.command, custom.env, custom.framework_version)
     elif settings.builtin and name in _builtin_runners():
-        plan = RunnerPlan(name, tuple(_builtin_runners()[name]), {}, probe_framework(name))
+        plan = RunnerPlan(name, tuple(_builtin_runners()[name]), {}, probe_framework(name), builtin=True)
     else:
         return None
     _check_framework(plan, cfg.runner.required_framework_version)

@@ -18,7 +18,7 @@ from typing import Any, Callable, Mapping
 from cartonstore.config.runners import RunnerSettings as RunnerConfig
 from cartonstore.errors import InvalidInput
 from cartonstore.format.carton_toml import CartonConfig
-from cartonstore.runner.builtin import BUILTIN_RUNNERS, program
+from cartonstore.runner.builtin import program
 from cartonstore.server.runners import InstanceSpec, ModelRunners, RunnerSettings, clean_stale_sockets, ensure_run_dir
 from cartonstore.server.runners.instance import FirstProcess
 from cartonstore.server.runners.prewarm import PrewarmPool
@@ -72,6 +72,7 @@ class RunnerHost:
         self._live: set[ModelRunners] = set()
         self._generation = itertools.count(1)
         self.prewarm: PrewarmPool | None = None   # started by start_prewarm(), after prepare()
+        self._prewarm_kinds: list[str] = []         # prepare() finds which have their framework here
 
     def prepare(self) -> None:
         """At daemon start: the socket directory, without sockets of runners
@@ -81,7 +82,8 @@ class RunnerHost:
             if device != "cpu":
                 physical_gpu(device, inherited)
         ensure_run_dir(self.run_dir)
-        ensure_slots_dir(self.run_dir)
+        for path in ensure_slots_dir(self.run_dir):
+            log.info("removed the model slot of a runner of a daemon that is gone: %s", path)
         for path in clean_stale_sockets(self.run_dir):
             log.info("removed stale runner socket %s", path)
         for path in remove_stale_cgroups(CGROUP_PREFIX):
@@ -89,6 +91,7 @@ class RunnerHost:
         if self.config.sandbox != "none" and take_delegation():
             log.info("runner cgroups: the delegated cgroup's controllers are the runners' (the daemon moved to a leaf)")
         self._check_sandbox()
+        self._prewarm_kinds = self._frameworks_here(self.config.prewarm)
 
     def _check_sandbox(self) -> None:
         """Say at start what runners will run in (probing bubblewrap now,
@@ -120,17 +123,16 @@ class RunnerHost:
                                opts=runner_opts(cfg, triton_config), devices=devices, run_dir=self.run_dir,
                                generation=next(self._generation), sandbox=policy)
         starting = Starting(plan, devices, specs)
-        kind = builtin_kind(plan)
-        if kind is None:   # only the built-in runners wait for their model (model_channel.py)
+        if not plan.builtin:   # only the built-in runners wait for their model (model_channel.py)
             return starting
+        kind = plan.runner_name
         for i, spec in enumerate(specs):
             spare = self.prewarm.take(kind, spec.device) \
                 if self.prewarm is not None and (policy is None or name not in policy.network) else None
             if spare is not None:
                 starting.waiting[i] = _done(spare)
             elif early:
-                label = f"{spec.socket_path.stem}"
-                slotted = with_model_dir(spec, new_slot(self.run_dir, label))
+                slotted = with_model_dir(spec, new_slot(self.run_dir, spec.socket_path.stem))
                 starting.waiting[i] = asyncio.ensure_future(
                     start_waiting(slotted, f"{name}#{i}", self.settings.stderr_lines))
         return starting
@@ -165,24 +167,30 @@ class RunnerHost:
             if starting is not None:
                 await starting.close()
 
-    def start_prewarm(self) -> None:
-        """Keep the spares of runners.prewarm (prewarm.py), each kind whose
-        framework is installed here; the others are logged and skipped."""
-        kinds = []
-        for kind in self.config.prewarm:
+    @staticmethod
+    def _frameworks_here(kinds: tuple[str, ...]) -> list[str]:
+        """The kinds whose framework is installed (package metadata: a read of
+        the disk, so in prepare()'s thread); the others are logged."""
+        here = []
+        for kind in kinds:
             try:
                 probe_framework(kind)
             except InvalidInput as e:
                 log.warning("runners.prewarm: not pre-warming %s: %s", kind, e)
                 continue
-            kinds.append(kind)
-        if not kinds:
+            here.append(kind)
+        return here
+
+    def start_prewarm(self) -> None:
+        """After prepare(), on the loop: keep the spares of runners.prewarm
+        (prewarm.py) of each kind whose framework is installed here."""
+        if not self._prewarm_kinds:
             return
-        programs = {kind: tuple(program(kind)) for kind in kinds}
+        programs = {kind: tuple(program(kind)) for kind in self._prewarm_kinds}
         self.prewarm = PrewarmPool(programs, self.config.devices, self.run_dir, self.settings,
                                    sandbox_policy(self.config))
         self.prewarm.start()
-        log.info("pre-warming %s runners on %s", ", ".join(kinds), ", ".join(self.config.devices))
+        log.info("pre-warming %s runners on %s", ", ".join(self._prewarm_kinds), ", ".join(self.config.devices))
 
     async def stop(self, runners: ModelRunners | None) -> None:
         if runners is None:
@@ -221,12 +229,6 @@ class RunnerHost:
         # Read by /metrics on a worker thread while the loop adds and drops
         # runners: tuple() copies the set without letting the loop in between.
         return [r.status() for r in tuple(self._live)]
-
-
-def builtin_kind(plan: RunnerPlan) -> str | None:
-    """The built-in runner kind a plan runs, None for a [runners.<name>] command."""
-    builtin = BUILTIN_RUNNERS.get(plan.runner_name)
-    return plan.runner_name if builtin is not None and list(plan.command) == builtin else None
 
 
 def _done(value: WaitingRunner) -> asyncio.Future[WaitingRunner]:

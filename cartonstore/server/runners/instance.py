@@ -14,7 +14,7 @@ from cartonstore.errors import Unavailable
 from cartonstore.v2.shm_params import ARENA_EXTENSION
 from cartonstore.v2.statistics import TIMING_HEADER, RequestTiming
 
-from .process import RunnerFailed, RunnerProcess, seconds
+from .process import RunnerFailed, RunnerProcess, owned, seconds
 from .settings import (
     FORWARDED_RESPONSE_HEADERS,
     LOADING,
@@ -47,11 +47,6 @@ if hasattr(asyncio, "timeout"):        # Python 3.11+: no extra task per request
             return await awaitable
 else:                                  # pragma: no cover - Python 3.10
     _within = asyncio.wait_for
-
-
-def _abandon(spawn: asyncio.Future[RunnerProcess | None]) -> None:
-    if not spawn.cancelled() and spawn.exception() is None and spawn.result() is not None:
-        asyncio.ensure_future(spawn.result().terminate(0.0))
 
 
 # The process a first start may be given instead of spawning one (waiting.py):
@@ -117,10 +112,11 @@ class RunnerInstance:
         arena_fd = self._arena.fd if self._arena is not None else None
         proc = None
         if first and self._first_process is not None:
-            proc = await _owned(self._first_process(self.spec, arena_fd, self._log_name))
+            proc = await owned(self._first_process(self.spec, arena_fd, self._log_name), _stop_now)
         if proc is None:
             remove_socket(self.spec.socket_path)   # left by the previous process; the new one binds afresh
-            proc = await _owned(RunnerProcess.spawn(self._log_name, self.spec, self.settings.stderr_lines, arena_fd))
+            proc = await owned(RunnerProcess.spawn(self._log_name, self.spec, self.settings.stderr_lines, arena_fd),
+                               _stop_now)
         self._proc = proc
         self._client = RunnerClient(str(self.spec.socket_path))
         self._shm = RunnerShmLink(self._client, self.label, self._proc.shm_channel)
@@ -250,15 +246,8 @@ class RunnerInstance:
         return status, headers_in, answer
 
 
-async def _owned(starting: Awaitable[RunnerProcess | None]) -> RunnerProcess | None:
-    """The process ``starting`` gives; stopped while the fork was under way,
-    the process must not outlive us."""
-    spawn = asyncio.ensure_future(starting)
-    try:
-        return await asyncio.shield(spawn)
-    except asyncio.CancelledError:
-        spawn.add_done_callback(_abandon)
-        raise
+def _stop_now(process: RunnerProcess) -> Awaitable[None]:
+    return process.terminate(0.0)
 
 
 async def _speaks_arena(client: RunnerClient) -> bool:

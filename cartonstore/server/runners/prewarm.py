@@ -20,7 +20,7 @@ import logging
 from pathlib import Path
 from typing import Mapping
 
-from .process import RunnerFailed
+from .process import RunnerFailed, owned
 from .sandbox import SandboxPolicy
 from .settings import InstanceSpec, RunnerSettings
 from .waiting import WaitingRunner, new_slot, start_waiting
@@ -79,13 +79,9 @@ class PrewarmPool:
             # its slot in its command line, for ps: the arguments it runs with come with its model
             spec = InstanceSpec([*self._programs[kind], "--model-dir", str(slot)], {},
                                 self._run_dir / f"{label}.sock", device, self._sandbox, "", slot)
-            starting = asyncio.ensure_future(start_waiting(spec, label, self._settings.stderr_lines,
-                                                           program=self._programs[kind]))
-            try:
-                spare = await asyncio.shield(starting)
-            except asyncio.CancelledError:   # closing while it forks: it must not outlive the pool
-                starting.add_done_callback(_discard_when_started)
-                raise
+            try:   # closing while it forks: it must not outlive the pool
+                spare = await owned(start_waiting(spec, label, self._settings.stderr_lines,
+                                                  program=self._programs[kind]), WaitingRunner.discard)
             except RunnerFailed as e:
                 failures += 1
                 log.warning("cannot start a pre-warmed %s runner on %s: %s", kind, device, e.reason)
@@ -117,7 +113,3 @@ class PrewarmPool:
         spares, self._spares = list(self._spares.values()), {}
         await asyncio.gather(*(spare.discard() for spare in spares), return_exceptions=True)
 
-
-def _discard_when_started(starting: asyncio.Future[WaitingRunner]) -> None:
-    if not starting.cancelled() and starting.exception() is None:
-        asyncio.ensure_future(starting.result().discard())

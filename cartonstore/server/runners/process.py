@@ -20,6 +20,7 @@ import socket
 import subprocess
 import time
 from pathlib import Path
+from typing import Awaitable, Callable, TypeVar
 
 from cartonstore.errors import CartonStoreError, InvalidInput
 from cartonstore.runner.model_channel import MODEL_CHANNEL_ENV, WARM_DEVICES_ENV
@@ -40,6 +41,24 @@ HEALTH_READY = "/v2/health/ready"
 POLL_INTERVAL = 0.025
 MAX_LINE = 4000          # a longer stderr line is cut, so one line cannot hog memory
 DRAIN_WAIT = 1.0         # after exit, how long to wait for the last stderr bytes
+
+T = TypeVar("T")
+
+
+async def owned(starting: Awaitable[T], end: Callable[[T], Awaitable[object]]) -> T:
+    """What ``starting`` (a process being started) gives. Cancelled while
+    it forks, we let it finish and ``end`` what it gave: no process outlives
+    the one that asked for it."""
+    task = asyncio.ensure_future(starting)
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        def ended(done: asyncio.Future[T]) -> None:
+            if not done.cancelled() and done.exception() is None and done.result() is not None:
+                asyncio.ensure_future(end(done.result()))
+        task.add_done_callback(ended)
+        raise
+
 
 class RunnerFailed(Exception):
     """A runner that did not come up or went away; reason says how, with
@@ -291,6 +310,9 @@ class RunnerProcess:
             self.confinement.release()
         if self.shm_channel is not None:
             self.shm_channel.close()
-        if self.slot is not None:
+        if self.slot is not None:   # a walk of the model's tree: not on the loop
             slot, self.slot = self.slot, None
-            remove_tree(slot)   # directories and hardlinks only: no bytes to free
+            try:
+                asyncio.get_running_loop().run_in_executor(None, remove_tree, slot)
+            except RuntimeError:   # no loop: closed at interpreter exit
+                remove_tree(slot)

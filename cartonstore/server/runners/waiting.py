@@ -44,15 +44,23 @@ def slots_dir(run_dir: Path) -> Path:
     return run_dir.parent / SLOTS
 
 
-def ensure_slots_dir(run_dir: Path) -> Path:
-    """Create the slots' directory, empty: a slot left by a daemon that died is removed."""
+def ensure_slots_dir(run_dir: Path) -> list[Path]:
+    """Create the slots' directory; remove the slots a daemon that is gone
+    left (several daemons may share one store: a slot is named for its
+    daemon's pid, and a live daemon's are left alone). Returns those removed."""
     path = slots_dir(run_dir)
     path.mkdir(mode=0o711, parents=True, exist_ok=True)
     os.chmod(path, 0o711)
+    # <root>/run is the daemon's: a runner of another user must pass through it to its slot
     os.chmod(path.parent, os.stat(path.parent).st_mode & 0o7777 | 0o111)
-    for stale in path.iterdir():
-        remove_tree(stale)
-    return path
+    removed = []
+    for slot in path.iterdir():
+        owner = slot.name.split("-", 1)[0]
+        if owner.isdigit() and int(owner) != os.getpid() and Path(f"/proc/{owner}").exists():
+            continue
+        remove_tree(slot)
+        removed.append(slot)
+    return removed
 
 
 def with_model_dir(spec: InstanceSpec, model_dir: Path) -> InstanceSpec:
@@ -111,7 +119,8 @@ async def start_waiting(spec: InstanceSpec, label: str, stderr_lines: int, *,
 
 
 def new_slot(run_dir: Path, label: str) -> Path:
-    return slots_dir(run_dir) / f"{label[:60]}-{secrets.token_hex(4)}"
+    """A slot's path, named for this daemon (ensure_slots_dir) and the runner."""
+    return slots_dir(run_dir) / f"{os.getpid()}-{label[:60]}-{secrets.token_hex(4)}"
 
 
 async def hand_model(waiting: WaitingRunner, spec: InstanceSpec, arena_fd: int | None, label: str) -> RunnerProcess:
