@@ -19,9 +19,10 @@ reason as its last stderr line. A whole runner::
 
 ``inputs`` maps input names to numpy arrays (BYTES as object arrays of
 bytes); ``infer`` returns arrays by output name (str or bytes arrays go back
-as BYTES), or an ``InferResult`` to add response parameters. It runs in a
-worker thread, one call at a time unless [runner.opts] max_concurrency
-allows more. ``ctx`` (a RunnerContext) carries the model directory, the
+as BYTES), or an ``InferResult`` to add response parameters. It runs in
+the server's thread for the connection that brought the request (the
+daemon keeps one per request it has in flight), one call at a time unless
+[runner.opts] max_concurrency allows more. ``ctx`` (a RunnerContext) carries the model directory, the
 options, the devices and the carton's declared inputs and outputs; raise
 ``LoadError`` from the loader to refuse a model with a clear reason.
 

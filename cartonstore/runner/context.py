@@ -131,8 +131,9 @@ InferOutput = Union[Mapping[str, Any], InferResult]
 
 @runtime_checkable
 class Model(Protocol):
-    """A loaded model. ``infer`` runs in a worker thread (one call at a
-    time unless opts max_concurrency says more); it returns arrays (or
+    """A loaded model. ``infer`` runs in the thread that read the request
+    (one call at a time unless opts max_concurrency says more; not always
+    the same thread: keep no per-thread state between calls); it returns arrays (or
     anything np.asarray takes) by output name. str/bytes/object arrays are
     sent as BYTES."""
 

@@ -130,8 +130,8 @@ def run_and_encode(
     queued_ns: int,
     regions: MappedRegions | None = None,
 ) -> tuple[BodyParts, int | None]:
-    """Call the model and encode its answer (runs in a worker thread:
-    encoding JSON or BYTES outputs is CPU work too). Outputs requested in
+    """Call the model and encode its answer (runs in the thread that read
+    the request, as the model does). Outputs requested in
     shared memory are written into ``regions``; RegionTooSmall when one
     does not fit. ``timing`` gets the queue, model and encoding times."""
     started = time.monotonic_ns()

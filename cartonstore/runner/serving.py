@@ -1,20 +1,17 @@
 """main() and serve(): load a model, listen on the Unix socket, stop
 gracefully on SIGTERM (finish what is in flight, then exit 0).
 
-The HTTP server (aiohttp, rest.py) is imported in a thread while the model
-loads: aiohttp's import alone takes about 0.2 s (it builds TLS contexts),
-a third of a small model's time to ready, and a model's load mostly runs
-in C (onnxruntime, torch) without the GIL."""
+The server (http_server.py, rest.py) is the standard library's sockets and
+threads: nothing to import while the model loads (aiohttp, which runners
+used before, took about 0.2 s)."""
 
 from __future__ import annotations
 
-import asyncio
-import importlib
+import functools
 import os
 import signal
 import socket
 import sys
-import threading
 from pathlib import Path
 from typing import Callable
 
@@ -26,8 +23,10 @@ from cartonstore.v2.shm_params import ARENA_FD_ENV
 
 from .args import parse_runner_args
 from .context import LoadError, Model, RunnerContext
+from .http_server import HttpServer
 from .lifecycle import describe_load_exception, die_with_parent, fail_load
 from .model_channel import MODEL_CHANNEL_ENV, WARM_DEVICES_ENV, ChannelError, receive_model
+from .rest import RunnerState, handle
 
 
 def bind_unix_socket(path: Path) -> socket.socket:
@@ -40,38 +39,27 @@ def bind_unix_socket(path: Path) -> socket.socket:
         raise LoadError(f"cannot listen on {path}: {e}") from None
 
 
-async def _serve(model: Model, ctx: RunnerContext, max_concurrency: int) -> None:
-    from aiohttp import web
-
-    from .rest import RunnerState, build_app
-
+def _serve(model: Model, ctx: RunnerContext, max_concurrency: int) -> None:
     state = RunnerState(model, ctx, max_concurrency)
-    runner = web.AppRunner(build_app(state), handle_signals=False, access_log=None)
-    await runner.setup()
     settle_heap()   # the model is loaded: before the socket answers, not during the first requests
     # A sandboxed runner is handed its socket, bound by the daemon (LISTEN_FDS,
     # as systemd passes them): it has no right to the directory it lives in.
     inherited = inherited_sockets()
-    try:
-        sock = inherited[0] if inherited else bind_unix_socket(ctx.socket_path)
-        site = web.SockSite(runner, sock)
-        await site.start()
-    except BaseException:
-        await runner.cleanup()
-        raise
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
+    sock = inherited[0] if inherited else bind_unix_socket(ctx.socket_path)
+    server = HttpServer(sock, functools.partial(handle, state))
+
+    def stop(signum: int, frame: object) -> None:
+        state.draining = True   # new infers get 503 from here on
+        server.stop()
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+        signal.signal(sig, stop)
     print(f"cartonstore runner: model {ctx.name} version {ctx.version} ready on {ctx.socket_path} "
           f"(pid {os.getpid()})", file=sys.stderr, flush=True)
-    await stop.wait()
-    # New infers get 503 from here on; the ones in flight finish and are
-    # answered before the socket closes.
-    state.draining = True
-    await state.wait_idle()
-    await runner.cleanup()
-    state.executor.shutdown(wait=True)
+    server.serve()
+    # the ones in flight finish and are answered before the connections close
+    server.drain()
+    sock.close()
     if not inherited:   # a socket handed over is the daemon's to remove
         try:
             os.unlink(ctx.socket_path)
@@ -86,7 +74,7 @@ def serve(model: Model, ctx: RunnerContext) -> None:
     try:
         max_concurrency = ctx.opt_int("max_concurrency", 1, minimum=1)
         assert max_concurrency is not None
-        asyncio.run(_serve(model, ctx, max_concurrency))
+        _serve(model, ctx, max_concurrency)
     except LoadError as exc:
         fail_load(str(exc))
 
@@ -115,13 +103,6 @@ def main(load: Callable[[RunnerContext], Model], argv: list[str] | None = None, 
     die_with_parent()
     keep_big_buffers()
     prog = None if argv is not None else os.path.basename(sys.argv[0])
-    failed: list[BaseException] = []
-    server_imports = threading.Thread(target=_import_server, args=(failed,), name="import-server", daemon=True)
-    server_imports.start()
-    # a model that forks while it loads (multiprocessing) does so once the import is done: a child
-    # must not inherit import locks that thread holds
-    os.register_at_fork(before=lambda: server_imports.join() if threading.current_thread() is not server_imports
-                        else None)
     if argv is None and (channel := os.environ.pop(MODEL_CHANNEL_ENV, None)) is not None:
         argv = await_model(channel, warm)
     try:
@@ -129,9 +110,6 @@ def main(load: Callable[[RunnerContext], Model], argv: list[str] | None = None, 
     except LoadError as exc:
         fail_load(str(exc))
     model = load_model(load, ctx)
-    server_imports.join()
-    if failed:
-        fail_load(f"cannot import the runner's HTTP server: {type(failed[0]).__name__}: {failed[0]}")
     serve(model, ctx)
 
 
@@ -161,9 +139,3 @@ def await_model(channel_fd: str, warm: Callable[[list[str]], None] | None) -> li
             os.close(fd)
     return message.argv if message.argv is not None else sys.argv[1:]
 
-
-def _import_server(failed: list[BaseException]) -> None:
-    try:
-        importlib.import_module("cartonstore.runner.rest")
-    except BaseException as e:  # noqa: BLE001 - reported by main() once the model is loaded
-        failed.append(e)

@@ -6,8 +6,10 @@ runner keeps and reuses: a copy from pageable memory is staged by the
 driver through a small pinned bounce buffer, synchronously, at a fraction
 of the bus's speed (7 GiB/s against 51 GiB/s on an H100; bench_gpu_staging.py
 measures it), and allocating pinned memory per request costs more than
-the copy. Each model thread has its own buffers (the runner SDK may run a
-model on several), one per input name, grown to the largest tensor seen.
+the copy. Buffers are kept per input name, grown to the largest tensor
+seen: a call takes one from its name's free list and gives it back, so a
+runner holds as many per name as it ran calls at once (max_concurrency),
+whichever threads ran them.
 A big input is copied into its buffer by several threads, chunk by chunk,
 and each chunk goes to the device while the next ones are copied.
 
@@ -52,7 +54,8 @@ class TensorStaging:
         self._torch = torch
         self._device = device
         self._pinned = pinned and device.startswith("cuda")
-        self._local = threading.local()
+        self._free: dict[str, list[tuple[Any, Any]]] = {}   # name -> (pinned buffer, its last copy's event)
+        self._free_lock = threading.Lock()
 
     def to_device(self, array: np.ndarray, name: str) -> Any:
         """A tensor on the device with ``array``'s values (C order, any alignment)."""
@@ -70,19 +73,19 @@ class TensorStaging:
         return tensor.view(torch.bfloat16) if bf16 else tensor
 
     def _staged(self, array: np.ndarray, name: str) -> Any:
-        """``array`` on the device, through this thread's pinned buffer for
-        ``name``: copied into it in chunks by the copy pool (numpy's copy lets
+        """``array`` on the device, through a pinned buffer for ``name``: copied into it in chunks by the copy pool (numpy's copy lets
         go of the GIL: one thread's memcpy is a fraction of the memory's
         bandwidth), each chunk sent to the device as soon as it is in (the
         bus works while the next chunks are copied)."""
         torch = self._torch
-        buffers: dict[str, Any] = self._local.__dict__.setdefault("buffers", {})
         nbytes = array.nbytes
-        buffer, sent = buffers.get(name, (None, None))
+        with self._free_lock:
+            free = self._free.get(name)
+            buffer, sent = free.pop() if free else (None, None)
         if sent is not None:
             sent.synchronize()   # the last copy from it is done (a model's outputs need not have waited for it)
         if buffer is None or buffer.numel() < nbytes:
-            buffers[name] = (None, None)   # the old one goes first: page-locked memory is scarce
+            buffer = sent = None   # the old one goes first: page-locked memory is scarce
             buffer = torch.empty(max(nbytes, 1), dtype=torch.uint8, pin_memory=True)
         host, source = buffer[:nbytes], np.ascontiguousarray(array).reshape(-1).view(np.uint8)
         pinned_view = host.numpy()
@@ -103,7 +106,8 @@ class TensorStaging:
             wait(copies)
             sent = torch.cuda.Event()
             sent.record()
-            buffers[name] = (buffer, sent)
+            with self._free_lock:
+                self._free.setdefault(name, []).append((buffer, sent))
         dtype = torch.from_numpy(np.empty(0, array.dtype)).dtype
         return device.view(dtype).view(array.shape)
 

@@ -234,6 +234,19 @@ def test_wrong_model_name_version_or_path_is_404_json(runner: Path) -> None:
         assert status == 404 and "error" in json.loads(body), path
 
 
+def test_a_route_asked_with_the_wrong_method_is_405_naming_the_one_it_takes(runner: Path) -> None:
+    for method, path, allowed in [("GET", "/v2/models/dbl/infer", "POST"), ("POST", "/v2/health/ready", "GET"),
+                                  ("DELETE", "/v2/models/dbl", "GET"),
+                                  ("GET", "/v2/systemsharedmemory/region/r/register", "POST")]:
+        status, headers, body = unix_request(runner, method, path, b"{}" if method == "POST" else None)
+        assert (status, headers.get("Allow")) == (405, allowed), path
+        assert json.loads(body) == {"error": f"{path} takes {allowed}, not {method}"}
+
+
+def test_a_percent_encoded_model_name_is_the_model_s(runner: Path) -> None:
+    assert unix_get(runner, "/v2/models/%64bl/versions/%37/ready")[0] == 200
+
+
 def test_model_exception_is_500_and_the_runner_keeps_serving(runner: Path) -> None:
     parts, header_length = encode_infer_request({"x": np.ones(1, np.float32)}, parameters={"raise": True})
     status, _, body = post(runner, b"".join(parts), {HCL: str(header_length)})
@@ -461,14 +474,13 @@ def test_boolean_options_take_true_false_and_their_strings() -> None:
             ctx.opt_bool(key, True)
 
 
-def test_loading_a_runner_does_not_wait_for_the_http_server_import() -> None:
-    """aiohttp (about 0.2 s to import) is imported in a thread while the
-    model loads (serving.py): the runner modules themselves must not pull
-    it in."""
+def test_a_runner_never_imports_aiohttp() -> None:
+    """A runner's server is the standard library's sockets and threads
+    (http_server.py): aiohttp, about 0.2 s to import, is not loaded at all."""
     import subprocess
     import sys
 
-    code = ("import sys, cartonstore.runner.onnx, cartonstore.runner.python, cartonstore.runner.torchscript; "
-            "print('aiohttp' in sys.modules)")
+    code = ("import sys, cartonstore.runner.onnx, cartonstore.runner.python, cartonstore.runner.torchscript, "
+            "cartonstore.runner.serving, cartonstore.runner.rest; print('aiohttp' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert out.stdout.strip() == "False"

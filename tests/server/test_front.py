@@ -20,7 +20,7 @@ from kit.daemonkit import DaemonProcess, wait_for
 from kit.inferkit import echo_carton, runner_pids
 from test_infer_api import _load, runner_count
 
-from cartonstore.server.http.http1 import BadHead, for_one_request, parse_request_head, without_connection_close
+from cartonstore.v2.http1 import BadHead, for_one_request, parse_request_head, without_connection_close
 
 HL = "Inference-Header-Content-Length"
 

@@ -28,9 +28,9 @@ from cartonstore.server.api.bodies import content_coding, decoded_body, too_larg
 from cartonstore.server.api.infer import STREAM_ANSWER, InferAnswer, widen_send_buffer
 from cartonstore.server.tensors.arena import ArenaSlot
 from cartonstore.server.tensors.shm_regions import Peer, peer_of
+from cartonstore.v2.http1 import MAX_HEAD, BadHead, RequestHead, for_one_request, parse_request_head, response_head
 
 from .front_parts import LINGER, MAX_PENDING, ClientGone, Front, Mode, arena_slot, error_answer, fail, wake, with_length
-from .http1 import MAX_HEAD, BadHead, RequestHead, for_one_request, parse_request_head, response_head
 from .relay import RelayTransport
 from .routes import NativeRoute, native_route
 

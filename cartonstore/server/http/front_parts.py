@@ -15,8 +15,8 @@ from aiohttp import web
 from cartonstore.server.api.access import TcpAccess
 from cartonstore.server.api.infer import InferAnswer, arena_slot_for
 from cartonstore.server.tensors.arena import ArenaSlot
+from cartonstore.v2.http1 import RequestHead
 
-from .http1 import RequestHead
 from .routes import NativeRoute
 
 if TYPE_CHECKING:

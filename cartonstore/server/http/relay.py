@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Callable
 
-from .http1 import response_status, without_connection_close
+from cartonstore.v2.http1 import response_status, without_connection_close
 
 _INTERIM = range(100, 200)
 

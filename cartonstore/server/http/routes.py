@@ -25,8 +25,7 @@ if TYPE_CHECKING:
     from cartonstore.server.models.service import ModelService
     from cartonstore.server.tensors.arena import ArenaSlot
     from cartonstore.server.tensors.shm_regions import Peer
-
-    from .http1 import RequestHead
+    from cartonstore.v2.http1 import RequestHead
 
 _INFER = re.compile(r"^/v2/models/([^/%?]+)(?:/versions/([^/%?]+))?/infer$")
 _LEASE = re.compile(r"^/v1/leases(?:/([^/%?]+)(/renew)?)?$")

@@ -1,8 +1,10 @@
-"""HTTP/1.1 message heads, as the daemon's front connection reads and
-writes them (front.py). Pure: bytes in, values out; no sockets.
+"""HTTP/1.1 message heads, as the v2 REST protocol carries them: read and
+written by the daemon's front connection (server/http/front.py) and by the
+runner SDK's server (runner/http_server.py). Pure: bytes in, values out;
+no sockets.
 
-Only what the fast inference route needs is parsed into fields; the front
-hands every request it does not answer itself to aiohttp, head and all, so
+Only what those two need is parsed into fields (the daemon's front hands
+every request it does not answer itself to aiohttp, head and all), so
 nothing here has to cover the whole of RFC 9112.
 """
 

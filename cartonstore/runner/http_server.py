@@ -1,0 +1,290 @@
+"""The runner's HTTP/1.1 server: one thread per connection on blocking
+sockets, each request answered in the thread that read it.
+
+Why not aiohttp, what runners used before: one-row requests to a small
+ONNX model took 0.40 ms from the daemon's runner client against 0.15 ms
+here (2-core VM). aiohttp parses a request on the event loop, hands the
+model call to a worker thread and the answer back to the loop: two thread
+wake-ups and its own request and response objects per request. Here the
+thread that reads a request decodes it, runs the model and writes the
+answer, and a model that lets go of the GIL (onnxruntime, torch) runs on
+as many cores as there are requests (rest.py bounds it: max_concurrency).
+
+What it serves is what its one client, the daemon (or someone testing a
+runner by hand), sends: Content-Length or chunked bodies, keep-alive,
+pipelined requests answered in order, HTTP/1.0 (one request). Heads are
+parsed by cartonstore.v2.http1, the daemon's parser.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import socket
+import struct
+import sys
+import threading
+import time
+import traceback
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+from cartonstore.v2.http1 import MAX_HEAD, BadHead, RequestHead, parse_request_head, response_head
+
+MAX_CONNECTIONS = 512      # threads at once; past it a connection gets 503 (runners.max_processes counts threads too)
+KEEP_ALIVE = 75.0          # an idle connection is closed after this long (the daemon's client drops its own at 30 s)
+SOCKET_BUFFER = 4 << 20    # a 4 MiB answer leaves in one send
+RECV_CHUNK = 1 << 16
+_IOV_MAX = 1024            # buffers per sendmsg (Linux's UIO_MAXIOV)
+_TIMEVAL = struct.pack("@ll", int(KEEP_ALIVE), 0)
+
+
+@dataclass
+class Request:
+    method: str
+    path: str                 # without the query, still percent-encoded
+    headers: dict[str, str]   # lower-case names
+    body: memoryview          # writable: arrays decoded from it may be modified in place by the model
+
+
+@dataclass
+class Response:
+    status: int
+    headers: dict[str, str]
+    parts: Sequence[bytes | bytearray | memoryview] = ()
+
+
+Handler = Callable[[Request], Response]
+
+
+class _Closed(Exception):
+    """The peer closed (or reset) the connection, or it idled past KEEP_ALIVE."""
+
+
+class _Reader:
+    """Bytes of one connection: heads through a buffer, bodies received in place."""
+
+    def __init__(self, conn: socket.socket) -> None:
+        self.conn = conn
+        self.pending = bytearray()
+
+    def _recv(self) -> None:
+        try:
+            data = self.conn.recv(RECV_CHUNK)
+        except OSError:   # reset, or idle past KEEP_ALIVE (EAGAIN)
+            raise _Closed() from None
+        if not data:
+            raise _Closed()
+        self.pending += data
+
+    def head(self) -> bytes:
+        while True:
+            end = self.pending.find(b"\r\n\r\n")
+            if end >= 0:
+                head = bytes(self.pending[:end + 4])
+                del self.pending[:end + 4]
+                return head
+            if len(self.pending) > MAX_HEAD:
+                raise BadHead(431, f"request head longer than {MAX_HEAD} bytes")
+            self._recv()
+
+    def line(self) -> bytes:
+        while (end := self.pending.find(b"\r\n")) < 0:
+            if len(self.pending) > MAX_HEAD:
+                raise BadHead(400, "chunk size line too long")
+            self._recv()
+        line = bytes(self.pending[:end])
+        del self.pending[:end + 2]
+        return line
+
+    def exactly(self, size: int) -> bytearray:
+        """``size`` bytes in one bytearray: what is pending, the rest received straight into it."""
+        out = bytearray(size)
+        have = min(size, len(self.pending))
+        out[:have] = self.pending[:have]
+        del self.pending[:have]
+        view = memoryview(out)
+        while have < size:
+            try:
+                got = self.conn.recv_into(view[have:])
+            except OSError:
+                raise _Closed() from None
+            if not got:
+                raise _Closed()
+            have += got
+        return out
+
+    def body(self, head: RequestHead) -> bytearray:
+        length = head.content_length()
+        if length is not None:
+            return self.exactly(length)
+        coding = head.headers["transfer-encoding"].lower()
+        if coding != "chunked":
+            raise BadHead(501, f"Transfer-Encoding {coding!r} is not supported (only chunked)")
+        chunks = []
+        while True:
+            size_text = self.line().split(b";", 1)[0].strip()
+            try:
+                size = int(size_text, 16)
+            except ValueError:
+                raise BadHead(400, f"bad chunk size {size_text[:20]!r}") from None
+            if size == 0:
+                while self.line():
+                    pass   # trailers: none that matter here
+                return bytearray(b"".join(chunks))
+            chunks.append(self.exactly(size))
+            if self.exactly(2) != b"\r\n":
+                raise BadHead(400, "chunk not followed by CRLF")
+
+
+def send_all(conn: socket.socket, parts: Sequence[bytes | bytearray | memoryview]) -> None:
+    """Every byte of ``parts``, in order, without joining them (sendmsg
+    takes them as they are; a big tensor is never copied)."""
+    views = [memoryview(p).cast("B") for p in parts if len(p)]
+    while views:
+        sent = conn.sendmsg(views[:_IOV_MAX])
+        while views and sent >= len(views[0]):
+            sent -= len(views.pop(0))
+        if sent:
+            views[0] = views[0][sent:]
+
+
+def error_response(status: int, message: str) -> Response:
+    """An answer of ``{"error": message}``, as every v2 server's errors are."""
+    return Response(status, {"Content-Type": "application/json"}, [json.dumps({"error": message}).encode()])
+
+
+def _closing_error(status: int, message: str) -> bytes:
+    """An error answer for a connection that ends after it."""
+    (body,) = error_response(status, message).parts
+    return response_head(status, {"Content-Type": "application/json", "Content-Length": str(len(body))},
+                         close=True) + body
+
+
+class HttpServer:
+    """Serves ``handler`` on a listening socket until ``stop``; ``drain``
+    then waits for the requests being answered and closes every connection."""
+
+    def __init__(self, listener: socket.socket, handler: Handler) -> None:
+        self.listener = listener
+        self.handler = handler
+        self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self._lock = threading.Condition(threading.Lock())
+        self._connections: set[socket.socket] = set()
+        self._in_flight = 0
+        self._closed = False
+
+    def stop(self) -> None:
+        """Stop accepting (safe from a signal handler: it only writes a byte)."""
+        try:
+            os.write(self._wake_w, b"x")
+        except OSError:   # already woken (the pipe is full), or drained and closed
+            pass
+
+    def serve(self) -> None:
+        """Accept connections until ``stop``; each gets a thread of its own."""
+        poller = select.poll()
+        poller.register(self.listener, select.POLLIN)
+        poller.register(self._wake_r, select.POLLIN)
+        self.listener.setblocking(False)
+        while True:
+            ready = {fd for fd, _ in poller.poll()}
+            if self._wake_r in ready:
+                return
+            try:
+                conn, _ = self.listener.accept()
+            except (BlockingIOError, InterruptedError):
+                continue
+            except OSError as exc:   # out of fds, for one: the connection waits in the backlog
+                print(f"cartonstore runner: accept failed: {exc}", file=sys.stderr, flush=True)
+                time.sleep(0.1)
+                continue
+            self._start(conn)
+
+    def _start(self, conn: socket.socket) -> None:
+        conn.setblocking(True)
+        with self._lock:
+            full = len(self._connections) >= MAX_CONNECTIONS
+            if not full:
+                self._connections.add(conn)
+        if not full:
+            try:
+                threading.Thread(target=self._connection, args=(conn,), name="runner-conn", daemon=True).start()
+                return
+            except RuntimeError:   # no thread to be had (pids.max, RLIMIT_NPROC)
+                with self._lock:
+                    self._connections.discard(conn)
+        try:
+            conn.sendall(_closing_error(503, f"the runner serves {len(self._connections)} connections at once, "
+                                              "the most it can; retry on an open one"))
+        except OSError:
+            pass
+        conn.close()
+
+    def _connection(self, conn: socket.socket) -> None:
+        for option in (socket.SO_SNDBUF, socket.SO_RCVBUF):
+            conn.setsockopt(socket.SOL_SOCKET, option, SOCKET_BUFFER)
+        # The kernel's timeouts, not Python's settimeout(), which polls before every recv (about 20 us a request)
+        for option in (socket.SO_RCVTIMEO, socket.SO_SNDTIMEO):
+            conn.setsockopt(socket.SOL_SOCKET, option, _TIMEVAL)
+        reader = _Reader(conn)
+        try:
+            while self._one_request(conn, reader):
+                pass
+        except _Closed:
+            pass
+        except BadHead as exc:
+            try:
+                conn.sendall(_closing_error(exc.status, str(exc)))
+            except OSError:
+                pass
+        finally:
+            with self._lock:
+                self._connections.discard(conn)
+            conn.close()
+
+    def _one_request(self, conn: socket.socket, reader: _Reader) -> bool:
+        """Read, answer; whether the connection goes on."""
+        head = parse_request_head(reader.head())
+        with self._lock:
+            if self._closed:
+                return False
+            self._in_flight += 1
+        try:
+            if "100-continue" in head.headers.get("expect", "").lower():
+                conn.sendall(b"HTTP/1.1 100 Continue\r\n\r\n")
+            body = memoryview(reader.body(head))
+            try:
+                response = self.handler(Request(head.method, head.path, head.headers, body))
+            except Exception as exc:  # noqa: BLE001 - a bug in a handler answers 500, the runner serves on
+                traceback.print_exc(file=sys.stderr)
+                response = error_response(500, f"{type(exc).__name__}: {exc}")
+            keep = head.keep_alive
+            size = sum(memoryview(p).nbytes for p in response.parts)
+            headers = {**response.headers, "Content-Length": str(size)}
+            try:
+                send_all(conn, [response_head(response.status, headers, close=not keep), *response.parts])
+            except OSError:
+                raise _Closed() from None
+            return keep
+        finally:
+            with self._lock:
+                self._in_flight -= 1
+                if self._in_flight == 0:
+                    self._lock.notify_all()
+
+    def drain(self) -> None:
+        """Wait until no request is being answered, then close every
+        connection (their threads end) and the wake pipe."""
+        with self._lock:
+            self._lock.wait_for(lambda: self._in_flight == 0)
+            self._closed = True
+            connections = list(self._connections)
+        for conn in connections:
+            try:
+                conn.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        os.close(self._wake_r)
+        os.close(self._wake_w)
