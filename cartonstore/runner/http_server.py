@@ -36,6 +36,7 @@ MAX_CONNECTIONS = 512      # threads at once; past it a connection gets 503 (run
 KEEP_ALIVE = 75.0          # an idle connection is closed after this long (the daemon's client drops its own at 30 s)
 SOCKET_BUFFER = 4 << 20    # a 4 MiB answer leaves in one send
 RECV_CHUNK = 1 << 16
+DRAIN_JOIN = 5.0           # seconds to wait for each connection's thread once its socket is shut down
 _IOV_MAX = 1024            # buffers per sendmsg (Linux's UIO_MAXIOV)
 _TIMEVAL = struct.pack("@ll", int(KEEP_ALIVE), 0)
 
@@ -172,6 +173,7 @@ class HttpServer:
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self._lock = threading.Condition(threading.Lock())
         self._connections: set[socket.socket] = set()
+        self._threads: set[threading.Thread] = set()
         self._in_flight = 0
         self._closed = False
 
@@ -209,15 +211,21 @@ class HttpServer:
             if not full:
                 self._connections.add(conn)
         if not full:
+            thread = threading.Thread(target=self._connection, args=(conn,), name="runner-conn", daemon=True)
             try:
-                threading.Thread(target=self._connection, args=(conn,), name="runner-conn", daemon=True).start()
+                with self._lock:   # a thread that served its connection is dropped here, or joined by drain()
+                    self._threads = {t for t in self._threads if t.is_alive()}
+                    self._threads.add(thread)
+                thread.start()
                 return
             except RuntimeError:   # no thread to be had (pids.max, RLIMIT_NPROC)
                 with self._lock:
                     self._connections.discard(conn)
+                    self._threads.discard(thread)
         try:
-            conn.sendall(_closing_error(503, f"the runner serves {len(self._connections)} connections at once, "
-                                              "the most it can; retry on an open one"))
+            conn.sendall(_closing_error(503, f"the runner has {len(self._connections)} connections open and can "
+                                              "take no more (threads count against runners.max_processes); "
+                                              "retry later"))
         except OSError:
             pass
         conn.close()
@@ -276,15 +284,19 @@ class HttpServer:
 
     def drain(self) -> None:
         """Wait until no request is being answered, then close every
-        connection (their threads end) and the wake pipe."""
+        connection and wait for their threads to end (a thread that ran a
+        model and ends while the process exits may race the framework's own
+        teardown: torch aborted so), then close the wake pipe."""
         with self._lock:
             self._lock.wait_for(lambda: self._in_flight == 0)
             self._closed = True
-            connections = list(self._connections)
+            connections, threads = list(self._connections), list(self._threads)
         for conn in connections:
             try:
                 conn.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
+        for thread in threads:
+            thread.join(DRAIN_JOIN)
         os.close(self._wake_r)
         os.close(self._wake_w)

@@ -318,6 +318,14 @@ def stop_runner(proc: subprocess.Popen, sig: int = signal.SIGTERM, timeout: floa
     return proc.returncode, err or ""
 
 
+def stopped_cleanly(proc: subprocess.Popen) -> bool:
+    """stop_runner, which must end in exit status 0; else AssertionError
+    with the status and the runner's stderr (an abort at exit says why there)."""
+    status, err = stop_runner(proc)
+    assert status == 0, f"the runner exited with {status}; its stderr:\n{err[-3000:]}"
+    return True
+
+
 def runner_session(socket_path: Path, **kwargs: Any) -> aiohttp.ClientSession:
     """An aiohttp client session whose every request goes to the runner's
     Unix socket (URLs then need only a path: http://runner/v2/...)."""

@@ -27,6 +27,7 @@ from kit.runnerkit import (
     runner_argv,
     start_runner,
     stop_runner,
+    stopped_cleanly,
     unix_get,
     unix_request,
     wait_gone,
@@ -378,7 +379,7 @@ def test_stale_socket_is_replaced(doubler_dir: Path) -> None:
     try:
         wait_ready(stale, proc=proc)
     finally:
-        assert stop_runner(proc)[0] == 0
+        assert stopped_cleanly(proc)
 
 
 # -- pure parts -----------------------------------------------------------------
@@ -444,7 +445,7 @@ def test_the_documented_example_runs(doubler_dir: Path) -> None:
         _, out = infer(sock, {"x": np.array([1, 2], np.int32)}, path="/v2/models/ex/infer")
         assert out["y"].tolist() == [2, 4]
     finally:
-        assert stop_runner(proc)[0] == 0
+        assert stopped_cleanly(proc)
 
 
 def test_integer_options_from_triton_load_parameters_arrive_as_strings() -> None:

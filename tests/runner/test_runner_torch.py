@@ -21,6 +21,7 @@ from kit.runnerkit import (
     save_scripted,
     start_runner,
     stop_runner,
+    stopped_cleanly,
     wait_ready,
 )
 
@@ -86,7 +87,7 @@ def test_bf16_crosses_exactly_both_ways(model_dir: Path, base: Path, device: str
         np.testing.assert_array_equal(out["h2"].astype(np.float32)[finite], h.astype(np.float32)[finite] * 2)
         assert out["on_gpu"].tolist() == [int(device != "cpu")]
     finally:
-        assert stop_runner(proc)[0] == 0
+        assert stopped_cleanly(proc)
 
 
 @needs_cuda
@@ -104,7 +105,7 @@ def test_a_model_on_a_gpu_runs_there_for_inputs_of_every_size(model_dir: Path, b
             assert out["on_gpu"].tolist() == [1]
             np.testing.assert_array_equal(out["y"], x * 2 + 1)
     finally:
-        assert stop_runner(proc)[0] == 0
+        assert stopped_cleanly(proc)
 
 
 @pytest.mark.skipif(HAVE_CUDA, reason="CUDA is usable here (the refusal is tested with CUDA_VISIBLE_DEVICES='')")
@@ -160,4 +161,4 @@ def test_a_bfloat16_output_declared_float32_comes_back_float32(base: Path) -> No
         assert doc["outputs"][0]["datatype"] == "FP32"
         np.testing.assert_array_equal(out["y"], x.astype(_bf16([0]).dtype).astype(np.float32))
     finally:
-        assert stop_runner(proc)[0] == 0
+        assert stopped_cleanly(proc)

@@ -189,6 +189,11 @@ class FrontConnection(asyncio.BufferedProtocol):
             self._relay(head, length)
             return
         self.mode = Mode.BUSY
+        if length > len(self.pending):
+            # Until _serve runs (the loop's next turn) reads would land in pending, to be
+            # copied again into the body's buffer: up to MAX_PENDING of each big body.
+            # _read_body resumes reading into that buffer.
+            self.transport.pause_reading()
         self.front.track(asyncio.get_running_loop().create_task(self._serve(head, length, route)))
 
     async def _serve(self, head: RequestHead, length: int, route: NativeRoute) -> None:
