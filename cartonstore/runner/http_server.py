@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import select
 import socket
 import struct
@@ -36,9 +37,11 @@ MAX_CONNECTIONS = 512      # threads at once; past it a connection gets 503 (run
 KEEP_ALIVE = 75.0          # an idle connection is closed after this long (the daemon's client drops its own at 30 s)
 SOCKET_BUFFER = 4 << 20    # a 4 MiB answer leaves in one send
 RECV_CHUNK = 1 << 16
+DRAIN_POLL = 0.05          # while draining, connections that arrive are answered 503 this often
 DRAIN_JOIN = 5.0           # seconds to wait for each connection's thread once its socket is shut down
 _IOV_MAX = 1024            # buffers per sendmsg (Linux's UIO_MAXIOV)
 _TIMEVAL = struct.pack("@ll", int(KEEP_ALIVE), 0)
+_CHUNK_SIZE = re.compile(rb"[0-9A-Fa-f]{1,16}")
 
 
 @dataclass
@@ -47,6 +50,7 @@ class Request:
     path: str                 # without the query, still percent-encoded
     headers: dict[str, str]   # lower-case names
     body: memoryview          # writable: arrays decoded from it may be modified in place by the model
+    started_ns: int = 0       # time.monotonic_ns() when its head was read
 
 
 @dataclass
@@ -81,6 +85,8 @@ class _Reader:
 
     def head(self) -> bytes:
         while True:
+            while self.pending[:2] == b"\r\n":   # empty lines between requests are allowed (RFC 9112 2.2)
+                del self.pending[:2]
             end = self.pending.find(b"\r\n\r\n")
             if end >= 0:
                 head = bytes(self.pending[:end + 4])
@@ -101,7 +107,10 @@ class _Reader:
 
     def exactly(self, size: int) -> bytearray:
         """``size`` bytes in one bytearray: what is pending, the rest received straight into it."""
-        out = bytearray(size)
+        try:
+            out = bytearray(size)
+        except MemoryError:
+            raise BadHead(413, f"a body of {size} bytes does not fit in this runner's memory") from None
         have = min(size, len(self.pending))
         out[:have] = self.pending[:have]
         del self.pending[:have]
@@ -126,10 +135,9 @@ class _Reader:
         chunks = []
         while True:
             size_text = self.line().split(b";", 1)[0].strip()
-            try:
-                size = int(size_text, 16)
-            except ValueError:
-                raise BadHead(400, f"bad chunk size {size_text[:20]!r}") from None
+            if not _CHUNK_SIZE.fullmatch(size_text):   # int() would take "-5", "0x5" or "5_0"
+                raise BadHead(400, f"bad chunk size {size_text[:20]!r}")
+            size = int(size_text, 16)
             if size == 0:
                 while self.line():
                     pass   # trailers: none that matter here
@@ -137,6 +145,14 @@ class _Reader:
             chunks.append(self.exactly(size))
             if self.exactly(2) != b"\r\n":
                 raise BadHead(400, "chunk not followed by CRLF")
+
+
+def _send(conn: socket.socket, *parts: bytes | bytearray | memoryview) -> None:
+    """send_all, a connection that fails as _Closed."""
+    try:
+        send_all(conn, parts)
+    except OSError:
+        raise _Closed() from None
 
 
 def send_all(conn: socket.socket, parts: Sequence[bytes | bytearray | memoryview]) -> None:
@@ -175,13 +191,19 @@ class HttpServer:
         self._connections: set[socket.socket] = set()
         self._threads: set[threading.Thread] = set()
         self._in_flight = 0
-        self._closed = False
+        self._stopping = False   # stop() was called: new requests get 503 and their connection closes
+        self._closed = False     # drained: connections are being shut down
 
     def stop(self) -> None:
-        """Stop accepting (safe from a signal handler: it only writes a byte)."""
+        """Stop taking requests: serve() returns, and each request read from
+        here on is answered 503. Safe from a signal handler (which runs in the
+        main thread, as drain() does: the fd it writes is never a closed one)."""
+        self._stopping = True
+        if self._wake_w < 0:
+            return
         try:
             os.write(self._wake_w, b"x")
-        except OSError:   # already woken (the pipe is full), or drained and closed
+        except OSError:   # already woken (the pipe is full)
             pass
 
     def serve(self) -> None:
@@ -247,6 +269,8 @@ class HttpServer:
                 conn.sendall(_closing_error(exc.status, str(exc)))
             except OSError:
                 pass
+        except Exception:  # noqa: BLE001 - a bug: said on stderr, this connection ends, the runner serves on
+            traceback.print_exc(file=sys.stderr)
         finally:
             with self._lock:
                 self._connections.discard(conn)
@@ -255,26 +279,31 @@ class HttpServer:
     def _one_request(self, conn: socket.socket, reader: _Reader) -> bool:
         """Read, answer; whether the connection goes on."""
         head = parse_request_head(reader.head())
+        started = time.monotonic_ns()
         with self._lock:
-            if self._closed:
-                return False
-            self._in_flight += 1
+            counted = not self._stopping and not self._closed
+            if counted:
+                self._in_flight += 1
+        if not counted:
+            _send(conn, _closing_error(503, "the runner is stopping"))
+            return False
         try:
-            if "100-continue" in head.headers.get("expect", "").lower():
-                conn.sendall(b"HTTP/1.1 100 Continue\r\n\r\n")
+            if head.version != "1.0" and "100-continue" in head.headers.get("expect", "").lower():
+                _send(conn, b"HTTP/1.1 100 Continue\r\n\r\n")
             body = memoryview(reader.body(head))
+            # HEAD is GET without the body, as aiohttp's GET routes answered it
+            method = "GET" if head.method == "HEAD" else head.method
             try:
-                response = self.handler(Request(head.method, head.path, head.headers, body))
+                response = self.handler(Request(method, head.path, head.headers, body, started))
+                size = sum(memoryview(p).nbytes for p in response.parts)
             except Exception as exc:  # noqa: BLE001 - a bug in a handler answers 500, the runner serves on
                 traceback.print_exc(file=sys.stderr)
                 response = error_response(500, f"{type(exc).__name__}: {exc}")
+                size = sum(len(p) for p in response.parts)
             keep = head.keep_alive
-            size = sum(memoryview(p).nbytes for p in response.parts)
             headers = {**response.headers, "Content-Length": str(size)}
-            try:
-                send_all(conn, [response_head(response.status, headers, close=not keep), *response.parts])
-            except OSError:
-                raise _Closed() from None
+            parts = () if head.method == "HEAD" else response.parts
+            _send(conn, response_head(response.status, headers, close=not keep), *parts)
             return keep
         finally:
             with self._lock:
@@ -287,10 +316,14 @@ class HttpServer:
         connection and wait for their threads to end (a thread that ran a
         model and ends while the process exits may race the framework's own
         teardown: torch aborted so), then close the wake pipe."""
-        with self._lock:
-            self._lock.wait_for(lambda: self._in_flight == 0)
-            self._closed = True
-            connections, threads = list(self._connections), list(self._threads)
+        self._stopping = True
+        while True:
+            with self._lock:
+                if self._lock.wait_for(lambda: self._in_flight == 0, DRAIN_POLL):
+                    self._closed = True
+                    connections, threads = list(self._connections), list(self._threads)
+                    break
+            self._refuse_arrivals()
         for conn in connections:
             try:
                 conn.shutdown(socket.SHUT_RDWR)
@@ -298,5 +331,22 @@ class HttpServer:
                 pass
         for thread in threads:
             thread.join(DRAIN_JOIN)
+        self._refuse_arrivals()
+        wake_w, self._wake_w = self._wake_w, -1
         os.close(self._wake_r)
-        os.close(self._wake_w)
+        os.close(wake_w)
+
+    def _refuse_arrivals(self) -> None:
+        """Answer the connections waiting to be accepted 503, as a stopping server does."""
+        self.listener.setblocking(False)
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:   # none waiting (the listener is non-blocking once served), or it is closed
+                return
+            with conn:
+                conn.setblocking(True)
+                try:
+                    conn.sendall(_closing_error(503, "the runner is stopping"))
+                except OSError:
+                    pass

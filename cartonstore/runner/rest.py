@@ -144,7 +144,7 @@ def _metadata(ctx: RunnerContext) -> Response:
 def _infer(state: RunnerState, request: Request) -> Response:
     if state.draining:
         return error_response(503, "the runner is stopping")
-    started = time.monotonic_ns()
+    started = request.started_ns or time.monotonic_ns()   # from its head: the body's receiving counts
     timing = RequestTiming()
     try:
         header_length = header_length_of(request.headers.get(HEADER_LENGTH.lower()))

@@ -52,13 +52,16 @@ def _serve(model: Model, ctx: RunnerContext, max_concurrency: int) -> None:
         state.draining = True   # new infers get 503 from here on
         server.stop()
 
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, stop)
-    print(f"cartonstore runner: model {ctx.name} version {ctx.version} ready on {ctx.socket_path} "
-          f"(pid {os.getpid()})", file=sys.stderr, flush=True)
-    server.serve()
-    # the ones in flight finish and are answered before the connections close
-    server.drain()
+    before = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        print(f"cartonstore runner: model {ctx.name} version {ctx.version} ready on {ctx.socket_path} "
+              f"(pid {os.getpid()})", file=sys.stderr, flush=True)
+        server.serve()
+        # the ones in flight finish and are answered before the connections close
+        server.drain()
+    finally:
+        for sig, handler in before.items():   # serve() is public: its caller's handlers come back
+            signal.signal(sig, handler)
     sock.close()
     if not inherited:   # a socket handed over is the daemon's to remove
         try:

@@ -24,6 +24,8 @@ def echo(request: Request) -> Response:
         raise KeyError("asked to raise")
     if request.path == "/sleep":
         time.sleep(float(bytes(request.body)))
+    if request.path == "/bad-parts":
+        return Response(200, {}, [123])   # type: ignore[list-item]  # not a buffer: a handler's bug
     if request.path == "/double-in-place":   # the body is writable
         request.body[:] = bytes(b * 2 % 256 for b in request.body)
     head = f"{request.method} {request.path} {len(request.body)}\n".encode()
@@ -142,6 +144,24 @@ def test_chunked_and_100_continue_bodies(running: Running) -> None:
     conn.sendall(b"ok")
     assert read_answer(conn, pending)[2] == b"POST /e 2\nok"
     conn.close()
+    old, pending = running.connect(), bytearray()   # HTTP/1.0 has no 100 Continue (RFC 9110 10.1.1)
+    old.sendall(b"POST /e HTTP/1.0\r\nContent-Length: 2\r\nExpect: 100-continue\r\n\r\nok")
+    assert read_answer(old, pending)[:3:2] == (200, b"POST /e 2\nok")
+    old.close()
+
+
+def test_head_is_get_without_the_body_and_empty_lines_between_requests_are_skipped(running: Running) -> None:
+    conn = running.connect()
+    conn.sendall(b"HEAD /h HTTP/1.1\r\nHost: r\r\n\r\n" + b"\r\n\r\n" + request("GET", "/after"))
+    data = bytearray()
+    while data.count(b"\r\n\r\n") < 2:
+        data += conn.recv(65536)
+    first = data.index(b"\r\n\r\n") + 4
+    head, rest = bytes(data[:first]).decode(), data[first:]
+    assert head.startswith("HTTP/1.1 200 ") and f"Content-Length: {len(b'GET /h 0')+1}\r\n" in head
+    assert rest.startswith(b"HTTP/1.1 200 OK\r\n")   # no body came between the two
+    assert read_answer(conn, rest)[2] == b"GET /after 0\n"
+    conn.close()
 
 
 def test_http_1_0_and_connection_close_end_the_connection_after_one_answer(running: Running) -> None:
@@ -160,6 +180,8 @@ def test_http_1_0_and_connection_close_end_the_connection_after_one_answer(runni
     (b"POST / HTTP/1.1\r\nContent-Length: ten\r\n\r\n", 400, "Content-Length 'ten' is not a length"),
     (b"POST / HTTP/1.1\r\nTransfer-Encoding: gzip\r\n\r\n", 501, "Transfer-Encoding 'gzip' is not supported"),
     (b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", 400, "bad chunk size"),
+    (b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n-5\r\n", 400, "bad chunk size b'-5'"),
+    (b"POST / HTTP/1.1\r\nContent-Length: 999999999999999999\r\n\r\n", 413, "does not fit in this runner's memory"),
     (b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nabXY", 400, "chunk not followed by CRLF"),
     (b"GET / HTTP/1.1\r\nX: " + b"a" * (http_server.MAX_HEAD + 10), 431, "request head longer than"),
 ])
@@ -182,13 +204,17 @@ def test_a_handler_that_raises_answers_500_and_the_connection_goes_on(running: R
     conn.sendall(request("GET", "/raise"))
     status, _, body = read_answer(conn, pending)
     assert status == 500 and json.loads(body) == {"error": "KeyError: 'asked to raise'"}
+    conn.sendall(request("GET", "/bad-parts"))
+    status, _, body = read_answer(conn, pending)
+    assert status == 500 and json.loads(body)["error"].startswith("TypeError")
     conn.sendall(request("GET", "/after"))
     assert read_answer(conn, pending)[2] == b"GET /after 0\n"
     conn.close()
 
 
 def test_a_client_gone_mid_body_or_mid_head_leaves_the_server_serving(running: Running) -> None:
-    for partial in (b"POST /x HTTP/1.1\r\nContent-Length: 100\r\n\r\nabc", b"GET /x HTT"):
+    for partial in (b"POST /x HTTP/1.1\r\nContent-Length: 100\r\n\r\nabc", b"GET /x HTT",
+                    b"POST /x HTTP/1.1\r\nContent-Length: 100\r\nExpect: 100-continue\r\n\r\n"):
         conn = running.connect()
         conn.sendall(partial)
         conn.close()
@@ -232,10 +258,24 @@ def test_drain_answers_the_request_in_flight_then_closes_idle_connections(tmp_pa
     busy, pending = r.connect(), bytearray()
     busy.sendall(request("POST", "/sleep", b"0.5"))
     time.sleep(0.1)
+    late_answers: list[int] = []
+
+    def arrive_while_draining() -> None:   # on an open connection, and on a new one
+        time.sleep(0.15)
+        idle.sendall(request("GET", "/late"))
+        late_answers.append(read_answer(idle, idle_pending)[0])
+        newcomer = r.connect()
+        late_answers.append(read_answer(newcomer, bytearray())[0])
+        newcomer.close()
+
+    late = threading.Thread(target=arrive_while_draining)
+    late.start()
     started = time.monotonic()
     r.stop()   # returns once the slow answer is written
     assert time.monotonic() - started >= 0.3
+    late.join(5)
     assert read_answer(busy, pending)[::2] == (200, b"POST /sleep 3\n0.5")
+    assert late_answers == [503, 503]
     assert closed(busy) and closed(idle)
     r.listener.close()
     busy.close()

@@ -395,10 +395,12 @@ def test_a_caller_going_around_the_relay_is_refused(served: DaemonProcess) -> No
     is refused."""
     import stat
 
+    # this module's daemon's only: another test's daemon may be stopping, its socket gone between two reads
+    mine = f"/cartonstore-grpc-{served.proc.pid}-"
     paths = {line.split()[-1] for line in Path("/proc/net/unix").read_text().splitlines()[1:]
-             if "/cartonstore-grpc-" in line.split()[-1] and line.split()[-1].endswith("/grpc.sock")}
-    assert paths, "no gRPC server socket found in /proc/net/unix"
-    for path in paths:   # this module's daemon, and any other test's
+             if mine in line.split()[-1] and line.split()[-1].endswith("/grpc.sock")}
+    assert paths, f"no gRPC server socket of pid {served.proc.pid} found in /proc/net/unix"
+    for path in paths:
         directory = os.stat(os.path.dirname(path))
         assert stat.S_IMODE(directory.st_mode) == 0o700 and directory.st_uid == os.getuid()
         c = tg.InferenceServerClient(f"unix://{path}")
