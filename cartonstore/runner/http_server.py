@@ -2,8 +2,8 @@
 sockets, each request answered in the thread that read it.
 
 Why not aiohttp, what runners used before: one-row requests to a small
-ONNX model took 0.40 ms from the daemon's runner client against 0.15 ms
-here (2-core VM). aiohttp parses a request on the event loop, hands the
+ONNX model took 0.40 ms from the daemon's runner client against 0.22 ms
+here (2-core VM, p50). aiohttp parses a request on the event loop, hands the
 model call to a worker thread and the answer back to the loop: two thread
 wake-ups and its own request and response objects per request. Here the
 thread that reads a request decodes it, runs the model and writes the

@@ -20,7 +20,9 @@ throughput >= 3x plain; batched p99 <= max_queue_delay + 2x one batch's
 compute. Back to back, 64 clients keep the daemon saturated, so their
 latency is 64 / throughput whatever the batching (Little's law); the p99
 is also measured paced, the same clients sending on a fixed schedule at
-half the batched throughput.
+half the batched throughput, and so is its floor: the same paced clients
+against a bare uvloop + aiohttp server that answers at once, no model (what
+the load generator and the machine's scheduling add by themselves).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import argparse
 import asyncio
 import json
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -46,6 +49,23 @@ from kit.runnerkit import carton_toml  # noqa: E402
 from cartonstore.v2.encode import encode_infer_request  # noqa: E402
 
 WIDTH, OUT = 256, 16
+
+# The paced p99's floor: answers every POST at once with 16 floats, no model.
+INSTANT = r'''
+import sys, uvloop
+from aiohttp import web
+body = bytes(64)
+
+async def answer(request):
+    await request.read()
+    return web.Response(body=body, content_type="application/octet-stream")
+
+app = web.Application()
+app.router.add_post("/{tail:.*}", answer)
+uvloop.install()
+web.run_app(app, host="127.0.0.1", port=int(sys.argv[1]), print=lambda *a: print("ready", flush=True),
+            access_log=None)
+'''
 
 
 def mlp_carton(dest: Path, hidden: int) -> Path:
@@ -125,6 +145,14 @@ async def drive(host_port: str, model: str, clients: int, seconds: float,
     return len(latencies) / took, latencies
 
 
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--clients", type=int, default=64)
@@ -158,6 +186,14 @@ def main() -> None:
             status, stats = call(d, "GET", "/v2/models/batched/stats")
         finally:
             d.stop()
+        port = free_port()
+        instant = subprocess.Popen([sys.executable, "-c", INSTANT, str(port)], stdout=subprocess.PIPE, text=True)
+        try:
+            assert instant.stdout.readline().strip() == "ready"
+            floor = asyncio.run(drive(f"127.0.0.1:{port}", "instant", args.clients, args.seconds, paced_rate))
+        finally:
+            instant.terminate()
+            instant.wait()
     print(f"MLP 256-{args.hidden}-{args.hidden}-16; {args.clients} clients of one row each, {args.seconds:.0f} s "
           f"each; one batch of {args.max_batch} rows computes in {compute * 1e3:.2f} ms (onnxruntime in-process)")
     for name, (rate, latencies) in results.items():
@@ -176,6 +212,9 @@ def main() -> None:
         p99 = np.percentile(latencies, 99)
         print(f"batched p99, {what}: {p99 * 1e3:.2f} ms vs max_queue_delay + 2 x batch compute = "
               f"{bound * 1e3:.2f} ms  {'PASS' if p99 <= bound else 'FAIL'}")
+    q = np.percentile(floor[1], [50, 99]) * 1e3
+    print(f"the floor at that pace: the same clients against a server that answers at once (no model, no daemon): "
+          f"p50 {q[0]:.2f} ms, p99 {q[1]:.2f} ms")
 
 
 if __name__ == "__main__":
