@@ -28,7 +28,7 @@ from urllib.parse import quote
 from cartonstore.errors import InvalidInput
 
 MAX_HEAD = 1 << 20        # status line + headers of one response
-IDLE_LIMIT = 30.0         # below aiohttp.web's 75 s keep-alive, so the runner never closes one we pick
+IDLE_LIMIT = 30.0         # below the runner SDK's 75 s keep-alive (and aiohttp's), so a runner never closes one we pick
 SOCKET_BUFFER = 4 << 20   # a 4 MiB tensor goes out in one send (the kernel caps it at wmem_max)
 RECV_CHUNK = 1 << 16      # heads and chunked bodies are received this much at a time; smaller writes are joined
 _NO_BODY = (204, 304)
