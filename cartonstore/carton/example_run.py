@@ -90,9 +90,10 @@ def run_on_examples(runner: str, carton_dir: Path, opts: Mapping[str, Any], exam
         except subprocess.TimeoutExpired:
             raise InvalidInput(f"{what}: the model did not answer the examples within {RUN_TIMEOUT} s") from None
         lines = done.stderr.strip().splitlines()[-12:]
-        if done.returncode == 0 and not (Path(out) / "names.json").exists():
+        answered = (Path(out) / "names.json").exists()
+        if done.returncode == 0 and not answered:
             lines.append("(it ended before it answered: a model that calls sys.exit?)")
-        if done.returncode != 0 or not (Path(out) / "names.json").exists():
+        if done.returncode != 0 or not answered:
             raise InvalidInput(f"{what}: the model failed on the examples:\n" +
                                "\n".join(f"  {line}" for line in lines), details={"stderr": lines})
         names = json.loads((Path(out) / "names.json").read_text())

@@ -318,7 +318,9 @@ def _check(config: Config, origins: Mapping[str, tuple[int, str]]) -> None:
                         f"fetch.backoff_base ({v.duration_text(fetch.backoff_base)}) must not "
                         f"exceed fetch.backoff_max ({v.duration_text(fetch.backoff_max)})")
     policy = fetch.url_policy()
-    for key, what, urls in (("fetch.mirrors", "mirror", fetch.mirrors), ("peers.urls", "peer", config.peers.urls)):
+    registry_mirrors = [url for urls in config.registries.mirrors.values() for url in urls]
+    for key, what, urls in (("fetch.mirrors", "mirror", fetch.mirrors), ("peers.urls", "peer", config.peers.urls),
+                            ("registries.mirrors", "registry mirror", registry_mirrors)):
         for url in urls:
             try:
                 policy.check(url)

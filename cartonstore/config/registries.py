@@ -22,6 +22,7 @@ from urllib.parse import urlsplit
 
 from cartonstore.errors import InvalidInput
 from cartonstore.fetch.config import RegistryConfig
+from cartonstore.fetch.policy import describe
 from cartonstore.fetch.proxies import proxy_parser
 
 from . import values as v
@@ -44,19 +45,21 @@ def _mirrors(value: object) -> Mapping[str, tuple[str, ...]]:
                          f"got {value!r}")
     out = {}
     for host, table in value.items():
-        if not isinstance(host, str) or not _AUTHORITY.fullmatch(host):
-            raise v.BadValue(f"mirrors: {host!r} is not a registry host or host:port (no scheme, no path)")
+        if not isinstance(host, str):
+            raise v.BadValue(f"mirrors: {host!r} is not a registry host or host:port")
+        _check_hosts((host,))
         if not isinstance(table, Mapping) or set(table) != {"endpoints"}:
             raise v.BadValue(f'mirrors."{host}": expected endpoints = ["https://mirror", ...] and nothing else, '
                              f"got {table!r}")
         endpoints = v.strings()(table["endpoints"])
         for url in endpoints:
             parts = urlsplit(url)
+            # named by describe(): a mirror URL may carry credentials (userinfo), never shown
             if parts.scheme not in ("http", "https") or not parts.netloc or parts.query or parts.fragment:
-                raise v.BadValue(f'mirrors."{host}": {url!r} is not an http(s) URL of a registry (a path prefix '
-                                 f"is allowed, a query or fragment is not)")
+                raise v.BadValue(f'mirrors."{host}": {describe(url)!r} is not an http(s) URL of a registry (a path '
+                                 f"prefix is allowed, a query or fragment is not)")
             if parts.path.rstrip("/").endswith("/v2"):
-                raise v.BadValue(f'mirrors."{host}": {url!r}: give the mirror\'s base URL, without /v2 '
+                raise v.BadValue(f'mirrors."{host}": {describe(url)!r}: give the mirror\'s base URL, without /v2 '
                                  f"(cartonstore adds /v2/<repository>/..., as containerd does)")
         if host.lower() in out:
             raise v.BadValue(f"mirrors: {host!r} is listed twice (host names are not case-sensitive)")

@@ -99,7 +99,8 @@ def _command(name: str, table: object) -> RunnerCommand:
     return RunnerCommand(tuple(command), MappingProxyType(dict(env)), version)
 
 
-PREWARM_KINDS = ("python", "onnx", "torchscript")   # the built-in runners
+# the built-in runners (runner.builtin.BUILTIN_RUNNERS, not imported: it reads package metadata; a test compares)
+PREWARM_KINDS = ("python", "onnx", "torchscript")
 
 
 def _prewarm(value: object) -> tuple[str, ...]:

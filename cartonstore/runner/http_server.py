@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import select
 import socket
 import struct
@@ -31,7 +30,15 @@ import traceback
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from cartonstore.v2.http1 import MAX_HEAD, BadHead, RequestHead, parse_request_head, response_head
+from cartonstore.v2.http1 import (
+    MAX_HEAD,
+    BadHead,
+    RequestHead,
+    chunk_size,
+    parse_request_head,
+    response_head,
+    take_head,
+)
 
 MAX_CONNECTIONS = 512      # threads at once; past it a connection gets 503 (runners.max_processes counts threads too)
 KEEP_ALIVE = 75.0          # an idle connection is closed after this long (the daemon's client drops its own at 30 s)
@@ -41,7 +48,6 @@ DRAIN_POLL = 0.05          # while draining, connections that arrive are answere
 DRAIN_JOIN = 5.0           # seconds to wait for each connection's thread once its socket is shut down
 _IOV_MAX = 1024            # buffers per sendmsg (Linux's UIO_MAXIOV)
 _TIMEVAL = struct.pack("@ll", int(KEEP_ALIVE), 0)
-_CHUNK_SIZE = re.compile(rb"[0-9A-Fa-f]{1,16}")
 
 
 @dataclass
@@ -84,17 +90,9 @@ class _Reader:
         self.pending += data
 
     def head(self) -> bytes:
-        while True:
-            while self.pending[:2] == b"\r\n":   # empty lines between requests are allowed (RFC 9112 2.2)
-                del self.pending[:2]
-            end = self.pending.find(b"\r\n\r\n")
-            if end >= 0:
-                head = bytes(self.pending[:end + 4])
-                del self.pending[:end + 4]
-                return head
-            if len(self.pending) > MAX_HEAD:
-                raise BadHead(431, f"request head longer than {MAX_HEAD} bytes")
+        while (head := take_head(self.pending)) is None:
             self._recv()
+        return head
 
     def line(self) -> bytes:
         while (end := self.pending.find(b"\r\n")) < 0:
@@ -132,17 +130,17 @@ class _Reader:
         coding = head.headers["transfer-encoding"].lower()
         if coding != "chunked":
             raise BadHead(501, f"Transfer-Encoding {coding!r} is not supported (only chunked)")
-        chunks = []
+        body = bytearray()
         while True:
-            size_text = self.line().split(b";", 1)[0].strip()
-            if not _CHUNK_SIZE.fullmatch(size_text):   # int() would take "-5", "0x5" or "5_0"
-                raise BadHead(400, f"bad chunk size {size_text[:20]!r}")
-            size = int(size_text, 16)
+            try:
+                size = chunk_size(self.line())
+            except ValueError as exc:
+                raise BadHead(400, str(exc)) from None
             if size == 0:
                 while self.line():
                     pass   # trailers: none that matter here
-                return bytearray(b"".join(chunks))
-            chunks.append(self.exactly(size))
+                return body
+            body += self.exactly(size)
             if self.exactly(2) != b"\r\n":
                 raise BadHead(400, "chunk not followed by CRLF")
 

@@ -20,6 +20,7 @@ wanted: it exits 0. Both ends live here, so the framing is written once.
 from __future__ import annotations
 
 import array
+import asyncio
 import json
 import os
 import socket
@@ -43,8 +44,12 @@ class ModelMessage:
     fds: dict[str, int] = field(default_factory=dict)
 
 
-def send_model(channel: socket.socket, message: ModelMessage) -> None:
-    """The daemon's end: one message, fds passed with its first bytes."""
+async def send_model(channel: socket.socket, message: ModelMessage) -> None:
+    """The daemon's end: one message, fds passed with its first bytes. On
+    the daemon's event loop, without blocking it: a runner reads only once
+    it has warmed up (seconds, for torch and a CUDA context), and a message
+    past the socket's buffer would wait for it. The channel is left
+    non-blocking."""
     names = list(message.fds)
     payload = json.dumps({"argv": message.argv, "fds": names}).encode()
     if len(payload) > MAX_MESSAGE:
@@ -52,10 +57,9 @@ def send_model(channel: socket.socket, message: ModelMessage) -> None:
     fds = [message.fds[name] for name in names]
     ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else []
     header = _LENGTH.pack(len(payload))
-    sent = channel.sendmsg([header], ancillary)
-    if sent != len(header):   # 4 bytes into an empty stream socket: never short in practice
-        channel.sendall(header[sent:])
-    channel.sendall(payload)
+    channel.setblocking(False)
+    sent = channel.sendmsg([header], ancillary)   # 4 bytes into a fresh stream socket: taken whole
+    await asyncio.get_running_loop().sock_sendall(channel, header[sent:] + payload)
 
 
 def _recv_exactly(channel: socket.socket, size: int) -> bytes:
@@ -86,7 +90,7 @@ def receive_model(channel: socket.socket) -> ModelMessage | None:
         except ValueError as e:
             raise ChannelError(f"not JSON: {e}") from None
         argv, names = (body.get("argv"), body.get("fds", [])) if isinstance(body, dict) else (None, None)
-        if not isinstance(names, list) or len(names) != len(fds) or \
+        if not isinstance(names, list) or len(names) != len(fds) or not all(isinstance(n, str) for n in names) or \
                 (argv is not None and not (isinstance(argv, list) and all(isinstance(a, str) for a in argv))):
             raise ChannelError(f"not a model message: {str(body)[:200]}")
     except BaseException:

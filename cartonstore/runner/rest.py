@@ -45,7 +45,6 @@ class RunnerState:
         self.stats = InferStatistics()
         self.regions = MappedRegions()
         self.arena = self.regions.adopt_arena()
-        self.draining = False   # set on SIGTERM: new infers get 503, those in flight are answered
 
 
 def _json(doc: Any, status: int = 200) -> Response:
@@ -74,7 +73,7 @@ def _route(state: RunnerState, request: Request) -> tuple[str, Callable[[], Resp
     if path == "/v2":
         return "GET", lambda: _server_metadata(state)
     if path in ("/v2/health/live", "/v2/health/ready"):
-        return "GET", lambda: _json({"live": True}) if path.endswith("live") else _ready(state)
+        return "GET", lambda: _json({"live": True}) if path.endswith("live") else _ready()
     if (model := _MODEL.fullmatch(path)) is not None:
         wrong = _not_this_model(state, unquote(model[1]), None if model[2] is None else unquote(model[2]))
         what = model[3]
@@ -83,7 +82,7 @@ def _route(state: RunnerState, request: Request) -> tuple[str, Callable[[], Resp
         if what == "/infer":
             return "POST", lambda: _infer(state, request)
         if what == "/ready":
-            return "GET", lambda: _ready(state)
+            return "GET", lambda: _ready()
         if what == "/stats":
             return "GET", lambda: _json(statistics_answer([state.stats.model_stats(state.ctx.name,
                                                                                    state.ctx.version)]))
@@ -125,9 +124,8 @@ def _server_metadata(state: RunnerState) -> Response:
     return _json({"name": "cartonstore-runner", "extensions": extensions})
 
 
-def _ready(state: RunnerState) -> Response:
-    if state.draining:
-        return error_response(503, "the runner is stopping")
+def _ready() -> Response:
+    # once stopping, the server answers 503 itself (http_server.py): a request here is being served
     return _json({"ready": True})
 
 
@@ -142,8 +140,6 @@ def _metadata(ctx: RunnerContext) -> Response:
 
 
 def _infer(state: RunnerState, request: Request) -> Response:
-    if state.draining:
-        return error_response(503, "the runner is stopping")
     started = request.started_ns or time.monotonic_ns()   # from its head: the body's receiving counts
     timing = RequestTiming()
     try:

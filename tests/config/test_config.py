@@ -1139,3 +1139,25 @@ def test_registry_mirrors_are_tables_of_endpoints_by_host(tmp_path: Path) -> Non
         with pytest.raises(InvalidInput, match="registries.mirrors") as raised:
             load_config(path, env={})
         assert words in str(raised.value), raised.value
+
+
+@pytest.mark.parametrize("endpoint", ["https://user:s3cret@cache.lab/v2", "ftp://user:s3cret@cache.lab",
+                                      "https://user:s3cret@cache.lab/?sig=abc"])
+def test_registry_mirror_credentials_stay_out_of_messages(tmp_path: Path, endpoint: str) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text(f'[registries.mirrors."r.lab"]\nendpoints = ["{endpoint}"]\n')
+    with pytest.raises(InvalidInput, match="registries.mirrors") as raised:
+        load_config(path, env={})
+    assert "s3cret" not in str(raised.value) and "sig=abc" not in str(raised.value)
+
+
+def test_a_registry_mirror_the_policy_refuses_is_an_error(tmp_path: Path) -> None:
+    """As for fetch.mirrors: a mirror that fetch.deny_hosts refuses would fail every pull."""
+    path = tmp_path / "c.toml"
+    path.write_text('[fetch]\ndeny_hosts = ["cache.lab"]\n[registries.mirrors."r.lab"]\n'
+                    'endpoints = ["https://user:s3cret@cache.lab"]\n')
+    with pytest.raises(InvalidInput) as raised:
+        load_config(path, env={})
+    message = str(raised.value)
+    assert "registries.mirrors: registry mirror https://cache.lab would never be used" in message, message
+    assert "is denied" in message and "s3cret" not in message

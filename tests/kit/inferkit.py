@@ -85,3 +85,14 @@ def runner_pids(root: Path) -> list[int]:
 
 def runner_sockets(root: Path) -> list[Path]:
     return sorted((root / "run" / "runners").glob("*.sock"))
+
+
+def third_party_runner(infer: str) -> str:
+    """The source of a third-party v2 runner: aiohttp on the Unix socket its
+    first argument names, ready at once, answering infer with the
+    ``async def infer(request)`` that ``infer`` defines (json and web imported)."""
+    return ("import json, sys\nfrom aiohttp import web\n\nasync def ready(request):\n    return web.Response()\n\n"
+            + infer.strip() + "\n\napp = web.Application(client_max_size=1 << 30)\n"
+            'app.router.add_get("/v2/health/ready", ready)\n'
+            'app.router.add_post("/v2/models/{name}/infer", infer)\n'
+            "web.run_app(app, path=sys.argv[1], print=None)\n")

@@ -318,12 +318,11 @@ def stop_runner(proc: subprocess.Popen, sig: int = signal.SIGTERM, timeout: floa
     return proc.returncode, err or ""
 
 
-def stopped_cleanly(proc: subprocess.Popen) -> bool:
+def assert_stopped_cleanly(proc: subprocess.Popen) -> None:
     """stop_runner, which must end in exit status 0; else AssertionError
     with the status and the runner's stderr (an abort at exit says why there)."""
     status, err = stop_runner(proc)
     assert status == 0, f"the runner exited with {status}; its stderr:\n{err[-3000:]}"
-    return True
 
 
 def runner_session(socket_path: Path, **kwargs: Any) -> aiohttp.ClientSession:

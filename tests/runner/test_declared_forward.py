@@ -22,6 +22,11 @@ def test_the_dict_convention_takes_any_tensor_names_but_no_strings() -> None:
                             _specs(("y", "float32"))) == []
     assert forward_problems(args, "Dict[str, Tensor]", _specs(("s", "string")), None) == [
         "input 's' is a string, but forward takes one Dict[str, Tensor]"]
+    for holder in ("Dict[str, List[Tensor]]", "Dict[str, Optional[Tensor]]"):   # tensors all the same
+        assert forward_problems([("inputs", holder, False)], "Tensor", _specs(("s", "string")), None) == [
+            f"input 's' is a string, but forward takes one {holder}"]
+    assert forward_problems([("inputs", "Dict[str, List[str]]", False)], "Tensor", _specs(("s", "string")),
+                            None) == []
 
 
 def test_keyword_arguments_are_matched_by_name_and_kind() -> None:

@@ -3,6 +3,7 @@ a real socket pair and real descriptors, both ends of the framing."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 import struct
@@ -27,7 +28,7 @@ def test_the_arguments_and_a_descriptor_arrive(pair, tmp_path) -> None:  # noqa:
     path.write_bytes(b"arena bytes")
     fd = os.open(path, os.O_RDONLY)
     try:
-        send_model(ours, ModelMessage(["--model-dir", "/slot", "--name", "m"], {"arena": fd}))
+        asyncio.run(send_model(ours, ModelMessage(["--model-dir", "/slot", "--name", "m"], {"arena": fd})))
     finally:
         os.close(fd)   # the receiver holds its own copy
     got = receive_model(theirs)
@@ -41,7 +42,7 @@ def test_the_arguments_and_a_descriptor_arrive(pair, tmp_path) -> None:  # noqa:
 
 def test_no_arguments_means_the_runners_own(pair) -> None:  # noqa: ANN001
     ours, theirs = pair
-    send_model(ours, ModelMessage())
+    asyncio.run(send_model(ours, ModelMessage()))
     assert receive_model(theirs) == ModelMessage(None, {})
 
 
@@ -73,6 +74,7 @@ def test_a_message_in_pieces_is_read_whole(pair) -> None:  # noqa: ANN001
     (struct.pack(">I", 2) + b"[]", "not a model message"),
     (struct.pack(">I", 13) + b'{"argv": [1]}', "not a model message"),
     (struct.pack(">I", 25) + b'{"argv": null, "fds": [1]}'[:25], "not"),
+    (struct.pack(">I", 27) + b'{"argv": null, "fds": [[]]}', "not a model message"),
     (struct.pack(">I", 100) + b'{"argv"', "closed 7 bytes into a 100-byte message"),
 ])
 def test_a_malformed_message_is_refused_by_name(pair, raw: bytes, problem: str) -> None:  # noqa: ANN001
@@ -99,4 +101,32 @@ def test_passed_descriptors_of_a_refused_message_are_closed(pair, tmp_path) -> N
 def test_arguments_too_big_are_refused_before_sending(pair) -> None:  # noqa: ANN001
     ours, theirs = pair
     with pytest.raises(ChannelError, match="at most"):
-        send_model(ours, ModelMessage(["x" * (MAX_MESSAGE + 1)]))
+        asyncio.run(send_model(ours, ModelMessage(["x" * (MAX_MESSAGE + 1)])))
+
+
+def test_a_big_message_to_a_runner_still_warming_up_does_not_hold_the_loop(pair) -> None:  # noqa: ANN001
+    """A message past the socket's buffer waits for the runner to read it
+    (only once it has warmed up): the daemon's event loop goes on meanwhile."""
+    ours, theirs = pair
+    argv = ["y" * (MAX_MESSAGE - 100)]
+    got: list = []
+    reader = threading.Timer(0.5, lambda: got.append(receive_model(theirs)))
+
+    async def send_while_ticking() -> int:
+        ticks = 0
+
+        async def tick() -> None:
+            nonlocal ticks
+            while True:
+                await asyncio.sleep(0.01)
+                ticks += 1
+        ticker = asyncio.create_task(tick())
+        await send_model(ours, ModelMessage(argv))
+        ticker.cancel()
+        return ticks
+
+    reader.start()
+    ticks = asyncio.run(send_while_ticking())
+    reader.join()
+    assert ticks >= 20   # the loop ran during the half second the runner did not read
+    assert got[0] is not None and got[0].argv == argv

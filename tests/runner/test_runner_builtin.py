@@ -19,6 +19,7 @@ from conftest import short_dir
 from kit.runnerkit import (
     ALL_CARTON_DTYPES,
     all_dtype_decls,
+    assert_stopped_cleanly,
     onnx_model_dir,
     pack_dir,
     processes_with,
@@ -26,7 +27,6 @@ from kit.runnerkit import (
     runner_session,
     start_runner,
     stop_runner,
-    stopped_cleanly,
     torchscript_model_dir,
     unix_get,
     wait_gone,
@@ -281,7 +281,7 @@ def test_onnx_model_file_option_and_missing_file(base: Path) -> None:
         status, (_, out) = infer(sock, {"x": np.zeros((1, 4), np.float32), "ids": np.zeros(1, np.int64)})
         assert status == 200 and out["y"].tolist() == [[1, 1, 1, 1]]
     finally:
-        assert stopped_cleanly(proc)
+        assert_stopped_cleanly(proc)
     for opts, reason in [({"model_file": "absent.onnx"}, "model file model/absent.onnx does not exist"),
                          ({"model_file": "../carton.toml"}, "points outside the carton's model/ directory"),
                          ({"intra_op_num_threads": "two"}, "'intra_op_num_threads' must be an integer")]:
@@ -307,7 +307,7 @@ def test_torchscript_infer(base: Path) -> None:
         status, error = infer(sock, {"x": x})
         assert status == 500 and "error" in error
     finally:
-        assert stopped_cleanly(proc)
+        assert_stopped_cleanly(proc)
 
 
 def test_torchscript_without_torch_fails_the_load(base: Path) -> None:

@@ -22,12 +22,12 @@ import pytest
 from conftest import short_dir
 from kit.runnerkit import (
     PY,
+    assert_stopped_cleanly,
     carton_toml,
     processes_with,
     runner_argv,
     start_runner,
     stop_runner,
-    stopped_cleanly,
     unix_get,
     unix_request,
     wait_gone,
@@ -379,7 +379,7 @@ def test_stale_socket_is_replaced(doubler_dir: Path) -> None:
     try:
         wait_ready(stale, proc=proc)
     finally:
-        assert stopped_cleanly(proc)
+        assert_stopped_cleanly(proc)
 
 
 # -- pure parts -----------------------------------------------------------------
@@ -445,7 +445,7 @@ def test_the_documented_example_runs(doubler_dir: Path) -> None:
         _, out = infer(sock, {"x": np.array([1, 2], np.int32)}, path="/v2/models/ex/infer")
         assert out["y"].tolist() == [2, 4]
     finally:
-        assert stopped_cleanly(proc)
+        assert_stopped_cleanly(proc)
 
 
 def test_integer_options_from_triton_load_parameters_arrive_as_strings() -> None:

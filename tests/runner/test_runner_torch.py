@@ -9,19 +9,20 @@ file also runs on a GPU machine that has torch and little else."""
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import numpy as np
 import pytest
 from conftest import short_dir
 from kit.runnerkit import (
+    assert_stopped_cleanly,
     carton_toml,
     onnx_model_dir,
     runner_infer,
     save_scripted,
     start_runner,
     stop_runner,
-    stopped_cleanly,
     wait_ready,
 )
 
@@ -87,7 +88,7 @@ def test_bf16_crosses_exactly_both_ways(model_dir: Path, base: Path, device: str
         np.testing.assert_array_equal(out["h2"].astype(np.float32)[finite], h.astype(np.float32)[finite] * 2)
         assert out["on_gpu"].tolist() == [int(device != "cpu")]
     finally:
-        assert stopped_cleanly(proc)
+        assert_stopped_cleanly(proc)
 
 
 @needs_cuda
@@ -105,7 +106,35 @@ def test_a_model_on_a_gpu_runs_there_for_inputs_of_every_size(model_dir: Path, b
             assert out["on_gpu"].tolist() == [1]
             np.testing.assert_array_equal(out["y"], x * 2 + 1)
     finally:
-        assert stopped_cleanly(proc)
+        assert_stopped_cleanly(proc)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda:0", marks=needs_cuda)])
+def test_concurrent_calls_each_get_their_own_answer(model_dir: Path, base: Path, device: str) -> None:
+    """max_concurrency 4: four connections' threads run the model at once,
+    each input of the same name through its own staging buffer (on a GPU,
+    from the per-name free list), and no answer is another caller's."""
+    sock = base / f"many-{device[-1]}.sock"
+    proc = _serving(model_dir, sock, device, max_concurrency=4)
+    wrong: list[str] = []
+
+    def caller(index: int) -> None:
+        rng = np.random.default_rng(index)
+        for round_ in range(12):
+            x = rng.standard_normal(1000 + 997 * index + (round_ % 3) * (2 << 20), dtype=np.float32)
+            status, (doc, out) = runner_infer(sock, {"x": x, "h": _bf16([float(index)])})
+            if status != 200 or not np.array_equal(out["y"], x * 2 + 1):
+                wrong.append(f"caller {index} round {round_}: {status} {doc if status != 200 else 'other values'}")
+
+    try:
+        callers = [threading.Thread(target=caller, args=(i,)) for i in range(4)]
+        for t in callers:
+            t.start()
+        for t in callers:
+            t.join(120)
+        assert wrong == []
+    finally:
+        assert_stopped_cleanly(proc)
 
 
 @pytest.mark.skipif(HAVE_CUDA, reason="CUDA is usable here (the refusal is tested with CUDA_VISIBLE_DEVICES='')")
@@ -161,4 +190,4 @@ def test_a_bfloat16_output_declared_float32_comes_back_float32(base: Path) -> No
         assert doc["outputs"][0]["datatype"] == "FP32"
         np.testing.assert_array_equal(out["y"], x.astype(_bf16([0]).dtype).astype(np.float32))
     finally:
-        assert stopped_cleanly(proc)
+        assert_stopped_cleanly(proc)

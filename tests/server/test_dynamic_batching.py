@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 import tritonclient.http as triton
 from kit.daemonkit import DaemonProcess, call
+from kit.inferkit import third_party_runner
 from kit.runnerkit import carton_toml
 from kit.together import all_at_once
 from tritonclient.utils import InferenceServerException
@@ -240,3 +241,52 @@ def test_a_big_request_to_a_batched_model_is_answered_whole(daemon: DaemonProces
     tensor.set_data_from_numpy(x)
     np.testing.assert_array_equal(c.infer("big", [tensor]).as_numpy("y"), x * 2)
     c.close()
+
+
+# A third-party runner that answers x as y and claims, in its timing header, 1000 s of model time.
+BOASTER = third_party_runner(r'''
+async def infer(request):
+    body = await request.read()
+    length = request.headers.get("Inference-Header-Content-Length")
+    header = json.loads(body[:int(length)] if length else body)
+    x = header["inputs"][0]
+    data = list(memoryview(body[int(length):]).cast("f")) if length else x["data"]
+    answer = {"model_name": "b", "outputs": [{"name": "y", "datatype": "FP32", "shape": x["shape"], "data": data}]}
+    return web.json_response(answer, headers={"Cartonstore-Timing": "queue=0;input=0;infer=1000000000000;output=0"})
+''')
+
+
+def test_a_runner_claiming_more_time_than_passed_is_not_believed(short_tmp: Path, tmp_path: Path) -> None:
+    """Neither a request's statistics nor a batch execution's take a runner's
+    timing header that claims more time than the daemon waited for it."""
+    script = tmp_path / "boaster.py"
+    script.write_text(BOASTER)
+    config_file = tmp_path / "cartonstore.toml"
+    config_file.write_text(f'[runners.boaster]\ncommand = ["{{python}}", "{script}", "{{socket}}"]\n'
+                           'framework_version = "1.0.0"\n')
+    src = tmp_path / "b"
+    src.mkdir()
+    (src / "carton.toml").write_text(carton_toml("boaster", ">=1", model_name="b",
+                                                 inputs=[("x", "float32", ["batch", 2])],
+                                                 outputs=[("y", "float32", ["batch", 2])]))
+    d = DaemonProcess(short_tmp / "root", extra_args=["--config", str(config_file)]).start()
+    try:
+        assert _load(d, "plain", src, {"max_batch_size": 8})[0] == 200
+        assert _load(d, "joined", src, BATCHING)[0] == 200
+        started = time.monotonic()
+        c = triton.InferenceServerClient(d.host_port, network_timeout=60)
+        for name in ("plain", "joined"):
+            x = np.arange(4, dtype=np.float32).reshape(2, 2)
+            tensor = triton.InferInput("x", [2, 2], "FP32")
+            tensor.set_data_from_numpy(x)
+            np.testing.assert_array_equal(c.infer(name, [tensor]).as_numpy("y"), x)
+        c.close()
+        elapsed_ns = (time.monotonic() - started) * 1e9
+        for name in ("plain", "joined"):
+            entry = call(d, "GET", f"/v2/models/{name}/stats")[1]["model_stats"][0]
+            assert entry["inference_stats"]["compute_infer"]["ns"] < elapsed_ns, (name, entry)
+            for batch in entry["batch_stats"]:
+                assert batch["compute_infer"]["ns"] < elapsed_ns, (name, entry)
+        assert entry["batch_stats"], entry   # the batched model's execution was counted
+    finally:
+        d.stop()

@@ -12,29 +12,18 @@ import pytest
 import tritonclient.http as triton
 from conftest import short_dir
 from kit.daemonkit import DaemonProcess, wait_for
-from kit.inferkit import echo_carton, runner_pids
+from kit.inferkit import echo_carton, runner_pids, third_party_runner
 from test_infer_api import _load, raw_post
 
 # A v2 server that answers each infer with what it got: its headers and the parsed JSON header.
-RECORDER = r'''
-import json, sys
-from aiohttp import web
-
-async def ready(request):
-    return web.Response()
-
+RECORDER = third_party_runner(r'''
 async def infer(request):
     body = await request.read()
     length = request.headers.get("Inference-Header-Content-Length")
     header = json.loads(body[:int(length)] if length else body)
     return web.json_response({"content_type": request.headers.get("Content-Type"), "header_length": length,
                               "header": header, "binary": body[int(length):].hex() if length else ""})
-
-app = web.Application(client_max_size=1 << 30)
-app.router.add_get("/v2/health/ready", ready)
-app.router.add_post("/v2/models/{name}/infer", infer)
-web.run_app(app, path=sys.argv[1], print=None)
-'''
+''')
 
 RECORDED_TOML = '''spec_version = 1
 model_name = "rec"

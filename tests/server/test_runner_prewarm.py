@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 from conftest import short_dir
 from kit.daemonkit import DaemonProcess, call, wait_for
-from kit.inferkit import echo_toml
+from kit.inferkit import echo_toml, onnx_carton
 from kit.origin import Fault, Origin
 from kit.prockit import live_pids
 from kit.sandboxkit import runner_user, why_not
@@ -143,6 +143,43 @@ def test_a_load_takes_the_prewarmed_spare_and_another_starts(node) -> None:  # n
     assert left_behind(d.root) == ([], [])
 
 
+def test_loading_again_what_already_serves_starts_no_runner(node) -> None:  # noqa: ANN001
+    """The same source and config again: the version serves as asked, so
+    neither the spare nor a runner started early is taken and thrown away."""
+    daemon, base, _ = node
+    d = daemon('prewarm = ["python"]\n')
+    assert wait_for(lambda: spare_ready(d), timeout=30), "no spare"
+    source = started_carton(base / "m")
+    assert load(d, "m", source)[0] == 200
+    assert wait_for(lambda: spare_ready(d), timeout=30), "no spare after the load took one"
+    slots = str(d.root / "run" / "slots")
+    settled = sorted(live_pids(slots))   # the model's runner and the new spare
+    served_by = started_at(d, "m")
+    for _ in range(3):
+        status, body = load(d, "m", source)
+        assert status == 200, body
+    time.sleep(0.5)   # a spare thrown away would be ended and replaced by now
+    assert sorted(live_pids(slots)) == settled
+    assert started_at(d, "m") == pytest.approx(served_by, abs=0.01)   # the same process
+    assert spare_ready(d)
+
+
+def test_an_onnx_model_loads_into_an_onnx_spare(node) -> None:  # noqa: ANN001
+    """The onnx kind's spare has imported onnxruntime while it waited
+    (onnx.warm); the model's runner is that process."""
+    pytest.importorskip("onnxruntime")
+    daemon, base, _ = node
+    d = daemon('prewarm = ["onnx"]\n')
+    assert wait_for(lambda: spare_ready(d), timeout=60), "no onnx spare"
+    waiting = set(live_pids(str(d.root / "run" / "slots")))
+    assert load(d, "affine", onnx_carton(base / "affine"))[0] == 200
+    row = {r["name"]: r for r in call(d, "POST", "/v2/repository/index", json={})[1]}["affine"]
+    assert set(row["pids"]) <= waiting, (row["pids"], waiting)
+    status, body = call(d, "POST", "/v2/models/affine/infer", json={"inputs": [
+        {"name": "x", "datatype": "FP32", "shape": [1, 4], "data": [1, 2, 3, 4]}]})
+    assert status == 200 and body["outputs"][0]["data"] == [3, 5, 7, 9], body
+
+
 def test_a_spare_that_dies_is_replaced(node) -> None:  # noqa: ANN001
     daemon, base, _ = node
     d = daemon('prewarm = ["python"]\nrestart_backoff = "100ms"\n')
@@ -235,26 +272,37 @@ def test_concurrent_loads_share_out_one_spare(node) -> None:  # noqa: ANN001
 
 
 def test_slots_of_a_daemon_that_is_gone_are_removed_and_a_live_ones_kept(tmp_path: Path) -> None:
-    """Daemons may share a store root: each names its slots for its pid,
-    and a starting one removes only those of daemons that are gone."""
-    import subprocess
-    import sys
+    """Daemons may share a store root (containers too, each its own pid 1):
+    each names its slots for its owner token in the store's tmp/, held by a
+    flock, and a starting one removes only those whose owner is gone."""
+    import fcntl
 
-    from cartonstore.server.runners.waiting import ensure_slots_dir, slots_dir
+    from cartonstore.server.runners.waiting import Slots, slots_dir
 
-    run_dir = tmp_path / "run" / "runners"
+    run_dir, tmp_dir = tmp_path / "run" / "runners", tmp_path / "tmp"
     run_dir.mkdir(parents=True)
-    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    tmp_dir.mkdir()
+    held = os.open(tmp_dir / "owner-0123456789ab.lock", os.O_RDWR | os.O_CREAT, 0o644)   # a live daemon's
+    fcntl.flock(held, fcntl.LOCK_SH)
+    (tmp_dir / "owner-ba9876543210.lock").touch()   # a gone daemon's: nobody holds it
     slots = slots_dir(run_dir)
     slots.mkdir()
-    dead = slots / f"{gone.stdout.strip()}-m.g1-abc-0-1234abcd"
-    live = slots / f"{os.getppid()}-n.g1-def-0-5678abcd"
-    ours = slots / f"{os.getpid()}-o.g1-012-0-9abcdef0"   # an earlier daemon's, whose pid is ours now
+    dead = slots / "ba9876543210-m.g1-abc-0-1234abcd"
+    live = slots / "0123456789ab-n.g1-def-0-5678abcd"
+    ours = slots / "aaaaaaaaaaaa-o.g1-012-0-9abcdef0"   # an earlier daemon's, whose lock gc already removed
     odd = slots / "not-a-slot"
     for slot in (dead, live, ours, odd):
         (slot / "model").mkdir(parents=True)
         (slot / "model" / "w.bin").write_bytes(b"w")
         (slot / "model").chmod(0o555)
-    assert sorted(ensure_slots_dir(run_dir)) == sorted([dead, ours, odd])
-    assert sorted(slots.iterdir()) == [live]
+    try:
+        room = Slots(slots, tmp_dir)
+        assert sorted(room.prepare()) == sorted([dead, ours, odd])
+        assert sorted(slots.iterdir()) == [live]
+        mine = room.new("p.g1-x-0")
+        assert mine.parent == slots and mine.name.split("-", 1)[0] in {p.name[6:18] for p in tmp_dir.iterdir()}
+        mine.mkdir()
+        assert sorted(Slots(slots, tmp_dir).prepare()) == []   # this process's own slot: its owner is alive
+    finally:
+        os.close(held)
     assert oct(slots.stat().st_mode & 0o777) == "0o711"

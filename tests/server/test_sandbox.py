@@ -265,14 +265,24 @@ def test_an_unloaded_runner_leaves_no_process_tmp_or_cgroup(node) -> None:  # no
     assert wait_for(lambda: order(d, "escape")[1] == "ok: escaped", timeout=40, interval=1.0)
     assert wait_for(lambda: len(live_pids(hostile)) >= 2, timeout=10)
     # this daemon's, named for the runner's label: the model's, or the spare's it took
-    # (a slot is <daemon pid>-<label>-<random>)
+    # (a slot is <owner token>-<label>-<random>)
     label = os.path.basename(hostile).split("-", 1)[1].rsplit("-", 1)[0] + "-" if "/run/slots/" in hostile \
         else "hostile"
     tmps = [p for p in Path("/tmp").glob(f"cartonstore-runner-{d.proc.pid}-{label}*")]
     assert (mode == "landlock") == bool(tmps), tmps   # bubblewrap's /tmp is a tmpfs of its own
+    # the runner's own cgroups (named for its label: a spare's, when it took one), as its /proc says
+    running = {Path("/sys/fs/cgroup", controllers.split(",")[0] if controllers else "", path.lstrip("/"))
+               for pid in live_pids(hostile)
+               for _, controllers, path in (line.split(":", 2) for line in
+                                            Path(f"/proc/{pid}/cgroup").read_text().splitlines())
+               if f"/cartonstore-{d.proc.pid}-" in path}
+    rows = {row["name"]: row for row in call(d, "POST", "/v2/repository/index", json={})[1]}
+    if "cgroup" in rows["hostile"]["sandbox"]:   # the index says a cgroup holds it: it must be found
+        assert running, "the runner is in no cgroup of its own"
     assert call(d, "POST", "/v2/repository/models/hostile/unload", json={})[0] == 200
     assert wait_for(lambda: not live_pids(hostile), timeout=15), live_pids(hostile)
     assert wait_for(lambda: not any(p.exists() for p in tmps), timeout=15), tmps
+    assert wait_for(lambda: not any(c.exists() for c in running), timeout=15), running
     assert wait_for(lambda: not [c for base in ("pids", "memory") for c in Path(f"/sys/fs/cgroup/{base}").glob(
         f"cartonstore-{d.proc.pid}-hostile*")], timeout=15)
 

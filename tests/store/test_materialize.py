@@ -116,3 +116,29 @@ def test_a_use_within_touch_after_takes_no_write_lock(tmp_path: Path) -> None:
         finally:
             other.execute("ROLLBACK")
             other.close()
+
+
+def test_link_tree_lays_a_model_out_again_by_hardlinks_read_only(tmp_path: Path) -> None:
+    """What a runner started before its model reads (server/runners/waiting.py):
+    the same files (the same inodes), directories nested, symlinks as they
+    were (a symlinked directory not followed), every directory read-only."""
+    from cartonstore.store.materialize import link_tree
+
+    src = tmp_path / "model"
+    (src / "model" / "shards").mkdir(parents=True)
+    (src / "carton.toml").write_text("spec_version = 1\n")
+    (src / "model" / "shards" / "a.bin").write_bytes(b"a" * 100)
+    os.symlink("shards/a.bin", src / "model" / "first.bin")
+    os.symlink("shards", src / "model" / "linked")
+    dst = tmp_path / "slot"
+    dst.mkdir()
+    link_tree(src, dst)
+    assert os.stat(dst / "model" / "shards" / "a.bin").st_ino == os.stat(src / "model" / "shards" / "a.bin").st_ino
+    assert (dst / "carton.toml").read_text() == "spec_version = 1\n"
+    assert os.readlink(dst / "model" / "first.bin") == "shards/a.bin"
+    assert os.readlink(dst / "model" / "linked") == "shards"
+    assert (dst / "model" / "first.bin").read_bytes() == b"a" * 100
+    for directory in (dst / "model", dst / "model" / "shards"):
+        assert oct(directory.stat().st_mode & 0o777) == "0o555", directory
+    assert sorted(p.relative_to(dst).as_posix() for p in dst.rglob("*")) == sorted(
+        p.relative_to(src).as_posix() for p in src.rglob("*"))

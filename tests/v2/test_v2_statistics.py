@@ -50,3 +50,9 @@ def test_concurrent_recorders_lose_nothing() -> None:
     all_at_once([record] * 4)
     snap = stats.snapshot()
     assert snap["success"] == (8000, 8000) and snap["fail"] == (8000, 8000) and snap["execution_count"] == 8000
+
+
+def test_a_timing_is_believed_only_within_the_time_waited() -> None:
+    timing = RequestTiming(1, 2, 3, 4)
+    assert timing.believed(10) is timing and timing.believed(100) is timing
+    assert timing.believed(9) is None

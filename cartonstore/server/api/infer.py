@@ -168,10 +168,8 @@ class _Phases:
             runners.statistics.record_failure(now - self.started)
             return
         checking, shaping = self.checked - self.started, now - self.answered
-        inside = self.runner_timing
         round_trip = self.answered - self.checked
-        if inside is not None and inside.queue_ns + inside.input_ns + inside.infer_ns + inside.output_ns > round_trip:
-            inside = None   # more time than the daemon waited: not believed (a runner's header is its own word)
+        inside = self.runner_timing.believed(round_trip) if self.runner_timing is not None else None
         if inside is None:   # a runner that does not say: its whole round trip is the model's time
             timing = RequestTiming(0, checking, round_trip, shaping)
         else:

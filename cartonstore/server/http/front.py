@@ -28,7 +28,7 @@ from cartonstore.server.api.bodies import content_coding, decoded_body, too_larg
 from cartonstore.server.api.infer import STREAM_ANSWER, InferAnswer, widen_send_buffer
 from cartonstore.server.tensors.arena import ArenaSlot
 from cartonstore.server.tensors.shm_regions import Peer, peer_of
-from cartonstore.v2.http1 import MAX_HEAD, BadHead, RequestHead, for_one_request, parse_request_head, response_head
+from cartonstore.v2.http1 import BadHead, RequestHead, for_one_request, parse_request_head, response_head, take_head
 
 from .front_parts import LINGER, MAX_PENDING, ClientGone, Front, Mode, arena_slot, error_answer, fail, wake, with_length
 from .relay import RelayTransport
@@ -169,16 +169,10 @@ class FrontConnection(asyncio.BufferedProtocol):
             self._abort()
 
     def _start_next(self) -> None:
-        while self.pending[:2] == b"\r\n":   # empty lines between requests are allowed
-            del self.pending[:2]
-        end = self.pending.find(b"\r\n\r\n")
-        if end < 0:
-            if len(self.pending) > MAX_HEAD:
-                self._refuse(431, f"request head longer than {MAX_HEAD} bytes")
-            return
-        raw = bytes(self.pending[:end + 4])
-        del self.pending[:end + 4]
         try:
+            raw = take_head(self.pending)
+            if raw is None:
+                return
             head = parse_request_head(raw)
             length = head.content_length()
         except BadHead as e:

@@ -181,8 +181,8 @@ class DynamicBatcher:
         response = await self._runners.forward(self._path, parts, headers)
         ran = time.monotonic_ns() - sent
         if response.status == 200:   # counted here, once, whatever becomes of the requests in it
-            inside = response.timing or RequestTiming(0, 0, ran, 0)
-            self._runners.statistics.record_execution(size, inside)
+            inside = response.timing.believed(ran) if response.timing is not None else None
+            self._runners.statistics.record_execution(size, inside or RequestTiming(0, 0, ran, 0))
         if response.status != 200 or len(batch) == 1:   # an error is every request's; one alone is as it came
             return [_timed(response, w, sent, ran, response.timing) for w in batch]
         body, length = response.body, response.headers.get(HEADER_LENGTH)

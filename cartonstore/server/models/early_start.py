@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 if TYPE_CHECKING:
     from cartonstore.store import Store
@@ -25,15 +25,17 @@ log = logging.getLogger("cartonstore.server")
 
 
 class EarlyStart:
-    def __init__(self, store: Store, runner_host: RunnerHost, model: LoadedModel) -> None:
+    def __init__(self, store: Store, runner_host: RunnerHost, model: LoadedModel, *,
+                 skip: Callable[[str], bool] = lambda digest: False) -> None:
         self._store, self._runner_host = store, runner_host
         self._model = model   # its config is parsed and checked before its source is read
+        self._skip = skip     # a version that needs no runners (it serves already, as asked)
         self._task: asyncio.Task[Starting | None] | None = None
         self._digest: str | None = None
 
     def committed(self, digest: str) -> None:
         """Puller.add's on_committed: start this carton's runners now."""
-        if self._task is None:
+        if self._task is None and not self._skip(digest):
             self._digest = digest
             self._task = asyncio.ensure_future(self._begin(digest))
 

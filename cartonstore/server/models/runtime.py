@@ -26,10 +26,10 @@ from cartonstore.server.runners.process import RunnerFailed, RunnerProcess
 from cartonstore.server.runners.sandbox import CGROUP_PREFIX, prerequisites
 from cartonstore.server.runners.settings import physical_gpu
 from cartonstore.server.runners.waiting import (
+    Slots,
     WaitingRunner,
-    ensure_slots_dir,
     hand_model,
-    new_slot,
+    slots_dir,
     start_waiting,
     with_model_dir,
 )
@@ -58,12 +58,15 @@ def files_only_note(runner_name: str) -> str:
 class RunnerHost:
     """Starts and stops the runners of loaded models. One per daemon."""
 
-    def __init__(self, config: RunnerConfig, run_dir: Path, *, on_change: Callable[[], None] | None = None,
-                 arena_size: int = 0) -> None:
+    def __init__(self, config: RunnerConfig, run_dir: Path, tmp_dir: Path, *,
+                 on_change: Callable[[], None] | None = None, arena_size: int = 0) -> None:
+        """run_dir: the runners' sockets; tmp_dir: the store's tmp/, whose
+        owner token names this process's model slots (waiting.Slots)."""
         self.config = config
         self.arena_size = arena_size    # each loaded version gets an arena of its own (0: none)
         self._retired_counts = {"forwarded": 0, "full": 0}   # of the arenas of unloaded versions
         self.run_dir = run_dir
+        self.slots = Slots(slots_dir(run_dir), tmp_dir)
         self.settings = RunnerSettings(
             ready_timeout=config.ready_timeout, request_timeout=config.request_timeout,
             stop_grace=config.stop_grace, max_restarts=config.max_restarts,
@@ -82,7 +85,7 @@ class RunnerHost:
             if device != "cpu":
                 physical_gpu(device, inherited)
         ensure_run_dir(self.run_dir)
-        for path in ensure_slots_dir(self.run_dir):
+        for path in self.slots.prepare():
             log.info("removed the model slot of a runner of a daemon that is gone: %s", path)
         for path in clean_stale_sockets(self.run_dir):
             log.info("removed stale runner socket %s", path)
@@ -132,7 +135,7 @@ class RunnerHost:
             if spare is not None:
                 starting.waiting[i] = _done(spare)
             elif early:
-                slotted = with_model_dir(spec, new_slot(self.run_dir, spec.socket_path.stem))
+                slotted = with_model_dir(spec, self.slots.new(spec.socket_path.stem))
                 starting.waiting[i] = asyncio.ensure_future(
                     start_waiting(slotted, f"{name}#{i}", self.settings.stderr_lines))
         return starting
@@ -187,7 +190,7 @@ class RunnerHost:
         if not self._prewarm_kinds:
             return
         programs = {kind: tuple(program(kind)) for kind in self._prewarm_kinds}
-        self.prewarm = PrewarmPool(programs, self.config.devices, self.run_dir, self.settings,
+        self.prewarm = PrewarmPool(programs, self.config.devices, self.run_dir, self.slots, self.settings,
                                    sandbox_policy(self.config))
         self.prewarm.start()
         log.info("pre-warming %s runners on %s", ", ".join(self._prewarm_kinds), ", ".join(self.config.devices))

@@ -64,7 +64,7 @@ class ModelService(Leasing):
         self.shm_regions = ShmRegions(allow_tcp=shm_over_tcp, max_read=max_request_size)
         self.check_pool = CheckPool(check_workers) if check_workers else None
         self.runner_host = RunnerHost(runners or RunnerConfig(), store.layout.root / "run" / "runners",
-                                      arena_size=arena_size)
+                                      store.layout.tmp_dir, arena_size=arena_size)
         # Weak: a lock lives while a load holds or waits on it, not for every name ever asked.
         self._load_locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
         self.models: dict[str, LoadedModel] = {}
@@ -117,7 +117,12 @@ class ModelService(Leasing):
         renames = bool(params.get("source")) or any(k.startswith("file:") for k in params)
         moved_to: str | None = None   # where this load pointed the name, once known
         unknown = False               # the name resolved to nothing: the load leaves no trace
-        early = EarlyStart(self.store, self.runner_host, model)   # runners started while the carton's blobs come
+
+        def serving_as_asked(digest: str) -> bool:   # the load then changes nothing, and starts nothing
+            return serving is not None and serving.digest == digest and serving.config == model.config and \
+                serving.serving_state == READY
+        # runners started while the carton's blobs come, unless that version already serves as asked
+        early = EarlyStart(self.store, self.runner_host, model, skip=serving_as_asked)
         try:
             model.config = parse_triton_config(params.get("config"))
             check_config_fields(model.config)
@@ -128,8 +133,8 @@ class ModelService(Leasing):
                 unknown = previous is None and not renames
                 raise
             moved_to = digest if renames else None
-            if serving is not None and serving.digest == digest and serving.config == model.config and \
-                    serving.serving_state == READY:
+            if serving_as_asked(digest):
+                assert serving is not None
                 await early.close()
                 serving.reason = ready_reason(serving)  # drops a "reload failed" left by an earlier load
                 return serving  # already loaded as asked: nothing to restart

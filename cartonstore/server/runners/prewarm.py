@@ -23,7 +23,7 @@ from typing import Mapping
 from .process import RunnerFailed, owned
 from .sandbox import SandboxPolicy
 from .settings import InstanceSpec, RunnerSettings
-from .waiting import WaitingRunner, new_slot, start_waiting
+from .waiting import Slots, WaitingRunner, start_waiting
 
 log = logging.getLogger("cartonstore.server.runners")
 
@@ -33,10 +33,11 @@ class PrewarmPool:
     its arguments (``python -m cartonstore.runner.onnx``)."""
 
     def __init__(self, programs: Mapping[str, tuple[str, ...]], devices: tuple[str, ...], run_dir: Path,
-                 settings: RunnerSettings, sandbox: SandboxPolicy | None) -> None:
+                 slots: Slots, settings: RunnerSettings, sandbox: SandboxPolicy | None) -> None:
         self._programs = dict(programs)
         self._devices = devices
         self._run_dir = run_dir
+        self._slots = slots
         self._settings = settings
         self._sandbox = sandbox
         self._spares: dict[tuple[str, str], WaitingRunner] = {}
@@ -75,7 +76,7 @@ class PrewarmPool:
                 delay = min(self._settings.restart_backoff * 2 ** (failures - 1), self._settings.max_backoff)
                 await asyncio.sleep(delay)
             label = f"spare-{kind}-{device.replace(':', '')}-{next(self._numbers)}"
-            slot = new_slot(self._run_dir, label)
+            slot = self._slots.new(label)
             # its slot in its command line, for ps: the arguments it runs with come with its model
             spec = InstanceSpec([*self._programs[kind], "--model-dir", str(slot)], {},
                                 self._run_dir / f"{label}.sock", device, self._sandbox, "", slot)

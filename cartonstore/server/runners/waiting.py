@@ -20,6 +20,7 @@ import dataclasses
 import errno
 import logging
 import os
+import re
 import secrets
 import socket
 import time
@@ -28,6 +29,7 @@ from pathlib import Path
 
 from cartonstore.runner.model_channel import ChannelError, ModelMessage, send_model
 from cartonstore.store.materialize import link_tree, remove_tree
+from cartonstore.store.owner import owner_is_gone, owner_token
 
 from .process import RunnerFailed, RunnerProcess
 from .settings import InstanceSpec
@@ -44,23 +46,41 @@ def slots_dir(run_dir: Path) -> Path:
     return run_dir.parent / SLOTS
 
 
-def ensure_slots_dir(run_dir: Path) -> list[Path]:
-    """Create the slots' directory; remove the slots a daemon that is gone
-    left (several daemons may share one store: a slot is named for its
-    daemon's pid, and a live daemon's are left alone). Returns those removed."""
-    path = slots_dir(run_dir)
-    path.mkdir(mode=0o711, parents=True, exist_ok=True)
-    os.chmod(path, 0o711)
-    # <root>/run is the daemon's: a runner of another user must pass through it to its slot
-    os.chmod(path.parent, os.stat(path.parent).st_mode & 0o7777 | 0o111)
-    removed = []
-    for slot in path.iterdir():
-        owner = slot.name.split("-", 1)[0]
-        if owner.isdigit() and int(owner) != os.getpid() and Path(f"/proc/{owner}").exists():
-            continue
-        remove_tree(slot)
-        removed.append(slot)
-    return removed
+_OWNER = re.compile(r"[0-9a-f]{12}")
+
+
+@dataclass(frozen=True)
+class Slots:
+    """The model slots of runners started before their model, in ``path``
+    (slots_dir): ``<owner>-<label>-<random>``, where owner is this process's
+    token in the store's ``tmp_dir`` (store/owner.py: held by a flock, so it
+    tells a live daemon from a gone one across PID namespaces, as containers
+    sharing a store need)."""
+
+    path: Path
+    tmp_dir: Path
+
+    def prepare(self) -> list[Path]:
+        """Create the slots' directory; remove the slots of owners that are
+        gone (several daemons may share one store: a live one's are left
+        alone). Returns those removed. Blocking: run in a thread."""
+        self.path.mkdir(mode=0o711, parents=True, exist_ok=True)
+        os.chmod(self.path, 0o711)
+        # <root>/run is the daemon's: a runner of another user must pass through it to its slot
+        os.chmod(self.path.parent, os.stat(self.path.parent).st_mode & 0o7777 | 0o111)
+        owner_token(self.tmp_dir)   # made here, in the caller's thread: new() only looks it up
+        removed = []
+        for slot in self.path.iterdir():
+            owner = slot.name.split("-", 1)[0]
+            if _OWNER.fullmatch(owner) and not owner_is_gone(self.tmp_dir, owner):
+                continue
+            remove_tree(slot)
+            removed.append(slot)
+        return removed
+
+    def new(self, label: str) -> Path:
+        """A slot's path for a runner labelled ``label``, named for this process."""
+        return self.path / f"{owner_token(self.tmp_dir)}-{label[:60]}-{secrets.token_hex(4)}"
 
 
 def with_model_dir(spec: InstanceSpec, model_dir: Path) -> InstanceSpec:
@@ -118,11 +138,6 @@ async def start_waiting(spec: InstanceSpec, label: str, stderr_lines: int, *,
     return WaitingRunner(spec, process, ours, slot, program)
 
 
-def new_slot(run_dir: Path, label: str) -> Path:
-    """A slot's path, named for this daemon (ensure_slots_dir) and the runner."""
-    return slots_dir(run_dir) / f"{os.getpid()}-{label[:60]}-{secrets.token_hex(4)}"
-
-
 async def hand_model(waiting: WaitingRunner, spec: InstanceSpec, arena_fd: int | None, label: str) -> RunnerProcess:
     """Give the waiting runner the model ``spec`` serves: lay spec.model_dir
     out in its slot, move its socket (a spare's) to spec.socket_path, send
@@ -138,7 +153,7 @@ async def hand_model(waiting: WaitingRunner, spec: InstanceSpec, arena_fd: int |
         if waiting.program is not None:
             args = with_model_dir(spec, waiting.slot).argv
             argv = args[len(waiting.program):]
-        send_model(waiting.channel, ModelMessage(argv, {"arena": arena_fd} if arena_fd is not None else {}))
+        await send_model(waiting.channel, ModelMessage(argv, {"arena": arena_fd} if arena_fd is not None else {}))
     except (OSError, ChannelError) as e:
         await waiting.discard()
         if process.returncode is not None and isinstance(e, OSError) and e.errno in (errno.EPIPE, errno.ECONNRESET):

@@ -26,6 +26,7 @@ from typing import Mapping, Sequence
 from urllib.parse import quote
 
 from cartonstore.errors import InvalidInput
+from cartonstore.v2.http1 import chunk_size
 
 MAX_HEAD = 1 << 20        # status line + headers of one response
 IDLE_LIMIT = 30.0         # below the runner SDK's 75 s keep-alive (and aiohttp's), so a runner never closes one we pick
@@ -313,12 +314,10 @@ def _parse_head(head: bytes) -> tuple[int, str, dict[str, str]]:
 async def _read_chunked(conn: _Connection) -> bytes:
     chunks = []
     while True:
-        line = await conn.readuntil(b"\r\n", MAX_HEAD)
-        size_text = line.split(b";", 1)[0].strip()
         try:
-            size = int(size_text, 16)
-        except ValueError:
-            raise BadResponse(f"bad chunk size {size_text[:20]!r}") from None
+            size = chunk_size(await conn.readuntil(b"\r\n", MAX_HEAD))
+        except ValueError as exc:
+            raise BadResponse(str(exc)) from None
         if size == 0:
             while await conn.readuntil(b"\r\n", MAX_HEAD) != b"\r\n":
                 pass   # trailers: none that matter to us
