@@ -26,6 +26,7 @@ from .config import FetchConfig
 from .http import HttpClient
 from .peers import ORIGIN, Claim, PeerSet
 from .policy import describe
+from .registry_mirrors import mirrored_blob_urls
 from .stats import TransferStats
 from .transfer import SourcesFailed, fetch_blob
 
@@ -76,6 +77,8 @@ class BlobFetcher:
             staged = await self.stage_from_peer(digest, claims.get(digest))
             if staged is None:
                 sources = await asyncio.to_thread(self.sources_for, digest, urls)  # SQLite: off the loop
+                staged = await self._stage_from_registry_mirrors(digest, sources)
+            if staged is None:
                 staged = await fetch_blob(self.client, self.store.blobs, digest, sources, self.config,
                                           stats=self.stats, kind_of=self.kind_of)
             try:
@@ -100,6 +103,22 @@ class BlobFetcher:
             log.warning("blob %s from a peer failed, fetching it from its sources: %s", digest, e)
             if claim is not None:
                 claim.stage = ORIGIN
+            return None
+
+    async def _stage_from_registry_mirrors(self, digest: str, sources: Sequence[str]) -> StagedBlob | None:
+        """The blob from the mirrors ([registries.mirrors]) of the registries
+        among ``sources``, each asked once (the sources themselves are next,
+        with their retries), as a pull asks them; None when none has it."""
+        mirrors = self.config.registries.mirrors
+        urls = list(dict.fromkeys(m for url in sources for m in mirrored_blob_urls(url, mirrors)))
+        if not urls:
+            return None
+        try:
+            return await fetch_blob(self.client, self.store.blobs, digest, urls, replace(self.config, retries=0),
+                                    stats=self.stats, kind_of=lambda _u: "mirror")
+        except SourcesFailed as e:
+            log.info("blob %s: not from the registries' mirrors (%s); asking its sources", digest[:12],
+                     "; ".join(e.problems))
             return None
 
     async def stage_instead(self, path: str, digest: str, failed: str, problem: str,

@@ -2,9 +2,10 @@
 
 TransferStats counts bytes received and expected, requests, retries, and
 bytes and blobs by kind of source ("url": a carton's own URL or a LINKS
-URL; "mirror": <mirror>/<sha256>; "registry": an OCI registry's blob;
-"peer": another node's store (peers.py); "file": a local carton, added by
-the puller). Every kind but "peer" is an origin. Counting is two additions under a lock, cheap enough for every
+URL; "mirror": <mirror>/<sha256>, or a registry's mirror; "registry": an
+OCI registry's blob; "peer": another node's store (peers.py); "file": a
+local carton, added by the puller). Every kind but "peer" is an origin.
+Counting is two additions under a lock, cheap enough for every
 chunk; whoever shows progress reads the counters at its own pace.
 
 A Tally is one request's share of the expected total: what it planned to

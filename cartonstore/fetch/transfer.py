@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 from typing import Callable, Sequence
 
-from cartonstore.errors import CartonStoreError, FetchError, IntegrityError, InvalidInput
+from cartonstore.errors import CartonStoreError, FetchError, FetchNotFound, IntegrityError, InvalidInput
 from cartonstore.store.blobs import BlobStore, BlobWriter, StagedBlob
 
 from .config import FetchConfig
@@ -218,11 +218,19 @@ async def download_parts(client: HttpClient, url: str, first: Response, writer: 
 
 
 class SourcesFailed(FetchError):
-    """No source delivered a blob; ``problems`` says why, one line per source."""
+    """No source delivered a blob; ``problems`` says why, one line per
+    source, and ``errors`` holds what each raised."""
 
-    def __init__(self, message: str, *, subject: str | None, problems: Sequence[str]) -> None:
+    def __init__(self, message: str, *, subject: str | None, problems: Sequence[str],
+                 errors: Sequence[CartonStoreError] = ()) -> None:
         super().__init__(message, subject=subject)
         self.problems = list(problems)
+        self.errors = list(errors)
+
+    @property
+    def none_had_it(self) -> bool:
+        """Every source answered that it has no such blob (HTTP 404 or 410)."""
+        return bool(self.errors) and all(isinstance(e, FetchNotFound) for e in self.errors)
 
 
 async def _stage_to_the_end(writer: BlobWriter, digest: str) -> StagedBlob:
@@ -248,6 +256,7 @@ async def fetch_blob(client: HttpClient, blobs: BlobStore, digest: str, urls: Se
     FetchError listing what went wrong with every URL. ``kind_of(url)`` says
     what kind of source a URL is ("url", "mirror", "registry")."""
     problems: list[str] = []
+    errors: list[CartonStoreError] = []
     for url in urls:
         kind = kind_of(url) if kind_of is not None else "url"
         try:
@@ -261,11 +270,14 @@ async def fetch_blob(client: HttpClient, blobs: BlobStore, digest: str, urls: Se
                 return staged
         except IntegrityError as e:
             problems.append(f"{describe(url)}: {e.message}")
+            errors.append(e)
         except InvalidInput as e:
             problems.append(e.message)
+            errors.append(e)
         except CartonStoreError as e:
             problems.append(e.message if describe(url) in e.message else f"{describe(url)}: {e.message}")
+            errors.append(e)
     if not urls:
         raise FetchError(f"blob {digest} is missing and no URL or mirror is known for it", subject=digest)
     raise SourcesFailed(f"could not fetch blob {digest} from any of its {len(urls)} source(s):\n  "
-                        + "\n  ".join(problems), subject=digest, problems=problems)
+                        + "\n  ".join(problems), subject=digest, problems=problems, errors=errors)

@@ -19,13 +19,13 @@ import json
 import logging
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable
-from urllib.parse import quote
 
 import aiohttp
 
 from cartonstore.errors import CartonStoreError, FetchError, FetchNotFound, IntegrityError
 from cartonstore.fetch.http import HttpClient, translate, with_retries
 from cartonstore.fetch.policy import describe, redirect_target
+from cartonstore.fetch.registry_mirrors import mirror_url
 from cartonstore.system.hosts import is_loopback
 
 from .artifact import ACCEPT, MAX_MANIFEST_SIZE, OCI_MANIFEST
@@ -49,6 +49,7 @@ class Registry:
         self.ref = ref
         self.base: str | None = None   # "https://host:port", found by connect()
         self._connecting = asyncio.Lock()   # blobs staged at once after a mirror's manifest probe it once
+        self.passed_over: set[str] = set()   # mirrors not asked again in this pull (pass_over)
 
     @property
     def config(self):  # noqa: ANN201 - FetchConfig
@@ -63,18 +64,26 @@ class Registry:
 
     @property
     def mirrors(self) -> tuple[str, ...]:
-        """The endpoints [registries.mirrors] lists for this registry, in order."""
+        """The endpoints [registries.mirrors] lists for this registry, in
+        order, less those passed over in this pull."""
         # by host:port as written in the reference, as containerd keys them
-        return self.config.registries.mirrors.get(self.ref.authority.lower(), ())
+        listed = self.config.registries.mirrors.get(self.ref.authority.lower(), ())
+        return tuple(m for m in listed if m not in self.passed_over)
+
+    def pass_over(self, endpoint: str, why: str) -> None:
+        """Ask ``endpoint`` nothing more in this pull: it failed otherwise
+        than by not having what was asked (unreachable, an error status,
+        bytes that are not the digest's). A pull of many blobs would wait
+        on a dead mirror's connect timeout once per blob otherwise."""
+        if endpoint not in self.passed_over:
+            self.passed_over.add(endpoint)
+            log.warning("mirror %s of %s: %s; not asked again in this pull", describe(endpoint),
+                        self.ref.authority, why)
 
     def mirror_url(self, endpoint: str, path: str) -> str:
         """``path`` of this repository at a mirror, naming the registry it
         mirrors as containerd does (the ``ns`` query parameter)."""
-        return f"{endpoint}/v2/{self.ref.repository}/{path}?ns={quote(self.ref.authority, safe=':')}"
-
-    def mirror_blob_urls(self, digest: str) -> list[str]:
-        """The blob at each mirror, in order (tried before the registry)."""
-        return [self.mirror_url(m, f"blobs/sha256:{digest}") for m in self.mirrors]
+        return mirror_url(endpoint, self.ref.repository, self.ref.authority, path)
 
     def source_url(self, digest: str) -> str:
         """The blob at the registry, as recorded for fetching it again: the
@@ -210,12 +219,15 @@ class Registry:
         try:
             answer = await self.request("GET", url, headers={"Accept": ACCEPT}, limit=MAX_MANIFEST_SIZE)
         except CartonStoreError as e:   # unreachable, or a host fetch.allow_hosts/deny_hosts refuses
-            log.info("mirror %s: %s; asking the next", describe(url), e.message)
+            self.pass_over(endpoint, e.message)
             return None
         digest = "sha256:" + hashlib.sha256(answer.body).hexdigest()
+        if answer.status in (404, 410):
+            log.info("mirror %s answered HTTP %s; asking the next", describe(url), answer.status)
+            return None
         if answer.status != 200 or digest != self.ref.digest:
-            why = f"HTTP {answer.status}" if answer.status != 200 else f"a manifest that hashes to {digest}"
-            log.info("mirror %s answered %s; asking the next", describe(url), why)
+            self.pass_over(endpoint, f"answered HTTP {answer.status}" if answer.status != 200
+                           else f"served a manifest that hashes to {digest}, not {self.ref.digest}")
             return None
         return answer.body, _media_type(answer), digest
 

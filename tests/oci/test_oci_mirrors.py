@@ -3,19 +3,22 @@ hosts.toml), against two real distribution registries: a pull by digest
 is served by the mirror even with the registry down; a tag is resolved at
 the registry and its blobs come from the mirror; a mirror that lacks the
 carton, or cannot be reached, is passed over for the next and then the
-registry; a mirror serving other bytes is not believed."""
+registry; a mirror serving other bytes is not believed; a failing mirror is
+asked once per pull; a mirror's bytes count as "mirror"; an evicted blob
+comes back from the mirrors of the registry it was pulled from."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
-from conftest import sha
+from conftest import sha, snapshot
 from kit.fetchkit import materialize, pull
 from kit.ocikit import FILES, config, push
 from kit.registrykit import Registry, free_port, needs_registry
 
 from cartonstore.store import Store
+from cartonstore.store.gc import GcPolicy
 
 pytestmark = needs_registry
 
@@ -83,8 +86,10 @@ def test_mirrors_that_lack_it_or_are_down_are_passed_over(tmp_path: Path, two, m
 
 def test_a_mirror_serving_other_bytes_is_not_believed(tmp_path: Path, two, make_carton) -> None:  # noqa: ANN001
     """A mirror (a real HTTP server, lying on purpose) answers every manifest
-    and blob with bytes of its own: the manifest it serves hashes otherwise
-    than the digest asked, so it is passed over, and the registry serves."""
+    and blob with bytes of its own. By digest, the manifest it serves hashes
+    otherwise than the digest asked: it is passed over for the whole pull,
+    and the registry serves. By tag (resolved at the registry), the first
+    blobs it serves fail their hash (or size), and it is asked for no other."""
     import http.server
     import threading
 
@@ -107,14 +112,119 @@ def test_a_mirror_serving_other_bytes_is_not_believed(tmp_path: Path, two, make_
     threading.Thread(target=liar.serve_forever, daemon=True).start()
     upstream, _ = two
     digest, manifest = _pushed(tmp_path, make_carton, upstream)
+    mirrors = _mirrors(upstream, f"http://127.0.0.1:{liar.server_address[1]}")
     try:
         with Store(tmp_path / "node") as node:
-            r = pull(node, f"{upstream.ref('models/m')}@{manifest}",
-                     _mirrors(upstream, f"http://127.0.0.1:{liar.server_address[1]}"), name="m")
+            r = pull(node, f"{upstream.ref('models/m')}@{manifest}", mirrors, name="m")
             assert r.digest == digest
             assert {p: (materialize(node, "m") / p).read_bytes() for p in FILES} == FILES   # verified by hash
+        assert asked == [f"/v2/models/m/manifests/{manifest}?ns={upstream.authority}"]
+        asked.clear()
+        with Store(tmp_path / "by-tag") as node:
+            r = pull(node, upstream.ref("models/m:v1"), mirrors, name="m")
+            assert r.digest == digest and r.complete and r.sources["mirror"]["blobs"] == 0
+            assert {p: (materialize(node, "m") / p).read_bytes() for p in FILES} == FILES
     finally:
         liar.shutdown()
         liar.server_close()
-    assert f"/v2/models/m/manifests/{manifest}?ns={upstream.authority}" in asked
-    assert any("/blobs/sha256:" in path for path in asked)   # its blobs were tried too, and failed their hash
+    # the small files are read at once, so each of those may have been asked; after they failed, nothing was
+    assert asked and all("/blobs/sha256:" in path for path in asked)
+    assert not any(sha(FILES["model/weights.bin"]) in path for path in asked) and len(asked) < r.blobs_fetched
+
+class _Failing:
+    """A mirror (a real HTTP server) that answers every request with
+    ``status``, and counts what it was asked."""
+
+    def __init__(self, status: int) -> None:
+        import http.server
+        import threading
+
+        asked = self.asked = []
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 - http.server's name
+                asked.append(self.path)
+                self.send_response(status)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args) -> None:  # noqa: ANN002
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def __enter__(self) -> _Failing:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_a_failing_mirror_is_asked_once_per_pull_one_that_lacks_a_blob_each_time(tmp_path: Path, two,
+                                                                                  make_carton) -> None:  # noqa: ANN001
+    """A mirror that errs (HTTP 500 here; unreachable alike) is passed over
+    for the rest of the pull after its first failure, so a pull of many
+    blobs pays for a dead mirror once; one that only lacks things (404) is
+    asked for each."""
+    upstream, _ = two
+    digest, manifest = _pushed(tmp_path, make_carton, upstream)
+    with _Failing(500) as broken, _Failing(404) as lacking, Store(tmp_path / "node") as node:
+        r = pull(node, f"{upstream.ref('models/m')}@{manifest}", _mirrors(upstream, broken.url, lacking.url),
+                 name="m")
+        assert r.digest == digest and r.complete
+        assert broken.asked == [f"/v2/models/m/manifests/{manifest}?ns={upstream.authority}"]
+        blobs = [path for path in lacking.asked if "/blobs/" in path]
+        assert len(blobs) == r.blobs_fetched >= 3 and len(set(blobs)) == len(blobs)
+        assert r.sources["registry"]["blobs"] == r.blobs_fetched and r.sources["mirror"]["blobs"] == 0
+
+
+def test_bytes_from_a_mirror_are_counted_as_the_mirrors(tmp_path: Path, two, make_carton) -> None:  # noqa: ANN001
+    upstream, mirror = two
+    _, manifest = _pushed(tmp_path, make_carton, upstream, mirror)
+    with Store(tmp_path / "node") as node:
+        r = pull(node, f"{upstream.ref('models/m')}@{manifest}", _mirrors(upstream, f"http://{mirror.authority}"),
+                 name="m")
+        assert r.sources["mirror"]["blobs"] == r.blobs_fetched >= 3
+        assert r.sources["registry"] == {"bytes": 0, "blobs": 0}
+        assert r.sources["mirror"]["bytes"] >= len(FILES["model/weights.bin"])
+
+
+def test_an_evicted_blob_comes_back_from_the_registrys_mirror(tmp_path: Path, two, make_carton) -> None:  # noqa: ANN001
+    """A blob pulled from the registry, evicted, is fetched again from its
+    recorded registry URL's mirrors first: with the registry down, the
+    mirror brings it back; without mirrors configured, nothing can."""
+    upstream, mirror = two
+    digest, _ = _pushed(tmp_path, make_carton, upstream, mirror)
+    with Store(tmp_path / "node") as node:
+        pull(node, upstream.ref("models/m:v1"), config(), name="m")
+        assert node.collect(GcPolicy(max_size=1, grace=0.0)).evicted_blobs and node.missing_blobs(digest)
+        upstream.stop()
+        with pytest.raises(Exception, match="could not fetch blob"):
+            materialize(node, "m", config())
+        model = materialize(node, "m", _mirrors(upstream, f"http://{mirror.authority}"))
+        assert {p: (model / p).read_bytes() for p in FILES} == FILES and node.verify().ok
+
+
+def test_blobs_a_mirror_lacks_fail_naming_a_registry_that_is_not_one(tmp_path: Path, two, make_carton) -> None:  # noqa: ANN001
+    """The mirror has the manifest but lacks two blobs, and what stands at
+    the registry's address is no registry (a real server answering 404):
+    the first missing blob falls back to the registry, and the pull fails
+    naming why (once: the other blobs stop), leaving the store as it was."""
+    _, mirror = two
+    with _Failing(404) as nowhere, Store(tmp_path / "source") as source:
+        source.add(make_carton(FILES), name="m")
+        authority = nowhere.url.removeprefix("http://")
+        reference = push(source, "m", mirror.ref("models/m:v1"), config()).reference.split("@")[1]
+        blobs = mirror.workdir / "data" / "docker" / "registry" / "v2" / "blobs" / "sha256"
+        for data in (FILES["model/weights.bin"], FILES["model/vocab.txt"]):
+            (blobs / sha(data)[:2] / sha(data) / "data").unlink()
+        with Store(tmp_path / "node") as node:
+            before = snapshot(node.root)
+            with pytest.raises(Exception, match="not an OCI registry"):
+                pull(node, f"oci://{authority}/models/m@{reference}",
+                     config(mirrors={authority: (f"http://{mirror.authority}",)}), name="m")
+            assert snapshot(node.root) == before and not node.blobs.has(sha(FILES["model/weights.bin"]))
+        assert nowhere.asked.count("/v2/") == 1
