@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import select
+import signal
 import socket
 import struct
 import sys
@@ -205,15 +206,33 @@ class HttpServer:
             pass
 
     def serve(self) -> None:
-        """Accept connections until ``stop``; each gets a thread of its own."""
+        """Accept connections until ``stop``; each gets a thread of its own.
+
+        In the main thread, a signal also wakes the poll (the wake pipe is
+        the interpreter's wakeup fd while it runs): the kernel may hand a
+        process's SIGTERM to any of its threads (a connection's thread, when
+        the main one already has a signal pending), and Python runs the
+        handler only once the main thread runs again, which in poll() with
+        nothing arriving would be never."""
+        main = threading.current_thread() is threading.main_thread()
+        previous = signal.set_wakeup_fd(self._wake_w, warn_on_full_buffer=False) if main else -1
+        try:
+            self._accept_until_woken()
+        finally:
+            if main:
+                signal.set_wakeup_fd(previous)
+
+    def _accept_until_woken(self) -> None:
         poller = select.poll()
         poller.register(self.listener, select.POLLIN)
         poller.register(self._wake_r, select.POLLIN)
         self.listener.setblocking(False)
         while True:
             ready = {fd for fd, _ in poller.poll()}
-            if self._wake_r in ready:
+            if self._wake_r in ready and self._woken_to_stop():
                 return
+            if self.listener.fileno() not in ready:
+                continue
             try:
                 conn, _ = self.listener.accept()
             except (BlockingIOError, InterruptedError):
@@ -223,6 +242,17 @@ class HttpServer:
                 time.sleep(0.1)
                 continue
             self._start(conn)
+
+    def _woken_to_stop(self) -> bool:
+        """What woke the poll: stop() (it writes "x"), or a signal, which
+        the interpreter writes as its number. SIGTERM and SIGINT stop the
+        server even before their handler (stop()) has run; other signals (a
+        model's own handlers) do not."""
+        try:
+            said = os.read(self._wake_r, 4096)
+        except BlockingIOError:
+            said = b""
+        return self._stopping or any(byte in said for byte in (ord("x"), signal.SIGTERM, signal.SIGINT))
 
     def _start(self, conn: socket.socket) -> None:
         conn.setblocking(True)

@@ -315,3 +315,47 @@ def test_a_connection_that_gets_no_thread_is_answered_503(running: Running, monk
     again.sendall(request("GET", "/after"))
     assert read_answer(again, pending)[0] == 200
     again.close()
+
+
+# A server in a process's main thread, as a runner runs it: SIGTERM stops it (its handler), SIGUSR1 (a model's
+# own handler) does not.
+MAIN_THREAD_SERVER = r'''
+import signal, socket, sys
+from cartonstore.runner.http_server import HttpServer, Response
+
+listener = socket.socket(socket.AF_UNIX)
+listener.bind(sys.argv[1])
+listener.listen(16)
+server = HttpServer(listener, lambda request: Response(200, {}, [b"ok"]))
+signal.signal(signal.SIGTERM, lambda *_: server.stop())
+signal.signal(signal.SIGUSR1, lambda *_: None)
+print("ready", flush=True)
+server.serve()
+server.drain()
+print("stopped", flush=True)
+'''
+
+
+def test_in_the_main_thread_a_signal_for_the_model_wakes_the_server_but_does_not_stop_it(tmp_path: Path) -> None:
+    import signal
+    import subprocess
+    import sys
+
+    path = tmp_path / "m.sock"
+    proc = subprocess.Popen([sys.executable, "-c", MAIN_THREAD_SERVER, str(path)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline() == "ready\n"
+        for _ in range(3):
+            proc.send_signal(signal.SIGUSR1)
+            time.sleep(0.05)
+        conn, pending = socket.socket(socket.AF_UNIX), bytearray()
+        conn.connect(str(path))
+        conn.sendall(request("GET", "/after-usr1"))
+        assert read_answer(conn, pending) == (200, {"content-length": "2"}, b"ok")
+        conn.close()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=10) == 0 and proc.stdout.read() == "stopped\n"
+    finally:
+        proc.kill()
+        proc.wait()
+        proc.stdout.close()

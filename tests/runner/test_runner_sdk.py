@@ -314,6 +314,43 @@ def test_sigterm_finishes_the_infer_in_flight_then_exits_0(doubler_dir: Path) ->
     assert not sock.exists()
 
 
+def _tgkill(pid: int, tid: int, sig: int) -> None:
+    """``sig`` to one thread of another process (the syscall; Python has
+    pthread_kill only for its own threads)."""
+    import ctypes
+    import platform
+
+    number = {"x86_64": 234, "aarch64": 131}[platform.machine()]
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.syscall(number, pid, tid, sig) != 0:
+        raise OSError(ctypes.get_errno(), f"tgkill {pid} {tid}")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_stop_signal_that_lands_on_a_connections_thread_stops_the_runner(doubler_dir: Path, sig: int) -> None:
+    """The kernel may hand a process's SIGTERM to any thread (the main one
+    busy with another signal). Sent here to the thread serving an idle
+    connection, with the main thread asleep in poll(): the runner still
+    stops at once and exits 0 (it slept until the next connection came)."""
+    proc, sock = start(doubler_dir, "tg", name="dbl")
+    wait_ready(sock, proc=proc)
+    idle = socket.socket(socket.AF_UNIX)
+    try:
+        idle.connect(str(sock))
+        idle.sendall(b"GET /v2/health/ready HTTP/1.1\r\nHost: r\r\n\r\n")
+        assert idle.recv(4096).startswith(b"HTTP/1.1 200")   # its thread now waits for the next request
+        others = [int(t) for t in os.listdir(f"/proc/{proc.pid}/task") if int(t) != proc.pid]
+        assert others, "the runner has no thread but its main one"
+        for tid in others:
+            _tgkill(proc.pid, tid, sig)
+        proc.wait(timeout=10)
+        rc, err = stop_runner(proc, sig=0)
+        assert rc == 0, err
+    finally:
+        idle.close()
+        stop_runner(proc)
+
+
 def test_runner_dies_with_its_parent(doubler_dir: Path) -> None:
     argv = runner_argv(str(doubler_dir / "doubler.py"), doubler_dir / "carton", doubler_dir / "orphan.sock")
     parent = subprocess.Popen(
