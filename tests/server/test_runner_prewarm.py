@@ -143,6 +143,36 @@ def test_a_load_takes_the_prewarmed_spare_and_another_starts(node) -> None:  # n
     assert left_behind(d.root) == ([], [])
 
 
+def process_started(pid: int) -> float:
+    """When process ``pid`` started, in seconds since the epoch."""
+    ticks = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+    boot = next(int(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
+                if line.startswith("btime "))
+    return boot + ticks / os.sysconf("SC_CLK_TCK")
+
+
+def test_a_taken_spare_is_replaced_once_the_load_that_took_it_is_ready(node) -> None:  # noqa: ANN001
+    """The replacement is not started while the load that took the spare
+    still loads its model: its imports would take CPU from that load."""
+    daemon, base, _ = node
+    d = daemon('prewarm = ["python"]\n')
+    assert wait_for(lambda: spare_ready(d), timeout=30), "no spare"
+    slots = str(d.root / "run" / "slots")
+    waiting = set(live_pids(slots))
+    asked = time.time()
+    status, body = load(d, "m", started_carton(base / "m", startup="time.sleep(2.0)"))   # 2 s to load its model
+    assert status == 200, body
+    ready = time.time()
+    assert ready - asked >= 2.0 and started_at(d, "m") < asked   # the spare took the load, and took its time
+    assert wait_for(lambda: spare_ready(d), timeout=30), "no spare after the load was ready"
+    new = [pid for pid in set(live_pids(slots)) - waiting if pid not in
+           {row["name"]: row for row in call(d, "POST", "/v2/repository/index", json={})[1]}["m"]["pids"]]
+    assert new, "no new spare process"
+    # /proc's start times count in clock ticks (10 ms): 0.5 s is a margin, the 2 s load the difference
+    assert min(process_started(pid) for pid in new) > ready - 0.5, (ready - asked, [
+        ready - process_started(pid) for pid in new])
+
+
 def test_loading_again_what_already_serves_starts_no_runner(node) -> None:  # noqa: ANN001
     """The same source and config again: the version serves as asked, so
     neither the spare nor a runner started early is taken and thrown away."""

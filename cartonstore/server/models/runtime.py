@@ -134,6 +134,7 @@ class RunnerHost:
                 if self.prewarm is not None and (policy is None or name not in policy.network) else None
             if spare is not None:
                 starting.waiting[i] = _done(spare)
+                starting.when_closed.append(functools.partial(self.prewarm.settled, kind, spec.device))
             elif early:
                 slotted = with_model_dir(spec, self.slots.new(spec.socket_path.stem))
                 starting.waiting[i] = asyncio.ensure_future(
@@ -248,6 +249,7 @@ class Starting:
     def __init__(self, plan: RunnerPlan, devices: list[str], specs: list[InstanceSpec]) -> None:
         self.plan, self.devices, self.specs = plan, devices, specs
         self.waiting: list[asyncio.Future[WaitingRunner] | None] = [None] * len(specs)
+        self.when_closed: list[Callable[[], None]] = []   # told once the load is done (a spare's refill)
 
     def describe(self) -> str:
         started = sum(1 for w in self.waiting if w is not None)
@@ -277,7 +279,10 @@ class Starting:
             return None
 
     async def close(self) -> None:
-        """End every started runner no instance took."""
+        """End every started runner no instance took; tell when_closed."""
+        told, self.when_closed = self.when_closed, []
+        for tell in told:
+            tell()
         left = [w for w in self.waiting if w is not None]
         self.waiting = [None] * len(self.waiting)
         for waiting in left:
