@@ -284,9 +284,31 @@ def test_onnx_model_file_option_and_missing_file(base: Path) -> None:
         assert_stopped_cleanly(proc)
     for opts, reason in [({"model_file": "absent.onnx"}, "model file model/absent.onnx does not exist"),
                          ({"model_file": "../carton.toml"}, "points outside the carton's model/ directory"),
-                         ({"intra_op_num_threads": "two"}, "'intra_op_num_threads' must be an integer")]:
+                         ({"intra_op_num_threads": "two"}, "'intra_op_num_threads' must be an integer"),
+                         ({"prepacking": "sometimes"}, "'prepacking' must be true or false")]:
         rc, err = stop_runner(start_runner("onnx", model, sock, opts=opts), sig=0, timeout=30)
         assert rc == EXIT_LOAD_FAILED and reason in err.strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize("prepacking", [True, False, "false"])
+def test_onnx_prepacking_option_reaches_the_session(base: Path, prepacking: bool | str) -> None:
+    """[runner.opts] prepacking = false (Triton's string parameters too)
+    disables onnxruntime's weight prepacking; the model answers the same."""
+    from cartonstore.runner import onnx as onnx_runner
+    from cartonstore.runner.args import parse_runner_args
+
+    model = onnx_model_dir(base, name=f"pre-{prepacking}")
+    ctx = parse_runner_args(["--model-dir", str(model), "--socket", str(base / "unused.sock"), "--name", "m",
+                             "--version", "1", "--opts", json.dumps({"prepacking": prepacking}), "--devices", "cpu"])
+    loaded = onnx_runner.load(ctx)
+    options = loaded._session.get_session_options()
+    if prepacking is True:   # onnxruntime's default: the entry is not set at all
+        with pytest.raises(RuntimeError, match="does not have configuration"):
+            options.get_session_config_entry("session.disable_prepacking")
+    else:
+        assert options.get_session_config_entry("session.disable_prepacking") == "1"
+    out = loaded.infer({"x": np.ones((2, 4), np.float32), "ids": np.arange(2, dtype=np.int64)}, {})
+    assert out["y"].tolist() == [[3.0] * 4] * 2
 
 
 # -- torchscript runner -----------------------------------------------------
