@@ -24,9 +24,10 @@ from cartonstore.system.flights import SingleFlight
 
 from .config import FetchConfig
 from .http import HttpClient
+from .mirror_fetch import PassedOver, stage_from_mirrors
 from .peers import ORIGIN, Claim, PeerSet
 from .policy import describe
-from .registry_mirrors import mirrored_blob_urls
+from .registry_mirrors import mirrored_blob_urls, registry_of
 from .stats import TransferStats
 from .transfer import SourcesFailed, fetch_blob
 
@@ -43,6 +44,7 @@ class BlobFetcher:
         self._flights = SingleFlight()
         self._slots = asyncio.Semaphore(config.max_concurrency)
         self.peers = PeerSet(config.peers, client)
+        self._mirrors_passed_over = PassedOver()   # registries' mirrors that failed lately
 
     def sources_for(self, digest: str, urls: Sequence[str] = ()) -> list[str]:
         """LINKS URLs given, then those in the index, then each mirror."""
@@ -107,19 +109,18 @@ class BlobFetcher:
 
     async def _stage_from_registry_mirrors(self, digest: str, sources: Sequence[str]) -> StagedBlob | None:
         """The blob from the mirrors ([registries.mirrors]) of the registries
-        among ``sources``, each asked once (the sources themselves are next,
-        with their retries), as a pull asks them; None when none has it."""
+        among ``sources``, as a pull asks them (mirror_fetch.py); None when
+        none has it (the sources themselves are next, with their retries)."""
         mirrors = self.config.registries.mirrors
-        urls = list(dict.fromkeys(m for url in sources for m in mirrored_blob_urls(url, mirrors)))
-        if not urls:
-            return None
-        try:
-            return await fetch_blob(self.client, self.store.blobs, digest, urls, replace(self.config, retries=0),
-                                    stats=self.stats, kind_of=lambda _u: "mirror")
-        except SourcesFailed as e:
-            log.info("blob %s: not from the registries' mirrors (%s); asking its sources", digest[:12],
-                     "; ".join(e.problems))
-            return None
+        for url in sources:
+            urls = mirrored_blob_urls(url, mirrors)
+            if urls:
+                staged = await stage_from_mirrors(self.client, self.store.blobs, digest, urls, self.config,
+                                                  self._mirrors_passed_over, registry=registry_of(url),
+                                                  stats=self.stats)
+                if staged is not None:
+                    return staged
+        return None
 
     async def stage_instead(self, path: str, digest: str, failed: str, problem: str,
                             urls: Sequence[str] = (), *, max_size: int | None = None) -> StagedBlob:

@@ -26,14 +26,19 @@ def mirror_url(endpoint: str, repository: str, authority: str, path: str) -> str
     return f"{endpoint.rstrip('/')}/v2/{repository}/{path}?ns={quote(authority, safe=':')}"
 
 
-def mirrored_blob_urls(url: str, mirrors: Mapping[str, tuple[str, ...]]) -> list[str]:
-    """The mirrors' URLs for ``url`` when it is a blob at a registry that
-    ``mirrors`` (host[:port], lower case, -> endpoints) lists, in order;
-    [] for any other URL."""
+def mirrored_blob_urls(url: str, mirrors: Mapping[str, tuple[str, ...]]) -> list[tuple[str, str]]:
+    """(endpoint, URL) of each mirror for ``url`` when it is a blob at a
+    registry that ``mirrors`` (host[:port], lower case, -> endpoints)
+    lists, in order; [] for any other URL."""
     found = _REGISTRY_BLOB.match(url)
     if found is None:
         return []
     authority, repository, digest = found.groups()
-    return [mirror_url(endpoint, repository, authority, f"blobs/{digest}")
+    return [(endpoint, mirror_url(endpoint, repository, authority, f"blobs/{digest}"))
             for endpoint in mirrors.get(authority.lower(), ())]
 
+
+def registry_of(url: str) -> str:
+    """The host[:port] of a registry blob URL (for what is logged)."""
+    found = _REGISTRY_BLOB.match(url)
+    return found[1] if found is not None else url

@@ -93,9 +93,12 @@ def wants_parts(response: Response, config: FetchConfig, resuming: bool) -> bool
 
 
 async def download(client: HttpClient, url: str, writer: BlobWriter, config: FetchConfig, *,
-                   stats: TransferStats | None = None, source: str = "url", expected_size: int | None = None) -> None:
+                   stats: TransferStats | None = None, source: str = "url", expected_size: int | None = None,
+                   route: str | None = None) -> None:
     """Fetch url's whole decoded body into writer, retrying and resuming;
-    its bytes count in stats as coming from this kind of source. With
+    its bytes count in stats as coming from this kind of source, and it
+    goes through that kind's proxy, or ``route``'s when given (a registry's
+    mirror counts as "mirror" and is reached as a registry is). With
     ``expected_size`` (what a registry's manifest says), a body that is or
     decodes to more is refused as soon as it shows."""
     limit = config.max_blob_size if expected_size is None else min(expected_size, config.max_blob_size or expected_size)
@@ -109,7 +112,7 @@ async def download(client: HttpClient, url: str, writer: BlobWriter, config: Fet
             await asyncio.to_thread(writer.reset)
         if stats is not None:
             stats.request()
-        async with client.get(url, start=start, encoded=start == 0, kind=source) as response:
+        async with client.get(url, start=start, encoded=start == 0, kind=route or source) as response:
             tally = Tally(stats, response.length or 0, source=source)
             try:
                 if response.start != start:  # Range ignored: the body starts at 0 again
@@ -118,7 +121,8 @@ async def download(client: HttpClient, url: str, writer: BlobWriter, config: Fet
                     raise FetchError(size_lie(url, response.total, expected_size), subject=url)
                 if parts_ok and wants_parts(response, config, start > 0):
                     try:
-                        await download_parts(client, url, response, writer, config, tally=tally)
+                        await download_parts(client, url, response, writer, config, tally=tally,
+                                             route=route or source)
                     except _RangesRefused as e:
                         parts_ok = False  # the next attempt streams the body in one piece
                         raise FetchError(e.message, subject=url, retryable=True) from None
@@ -160,7 +164,7 @@ def split_parts(size: int, parts: int) -> list[tuple[int, int]]:
 
 
 async def download_parts(client: HttpClient, url: str, first: Response, writer: BlobWriter, config: FetchConfig, *,
-                         tally: Tally) -> None:
+                         tally: Tally, route: str) -> None:
     """Fetch [0, size) as parallel Range parts written in place; the first part
     comes from the response already open. The file is hashed in order as its
     prefix grows (PrefixHasher), overlapped with the parts still arriving.
@@ -191,7 +195,7 @@ async def download_parts(client: HttpClient, url: str, first: Response, writer: 
                 return
             if stats is not None:
                 stats.request()
-            async with client.get(url, start=part.written, end=end, encoded=False, kind=tally.source) as response:
+            async with client.get(url, start=part.written, end=end, encoded=False, kind=route) as response:
                 if response.status != 206:
                     raise _RangesRefused(f"{describe(url)}: ignored a Range request for a part", subject=url)
                 await fill(response, part)
@@ -250,18 +254,21 @@ async def _stage_to_the_end(writer: BlobWriter, digest: str) -> StagedBlob:
 
 async def fetch_blob(client: HttpClient, blobs: BlobStore, digest: str, urls: Sequence[str],
                      config: FetchConfig, *, stats: TransferStats | None = None,
-                     kind_of: Callable[[str], str] | None = None, expected_size: int | None = None) -> StagedBlob:
+                     kind_of: Callable[[str], str] | None = None, expected_size: int | None = None,
+                     route: str | None = None) -> StagedBlob:
     """Try each URL until one delivers bytes that hash to digest (and are
     ``expected_size`` long, when given); returns them staged. Raises
     FetchError listing what went wrong with every URL. ``kind_of(url)`` says
-    what kind of source a URL is ("url", "mirror", "registry")."""
+    what kind of source a URL is ("url", "mirror", "registry"); ``route``,
+    whose proxy they go through when not their kind's (download)."""
     problems: list[str] = []
     errors: list[CartonStoreError] = []
     for url in urls:
         kind = kind_of(url) if kind_of is not None else "url"
         try:
             with blobs.writer(label="fetch") as writer:
-                await download(client, url, writer, config, stats=stats, source=kind, expected_size=expected_size)
+                await download(client, url, writer, config, stats=stats, source=kind, expected_size=expected_size,
+                               route=route)
                 if expected_size is not None and writer.size != expected_size:
                     raise FetchError(size_lie(url, writer.size, expected_size), subject=url)
                 staged = await _stage_to_the_end(writer, digest)

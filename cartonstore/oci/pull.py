@@ -17,16 +17,15 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import io
-import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
 
 from cartonstore.carton.checks import check_carton
 from cartonstore.errors import IntegrityError, InvalidCarton, ManifestMismatch
+from cartonstore.fetch.mirror_fetch import stage_from_mirrors
 from cartonstore.fetch.peers import Claim, offer
-from cartonstore.fetch.policy import describe
 from cartonstore.fetch.remote_zip import read_whole_limit
-from cartonstore.fetch.transfer import SourcesFailed, fetch_blob
+from cartonstore.fetch.transfer import fetch_blob
 from cartonstore.format.manifest import build_manifest
 from cartonstore.sources.view import SourceFile
 from cartonstore.sources.zip_source import METADATA_NAMES
@@ -41,7 +40,6 @@ from .registry import Registry
 if TYPE_CHECKING:
     from cartonstore.fetch.puller import Puller
 
-log = logging.getLogger("cartonstore.oci")
 
 
 class OciCartonView:
@@ -95,22 +93,13 @@ class _Blobs:
         return self.staging.staged[digest].tmp_path
 
     async def _from_mirrors(self, digest: str) -> StagedBlob | None:
-        """The blob from the registry's mirrors, or None. Each is tried once
-        (no retries: the registry is next); one that fails otherwise than
-        by not having it is passed over for the rest of the pull."""
-        config = dataclasses.replace(self.puller.config, retries=0)
-        for endpoint in self.registry.mirrors:
-            url = self.registry.mirror_url(endpoint, f"blobs/sha256:{digest}")
-            try:
-                return await fetch_blob(self.puller.client, self.puller.store.blobs, digest, [url], config,
-                                        stats=self.puller.stats, kind_of=lambda _u: "mirror",
+        """The blob from the registry's mirrors (mirror_fetch.py), or None."""
+        urls = [(endpoint, self.registry.mirror_url(endpoint, f"blobs/sha256:{digest}"))
+                for endpoint in self.registry.mirrors]
+        return await stage_from_mirrors(self.puller.client, self.puller.store.blobs, digest, urls,
+                                        self.puller.config, self.registry.passed_over,
+                                        registry=self.registry.ref.authority, stats=self.puller.stats,
                                         expected_size=self.sizes[digest])
-            except SourcesFailed as e:
-                if e.none_had_it:
-                    log.info("blob %s: not at mirror %s; asking the next", digest[:12], describe(endpoint))
-                else:
-                    self.registry.pass_over(endpoint, e.problems[0] if e.problems else e.message)
-        return None
 
     async def read(self, digest: str) -> bytes:
         """A small blob's bytes: the store's copy, else the registry's."""

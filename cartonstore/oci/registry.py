@@ -24,6 +24,7 @@ import aiohttp
 
 from cartonstore.errors import CartonStoreError, FetchError, FetchNotFound, IntegrityError
 from cartonstore.fetch.http import HttpClient, translate, with_retries
+from cartonstore.fetch.mirror_fetch import PassedOver
 from cartonstore.fetch.policy import describe, redirect_target
 from cartonstore.fetch.registry_mirrors import mirror_url
 from cartonstore.system.hosts import is_loopback
@@ -49,7 +50,7 @@ class Registry:
         self.ref = ref
         self.base: str | None = None   # "https://host:port", found by connect()
         self._connecting = asyncio.Lock()   # blobs staged at once after a mirror's manifest probe it once
-        self.passed_over: set[str] = set()   # mirrors not asked again in this pull (pass_over)
+        self.passed_over = PassedOver()   # mirrors not asked again for a while (pass_over)
 
     @property
     def config(self):  # noqa: ANN201 - FetchConfig
@@ -65,20 +66,15 @@ class Registry:
     @property
     def mirrors(self) -> tuple[str, ...]:
         """The endpoints [registries.mirrors] lists for this registry, in
-        order, less those passed over in this pull."""
+        order, less those passed over lately."""
         # by host:port as written in the reference, as containerd keys them
         listed = self.config.registries.mirrors.get(self.ref.authority.lower(), ())
         return tuple(m for m in listed if m not in self.passed_over)
 
     def pass_over(self, endpoint: str, why: str) -> None:
-        """Ask ``endpoint`` nothing more in this pull: it failed otherwise
-        than by not having what was asked (unreachable, an error status,
-        bytes that are not the digest's). A pull of many blobs would wait
-        on a dead mirror's connect timeout once per blob otherwise."""
-        if endpoint not in self.passed_over:
-            self.passed_over.add(endpoint)
-            log.warning("mirror %s of %s: %s; not asked again in this pull", describe(endpoint),
-                        self.ref.authority, why)
+        """Ask ``endpoint`` nothing more for a while (mirror_fetch.py): it
+        failed otherwise than by not having what was asked."""
+        self.passed_over.add(endpoint, self.ref.authority, why)
 
     def mirror_url(self, endpoint: str, path: str) -> str:
         """``path`` of this repository at a mirror, naming the registry it

@@ -223,16 +223,20 @@ class HttpServer:
                 signal.set_wakeup_fd(previous)
 
     def _accept_until_woken(self) -> None:
+        listening = self.listener.fileno()
         poller = select.poll()
-        poller.register(self.listener, select.POLLIN)
+        poller.register(listening, select.POLLIN)
         poller.register(self._wake_r, select.POLLIN)
         self.listener.setblocking(False)
         while True:
-            ready = {fd for fd, _ in poller.poll()}
+            ready = dict(poller.poll())
             if self._wake_r in ready and self._woken_to_stop():
                 return
-            if self.listener.fileno() not in ready:
+            if listening not in ready:
                 continue
+            if ready[listening] & (select.POLLNVAL | select.POLLERR):   # closed under us: nothing more to accept
+                print("cartonstore runner: the listening socket is gone; stopping", file=sys.stderr, flush=True)
+                return
             try:
                 conn, _ = self.listener.accept()
             except (BlockingIOError, InterruptedError):

@@ -212,12 +212,15 @@ def our_runner(d: DaemonProcess, socket_path: Path) -> subprocess.Popen:
     argv = [sys.executable, "-m", "cartonstore.runner.onnx", "--model-dir", model_dir, "--socket", str(socket_path),
             "--name", "rf", "--version", Path(model_dir).name, "--opts", json.dumps({"intra_op_num_threads": 1}),
             "--devices", "cpu"]
-    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    log = socket_path.with_suffix(".log")
+    with open(log, "w") as stderr:
+        proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=stderr)
     deadline = time.monotonic() + 60
     while not socket_path.exists():
         if proc.poll() is not None or time.monotonic() > deadline:
             proc.kill()
-            raise RuntimeError(f"our runner did not start: {argv}")
+            proc.wait()
+            raise RuntimeError(f"our runner did not start: {argv}\n{log.read_text()[-2000:]}")
         time.sleep(0.05)
     return proc
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from cartonstore.fetch.registry_mirrors import mirror_url, mirrored_blob_urls
+from cartonstore.fetch.registry_mirrors import mirror_url, mirrored_blob_urls, registry_of
 
 D = "sha256:" + "ab" * 32
 MIRRORS = {"registry.example.com": ("http://mirror-a:5000", "https://mirror-b/"),
@@ -12,15 +12,16 @@ MIRRORS = {"registry.example.com": ("http://mirror-a:5000", "https://mirror-b/")
 def test_a_registry_blob_is_asked_at_each_of_its_mirrors_in_order() -> None:
     url = f"https://registry.example.com/v2/team/model/blobs/{D}"
     assert mirrored_blob_urls(url, MIRRORS) == [
-        f"http://mirror-a:5000/v2/team/model/blobs/{D}?ns=registry.example.com",
-        f"https://mirror-b/v2/team/model/blobs/{D}?ns=registry.example.com"]
+        ("http://mirror-a:5000", f"http://mirror-a:5000/v2/team/model/blobs/{D}?ns=registry.example.com"),
+        ("https://mirror-b/", f"https://mirror-b/v2/team/model/blobs/{D}?ns=registry.example.com")]
+    assert registry_of(url) == "registry.example.com"
 
 
 def test_hosts_are_matched_without_case_and_ipv6_authorities_are_kept() -> None:
-    assert mirrored_blob_urls(f"http://Registry.Example.COM/v2/m/blobs/{D}", MIRRORS)[0].endswith(
+    assert mirrored_blob_urls(f"http://Registry.Example.COM/v2/m/blobs/{D}", MIRRORS)[0][1].endswith(
         "?ns=Registry.Example.COM")
     assert mirrored_blob_urls(f"http://[::1]:5000/v2/m/blobs/{D}", MIRRORS) == [
-        f"http://spegel:30020/v2/m/blobs/{D}?ns=%5B::1%5D:5000"]
+        ("http://spegel:30020", f"http://spegel:30020/v2/m/blobs/{D}?ns=%5B::1%5D:5000")]
 
 
 def test_other_urls_have_no_mirrors() -> None:

@@ -22,8 +22,11 @@ FILES = {"carton.toml": MINIMAL_TOML, "model/weights.bin": BIG, "model/vocab.txt
 
 
 def config(**registries) -> object:  # noqa: ANN003
+    """Fast fetch settings for a real registry process, but for the stall
+    timeout: no OCI test is about stalls, and a registry on a loaded CI
+    machine took longer than fast_config's 0.5 s to answer an upload."""
     registries.setdefault("chunk_size", 1 << 20)
-    return fast_config(registries=RegistryConfig(**registries))
+    return fast_config(stall_timeout=10.0, registries=RegistryConfig(**registries))
 
 
 def push(store: Store, ref: str, target: str, cfg) -> object:  # noqa: ANN001

@@ -150,7 +150,7 @@ def test_an_artifact_skopeo_pushed_is_added(tmp_path: Path, monkeypatch) -> None
     with Registry(tmp_path / "registry") as registry, Store(tmp_path / "s") as s:
         subprocess.run([SKOPEO, "copy", "--dest-tls-verify=false", f"dir:{layout}",
                         f"docker://{registry.authority}/by-skopeo/m:v1"], check=True, capture_output=True, timeout=120)
-        r = pull(s, registry.ref("by-skopeo/m:v1"), fast_config())
+        r = pull(s, registry.ref("by-skopeo/m:v1"), config())
         assert r.complete and r.digest == sha(manifest_for(files)) and s.verify().ok
 
 

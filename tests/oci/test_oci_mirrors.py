@@ -228,3 +228,61 @@ def test_blobs_a_mirror_lacks_fail_naming_a_registry_that_is_not_one(tmp_path: P
                      config(mirrors={authority: (f"http://{mirror.authority}",)}), name="m")
             assert snapshot(node.root) == before and not node.blobs.has(sha(FILES["model/weights.bin"]))
         assert nowhere.asked.count("/v2/") == 1
+
+
+def test_a_mirrors_blobs_are_reached_as_the_registrys_not_through_fetch_proxy(tmp_path: Path, two,
+                                                                                make_carton) -> None:  # noqa: ANN001
+    """A registry's mirror is registry traffic: its blobs go as its manifests
+    do (registries.proxy, here none), not through fetch.proxy (here a dead
+    port), though they count as "mirror"."""
+    from kit.fetchkit import fast_config
+
+    from cartonstore.fetch.config import RegistryConfig
+
+    upstream, mirror = two
+    digest, manifest = _pushed(tmp_path, make_carton, upstream, mirror)
+    upstream.stop()
+    cfg = fast_config(proxy="http://127.0.0.1:9", stall_timeout=10.0, registries=RegistryConfig(
+        chunk_size=1 << 20, mirrors={upstream.authority: (f"http://{mirror.authority}",)}))
+    with Store(tmp_path / "node") as node:
+        r = pull(node, f"{upstream.ref('models/m')}@{manifest}", cfg, name="m")
+        assert r.digest == digest and r.complete and r.sources["mirror"]["blobs"] == r.blobs_fetched >= 3
+
+
+def _one_at_a_time(upstream: Registry, *endpoints: str) -> object:
+    """Mirrors config whose blobs are fetched one after another (so how
+    often a mirror is asked does not depend on timing)."""
+    from kit.fetchkit import fast_config
+
+    from cartonstore.fetch.config import RegistryConfig
+
+    return fast_config(max_concurrency=1, stall_timeout=10.0, registries=RegistryConfig(chunk_size=1 << 20,
+                                                                    mirrors={upstream.authority: endpoints}))
+
+
+def test_a_mirror_that_errs_on_a_blob_is_asked_for_no_other(tmp_path: Path, two, make_carton) -> None:  # noqa: ANN001
+    """By tag (the manifest from the registry), a mirror answering 500 is
+    asked for one blob in the pull; the next mirror serves them all."""
+    upstream, mirror = two
+    digest, _ = _pushed(tmp_path, make_carton, upstream, mirror)
+    with _Failing(500) as broken, Store(tmp_path / "node") as node:
+        r = pull(node, upstream.ref("models/m:v1"),
+                 _one_at_a_time(upstream, broken.url, f"http://{mirror.authority}"), name="m")
+        assert r.digest == digest and r.complete and r.sources["mirror"]["blobs"] == r.blobs_fetched >= 3
+        assert len(broken.asked) == 1 and "/blobs/sha256:" in broken.asked[0]
+
+
+def test_evicted_blobs_fetched_again_pass_a_failing_mirror_over(tmp_path: Path, two, make_carton) -> None:  # noqa: ANN001
+    """Fetching evicted blobs again asks a mirror that answers 500 once, not
+    once per blob, and the next mirror brings them back."""
+    upstream, mirror = two
+    digest, _ = _pushed(tmp_path, make_carton, upstream, mirror)
+    with _Failing(500) as broken, Store(tmp_path / "node") as node:
+        pull(node, upstream.ref("models/m:v1"), config(), name="m")
+        assert node.collect(GcPolicy(max_size=1, grace=0.0)).evicted_blobs
+        evicted = len(node.missing_blobs(digest))
+        assert evicted >= 2
+        upstream.stop()
+        model = materialize(node, "m", _one_at_a_time(upstream, broken.url, f"http://{mirror.authority}"))
+        assert {p: (model / p).read_bytes() for p in FILES} == FILES
+        assert len(broken.asked) == 1

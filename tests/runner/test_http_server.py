@@ -336,7 +336,9 @@ print("stopped", flush=True)
 '''
 
 
-def test_in_the_main_thread_a_signal_for_the_model_wakes_the_server_but_does_not_stop_it(tmp_path: Path) -> None:
+def test_a_signal_the_model_handles_does_not_stop_a_main_thread_server(tmp_path: Path) -> None:
+    """What wakes the poll now (the wakeup fd) must tell a stop from any
+    other signal: a model's own SIGUSR1 handler leaves the server serving."""
     import signal
     import subprocess
     import sys

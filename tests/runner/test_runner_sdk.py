@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import socket
 import stat
 import subprocess
 import threading
@@ -19,78 +17,22 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import short_dir
+from kit.doublerkit import HCL, assert_none_left, doubler_root, infer, post, start
 from kit.runnerkit import (
-    PY,
     assert_stopped_cleanly,
-    carton_toml,
-    processes_with,
-    runner_argv,
     start_runner,
     stop_runner,
     unix_get,
     unix_request,
-    wait_gone,
     wait_ready,
 )
 
 from cartonstore.runner.args import parse_runner_args
 from cartonstore.runner.context import cuda_ordinal
-from cartonstore.runner.lifecycle import EXIT_LOAD_FAILED
 from cartonstore.runner.requirements import unmet_requirements
 from cartonstore.v2.framing import encode_infer_request, parse_infer_response
 
-HCL = "Inference-Header-Content-Length"
-
-DOUBLER = '''\
-import time
-from cartonstore.runner import InferResult, LoadError, main
-
-
-class Doubler:
-    def infer(self, inputs, parameters):
-        if "sleep" in parameters:
-            time.sleep(parameters["sleep"])
-        if parameters.get("raise"):
-            raise KeyError("asked to raise")
-        outputs = {"y": inputs["x"] * 2, "n": inputs["x"].shape[0]}
-        if parameters.get("with_parameters"):
-            return InferResult(outputs, {"seen": sorted(parameters)})
-        return outputs
-
-
-def load(ctx):
-    if ctx.opts.get("refuse"):
-        raise LoadError("refused: opts say so")
-    if ctx.opts.get("explode"):
-        1 / 0
-    return Doubler()
-
-
-main(load)
-'''
-
-
-@pytest.fixture(scope="module")
-def doubler_dir():  # noqa: ANN201
-    """The runner script, its carton and the runners' sockets (hence short:
-    see conftest.short_dir)."""
-    with short_dir() as root:
-        (root / "doubler.py").write_text(DOUBLER)
-        model = root / "carton"
-        model.mkdir()
-        (model / "carton.toml").write_text(carton_toml(
-            "doubler", "*", {"answer": 42}, inputs=[("x", "float32", ["N"])],
-            outputs=[("y", "float32", ["N"]), ("n", "int64", [])]))
-        yield root
-
-
-def assert_none_left(marker: str, but: str | None = None) -> None:
-    pids = processes_with(marker)
-    if but is not None:
-        pids = [pid for pid in pids if but not in Path(f"/proc/{pid}/cmdline").read_text(errors="replace")]
-    left = [pid for pid in pids if not wait_gone(pid, 5)]
-    assert not left, f"runner processes left behind: {left}"
+doubler_dir = pytest.fixture(scope="module", name="doubler_dir")(doubler_root)
 
 
 @pytest.fixture(autouse=True)
@@ -98,13 +40,6 @@ def no_runner_left(doubler_dir: Path):
     yield
     # The module's shared runner lives on until the module ends.
     assert_none_left(str(doubler_dir), but="shared.sock")
-
-
-def start(doubler_dir: Path, label: str, opts: dict[str, Any] | None = None,
-          **kw: Any) -> tuple[subprocess.Popen, Path]:
-    sock = doubler_dir / f"{label}.sock"
-    proc = start_runner(str(doubler_dir / "doubler.py"), doubler_dir / "carton", sock, opts=opts, **kw)
-    return proc, sock
 
 
 @pytest.fixture(scope="module")
@@ -116,20 +51,6 @@ def runner(doubler_dir: Path):
     finally:
         stop_runner(proc)
     assert_none_left(str(doubler_dir))
-
-
-def post(sock: Path, body: bytes, headers: dict[str, str] | None = None,
-         path: str = "/v2/models/dbl/infer") -> tuple[int, dict[str, str], bytes]:
-    return unix_request(sock, "POST", path, body, headers)
-
-
-def infer(sock: Path, inputs: dict[str, np.ndarray], path: str = "/v2/models/dbl/infer",
-          **kw: Any) -> tuple[dict, dict[str, np.ndarray]]:
-    parts, header_length = encode_infer_request(inputs, **kw)
-    status, headers, body = post(sock, b"".join(parts), {HCL: str(header_length)} if header_length else {}, path)
-    assert status == 200, body
-    length = headers.get(HCL)
-    return parse_infer_response(body, int(length) if length else None)
 
 
 def stats(sock: Path) -> dict[str, Any]:
@@ -292,134 +213,6 @@ def test_max_concurrency_lets_infers_overlap(doubler_dir: Path) -> None:
         stop_runner(two)
 
 
-# -- lifecycle ------------------------------------------------------------------
-
-
-def test_sigterm_finishes_the_infer_in_flight_then_exits_0(doubler_dir: Path) -> None:
-    proc, sock = start(doubler_dir, "term", name="dbl")
-    wait_ready(sock, proc=proc)
-    result: dict[str, Any] = {}
-
-    def slow() -> None:
-        result["out"] = infer(sock, {"x": np.array([4], np.float32)}, parameters={"sleep": 1.0})[1]
-
-    thread = threading.Thread(target=slow)
-    thread.start()
-    time.sleep(0.3)
-    proc.send_signal(signal.SIGTERM)
-    thread.join(10)
-    rc, err = stop_runner(proc, sig=0)
-    assert rc == 0, err
-    assert result["out"]["y"].tolist() == [8]
-    assert not sock.exists()
-
-
-def _tgkill(pid: int, tid: int, sig: int) -> None:
-    """``sig`` to one thread of another process (the syscall; Python has
-    pthread_kill only for its own threads)."""
-    import ctypes
-    import platform
-
-    number = {"x86_64": 234, "aarch64": 131}[platform.machine()]
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.syscall(number, pid, tid, sig) != 0:
-        raise OSError(ctypes.get_errno(), f"tgkill {pid} {tid}")
-
-
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
-def test_a_stop_signal_that_lands_on_a_connections_thread_stops_the_runner(doubler_dir: Path, sig: int) -> None:
-    """The kernel may hand a process's SIGTERM to any thread (the main one
-    busy with another signal). Sent here to the thread serving an idle
-    connection, with the main thread asleep in poll(): the runner still
-    stops at once and exits 0 (it slept until the next connection came)."""
-    proc, sock = start(doubler_dir, "tg", name="dbl")
-    wait_ready(sock, proc=proc)
-    idle = socket.socket(socket.AF_UNIX)
-    try:
-        idle.connect(str(sock))
-        idle.sendall(b"GET /v2/health/ready HTTP/1.1\r\nHost: r\r\n\r\n")
-        assert idle.recv(4096).startswith(b"HTTP/1.1 200")   # its thread now waits for the next request
-        others = [int(t) for t in os.listdir(f"/proc/{proc.pid}/task") if int(t) != proc.pid]
-        assert others, "the runner has no thread but its main one"
-        # Once: the newest thread (the idle connection's). A second signal could land after the
-        # interpreter, exiting, put back the default action, and end it by that signal instead.
-        _tgkill(proc.pid, max(others), sig)
-        proc.wait(timeout=10)
-        rc, err = stop_runner(proc, sig=0)
-        assert rc == 0, err
-    finally:
-        idle.close()
-        stop_runner(proc)
-
-
-def test_runner_dies_with_its_parent(doubler_dir: Path) -> None:
-    argv = runner_argv(str(doubler_dir / "doubler.py"), doubler_dir / "carton", doubler_dir / "orphan.sock")
-    parent = subprocess.Popen(
-        [PY, "-c", "import subprocess, sys, time; p = subprocess.Popen(sys.argv[1:]); "
-                   "print(p.pid, flush=True); time.sleep(60)", *argv],
-        stdout=subprocess.PIPE, text=True)
-    try:
-        runner_pid = int(parent.stdout.readline())
-        wait_ready(doubler_dir / "orphan.sock")
-        parent.kill()
-        parent.wait(10)
-        assert wait_gone(runner_pid, 10), "the runner outlived its SIGKILLed parent"
-    finally:
-        if parent.poll() is None:
-            parent.kill()
-        parent.wait(10)
-        parent.stdout.close()
-
-
-@pytest.mark.parametrize("opts, last_line", [
-    ({"refuse": True}, "cartonstore runner: cannot load the model: refused: opts say so"),
-    ({"explode": True}, "cartonstore runner: cannot load the model: ZeroDivisionError: division by zero"),
-])
-def test_load_failure_exits_3_with_the_reason_last(doubler_dir: Path, opts: dict, last_line: str) -> None:
-    proc, sock = start(doubler_dir, "refuse", opts)
-    rc, err = stop_runner(proc, sig=0, timeout=20)
-    assert rc == EXIT_LOAD_FAILED
-    assert err.strip().splitlines()[-1] == last_line
-    assert not sock.exists()
-
-
-def test_bad_arguments_and_sockets(doubler_dir: Path) -> None:
-    script = str(doubler_dir / "doubler.py")
-    missing = subprocess.run([PY, script, "--model-dir", str(doubler_dir)], capture_output=True, text=True, timeout=20)
-    assert missing.returncode == 2 and "--socket" in missing.stderr
-    bad_opts = subprocess.run(runner_argv(script, doubler_dir / "carton", doubler_dir / "x.sock")[:-4]
-                              + ["--opts", "[1]"], capture_output=True, text=True, timeout=20)
-    assert bad_opts.returncode == 2 and "JSON object" in bad_opts.stderr
-
-    no_dir = start_runner(script, doubler_dir / "absent", doubler_dir / "x.sock")
-    rc, err = stop_runner(no_dir, sig=0, timeout=20)
-    assert rc == EXIT_LOAD_FAILED and "does not exist" in err
-
-    not_a_socket = doubler_dir / "file.sock"
-    not_a_socket.write_text("mine")
-    proc = start_runner(script, doubler_dir / "carton", not_a_socket)
-    rc, err = stop_runner(proc, sig=0, timeout=20)
-    assert rc == EXIT_LOAD_FAILED and "is not a socket" in err
-    assert not_a_socket.read_text() == "mine"
-
-    too_long = doubler_dir / ("s" * 120 + ".sock")
-    proc = start_runner(script, doubler_dir / "carton", too_long)
-    rc, err = stop_runner(proc, sig=0, timeout=20)
-    assert rc == EXIT_LOAD_FAILED and "limit of Unix sockets" in err
-
-
-def test_stale_socket_is_replaced(doubler_dir: Path) -> None:
-    stale = doubler_dir / "stale.sock"
-    leftover = socket.socket(socket.AF_UNIX)
-    leftover.bind(str(stale))
-    leftover.close()
-    proc = start_runner(str(doubler_dir / "doubler.py"), doubler_dir / "carton", stale, name="dbl")
-    try:
-        wait_ready(stale, proc=proc)
-    finally:
-        assert_stopped_cleanly(proc)
-
-
 # -- pure parts -----------------------------------------------------------------
 
 
@@ -516,7 +309,6 @@ def test_boolean_options_take_true_false_and_their_strings() -> None:
 def test_a_runner_never_imports_aiohttp() -> None:
     """A runner's server is the standard library's sockets and threads
     (http_server.py): aiohttp, about 0.2 s to import, is not loaded at all."""
-    import subprocess
     import sys
 
     code = ("import sys, cartonstore.runner.onnx, cartonstore.runner.python, cartonstore.runner.torchscript, "

@@ -165,8 +165,8 @@ def test_a_taken_spare_is_replaced_once_the_load_that_took_it_is_ready(node) -> 
     ready = time.time()
     assert ready - asked >= 2.0 and started_at(d, "m") < asked   # the spare took the load, and took its time
     assert wait_for(lambda: spare_ready(d), timeout=30), "no spare after the load was ready"
-    new = [pid for pid in set(live_pids(slots)) - waiting if pid not in
-           {row["name"]: row for row in call(d, "POST", "/v2/repository/index", json={})[1]}["m"]["pids"]]
+    serving = {row["name"]: row for row in call(d, "POST", "/v2/repository/index", json={})[1]}["m"]["pids"]
+    new = [pid for pid in set(live_pids(slots)) - waiting if pid not in serving]
     assert new, "no new spare process"
     # /proc's start times count in clock ticks (10 ms): 0.5 s is a margin, the 2 s load the difference
     assert min(process_started(pid) for pid in new) > ready - 0.5, (ready - asked, [

@@ -48,6 +48,7 @@ class PrewarmPool:
         self._spares: dict[tuple[str, str], WaitingRunner] = {}
         self._taken: dict[tuple[str, str], asyncio.Event] = {}
         self._settled: dict[tuple[str, str], asyncio.Event] = {}   # the load that took the last spare
+        self._last_taken: dict[tuple[str, str], WaitingRunner] = {}
         self._keepers: list[asyncio.Task[None]] = []
         self._numbers = itertools.count(1)
 
@@ -69,16 +70,18 @@ class PrewarmPool:
         if spare is None or not spare.alive:
             return None
         del self._spares[(kind, device)]
+        self._last_taken[(kind, device)] = spare
         self._settled[(kind, device)].clear()
         self._taken[(kind, device)].set()
         return spare
 
-    def settled(self, kind: str, device: str) -> None:
-        """The load that took this kind's spare on this device is done
-        (ready or failed): its replacement may start."""
-        event = self._settled.get((kind, device))
-        if event is not None:
-            event.set()
+    def settled(self, kind: str, device: str, spare: WaitingRunner) -> None:
+        """The load that took ``spare`` is done (ready or failed): its
+        replacement may start. An older load that ends meanwhile (its own
+        replacement came after REFILL_AT_MOST) does not start another."""
+        if self._last_taken.get((kind, device)) is spare:
+            del self._last_taken[(kind, device)]
+            self._settled[(kind, device)].set()
 
     def status(self) -> list[dict[str, object]]:
         return [{"kind": kind, "device": device, "pid": spare.process.pid}
