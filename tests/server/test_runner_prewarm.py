@@ -173,6 +173,19 @@ def test_a_taken_spare_is_replaced_once_the_load_that_took_it_is_ready(node) -> 
         ready - process_started(pid) for pid in new])
 
 
+def test_a_daemon_stopped_as_a_refill_starts_leaves_nothing(node) -> None:  # noqa: ANN001
+    """The replacement spare starts the moment a load that took one is
+    ready: a daemon stopped right then ends it and removes its slot."""
+    daemon, base, _ = node
+    for round_ in range(3):
+        d = daemon('prewarm = ["python"]\n')
+        assert wait_for(lambda: spare_ready(d), timeout=30), "no spare"
+        status, body = load(d, "m", started_carton(base / f"m{round_}"))
+        assert status == 200, body
+        d.stop()
+        assert left_behind(d.root) == ([], []), f"round {round_}"
+
+
 def test_loading_again_what_already_serves_starts_no_runner(node) -> None:  # noqa: ANN001
     """The same source and config again: the version serves as asked, so
     neither the spare nor a runner started early is taken and thrown away."""

@@ -24,7 +24,7 @@ import logging
 from pathlib import Path
 from typing import Mapping
 
-from .process import RunnerFailed, owned
+from .process import RunnerFailed
 from .sandbox import SandboxPolicy
 from .settings import InstanceSpec, RunnerSettings
 from .waiting import Slots, WaitingRunner, start_waiting
@@ -50,6 +50,7 @@ class PrewarmPool:
         self._settled: dict[tuple[str, str], asyncio.Event] = {}   # the load that took the last spare
         self._last_taken: dict[tuple[str, str], WaitingRunner] = {}
         self._keepers: list[asyncio.Task[None]] = []
+        self._starting: set[asyncio.Future[WaitingRunner]] = set()   # spares being started now
         self._numbers = itertools.count(1)
 
     @property
@@ -98,9 +99,13 @@ class PrewarmPool:
             # its slot in its command line, for ps: the arguments it runs with come with its model
             spec = InstanceSpec([*self._programs[kind], "--model-dir", str(slot)], {},
                                 self._run_dir / f"{label}.sock", device, self._sandbox, "", slot)
-            try:   # closing while it forks: it must not outlive the pool
-                spare = await owned(start_waiting(spec, label, self._settings.stderr_lines,
-                                                  program=self._programs[kind]), WaitingRunner.discard)
+            # closing while it starts: close() waits for it and discards it (its process and its slot)
+            starting = asyncio.ensure_future(start_waiting(spec, label, self._settings.stderr_lines,
+                                                           program=self._programs[kind]))
+            self._starting.add(starting)
+            starting.add_done_callback(self._starting.discard)
+            try:
+                spare = await asyncio.shield(starting)
             except RunnerFailed as e:
                 failures += 1
                 log.warning("cannot start a pre-warmed %s runner on %s: %s", kind, device, e.reason)
@@ -129,11 +134,17 @@ class PrewarmPool:
                              "%.0f s; starting another", kind, device, REFILL_AT_MOST)
 
     async def close(self) -> None:
-        """Stop keeping spares and end those waiting."""
+        """Stop keeping spares and end those waiting, and those being
+        started (a daemon that stops just after a refill began left that
+        spare's slot behind)."""
         for keeper in self._keepers:
             keeper.cancel()
+        starting = list(self._starting)
         await asyncio.gather(*self._keepers, return_exceptions=True)
         self._keepers.clear()
         spares, self._spares = list(self._spares.values()), {}
+        for done in await asyncio.gather(*starting, return_exceptions=True):
+            if isinstance(done, WaitingRunner) and done not in spares:
+                spares.append(done)
         await asyncio.gather(*(spare.discard() for spare in spares), return_exceptions=True)
 
