@@ -44,7 +44,7 @@ class BlobFetcher:
         self._flights = SingleFlight()
         self._slots = asyncio.Semaphore(config.max_concurrency)
         self.peers = PeerSet(config.peers, client)
-        self._mirrors_passed_over = PassedOver()   # registries' mirrors that failed lately
+        self.mirrors_passed_over = PassedOver()   # registries' mirrors that failed lately (pulls share it)
 
     def sources_for(self, digest: str, urls: Sequence[str] = ()) -> list[str]:
         """LINKS URLs given, then those in the index, then each mirror."""
@@ -116,7 +116,7 @@ class BlobFetcher:
             urls = mirrored_blob_urls(url, mirrors)
             if urls:
                 staged = await stage_from_mirrors(self.client, self.store.blobs, digest, urls, self.config,
-                                                  self._mirrors_passed_over, registry=registry_of(url),
+                                                  self.mirrors_passed_over, registry=registry_of(url),
                                                   stats=self.stats)
                 if staged is not None:
                     return staged

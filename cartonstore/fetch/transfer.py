@@ -102,6 +102,7 @@ async def download(client: HttpClient, url: str, writer: BlobWriter, config: Fet
     ``expected_size`` (what a registry's manifest says), a body that is or
     decodes to more is refused as soon as it shows."""
     limit = config.max_blob_size if expected_size is None else min(expected_size, config.max_blob_size or expected_size)
+    route = route or source
     resumable = False
     parts_ok = True
 
@@ -112,7 +113,7 @@ async def download(client: HttpClient, url: str, writer: BlobWriter, config: Fet
             await asyncio.to_thread(writer.reset)
         if stats is not None:
             stats.request()
-        async with client.get(url, start=start, encoded=start == 0, kind=route or source) as response:
+        async with client.get(url, start=start, encoded=start == 0, kind=route) as response:
             tally = Tally(stats, response.length or 0, source=source)
             try:
                 if response.start != start:  # Range ignored: the body starts at 0 again
@@ -121,8 +122,7 @@ async def download(client: HttpClient, url: str, writer: BlobWriter, config: Fet
                     raise FetchError(size_lie(url, response.total, expected_size), subject=url)
                 if parts_ok and wants_parts(response, config, start > 0):
                     try:
-                        await download_parts(client, url, response, writer, config, tally=tally,
-                                             route=route or source)
+                        await download_parts(client, url, response, writer, config, tally=tally, route=route)
                     except _RangesRefused as e:
                         parts_ok = False  # the next attempt streams the body in one piece
                         raise FetchError(e.message, subject=url, retryable=True) from None

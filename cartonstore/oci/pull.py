@@ -141,7 +141,7 @@ def check_layers(layers: list[Layer], listed: dict[str, str]) -> None:
 
 
 async def add_from_registry(puller: "Puller", ref: OciReference, name: str | None, force: bool) -> IngestResult:
-    registry = Registry(puller.client, ref)
+    registry = Registry(puller.client, ref, puller.fetcher.mirrors_passed_over)
     raw, media_type, manifest_digest = await registry.get_manifest()
     layers = parse_manifest(raw, str(ref), media_type)
     by_path = {layer.path: layer for layer in layers}

@@ -45,12 +45,14 @@ class Answer:
 class Registry:
     """One repository of one registry, over a shared HttpClient."""
 
-    def __init__(self, client: HttpClient, ref: OciReference) -> None:
+    def __init__(self, client: HttpClient, ref: OciReference, passed_over: PassedOver | None = None) -> None:
         self.client = client
         self.ref = ref
         self.base: str | None = None   # "https://host:port", found by connect()
         self._connecting = asyncio.Lock()   # blobs staged at once after a mirror's manifest probe it once
-        self.passed_over = PassedOver()   # mirrors not asked again for a while (pass_over)
+        # mirrors not asked again for a while: the node's (the puller's fetcher's), so each pull and each
+        # blob fetched again does not wait out a dead mirror's timeout on its own
+        self.passed_over = passed_over if passed_over is not None else PassedOver()
 
     @property
     def config(self):  # noqa: ANN201 - FetchConfig

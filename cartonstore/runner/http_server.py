@@ -46,7 +46,7 @@ KEEP_ALIVE = 75.0          # an idle connection is closed after this long (the d
 SOCKET_BUFFER = 4 << 20    # a 4 MiB answer leaves in one send
 RECV_CHUNK = 1 << 16
 DRAIN_POLL = 0.05          # while draining, connections that arrive are answered 503 this often
-DRAIN_JOIN = 5.0           # seconds to wait for each connection's thread once its socket is shut down
+DRAIN_JOIN = 5.0           # seconds to wait for the connections' threads once their sockets are shut down
 _IOV_MAX = 1024            # buffers per sendmsg (Linux's UIO_MAXIOV)
 _TIMEVAL = struct.pack("@ll", int(KEEP_ALIVE), 0)
 
@@ -108,7 +108,7 @@ class _Reader:
         """``size`` bytes in one bytearray: what is pending, the rest received straight into it."""
         try:
             out = bytearray(size)
-        except MemoryError:
+        except (MemoryError, OverflowError):   # a chunk size of 2**63 or more overflows
             raise BadHead(413, f"a body of {size} bytes does not fit in this runner's memory") from None
         have = min(size, len(self.pending))
         out[:have] = self.pending[:have]
@@ -141,7 +141,10 @@ class _Reader:
                 while self.line():
                     pass   # trailers: none that matter here
                 return body
-            body += self.exactly(size)
+            try:
+                body += self.exactly(size)
+            except MemoryError:   # each chunk fitted, their sum does not
+                raise BadHead(413, f"a body of {len(body) + size} bytes does not fit in this runner's memory") from None
             if self.exactly(2) != b"\r\n":
                 raise BadHead(400, "chunk not followed by CRLF")
 
@@ -191,7 +194,6 @@ class HttpServer:
         self._threads: set[threading.Thread] = set()
         self._in_flight = 0
         self._stopping = False   # stop() was called: new requests get 503 and their connection closes
-        self._closed = False     # drained: connections are being shut down
 
     def stop(self) -> None:
         """Stop taking requests: serve() returns, and each request read from
@@ -285,13 +287,13 @@ class HttpServer:
         conn.close()
 
     def _connection(self, conn: socket.socket) -> None:
-        for option in (socket.SO_SNDBUF, socket.SO_RCVBUF):
-            conn.setsockopt(socket.SOL_SOCKET, option, SOCKET_BUFFER)
-        # The kernel's timeouts, not Python's settimeout(), which polls before every recv (about 20 us a request)
-        for option in (socket.SO_RCVTIMEO, socket.SO_SNDTIMEO):
-            conn.setsockopt(socket.SOL_SOCKET, option, _TIMEVAL)
         reader = _Reader(conn)
-        try:
+        try:   # from here on, whatever happens, the finally closes it and frees its place
+            for option in (socket.SO_SNDBUF, socket.SO_RCVBUF):
+                conn.setsockopt(socket.SOL_SOCKET, option, SOCKET_BUFFER)
+            # The kernel's timeouts, not Python's settimeout(), which polls before every recv (about 20 us a request)
+            for option in (socket.SO_RCVTIMEO, socket.SO_SNDTIMEO):
+                conn.setsockopt(socket.SOL_SOCKET, option, _TIMEVAL)
             while self._one_request(conn, reader):
                 pass
         except _Closed:
@@ -313,7 +315,7 @@ class HttpServer:
         head = parse_request_head(reader.head())
         started = time.monotonic_ns()
         with self._lock:
-            counted = not self._stopping and not self._closed
+            counted = not self._stopping
             if counted:
                 self._in_flight += 1
         if not counted:
@@ -352,7 +354,6 @@ class HttpServer:
         while True:
             with self._lock:
                 if self._lock.wait_for(lambda: self._in_flight == 0, DRAIN_POLL):
-                    self._closed = True
                     connections, threads = list(self._connections), list(self._threads)
                     break
             self._refuse_arrivals()
@@ -361,8 +362,9 @@ class HttpServer:
                 conn.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
+        deadline = time.monotonic() + DRAIN_JOIN   # one wait for all: not DRAIN_JOIN per thread
         for thread in threads:
-            thread.join(DRAIN_JOIN)
+            thread.join(max(0.0, deadline - time.monotonic()))
         self._refuse_arrivals()
         wake_w, self._wake_w = self._wake_w, -1
         os.close(self._wake_r)

@@ -219,9 +219,11 @@ def _plain_array(value: Any, spec: Any) -> np.ndarray:
     if spec is None or spec.dtype == "string" or array.dtype.kind not in "biuf":
         return array
     dtype = carton_numpy_dtype(spec.dtype)
+    if array.dtype.kind == "f" and dtype.kind != "f":
+        return array   # floats are never cut to integers (not cast at all: NaN would warn)
     with np.errstate(over="ignore"):
         cast = array.astype(dtype)
-    if array.dtype.kind == "f" and dtype.kind == "f":
+    if array.dtype.kind == "f":
         # a Python float is a double: a float32 output takes it rounded, but not overflowed to infinity
         return array if np.any(np.isinf(cast) & np.isfinite(array)) else cast
-    return cast if array.dtype.kind != "f" and np.array_equal(cast, array) else array
+    return cast if np.array_equal(cast, array) else array

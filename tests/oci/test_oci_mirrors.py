@@ -286,3 +286,27 @@ def test_evicted_blobs_fetched_again_pass_a_failing_mirror_over(tmp_path: Path, 
         model = materialize(node, "m", _one_at_a_time(upstream, broken.url, f"http://{mirror.authority}"))
         assert {p: (model / p).read_bytes() for p in FILES} == FILES
         assert len(broken.asked) == 1
+
+
+def test_a_failing_mirror_is_passed_over_by_the_whole_node_not_each_pull(tmp_path: Path, two,
+                                                                           make_carton) -> None:  # noqa: ANN001
+    """One puller (a daemon's): a mirror that answered 500 in a pull is not
+    asked again when the same node fetches evicted blobs back right after."""
+    import asyncio
+
+    from cartonstore.fetch.puller import Puller
+
+    upstream, mirror = two
+    digest, _ = _pushed(tmp_path, make_carton, upstream, mirror)
+
+    async def pull_evict_and_fetch_again(node: Store) -> Path:
+        async with Puller(node, _one_at_a_time(upstream, broken.url, f"http://{mirror.authority}")) as p:
+            await p.add(upstream.ref("models/m:v1"), name="m")
+            assert len(broken.asked) == 1
+            assert (await asyncio.to_thread(node.collect, GcPolicy(max_size=1, grace=0.0))).evicted_blobs
+            return await p.materialize("m")
+
+    with _Failing(500) as broken, Store(tmp_path / "node") as node:
+        model = asyncio.run(pull_evict_and_fetch_again(node))
+        assert {p: (model / p).read_bytes() for p in FILES} == FILES and node.missing_blobs(digest) == []
+        assert len(broken.asked) == 1

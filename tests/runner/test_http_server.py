@@ -182,6 +182,8 @@ def test_http_1_0_and_connection_close_end_the_connection_after_one_answer(runni
     (b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", 400, "bad chunk size"),
     (b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n-5\r\n", 400, "bad chunk size b'-5'"),
     (b"POST / HTTP/1.1\r\nContent-Length: 999999999999999999\r\n\r\n", 413, "does not fit in this runner's memory"),
+    (b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\nffffffffffffffff\r\n", 413,
+     "does not fit in this runner's memory"),   # 2**64 - 1 overflows, no MemoryError
     (b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nabXY", 400, "chunk not followed by CRLF"),
     (b"GET / HTTP/1.1\r\nX: " + b"a" * (http_server.MAX_HEAD + 10), 431, "request head longer than"),
 ])

@@ -34,6 +34,7 @@ def test_values_that_fit_take_the_declared_dtype(value: object, dtype: str, expe
     ([2 ** 40, 1], "int32", "int64"),         # never wrapped
     ([2 ** 25 + 1], "float32", "int64"),      # an int that float32 cannot hold exactly
     ([1e300, 1.0], "float32", "float64"),     # never overflowed to infinity
+    ([float("nan"), 1e20], "int64", "float64"),   # not cast at all (a NaN cast to int warned, an error under -W error)
 ])
 def test_values_that_do_not_fit_stay_as_they_are_and_are_refused(value: object, dtype: str, named: str) -> None:
     array = _plain_array(value, _spec(dtype))

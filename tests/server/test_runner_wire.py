@@ -125,6 +125,8 @@ def test_connection_closed_by_server_between_requests_is_not_reused(short_tmp: P
     (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", "bad chunk size"),
     (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n-5\r\n", "bad chunk size b'-5'"),
     (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabcXY", "chunk not followed by CRLF"),
+    (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nffffffffffffffff\r\n", "does not fit in the daemon's memory"),
+    (b"HTTP/1.1 200 OK\r\nContent-Length: 99999999999999999999\r\n\r\n", "does not fit in the daemon's memory"),
     (None, "closed the connection without answering"),
 ])
 def test_broken_answers(short_tmp: Path, answer: bytes | None, message: str) -> None:

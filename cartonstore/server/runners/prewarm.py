@@ -99,17 +99,20 @@ class PrewarmPool:
             # its slot in its command line, for ps: the arguments it runs with come with its model
             spec = InstanceSpec([*self._programs[kind], "--model-dir", str(slot)], {},
                                 self._run_dir / f"{label}.sock", device, self._sandbox, "", slot)
-            # closing while it starts: close() waits for it and discards it (its process and its slot)
+            # Closing while it starts: it stays in _starting, and close() waits for it and discards it
+            # (its process and its slot). Only this keeper takes it out, once it holds what it gave: a
+            # done-callback ran before the keeper did, and a close() between the two lost the spare.
             starting = asyncio.ensure_future(start_waiting(spec, label, self._settings.stderr_lines,
                                                            program=self._programs[kind]))
             self._starting.add(starting)
-            starting.add_done_callback(self._starting.discard)
             try:
                 spare = await asyncio.shield(starting)
             except RunnerFailed as e:
+                self._starting.discard(starting)
                 failures += 1
                 log.warning("cannot start a pre-warmed %s runner on %s: %s", kind, device, e.reason)
                 continue
+            self._starting.discard(starting)
             self._taken[key].clear()
             self._spares[key] = spare
             log.info("[%s] pre-warmed %s runner on %s: pid %d", label, kind, device, spare.process.pid)

@@ -181,7 +181,10 @@ class _Connection(asyncio.BufferedProtocol):
     async def readexactly(self, size: int) -> bytearray:
         """``size`` bytes in one bytearray: what is pending, then the rest
         received straight into it."""
-        out = bytearray(size)
+        try:
+            out = bytearray(size)
+        except (MemoryError, OverflowError):   # a length no one can hold (2**63 overflows): the runner's lie
+            raise BadResponse(f"an answer body of {size} bytes does not fit in the daemon's memory") from None
         have = min(size, len(self.pending) - self.start)
         out[:have] = memoryview(self.pending)[self.start:self.start + have]
         self.start += have
