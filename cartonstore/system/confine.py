@@ -5,6 +5,9 @@ execs ARGV, which inherits every restriction.
 PLAN (JSON) may say, each applied in this order:
 
 - ``rlimits``: {"NPROC": n, "DATA": bytes, ...}, resource.RLIMIT_* names;
+- ``drop_caps``: empty the bounding capability set (while still root: it
+  takes CAP_SETPCAP; a launcher that is not root, under bubblewrap, finds
+  it empty or fails) and the ambient set, so nothing it execs regains one;
 - ``user``: [uid, gid]: drop to them, with no supplementary groups (the
   daemon runs as root; the runner never does);
 - ``parent``: the daemon's pid, to die with (a change of uid clears the
@@ -14,7 +17,11 @@ PLAN (JSON) may say, each applied in this order:
   its socket without any right to the directory it lives in); an fd that
   ``fd_env``'s variables name (the tensor arena's) is moved out of its way;
 - ``chdir``: the working directory;
-- ``landlock``: system/landlock.py's Granted, as a JSON object.
+- ``keyring``: a new anonymous session keyring (system/keyring.py), the
+  runner user's, in place of the daemon's;
+- ``landlock``: system/landlock.py's Granted, as a JSON object;
+- ``seccomp``: {"inet": bool, "netlink_route": bool, "ipc": bool},
+  system/seccomp.py's filter for this machine, last (it denies keyctl).
 
 Whatever cannot be applied ends this process with status 3 and the reason
 as its one stderr line (what a runner that cannot load does), never by
@@ -23,15 +30,51 @@ running ARGV less confined than planned.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import resource
 import sys
 
+from . import seccomp
+from .keyring import join_new_session
 from .landlock import Granted, LandlockError, restrict
 from .parent_death import die_with
+from .syscalls import (
+    PR_CAP_AMBIENT,
+    PR_CAP_AMBIENT_CLEAR_ALL,
+    PR_CAPBSET_DROP,
+    PR_CAPBSET_READ,
+    machine,
+    prctl,
+)
 
 LISTEN_FDS_START = 3
+
+
+def empty_capabilities() -> None:
+    """Drop every capability from the bounding set (one by one, up to the
+    kernel's last, where PR_CAPBSET_READ fails with EINVAL) and clear the
+    ambient set; OSError naming the first that stays."""
+    cap = 0
+    while True:
+        try:
+            held = prctl(PR_CAPBSET_READ, cap)
+        except OSError as e:
+            if cap == 0:
+                raise OSError(e.errno, f"cannot read the bounding capability set: {os.strerror(e.errno)}") from None
+            break
+        if held:
+            try:
+                prctl(PR_CAPBSET_DROP, cap)
+            except OSError as e:
+                raise OSError(e.errno, f"capability {cap} stays in the bounding set: {os.strerror(e.errno)}") from None
+        cap += 1
+    try:
+        prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL)
+    except OSError as e:
+        if e.errno != errno.EINVAL:   # a kernel before 4.3 has no ambient set
+            raise OSError(e.errno, f"cannot clear the ambient capabilities: {os.strerror(e.errno)}") from None
 
 
 def apply(plan: dict) -> list[str]:
@@ -47,6 +90,9 @@ def apply(plan: dict) -> list[str]:
         limit = int(limit) if hard == resource.RLIM_INFINITY else min(int(limit), hard)   # lowering only
         resource.setrlimit(which, (limit, limit))
         held.append(f"rlimit:{name.lower()}")
+    if plan.get("drop_caps"):
+        empty_capabilities()
+        held.append("caps:none")
     if plan.get("user"):
         uid, gid = plan["user"]
         os.setgroups([])
@@ -69,6 +115,9 @@ def apply(plan: dict) -> list[str]:
         os.environ.update(LISTEN_FDS="1", LISTEN_PID=str(os.getpid()))
     if plan.get("chdir"):
         os.chdir(plan["chdir"])
+    if plan.get("keyring"):
+        join_new_session()
+        held.append("keyring")
     if plan.get("landlock") is not None:
         granted = plan["landlock"]
         got = restrict(Granted(
@@ -78,6 +127,10 @@ def apply(plan: dict) -> list[str]:
         if missing := set(granted.get("require", ())) - set(got):
             raise LandlockError(95, f"Landlock did not take hold of {', '.join(sorted(missing))}")
         held += [f"landlock:{what}" for what in got]
+    if (sockets := plan.get("seccomp")) is not None:
+        seccomp.install(seccomp.build(machine(), inet=bool(sockets["inet"]),
+                                      netlink_route=bool(sockets["netlink_route"]), ipc=bool(sockets["ipc"])))
+        held.append("seccomp")
     return held
 
 

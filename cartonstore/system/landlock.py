@@ -16,17 +16,13 @@ from __future__ import annotations
 
 import ctypes
 import os
-import platform
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from .libc import libc
+from .syscalls import PR_SET_NO_NEW_PRIVS, prctl, syscall
 
-# x86_64 and aarch64 number these syscalls alike (the generic table).
-_SYS = {"create_ruleset": 444, "add_rule": 445, "restrict_self": 446}
 _CREATE_RULESET_VERSION = 1
 _RULE_PATH_BENEATH = 1
-PR_SET_NO_NEW_PRIVS = 38
 
 EXECUTE, WRITE_FILE, READ_FILE, READ_DIR = 1 << 0, 1 << 1, 1 << 2, 1 << 3
 REMOVE_DIR, REMOVE_FILE, MAKE_CHAR, MAKE_DIR = 1 << 4, 1 << 5, 1 << 6, 1 << 7
@@ -54,21 +50,19 @@ class LandlockError(OSError):
     """Landlock could not be applied: the process is not restricted."""
 
 
-def _syscall(name: str, *args: object) -> int:
-    lib = libc()
-    if lib is None or platform.system() != "Linux" or platform.machine() not in ("x86_64", "aarch64"):
-        raise LandlockError(38, "Landlock needs Linux on x86_64 or aarch64")
-    result = lib.syscall(ctypes.c_long(_SYS[name]), *args)
-    if result < 0:
-        errno_ = ctypes.get_errno()
-        raise LandlockError(errno_, f"landlock_{name}: {os.strerror(errno_)}")
-    return result
+def _landlock(call: Callable[..., int], *args: object) -> int:
+    """``call(*args)``, its OSError as a LandlockError."""
+    try:
+        return call(*args)
+    except OSError as e:
+        raise LandlockError(e.errno, e.strerror) from None
 
 
 def abi_version() -> int:
     """The kernel's Landlock ABI version; 0 where Landlock is off or absent."""
     try:
-        return _syscall("create_ruleset", None, ctypes.c_size_t(0), ctypes.c_uint32(_CREATE_RULESET_VERSION))
+        return _landlock(syscall, "landlock_create_ruleset", None, ctypes.c_size_t(0),
+                         ctypes.c_uint32(_CREATE_RULESET_VERSION))
     except LandlockError:
         return 0
 
@@ -97,15 +91,14 @@ def restrict(granted: Granted) -> list[str]:
     scoped = SCOPE_ABSTRACT_UNIX_SOCKET | SCOPE_SIGNAL if abi >= 6 and granted.scope else 0
     attr = _RulesetAttr(fs, net, scoped)
     size = ctypes.sizeof(_RulesetAttr) if abi >= 6 else 16   # older kernels take the first two fields
-    ruleset = _syscall("create_ruleset", ctypes.byref(attr), ctypes.c_size_t(size), ctypes.c_uint32(0))
+    ruleset = _landlock(syscall, "landlock_create_ruleset", ctypes.byref(attr), ctypes.c_size_t(size),
+                        ctypes.c_uint32(0))
     try:
         _add_paths(ruleset, granted.read, READ & fs)
         _add_paths(ruleset, granted.write, fs)
         _add_paths(ruleset, granted.devices, (READ_FILE | WRITE_FILE | IOCTL_DEV | TRUNCATE) & fs)
-        lib = libc()
-        if lib.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
-            raise LandlockError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS) failed")
-        _syscall("restrict_self", ctypes.c_int(ruleset), ctypes.c_uint32(0))
+        _landlock(prctl, PR_SET_NO_NEW_PRIVS, 1)   # what lets a process without privilege restrict itself
+        _landlock(syscall, "landlock_restrict_self", ctypes.c_int(ruleset), ctypes.c_uint32(0))
     finally:
         os.close(ruleset)
     return ["fs"] + (["tcp"] if net else []) + (["signals"] if scoped else [])
@@ -120,7 +113,7 @@ def _add_paths(ruleset: int, paths: Iterable[str], access: int) -> None:
         try:
             allowed = access if os.path.isdir(path) else access & FILE_RIGHTS
             rule = _PathBeneath(allowed, fd)
-            _syscall("add_rule", ctypes.c_int(ruleset), ctypes.c_int(_RULE_PATH_BENEATH), ctypes.byref(rule),
-                     ctypes.c_uint32(0))
+            _landlock(syscall, "landlock_add_rule", ctypes.c_int(ruleset), ctypes.c_int(_RULE_PATH_BENEATH),
+                      ctypes.byref(rule), ctypes.c_uint32(0))
         finally:
             os.close(fd)

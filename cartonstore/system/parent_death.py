@@ -16,19 +16,10 @@ from a worker thread (asyncio.to_thread) that may end before them.
 
 from __future__ import annotations
 
-import ctypes
-import errno
 import os
 import signal
 
-from .libc import libc
-
-PR_SET_PDEATHSIG = 1
-
-# Looked up now, before any fork: between fork and exec the child only
-# calls it (looking a symbol up there could wait for ever on a lock that
-# another thread of the parent held when it forked).
-_prctl = getattr(libc(), "prctl", None)
+from .syscalls import PR_SET_PDEATHSIG, prctl
 
 
 def die_with(parent_pid: int, sig: int = signal.SIGKILL) -> int:
@@ -37,10 +28,10 @@ def die_with(parent_pid: int, sig: int = signal.SIGKILL) -> int:
     ran, so the signal would never come), exit now. Returns 0, or the errno
     of a prctl that failed (ENOSYS where there is none: not Linux)."""
     failed = 0
-    if _prctl is None:
-        failed = errno.ENOSYS
-    elif _prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0:
-        failed = ctypes.get_errno()
+    try:
+        prctl(PR_SET_PDEATHSIG, int(sig))
+    except OSError as e:
+        failed = e.errno
     if os.getppid() != parent_pid:
         os._exit(1)
     return failed

@@ -10,12 +10,66 @@ from pathlib import Path
 from kit.inferkit import echo_toml
 
 HOSTILE_MAIN = r'''
+import ctypes
+import errno
 import os
+import platform
 import signal
 import socket
+import struct
 import time
 
 import numpy as np
+
+# The kernel's own numbers, written out as an attacker would (not taken from the code under test).
+SYSCALLS = {
+    "x86_64": {"keyctl": 250, "add_key": 248, "unshare": 272, "clone": 56, "io_uring_setup": 425, "bpf": 321,
+               "perf_event_open": 298, "userfaultfd": 323, "setns": 308, "mount": 165, "fsopen": 430,
+               "open_tree": 428, "process_vm_readv": 310, "kexec_load": 246, "init_module": 175, "syslog": 103,
+               "open_by_handle_at": 304, "pidfd_getfd": 438, "shmget": 29},
+    "aarch64": {"keyctl": 219, "add_key": 217, "unshare": 97, "clone": 220, "io_uring_setup": 425, "bpf": 280,
+                "perf_event_open": 241, "userfaultfd": 282, "setns": 268, "mount": 40, "fsopen": 430,
+                "open_tree": 428, "process_vm_readv": 270, "kexec_load": 104, "init_module": 105, "syslog": 116,
+                "open_by_handle_at": 265, "pidfd_getfd": 438, "shmget": 194},
+}[platform.machine()]
+CLONE_NEWUSER, SIGCHLD = 0x10000000, 17
+KEYCTL_READ, KEY_SPEC_USER_KEYRING = 11, -4
+LIBC = ctypes.PyDLL(None, use_errno=True)   # holding the GIL: a clone()d child needs it
+
+
+def syscall(name, *args):
+    result = LIBC.syscall(ctypes.c_long(SYSCALLS[name]), *args)
+    if result < 0:
+        code = ctypes.get_errno()
+        raise OSError(code, "%s: %s" % (name, errno.errorcode.get(code, code)))
+    return result
+
+
+def interfaces():
+    """The names of the network interfaces it sees, by an RTM_GETLINK dump over netlink."""
+    s = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 0)   # NETLINK_ROUTE
+    s.settimeout(2)
+    s.bind((0, 0))
+    s.send(struct.pack("=IHHII", 32, 18, 0x301, 1, 0) + struct.pack("=BxHiII", 0, 0, 0, 0, 0))
+    names = []
+    while True:
+        data = s.recv(65536)
+        at = 0
+        while at + 16 <= len(data):
+            length, kind = struct.unpack_from("=IH", data, at)
+            if kind == 3 or length < 16:               # NLMSG_DONE
+                s.close()
+                return names
+            if kind == 16:                             # RTM_NEWLINK: attributes after the ifinfomsg
+                a = at + 32
+                while a + 4 <= at + length:
+                    rta_len, rta_type = struct.unpack_from("=HH", data, a)
+                    if rta_len < 4:
+                        break
+                    if rta_type == 3:                  # IFLA_IFNAME
+                        names.append(data[a + 4:a + rta_len].split(b"\0")[0].decode())
+                    a += (rta_len + 3) & ~3
+            at += (length + 3) & ~3
 
 
 def attempt(order):
@@ -99,6 +153,53 @@ def attempt(order):
                 time.sleep(120)
             os._exit(0)
         return "escaped"
+    if what == "keyctl_read":          # a key by its id: the daemon's session keyring holds one
+        buf = ctypes.create_string_buffer(4096)
+        got = syscall("keyctl", ctypes.c_int(KEYCTL_READ), ctypes.c_int(int(arg)), buf, ctypes.c_size_t(4096))
+        return "read key %s: %r" % (arg, buf.raw[:got])
+    if what == "add_key":              # a key in the runner user's keyring, which every runner shares
+        key = syscall("add_key", b"user", b"cartonstore-hostile", arg.encode(), ctypes.c_size_t(len(arg)),
+                      ctypes.c_int(KEY_SPEC_USER_KEYRING))
+        return "added key %d" % key
+    if what == "unshare_user":         # a user namespace, where it would hold every capability
+        syscall("unshare", ctypes.c_ulong(CLONE_NEWUSER))
+        return "in a user namespace of its own"
+    if what == "clone_user":           # the same by clone(), a child in a new user namespace
+        pid = syscall("clone", ctypes.c_ulong(CLONE_NEWUSER | SIGCHLD), None, None, None, None)
+        if pid == 0:
+            os._exit(0)
+        os.waitpid(pid, 0)
+        return "cloned %d into a user namespace" % pid
+    if what == "io_uring":
+        params = ctypes.create_string_buffer(120)
+        fd = syscall("io_uring_setup", ctypes.c_uint(1), params)
+        os.close(fd)
+        return "an io_uring"
+    if what == "syscall":              # any other, with zero arguments: the kernel would say EFAULT, EINVAL...
+        return "%s returned %d" % (arg, syscall(arg, *[ctypes.c_long(0)] * 5))
+    if what == "socket":               # family:type:protocol
+        family, kind, proto = (int(n) for n in arg.split(":"))
+        socket.socket(family, kind, proto).close()
+        return "a socket " + arg
+    if what == "udp":                  # a datagram to a host's port (a listener on the host's 127.0.0.1)
+        host, port = arg.rsplit(":", 1)
+        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        sent = s.sendto(b"hostile", (host, int(port)))
+        s.close()
+        return "sent %d bytes to %s" % (sent, arg)
+    if what == "udp_bind":             # a UDP port on every address of the host
+        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        s.bind(("0.0.0.0", 0))
+        port = s.getsockname()[1]
+        s.close()
+        return "bound UDP port %d" % port
+    if what == "shmget":               # a SysV shared-memory segment by its key: the host's, or another runner's
+        return "found segment %d" % syscall("shmget", ctypes.c_int(int(arg)), ctypes.c_size_t(0), ctypes.c_int(0))
+    if what == "interfaces":
+        return "interfaces %s" % interfaces()
+    if what == "status":               # what the kernel says of its seccomp filter and capabilities
+        return "; ".join(line.replace("\t", " ") for line in open("/proc/self/status").read().splitlines()
+                         if line.startswith(("Seccomp:", "CapBnd:", "CapAmb:", "CapEff:", "NoNewPrivs:")))
     return "unknown order " + order
 
 

@@ -11,11 +11,14 @@ they skip, saying so; .ci/run makes its virtualenv from Debian's python3).
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -28,6 +31,34 @@ from kit.inferkit import echo_carton
 from kit.sandboxkit import runner_user, why_not
 
 SECRET = "s3cret-peer-token"
+# Run as the daemon's argv: a session keyring of its own holding a key (as a host's login session may hold
+# one), its id written to argv[1]; then the daemon, by exec (same pid).
+PLANT_KEY = r"""
+import ctypes, os, sys
+from cartonstore.system.keyring import join_new_session
+from cartonstore.system.seccomp import SYSCALLS, machine
+join_new_session()
+payload = b"the daemon's session key"
+key = ctypes.CDLL(None, use_errno=True).syscall(ctypes.c_long(SYSCALLS[machine()]["add_key"]), b"user",
+                                                b"cartonstore-test", payload, ctypes.c_size_t(len(payload)),
+                                                ctypes.c_int(-3))   # KEY_SPEC_SESSION_KEYRING
+if key < 0:
+    sys.exit("add_key: %s" % os.strerror(ctypes.get_errno()))
+with open(sys.argv[1], "w") as f:
+    f.write(str(key))
+os.execv(sys.argv[2], sys.argv[2:])
+"""
+
+
+class KeyedDaemon(DaemonProcess):
+    """A daemon whose session keyring holds a key, ``planted_key``."""
+
+    def argv(self) -> list[str]:
+        return [sys.executable, "-c", PLANT_KEY, str(self.root.parent / "planted-key"), *super().argv()]
+
+    @property
+    def planted_key(self) -> int:
+        return int((self.root.parent / "planted-key").read_text())
 
 
 def runner_marker(d: DaemonProcess, name: str, digests: dict[str, str]) -> str:
@@ -95,8 +126,8 @@ def node(request, tmp_path_factory):  # noqa: ANN001, ANN201
         config.write_text(f'[peers]\ntoken_file = "{secret}"\n[runners]\nsandbox = "{mode}"\n'
                           f'user = "{user.pw_name}"\nmax_processes = 512\nmemory_limit = "1G"\n'
                           + ('prewarm = ["python"]\n' if prewarmed else ''))
-        d = DaemonProcess(base / "root", extra_args=["--config", str(config)], env={"CARTONSTORE_SANDBOX": mode},
-                          log_file=base / "daemon.log")
+        d = KeyedDaemon(base / "root", extra_args=["--config", str(config)], env={"CARTONSTORE_SANDBOX": mode},
+                        log_file=base / "daemon.log")
         with d:
             models = [("echo", echo_carton(base / "echo", dtypes=["float32"])),
                       ("victim", echo_carton(base / "victim", label="victim", dtypes=["float32"])),
@@ -154,6 +185,93 @@ def test_every_escape_fails_and_the_neighbour_keeps_answering(node) -> None:  # 
     verify = subprocess.run([sys.executable, "-m", "cartonstore.cli", "verify", "--root", str(root), "--json"],
                             capture_output=True, text=True, timeout=120)
     assert verify.returncode == 0 and json.loads(verify.stdout)["ok"], verify.stdout + verify.stderr
+
+
+def runner_statuses(d: DaemonProcess, digests: dict[str, str]) -> dict[int, dict[str, str]]:
+    """/proc/PID/status, as fields, of each process of each loaded model's
+    runners (bubblewrap's own processes, which run no model code, aside)."""
+    from kit.prockit import live_pids
+
+    statuses = {}
+    for name in digests:
+        for pid in live_pids(runner_marker(d, name, digests)):
+            try:
+                if os.path.basename(os.readlink(f"/proc/{pid}/exe")) == "bwrap":
+                    continue
+                statuses[pid] = dict(line.split(":\t", 1) for line in Path(f"/proc/{pid}/status").read_text()
+                                     .splitlines() if ":\t" in line)
+            except OSError:   # gone since it was listed
+                continue
+    return statuses
+
+
+def test_no_kernel_object_is_shared_and_the_syscalls_it_needs_not_are_denied(node) -> None:  # noqa: ANN001
+    """The seccomp filter, the emptied capability sets and a session keyring
+    of its own, in every runner (a pre-warmed spare's too): the daemon's key
+    is out of reach, a runner can add no key for another to read, make no
+    namespace, reach no SysV IPC object of the host's."""
+    mode, d, digests, _ = node
+    denied = {
+        "read a key in the daemon's session keyring": f"keyctl_read:{d.planted_key}",
+        "add a key to the keyring every runner of its user shares": "add_key:for-another-runner",
+        "make a user namespace": "unshare_user",
+        "clone() a child into a user namespace": "clone_user",
+        "set up an io_uring": "io_uring",
+        **{f"call {name}": f"syscall:{name}" for name in ("bpf", "perf_event_open", "userfaultfd", "setns", "mount",
+                                                          "fsopen", "process_vm_readv", "syslog")},
+    }
+    for what, attempt in denied.items():
+        status, said = order(d, attempt)
+        assert status == 200 and said.startswith("denied") and "[Errno 1]" in said, f"{mode}: {what}: {said}"
+    libc = ctypes.CDLL(None, use_errno=True)
+    key = 0x63730000 | os.getpid() & 0xFFFF
+    segment = libc.shmget(key, 4096, 0o1666)   # IPC_CREAT, for any user: one the host shares
+    assert segment >= 0, os.strerror(ctypes.get_errno())
+    try:   # Landlock alone: the host's IPC namespace, closed by the filter; bubblewrap: one of its own
+        said = order(d, f"shmget:{key}")[1]
+        assert said.startswith("denied") and ("[Errno 2]" if mode == "bwrap" else "[Errno 1]") in said, said
+    finally:
+        libc.shmctl(segment, 0, None)   # IPC_RMID
+    said = order(d, "status")[1]
+    assert {"Seccomp: 2", "CapBnd: 0000000000000000", "CapAmb: 0000000000000000"} <= set(said.split("; ")), said
+    statuses = runner_statuses(d, digests)
+    assert len(statuses) >= len(digests), statuses
+    for pid, status in statuses.items():
+        assert (status["Seccomp"], status["CapBnd"], status["CapAmb"]) == ("2", "0" * 16, "0" * 16), (pid, status)
+
+
+def test_sockets_are_the_ones_its_sandbox_needs(node) -> None:  # noqa: ANN001
+    """No raw, packet or non-route netlink socket anywhere; under Landlock
+    alone, with no network namespace, nothing but AF_UNIX: no UDP to the
+    host, no netlink listing of its interfaces."""
+    mode, d, _, _ = node
+    denied = {"open an AF_PACKET socket": "socket:17:3:0", "open a raw IP socket": "socket:2:3:1",
+              "open a netfilter netlink socket": "socket:16:3:12"}
+    if mode == "landlock":
+        denied.update({"open a UDP socket": "socket:2:2:0", "bind UDP on 0.0.0.0": "udp_bind",
+                       "list the host's interfaces over netlink": "interfaces"})
+    for what, attempt in denied.items():
+        status, said = order(d, attempt)
+        assert status == 200 and said.startswith("denied") and "[Errno 1]" in said, f"{mode}: {what}: {said}"
+    if mode == "bwrap":   # a network namespace of its own: route netlink sees its lo, nothing of the host's
+        assert order(d, "interfaces")[1] == "ok: interfaces ['lo']"
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.setblocking(False)
+        status, said = order(d, f"udp:127.0.0.1:{listener.getsockname()[1]}")
+        # bubblewrap: sent to its own namespace's 127.0.0.1; Landlock alone: no AF_INET socket at all
+        assert said.startswith("ok: sent" if mode == "bwrap" else "denied"), said
+        with pytest.raises(BlockingIOError):   # sendto() to loopback has queued it, if it got anywhere
+            listener.recvfrom(64)
+    # What Landlock alone cannot stop (the README's table says so): connect() to a Unix socket by its path
+    # where the socket's mode lets any user in. Under bubblewrap it is not in the runner's mount namespace.
+    with tempfile.TemporaryDirectory(prefix="cs-any-user-") as where, socket.socket(socket.AF_UNIX) as service:
+        os.chmod(where, 0o755)
+        service.bind(f"{where}/service.sock")
+        os.chmod(f"{where}/service.sock", 0o777)
+        service.listen()
+        said = order(d, f"unix:{where}/service.sock")[1]
+        assert said.startswith("ok" if mode == "landlock" else "denied"), said
 
 
 def test_each_runner_maps_its_own_models_arena_and_no_other(node) -> None:  # noqa: ANN001
@@ -245,6 +363,9 @@ def test_the_index_and_metrics_say_which_layers_hold(node) -> None:  # noqa: ANN
     rows = {row["name"]: row for row in call(d, "POST", "/v2/repository/index", json={})[1]}
     layers = rows["hostile"]["sandbox"].split("+")
     assert layers[0] == mode and "uid" in layers, layers
+    assert {"caps:none", "seccomp", "keyring"} <= set(layers), layers
+    started = next(line for line in d.log_file.read_text().splitlines() if "runners run sandboxed: " in line)
+    assert started.endswith("no capabilities, a seccomp filter, a session keyring each"), started
     if mode == "bwrap":
         assert "landlock" in layers
     status, text = call(d, "GET", "/metrics")

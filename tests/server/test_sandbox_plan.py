@@ -134,6 +134,7 @@ def test_landlock_alone_is_refused_for_a_runner_of_the_daemons_own_user(tmp_path
     (["[]", "--", "true"], 3, "a plan is a JSON object"),
     (['{"rlimits": {"NO_SUCH_LIMIT": 1}}', "--", "true"], 3, "cannot confine the runner"),
     (['{"chdir": "/no/such/dir"}', "--", "true"], 3, "/no/such/dir"),
+    (['{"seccomp": {"inet": false}}', "--", "true"], 3, "cannot confine the runner"),
     (['{}', "--", "/no/such/program"], 3, "/no/such/program"),
     (['{}'], 2, "usage"),
 ])
@@ -156,3 +157,113 @@ def test_the_launcher_fails_when_landlock_does_not_hold_what_the_plan_requires()
     p = subprocess.run([sys.executable, "-I", "-m", "cartonstore.system.confine", ok, "--", "true"],
                        capture_output=True, text=True, timeout=60)
     assert p.returncode == 0 and "landlock:fs" in p.stderr and "held" in p.stderr, p.stderr
+
+
+def _launcher(plan: dict) -> list[str]:
+    return [sys.executable, "-I", "-m", "cartonstore.system.confine", json.dumps(plan), "--"]
+
+
+def test_the_launcher_empties_the_bounding_set_or_fails_naming_the_capability_that_stays() -> None:
+    """As root (Landlock alone) it drops them all; a launcher that is not
+    root and finds one left (bubblewrap that kept it) cannot, and runs nothing."""
+    from kit.sandboxkit import runner_user, why_not
+
+    if (why := why_not("landlock")) is not None:
+        pytest.skip(why)
+    user = runner_user()
+    p = subprocess.run([*_launcher({"drop_caps": True, "user": [user.pw_uid, user.pw_gid]}), "grep", "^Cap",
+                        "/proc/self/status"], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0 and "caps:none" in p.stderr, p.stderr
+    assert {line.split()[1] for line in p.stdout.splitlines()} == {"0" * 16}, p.stdout
+    p = subprocess.run(["setpriv", f"--reuid={user.pw_uid}", f"--regid={user.pw_gid}", "--clear-groups", "--",
+                        *_launcher({"drop_caps": True}), "true"], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 3 and "capability 0 stays in the bounding set" in p.stderr, p.stderr
+
+
+HOLD_A_KEY = r"""
+import ctypes, sys
+from cartonstore.system.seccomp import SYSCALLS, machine
+key = ctypes.CDLL(None, use_errno=True).syscall(ctypes.c_long(SYSCALLS[machine()]["add_key"]), b"user", b"runner-a",
+                                                b"a secret", ctypes.c_size_t(8), ctypes.c_int(-3))
+print(key, flush=True)
+sys.stdin.read()
+"""
+READ_THE_KEY = r"""
+import ctypes, errno, sys
+from cartonstore.system.keyring import keyctl
+buf = ctypes.create_string_buffer(64)
+try:
+    keyctl(11, ctypes.c_int(int(sys.argv[1])), buf, ctypes.c_size_t(64))   # KEYCTL_READ
+    print("read " + buf.value.decode())
+except OSError as e:
+    print(errno.errorcode[e.errno])
+"""
+# Two runners of one user started by one daemon: the first adds a key to its session keyring and holds
+# it; the second tries to read it. In a session keyring of the driver's own, not the tests'.
+TWO_RUNNERS = r"""
+import json, subprocess, sys
+from cartonstore.system.keyring import join_new_session
+join_new_session()
+launcher, hold, read = json.loads(sys.argv[1])
+a = subprocess.Popen([*launcher, sys.executable, "-c", hold], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+key = a.stdout.readline().strip()
+b = subprocess.run([*launcher, sys.executable, "-c", read, key], capture_output=True, text=True, timeout=60)
+a.stdin.close()
+a.wait(60)
+print(key, b.stdout.strip() or b.stderr.strip())
+"""
+
+
+def test_a_runner_cannot_read_a_key_another_runner_added_to_its_session_keyring() -> None:
+    """The keyring layer alone (the seccomp filter denies keyctl besides):
+    each runner gets a session keyring of its own, not the daemon's, which
+    the key of one would otherwise be in, for the other to read."""
+    from kit.sandboxkit import runner_user, why_not
+
+    from cartonstore.system.keyring import unavailable
+
+    if (why := why_not("landlock") or unavailable()) is not None:
+        pytest.skip(why)
+    user = runner_user()
+    launcher = _launcher({"user": [user.pw_uid, user.pw_gid], "keyring": True})
+    p = subprocess.run([sys.executable, "-c", TWO_RUNNERS, json.dumps([launcher, HOLD_A_KEY, READ_THE_KEY])],
+                       capture_output=True, text=True, timeout=120)
+    key, said = p.stdout.split(maxsplit=1)
+    assert int(key) > 0 and said.strip() == "EACCES", p.stdout + p.stderr
+
+
+def test_inet_sockets_and_sysv_ipc_are_planned_for_bubblewrap_and_networked_models_only(short_tmp: Path) -> None:
+    from kit.sandboxkit import runner_user, why_not
+
+    if (why := why_not("landlock")) is not None:
+        pytest.skip(why)
+    short_tmp.chmod(0o711)
+    (short_tmp / "model").mkdir()
+    planned = {}
+    for mode, model in (("landlock", "m"), ("landlock", "net"), ("bwrap", "m")):
+        policy = SandboxPolicy(mode=mode, user=runner_user().pw_name, network=frozenset({"net"}))
+        try:
+            c = confine(policy, ARGV, model_dir=short_tmp / "model", model=model, device="cpu", listen_fd=3, env={},
+                        label=f"plan-{mode}-{model}")
+        except InvalidInput as e:
+            pytest.skip(f"no {mode} sandbox here: {e}")
+        c.release()
+        plan = json.loads(c.argv[c.argv.index("cartonstore.system.confine") + 1])
+        planned[mode, model] = plan["seccomp"], plan["keyring"], plan["drop_caps"], c.layers[-3:]
+    held = (True, True, ("caps:none", "seccomp", "keyring"))
+    assert planned == {("landlock", "m"): ({"inet": False, "netlink_route": False, "ipc": False}, *held),
+                       ("landlock", "net"): ({"inet": True, "netlink_route": False, "ipc": False}, *held),
+                       ("bwrap", "m"): ({"inet": True, "netlink_route": True, "ipc": True}, *held)}
+
+
+def test_a_layer_the_kernel_cannot_give_is_named_in_the_start_line() -> None:
+    from cartonstore.server.runners.sandbox import Host
+
+    policy = SandboxPolicy(user="cartonstore-runner")
+    full = Host((999, 999), "/usr/bin/bwrap", True, 7)
+    assert full.describe(policy) == ("bubblewrap with Landlock ABI 7, as cartonstore-runner, no capabilities, "
+                                     "a seccomp filter, a session keyring each")
+    lacking = Host((999, 999), "/usr/bin/bwrap", True, 7, no_seccomp="this kernel filters no syscalls",
+                   no_keyring="this kernel has no keyrings")
+    assert lacking.describe(policy).endswith("NO seccomp filter (this kernel filters no syscalls), NO keyring of "
+                                             "their own (this kernel has no keyrings)")

@@ -15,12 +15,21 @@ other runners, or run as root. Layers, each where the host has it:
   bubblewrap is missing, a second one inside it otherwise;
 - uid: setpriv (or system/confine.py) drops to ``runners.user`` when the
   daemon is root;
-- cgroup / rlimits: ``max_processes`` and ``memory_limit``.
+- cgroup / rlimits: ``max_processes`` and ``memory_limit``;
+- caps:none: the bounding and ambient capability sets emptied;
+- seccomp (system/seccomp.py): no keyrings, namespaces, io_uring, bpf,
+  ptrace, mounts; sockets of the families the mode needs: AF_UNIX,
+  AF_INET* (under bubblewrap, whose network namespace holds only lo, or for
+  a model [runners.network] allows) and route-only netlink (bubblewrap);
+  SysV IPC and message queues only in bubblewrap's IPC namespace;
+- keyring: a session keyring of its own, not the daemon's.
 
 ``confine`` plans one instance: its whole command line, its environment
 (an allow-list), and what holds, in words, for the index and the log
-("bwrap+landlock+uid+cgroup"). Where no mechanism is found it raises
-InvalidInput saying how to get one, unless runners.sandbox = "none".
+("bwrap+landlock+uid+cgroup:pids+caps:none+seccomp+keyring"; a layer the
+kernel cannot give is named "no-seccomp", "no-keyring"). Where no mechanism
+is found it raises InvalidInput saying how to get one, unless
+runners.sandbox = "none".
 """
 
 from __future__ import annotations
@@ -43,7 +52,9 @@ from cartonstore.errors import InvalidInput
 from cartonstore.runner.model_channel import MODEL_CHANNEL_ENV
 from cartonstore.system.cgroups import RunnerCgroup
 from cartonstore.system.cgroups import create as create_cgroup
+from cartonstore.system.keyring import unavailable as keyrings_unavailable
 from cartonstore.system.landlock import abi_version
+from cartonstore.system.seccomp import unavailable as seccomp_unavailable
 from cartonstore.v2.shm_params import ARENA_FD_ENV, SHM_CHANNEL_ENV
 
 SYSTEM_READ = ("/usr", "/lib", "/lib64", "/lib32", "/bin", "/sbin", "/opt/conda")
@@ -173,21 +184,35 @@ class Host:
     bwrap: str | None                  # bubblewrap, where it is used
     sized: bool                        # it takes --size
     abi: int                           # Landlock ABI (0: none)
+    no_seccomp: str | None = None      # why runners get no seccomp filter here; None: they do
+    no_keyring: str | None = None      # why runners get no session keyring of their own; None: they do
 
     def describe(self, policy: SandboxPolicy) -> str:
-        return ("bubblewrap" + (f" with Landlock ABI {self.abi}" if self.abi else "") if self.bwrap
+        said = ("bubblewrap" + (f" with Landlock ABI {self.abi}" if self.abi else "") if self.bwrap
                 else f"Landlock ABI {self.abi} alone") + (f", as {policy.user}" if self.identity else "")
+        said += ", no capabilities"
+        said += f", NO seccomp filter ({self.no_seccomp})" if self.no_seccomp else ", a seccomp filter"
+        return said + (f", NO keyring of their own ({self.no_keyring})" if self.no_keyring
+                       else ", a session keyring each")
 
 
 def prerequisites(policy: SandboxPolicy) -> Host:
     """The mechanisms runners get here, or InvalidInput saying what is
     missing: a runner user that exists, is not root and can reach the
-    daemon's Python; bubblewrap, or Landlock under the rules of mechanisms()."""
+    daemon's Python; bubblewrap, or Landlock under the rules of mechanisms()
+    with a seccomp filter."""
     identity = runner_identity(policy)
     bwrap, sized, abi = mechanisms(policy, identity)
+    no_seccomp = seccomp_unavailable()
+    if bwrap is None and no_seccomp:
+        # Without a network namespace, only the filter keeps a runner from UDP to the host and its interfaces.
+        raise InvalidInput(f"only Landlock is here, and with no seccomp filter ({no_seccomp}) it cannot keep a "
+                           f"runner from sending UDP to the host or listing its interfaces: install bubblewrap "
+                           f"(Debian: apt-get install bubblewrap), or set [runners] sandbox = \"none\" to run "
+                           f"model code with the daemon's own rights")
     if identity is not None:
         _reachable(policy, sys.executable, identity)
-    return Host(identity, bwrap, sized, abi)
+    return Host(identity, bwrap, sized, abi, no_seccomp, keyrings_unavailable())
 
 
 def _reachable(policy: SandboxPolicy, path: str, identity: tuple[int, int]) -> None:
@@ -298,8 +323,13 @@ def confine(policy: SandboxPolicy, argv: list[str], *, model_dir: Path, model: s
         "deny_tcp": not networked, "scope": True,
         # what must hold, or the runner does not start (alone, Landlock must hold it all)
         "require": ["fs"] + (["tcp"] if abi >= 4 and not networked else []) + (["signals"] if abi >= 6 else [])}
-    plan = {"rlimits": rlimits, "listen_fd": listen_fd, "fd_env": [ARENA_FD_ENV, SHM_CHANNEL_ENV, MODEL_CHANNEL_ENV],
-            "chdir": str(model_dir), "landlock": landlock}
+    # No network or IPC namespace under Landlock alone: sockets beyond AF_UNIX only for a model given the
+    # network, and no SysV IPC or message queues (the host's and every runner's).
+    sockets = {"inet": has_bwrap or networked, "netlink_route": has_bwrap, "ipc": has_bwrap}
+    plan = {"rlimits": rlimits, "drop_caps": True, "listen_fd": listen_fd,
+            "fd_env": [ARENA_FD_ENV, SHM_CHANNEL_ENV, MODEL_CHANNEL_ENV], "chdir": str(model_dir),
+            "keyring": host.no_keyring is None, "landlock": landlock,
+            "seccomp": None if host.no_seccomp else sockets}
     if not has_bwrap:   # the launcher drops to the runner user itself, which clears the parent-death signal
         plan.update(user=list(identity), parent=os.getpid())
     inner = [sys.executable, "-I", "-m", "cartonstore.system.confine", json.dumps(plan), "--", *_isolated(argv)]
@@ -320,6 +350,8 @@ def confine(policy: SandboxPolicy, argv: list[str], *, model_dir: Path, model: s
         layers += list(cgroup.layers)
     if rlimits:
         layers.append("rlimits")
+    layers += ["caps:none", "no-seccomp" if host.no_seccomp else "seccomp",
+               "no-keyring" if host.no_keyring else "keyring"]
     out_env = {k: env[k] for k in ENV_KEEP if k in env}
     out_env.update(PATH=PATH, HOME=tmp_inside, TMPDIR=tmp_inside,
                    CUDA_VISIBLE_DEVICES=env.get("CUDA_VISIBLE_DEVICES", ""))
