@@ -21,6 +21,10 @@ from cartonstore.store import Store
 # is about everything else, and as root a sandboxed runner needs a user and a
 # Python that user may run. tests/server/test_sandbox.py sets its own.
 os.environ.setdefault("CARTONSTORE_SANDBOX", "none")
+# The origins that serve what cartons' LINKS name are on 127.0.0.1, which
+# production refuses such URLs: tests/fetch/test_private_links.py tests that
+# with this unset (kit/fetchkit.py's fast_config allows them too).
+os.environ.setdefault("CARTONSTORE_ALLOW_PRIVATE_LINKS", "true")
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 FIXTURE_CARTON = FIXTURES / "carton-repo-test.carton"

@@ -61,6 +61,7 @@ class FetchSettings:
     deny_hosts: tuple[str, ...] = v.setting(
         _POLICY.deny_hosts, v.strings(lambda hosts: UrlPolicy(deny_hosts=hosts)))
     max_redirects: int = v.setting(_POLICY.max_redirects, v.integer(0))
+    allow_private_links: bool = v.setting(_POLICY.allow_private_links, v.boolean)
 
     def url_policy(self) -> UrlPolicy:
         return UrlPolicy(**{name: getattr(self, name) for name in POLICY_FIELDS})

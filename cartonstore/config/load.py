@@ -58,6 +58,7 @@ ENV_VARS: Mapping[str, str] = MappingProxyType({
     "CARTONSTORE_LOG_LEVEL": "server.log_level",
     "CARTONSTORE_ACCESS_LOG": "server.access_log",
     "CARTONSTORE_SANDBOX": "runners.sandbox",
+    "CARTONSTORE_ALLOW_PRIVATE_LINKS": "fetch.allow_private_links",
 })
 """Environment variable -> the setting it overrides. Empty variables are ignored."""
 

@@ -4,8 +4,10 @@ peers first (peers.py), then LINKS URLs and mirrors (blob_fetcher.py,
 transfer.py; a registry's mirrors: registry_mirrors.py, mirror_fetch.py),
 or its own remote zip read by ranges (remote_zip.py, remote_mend.py).
 Content-Encodings (encoding.py, codings.py), proxies (proxies.py),
-redirects and host policy (policy.py), the HTTP client (http.py), big
-bodies read on their own thread (socket_body.py), counters (stats.py).
+redirects and host policy (policy.py; what kind of address a host is:
+addresses.py; names judged by what they resolve to: resolver.py), the
+HTTP client (http.py), big bodies read on their own thread
+(socket_body.py), counters (stats.py).
 hooks.py is where layers above plug in (``cartonstore.oci``: ``oci://``
 references and registry auth): fetch imports nothing above it.
 """

@@ -27,7 +27,7 @@ from .http import HttpClient
 from .mirror_fetch import PassedOver, stage_from_mirrors
 from .peers import ORIGIN, Claim, PeerSet
 from .policy import describe
-from .registry_mirrors import mirrored_blob_urls, registry_of
+from .registry_mirrors import mirrored_blob_urls, pulled_from, registry_of
 from .stats import TransferStats
 from .transfer import SourcesFailed, fetch_blob
 
@@ -49,7 +49,20 @@ class BlobFetcher:
     def sources_for(self, digest: str, urls: Sequence[str] = ()) -> list[str]:
         """LINKS URLs given, then those in the index, then each mirror."""
         known = list(dict.fromkeys([*urls, *self.store.index.links_for(digest)]))
-        return known + [f"{m.rstrip('/')}/{digest}" for m in self.config.mirrors]
+        return known + [u for u in self._mirror_urls(digest) if u not in known]
+
+    def carton_named(self, digest: str, sources: Sequence[str]) -> frozenset[str]:
+        """Those of ``sources`` (sources_for's) that a carton named, held to
+        policy.check_link: all but each mirror's and those of the registry
+        repositories a caller pulled a carton of this blob from (the index
+        keeps both kinds of URL alike, and a carton's LINKS may copy a
+        registry's shape). SQLite: in a thread."""
+        mirrors = set(self._mirror_urls(digest))
+        pulled = self.store.index.sources_of_blob(digest)
+        return frozenset(u for u in sources if u not in mirrors and not pulled_from(u, pulled))
+
+    def _mirror_urls(self, digest: str) -> list[str]:
+        return [f"{m.rstrip('/')}/{digest}" for m in self.config.mirrors]
 
     def kind_of(self, url: str) -> str:
         """"mirror" for <mirror>/<sha256>, "registry" for an OCI registry's
@@ -78,11 +91,11 @@ class BlobFetcher:
                 return False
             staged = await self.stage_from_peer(digest, claims.get(digest))
             if staged is None:
-                sources = await asyncio.to_thread(self.sources_for, digest, urls)  # SQLite: off the loop
+                sources, named = await asyncio.to_thread(self._sources_and_named, digest, urls)  # SQLite: off the loop
                 staged = await self._stage_from_registry_mirrors(digest, sources)
             if staged is None:
                 staged = await fetch_blob(self.client, self.store.blobs, digest, sources, self.config,
-                                          stats=self.stats, kind_of=self.kind_of)
+                                          stats=self.stats, kind_of=self.kind_of, carton_named=named)
             try:
                 await asyncio.to_thread(self._validate, staged)
                 await asyncio.to_thread(self.commit, staged)
@@ -130,16 +143,21 @@ class BlobFetcher:
         most ``max_size`` bytes from each. Raises ManifestMismatch naming every
         source tried and why it failed."""
         tried = [f"{describe(failed)}: {problem}"]
-        others = [u for u in await asyncio.to_thread(self.sources_for, digest, urls) if u != failed]
+        sources, named = await asyncio.to_thread(self._sources_and_named, digest, urls)
+        others = [u for u in sources if u != failed]
         if not others:
             raise ManifestMismatch(path, tried[0])
         try:
             config = self.config if max_size is None else replace(self.config, max_blob_size=max_size)
             return await fetch_blob(self.client, self.store.blobs, digest, others, config, stats=self.stats,
-                                    kind_of=self.kind_of)
+                                    kind_of=self.kind_of, carton_named=named)
         except SourcesFailed as e:
             tried += e.problems
         raise ManifestMismatch(path, f"no source delivered its bytes ({len(tried)} tried):\n  " + "\n  ".join(tried))
+
+    def _sources_and_named(self, digest: str, urls: Sequence[str]) -> tuple[list[str], frozenset[str]]:
+        sources = self.sources_for(digest, urls)
+        return sources, self.carton_named(digest, sources)
 
     def _validate(self, staged: StagedBlob) -> None:
         """A blob is checked by the names cartons give it (safetensors headers)."""

@@ -29,9 +29,9 @@ from cartonstore.errors import FetchError, FetchNotFound, InvalidInput
 from .config import FetchConfig, PeerConfig
 from .encoding import parse_content_encoding
 from .hooks import ChallengeAnswerer, challenge_answerer_for
-from .policy import describe, redirect_target
+from .policy import RefusedByPolicy, describe, redirect_target
 from .proxies import proxy_for
-from .resolver import GuardedResolver
+from .resolver import AddressRefused, GuardedResolver, proxy_endpoints
 
 T = TypeVar("T")
 # Each chunk is one hop to the stream's hashing thread; 1 MiB keeps hops rare
@@ -78,6 +78,8 @@ def translate(e: BaseException, url: str) -> FetchError:
     if isinstance(e, aiohttp.ClientPayloadError):
         return FetchError(f"{where}: body ended early or was malformed ({_reason(e)})", subject=url,
                           retryable=True)
+    if isinstance(e, aiohttp.ClientConnectorError) and isinstance(e.os_error, AddressRefused):
+        return RefusedByPolicy(f"{where}: {e.os_error}", subject=url)   # no connection was tried
     if isinstance(e, aiohttp.ClientConnectorError):  # its str() is aiohttp's ("... ssl:default [...]")
         return FetchError(f"{where}: cannot connect to {e.host}:{e.port}: {_connect_reason(e)}", subject=url,
                           retryable=True)
@@ -179,6 +181,8 @@ class HttpClient:
         self.config = config
         self._session: aiohttp.ClientSession | None = None
         self._fresh: aiohttp.ClientSession | None = None
+        self._links: aiohttp.ClientSession | None = None
+        self._links_resolver: GuardedResolver | None = None
         self._session_options: dict = {}
         self._tls: ssl.SSLContext | bool = True
         self._auth: ChallengeAnswerer | None = None
@@ -216,6 +220,26 @@ class HttpClient:
         return self._fresh
 
     @property
+    def links_session(self) -> aiohttp.ClientSession:
+        """The session for URLs a carton names (policy.check_link): its
+        resolver refuses the addresses they may not reach, and each request
+        it sends (a token realm a 401 names too) is checked as such a URL
+        first. Its own connections: none is shared with a caller's URL."""
+        assert self._session is not None, "use HttpClient as an async context manager"
+        if self._links is None:
+            policy = self.config.policy
+            resolver = self._links_resolver = GuardedResolver(policy, links=True,
+                                                              proxies=proxy_endpoints(self.config))
+            checks = aiohttp.TraceConfig()
+
+            async def check(_session: object, _context: object, params: aiohttp.TraceRequestStartParams) -> None:
+                policy.check_link(str(params.url))
+            checks.on_request_start.append(check)
+            self._links = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=64, ssl=self._tls, resolver=resolver),
+                                                trace_configs=[checks], **self._session_options)
+        return self._links
+
+    @property
     def auth(self) -> ChallengeAnswerer:
         """Answers 401 challenges (registries' Basic and Bearer: hooks.py);
         made on the first one, so a fetch that never meets one reads no
@@ -233,10 +257,10 @@ class HttpClient:
         return self._auth.header_for(url, push=push) if self._auth is not None else None
 
     async def __aexit__(self, *exc: object) -> None:
-        for session in (self._session, self._fresh):
+        for session in (self._session, self._fresh, self._links):
             if session is not None:
                 await session.close()
-        self._session = self._fresh = None
+        self._session = self._fresh = self._links = None
 
     def route(self, url: str, kind: str) -> dict:
         """How a request for url, a source of this kind, is sent: through
@@ -248,13 +272,19 @@ class HttpClient:
 
     @asynccontextmanager
     async def get(self, url: str, *, start: int = 0, end: int | None = None, suffix: int | None = None,
-                  encoded: bool = True, kind: str = "url") -> AsyncIterator[Response]:
+                  encoded: bool = True, kind: str = "url", from_carton: bool = False) -> AsyncIterator[Response]:
         """GET url (following checked redirects). With start/end/suffix a Range
         is asked and identity encoding requested; a 206 whose Content-Range
         does not match is an error, a 200 means the server ignored the Range
         (the caller sees start == 0). ``kind`` is the kind of source (see
-        route)."""
+        route). ``from_carton``: a carton named url (its LINKS), so url and
+        every redirect are held to policy.check_link, by name and by the
+        addresses it resolves to (links_session)."""
         assert self._session is not None, "use HttpClient as an async context manager"
+        policy = self.config.policy
+        check = policy.check_link if from_carton else policy.check
+        session = self.links_session if from_carton and not policy.allow_private_links else self._session
+        vetting = self._links_resolver if session is self._links else None
         # Peers send stored bytes as they are (sendfile): compressing weights costs more CPU than it saves on a LAN.
         encoded = encoded and kind != "peer"
         headers = {"Accept-Encoding": self.config.accept_encoding if encoded else "identity"}
@@ -263,14 +293,17 @@ class HttpClient:
             headers["Range"] = f"bytes=-{suffix}"
         elif ranged:
             headers["Range"] = f"bytes={start}-{'' if end is None else end - 1}"
-        current = self.config.policy.check(url)
+        current = check(url)
         answered: tuple[str, str] | None = None   # (url, Authorization) a 401 was answered with
         hops = 0
         while hops <= self.config.policy.max_redirects:
             sent = answered[1] if answered and answered[0] == current else self.authorization(current, kind=kind)
             try:
-                raw = await self._session.get(current, headers={**headers, "Authorization": sent} if sent else headers,
-                                              allow_redirects=False, **self.route(current, kind))
+                route = self.route(current, kind)
+                if vetting is not None and "proxy" in route:   # the proxy resolves the name; so does this node
+                    await vetting.refuse_before_proxy(current)
+                raw = await session.get(current, headers={**headers, "Authorization": sent} if sent else headers,
+                                        allow_redirects=False, **route)
             except Exception as e:  # noqa: BLE001
                 raise translate(e, current) from e
             try:
@@ -278,7 +311,7 @@ class HttpClient:
                     if answered is not None and answered[0] == current:
                         raise FetchError(f"{describe(current)}: HTTP 401 Unauthorized: the registry refused the "
                                          f"authorization it asked for", subject=current)
-                    answered = (current, await self.auth.answer(self._session, current,
+                    answered = (current, await self.auth.answer(session, current,
                                                                 raw.headers.getall("WWW-Authenticate", []),
                                                                 sent=sent))
                     continue
@@ -287,7 +320,7 @@ class HttpClient:
                     location = raw.headers.get("Location")
                     if not location:
                         raise FetchError(f"{describe(current)}: redirect without a Location", subject=current)
-                    current = self.config.policy.check(redirect_target(current, location))
+                    current = check(redirect_target(current, location))
                     continue
                 response = self._accept(raw, current, ranged, start, end, suffix)
                 response.stall_timeout = self.config.stall_timeout

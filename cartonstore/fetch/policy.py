@@ -27,6 +27,14 @@ are refused unless allow_hosts
 names them: a URL a caller hands the daemon must not reach the node's cloud
 credentials (checked again at every redirect, as every host is).
 
+A URL a carton names (its LINKS) is the carton author's, not the caller's:
+``check_link`` refuses it loopback, link-local, private (RFC 1918, ULA),
+unspecified, multicast and other non-global addresses, in every form a
+resolver reads (2130706433, 0x7f.1, [::ffff:127.0.0.1]) and the names that
+are loopback by definition (localhost, *.localhost), unless
+allow_private_links is set or allow_hosts names the host. A name that
+resolves there is refused by the resolver (resolver.py), at connect time.
+
 Credentials in the URL (https://user:token@host/) are allowed: private
 mirrors use them. ``describe`` keeps them, and query strings (which carry the
 signatures of presigned URLs), out of every message.
@@ -41,7 +49,10 @@ from typing import TYPE_CHECKING
 
 from cartonstore.errors import FetchError, InvalidInput
 
+from .addresses import host_class, legacy_ipv4
+
 ALLOWED_SCHEMES = ("http", "https")
+LINKS_SETTING = "fetch.allow_private_links"
 METADATA_HOSTS = ("169.254.0.0/16", "fe80::/10", "fd00:ec2::254", "64:ff9b::a9fe:0/112",   # NAT64 of 169.254/16
                   "100.100.100.200", "metadata.google.internal")
 
@@ -113,6 +124,7 @@ class UrlPolicy:
     allow_hosts: tuple[str, ...] = ()
     deny_hosts: tuple[str, ...] = ()
     max_redirects: int = 5
+    allow_private_links: bool = False   # URLs a carton names may reach non-global addresses (check_link)
 
     def __post_init__(self) -> None:
         for field in ("allow_hosts", "deny_hosts"):
@@ -140,6 +152,19 @@ class UrlPolicy:
                                f"fetch.allow_hosts names it: {describe(url)}", subject=url)
         return url
 
+    def check_link(self, url: str) -> str:
+        """``check`` for a URL a carton names: besides, unless
+        allow_private_links or allow_hosts names its host, it may not name a
+        non-global address (``host_class``) in any form. Raises
+        RefusedByPolicy, before anything is asked of the network."""
+        if not self.allow_private_links:
+            host = _link_host(url)
+            kind = host_class(host) if host is not None else None
+            if kind is not None and not _matches(_compile(self.allow_hosts, "allow_hosts"), host):
+                raise RefusedByPolicy(f"{describe(url)}: {link_refusal(f'{_article(kind)} {kind} address ({host})')}",
+                                      subject=url)
+        return self.check(url)
+
     def refuses_address(self, address: str) -> bool:
         """Whether ``address`` (a name or an IP address, as a resolver
         answers it) is a link-local or metadata host allow_hosts does not name."""
@@ -154,6 +179,39 @@ class UrlPolicy:
     def _metadata(self, host: str | IpAddress) -> bool:
         return _matches(_compile(METADATA_HOSTS, "metadata hosts"), host) and \
             not _matches(_compile(self.allow_hosts, "allow_hosts"), host)
+
+
+class RefusedByPolicy(FetchError):
+    """A URL would reach an address its request may not (a URL a carton
+    names a non-global one; any URL a metadata one, through DNS): nothing
+    was sent to it, so the message says nothing about what listens there,
+    and it is never retried."""
+
+
+def link_refusal(what: str) -> str:
+    """Why a URL a carton names is not fetched, and the setting that would allow it."""
+    return (f"refused by policy: a URL a carton names may not reach {what}; "
+            f"{LINKS_SETTING} = true (or the host in fetch.allow_hosts) allows it")
+
+
+def _article(word: str) -> str:
+    return "an" if word[0] in "aeiou" else "a"
+
+
+def _link_host(url: str) -> str | IpAddress | None:
+    """The host of url as a resolver would read it, IPv4 in the legacy forms
+    ``check`` refuses (0x7f.1, 2130706433) included; None if there is none.
+    Never raises: ``check`` says what is wrong with a malformed URL."""
+    from yarl import URL
+
+    try:
+        raw = URL(url).raw_host
+    except (ValueError, TypeError):
+        return None
+    if not raw:
+        return None
+    host = _parse_host(raw)
+    return host if host is not None else legacy_ipv4(raw.lower().removesuffix("."))
 
 
 def _has_controls(text: str) -> bool:

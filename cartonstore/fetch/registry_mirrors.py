@@ -13,7 +13,7 @@ stays what is recorded: mirrors are a node's configuration of the day.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from urllib.parse import quote
 
 # a blob at a registry, as oci/registry.py's source_url records it
@@ -36,6 +36,19 @@ def mirrored_blob_urls(url: str, mirrors: Mapping[str, tuple[str, ...]]) -> list
     authority, repository, digest = found.groups()
     return [(endpoint, mirror_url(endpoint, repository, authority, f"blobs/{digest}"))
             for endpoint in mirrors.get(authority.lower(), ())]
+
+
+def pulled_from(url: str, sources: Iterable[str]) -> bool:
+    """Whether ``url`` is a blob at the registry repository one of
+    ``sources`` (cartons' sources, ``oci://HOST[:PORT]/REPO:TAG@DIGEST``
+    as cartonstore.oci records a pull) names: a URL a caller's reference
+    gave, not one a carton named."""
+    found = _REGISTRY_BLOB.match(url)
+    if found is None:
+        return False
+    authority, repository, _ = found.groups()
+    prefix = f"oci://{authority}/{repository}"
+    return any(source.startswith(prefix) and source[len(prefix):len(prefix) + 1] in (":", "@") for source in sources)
 
 
 def registry_of(url: str) -> str:

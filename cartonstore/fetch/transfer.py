@@ -10,6 +10,7 @@ run in the stream's own thread (sink.py), overlapped with receiving.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Collection
 from typing import Callable, Sequence
 
 from cartonstore.errors import CartonStoreError, FetchError, FetchNotFound, IntegrityError, InvalidInput
@@ -94,13 +95,14 @@ def wants_parts(response: Response, config: FetchConfig, resuming: bool) -> bool
 
 async def download(client: HttpClient, url: str, writer: BlobWriter, config: FetchConfig, *,
                    stats: TransferStats | None = None, source: str = "url", expected_size: int | None = None,
-                   route: str | None = None) -> None:
+                   route: str | None = None, from_carton: bool = False) -> None:
     """Fetch url's whole decoded body into writer, retrying and resuming;
     its bytes count in stats as coming from this kind of source, and it
     goes through that kind's proxy, or ``route``'s when given (a registry's
     mirror counts as "mirror" and is reached as a registry is). With
     ``expected_size`` (what a registry's manifest says), a body that is or
-    decodes to more is refused as soon as it shows."""
+    decodes to more is refused as soon as it shows. ``from_carton``: a
+    carton named url (HttpClient.get)."""
     limit = config.max_blob_size if expected_size is None else min(expected_size, config.max_blob_size or expected_size)
     route = route or source
     resumable = False
@@ -113,7 +115,7 @@ async def download(client: HttpClient, url: str, writer: BlobWriter, config: Fet
             await asyncio.to_thread(writer.reset)
         if stats is not None:
             stats.request()
-        async with client.get(url, start=start, encoded=start == 0, kind=route) as response:
+        async with client.get(url, start=start, encoded=start == 0, kind=route, from_carton=from_carton) as response:
             tally = Tally(stats, response.length or 0, source=source)
             try:
                 if response.start != start:  # Range ignored: the body starts at 0 again
@@ -122,7 +124,8 @@ async def download(client: HttpClient, url: str, writer: BlobWriter, config: Fet
                     raise FetchError(size_lie(url, response.total, expected_size), subject=url)
                 if parts_ok and wants_parts(response, config, start > 0):
                     try:
-                        await download_parts(client, url, response, writer, config, tally=tally, route=route)
+                        await download_parts(client, url, response, writer, config, tally=tally, route=route,
+                                             from_carton=from_carton)
                     except _RangesRefused as e:
                         parts_ok = False  # the next attempt streams the body in one piece
                         raise FetchError(e.message, subject=url, retryable=True) from None
@@ -164,7 +167,7 @@ def split_parts(size: int, parts: int) -> list[tuple[int, int]]:
 
 
 async def download_parts(client: HttpClient, url: str, first: Response, writer: BlobWriter, config: FetchConfig, *,
-                         tally: Tally, route: str) -> None:
+                         tally: Tally, route: str, from_carton: bool = False) -> None:
     """Fetch [0, size) as parallel Range parts written in place; the first part
     comes from the response already open. The file is hashed in order as its
     prefix grows (PrefixHasher), overlapped with the parts still arriving.
@@ -195,7 +198,8 @@ async def download_parts(client: HttpClient, url: str, first: Response, writer: 
                 return
             if stats is not None:
                 stats.request()
-            async with client.get(url, start=part.written, end=end, encoded=False, kind=route) as response:
+            async with client.get(url, start=part.written, end=end, encoded=False, kind=route,
+                                  from_carton=from_carton) as response:
                 if response.status != 206:
                     raise _RangesRefused(f"{describe(url)}: ignored a Range request for a part", subject=url)
                 await fill(response, part)
@@ -255,12 +259,14 @@ async def _stage_to_the_end(writer: BlobWriter, digest: str) -> StagedBlob:
 async def fetch_blob(client: HttpClient, blobs: BlobStore, digest: str, urls: Sequence[str],
                      config: FetchConfig, *, stats: TransferStats | None = None,
                      kind_of: Callable[[str], str] | None = None, expected_size: int | None = None,
-                     route: str | None = None) -> StagedBlob:
+                     route: str | None = None, carton_named: Collection[str] = ()) -> StagedBlob:
     """Try each URL until one delivers bytes that hash to digest (and are
     ``expected_size`` long, when given); returns them staged. Raises
     FetchError listing what went wrong with every URL. ``kind_of(url)`` says
     what kind of source a URL is ("url", "mirror", "registry"); ``route``,
-    whose proxy they go through when not their kind's (download)."""
+    whose proxy they go through when not their kind's (download);
+    ``carton_named``, those of urls a carton named rather than a caller or
+    the operator (policy.check_link holds for them)."""
     problems: list[str] = []
     errors: list[CartonStoreError] = []
     for url in urls:
@@ -268,7 +274,7 @@ async def fetch_blob(client: HttpClient, blobs: BlobStore, digest: str, urls: Se
         try:
             with blobs.writer(label="fetch") as writer:
                 await download(client, url, writer, config, stats=stats, source=kind, expected_size=expected_size,
-                               route=route)
+                               route=route, from_carton=url in carton_named)
                 if expected_size is not None and writer.size != expected_size:
                     raise FetchError(size_lie(url, writer.size, expected_size), subject=url)
                 staged = await _stage_to_the_end(writer, digest)

@@ -252,6 +252,11 @@ class Index(LeaseQueries, SourceQueries):
         """Every carton path that lists this blob (to validate it by its names)."""
         return [r[0] for r in self._rows("SELECT DISTINCT path FROM entries WHERE digest=?", (digest,))]
 
+    def sources_of_blob(self, digest: str) -> list[str]:
+        """The sources the cartons that list this blob were added from."""
+        return [r[0] for r in self._rows("SELECT DISTINCT c.source FROM entries e JOIN cartons c ON c.digest = e.carton "
+                                         "WHERE e.digest=? AND c.source IS NOT NULL", (digest,))]
+
     def carton_for_source(self, source: str) -> CartonRow | None:
         rows = self._rows("SELECT * FROM cartons WHERE source=? ORDER BY added_at DESC LIMIT 1", (source,))
         return CartonRow(*rows[0]) if rows else None

@@ -16,8 +16,14 @@ from cartonstore.store import Store
 FAST = dict(retries=3, backoff_base=0.01, backoff_max=0.05, stall_timeout=0.5, connect_timeout=2.0)
 
 
+# Tests serve the blobs a carton's LINKS name from origins on 127.0.0.1, which
+# production refuses such URLs (fetch.allow_private_links): tests/fetch/test_private_links.py
+# is where that refusal is tested, with policies of its own.
+TEST_POLICY = UrlPolicy(allow_private_links=True)
+
+
 def fast_config(**kw) -> FetchConfig:  # noqa: ANN003
-    policy = kw.pop("policy", UrlPolicy())
+    policy = kw.pop("policy", TEST_POLICY)
     return FetchConfig(**{**FAST, **kw}, policy=policy)
 
 
