@@ -90,6 +90,12 @@ class Unavailable(CartonStoreError):
     """Something needed is out of reach right now: network, disk space, a lock."""
 
 
+class BadUpstream(Unavailable):
+    """A process the daemon relays to (a model's runner) answered what the
+    protocol does not allow: more than its limit, not HTTP, an output the
+    model does not declare (HTTP 502). The runner's fault, never the caller's."""
+
+
 class FetchError(Unavailable):
     """A source could not deliver: a network failure, an HTTP error status, a
     response that breaks the protocol (wrong Content-Range, an unknown or
@@ -118,6 +124,7 @@ CATEGORIES: list[tuple[type[CartonStoreError], int, int]] = [
     (InvalidInput, 4, 400),
     (ManifestMismatch, 5, 400),   # the caller's carton is bad, not the store
     (IntegrityError, 5, 500),
+    (BadUpstream, 6, 502),
     (Unavailable, 6, 503),
     (Conflict, 7, 409),
     (Unauthenticated, 9, 401),

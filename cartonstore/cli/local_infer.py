@@ -52,7 +52,8 @@ async def with_local_runner(store: Store, settings: Config, ref: str,
     async with Puller(store, settings.fetch_config()) as puller:
         model_dir = await puller.materialize(ref)
     cfg = await asyncio.to_thread(store.config_of, model_dir.name)
-    host = RunnerHost(settings.runners, store.layout.root / "run" / "runners", store.layout.tmp_dir)
+    host = RunnerHost(settings.runners, store.layout.root / "run" / "runners", store.layout.tmp_dir,
+                      max_request_size=settings.server.max_request_size)
     host.prepare()
     runners = await host.start(f"cli-{os.getpid()}", model_dir.name, model_dir, cfg, None)
     if runners is None:

@@ -41,11 +41,17 @@ def template_placeholders(template: list[str]) -> set[str]:
 
 def fill_argv(template: list[str], **values: str) -> list[str]:
     """The template with every placeholder replaced by its value. Values are
-    inserted verbatim (never re-scanned), one argv element stays one."""
+    inserted verbatim (never re-scanned), one argv element stays one; an
+    argument that would start with '-' from a value (a name "-x") is
+    refused, since the runner's option parser would read it as an option."""
     missing = sorted(template_placeholders(template) - values.keys())
     if missing:
         raise InvalidInput(f"runner command uses {', '.join('{' + m + '}' for m in missing)} "
                            "but no value is given for it")
+    for i, m in _scan(template):
+        if m.start() == 0 and str(values[m.group(1)]).startswith("-"):
+            raise InvalidInput(f"runner command argument {template[i]!r} would be {str(values[m.group(1)])[:40]!r}, "
+                               f"which a runner would read as an option")
 
     def replace(m: re.Match[str]) -> str:
         token = m.group(0)

@@ -156,6 +156,9 @@ class RunnerSettings:
     max_restarts: int = v.setting(5, v.integer(0))
     restart_backoff: float = v.duration_setting(0.5, positive=False)
     max_inflight: int = v.setting(64, v.integer(1))
+    # The most bytes one infer answer may have; unset: the larger of server.max_request_size and what the
+    # model's declared outputs can hold. Health and the rest of a runner's answers are held to 64 KiB.
+    max_response_size: int | None = v.size_setting(None, 1, optional=True)
     # On by default: a model failing its packager's own tests on this host
     # (a wrong framework build, a damaged weight file that still loads,
     # numerics beyond tolerance) is not one to send traffic to; cartons

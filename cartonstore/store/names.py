@@ -27,21 +27,39 @@ from .lease_rows import LeaseRow
 MIN_PREFIX = 8
 MAX_NAME_BYTES = 255
 # Triton's model names: letters, digits, '_', '-', '.'; never a leading '.'
-# (that would also allow '.' and '..', which are not names in a URL path).
-_NAME = re.compile(r"[A-Za-z0-9_\-][A-Za-z0-9_.\-]*")
+# (that would also allow '.' and '..', which are not names in a URL path) nor
+# a leading '-' (a runner's command line would read it as an option).
+_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]*")
 HEX = re.compile(r"[0-9a-f]+")
 PIN_PREFIX = "pin:"
 
 
+def check_grammar(name: object, what: str = "name") -> str:
+    """Return name if it is spelled as a model name or version may be
+    (every door checks what a caller names with this one rule), else raise
+    InvalidInput saying why."""
+    if not isinstance(name, str) or not name:
+        raise InvalidInput(f"invalid {what} '': a {what} needs at least one character", subject=what)
+    if len(name.encode()) > MAX_NAME_BYTES:
+        raise InvalidInput(f"invalid {what} {name[:40]!r}...: it is at most {MAX_NAME_BYTES} bytes", subject=what)
+    if not _NAME.fullmatch(name):
+        raise InvalidInput(f"invalid {what} {name[:80]!r}: it uses only letters, digits, '_', '-' and '.', and does "
+                           "not start with '.' or '-' (Triton's model-name rules)", subject=name[:80])
+    return name
+
+
+def check_model_ref(name: object, version: object = None) -> None:
+    """What a request names (a model, and maybe its version) is spelled by
+    check_grammar's rule, or InvalidInput: every door (HTTP, gRPC, the
+    CLI) checks this before anything is looked up or reaches a runner."""
+    check_grammar(name)
+    if version is not None:
+        check_grammar(version, "version")
+
+
 def validate_name(name: str) -> str:
     """Return name if it can name a model, else raise InvalidInput saying why."""
-    if not isinstance(name, str) or not name:
-        raise InvalidInput("invalid name '': a name needs at least one character")
-    if len(name.encode()) > MAX_NAME_BYTES:
-        raise InvalidInput(f"invalid name {name[:40]!r}...: names are at most {MAX_NAME_BYTES} bytes")
-    if not _NAME.fullmatch(name):
-        raise InvalidInput(f"invalid name {name!r}: names use only letters, digits, '_', '-' and '.', "
-                           "and do not start with '.' (Triton's model-name rules)", subject=name)
+    check_grammar(name)
     if len(name) >= MIN_PREFIX and HEX.fullmatch(name):
         raise InvalidInput(f"invalid name {name!r}: it would read as a manifest hash prefix", subject=name)
     return name

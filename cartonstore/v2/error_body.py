@@ -12,7 +12,7 @@ def error_text(payload: bytes | bytearray) -> str:
     if len(payload) <= 1 << 20:
         try:
             return str(json.loads(bytes(payload))["error"])
-        except (ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError, RecursionError):   # a hostile runner nests its JSON deep
             pass
     first = bytes(payload[:300]).decode("utf-8", "replace").splitlines()
     return f"{len(payload)} byte(s), not a JSON error: {first[0] if first else ''}"

@@ -274,6 +274,24 @@ def _deduce_raw_shape(what: str, datatype: str, dims: list[int], size: int) -> l
     return shape
 
 
+def surely_plain(header: bytes | bytearray, *marks: bytes) -> bool:
+    """Whether a JSON header surely holds none of ``marks`` (b'"BYTES"', a
+    parameter's name): it does not spell them, nor holds an escape that
+    could. What decides whether a body is walked on the event loop."""
+    return b"\\" not in header and not any(mark in header for mark in marks)
+
+
+def parse_infer_answer(body: bytes | bytearray | memoryview,
+                       header_length: int | None) -> tuple[dict[str, Any], list[WireTensor]]:
+    """An infer response's JSON and its outputs, structure only: nothing
+    decoded (see validate.validate_answer for the checks against a model's
+    declared outputs)."""
+    doc, binary, numbers = _split_body(body, header_length, "infer response")
+    if "outputs" not in doc:
+        raise InvalidInput('infer response: "outputs" is missing', subject="outputs")
+    return doc, _parse_tensors(doc["outputs"], binary, "output", numbers)
+
+
 def parse_infer_response(
     body: bytes | bytearray | memoryview, header_length: int | None
 ) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
@@ -291,6 +309,6 @@ def parse_infer_response(
 
 __all__ = [
     "HEADER_LENGTH", "InferRequest", "RequestedOutput", "WireTensor", "encode_infer_request",
-    "encode_infer_response", "numpy_to_binary", "numpy_to_json_data", "parse_infer_request",
-    "parse_infer_response", "parse_raw_binary_request", "tensor_to_numpy",
+    "encode_infer_response", "numpy_to_binary", "numpy_to_json_data", "parse_infer_answer", "parse_infer_request",
+    "parse_infer_response", "parse_raw_binary_request", "surely_plain", "tensor_to_numpy",
 ]

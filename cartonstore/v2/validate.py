@@ -86,6 +86,31 @@ def validate_request(
                 )
 
 
+def validate_answer(found: Sequence[WireTensor], outputs: Sequence[TensorSpec] | None) -> None:
+    """Raise InvalidInput, naming the output, for an answer the model's
+    declared ``outputs`` do not allow: an output given twice or not
+    declared, another datatype, a shape of another rank or other fixed
+    dimensions, data that does not fill its shape. Symbols match any size
+    (an output's may follow from the request's inputs). Outputs in shared
+    memory are checked by their byte_size (BYTES there by nobody: their
+    bytes are the client's to read). None: the model declares no outputs,
+    so only the answer's own consistency is checked."""
+    by_name = None if outputs is None else {spec.name: spec for spec in outputs}
+    seen: set[str] = set()
+    for tensor in found:
+        if tensor.name in seen:
+            raise fail(tensor.what, "is given twice")
+        seen.add(tensor.name)
+        if by_name is not None:
+            spec = by_name.get(tensor.name)
+            if spec is None:
+                raise fail(tensor.what, f"is not an output of this model (outputs: {_names(outputs)})")  # type: ignore[arg-type]
+            _check_against_spec(tensor, spec, {}, bind=False)
+        if tensor.data is None and tensor.shm is not None and tensor.datatype == "BYTES":
+            continue
+        check_tensor_data(tensor)
+
+
 def check_tensor_data(tensor: WireTensor) -> None:
     """The tensor's data fills its shape exactly, in its datatype (JSON
     data is left flattened, in row-major order)."""
@@ -108,20 +133,22 @@ def check_tensor_data(tensor: WireTensor) -> None:
         check_numeric_size(tensor.what, datatype, tensor.shape, len(data))
 
 
-def _check_against_spec(tensor: WireTensor, spec: TensorSpec, bindings: dict[str, tuple[Any, str]]) -> None:
+def _check_against_spec(tensor: WireTensor, spec: TensorSpec, bindings: dict[str, tuple[Any, str]], *,
+                        bind: bool = True) -> None:
     expected = carton_to_v2(spec.dtype)
     if tensor.datatype != expected:
         raise fail(tensor.what, f"datatype is {tensor.datatype} but the model expects {expected}")
-    _check_shape(tensor, spec, bindings)
+    _check_shape(tensor, spec, bindings, bind)
 
 
-def _check_shape(tensor: WireTensor, spec: TensorSpec, bindings: dict[str, tuple[Any, str]]) -> None:
+def _check_shape(tensor: WireTensor, spec: TensorSpec, bindings: dict[str, tuple[Any, str]], bind: bool) -> None:
     declared = spec.shape
     shape = tensor.shape
     if declared is None or declared == ANY:
         return
     if isinstance(declared, str):
-        _bind(tensor, declared, tuple(shape), bindings, None)
+        if bind:
+            _bind(tensor, declared, tuple(shape), bindings, None)
         return
     if len(shape) != len(declared):
         raise fail(
@@ -138,7 +165,7 @@ def _check_shape(tensor: WireTensor, spec: TensorSpec, bindings: dict[str, tuple
                     f"shape {shape_text(shape)} has {dim} in dimension {index} but the model "
                     f"expects {want} ({_spec_text(declared)})",
                 )
-        elif want != ANY:
+        elif want != ANY and bind:
             _bind(tensor, want, dim, bindings, index)
 
 

@@ -104,7 +104,7 @@ client = RunnerClient(sys.argv[1])
 async def infer(request):
     body = await request.read()
     headers = {k: v for k, v in request.headers.items() if k in ("Content-Type", "Inference-Header-Content-Length")}
-    status, answer_headers, answer = await client.request("POST", request.path, headers, [body])
+    status, answer_headers, answer = await client.request("POST", request.path, headers, [body], limit=1 << 30)
     keep = {k: v for k, v in answer_headers.items() if k in ("content-type", "inference-header-content-length")}
     return web.Response(status=status, body=answer, headers=keep)
 ''' + APP

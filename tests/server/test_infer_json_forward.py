@@ -15,13 +15,15 @@ from kit.daemonkit import DaemonProcess, wait_for
 from kit.inferkit import echo_carton, runner_pids, third_party_runner
 from test_infer_api import _load, raw_post
 
-# A v2 server that answers each infer with what it got: its headers and the parsed JSON header.
+# A v2 server that answers each infer with what it got (its headers and the parsed JSON header) beside an
+# empty "outputs", the one field the daemon holds an answer to (the carton declares no outputs).
 RECORDER = third_party_runner(r'''
 async def infer(request):
     body = await request.read()
     length = request.headers.get("Inference-Header-Content-Length")
     header = json.loads(body[:int(length)] if length else body)
-    return web.json_response({"content_type": request.headers.get("Content-Type"), "header_length": length,
+    return web.json_response({"outputs": [], "content_type": request.headers.get("Content-Type"),
+                              "header_length": length,
                               "header": header, "binary": body[int(length):].hex() if length else ""})
 ''')
 

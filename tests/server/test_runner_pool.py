@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 from kit.prockit import live_pids, script_leaving_no_process, wait_gone
 
-from cartonstore.errors import CartonStoreError, InvalidInput, Unavailable
+from cartonstore.errors import BadUpstream, CartonStoreError, InvalidInput, Unavailable
 from cartonstore.server.runners import (
     InstanceSpec,
     ModelRunners,
@@ -369,14 +369,17 @@ def test_request_timeout_kills_and_restarts(script: Path, short_tmp: Path) -> No
     run(go())
 
 
-@pytest.mark.parametrize("body", [b"garbage", b"close"])
-def test_garbage_answer_fails_request_but_keeps_runner(script: Path, short_tmp: Path, body: bytes) -> None:
+@pytest.mark.parametrize("body, error, message", [
+    (b"garbage", BadUpstream, r"^runner for m \(instance 0\) answered wrongly, .*: not an HTTP response"),
+    (b"close", Unavailable, r"^runner for m \(instance 0\) broke the HTTP exchange")])
+def test_garbage_answer_fails_request_but_keeps_runner(script: Path, short_tmp: Path, body: bytes,
+                                                       error: type, message: str) -> None:
     async def go() -> None:
         runners = ModelRunners("m", "1", [spec(script, short_tmp)], RunnerSettings(**FAST))
         await runners.start()
         try:
             first = (await infer(runners))["pid"]
-            with pytest.raises(Unavailable, match=r"^runner for m \(instance 0\) broke the HTTP exchange"):
+            with pytest.raises(error, match=message):
                 await runners.forward(INFER, body, {})
             assert runners.state == "READY" and runners.restarts == 0
             assert (await infer(runners))["pid"] == first
@@ -522,6 +525,9 @@ def test_fill_argv() -> None:
         fill_argv(["run", "{devices}"])
     with pytest.raises(InvalidInput, match="non-empty list"):
         fill_argv([])
+    with pytest.raises(InvalidInput, match=r"'\{name\}' would be '-x', which a runner would read as an option"):
+        fill_argv(["run", "--name", "{name}"], name="-x")
+    assert fill_argv(["run", "--name={name}"], name="-x") == ["run", "--name=-x"]   # not an option of its own
 
 
 def test_settings_and_spec_are_checked(short_tmp: Path) -> None:

@@ -125,8 +125,19 @@ def test_connection_closed_by_server_between_requests_is_not_reused(short_tmp: P
     (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", "bad chunk size"),
     (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n-5\r\n", "bad chunk size b'-5'"),
     (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabcXY", "chunk not followed by CRLF"),
-    (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nffffffffffffffff\r\n", "does not fit in the daemon's memory"),
-    (b"HTTP/1.1 200 OK\r\nContent-Length: 99999999999999999999\r\n\r\n", "does not fit in the daemon's memory"),
+    (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nffffffffffffffff\r\n", "over its limit"),
+    (b"HTTP/1.1 200 OK\r\nContent-Length: 99999999999999999999\r\n\r\n", "over its limit"),
+    (b"HTTP/1.1 200 OK\r\nContent-Length: 65537\r\n\r\n", "Content-Length 65537, over its limit of 64.0 KiB"),
+    (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + b"8000\r\n" + b"a" * 0x8000 + b"\r\n" * 1
+     + b"8001\r\n" + b"a" * 0x8001 + b"\r\n0\r\n\r\n", "chunks of more than 64.0 KiB in all"),
+    (b"HTTP/1.1 200 OK\r\n\r\n" + b"a" * 70000 + CLOSE, "more than 64.0 KiB (its limit)"),
+    (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + b"1\r\na\r\n" * 65 + b"0\r\n\r\n",
+     "answered in more than 64 chunks"),
+    (b"HTTP/1.1 200 OK\r\n" + b"X-A: b\r\n" * 101 + b"\r\n", "101 header lines, over the 100"),
+    (b"HTTP/1.1 200 OK\r\nX-Long: " + b"a" * 70000 + b"\r\n\r\n", "response head longer than 65536 bytes"),
+    (b"HTTP/1.1 100 Continue\r\n\r\n" * 9 + OK, "more than 8 interim (1xx) answers"),
+    (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n" + b"X-T: t\r\n" * 101 + b"\r\n",
+     "more than 100 trailer lines"),
     (None, "closed the connection without answering"),
 ])
 def test_broken_answers(short_tmp: Path, answer: bytes | None, message: str) -> None:
@@ -172,7 +183,7 @@ def test_an_answer_cut_short_by_close_is_an_error_not_zero_padding(short_tmp: Pa
         srv = await asyncio.start_unix_server(handle, sock)
         client = RunnerClient(sock)
         try:
-            pending = asyncio.ensure_future(client.request("GET", "/", {}))
+            pending = asyncio.ensure_future(client.request("GET", "/", {}, limit=1 << 20))
             await got_head.wait()
             await asyncio.sleep(0.05)
             client.close()
@@ -185,3 +196,62 @@ def test_an_answer_cut_short_by_close_is_an_error_not_zero_padding(short_tmp: Pa
 
     outcome = asyncio.run(go())
     assert isinstance(outcome, BadResponse) and "mid-answer" in str(outcome), outcome
+
+
+def test_a_claimed_length_costs_the_bytes_sent_not_the_bytes_claimed(short_tmp: Path) -> None:
+    """A runner that claims a body within the limit (512 MiB here) and sends
+    one byte: the buffer waiting for the rest is committed as bytes land,
+    so this process's resident memory does not grow by the claim."""
+    def rss() -> int:
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) << 10 for line in f if line.startswith("VmRSS:"))
+
+    async def go() -> tuple[int, int, object]:
+        got_head = asyncio.Event()
+
+        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await reader.readuntil(b"\r\n\r\n")
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 536870912\r\n\r\nx")
+            await writer.drain()
+            got_head.set()
+            await asyncio.sleep(5)
+            writer.close()
+
+        sock = str(short_tmp / "s.sock")
+        srv = await asyncio.start_unix_server(handle, sock)
+        client = RunnerClient(sock)
+        try:
+            before = rss()
+            pending = asyncio.ensure_future(client.request("POST", "/x", {}, limit=1 << 30))
+            await got_head.wait()
+            await asyncio.sleep(0.1)
+            during = rss()
+            client.close()
+            try:
+                return before, during, await pending
+            except Exception as e:  # noqa: BLE001 - the outcome under test
+                return before, during, e
+        finally:
+            srv.close()
+
+    before, during, outcome = asyncio.run(go())
+    assert during - before < 64 << 20, f"resident memory grew by {(during - before) >> 20} MiB for a 1-byte answer"
+    assert isinstance(outcome, BadResponse) and "mid-answer" in str(outcome), outcome
+
+
+def test_a_big_answer_within_its_limit_arrives_whole(short_tmp: Path) -> None:
+    big = bytes(range(256)) * 4096   # 1 MiB: received into uninitialised memory, every byte of it written
+    server = CannedServer([b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(big) + big])
+
+    async def go() -> tuple:
+        sock = str(short_tmp / "s.sock")
+        srv = await asyncio.start_unix_server(server.handle, sock)
+        client = RunnerClient(sock)
+        try:
+            status, _, body = await client.request("POST", "/x", {}, limit=len(big))
+            return status, bytes(body)
+        finally:
+            client.close()
+            srv.close()
+
+    assert asyncio.run(go()) == (200, big)

@@ -24,15 +24,18 @@ from aiohttp import web
 
 from cartonstore.errors import InvalidInput, NotFound
 from cartonstore.server.models.loaded_model import triton_unknown_model
+from cartonstore.server.runners.answer_check import BYTES, checked_answer_off_loop
 from cartonstore.server.tensors.arena import ARENA_FROM, ArenaSlot
 from cartonstore.server.tensors.arena_wire import MAX_HEADER, ArenaForward
 from cartonstore.server.tensors.infer_check import checked_unless_shm
 from cartonstore.server.tensors.infer_shm import ShmUse, attach_regions, renamed_answer, renamed_request
 from cartonstore.server.tensors.shm_regions import Peer, ShmRegions, peer_of
+from cartonstore.store.names import check_model_ref
 from cartonstore.v2.error_body import error_text
 from cartonstore.v2.framing import (
     HEADER_LENGTH,
     InferRequest,
+    surely_plain,
 )
 from cartonstore.v2.framing import header_length as header_length_of
 from cartonstore.v2.shm_params import REGION
@@ -70,6 +73,7 @@ def arena_slot_for(model: LoadedModel | None, length: int) -> ArenaSlot | None:
 def ready_model(service: ModelService, name: str, version: str | None) -> LoadedModel:
     """The READY model (version) a request names, runner or not (its files
     are served either way), or the error that says why not."""
+    check_model_ref(name, version)
     model = service.models.get(name)
     if model is None or model.digest is None:
         raise NotFound(f"{triton_unknown_model(name)}: model {name!r} is not loaded; load it first "
@@ -122,7 +126,7 @@ def _framed(req: InferRequest) -> tuple[list, int]:
     return [header, tensor.data], len(header)
 
 
-def _compress(body: bytes, coding: str) -> bytes:
+def _compress(body: bytes | bytearray | memoryview, coding: str) -> bytes:
     c = zlib.compressobj(1, zlib.DEFLATED, 31 if coding == "gzip" else 15)
     return c.compress(body) + c.flush()
 
@@ -133,7 +137,7 @@ class InferAnswer:
 
     status: int
     headers: dict[str, str]
-    payload: bytes | bytearray
+    payload: bytes | bytearray | memoryview
     error_text: str | None = None   # for the daemon's log line, on errors
     tail: list[memoryview] = field(default_factory=list)   # sent after payload (views of an arena slot)
     converted: Any = None   # the answer in another framing (proxied_infer's convert)
@@ -248,16 +252,15 @@ async def _proxied(service: ModelService, model: LoadedModel, name: str, version
     else:
         answer = await model.runners.forward(f"/v2/models/{name}/infer", parts, headers, regions, arena)
     phases.answered, phases.runner_timing = time.monotonic_ns(), answer.timing
+    answer = await checked_answer_off_loop(answer, model.carton.outputs, f"runner for {name}")
     out_headers = dict(answer.headers)
-    payload: bytes | bytearray = answer.body
+    payload: bytes | bytearray | memoryview = answer.body
     tail: list[memoryview] = []
     if use is not None:
         payload = renamed_answer(answer.status, out_headers, payload, use)
     elif answer.arena and answer.status == 200:
         payload, tail = arena.client_answer(out_headers, payload, f"runner for {name}")  # type: ignore[union-attr]
-    already = any(k.lower() == "content-encoding" for k in out_headers)
-    coding = pick_encoding(accept_encoding, ENCODINGS, wildcard=True) \
-        if answer.status == 200 and not already else None
+    coding = pick_encoding(accept_encoding, ENCODINGS, wildcard=True) if answer.status == 200 else None
     if coding is not None and len(payload) + sum(len(t) for t in tail) > 512:
         if tail:
             payload, tail = b"".join([payload, *tail]), []
@@ -310,10 +313,10 @@ def _walks_little(model: LoadedModel, body: bytes | bytearray | memoryview, head
     """Whether validating takes little time whatever the body's size: a
     small body naming no shared memory (whose BYTES would be read), or a big
     binary one whose JSON header is small and names no BYTES (numeric
-    tensors are checked by their sizes alone). A header spelling BYTES with
-    escapes is walked here all the same: slower, never wrong."""
+    tensors are checked by their sizes alone). A header with an escape in
+    it (which could spell either) goes to a thread."""
     if header_length is None:
-        return len(body) < IN_THREAD_FROM and SHM_MARK not in body   # type: ignore[operator]  # never a view
+        return len(body) < IN_THREAD_FROM and surely_plain(body, SHM_MARK)   # type: ignore[arg-type]  # never a view
     if header_length == 0:
         spec = model.carton.inputs
         return len(body) < IN_THREAD_FROM or not (spec and len(spec) == 1 and spec[0].dtype == "string")
@@ -322,7 +325,7 @@ def _walks_little(model: LoadedModel, body: bytes | bytearray | memoryview, head
     if header_length >= IN_THREAD_FROM:
         return False
     header = bytes(memoryview(body)[:header_length])
-    return SHM_MARK not in header and (b'"BYTES"' not in header or len(body) < IN_THREAD_FROM)
+    return surely_plain(header, SHM_MARK) and (surely_plain(header, BYTES) or len(body) < IN_THREAD_FROM)
 
 
 def widen_send_buffer(transport: object) -> None:

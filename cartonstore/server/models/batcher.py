@@ -24,9 +24,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from cartonstore.errors import BadUpstream
 from cartonstore.server.runners import ModelRunners
 from cartonstore.server.runners.settings import RunnerResponse, RunnersBusy
-from cartonstore.v2 import json_codec
 from cartonstore.v2.batching import answers_for, batch_key, joined_request, rows
 from cartonstore.v2.framing import HEADER_LENGTH, parse_infer_response
 from cartonstore.v2.statistics import RequestTiming
@@ -178,7 +178,7 @@ class DynamicBatcher:
         if len(batch) > 1:
             headers = {"Content-Type": "application/octet-stream", HEADER_LENGTH: str(header_length)}
         sent = time.monotonic_ns()
-        response = await self._runners.forward(self._path, parts, headers)
+        response = await self._runners.forward(self._path, parts, headers, answers=len(batch))
         ran = time.monotonic_ns() - sent
         if response.status == 200:   # counted here, once, whatever becomes of the requests in it
             inside = response.timing.believed(ran) if response.timing is not None else None
@@ -193,9 +193,9 @@ class DynamicBatcher:
                 shares = _cut(reqs, body, length, self._runners.name)
         except Exception as e:  # noqa: BLE001 - the runner's answer, not the clients' requests, is at fault
             log.warning("model %s: a batched answer could not be cut back: %s", self._runners.name, e)
-            failed = RunnerResponse(500, {"Content-Type": "application/json"},
-                                    json_codec.dumps({"error": f"dynamic batching: {e}"}, exact=False))
-            return [_timed(failed, w, sent, ran) for w in batch]
+            raise BadUpstream(f"runner for {self._runners.name} answered a batch of {len(batch)} requests "
+                              f"with what cannot be cut back into their answers (dynamic batching: {e})",
+                              subject=self._runners.name) from None
         return [_timed(RunnerResponse(200, headers, b"".join(parts)), w, sent, ran, response.timing)
                 for w, (parts, headers) in zip(batch, shares, strict=True)]
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from math import prod
 from typing import Any
 
 from cartonstore.errors import InvalidInput
@@ -130,6 +131,31 @@ def _unsupported_fields(entry: Mapping[str, Any], known: Sequence[str], defaults
             continue
         if key not in defaults or value not in defaults[key]:
             raise InvalidInput(f"config: {where}: cartonstore does not support {key!r} = {value!r}", subject=key)
+
+
+JSON_ELEMENT = 32            # the most one element of a numeric output takes in a JSON answer, separator included
+ANSWER_HEAD_ROOM = 64 << 10  # an answer's JSON header beside its outputs' data
+
+
+def answer_limit(outputs: Sequence[TensorSpec] | None, configured: int | None, max_request_size: int) -> int:
+    """The most bytes one infer answer of a model may have:
+    runners.max_response_size when set, else the larger of max_request_size
+    and what the model's declared outputs can hold (every element at its
+    widest in JSON, as binary is narrower). Outputs of any size (a symbolic
+    dimension, BYTES) hold no more than max_request_size."""
+    if configured is not None:
+        return configured
+    return max(max_request_size, _declared_bound(outputs))
+
+
+def _declared_bound(outputs: Sequence[TensorSpec] | None) -> int:
+    total = ANSWER_HEAD_ROOM
+    for spec in outputs or ():
+        shape, dtype = spec.shape, carton_dtype_to_v2(spec.dtype)
+        if dtype == "BYTES" or not isinstance(shape, tuple) or not all(type(d) is int for d in shape):
+            return 0
+        total += prod(shape) * JSON_ELEMENT   # type: ignore[arg-type]
+    return total
 
 
 def max_batch_size(carton: CartonConfig, config: Mapping[str, Any] | None) -> int:

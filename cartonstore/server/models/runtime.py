@@ -37,6 +37,7 @@ from cartonstore.server.tensors.arena import TensorArena
 from cartonstore.system.cgroups import remove_stale as remove_stale_cgroups
 from cartonstore.system.cgroups import take_delegation
 
+from .model_config import answer_limit
 from .runner_plan import (
     RunnerPlan,
     instance_devices,
@@ -59,10 +60,13 @@ class RunnerHost:
     """Starts and stops the runners of loaded models. One per daemon."""
 
     def __init__(self, config: RunnerConfig, run_dir: Path, tmp_dir: Path, *,
-                 on_change: Callable[[], None] | None = None, arena_size: int = 0) -> None:
+                 on_change: Callable[[], None] | None = None, arena_size: int = 0,
+                 max_request_size: int = 256 << 20) -> None:
         """run_dir: the runners' sockets; tmp_dir: the store's tmp/, whose
-        owner token names this process's model slots (waiting.Slots)."""
+        owner token names this process's model slots (waiting.Slots);
+        max_request_size: the daemon's, which bounds its answers too (answer_limit)."""
         self.config = config
+        self.max_request_size = max_request_size
         self.arena_size = arena_size    # each loaded version gets an arena of its own (0: none)
         self._retired_counts = {"forwarded": 0, "full": 0}   # of the arenas of unloaded versions
         self.run_dir = run_dir
@@ -155,7 +159,9 @@ class RunnerHost:
             # An arena of its own: a runner maps its model's tensors and no other's.
             arena = TensorArena(self.arena_size) if self.arena_size else None
             runners = ModelRunners(name, version, starting.specs, self.settings, on_change=self._on_change,
-                                   arena=arena, first_processes=starting.first_processes())
+                                   arena=arena, first_processes=starting.first_processes(),
+                                   answer_limit=answer_limit(cfg.outputs, self.config.max_response_size,
+                                                             self.max_request_size))
             self._live.add(runners)
             log.info("model %s version %s: starting %d %s runner(s) on %s%s", name, version[:12],
                      len(starting.specs), starting.plan.runner_name, ", ".join(starting.devices),

@@ -10,7 +10,7 @@ import asyncio
 import grpc
 from tritonclient.grpc import service_pb2 as pb
 
-from cartonstore.errors import CartonStoreError, InvalidInput, Unavailable, http_status_for
+from cartonstore.errors import BadUpstream, CartonStoreError, InvalidInput, http_status_for
 from cartonstore.server.api.bodies import IN_THREAD_FROM, too_large
 from cartonstore.server.api.infer import InferAnswer, arena_slot_for, proxied_infer, serving_model
 from cartonstore.server.models.service import ModelService
@@ -86,7 +86,7 @@ def _converted(answer: InferAnswer, name: str) -> pb.ModelInferResponse:
     try:
         return grpc_response([answer.payload, *answer.tail], int(sent) if sent else None)
     except (ValueError, KeyError, TypeError) as e:
-        raise Unavailable(f"the runner for {name} sent an answer that is not a v2 infer response: {e}") from None
+        raise BadUpstream(f"the runner for {name} sent an answer that is not a v2 infer response: {e}") from None
 
 
 def stream_error(request: pb.ModelInferRequest, exc: CartonStoreError) -> pb.ModelStreamInferResponse:

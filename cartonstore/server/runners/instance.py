@@ -10,7 +10,7 @@ import signal
 import time
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Mapping, Sequence
 
-from cartonstore.errors import Unavailable
+from cartonstore.errors import BadUpstream, Unavailable
 from cartonstore.v2.shm_params import ARENA_EXTENSION
 from cartonstore.v2.statistics import TIMING_HEADER, RequestTiming
 
@@ -196,12 +196,15 @@ class RunnerInstance:
     # -- requests -----------------------------------------------------------
 
     async def post(self, path: str, body: Sequence[bytes | memoryview], headers: Mapping[str, str],
-                   regions: Sequence[Region] = (), arena: ArenaForward | None = None) -> RunnerResponse:
+                   regions: Sequence[Region] = (), arena: ArenaForward | None = None, *,
+                   limit: int) -> RunnerResponse:
         """POST to this instance, once it has mapped the shared memory
         ``regions`` the request names; in the arena's form when ``arena``
-        is given and this process maps it. Failures become Unavailable naming
-        the runner: it died, it did not answer in time (then it is killed;
-        the supervisor restarts it), or it broke the HTTP exchange."""
+        is given and this process maps it; an answer over ``limit`` bytes is
+        refused. Failures become Unavailable naming the runner: it died, it
+        did not answer in time (then it is killed; the supervisor restarts
+        it), or it broke the HTTP exchange (BadUpstream when it answered
+        wrongly: over its limit, not HTTP)."""
         proc, client, shm = self._proc, self._client, self._shm
         if proc is None or client is None or client.closed:
             raise Unavailable(f"{self.label} is not running: {self.reason or 'restarting'}")
@@ -209,7 +212,7 @@ class RunnerInstance:
         if via_arena:
             body, headers = arena.runner_request()  # type: ignore[union-attr]
         try:
-            status, headers_in, answer = await self._exchange(proc, client, shm, path, body, headers, regions)
+            status, headers_in, answer = await self._exchange(proc, client, shm, path, body, headers, regions, limit)
         except BaseException:
             if via_arena:   # it may still write outputs into the slot: kept until the process is gone
                 arena.slot.hold_until(proc.wait())  # type: ignore[union-attr]
@@ -219,14 +222,14 @@ class RunnerInstance:
 
     async def _exchange(self, proc: RunnerProcess, client: RunnerClient, shm: RunnerShmLink | None, path: str,
                         body: Sequence[bytes | memoryview], headers: Mapping[str, str],
-                        regions: Sequence[Region]) -> tuple[int, dict[str, str], bytes | bytearray]:
+                        regions: Sequence[Region], limit: int) -> tuple[int, dict[str, str], bytes | bytearray]:
         timeout = self.settings.request_timeout
         self.outstanding += 1
         try:
             async def exchange() -> tuple[int, dict[str, str], bytes | bytearray]:
                 if regions:
                     await shm.ensure(regions)   # type: ignore[union-attr]  # set with the client
-                return await client.request("POST", path, headers, body)
+                return await client.request("POST", path, headers, body, limit=limit)
             status, headers_in, answer = await _within(exchange(), timeout)
         except asyncio.TimeoutError:
             if proc.returncode is None:
@@ -239,6 +242,9 @@ class RunnerInstance:
             if await proc.exited_within(DEATH_NOTICE):
                 raise Unavailable(f"{self.label} died: {proc.exit_reason()}",
                                   details={"stderr": proc.stderr_lines()}) from None
+            if isinstance(e, BadResponse) and e.answered:
+                raise BadUpstream(f"{self.label} answered wrongly, so its answer was dropped and its connection "
+                                  f"closed: {e}") from None
             detail = str(e) if isinstance(e, BadResponse) else f"{type(e).__name__}: {e.strerror or e}"
             raise Unavailable(f"{self.label} broke the HTTP exchange: {detail}") from None
         finally:

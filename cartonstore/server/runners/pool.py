@@ -41,7 +41,8 @@ class ModelRunners:
 
     def __init__(self, name: str, version: str, specs: list[InstanceSpec], settings: RunnerSettings, *,
                  on_change: Callable[[], None] | None = None, arena: TensorArena | None = None,
-                 first_processes: Sequence[FirstProcess | None] = ()) -> None:
+                 first_processes: Sequence[FirstProcess | None] = (), answer_limit: int = 256 << 20) -> None:
+        """answer_limit: the most bytes one infer answer of this model may have."""
         if not specs:
             raise InvalidInput(f"model {name}: no runner instance to start")
         sockets = [s.socket_path for s in specs]
@@ -54,6 +55,7 @@ class ModelRunners:
         self.statistics = InferStatistics()   # Triton's statistics of this version (api/statistics.py)
         self._on_change = on_change
         self.arena = arena   # this version's own tensor arena (RunnerHost's), or None
+        self.answer_limit = answer_limit
         firsts = list(first_processes) + [None] * (len(specs) - len(first_processes))
         self._instances = [RunnerInstance(name, i, spec, settings, self._changed, arena, firsts[i])
                            for i, spec in enumerate(specs)]
@@ -221,12 +223,14 @@ class ModelRunners:
 
     async def forward(self, path: str, body: list[bytes | memoryview] | bytes | memoryview,
                       headers: Mapping[str, str], regions: Sequence[Region] = (),
-                      arena: ArenaForward | None = None) -> RunnerResponse:
+                      arena: ArenaForward | None = None, *, answers: int = 1) -> RunnerResponse:
         """POST body to ``path`` (e.g. "/v2/models/{name}/infer") on a runner
         (which maps the shared memory ``regions`` first) and return its
         answer, whatever its status. Raises RunnersBusy when the model is at
-        max_inflight, Unavailable when no runner can answer. With ``arena``,
-        an instance that maps the arena gets the request in its form."""
+        max_inflight, Unavailable when no runner can answer, BadUpstream
+        when its answer is over ``answers`` (a batch's requests) times the
+        model's answer_limit. With ``arena``, an instance that maps the arena
+        gets the request in its form."""
         if self._closing:
             raise Unavailable(f"model {self.name} version {self.version} is being unloaded", subject=self.name)
         if self.outstanding >= self.settings.max_inflight:
@@ -240,7 +244,7 @@ class ModelRunners:
         parts = [body] if isinstance(body, (bytes, bytearray, memoryview)) else body
         self.outstanding += 1
         try:
-            return await inst.post(path, parts, send, regions, arena)
+            return await inst.post(path, parts, send, regions, arena, limit=answers * self.answer_limit)
         finally:
             self.outstanding -= 1
             if self._closing and not self.outstanding:

@@ -40,6 +40,9 @@ log = logging.getLogger("cartonstore.server.runners")
 HEALTH_READY = "/v2/health/ready"
 POLL_INTERVAL = 0.025
 MAX_LINE = 4000          # a longer stderr line is cut, so one line cannot hog memory
+LOG_BURST = 200          # stderr lines a runner may put in the daemon's log at once...
+LOG_RATE = 20.0          # ...and per second after that; the rest are counted, not logged...
+UNLOGGED_EVERY = 10.0    # ...and said at most this often
 DRAIN_WAIT = 1.0         # after exit, how long to wait for the last stderr bytes
 
 T = TypeVar("T")
@@ -86,6 +89,10 @@ def describe_exit(returncode: int) -> str:
     return f"exited with status {returncode}"
 
 
+def _text(raw: bytes) -> str:
+    return raw[:MAX_LINE].decode("utf-8", "replace").rstrip()
+
+
 def _enter(parent_pid: int, cgroup: RunnerCgroup) -> None:
     """Between fork and exec: die with the daemon, and enter the runner's
     cgroup before anything of its own runs (nothing it forks escapes it)."""
@@ -119,6 +126,10 @@ class RunnerProcess:
         self._exit_seen = protocol.exit_seen
         self._tail: collections.deque[str] = collections.deque(maxlen=max(stderr_lines, 1))
         self._keep_stderr = stderr_lines > 0
+        self._log_allowance = float(LOG_BURST)   # a token bucket: model code decides nothing of the log's size
+        self._log_refilled = time.monotonic()
+        self._unlogged = 0
+        self._said_at = float("-inf")
         self._drains = [asyncio.ensure_future(self._drain(protocol.stderr, keep=True)),
                         asyncio.ensure_future(self._drain(protocol.stdout, keep=False))]
         self._exited = asyncio.ensure_future(self._wait_exit())
@@ -189,8 +200,10 @@ class RunnerProcess:
     # -- output -------------------------------------------------------------
 
     async def _drain(self, stream: asyncio.StreamReader | None, *, keep: bool) -> None:
-        """Log each line; keep the last stderr ones. Reads until EOF so a
-        chatty runner never blocks on a full pipe."""
+        """Log its lines, within the log's allowance; keep the last stderr
+        ones. Reads until EOF so a chatty runner never blocks on a full pipe.
+        Lines past the allowance are counted, not split one by one: a runner
+        writing short lines at pipe speed costs the loop a count per read."""
         if stream is None:
             return
         pending = b""
@@ -199,22 +212,52 @@ class RunnerProcess:
             if not chunk:
                 break
             pending += chunk
-            *lines, pending = pending.split(b"\n")
-            for line in lines:
-                self._line(line, keep)
+            end = pending.rfind(b"\n")
+            if end >= 0:
+                self._lines(pending[:end], keep)
+                pending = pending[end + 1:]
             if len(pending) > MAX_LINE:
-                self._line(pending, keep)
+                self._lines(pending, keep)
                 pending = b""
         if pending:
-            self._line(pending, keep)
+            self._lines(pending, keep)
+        if self._unlogged:
+            self._said_unlogged()
 
-    def _line(self, raw: bytes, keep: bool) -> None:
-        text = raw[:MAX_LINE].decode("utf-8", "replace").rstrip()
-        if not text:
-            return
-        log.info("[%s] %s", self.label, text)
-        if keep and self._keep_stderr:
-            self._tail.append(text)
+    def _lines(self, block: bytes, keep: bool) -> None:
+        """The lines of ``block`` (no newline at its end): as many as the
+        allowance lets go to the log, and the last ones to the kept tail."""
+        count = block.count(b"\n") + 1
+        loggable = self._take_allowance(count)
+        kept = self._tail.maxlen if keep and self._keep_stderr else 0
+        logged = block.split(b"\n", loggable)[:loggable] if loggable < count else block.split(b"\n")
+        for line in logged:
+            if text := _text(line):
+                log.info("[%s] %s", self.label, text)
+        if kept:
+            for line in logged[-kept:] if loggable == count else block.rsplit(b"\n", kept)[-kept:]:
+                if text := _text(line):
+                    self._tail.append(text)
+
+    def _take_allowance(self, count: int) -> int:
+        """How many of ``count`` lines the log takes now (a token bucket:
+        model code decides nothing of the log's size); the rest are counted,
+        and said every UNLOGGED_EVERY seconds."""
+        now = time.monotonic()
+        self._log_allowance = min(LOG_BURST, self._log_allowance + (now - self._log_refilled) * LOG_RATE)
+        self._log_refilled = now
+        taken = min(count, int(self._log_allowance))
+        self._log_allowance -= taken
+        self._unlogged += count - taken
+        if self._unlogged and now - self._said_at >= UNLOGGED_EVERY:
+            self._said_unlogged()
+        return taken
+
+    def _said_unlogged(self) -> None:
+        log.warning("[%s] %d output lines not logged: it wrote more than %d at once or %g a second", self.label,
+                    self._unlogged, LOG_BURST, LOG_RATE)
+        self._unlogged = 0
+        self._said_at = time.monotonic()
 
     def stderr_lines(self) -> list[str]:
         return list(self._tail)
@@ -256,7 +299,9 @@ class RunnerProcess:
 
     async def wait_ready(self, client: RunnerClient, timeout: float) -> None:
         """Poll /v2/health/ready until it answers 200. Raises RunnerFailed
-        (after killing the process) when it exits first or timeout passes."""
+        (after killing the process) when it exits first, timeout passes, or
+        it answers what is not an HTTP answer within the wire's limits (a
+        model that took over its runner's socket)."""
         deadline = time.monotonic() + timeout
         while True:
             if self._exit_seen.done():
@@ -271,7 +316,12 @@ class RunnerProcess:
                 status, _, _ = await asyncio.wait_for(client.request("GET", HEALTH_READY, {}), min(left, 2.0))
                 if status == 200:
                     return
-            except (OSError, BadResponse, asyncio.TimeoutError):
+            except BadResponse as e:
+                if e.answered:
+                    self.kill(f"killed after answering its readiness probe ({HEALTH_READY}) wrongly: {e}")
+                    await self.wait()
+                    raise RunnerFailed(self.exit_reason(), self.stderr_lines()) from None
+            except (OSError, asyncio.TimeoutError):
                 pass  # not listening yet
             await asyncio.wait([self._exit_seen], timeout=min(POLL_INTERVAL, max(left, 0)))
 

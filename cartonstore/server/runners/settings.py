@@ -99,7 +99,7 @@ class RunnerResponse:
 
     status: int
     headers: dict[str, str]
-    body: bytes
+    body: bytes | bytearray | memoryview
     arena: bool = False   # sent in the arena's form: binary outputs may be in the slot (arena_wire.py)
     timing: RequestTiming | None = None   # where its time went in the runner (None: the runner did not say)
 

@@ -13,22 +13,41 @@ streams copy them several times (writelines joins the parts, the transport
 buffers what the kernel did not take, StreamReader buffers and readexactly
 copies out). Here big parts are written one by one to a socket whose send
 buffer takes them whole, and a Content-Length body is received straight
-into one bytearray of its final size.
+into one buffer of its final size.
+
+A runner is model code, and hostile: it decides nothing about what the
+daemon allocates. Every answer has a limit (``limit``: the model's answer
+size for infer, CONTROL_ANSWER for health and the rest), a head has at
+most MAX_HEAD bytes and MAX_HEADERS lines, and an answer over its limit is
+refused when its head says so, or as soon as its bytes pass the limit
+(chunked, or framed by the end of the connection). A claimed length is
+never zero-filled at once: a big body's buffer is unfilled memory
+(system/unfilled.py) that the kernel commits page by page as bytes arrive,
+so a runner that claims 200 MiB and sends one byte costs one page.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
+import itertools
 import socket
 import time
 from typing import Mapping, Sequence
 from urllib.parse import quote
 
 from cartonstore.errors import InvalidInput
+from cartonstore.format.units import format_size
+from cartonstore.system.unfilled import unfilled_bytearray
 from cartonstore.v2.http1 import chunk_size
 
-MAX_HEAD = 1 << 20        # status line + headers of one response
+MAX_HEAD = 64 << 10       # status line + headers of one response
+MAX_HEADERS = 100         # header lines of one response (a v2 answer needs three)
+MAX_INTERIM = 8           # 1xx answers before the real one
+CONTROL_ANSWER = 64 << 10  # health, server metadata, shared-memory registration: small JSON or nothing
+MIN_CHUNK = 1024          # a chunked answer's chunks, on average, at least: each costs the loop a few steps
+MAX_CHUNKS = 65536
+YIELD_EVERY = 256         # chunks read before the loop is let go (those in one read need no wait)
 IDLE_LIMIT = 30.0         # below the runner SDK's 75 s keep-alive (and aiohttp's), so a runner never closes one we pick
 SOCKET_BUFFER = 4 << 20   # a 4 MiB tensor goes out in one send (the kernel caps it at wmem_max)
 RECV_CHUNK = 1 << 16      # heads and chunked bodies are received this much at a time; smaller writes are joined
@@ -36,7 +55,13 @@ _NO_BODY = (204, 304)
 
 
 class BadResponse(Exception):
-    """The runner broke HTTP: not a response, a truncated one, or a closed connection."""
+    """The runner broke HTTP: not a response, a truncated one, one over its
+    limit, or a closed connection. ``answered``: bytes of an answer came
+    (the runner answered, wrongly), as against no answer at all."""
+
+    def __init__(self, message: str, *, answered: bool = False) -> None:
+        super().__init__(message)
+        self.answered = answered
 
 
 class _Eof(Exception):
@@ -168,6 +193,8 @@ class _Connection(asyncio.BufferedProtocol):
             end = self.pending.find(separator, self.start)
             if end >= 0:
                 end += len(separator)
+                if end - self.start > limit:
+                    raise BadResponse(f"response head longer than {limit} bytes", answered=True)
                 data = bytes(self.pending[self.start:end])
                 self.start = end
                 if self.start == len(self.pending):
@@ -175,16 +202,16 @@ class _Connection(asyncio.BufferedProtocol):
                     self.start = 0
                 return data
             if len(self.pending) - self.start > limit:
-                raise BadResponse(f"response head longer than {limit} bytes")
+                raise BadResponse(f"response head longer than {limit} bytes", answered=True)
             await self._more()
 
     async def readexactly(self, size: int) -> bytearray:
         """``size`` bytes in one bytearray: what is pending, then the rest
-        received straight into it."""
+        received straight into it; unfilled until then (system/unfilled.py)."""
         try:
-            out = bytearray(size)
-        except (MemoryError, OverflowError):   # a length no one can hold (2**63 overflows): the runner's lie
-            raise BadResponse(f"an answer body of {size} bytes does not fit in the daemon's memory") from None
+            out = unfilled_bytearray(size)
+        except MemoryError:   # a claim within its limit that this host cannot hold
+            raise BadResponse(f"answered a body of {size} bytes, which the daemon cannot hold", answered=True) from None
         have = min(size, len(self.pending) - self.start)
         out[:have] = memoryview(self.pending)[self.start:self.start + have]
         self.start += have
@@ -200,9 +227,14 @@ class _Connection(asyncio.BufferedProtocol):
                 self.target = None
         return out
 
-    async def read_to_eof(self) -> bytes:
+    async def read_to_eof(self, limit: int) -> bytes:
         while not self.eof:
+            if len(self.pending) - self.start > limit:
+                raise BadResponse(f"answered more than {format_size(limit)} (its limit) before closing the "
+                                  f"connection", answered=True)
             await self._more()
+        if len(self.pending) - self.start > limit:
+            raise BadResponse(f"answered more than {format_size(limit)} (its limit)", answered=True)
         data = bytes(self.pending[self.start:])
         self.pending.clear()
         self.start = 0
@@ -235,10 +267,12 @@ class RunnerClient:
         return await _Connection.open(self.address)
 
     async def request(self, method: str, path: str, headers: Mapping[str, str],
-                      body: Sequence[bytes | bytearray | memoryview] = ()) -> tuple[int, dict[str, str], bytes | bytearray]:
+                      body: Sequence[bytes | bytearray | memoryview] = (), *,
+                      limit: int = CONTROL_ANSWER) -> tuple[int, dict[str, str], bytes | bytearray]:
         """(status, headers with lower-case names, body). Raises OSError when
-        the socket cannot be reached, BadResponse when the answer is not HTTP.
-        A Content-Length body comes back as a bytearray (received in place)."""
+        the socket cannot be reached, BadResponse when the answer is not HTTP
+        or its body is over ``limit`` bytes (the connection is then closed).
+        A Content-Length body comes back as one buffer, received in place."""
         if self.closed:
             raise BadResponse("client is closed")
         # Wide-item views (e.g. of a float32 array) go out as their bytes.
@@ -256,7 +290,7 @@ class RunnerClient:
         try:
             conn.got_any = False
             await conn.send([b"".join(head), *body])
-            status, response_headers, answer, reusable = await _read_response(conn)
+            status, response_headers, answer, reusable = await _read_response(conn, limit)
             return status, response_headers, answer
         finally:
             self._busy.discard(conn)
@@ -273,58 +307,80 @@ class RunnerClient:
         self._idle.clear()
 
 
-async def _read_response(conn: _Connection) -> tuple[int, dict[str, str], bytes | bytearray, bool]:
+async def _read_response(conn: _Connection, limit: int) -> tuple[int, dict[str, str], bytes | bytearray, bool]:
     """One response: (status, headers, body, whether the connection may be reused)."""
     try:
-        while True:
+        for _ in range(MAX_INTERIM + 1):
             head = await conn.readuntil(b"\r\n\r\n", MAX_HEAD)
             status, version, headers = _parse_head(head)
             if status >= 200 or status == 101:
                 break   # 1xx interim answers carry nothing for us
+        else:
+            raise BadResponse(f"more than {MAX_INTERIM} interim (1xx) answers before its answer", answered=True)
         connection = headers.get("connection", "").lower()
         keep = "close" not in connection if version == "HTTP/1.1" else "keep-alive" in connection
         if status in _NO_BODY:
             return status, headers, b"", keep
         if "chunked" in headers.get("transfer-encoding", "").lower():
-            return status, headers, await _read_chunked(conn), keep
+            return status, headers, await _read_chunked(conn, limit), keep
         length = headers.get("content-length")
         if length is not None:
-            if not length.isdigit():
-                raise BadResponse(f"bad Content-Length {length!r}")
+            if not (length.isascii() and length.isdigit()):
+                raise BadResponse(f"bad Content-Length {length[:40]!r}", answered=True)
+            if int(length) > limit:
+                raise BadResponse(f"answered with Content-Length {length}, over its limit of "
+                                  f"{format_size(limit)} ({limit} bytes)", answered=True)
             return status, headers, await conn.readexactly(int(length)), keep
-        return status, headers, await conn.read_to_eof(), False   # framed by the end of the connection
+        return status, headers, await conn.read_to_eof(limit), False   # framed by the end of the connection
     except _Eof as e:
         what = "closed the connection mid-answer" if e.partial else "closed the connection without answering"
-        raise BadResponse(what) from None
+        raise BadResponse(what, answered=e.partial) from None
     except (ConnectionResetError, BrokenPipeError, ValueError) as e:
-        raise BadResponse(f"{type(e).__name__}: {e}") from None
+        raise BadResponse(f"{type(e).__name__}: {e}", answered=conn.got_any) from None
 
 
 def _parse_head(head: bytes) -> tuple[int, str, dict[str, str]]:
     lines = head[:-4].decode("latin-1").split("\r\n")
     parts = lines[0].split(" ", 2)
     if len(parts) < 2 or parts[0] not in ("HTTP/1.1", "HTTP/1.0") or not (len(parts[1]) == 3 and parts[1].isdigit()):
-        raise BadResponse(f"not an HTTP response: {lines[0][:80]!r}")
+        raise BadResponse(f"not an HTTP response: {lines[0][:80]!r}", answered=True)
+    if len(lines) > MAX_HEADERS + 1:
+        raise BadResponse(f"answered with {len(lines) - 1} header lines, over the {MAX_HEADERS} it may send",
+                          answered=True)
     headers: dict[str, str] = {}
     for line in lines[1:]:
         name, sep, value = line.partition(":")
         if not sep or not name or name != name.strip():
-            raise BadResponse(f"bad response header line {line[:80]!r}")
+            raise BadResponse(f"bad response header line {line[:80]!r}", answered=True)
         headers[name.lower()] = value.strip()
     return int(parts[1]), parts[0], headers
 
 
-async def _read_chunked(conn: _Connection) -> bytes:
-    chunks = []
-    while True:
+async def _read_chunked(conn: _Connection, limit: int) -> bytearray:
+    """A chunked body, joined as it comes. Chunks cost loop time each, so
+    an answer has at most one per MIN_CHUNK bytes of its limit (and at most
+    MAX_CHUNKS), and the loop is let go every YIELD_EVERY of them."""
+    body = bytearray()
+    most = max(16, min(limit // MIN_CHUNK, MAX_CHUNKS))
+    for count in itertools.count(1):
+        if count > most:
+            raise BadResponse(f"answered in more than {most} chunks (chunks of {MIN_CHUNK} bytes or more, on "
+                              f"average, are what its limit of {format_size(limit)} allows)", answered=True)
+        if count % YIELD_EVERY == 0:
+            await asyncio.sleep(0)
         try:
             size = chunk_size(await conn.readuntil(b"\r\n", MAX_HEAD))
         except ValueError as exc:
-            raise BadResponse(str(exc)) from None
+            raise BadResponse(str(exc), answered=True) from None
         if size == 0:
-            while await conn.readuntil(b"\r\n", MAX_HEAD) != b"\r\n":
-                pass   # trailers: none that matter to us
-            return b"".join(chunks)
-        chunks.append(await conn.readexactly(size))
+            for _ in range(MAX_HEADERS + 1):   # trailers: none that matter to us
+                if await conn.readuntil(b"\r\n", MAX_HEAD) == b"\r\n":
+                    return body
+            raise BadResponse(f"answered more than {MAX_HEADERS} trailer lines", answered=True)
+        if len(body) + size > limit:
+            raise BadResponse(f"answered chunks of more than {format_size(limit)} in all, over its limit of "
+                              f"{limit} bytes", answered=True)
+        body += await conn.readexactly(size)
         if await conn.readexactly(2) != b"\r\n":
-            raise BadResponse("chunk not followed by CRLF")
+            raise BadResponse("chunk not followed by CRLF", answered=True)
+    raise AssertionError("unreachable")

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from cartonstore.errors import Unavailable
+from cartonstore.errors import BadUpstream
 from cartonstore.v2.framing import HEADER_LENGTH, InferRequest
 from cartonstore.v2.shm_params import ARENA_OUTPUTS, ARENA_REGION, BYTE_SIZE, OFFSET, REGION
 
@@ -68,7 +68,7 @@ class ArenaForward:
         """A runner's 200 answer as the client gets it: the JSON header and
         the binary parts after it, some views of the slot. ``headers`` is
         updated (header length, content type; named as RunnerResponse
-        names them). Unavailable naming ``label`` when the answer points
+        names them). BadUpstream (502) naming ``label`` when the answer points
         outside the request's output span."""
         view = memoryview(payload)
         length = headers.pop(HEADER_LENGTH, None)
@@ -77,12 +77,12 @@ class ArenaForward:
         elif length.isascii() and length.isdigit() and 0 < int(length) <= len(view):
             end = int(length)
         else:
-            raise Unavailable(f"{label} answered {HEADER_LENGTH} {length!r} for a {len(view)}-byte body")
+            raise BadUpstream(f"{label} answered {HEADER_LENGTH} {length!r} for a {len(view)}-byte body")
         try:
             doc = json.loads(bytes(view[:end]))
             outputs = doc.get("outputs")
         except (ValueError, AttributeError):
-            raise Unavailable(f"{label} answered an infer request with a header that is not a JSON object") from None
+            raise BadUpstream(f"{label} answered an infer request with a header that is not a JSON object") from None
         inline, at = view[end:], 0
         parts: list[memoryview] = []
         for entry in outputs if type(outputs) is list else ():
@@ -90,11 +90,14 @@ class ArenaForward:
             if type(parameters) is not dict:
                 continue
             if parameters.get(REGION) == ARENA_REGION:
+                if entry.get("datatype") == "BYTES":   # their framing is in the answer's body, where it is checked
+                    raise BadUpstream(f"{label} put BYTES output {entry.get('name')!r} in the arena: BYTES outputs "
+                                      f"come in the answer's body")
                 offset, size = parameters.pop(OFFSET, None), parameters.pop(BYTE_SIZE, None)
                 del parameters[REGION]
                 if not (type(offset) is int and type(size) is int and self.out_offset <= offset
                         and 0 <= size and offset + size <= self.out_offset + self.out_size):
-                    raise Unavailable(f"{label} put output {entry.get('name')!r} at {offset!r}+{size!r} in the arena, "
+                    raise BadUpstream(f"{label} put output {entry.get('name')!r} at {offset!r}+{size!r} in the arena, "
                                       f"outside the {self.out_size} bytes at {self.out_offset} it was given")
                 start = offset - self.slot.offset
                 parts.append(self.slot.view[start:start + size])
@@ -102,7 +105,7 @@ class ArenaForward:
             elif _BINARY in parameters:
                 size = parameters[_BINARY]
                 if type(size) is not int or size < 0 or at + size > len(inline):
-                    raise Unavailable(f"{label} answered binary_data_size {size!r} for output "
+                    raise BadUpstream(f"{label} answered binary_data_size {size!r} for output "
                                       f"{entry.get('name')!r}, past the end of its body")
                 parts.append(inline[at:at + size])
                 at += size
