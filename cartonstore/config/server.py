@@ -10,6 +10,9 @@
     grpc_listen = ""            # "" or HOST:PORT for gRPC over TCP
     restore_loaded = true       # a restarted daemon loads again what it had loaded
     token_file = ""             # the Bearer token TCP callers must send (or token = "...")
+    max_connections = 4096      # per listener; max_connections_per_peer = 256 from one TCP address
+    head_timeout = "10s"        # a request head must be whole within it; idle_timeout = "75s" between requests
+    max_buffered = "1GiB"       # request bodies in memory at once, all connections together
 """
 
 from __future__ import annotations
@@ -100,7 +103,16 @@ class ServerSettings:
     log_level: str = v.setting("info", v.choice("debug", "info", "warning", "error"))
     access_log: bool = v.setting(False, v.boolean)
     max_request_size: int = v.size_setting(256 << 20, 1)
+    # request bodies held in memory at once, every connection's together (one that finds no room: 503)
+    max_buffered: int = v.size_setting(1 << 30, 1)
+    # connections each listener holds at once, and from one address over TCP (past either: 503 and closed)
+    max_connections: int = v.setting(4096, v.integer(1))
+    max_connections_per_peer: int = v.setting(256, v.integer(1))
+    head_timeout: float = v.duration_setting(10.0, positive=True)   # a request's whole head, however it drips
+    idle_timeout: float = v.duration_setting(75.0, positive=True)   # a connection between requests (gRPC: RPCs)
     shared_memory_over_tcp: bool = v.setting(False, v.boolean)  # Triton's system shared memory, off TCP by default
+    # a path on the daemon's host as a load's source or a lease's model over TCP (no uid to read it as)
+    allow_tcp_local_sources: bool = v.setting(False, v.boolean)
     arena_size: int = v.size_setting(1 << 30, 0)  # shared memory for big tensors between daemon and runners; 0: none
     # processes that check big JSON infer requests off the event loop; 0: a thread of the daemon's
     check_workers: int | None = v.setting(None, _workers, _show_workers)  # None: "auto"

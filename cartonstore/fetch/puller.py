@@ -13,7 +13,7 @@ import hashlib
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from cartonstore.carton.checks import CheckedCarton, check_carton
 from cartonstore.errors import (
@@ -45,9 +45,18 @@ from .remote_zip import RemoteCartonView, open_remote_zip, prefetch_view, read_e
 from .stats import SOURCE_KINDS, TransferStats
 from .transfer import download
 
+if TYPE_CHECKING:
+    from cartonstore.system.callers import Credentials
+
 
 def is_url(text: str) -> bool:
     return "://" in text
+
+
+def is_local_source(text: str) -> bool:
+    """Whether add() reads text as a path on this host (not a URL, nor a
+    reference a plugged-in source kind claims)."""
+    return not is_url(text) and source_kind_for(text) is None
 
 
 @dataclass(frozen=True)
@@ -115,11 +124,12 @@ class Puller:
     # -- adding ----------------------------------------------------------------
 
     async def add(self, source: str, *, name: str | None = None, lazy: bool = False,
-                  force: bool = False, confined: bool = False,
+                  force: bool = False, confined: bool = False, caller: Credentials | None = None,
                   on_committed: Callable[[str], None] | None = None) -> PullResult:
         """Add a carton from a URL or a local path; unless lazy, fetch every
         blob it lacks (LINKS, mirrors) before returning. Naming follows
-        Store.add (an explicit name may move, unless loaded and not force).
+        Store.add (an explicit name may move, unless loaded and not force);
+        a local path is read with ``caller``'s rights where given (Store.add).
         ``on_committed(digest)``: the carton is in the index (its carton.toml
         readable), before the blobs it lacks, if any, are fetched."""
         if name is not None:
@@ -131,7 +141,8 @@ class Puller:
         elif is_url(source):
             result = await self._add_url(source, name, force)
         else:
-            result = await asyncio.to_thread(self.store.add, source, name=name, force=force, confined=confined)
+            result = await asyncio.to_thread(self.store.add, source, name=name, force=force, confined=confined,
+                                             caller=caller)
             read = [result.bytes_added, result.blobs_added]
         if result.naming is not None and (note := result.naming.note(result.digest)):
             self.on_event({"event": "name", "message": note, **result.naming.as_json()})
@@ -366,13 +377,15 @@ class Puller:
 
     # -- materializing -------------------------------------------------------------
 
-    async def materialize(self, ref: str) -> Path:
+    async def materialize(self, ref: str, *, local: bool = True) -> Path:
         """Resolve REF (adding it first when it is a source), fetch what is
-        missing, and return the model directory."""
+        missing, and return the model directory. ``local``: REF may be a path
+        on this host, read with this process's rights (the daemon passes
+        False: it reads a caller's path only as that caller, ModelService)."""
         try:
             digest = await asyncio.to_thread(self.store.resolve, ref)
         except NotFound:
-            if not is_url(ref) and not Path(ref).exists():
+            if not is_url(ref) and (not local or not Path(ref).exists()):
                 raise
             digest = (await self.add(ref)).digest
         if (ready := await asyncio.to_thread(self.store.materialized, digest)) is not None:

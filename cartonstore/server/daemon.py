@@ -28,16 +28,25 @@ from cartonstore.fetch.config import FetchConfig
 from cartonstore.fetch.puller import Puller
 from cartonstore.server.api.access import TcpAccess
 from cartonstore.server.api.app import build_app
+from cartonstore.server.api.bodies import BODY_BUDGET, BodyBudget
 from cartonstore.server.http.event_loop import loop_name, run_loop
 from cartonstore.server.http.front_server import FrontServer
 from cartonstore.server.models.loaded_model import LeaseSettings
 from cartonstore.server.models.metrics import Metrics
 from cartonstore.server.models.restore import restore_loaded
 from cartonstore.server.models.service import ModelService
-from cartonstore.server.rpc.grpc_server import GrpcServer, GrpcTls
+from cartonstore.server.rpc.grpc_server import GrpcLimits, GrpcServer, GrpcTls
 from cartonstore.server.tensors.arena import DEFAULT_SIZE as ARENA_SIZE
 from cartonstore.store import Store
 from cartonstore.store.gc import GcPolicy
+from cartonstore.system.fd_limit import (
+    ListenerNeed,
+    connection_caps,
+    current_limit,
+    descriptors_in_use,
+    raise_to_hard_limit,
+    reserve_for,
+)
 from cartonstore.system.hosts import is_loopback
 from cartonstore.system.long_lived import settle_heap
 from cartonstore.system.malloc_tuning import keep_big_buffers
@@ -61,7 +70,13 @@ class DaemonSettings:
     fetch: FetchConfig = field(default_factory=FetchConfig)
     zip_limits: ZipLimits = field(default_factory=ZipLimits)
     max_request_size: int = 256 << 20
+    max_buffered: int = 1 << 30         # request bodies in memory at once, all connections (api/bodies.py)
+    max_connections: int = 4096         # per listener, lowered to fit the descriptor limit (system/fd_limit.py)
+    max_connections_per_peer: int = 256   # per remote address on a TCP listener
+    head_timeout: float = 10.0          # a request's whole head (gRPC: TLS and HTTP/2 preface), from accept
+    idle_timeout: float = 75.0          # a connection with no request (gRPC: no RPC) in flight
     shared_memory_over_tcp: bool = False
+    allow_tcp_local_sources: bool = False   # TCP callers may name paths on this host (read with the daemon's rights)
     arena_size: int = ARENA_SIZE        # the tensor arena shared with runners (0: none)
     check_workers: int = 0              # processes checking big JSON infer requests (0: a thread)
     shutdown_timeout: float = 10.0
@@ -204,14 +219,18 @@ class Daemon:
                     service = ModelService(store, puller, s.leases, Metrics(), s.runners,
                                            shm_over_tcp=s.shared_memory_over_tcp,
                                            max_request_size=s.max_request_size, arena_size=s.arena_size,
-                                           check_workers=s.check_workers, daemon_id=str(s.socket))
+                                           check_workers=s.check_workers, daemon_id=str(s.socket),
+                                           allow_tcp_local_sources=s.allow_tcp_local_sources)
                     await asyncio.to_thread(service.runner_host.prepare)   # probes bubblewrap: processes
                     service.runner_host.start_prewarm()
                     app = build_app(service, service.metrics, max_request_size=s.max_request_size,
                                     access_log=s.access_log, tcp_access=access)
+                    app[BODY_BUDGET] = BodyBudget(s.max_buffered)
+                    http_caps, grpc_limits = self._connection_caps(socks, grpc_sock)
                     serving = True  # from here _serve closes the sockets and unlinks the socket file
                     try:
-                        await self._serve(app, service, socks, self._grpc_server(service, access, grpc_sock))
+                        await self._serve(app, service, socks, http_caps,
+                                          self._grpc_server(service, access, grpc_sock, grpc_limits))
                     finally:
                         if grpc_sock is not None:
                             grpc_sock.close()
@@ -230,18 +249,53 @@ class Daemon:
             if owned is not None:
                 owned.unlink(missing_ok=True)
 
-    def _grpc_server(self, service: ModelService, access: TcpAccess, sock: socket.socket | None) -> GrpcServer | None:
+    def _grpc_server(self, service: ModelService, access: TcpAccess, sock: socket.socket | None,
+                     limits: GrpcLimits) -> GrpcServer | None:
         s = self.settings
         if sock is None and not s.grpc_listen:
             return None
-        return GrpcServer(service, service.metrics, access, unix=sock,
-                          listen=s.grpc_listen, tls=s.grpc_tls(), max_request_size=s.max_request_size)
+        return GrpcServer(service, service.metrics, access, unix=sock, listen=s.grpc_listen, tls=s.grpc_tls(),
+                          max_request_size=s.max_request_size, limits=limits)
+
+    def _connection_caps(self, socks: list[socket.socket],
+                         grpc_sock: socket.socket | None) -> tuple[list[int], GrpcLimits]:
+        """Each listener's cap on connections: server.max_connections, lowered
+        (and logged) where the descriptor limit cannot hold every listener's
+        connections beside what the daemon keeps for its own work (its store,
+        runners and fetches: system/fd_limit.py), so that a flood on one
+        listener never leaves another, or the daemon, without descriptors."""
+        s = self.settings
+        names = [describe_socket(sock, tls=self._tls is not None and sock.family != socket.AF_UNIX) for sock in socks]
+        needs = [ListenerNeed(s.max_connections) for _ in socks]
+        if grpc_sock is not None:   # relayed: the client's socket, and both ends of the link to grpcio
+            names.append(f"grpc+unix:{grpc_sock.getsockname()}")
+            needs.append(ListenerNeed(s.max_connections, descriptors=3))
+        if s.grpc_listen:
+            names.append(f"grpc on {s.grpc_listen}")
+            needs.append(ListenerNeed(s.max_connections, descriptors=3))
+        limit, in_use = current_limit(), descriptors_in_use()
+        caps = connection_caps(limit, in_use, needs)
+        if any(cap < need.wanted for cap, need in zip(caps, needs)):
+            log.warning("server.max_connections (%d per listener) does not fit the descriptor limit (RLIMIT_NOFILE "
+                        "%d, %d in use, %d kept for the store, runners and fetches): %s", s.max_connections, limit,
+                        in_use, reserve_for(limit),
+                        ", ".join(f"{name} takes at most {cap} connections"
+                                  + (f" ({need.descriptors} descriptors each)" if need.descriptors > 1 else "")
+                                  for name, cap, need in zip(names, caps, needs)))
+        grpc_caps = caps[len(socks):]
+        unix_cap = grpc_caps.pop(0) if grpc_sock is not None else 0
+        tcp_cap = grpc_caps.pop(0) if s.grpc_listen else 0
+        return caps[:len(socks)], GrpcLimits(unix=unix_cap, tcp=tcp_cap, per_peer=s.max_connections_per_peer,
+                                             head_timeout=s.head_timeout, idle_timeout=s.idle_timeout)
 
     async def _serve(self, app: web.Application, service: ModelService, socks: list[socket.socket],
-                     grpc_server: GrpcServer | None) -> None:
+                     caps: list[int], grpc_server: GrpcServer | None) -> None:
         # auto_decompress off: request bodies are decoded by the handlers, bounded (api/bodies.request_body).
+        # aiohttp's keep-alive applies only to connections handed to it whole (a chunked request: front.py),
+        # and closes one whose next head is not whole in time, however it drips: head_timeout's rule.
         runner = web.AppRunner(app, handle_signals=False, access_log=None, auto_decompress=False,
-                               shutdown_timeout=self.settings.shutdown_timeout)
+                               shutdown_timeout=self.settings.shutdown_timeout,
+                               keepalive_timeout=self.settings.head_timeout)
         try:
             await runner.setup()
         except BaseException:
@@ -251,11 +305,13 @@ class Daemon:
                 self._owned_socket.unlink(missing_ok=True)
             raise
         assert runner.server is not None
-        front = FrontServer(app, runner.server, max_request_size=self.settings.max_request_size)
+        s = self.settings
+        front = FrontServer(app, runner.server, max_request_size=s.max_request_size, budget=app[BODY_BUDGET],
+                            head_timeout=s.head_timeout, idle_timeout=s.idle_timeout)
         try:
-            tls = self._tls
-            for sock in socks:
-                await front.listen(sock, tls=tls)
+            for sock, cap in zip(socks, caps):
+                tls = self._tls if sock.family != socket.AF_UNIX else None
+                front.listen(sock, tls=tls, limit=cap, per_peer=s.max_connections_per_peer)
                 self.bound.append(describe_socket(sock, tls=tls is not None))
             if grpc_server is not None:
                 self.bound += await grpc_server.start()
@@ -293,4 +349,7 @@ class Daemon:
 
 def run_daemon(settings: DaemonSettings) -> None:
     keep_big_buffers()
+    before, now = raise_to_hard_limit()
+    if now != before:
+        log.info("descriptor limit (RLIMIT_NOFILE) raised from %d to %d", before, now)
     run_loop(Daemon(settings).run())

@@ -3,12 +3,15 @@
 Symlinks follow Carton's packer: a link whose target stays inside the same
 top-level folder is kept as a link; one pointing elsewhere is read through
 and stored as the file it points to. A confined view (a directory named by
-an API caller, read with the daemon's rights) refuses a link that leaves the
-directory, naming it, and opens no path that resolves outside it.
+an API caller) refuses a link that leaves the directory, naming it, and opens
+no path that resolves outside it. Every look at the directory (the listing,
+metadata, each open) runs with ``rights``: a caller's own, for a directory a
+caller named to a daemon running as root (system/callers.py).
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 from pathlib import Path
@@ -16,6 +19,7 @@ from typing import BinaryIO
 
 from cartonstore.errors import InvalidCarton, NotFound
 from cartonstore.format.paths import validate_carton_path
+from cartonstore.system.callers import OWN_RIGHTS, OwnRights
 
 from .view import SourceFile
 
@@ -23,14 +27,18 @@ _METADATA = ("MANIFEST", "LINKS")
 
 
 class DirCartonView:
-    def __init__(self, root: Path, *, confined: bool = False) -> None:
+    def __init__(self, root: Path, *, confined: bool = False, rights: OwnRights = OWN_RIGHTS) -> None:
         self.label = str(root)
-        if not root.is_dir():
+        self.confined = confined
+        self.rights = rights
+        self.files: dict[str, SourceFile] = {}
+        rights.run(self._list, root)
+
+    def _list(self, root: Path) -> None:
+        if not root.is_dir():   # a directory the reader may not look into raises PermissionError, naming it
             raise NotFound(f"no such directory: {root}", subject=str(root))
         self.root = root.resolve()
-        self.confined = confined
-        self.files: dict[str, SourceFile] = {}
-        for dirpath, dirnames, filenames in os.walk(self.root):
+        for dirpath, dirnames, filenames in os.walk(self.root, onerror=_raise):
             dirnames.sort()
             for name in sorted(filenames) + [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]:
                 full = os.path.join(dirpath, name)
@@ -69,6 +77,9 @@ class DirCartonView:
         return target
 
     def read_metadata(self, name: str) -> bytes | None:
+        return self.rights.run(self._read_metadata, name)
+
+    def _read_metadata(self, name: str) -> bytes | None:
         from .view import METADATA_LIMITS
 
         p = self.root / name
@@ -88,6 +99,9 @@ class DirCartonView:
         return Path(os.path.realpath(full)).is_relative_to(self.root)
 
     def open(self, path: str) -> BinaryIO:
+        return self.rights.run(self._open, path)
+
+    def _open(self, path: str) -> BinaryIO:
         if self.confined:
             return os.fdopen(self._open_beneath(path), "rb")
         return open(self.root / path, "rb")
@@ -111,7 +125,14 @@ class DirCartonView:
                 nxt = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
                 os.close(fd)
                 fd = nxt
-            return os.open(last, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+            # O_NONBLOCK: a fifo swapped in since the listing must not hang the read on its open
+            leaf = os.open(last, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, dir_fd=fd)
+            if not stat.S_ISREG(os.fstat(leaf).st_mode):
+                os.close(leaf)
+                raise InvalidCarton(path, "changed while it was read: no longer a regular file")
+            return leaf
+        except PermissionError:   # named in full: the reader saw the name in the listing
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(self.root / path)) from None
         except OSError as e:
             raise InvalidCarton(path, f"changed while it was read ({e.strerror}): a symlink where the listing "
                                       "saw none") from None
@@ -120,3 +141,9 @@ class DirCartonView:
 
     def close(self) -> None:
         pass
+
+
+def _raise(error: OSError) -> None:
+    """os.walk's onerror: a folder that cannot be listed fails the view
+    (skipped, it would make a carton without its files)."""
+    raise error

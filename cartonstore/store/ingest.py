@@ -74,7 +74,7 @@ class Staging:
             span = getattr(view, "raw_span", lambda _p: None)(path)
             try:
                 if span is not None:
-                    _copy_span(w, view.zip_path, *span)  # type: ignore[attr-defined]
+                    _copy_span(w, view, *span)
                 else:  # a decoded entry: its declared size is a claim, so no space is reserved on it
                     with view.open(path) as src:
                         w.copy_from(src)
@@ -107,11 +107,12 @@ class Staging:
         self.staged.clear()
 
 
-def _copy_span(writer, zip_path: Path, offset: int, length: int) -> None:  # noqa: ANN001
-    with open(zip_path, "rb", buffering=0) as f:
+def _copy_span(writer, view, offset: int, length: int) -> None:  # noqa: ANN001
+    # the zip as the view opened it: a file a caller named is never opened again by its path
+    with view.raw_file() as f:
         writer.copy_range(f, offset, length)
     if writer.size != length:
-        raise InvalidCarton(zip_path.name, f"zip is truncated: an entry needs {length} bytes, found {writer.size}")
+        raise InvalidCarton(view.zip_path.name, f"zip is truncated: an entry needs {length} bytes, found {writer.size}")
 
 
 def stage_carton(checked: CheckedCarton, view: CartonView, blobs: BlobStore,

@@ -40,6 +40,7 @@ from .parts import StoreParts
 # cheap (issue 14).
 if TYPE_CHECKING:
     from cartonstore.carton.checks import CheckedCarton
+    from cartonstore.system.callers import Credentials
 
     from .gc import GcPolicy, GcReport
     from .ingest import IngestResult, Staging
@@ -88,7 +89,7 @@ class Store(StoreParts):
     # -- adding --------------------------------------------------------------
 
     def add(self, source: str | Path, *, name: str | None = None, source_label: str | None = None,
-            force: bool = False, confined: bool = False) -> IngestResult:
+            force: bool = False, confined: bool = False, caller: Credentials | None = None) -> IngestResult:
         """Ingest a local .carton file or carton directory. Returns once the
         carton is known; raises InvalidCarton (store unchanged) when it is bad.
         An explicit name may move from another carton (result.naming says so)
@@ -96,7 +97,11 @@ class Store(StoreParts):
         carton's model_name only names it when that name is free.
         URLs are the fetcher's (cartonstore.fetch.Puller). ``confined``: a
         directory named by someone else (an API caller) may not make the
-        store read outside it through a symlink (InvalidCarton naming it)."""
+        store read outside it through a symlink (InvalidCarton naming it).
+        ``caller``: the source is read with these credentials, not this
+        process's (PermissionDenied naming the path and uid for what they
+        may not read); its files are then not recorded as local sources, which
+        this process would read again later with its own rights."""
         text = str(source)
         if "://" in text:
             raise InvalidInput(f"cannot add {text!r} here: URLs are fetched by cartonstore.fetch.Puller "
@@ -105,25 +110,27 @@ class Store(StoreParts):
             validate_name(name)
         from cartonstore.carton.checks import check_carton
         from cartonstore.sources import DirCartonView, open_local
+        from cartonstore.system.callers import rights_of
 
         from .ingest import stage_carton, stage_unpacked
         from .sources import local_sources_of
 
-        view = open_local(Path(source), self.zip_limits, confined=confined)
-        try:
-            raw = view.read_metadata("MANIFEST")
-            if raw is None and isinstance(view, DirCartonView):  # hashed as staged: each file read once
-                checked, staging = stage_unpacked(view, self.blobs)
-            else:
-                checked = check_carton(view, manifest_raw=raw)
-                staging = stage_carton(checked, view, self.blobs)
-            try:  # where each blob can be read again once evicted (store/sources.py)
-                local = local_sources_of(view, checked, skip_under=self.root)
-            except BaseException:
-                staging.discard()
-                raise
-        finally:
-            view.close()
+        with rights_of(caller) as rights:
+            view = open_local(Path(source), self.zip_limits, confined=confined, rights=rights)
+            try:
+                raw = view.read_metadata("MANIFEST")
+                if raw is None and isinstance(view, DirCartonView):  # hashed as staged: each file read once
+                    checked, staging = stage_unpacked(view, self.blobs)
+                else:
+                    checked = check_carton(view, manifest_raw=raw)
+                    staging = stage_carton(checked, view, self.blobs)
+                try:  # where each blob can be read again once evicted (store/sources.py)
+                    local = [] if rights.switched else local_sources_of(view, checked, skip_under=self.root)
+                except BaseException:
+                    staging.discard()
+                    raise
+            finally:
+                view.close()
         return self.commit_checked(checked, staging, name=name, source=source_label or os.path.abspath(text),
                                    force=force, local_sources=local)
 

@@ -1,11 +1,17 @@
 """The operating system, with nothing of cartons: the bottom layer above
 ``cartonstore.errors``.
 
-libc.py (the C library through dlopen), parent_death.py (PR_SET_PDEATHSIG
-for children), exit_notice.py (a child's exit noticed at once),
-malloc_tuning.py and long_lived.py (a serving process's heap), shm_objects.py
-(POSIX shared-memory objects), sockets.py (listening sockets: Unix, TCP,
-systemd's), hosts.py, flights.py (single flight, all-or-none) and
-lazy_names.py (a package's names imported on first use). Import the module
-you need; this package loads none of them.
+libc.py (the C library through dlopen), syscalls.py (raw syscalls and
+prctl, numbered per machine), parent_death.py (PR_SET_PDEATHSIG for
+children), exit_notice.py (a child's exit noticed at once), malloc_tuning.py
+and long_lived.py (a serving process's heap), unfilled.py (buffers not
+written before their bytes come), shm_objects.py (POSIX shared-memory
+objects), sockets.py (listening sockets: Unix, TCP, systemd's),
+connection_gate.py (accepting within a cap per listener and per address),
+fd_limit.py (the descriptor limit, shared among listeners), callers.py (a
+Unix-socket peer's credentials, and files opened with them), the runner
+sandbox's pieces: confine.py (the launcher), landlock.py, seccomp.py,
+keyring.py, cgroups.py; hosts.py, flights.py (single flight, all-or-none)
+and lazy_names.py (a package's names imported on first use). Import the
+module you need; this package loads none of them.
 """

@@ -16,6 +16,7 @@ from http import HTTPStatus
 
 MAX_HEAD = 64 * 1024          # request line and headers together (aiohttp allows 8190 per line)
 _TOKEN = re.compile(rb"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")
+_NAME_START = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]*")
 _LENGTH = re.compile(r"[0-9]{1,18}")   # ASCII digits only ("²".isdigit() is True), at most an exabyte
 _REQUEST_LINE = re.compile(rb"^([A-Z]+) (\S+) HTTP/(1\.[01])$")
 
@@ -59,7 +60,7 @@ class RequestHead:
         if value is None:
             return 0
         if not _LENGTH.fullmatch(value):
-            raise BadHead(400, f"Content-Length {value!r} is not a length")
+            raise BadHead(400, "Content-Length is not a length (1 to 18 ASCII digits)")
         return int(value)
 
 
@@ -119,19 +120,35 @@ def parse_request_head(raw: bytes) -> RequestHead:
 
 
 def _what_is_wrong(raw: bytes) -> BadHead:
-    """The first fault of a head the regex refused, named."""
+    """The first fault of a head the regex refused, named by where it is:
+    the header's name, never a value (an Authorization line must not reach
+    a log or an answer, folded or not)."""
     lines = raw.split(b"\r\n")
     if len(lines) < 3 or lines[-1] or lines[-2]:
         return BadHead(400, "request head does not end with an empty line")
     if _REQUEST_LINE.match(lines[0]) is None:
-        return BadHead(400, f"bad request line {lines[0][:200]!r}")
-    for line in lines[1:-2]:
+        return BadHead(400, "bad request line: not 'METHOD TARGET HTTP/1.x'")   # a line sent first may be a header
+    previous = None
+    for number, line in enumerate(lines[1:-2], start=1):
         name, sep, value = line.partition(b":")
-        if not sep or not _TOKEN.match(name):
-            return BadHead(400, f"bad header line {line[:200]!r}")
+        if line[:1] in (b" ", b"\t"):
+            after = f"of {_shown(previous)}" if previous is not None else "with no header before it"
+            return BadHead(400, f"bad header line {number}: a folded continuation {after} (obs-fold), "
+                                "which HTTP/1.1 does not allow")
+        if not sep:
+            return BadHead(400, f"bad header line {number}: not 'Name: value' (no ':')")
+        if not _TOKEN.match(name):   # the part a name may hold, and no further: the rest may be a value
+            return BadHead(400, f"bad header line {number}: the name {_shown(_NAME_START.match(name)[0])} is "
+                                "followed by a character a header name cannot hold")
         if b"\0" in value or b"\r" in value:
-            return BadHead(400, f"bad header value in {name.decode()!r}")
+            return BadHead(400, f"bad header value in {_shown(name)}")
+        previous = name
     return BadHead(400, "bad request head")
+
+
+def _shown(name: bytes) -> str:
+    """A header name as an error shows it: quoted, and cut short."""
+    return repr(name[:60].decode("latin-1"))
 
 
 def response_head(status: int, headers: dict[str, str] | list[tuple[str, str]], *,

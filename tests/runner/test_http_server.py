@@ -177,7 +177,7 @@ def test_http_1_0_and_connection_close_end_the_connection_after_one_answer(runni
 @pytest.mark.parametrize(("sent", "status", "named"), [
     (b"NOT HTTP\r\n\r\n", 400, "bad request line"),
     (b"GET / HTTP/1.1\r\nbad header\r\n\r\n", 400, "bad header line"),
-    (b"POST / HTTP/1.1\r\nContent-Length: ten\r\n\r\n", 400, "Content-Length 'ten' is not a length"),
+    (b"POST / HTTP/1.1\r\nContent-Length: ten\r\n\r\n", 400, "Content-Length is not a length"),
     (b"POST / HTTP/1.1\r\nTransfer-Encoding: gzip\r\n\r\n", 501, "Transfer-Encoding 'gzip' is not supported"),
     (b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", 400, "bad chunk size"),
     (b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n-5\r\n", 400, "bad chunk size b'-5'"),

@@ -31,7 +31,9 @@ def _log_of(d: DaemonProcess) -> str:
 
 
 def test_errors_loads_unloads_and_collections_each_leave_a_line(short_tmp: Path) -> None:
-    d = DaemonProcess(short_tmp / "root").start()
+    config = short_tmp / "cartonstore.toml"   # the loads below name paths, and come over TCP
+    config.write_text("[server]\nallow_tcp_local_sources = true\n")
+    d = DaemonProcess(short_tmp / "root", extra_args=["--config", str(config)]).start()
     try:
         missing = short_tmp / "no-such.carton"
         assert _call(d, "POST", "/v2/repository/models/ghost/load",

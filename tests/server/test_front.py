@@ -30,7 +30,7 @@ def served():
     with short_dir() as base:
         config = base / "cartonstore.toml"
         config.write_text('[server]\nmax_request_size = "1MiB"\n')
-        d = DaemonProcess(base / "root", extra_args=["--config", str(config)]).start()
+        d = DaemonProcess(base / "root", extra_args=["--config", str(config)], log_file=base / "daemon.log").start()
         _load(d, "echo", echo_carton(base / "echo", dtypes=["float32"]))
         yield d
         d.stop()
@@ -201,13 +201,14 @@ def test_too_large_is_413_and_the_connection_ends(served: DaemonProcess) -> None
 
 
 @pytest.mark.parametrize("raw, status, words", [
-    (b"POST /v2/models/echo/infer HTTP/1.1\r\nContent-Length: ten\r\n\r\n", 400, "Content-Length 'ten'"),
+    (b"POST /v2/models/echo/infer HTTP/1.1\r\nContent-Length: ten\r\n\r\n", 400, "Content-Length is not a length"),
     ("POST /v2/models/echo/infer HTTP/1.1\r\nContent-Length: \u00b2\r\n\r\n".encode("latin-1"), 400,
      "is not a length"),
     (b"POST /v2/models/echo/infer HTTP/1.1\r\nContent-Length: " + b"9" * 5000 + b"\r\n\r\n", 400,
      "is not a length"),
     (b"GARBAGE\r\n\r\n", 400, "bad request line"),
     (b"GET / HTTP/1.1\r\nBad Header: x\r\n\r\n", 400, "bad header line"),
+    (b"GET / HTTP/1.1\r\nAuthorization: Bearer\r\n abc\r\n\r\n", 400, "folded continuation of 'Authorization'"),
     (b"GET / HTTP/1.1\r\nX: " + b"a" * 70_000, 431, "request head longer"),
     (b"POST /v2/models/echo/infer HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n", 400,
      "more than one Content-Length"),
@@ -221,6 +222,30 @@ def test_a_head_that_cannot_be_read_is_answered_and_closed(served: DaemonProcess
         assert got == status and words in json.loads(body)["error"], body
         assert headers["connection"] == "close" and c.closed_by_peer()
     assert runner_count(served, "echo") == before
+
+
+SECRET = "s3cr3t-t0ken-9f8e7d"
+
+
+@pytest.mark.parametrize("head", [
+    f"GET /v2/models HTTP/1.1\r\nAuthorization: Bearer\r\n {SECRET}",   # folded (obs-fold): the token alone
+    f"GET /v2/models HTTP/1.1\r\nAuthorization: Bearer\r\n\t{SECRET}",
+    f"GET /v2/models HTTP/1.1\r\nAuthorization Bearer {SECRET}:x",     # no ':' after a name, one in the value
+    f"GET /v2/models HTTP/1.1\r\nAuthorization Bearer {SECRET}",       # no ':' at all
+    f"GET /v2/models HTTP/1.1\r\nX-Token: {SECRET}\0",                 # a NUL in the value
+    f"Authorization: Bearer {SECRET}\r\nHost: x",                      # no request line: a header first
+])
+def test_a_bad_head_is_named_without_echoing_a_header_value(served: DaemonProcess, head: str) -> None:
+    raw = f"{head}\r\n\r\n".encode("latin-1")
+    with pytest.raises(BadHead) as refused:
+        parse_request_head(raw)
+    assert SECRET not in str(refused.value) and "bad " in str(refused.value)
+    with Conn(served.socket_path) as c:
+        c.send(raw)
+        status, _, body = c.answer()
+    assert status == 400 and SECRET.encode() not in body, body
+    log = served.log_file.read_text()   # type: ignore[union-attr]
+    assert str(refused.value) in log and SECRET not in log
 
 
 def test_connection_close_is_honoured_on_infer_and_relayed_requests(served: DaemonProcess) -> None:

@@ -21,8 +21,9 @@ import tritonclient.grpc as tg
 import tritonclient.grpc.aio as tg_aio
 import tritonclient.utils.shared_memory as shm
 from conftest import short_dir
-from kit.daemonkit import DaemonProcess
+from kit.daemonkit import DaemonProcess, wait_for
 from kit.inferkit import echo_carton, onnx_carton, runner_pids, runner_sockets, sample
+from kit.ocikit import make_cert
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pb_grpc
 from tritonclient.utils import InferenceServerException
@@ -407,7 +408,10 @@ def test_a_caller_going_around_the_relay_is_refused(served: DaemonProcess) -> No
         with pytest.raises(InferenceServerException, match="PERMISSION_DENIED.*daemon's gRPC socket only"):
             c.get_model_repository_index()
         c.close()
-    assert not [line for line in Path("/proc/net/unix").read_text().splitlines() if "@cartonstore-grpc" in line]
+    # grpcio listens on no abstract name (anyone could connect to one); the relay's own names listen on nothing
+    listening = [line.split() for line in Path("/proc/net/unix").read_text().splitlines()[1:]]
+    assert not [f for f in listening if len(f) > 7 and f[-1].startswith("@") and "cartonstore-grpc" in f[-1]
+                and int(f[3], 16) & 0x10000]   # __SO_ACCEPTCON: a listening socket
 
 
 def test_a_killed_daemons_private_directory_is_swept_at_the_next_start(short_tmp: Path, monkeypatch) -> None:  # noqa: ANN001
@@ -497,3 +501,50 @@ def test_a_grpc_port_in_use_fails_the_start_naming_it(short_tmp: Path) -> None:
         taken.close()
     assert f"server.grpc_listen: cannot listen on 127.0.0.1:{port}" in str(raised.value)
     assert "Traceback" not in str(raised.value)
+
+
+def _descriptors(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def test_relayed_connections_leave_no_descriptor_behind(served: DaemonProcess) -> None:
+    """Each relayed connection holds three descriptors (the caller's socket
+    and both ends of the link to grpcio); when its caller closes, grpcio
+    closes its side and the relay drops all three (a link half-closed both
+    ways was once kept for good)."""
+    pid = served.proc.pid
+    before = _descriptors(pid)
+    for url in (served.grpc_unix, served.grpc_host_port):
+        # a subchannel pool of its own each: a connection each, not one shared
+        clients = [tg.InferenceServerClient(url, channel_args=[("grpc.use_local_subchannel_pool", 1)])
+                   for _ in range(30)]
+        for c in clients:
+            assert c.is_server_live()
+        assert _descriptors(pid) >= before + 30 * 3   # three each, while they are open
+        for c in clients:
+            c.close()
+    assert wait_for(lambda: _descriptors(pid) <= before + 2, 10), (before, _descriptors(pid))
+
+
+def test_grpc_over_tls_on_tcp_is_relayed_to_grpcio_which_terminates_it(short_tmp: Path) -> None:
+    """The TCP listener is the daemon's own (its connections counted, per
+    address too); TLS passes through the relay to grpcio, and TcpAccess
+    holds TCP callers to the token as before."""
+    cert, key = make_cert(short_tmp / "tls")
+    config = short_tmp / "config.toml"
+    config.write_text(f'[server]\ntoken = "sesame-sesame-sesame"\ntls_cert = "{cert}"\ntls_key = "{key}"\n')
+    d = DaemonProcess(short_tmp / "root", extra_args=["--config", str(config), "--grpc-listen", "127.0.0.1:0"]).start()
+    try:
+        assert f"grpcs://{d.grpc_host_port}" in d.status
+        c = tg.InferenceServerClient(d.grpc_host_port, ssl=True, root_certificates=str(cert))
+        assert c.is_server_live()
+        with pytest.raises(InferenceServerException, match="UNAUTHENTICATED.*needs server.token"):
+            c.get_model_repository_index()
+        assert c.get_model_repository_index(headers={"authorization": "Bearer sesame-sesame-sesame"}) is not None
+        c.close()
+        plain = tg.InferenceServerClient(d.grpc_host_port)   # no TLS: grpcio's handshake refuses it
+        with pytest.raises(InferenceServerException, match="UNAVAILABLE"):
+            plain.is_server_live(client_timeout=5)
+        plain.close()
+    finally:
+        d.stop()

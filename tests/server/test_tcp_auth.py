@@ -1,8 +1,9 @@
 """TCP callers authenticate: with server.token configured every route but
 /v2/health/* needs it (the aiohttp routes and the routes the daemon's own
 front answers alike), the peer token opens /v1/blobs and nothing else, and
-the Unix socket asks for nothing. A listener beyond loopback with no
-credential does not start. Real daemons, stock tritonclient, raw HTTP."""
+the Unix socket asks for nothing; gRPC over TCP is refused from a call's
+headers, its message unread. A listener beyond loopback with no credential
+does not start. Real daemons, stock tritonclient, raw HTTP and gRPC."""
 
 from __future__ import annotations
 
@@ -12,10 +13,15 @@ import json
 import socket
 import subprocess
 import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import grpc
 import numpy as np
 import pytest
+import tritonclient.grpc as triton_grpc
 import tritonclient.http as triton
 from kit.daemonkit import DaemonProcess, call
 from kit.inferkit import echo_carton
@@ -32,8 +38,9 @@ BEARER = {"Authorization": f"Bearer {API}"}
 
 @pytest.fixture(scope="module")
 def guarded(tmp_path_factory):  # noqa: ANN001, ANN201
-    """A daemon whose TCP listener wants server.token (from a file), with
-    the echo carton loaded over the Unix socket (which asks for nothing)."""
+    """A daemon whose TCP listeners (HTTP and gRPC) want server.token (from
+    a file), with the echo carton loaded over the Unix socket (which asks
+    for nothing)."""
     from conftest import short_dir
 
     with short_dir() as base:
@@ -43,7 +50,7 @@ def guarded(tmp_path_factory):  # noqa: ANN001, ANN201
         config = base / "cartonstore.toml"
         config.write_text(f'[server]\ntoken_file = "{token_file}"\n[peers]\ntoken = "{PEER}"\n')
         source = echo_carton(base / "echo", dtypes=["float32"])
-        with DaemonProcess(base / "root", extra_args=["--config", str(config)]) as d:
+        with DaemonProcess(base / "root", extra_args=["--config", str(config), "--grpc-listen", "127.0.0.1:0"]) as d:
             status, body = call(d, "POST", "/v2/repository/models/echo/load",
                                 json={"parameters": {"source": str(source)}})
             assert status == 200, body
@@ -120,6 +127,65 @@ def test_stock_tritonclient_passes_the_token_with_headers(guarded: DaemonProcess
         client.infer("echo", [x])
     result = client.infer("echo", [x], headers=BEARER)
     assert np.array_equal(result.as_numpy("y_float32"), data)
+
+
+def rss(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS")
+
+
+def test_grpc_without_the_token_is_refused_before_its_message_is_read(guarded: DaemonProcess) -> None:
+    """grpcio reads a unary call's whole message before its method runs: a
+    credential checked there let 8 tokenless callers sending 100 MiB each
+    take the daemon from 78 to 1,340 MiB. Checked from the call's headers,
+    their messages are never read; a caller with the token still infers."""
+    pid = guarded.proc.pid
+    big = triton_grpc.service_pb2.ModelInferRequest(model_name="echo", raw_input_contents=[bytes(100 << 20)])
+    options = [("grpc.max_send_message_length", -1), ("grpc.use_local_subchannel_pool", 1)]   # a connection each
+
+    def tokenless(_: int) -> str:
+        with grpc.insecure_channel(guarded.grpc_host_port, options=options) as channel:
+            try:
+                call = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer",
+                                           request_serializer=triton_grpc.service_pb2.ModelInferRequest.SerializeToString)
+                call(big, timeout=60)
+            except grpc.RpcError as e:
+                return f"{e.code().name}: {e.details()}"
+        return "answered"
+
+    before = peak = rss(pid)
+    done = threading.Event()
+
+    def watch() -> None:
+        nonlocal peak
+        while not done.wait(0.005):
+            peak = max(peak, rss(pid))
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        with ThreadPoolExecutor(8) as pool:
+            answers = set(pool.map(tokenless, range(8)))
+    finally:
+        done.set()
+        watcher.join()
+    print(f"daemon RSS: {before >> 20} MiB before, {peak >> 20} MiB at most while 8 tokenless callers sent 100 MiB each")
+    refusal = "UNAUTHENTICATED: /inference.GRPCInferenceService/ModelInfer over TCP needs server.token as a Bearer token"
+    assert answers == {refusal}, answers
+    assert peak - before < 32 << 20
+    client = triton_grpc.InferenceServerClient(guarded.grpc_host_port)
+    try:
+        assert client.is_server_live()   # ServerLive: no credential, as /v2/health/live
+        x = triton_grpc.InferInput("x_float32", [1, 1 << 21], "FP32")   # 8 MiB: past the TCP window, as it is read
+        data = np.arange(1 << 21, dtype=np.float32).reshape(1, -1)
+        x.set_data_from_numpy(data)
+        started = time.monotonic()
+        result = client.infer("echo", [x], headers={"authorization": f"Bearer {API}"})
+        print(f"an 8 MiB infer with the token over TCP: {(time.monotonic() - started) * 1000:.0f} ms")
+        assert np.array_equal(result.as_numpy("y_float32"), data)
+    finally:
+        client.close()
 
 
 def test_the_unix_socket_asks_for_nothing(guarded: DaemonProcess) -> None:

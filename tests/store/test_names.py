@@ -11,6 +11,7 @@ import json
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import tritonclient.http as triton
 from conftest import FIXTURE_CARTON, FIXTURE_DIGEST, snapshot
@@ -172,3 +173,37 @@ def test_daemon_uploads_do_not_take_names_by_default(daemon: DaemonProcess, tmp_
         assert names(daemon.root)["tiny"] == names(daemon.root)["other"]
     finally:
         c.close()
+
+
+def test_every_door_holds_names_and_versions_to_one_grammar(daemon: DaemonProcess, tmp_path: Path,
+                                                            capsys) -> None:  # noqa: ANN001
+    """A name starting with '-' (which a runner's command line would read
+    as an option) or '.' is a 400 naming the rule at every door, before any
+    lookup: each HTTP route that names a model, the daemon's own infer
+    route, each gRPC call, and the CLI."""
+    import tritonclient.grpc as triton_grpc
+    from kit.daemonkit import call
+
+    rule = "does not start with '.' or '-'"
+    for method, path in (("GET", "/v2/models/-x"), ("GET", "/v2/models/-x/ready"), ("GET", "/v2/models/-x/stats"),
+                         ("GET", "/v2/models/-x/config"), ("POST", "/v2/models/-x/infer"),
+                         ("POST", "/v2/repository/models/-x/load"), ("POST", "/v2/repository/models/-x/unload"),
+                         ("GET", "/v2/models/m/versions/.v/ready"), ("POST", "/v2/models/m/versions/-v/infer"),
+                         ("GET", "/v2/models/-x/examples")):
+        status, body = call(daemon, method, path, json={})
+        assert status == 400 and rule in body["error"], (method, path, status, body)
+    assert call(daemon, "GET", "/v2/models/ok-name/ready")[0] == 400   # a good name is looked up: not loaded
+    assert "invalid" not in str(call(daemon, "GET", "/v2/models/ok-name/ready")[1])
+    g = triton_grpc.InferenceServerClient(daemon.grpc_unix)
+    try:
+        for ask in (lambda: g.get_model_metadata("-x"), lambda: g.is_model_ready("-x"),
+                    lambda: g.get_model_config("-x"), lambda: g.load_model("-x"), lambda: g.unload_model("-x"),
+                    lambda: g.get_inference_statistics("-x"), lambda: g.get_model_metadata("m", ".v"),
+                    lambda: g.infer("-x", [triton_grpc.InferInput("a", [1], "FP32").set_data_from_numpy(
+                        np.zeros(1, np.float32))])):
+            with pytest.raises(InferenceServerException, match=rule):
+                ask()
+    finally:
+        g.close()
+    code, _, err = cli(capsys, "add", str(unpacked(tmp_path, "d")), "--name=-x", "--root", str(daemon.root))
+    assert code == 4 and rule in err

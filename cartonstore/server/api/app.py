@@ -24,6 +24,7 @@ from cartonstore.server.models.service import ModelService
 from cartonstore.server.runners.settings import RunnersBusy
 from cartonstore.server.tensors.shm_regions import peer_of
 from cartonstore.store.gc import GcPolicy
+from cartonstore.store.names import check_model_ref
 
 from . import cuda_shm, model_info
 from . import examples as examples_api
@@ -32,6 +33,7 @@ from . import selftest as selftest_api
 from . import shm as shm_api
 from .access import REALM, TcpAccess
 from .blobs import serve_blob
+from .bodies import BuffersFull, release_body
 from .context import ACCESS_LOG, METRICS, SERVICE, TCP_ACCESS, body_json, parameters, svc
 from .infer import infer
 from .responses import ERROR_TEXT, POLLED, error
@@ -50,7 +52,7 @@ def failure(exc: Exception, method: str, path: str) -> tuple[int, str, dict[str,
     if isinstance(exc, CartonStoreError):
         # a source's Retry-After (FetchError's) is not the daemon's to give
         extra = {}
-        if isinstance(exc, RunnersBusy):
+        if isinstance(exc, (RunnersBusy, BuffersFull)):
             extra["Retry-After"] = str(math.ceil(exc.retry_after))
         elif isinstance(exc, Unauthenticated):
             extra["WWW-Authenticate"] = REALM
@@ -83,6 +85,8 @@ async def errors_and_metrics(request: web.Request, handler: Handler) -> web.Stre
         if not peer_of(request.transport).unix:
             request.app[TCP_ACCESS].check(request.path, request.headers.get("Authorization"),
                                           bool(request.transport.get_extra_info("peercert")))
+        if _names_a_model(request):
+            check_model_ref(request.match_info["name"], request.match_info.get("version"))
         response = await handler(request)
     except web.HTTPException as e:
         response = error(e.status, e.reason or "error") if e.status >= 400 else e
@@ -90,10 +94,17 @@ async def errors_and_metrics(request: web.Request, handler: Handler) -> web.Stre
         status, message, extra = failure(e, request.method, request.path)
         response = error(status, message, details=e.details if isinstance(e, CartonStoreError) else None)
         response.headers.update(extra)
+    finally:
+        release_body(request)   # what its body held of server.max_buffered
     route = request.match_info.route.resource.canonical if request.match_info.route.resource else "unmatched"
     record_request(request.app, route, request.method, request.path_qs, response.status,
                    response.get(ERROR_TEXT) or response.reason, bool(response.get(POLLED)), started)
     return response
+
+
+def _names_a_model(request: web.Request) -> bool:
+    resource = request.match_info.route.resource
+    return resource is not None and resource.canonical.startswith(("/v2/models/{name}", "/v2/repository/models/{name}"))
 
 
 # -- health and metadata --------------------------------------------------------
@@ -125,9 +136,10 @@ async def repository_index(request: web.Request) -> web.Response:
 
 
 async def load(request: web.Request) -> web.Response:
+    peer = peer_of(request.transport)   # before an await: a connection gone meanwhile has no socket to ask
     params = parameters(await body_json(request))
     try:
-        await svc(request).load(request.match_info["name"], params)
+        await svc(request).load(request.match_info["name"], params, peer=peer)
     except SelfTestFailed as e:   # the report goes with the 400
         response = web.json_response({"error": str(e), "selftest": e.report.as_json()}, status=400)
         response[ERROR_TEXT] = str(e)
@@ -160,7 +172,8 @@ async def model_ready(request: web.Request) -> web.Response:
 
 
 async def take_lease(request: web.Request) -> web.Response:
-    return web.json_response(await lease_api.take(svc(request), await body_json(request)))
+    peer = peer_of(request.transport)
+    return web.json_response(await lease_api.take(svc(request), await body_json(request), peer))
 
 
 async def renew_lease(request: web.Request) -> web.Response:

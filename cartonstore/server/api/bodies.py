@@ -1,25 +1,109 @@
-"""Request bodies as the daemon's handlers read them.
+"""Request bodies as the daemon's handlers read them, within one budget.
 
 The server does not decode bodies itself (auto_decompress is off in
 daemon.py): a small gzip body could otherwise grow into gigabytes on the
 event loop. request_body() decodes gzip and deflate with the fetcher's
 bounded decoder, up to the request limit, in a thread for big bodies, and
 reads an identity body with a Content-Length into one buffer.
+
+Every body the daemon holds, on every route (the front's and aiohttp's), is
+counted against server.max_buffered (BodyBudget) before its buffer is
+allocated: its Content-Length at once, a chunked body and a decoded one as
+they grow. A request that finds no room is answered 503 (BuffersFull) at
+once, never made to wait; its reservation is given back when its request
+ends, whether answered or cut off by the client.
 """
 
 from __future__ import annotations
 
 import asyncio
+import threading
 from typing import Any
 
 from aiohttp import web
 
-from cartonstore.errors import FetchError, InvalidInput, TooLarge
+from cartonstore.errors import FetchError, InvalidInput, TooLarge, Unavailable
 from cartonstore.fetch.encoding import ContentDecoder, DecodedTooLarge
+from cartonstore.format.units import format_size
+from cartonstore.system.unfilled import unfilled_bytearray
 from cartonstore.v2 import json_codec
 
 IN_THREAD_FROM = 256 * 1024   # smaller bodies: decoding on the loop beats a thread hop
 ENCODINGS = ("gzip", "deflate")
+READ_AHEAD = 4 << 20   # what aiohttp may buffer of a body ahead of its reader (its default is 64 KiB)
+
+
+class BuffersFull(Unavailable):
+    """server.max_buffered is held by the bodies of requests in flight: a
+    503 with Retry-After, the request not read."""
+
+    retry_after = 1
+
+
+class BodyBudget:
+    """server.max_buffered: the request body bytes the daemon holds at once,
+    every connection's together."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.held = 0
+        self._lock = threading.Lock()   # a decoding thread grows its request's reservation
+
+    def reserve(self, size: int = 0) -> Reservation:
+        """A reservation of ``size`` bytes (BuffersFull, or TooLarge past the
+        whole budget), to grow as the body does and release() when done."""
+        reservation = Reservation(self)
+        reservation.grow(size)
+        return reservation
+
+    def _take(self, size: int) -> None:
+        with self._lock:
+            if self.held + size <= self.limit:
+                self.held += size
+                return
+            held = self.held
+        if size > self.limit:
+            raise TooLarge(f"request body needs {size} bytes, more than server.max_buffered ({self.limit} bytes) "
+                           "holds for all requests together")
+        raise BuffersFull(f"request bodies in flight hold {format_size(held)} of server.max_buffered "
+                          f"({format_size(self.limit)}), no room for {format_size(size)} more: retry shortly",
+                          subject="server.max_buffered")
+
+    def _give_back(self, size: int) -> None:
+        with self._lock:
+            self.held -= size
+
+
+class Reservation:
+    """What one request holds of the budget."""
+
+    __slots__ = ("_budget", "size")
+
+    def __init__(self, budget: BodyBudget) -> None:
+        self._budget = budget
+        self.size = 0
+
+    def grow(self, size: int) -> None:
+        if size:
+            self._budget._take(size)
+            self.size += size
+
+    def release(self) -> None:
+        size, self.size = self.size, 0
+        if size:
+            self._budget._give_back(size)
+
+
+BODY_BUDGET: web.AppKey[BodyBudget] = web.AppKey("body_budget", BodyBudget)
+_RESERVATION = "cartonstore.body_reservation"   # the request's, set by request_body
+
+
+def release_body(request: web.Request) -> None:
+    """Give back what the request's body held of the budget: once its
+    handler is done, answered or failed (the app's middleware calls it)."""
+    reservation = request.get(_RESERVATION)
+    if reservation is not None:
+        reservation.release()
 
 
 def content_coding(header: str | None) -> str:
@@ -39,28 +123,33 @@ async def request_body(request: web.Request) -> bytes | bytearray:
     server does not decode on its own (auto_decompress is off): a small
     compressed body could otherwise grow into gigabytes on the event loop.
     Here the decoded size is bounded by the request limit, and big bodies
-    are decoded in a thread."""
+    are decoded in a thread. What it holds is reserved from the daemon's
+    BodyBudget until the request's handler is done (release_body)."""
     coding = content_coding(request.headers.get("Content-Encoding"))
+    reservation = request[_RESERVATION] = request.app[BODY_BUDGET].reserve()
     length = request.content_length
-    raw = await _body_of_length(request, length) if length else await request.read()
-    return await decoded_body(raw, coding, request.client_max_size)
+    raw = await _body_of_length(request, length, reservation) if length else await _body_as_sent(request, reservation)
+    return await decoded_body(raw, coding, request.client_max_size, reservation)
 
 
-async def decoded_body(raw: bytes | bytearray, coding: str, limit: int) -> bytes | bytearray:
-    """raw decoded from ``coding``, at most ``limit`` bytes of it (TooLarge)."""
+async def decoded_body(raw: bytes | bytearray | memoryview, coding: str, limit: int,
+                       reservation: Reservation) -> bytes | bytearray | memoryview:
+    """raw decoded from ``coding``, at most ``limit`` bytes of it (TooLarge),
+    what it decodes to reserved as it grows."""
     if coding == "identity":
         return raw
     if len(raw) < IN_THREAD_FROM:
-        return _decoded(raw, coding, limit)
-    return await asyncio.to_thread(_decoded, raw, coding, limit)
+        return _decoded(raw, coding, limit, reservation)
+    return await asyncio.to_thread(_decoded, raw, coding, limit, reservation)
 
 
-def _decoded(raw: bytes | bytearray, coding: str, limit: int) -> bytearray:
+def _decoded(raw: bytes | bytearray | memoryview, coding: str, limit: int, reservation: Reservation) -> bytearray:
     """The fetcher's bounded decoder: it stops a bomb at the limit, in 1 MiB steps."""
     decoder = ContentDecoder(coding, url="the request body", max_output=limit)
     out = bytearray()
     try:
         for piece in decoder.feed(raw):
+            reservation.grow(len(piece))
             out += piece
         decoder.finish()
     except DecodedTooLarge:
@@ -70,14 +159,16 @@ def _decoded(raw: bytes | bytearray, coding: str, limit: int) -> bytearray:
     return out
 
 
-async def _body_of_length(request: web.Request, length: int) -> bytearray:
+async def _body_of_length(request: web.Request, length: int, reservation: Reservation) -> bytearray:
     """A Content-Length body, each received chunk copied once into its place
     (request.read() copies a tensor three times: into a growing bytearray,
-    when joining chunks, and into bytes)."""
+    when joining chunks, and into bytes). Its length is reserved before the
+    buffer is made, and the buffer's pages are written only as bytes come."""
     if length > request.client_max_size:
         raise too_large(length, request.client_max_size)
-    request.content.set_read_chunk_size(length)   # fewer pause/resume cycles of the socket
-    body = bytearray(length)
+    reservation.grow(length)
+    request.content.set_read_chunk_size(min(length, READ_AHEAD))   # fewer pause/resume cycles of the socket
+    body = unfilled_bytearray(length)
     view = memoryview(body)
     got = 0
     while got < length:
@@ -89,9 +180,20 @@ async def _body_of_length(request: web.Request, length: int) -> bytearray:
     return body
 
 
-def json_object(raw: bytes | bytearray) -> dict[str, Any]:
+async def _body_as_sent(request: web.Request, reservation: Reservation) -> bytearray:
+    """A body without a length (chunked), reserved chunk by chunk as it grows."""
+    body = bytearray()
+    async for chunk in request.content.iter_any():
+        if len(body) + len(chunk) > request.client_max_size:
+            raise TooLarge(f"request body is larger than max_request_size ({request.client_max_size} bytes)")
+        reservation.grow(len(chunk))
+        body += chunk
+    return body
+
+
+def json_object(raw: bytes | bytearray | memoryview) -> dict[str, Any]:
     """The JSON object in a request body; {} for an empty one."""
-    if not raw.strip():
+    if _blank(raw):
         return {}
     try:
         data = json_codec.loads(raw)
@@ -102,7 +204,12 @@ def json_object(raw: bytes | bytearray) -> dict[str, Any]:
     return data
 
 
-async def body_object(raw: bytes | bytearray) -> dict[str, Any]:
+def _blank(raw: bytes | bytearray | memoryview) -> bool:
+    """Nothing but whitespace (a big body is not copied to tell)."""
+    return not len(raw) or (bytes(raw[:1]).isspace() and not bytes(raw).strip())
+
+
+async def body_object(raw: bytes | bytearray | memoryview) -> dict[str, Any]:
     """json_object, in a thread for a big body (a load may upload files as
     base64 parameters, up to max_request_size)."""
     return json_object(raw) if len(raw) < IN_THREAD_FROM else await asyncio.to_thread(json_object, raw)

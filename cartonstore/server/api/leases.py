@@ -12,20 +12,37 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from cartonstore.errors import InvalidInput
+from cartonstore.fetch.puller import is_local_source
+from cartonstore.server.models.caller_paths import source_caller
+from cartonstore.store.names import HEX, is_valid_name
 
 if TYPE_CHECKING:
     from cartonstore.server.models.service import ModelService
+    from cartonstore.server.tensors.shm_regions import Peer
 
 
-async def take(service: ModelService, body: dict[str, Any]) -> dict[str, Any]:
+async def take(service: ModelService, body: dict[str, Any], peer: Peer) -> dict[str, Any]:
+    """``peer``: who asks; a path it names is read with its rights (models/caller_paths.py)."""
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise InvalidInput("'model' must be a non-empty string: a manifest hash, a name or a source")
     holder = body.get("holder")
     if holder is not None and not isinstance(holder, str):
         raise InvalidInput("'holder' must be a string")
-    granted = await service.take_lease(model, service.ttl(body.get("ttl")), holder)
+    ttl = service.ttl(body.get("ttl"))
+    if names_a_path(model):   # added as the caller first; leasing never reads a path itself
+        caller = source_caller(model, peer, allow_tcp=service.allow_tcp_local_sources)
+        model = await service.added_as(model, caller)
+    granted = await service.take_lease(model, ttl, holder)
     return granted.as_json()
+
+
+def names_a_path(model: str) -> bool:
+    """Whether a lease's model is a path on the daemon's host: not a name,
+    a manifest hash or prefix, a URL or a registry reference. A name is
+    never looked up as a file in the daemon's working directory."""
+    model = model.strip()
+    return is_local_source(model) and not is_valid_name(model) and not HEX.fullmatch(model)
 
 
 async def renew(service: ModelService, lease_id: str, body: dict[str, Any]) -> dict[str, Any]:

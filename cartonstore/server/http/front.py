@@ -24,27 +24,49 @@ from typing import TYPE_CHECKING
 
 from cartonstore.errors import CartonStoreError
 from cartonstore.server.api.app import failure, record_request
-from cartonstore.server.api.bodies import content_coding, decoded_body, too_large
+from cartonstore.server.api.bodies import Reservation, content_coding, decoded_body, too_large
 from cartonstore.server.api.infer import STREAM_ANSWER, InferAnswer, widen_send_buffer
 from cartonstore.server.tensors.arena import ArenaSlot
 from cartonstore.server.tensors.shm_regions import Peer, peer_of
-from cartonstore.v2.http1 import BadHead, RequestHead, for_one_request, parse_request_head, response_head, take_head
+from cartonstore.system.unfilled import unfilled_bytearray
+from cartonstore.v2.http1 import BadHead, RequestHead, parse_request_head, response_head, take_head
 
-from .front_parts import LINGER, MAX_PENDING, ClientGone, Front, Mode, arena_slot, error_answer, fail, wake, with_length
-from .relay import RelayTransport
+from .front_parts import (
+    LINGER,
+    MAX_PENDING,
+    ClientGone,
+    Front,
+    Mode,
+    arena_slot,
+    error_answer,
+    fail,
+    release_when_sent,
+    wake,
+    with_length,
+)
+from .relay import AiohttpRequests
 from .routes import NativeRoute, native_route
 
 if TYPE_CHECKING:
     from aiohttp.web_protocol import RequestHandler
 
+    from cartonstore.system.connection_gate import Admission
+
 log = logging.getLogger("cartonstore.server")
 
 
-class FrontConnection(asyncio.BufferedProtocol):
-    """One client connection: requests one at a time, in order."""
+class FrontConnection(AiohttpRequests, asyncio.BufferedProtocol):
+    """One client connection: requests one at a time, in order (those
+    aiohttp answers: AiohttpRequests, relay.py)."""
 
-    def __init__(self, front: Front) -> None:
+    # Thousands live at once in a flood: no __dict__ each for the cyclic collector to walk.
+    __slots__ = ("_big_send_buffer", "admission", "body", "body_got", "body_waiter", "close_after_discard",
+                 "discard_left", "drained", "front", "head_since", "last_active", "lost", "mode", "peer", "peer_eof",
+                 "pending", "relay_left", "relay_paused", "relayed", "transport", "write_paused")
+
+    def __init__(self, front: Front, admission: Admission) -> None:
         self.front = front
+        self.admission = admission          # its place among its listener's connections, given back at close
         self.transport: asyncio.Transport = None  # type: ignore[assignment]  # set by connection_made
         self.mode = Mode.HEAD
         self.pending = bytearray()          # received, not yet consumed: heads, pipelined requests
@@ -60,6 +82,7 @@ class FrontConnection(asyncio.BufferedProtocol):
         self.close_after_discard = False
         self.peer_eof = False
         self.last_active = time.monotonic()
+        self.head_since: float | None = admission.accepted_at   # the awaited head's start; None: idle between
         self._big_send_buffer = False
         self.peer = Peer(None)
         self.lost = False                   # connection_lost came: the transport holds no more of our bytes
@@ -123,6 +146,7 @@ class FrontConnection(asyncio.BufferedProtocol):
         self.mode = Mode.CLOSED
         self.lost = True
         self.front.connections.discard(self)
+        self.admission.release()
         fail(self.body_waiter, ClientGone())
         wake(self.drained)
         if self.relayed is not None:
@@ -149,6 +173,12 @@ class FrontConnection(asyncio.BufferedProtocol):
         """Between requests (a partial head is dropped at shutdown, as aiohttp did)."""
         return self.mode == Mode.HEAD
 
+    def give_up(self, last_words: bytes) -> None:
+        """End a connection too slow (or idle too long), with a last answer if any."""
+        if last_words:
+            self.transport.write(last_words)
+        self._close()
+
     def _close(self) -> None:
         self.transport.close()
         self.mode = Mode.CLOSED
@@ -172,7 +202,10 @@ class FrontConnection(asyncio.BufferedProtocol):
         try:
             raw = take_head(self.pending)
             if raw is None:
+                if self.pending and self.head_since is None:
+                    self.head_since = time.monotonic()
                 return
+            self.head_since = None
             head = parse_request_head(raw)
             length = head.content_length()
         except BadHead as e:
@@ -192,15 +225,19 @@ class FrontConnection(asyncio.BufferedProtocol):
 
     async def _serve(self, head: RequestHead, length: int, route: NativeRoute) -> None:
         slot: ArenaSlot | None = None
+        reservation = self.front.budget.reserve()
         try:
-            slot = await self._serve_in(head, length, route)
+            slot = await self._serve_in(head, length, route, reservation)
         finally:
+            reservation.release()   # the body is garbage once _serve_in returned
             if slot is not None:
-                self._release_when_sent(slot)
+                release_when_sent(slot, self.transport, lambda: self.lost, self.front.track)
 
-    async def _serve_in(self, head: RequestHead, length: int, route: NativeRoute) -> ArenaSlot | None:
+    async def _serve_in(self, head: RequestHead, length: int, route: NativeRoute,
+                        reservation: Reservation) -> ArenaSlot | None:
         """Answer one request; returns the arena slot its body and answer
-        used, to be released once the answer has left."""
+        used, to be released once the answer has left. A body outside the
+        arena is reserved from the daemon's budget before it is read."""
         started = time.perf_counter()
         unread = length
         slot = None
@@ -213,12 +250,14 @@ class FrontConnection(asyncio.BufferedProtocol):
             coding = content_coding(head.headers.get("content-encoding"))
             if length > self.front.max_request_size:
                 raise too_large(length, self.front.max_request_size)
+            slot = arena_slot(route, first, head, coding, length)
+            if slot is None:
+                reservation.grow(length)
             if head.headers.get("expect", "").lower() == "100-continue":
                 self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-            slot = arena_slot(route, first, head, coding, length)
             raw = await self._read_body(length, slot)
             unread = 0
-            body = await decoded_body(raw, coding, self.front.max_request_size)
+            body = await decoded_body(raw, coding, self.front.max_request_size, reservation)
             answer = await route.produce(service, head, self.peer, first, body, slot)
         except ClientGone:
             return slot   # nothing reached the runner, and no one is left to answer
@@ -234,27 +273,10 @@ class FrontConnection(asyncio.BufferedProtocol):
             self._abort()
         return slot
 
-    def _release_when_sent(self, slot: ArenaSlot) -> None:
-        """Release ``slot`` once the transport holds none of its bytes: at
-        once when the socket took the whole answer, else when it drains."""
-        if self.lost or not self.transport.get_write_buffer_size():
-            slot.release()
-            return
-
-        async def when_drained() -> None:
-            delay = 0.001
-            try:
-                while not self.lost and self.transport.get_write_buffer_size():
-                    await asyncio.sleep(delay)
-                    delay = min(delay * 2, 0.05)
-            finally:
-                slot.release()
-        self.front.track(asyncio.get_running_loop().create_task(when_drained()))
-
     async def _read_body(self, length: int, slot: ArenaSlot | None = None) -> bytearray | memoryview:
         """The body, in one buffer (``slot``'s first bytes when given): what
-        is pending, the rest received in place."""
-        out = slot.view[:length] if slot is not None else bytearray(length)
+        is pending, the rest received in place, its pages written as it comes."""
+        out = slot.view[:length] if slot is not None else unfilled_bytearray(length)
         have = min(length, len(self.pending))
         out[:have] = self.pending[:have]
         del self.pending[:have]
@@ -318,6 +340,7 @@ class FrontConnection(asyncio.BufferedProtocol):
 
     def _between_requests(self, unread: int) -> None:
         """After an answer: drop what is left of its body, go on to the next."""
+        self.last_active = time.monotonic()   # idle from here, however long the answer took
         self.mode = Mode.DISCARD if self._drop_body(unread) else Mode.HEAD
         self._resume_reading()
         if self.mode == Mode.HEAD:
@@ -337,48 +360,6 @@ class FrontConnection(asyncio.BufferedProtocol):
         answer = error_answer(status, message)
         self.transport.write(response_head(status, with_length(answer), close=True) + answer.payload)
         self._close()
-
-    # -- aiohttp's requests ------------------------------------------------------------
-
-    def _relay(self, head: RequestHead, length: int | None) -> None:
-        handler = self.front.aiohttp_server()
-        self.relayed = handler
-        if length is None or "upgrade" in head.headers:
-            # A chunked body (or a protocol switch) aiohttp frames itself: the
-            # connection is its own from here on.
-            self.mode = Mode.HANDED
-            handler.connection_made(self.transport)
-            data, self.pending = bytes(self.pending), bytearray()
-            handler.data_received(head.raw + data)
-            return
-        if self.write_paused:
-            self.relay_paused = True
-            handler.pause_writing()
-        take = min(length, len(self.pending))
-        first = for_one_request(head) + bytes(self.pending[:take])
-        del self.pending[:take]
-        self.relay_left = length - take
-        self.mode = Mode.RELAY_BODY if self.relay_left else Mode.RELAY_WAIT
-        keep_alive = head.keep_alive and not self.front.closing
-        handler.connection_made(RelayTransport(self.transport, self._relay_done, keep_alive=keep_alive,
-                                               bodiless=head.method == "HEAD"))
-        handler.data_received(first)
-
-    def _relay_done(self, reusable: bool) -> None:
-        # Called from inside aiohttp's own close; it finishes before we go on.
-        asyncio.get_running_loop().call_soon(self._after_relay, self.relayed, reusable)
-
-    def _after_relay(self, handler: RequestHandler | None, reusable: bool) -> None:
-        if handler is not None and handler is self.relayed:
-            self.relayed, self.relay_paused = None, False
-            handler.connection_lost(None)
-        if self.mode == Mode.CLOSED:
-            return
-        unread, self.relay_left = self.relay_left, 0
-        if not reusable or self.front.closing or self.peer_eof or unread > self.front.max_request_size:
-            self._close()
-            return
-        self._between_requests(unread)
 
     def _resume_reading(self) -> None:
         if not self.transport.is_closing() and not self.transport.is_reading():

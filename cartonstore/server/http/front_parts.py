@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
 from aiohttp import web
 
 from cartonstore.server.api.access import TcpAccess
+from cartonstore.server.api.bodies import BodyBudget
 from cartonstore.server.api.infer import InferAnswer, arena_slot_for
 from cartonstore.server.tensors.arena import ArenaSlot
 from cartonstore.v2.http1 import RequestHead
@@ -45,6 +47,7 @@ class Front(Protocol):
     access: TcpAccess
     aiohttp_server: web.Server
     max_request_size: int
+    budget: BodyBudget
     scratch: memoryview
     connections: set
     closing: bool
@@ -63,6 +66,26 @@ def arena_slot(route: NativeRoute, model: object, head: RequestHead, coding: str
     if not route.arena or coding != "identity" or "inference-header-content-length" not in head.headers:
         return None
     return arena_slot_for(model, length)
+
+
+def release_when_sent(slot: ArenaSlot, transport: asyncio.Transport, gone: Callable[[], bool],
+                      track: Callable[[asyncio.Task[None]], None]) -> None:
+    """Release ``slot`` once ``transport`` holds none of its bytes: at once
+    when the socket took the whole answer (or the connection is ``gone``),
+    else when it drains."""
+    if gone() or not transport.get_write_buffer_size():
+        slot.release()
+        return
+
+    async def when_drained() -> None:
+        delay = 0.001
+        try:
+            while not gone() and transport.get_write_buffer_size():
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 0.05)
+        finally:
+            slot.release()
+    track(asyncio.get_running_loop().create_task(when_drained()))
 
 
 def wake(waiter: asyncio.Future[None] | None) -> None:

@@ -82,7 +82,7 @@ def _nothing_first(service: ModelService) -> None:
 
 async def _take(service: ModelService, head: RequestHead, peer: Peer, _: Any, body: bytes | bytearray,
                 _slot: None) -> InferAnswer:
-    return _json_answer(await take(service, await body_object(body)))
+    return _json_answer(await take(service, await body_object(body), peer))
 
 
 _TAKE = NativeRoute("/v1/leases", _nothing_first, _take)

@@ -19,6 +19,7 @@ from cartonstore.format.digest import is_sha256
 from cartonstore.store import Store
 from cartonstore.store.group_commit import GroupCommit
 from cartonstore.store.names import carton_named
+from cartonstore.system.callers import Credentials
 from cartonstore.system.flights import SingleFlight
 
 from .loaded_model import OWNED_LEASE_PREFIXES, Granted, LeaseSettings
@@ -48,11 +49,24 @@ class Leasing:
         self.metrics.cache_misses.inc()
         key = digest or ref
         try:
-            path = await self._flights.run(key, lambda: self.puller.materialize(digest or ref))
+            # a path a caller names is added first, read as that caller (added_as), never here
+            path = await self._flights.run(key, lambda: self.puller.materialize(digest or ref, local=False))
         except CartonStoreError:
             self.metrics.fetch_errors.inc()
             raise
         return path.name, path
+
+    async def added_as(self, path: str, caller: Credentials | None) -> str:
+        """The digest of the carton at ``path`` (a path on this host), added
+        with ``caller``'s rights (None: the daemon's); concurrent callers of
+        one identity share one add."""
+        key = f"{path}\n{caller}"
+        try:
+            result = await self._flights.run(key, lambda: self.puller.add(path, confined=True, caller=caller))
+        except CartonStoreError:
+            self.metrics.fetch_errors.inc()
+            raise
+        return result.digest
 
     def _resolve_fast(self, ref: str) -> str | None:
         try:

@@ -21,7 +21,7 @@ from cartonstore.fetch.puller import Puller
 from cartonstore.format.dtypes import tensor_metadata
 from cartonstore.server.tensors.arena import DEFAULT_SIZE as ARENA_SIZE
 from cartonstore.server.tensors.check_pool import CheckPool
-from cartonstore.server.tensors.shm_regions import ShmRegions
+from cartonstore.server.tensors.shm_regions import Peer, ShmRegions
 from cartonstore.store import Store
 from cartonstore.store.gc import GcPolicy, GcReport
 from cartonstore.store.materialize import remove_tree
@@ -29,6 +29,7 @@ from cartonstore.store.names import HEX, carton_named, restore_name, validate_na
 from cartonstore.store.owner import tmp_name
 
 from .batcher import DynamicBatcher
+from .caller_paths import source_caller
 from .collector import collect_in_child, gc_summary
 from .early_start import EarlyStart
 from .leasing import Leasing, resolve_on
@@ -56,15 +57,18 @@ class ModelService(Leasing):
     def __init__(self, store: Store, puller: Puller, leases: LeaseSettings, metrics: Metrics,
                  runners: RunnerConfig | None = None, *, shm_over_tcp: bool = False,
                  max_request_size: int = 256 << 20, arena_size: int = ARENA_SIZE, check_workers: int = 0,
-                 daemon_id: str | None = None) -> None:
+                 daemon_id: str | None = None, allow_tcp_local_sources: bool = False) -> None:
         """daemon_id: who this daemon is in the index's loaded_models (its
-        socket path); None records nothing (restore.py)."""
+        socket path); None records nothing (restore.py). allow_tcp_local_sources:
+        see caller_paths.py."""
         super().__init__(store, puller, leases, metrics)
         self.daemon_id = daemon_id
+        self.allow_tcp_local_sources = allow_tcp_local_sources
         self.shm_regions = ShmRegions(allow_tcp=shm_over_tcp, max_read=max_request_size)
         self.check_pool = CheckPool(check_workers) if check_workers else None
         self.runner_host = RunnerHost(runners or RunnerConfig(), store.layout.root / "run" / "runners",
-                                      store.layout.tmp_dir, arena_size=arena_size)
+                                      store.layout.tmp_dir, arena_size=arena_size,
+                                      max_request_size=max_request_size)
         # Weak: a lock lives while a load holds or waits on it, not for every name ever asked.
         self._load_locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
         self.models: dict[str, LoadedModel] = {}
@@ -76,12 +80,12 @@ class ModelService(Leasing):
     # -- Triton repository ---------------------------------------------------------
 
     async def load(self, name: str, params: dict[str, Any], *, version: str | None = None,
-                   restoring: bool = False) -> LoadedModel | None:
+                   restoring: bool = False, peer: Peer | None = None) -> LoadedModel | None:
         """Fetch, materialize, pin, start the runners, then READY. Loads of
         one name queue behind each other (two concurrent loads start one
         runner). Loading another version of a loaded name starts the new
         runners, switches traffic, then stops the old ones; if the new
-        version fails, the old one keeps serving."""
+        version fails, the old one keeps serving. ``peer``: who asks (caller_paths.py)."""
         # A bad name is refused before any state is kept for it; a load naming no
         # carton may also name a stored one by its manifest hash (or a prefix).
         if params.get("source") or any(k.startswith("file:") for k in params) or not HEX.fullmatch(name):
@@ -95,7 +99,7 @@ class ModelService(Leasing):
             async with lock:
                 if restoring and name in self.asked:   # a caller's load or unload came first: theirs stands
                     return None
-                model = await self._load_locked(name, params, version)
+                model = await self._load_locked(name, params, version, peer)
                 await remember_loaded(self, model)
                 return model
         except CartonStoreError as e:   # Triton's words first: clients match on them
@@ -107,7 +111,8 @@ class ModelService(Leasing):
         if not self.ready:
             self.asked.add(name)
 
-    async def _load_locked(self, name: str, params: dict[str, Any], version: str | None) -> LoadedModel:
+    async def _load_locked(self, name: str, params: dict[str, Any], version: str | None,
+                           peer: Peer | None) -> LoadedModel:
         previous = self.models.get(name)
         serving = previous if previous is not None and previous.state == READY else None
         model = LoadedModel(name)
@@ -128,7 +133,8 @@ class ModelService(Leasing):
             check_config_fields(model.config)
             instance_devices(model.config, self.runner_host.config.devices)  # a bad config fails before any work
             try:   # a restore names the version it loads (restore.py)
-                digest = version if version is not None else await self._load_source(name, params, early.committed)
+                digest = version if version is not None else await self._load_source(name, params, peer,
+                                                                                     early.committed)
             except NotFound:
                 unknown = previous is None and not renames
                 raise
@@ -211,7 +217,7 @@ class ModelService(Leasing):
         self._pins.pop(lease_id, None)
         await self._batch(lambda conn: self.store.index.drop_lease(conn, lease_id))
 
-    async def _load_source(self, name: str, params: dict[str, Any],
+    async def _load_source(self, name: str, params: dict[str, Any], peer: Peer | None,
                            on_committed: Callable[[str], None] | None = None) -> str:
         files = {k[len("file:"):]: v for k, v in params.items() if k.startswith("file:")}
         source = params.get("source")
@@ -225,8 +231,9 @@ class ModelService(Leasing):
             return await self._add_uploaded(name, files)
         if source:
             # Loads of one name queue on its lock, so nothing here could share an add.
-            # A path the caller names is read with the daemon's rights: its symlinks may not leave it.
-            result = await self.puller.add(source, name=name, force=True, confined=True, on_committed=on_committed)
+            caller = source_caller(source, peer, allow_tcp=self.allow_tcp_local_sources)
+            result = await self.puller.add(source, name=name, force=True, confined=True, caller=caller,
+                                           on_committed=on_committed)
             self.metrics.dedup_saved_bytes.inc(result.bytes_reused)
             return result.digest
         digest = await self._known(name)

@@ -30,6 +30,7 @@ from cartonstore.server.api.shm import tell_runners
 from cartonstore.server.models.metrics import Metrics
 from cartonstore.server.models.service import ModelService
 from cartonstore.server.tensors.shm_regions import Peer
+from cartonstore.store.names import check_model_ref
 from cartonstore.v2.grpc_form import parameter_value
 
 from .infer import StatusError, code_for, grpc_infer, stream_error
@@ -38,7 +39,8 @@ from .unix_relay import UNIX_PEERS, PeerBook
 log = logging.getLogger("cartonstore.server.grpc")
 T = TypeVar("T")
 STREAM_WINDOW = 64          # requests of one stream in flight at once
-_OPEN = ("ServerLive", "ServerReady")   # what TCP callers may ask without a credential (as /v2/health/)
+# What TCP callers may ask without a credential (as /v2/health/), with their requests (empty)
+OPEN = {"ServerLive": pb.ServerLiveRequest, "ServerReady": pb.ServerReadyRequest}
 
 
 class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
@@ -59,14 +61,28 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         relayed = self.book.peer_of(grpc_peer)
         if relayed is not None:
             return relayed
-        if grpc_peer.startswith(UNIX_PEERS):   # grpcio's own socket, reached around the relay
+        if grpc_peer.startswith(UNIX_PEERS) and not self.book.over_tcp(grpc_peer):   # around the relay
             raise PermissionDenied("gRPC over a Unix socket is served on the daemon's gRPC socket only "
                                    "(server.grpc_socket)")
-        path = f"/v2/health/{method}" if method in _OPEN else f"/inference.GRPCInferenceService/{method}"
-        sent = dict(context.invocation_metadata() or ()).get("authorization")
         has_cert = bool((context.auth_context() or {}).get("x509_pem_cert"))
-        self.access.check(path, sent, has_cert)
+        self.access.check(_tcp_path(method), authorization_of(context.invocation_metadata()), has_cert)
         return Peer(None)
+
+    def tcp_allowed(self, method: str, authorization: str | None) -> bool:
+        """Whether a TCP caller sending ``authorization`` may call ``method``
+        (with a client certificate or without: one opens no gRPC method)."""
+        try:
+            self.access.check(_tcp_path(method), authorization, False)
+        except CartonStoreError:
+            return False
+        return True
+
+    async def refuse(self, context: grpc.aio.ServicerContext, method: str) -> None:
+        """Answer a TCP call that tcp_allowed refused (its message unread)
+        as every refused call is answered: logged, counted, with _peer's error."""
+        async def work(_: Peer) -> None:
+            raise AssertionError(f"a gRPC {method} over TCP refused by its headers was let in by _peer")
+        await self._call(context, method, work)
 
     async def _call(self, context: grpc.aio.ServicerContext, method: str, work: Callable[[Peer], Awaitable[T]]) -> T:
         started = time.perf_counter()
@@ -103,6 +119,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     async def ModelReady(self, request: pb.ModelReadyRequest, context: Any) -> pb.ModelReadyResponse:
         async def work(_: Peer) -> pb.ModelReadyResponse:
+            check_model_ref(request.name, request.version or None)
             ready = self.service.loaded(request.name, request.version or None) is not None
             return pb.ModelReadyResponse(ready=ready)
         return await self._call(context, "ModelReady", work)
@@ -113,12 +130,14 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     async def ModelMetadata(self, request: pb.ModelMetadataRequest, context: Any) -> pb.ModelMetadataResponse:
         async def work(_: Peer) -> pb.ModelMetadataResponse:
+            check_model_ref(request.name, request.version or None)
             doc = await self.service.metadata(request.name, request.version or None)
             return json_format.ParseDict(doc, pb.ModelMetadataResponse(), ignore_unknown_fields=True)
         return await self._call(context, "ModelMetadata", work)
 
     async def ModelConfig(self, request: pb.ModelConfigRequest, context: Any) -> pb.ModelConfigResponse:
         async def work(_: Peer) -> pb.ModelConfigResponse:
+            check_model_ref(request.name, request.version or None)
             doc = config_of(self.service, request.name, request.version or None)
             config = json_format.ParseDict(doc, model_config_pb2.ModelConfig(), ignore_unknown_fields=True)
             return pb.ModelConfigResponse(config=config)
@@ -126,6 +145,8 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     async def ModelStatistics(self, request: pb.ModelStatisticsRequest, context: Any) -> pb.ModelStatisticsResponse:
         async def work(_: Peer) -> pb.ModelStatisticsResponse:
+            if request.name:
+                check_model_ref(request.name, request.version or None)
             doc = statistics(self.service, request.name or None, request.version or None)
             return json_format.ParseDict(doc, pb.ModelStatisticsResponse(), ignore_unknown_fields=True)
         return await self._call(context, "ModelStatistics", work)
@@ -194,14 +215,16 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     async def RepositoryModelLoad(self, request: pb.RepositoryModelLoadRequest,
                                   context: Any) -> pb.RepositoryModelLoadResponse:
-        async def work(_: Peer) -> pb.RepositoryModelLoadResponse:
-            await self.service.load(request.model_name, _load_parameters(request.parameters))
+        async def work(peer: Peer) -> pb.RepositoryModelLoadResponse:
+            check_model_ref(request.model_name)
+            await self.service.load(request.model_name, _load_parameters(request.parameters), peer=peer)
             return pb.RepositoryModelLoadResponse()
         return await self._call(context, "RepositoryModelLoad", work)
 
     async def RepositoryModelUnload(self, request: pb.RepositoryModelUnloadRequest,
                                     context: Any) -> pb.RepositoryModelUnloadResponse:
         async def work(_: Peer) -> pb.RepositoryModelUnloadResponse:
+            check_model_ref(request.model_name)
             await self.service.unload(request.model_name)
             return pb.RepositoryModelUnloadResponse()
         return await self._call(context, "RepositoryModelUnload", work)
@@ -263,6 +286,16 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         async def work(_: Peer) -> None:   # reached once the caller may ask at all
             raise StatusError(501, f"cartonstore does not support {what}: {method}")
         await self._call(context, method, work)
+
+
+def _tcp_path(method: str) -> str:
+    """The path TcpAccess knows a gRPC method by."""
+    return f"/v2/health/{method}" if method in OPEN else f"/inference.GRPCInferenceService/{method}"
+
+
+def authorization_of(metadata: Any) -> str | None:
+    """A call's Authorization metadata (grpcio gives keys in lower case)."""
+    return dict(metadata or ()).get("authorization")
 
 
 class _StreamWindow:

@@ -20,13 +20,13 @@ from __future__ import annotations
 import itertools
 import os
 import socket
-import struct
 import threading
 import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
 from cartonstore.errors import InvalidInput
+from cartonstore.system.callers import Credentials, peer_credentials
 from cartonstore.system.shm_objects import (
     object_size_problem,
     open_region,
@@ -37,27 +37,38 @@ from cartonstore.system.shm_objects import (
 from cartonstore.v2.shm_params import ShmRef, check_within, missing_region
 
 MAX_REGIONS = 4096     # per owner: each holds an fd
-_UCRED = struct.Struct("3i")
+_NO_GROUP = 65534      # the kernel's overflow gid
 
 
 @dataclass(frozen=True)
 class Peer:
     """Who is on the other end of a connection: ``uid`` over a Unix socket
-    (None over TCP)."""
+    (None over TCP), with its group and supplementary groups (files it
+    names are read with these: system/callers.py)."""
 
     uid: int | None
+    gid: int | None = None
+    groups: tuple[int, ...] | None = ()   # None: more than the kernel could tell (callers.py refuses reading as it)
 
     @property
     def unix(self) -> bool:
         return self.uid is not None
+
+    @property
+    def credentials(self) -> Credentials | None:
+        """None over TCP; a peer known by uid alone gets the kernel's
+        overflow group, not one it may not be in."""
+        if self.uid is None:
+            return None
+        return Credentials(self.uid, self.gid if self.gid is not None else _NO_GROUP, self.groups)
 
 
 def peer_of(transport: Any) -> Peer:
     sock = transport.get_extra_info("socket") if transport is not None else None
     if sock is None or sock.family != socket.AF_UNIX:
         return Peer(None)
-    _pid, uid, _gid = _UCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size))
-    return Peer(uid)
+    creds = peer_credentials(sock)
+    return Peer(creds.uid, creds.gid, creds.groups)
 
 
 @dataclass(eq=False)
