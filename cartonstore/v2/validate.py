@@ -56,13 +56,8 @@ def validate_request(
     bindings: dict[str, tuple[Any, str]] = {}
     seen: set[str] = set()
     for tensor in req.inputs:
-        if tensor.name in seen:
-            raise fail(tensor.what, "is given twice")
-        seen.add(tensor.name)
-        if by_name is not None:
-            spec = by_name.get(tensor.name)
-            if spec is None:
-                raise fail(tensor.what, f"is not an input of this model (inputs: {_names(inputs)})")
+        spec = _declared(tensor, seen, by_name, inputs)
+        if spec is not None:
             _check_against_spec(tensor, spec, bindings)
         check_tensor_data(tensor)
     if inputs is not None and len(seen) != len(inputs):
@@ -98,17 +93,28 @@ def validate_answer(found: Sequence[WireTensor], outputs: Sequence[TensorSpec] |
     by_name = None if outputs is None else {spec.name: spec for spec in outputs}
     seen: set[str] = set()
     for tensor in found:
-        if tensor.name in seen:
-            raise fail(tensor.what, "is given twice")
-        seen.add(tensor.name)
-        if by_name is not None:
-            spec = by_name.get(tensor.name)
-            if spec is None:
-                raise fail(tensor.what, f"is not an output of this model (outputs: {_names(outputs)})")  # type: ignore[arg-type]
+        spec = _declared(tensor, seen, by_name, outputs)
+        if spec is not None:
             _check_against_spec(tensor, spec, {}, bind=False)
         if tensor.data is None and tensor.shm is not None and tensor.datatype == "BYTES":
             continue
         check_tensor_data(tensor)
+
+
+def _declared(tensor: WireTensor, seen: set[str], by_name: dict[str, TensorSpec] | None,
+              specs: Sequence[TensorSpec] | None) -> TensorSpec | None:
+    """The spec ``tensor`` (an input or an output) answers to, None where
+    the model declares none; InvalidInput for one given twice (``seen``:
+    the names before it) or not declared."""
+    if tensor.name in seen:
+        raise fail(tensor.what, "is given twice")
+    seen.add(tensor.name)
+    if by_name is None:
+        return None
+    spec = by_name.get(tensor.name)
+    if spec is None:
+        raise fail(tensor.what, f"is not an {tensor.role} of this model ({tensor.role}s: {_names(specs or ())})")
+    return spec
 
 
 def check_tensor_data(tensor: WireTensor) -> None:
