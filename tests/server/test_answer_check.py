@@ -145,3 +145,36 @@ def test_a_big_answer_that_may_name_bytes_is_walked_off_the_event_loop() -> None
     assert json.loads(escaped)["outputs"][0]["datatype"] == "BYTES"
     assert not walks_little(big(escaped))
     assert walks_little(RunnerResponse(200, {}, escaped))   # small: walked on the loop, whatever it names
+
+
+def test_an_error_answer_nested_past_any_parser_is_named_not_a_crash() -> None:
+    nested = b'{"error": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    checked = checked_answer(RunnerResponse(500, {}, nested), OUTPUTS, LABEL)
+    assert checked.status == 500
+    assert json.loads(checked.body)["error"].startswith(f"{len(nested)} byte(s), not a JSON error:")
+
+
+def test_bytes_outputs_in_the_arena_are_a_502() -> None:
+    """BYTES framing is checked in the answer's body; a runner that puts
+    BYTES in its arena span (where nothing walks them) is refused."""
+    from cartonstore.server.tensors.arena import TensorArena
+    from cartonstore.server.tensors.arena_wire import ArenaForward
+    from cartonstore.v2.shm_params import ARENA_REGION, BYTE_SIZE, OFFSET, REGION
+
+    arena = TensorArena(1 << 20)
+    try:
+        slot = arena.take(8192)
+        forward = ArenaForward(slot, 4096, 100, None)   # type: ignore[arg-type]  # the request is not read here
+        entry = {"name": "names", "datatype": "BYTES", "shape": [1],
+                 "parameters": {REGION: ARENA_REGION, OFFSET: forward.out_offset, BYTE_SIZE: 8}}
+        header = json.dumps({"outputs": [entry]}).encode()
+        with pytest.raises(BadUpstream, match="put BYTES output 'names' in the arena"):
+            forward.client_answer({HEADER_LENGTH: str(len(header))}, header, LABEL)
+        entry["datatype"] = "FP32"   # two FP32 elements there: passed on from the slot
+        header = json.dumps({"outputs": [entry]}).encode()
+        out_headers = {HEADER_LENGTH: str(len(header))}
+        _, parts = forward.client_answer(out_headers, header, LABEL)
+        assert [len(p) for p in parts] == [8] and out_headers["Content-Type"] == "application/octet-stream"
+        slot.release()
+    finally:
+        arena.close()

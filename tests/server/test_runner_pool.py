@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import logging
 import os
 import signal
 import socket
@@ -49,6 +50,10 @@ sock, start = opt("--socket"), opt("--start", "ok")
 if start == "exit":
     print("loading model...", file=sys.stderr)
     print("fatal: no weights here", file=sys.stderr, flush=True)
+    sys.exit(3)
+if start == "flood":   # 50,000 lines, then its last words
+    sys.stderr.write("noise\n" * 50000 + "fatal: the last words\n")
+    sys.stderr.flush()
     sys.exit(3)
 if "--fork-helper" in args and os.fork() == 0:
     time.sleep(120)  # a helper process that must die with its runner's group
@@ -246,6 +251,23 @@ def test_cpu_instance_sees_no_gpu(script: Path, short_tmp: Path) -> None:
 
 
 # -- failures at start ----------------------------------------------------------
+
+
+def test_a_runner_flooding_stderr_is_logged_at_a_rate_and_its_last_words_kept(script: Path, short_tmp: Path,
+                                                                              caplog: pytest.LogCaptureFixture) -> None:
+    async def go() -> None:
+        runners = ModelRunners("m", "1", [spec(script, short_tmp, 0, "--start", "flood")], RunnerSettings(**FAST))
+        with pytest.raises(InvalidInput) as e:
+            await runners.start()
+        assert str(e.value).endswith("  noise\n  fatal: the last words"), str(e.value)[-300:]
+        assert e.value.details["stderr"][-1] == "fatal: the last words" and len(e.value.details["stderr"]) == 20
+
+    with caplog.at_level(logging.INFO, logger="cartonstore.server.runners"):
+        run(go())
+    logged = [r for r in caplog.records if r.getMessage().startswith("[m#0] noise")]
+    assert 100 <= len(logged) <= 210, len(logged)   # 200 at once (and 20 a second), of 50,000
+    assert any("output lines not logged" in r.getMessage() for r in caplog.records)
+
 
 
 def test_runner_that_exits_at_start(script: Path, short_tmp: Path) -> None:

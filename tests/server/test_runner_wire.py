@@ -164,16 +164,16 @@ def test_unreachable_socket(short_tmp: Path) -> None:
     asyncio.run(go())
 
 
-def test_an_answer_cut_short_by_close_is_an_error_not_zero_padding(short_tmp: Path) -> None:
-    """The connection closed (the client closing it: a runner stopped) while
-    a Content-Length body arrives: the half-received body must not come
-    back as a whole answer padded with zero bytes."""
-    async def go() -> object:
+def stalled_answer(short_tmp: Path, head: bytes, limit: int, measure=lambda: 0) -> tuple[object, object, object]:  # noqa: ANN001
+    """A server that answers with ``head`` (and what follows it), then
+    holds the connection; the client is closed while it waits for the rest.
+    (measure() before the request, measure() while it waits, the outcome)."""
+    async def go() -> tuple[object, object, object]:
         got_head = asyncio.Event()
 
         async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             await reader.readuntil(b"\r\n\r\n")
-            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\n" + b"x" * 10)
+            writer.write(head)
             await writer.drain()
             got_head.set()
             await asyncio.sleep(5)
@@ -183,18 +183,29 @@ def test_an_answer_cut_short_by_close_is_an_error_not_zero_padding(short_tmp: Pa
         srv = await asyncio.start_unix_server(handle, sock)
         client = RunnerClient(sock)
         try:
-            pending = asyncio.ensure_future(client.request("GET", "/", {}, limit=1 << 20))
-            await got_head.wait()
-            await asyncio.sleep(0.05)
+            before = measure()
+            pending = asyncio.ensure_future(client.request("POST", "/x", {}, limit=limit))
+            await asyncio.wait([pending, asyncio.ensure_future(got_head.wait())],
+                               return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.sleep(0.1)
+            during = measure()
             client.close()
             try:
-                return await pending
+                return before, during, await pending
             except Exception as e:  # noqa: BLE001 - the outcome under test
-                return e
+                return before, during, e
         finally:
             srv.close()
 
-    outcome = asyncio.run(go())
+    return asyncio.run(go())
+
+
+def test_an_answer_cut_short_by_close_is_an_error_not_zero_padding(short_tmp: Path) -> None:
+    """The connection closed (the client closing it: a runner stopped) while
+    a Content-Length body arrives: the half-received body must not come
+    back as a whole answer padded with zero bytes."""
+    _, _, outcome = stalled_answer(short_tmp, b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\n" + b"x" * 10,
+                                   1 << 20)
     assert isinstance(outcome, BadResponse) and "mid-answer" in str(outcome), outcome
 
 
@@ -206,37 +217,18 @@ def test_a_claimed_length_costs_the_bytes_sent_not_the_bytes_claimed(short_tmp: 
         with open("/proc/self/status") as f:
             return next(int(line.split()[1]) << 10 for line in f if line.startswith("VmRSS:"))
 
-    async def go() -> tuple[int, int, object]:
-        got_head = asyncio.Event()
-
-        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            await reader.readuntil(b"\r\n\r\n")
-            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 536870912\r\n\r\nx")
-            await writer.drain()
-            got_head.set()
-            await asyncio.sleep(5)
-            writer.close()
-
-        sock = str(short_tmp / "s.sock")
-        srv = await asyncio.start_unix_server(handle, sock)
-        client = RunnerClient(sock)
-        try:
-            before = rss()
-            pending = asyncio.ensure_future(client.request("POST", "/x", {}, limit=1 << 30))
-            await got_head.wait()
-            await asyncio.sleep(0.1)
-            during = rss()
-            client.close()
-            try:
-                return before, during, await pending
-            except Exception as e:  # noqa: BLE001 - the outcome under test
-                return before, during, e
-        finally:
-            srv.close()
-
-    before, during, outcome = asyncio.run(go())
+    before, during, outcome = stalled_answer(short_tmp, b"HTTP/1.1 200 OK\r\nContent-Length: 536870912\r\n\r\nx",
+                                             1 << 30, rss)
     assert during - before < 64 << 20, f"resident memory grew by {(during - before) >> 20} MiB for a 1-byte answer"
     assert isinstance(outcome, BadResponse) and "mid-answer" in str(outcome), outcome
+
+
+def test_a_claim_within_its_limit_that_no_memory_can_hold_is_a_bad_answer(short_tmp: Path) -> None:
+    """A model declaring outputs of exabytes has a limit that big: its
+    runner's claim of 2**60 bytes is refused as an answer, not a crash."""
+    _, _, outcome = stalled_answer(short_tmp, b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\nx" % (1 << 60), 1 << 62)
+    assert isinstance(outcome, BadResponse) and outcome.answered, outcome
+    assert f"answered a body of {1 << 60} bytes, which the daemon cannot hold" in str(outcome)
 
 
 def test_a_big_answer_within_its_limit_arrives_whole(short_tmp: Path) -> None:
