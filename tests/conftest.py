@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import hashlib
 import os
@@ -25,6 +26,12 @@ os.environ.setdefault("CARTONSTORE_SANDBOX", "none")
 # production refuses such URLs: tests/fetch/test_private_links.py tests that
 # with this unset (kit/fetchkit.py's fast_config allows them too).
 os.environ.setdefault("CARTONSTORE_ALLOW_PRIVATE_LINKS", "true")
+# A command a test runs with no store named (no --root, setting or
+# CARTONSTORE_ROOT) must not reach the host's store, /var/lib/cartonstore as
+# root: its default root is in a cache directory of this process's own,
+# removed at exit. Tests of the defaults clear it (tests/cli/test_default_store.py).
+os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(dir="/tmp", prefix="cs-cache-")  # short: sockets go in it
+atexit.register(lambda cache=os.environ["XDG_CACHE_HOME"]: _rmtree(Path(cache)))
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 FIXTURE_CARTON = FIXTURES / "carton-repo-test.carton"

@@ -2,9 +2,10 @@
 parses its flags (parser.py, args.py), calls one library method and prints
 the result (output.py: lines, or JSON with --json).
 
-commands.py: ``main`` and the store commands; daemon_commands.py: serve and
-gc; local_infer.py: infer and selftest without a daemon; inspect.py;
-progress.py (fetch progress on a terminal). ``python -m cartonstore.cli``
+commands.py: ``main`` and the store commands; daemon_commands.py: serve,
+gc, load and unload; pack_command.py: pack; local_infer.py: infer and
+selftest without a daemon; inspect.py; progress.py (fetch progress on a
+terminal). ``python -m cartonstore.cli``
 runs the same command.
 """
 

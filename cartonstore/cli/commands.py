@@ -15,13 +15,23 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Sequence
 
-from cartonstore.errors import CartonStoreError, IntegrityError, InvalidInput, exit_code_for
+from cartonstore.errors import (
+    CartonStoreError,
+    IntegrityError,
+    InvalidCarton,
+    InvalidInput,
+    NotFound,
+    PermissionDenied,
+    exit_code_for,
+)
 from cartonstore.format.units import format_size, parse_size
+from cartonstore.system.file_access import explained
 
 from . import parser as cli_parser
 from .args import arrange_argv
-from .daemon_commands import cmd_gc, cmd_serve
+from .daemon_commands import cmd_gc, cmd_load, cmd_serve, cmd_unload
 from .output import Output, print_json
+from .pack_command import cmd_pack, model_file_hint
 from .progress import Progress
 
 if TYPE_CHECKING:
@@ -76,7 +86,10 @@ def with_puller(store: Store, args: argparse.Namespace, work):  # noqa: ANN001, 
 
 
 def cmd_add(store: Store, args: argparse.Namespace, out: Output) -> None:
-    r = with_puller(store, args, lambda p: p.add(args.source, name=args.name, lazy=args.lazy, force=args.force))
+    try:
+        r = with_puller(store, args, lambda p: p.add(args.source, name=args.name, lazy=args.lazy, force=args.force))
+    except InvalidCarton as e:
+        raise model_file_hint(args.source, e) or e from None
     data = {"manifest_sha256": r.digest, "name": r.name, "complete": r.complete,
             "naming": r.naming.as_json() if r.naming else {"name": r.name, "moved_from": None, "kept_by": None},
             **r.counts()}
@@ -201,7 +214,17 @@ def already_materialized(store: Store, args: argparse.Namespace) -> Path | None:
 
 
 def cmd_path(store: Store, args: argparse.Namespace, out: Output) -> None:
-    path = already_materialized(store, args) or with_puller(store, args, lambda p: p.materialize(args.ref))
+    path = already_materialized(store, args)
+    if path is None and store.read_only:   # fetching, adding or building changes the store
+        if not os.path.exists(args.ref):
+            store.resolve(args.ref)   # a REF that names nothing is not found, whoever asks
+        raise store.index.write_refused(f"building {args.ref} (not materialized yet)")
+    try:
+        path = path or with_puller(store, args, lambda p: p.materialize(args.ref))
+    except NotFound as e:   # REF resolved to nothing: a path that is not there says so
+        from cartonstore.store.store import no_such_source
+
+        raise (no_such_source(args.ref) if e.subject == args.ref and not os.path.exists(args.ref) else None) or e
     out.emit({"manifest_sha256": path.name, "path": str(path)}, [str(path)])
 
 
@@ -220,81 +243,15 @@ def cmd_ls(store: Store, args: argparse.Namespace, out: Output) -> None:
 
 
 def cmd_inspect(store: Store, args: argparse.Namespace, out: Output) -> None:
-    from .inspect import describe_carton
+    from .inspect import describe_ref, render_text
 
-    data = describe_carton(store, store.resolve_or_add(args.ref))
-    if out.as_json:
-        print_json(data)
-        return
-    from .inspect import render_text
-
-    print(render_text(data))
+    data = describe_ref(store, args.ref)
+    print_json(data) if out.as_json else print(render_text(data))
 
 
 def cmd_export(store: Store, args: argparse.Namespace, out: Output) -> None:
-    _wrote(store.export(args.ref, Path(args.output), link_prefix=args.links,
-                        link_min_size=parse_size(args.link_min_size), compression=args.compression), out)
-
-
-def cmd_pack(store: Store | None, args: argparse.Namespace, out: Output) -> None:
-    import tempfile
-
-    from cartonstore.carton.from_model import model_file_in, onnx_carton_dir, parse_dims
-    from cartonstore.carton.pack import pack_directory
-
-    if (args.directory is None) == (args.python is None):
-        raise InvalidInput("pack takes a carton directory or a model file, or --python FILE.py:FUNCTION: one of them")
-    source = Path(args.directory) if args.directory is not None else None
-    model = model_file_in(source) if source is not None else None
-    _check_pack_flags(args, source, model)
-    with tempfile.TemporaryDirectory(prefix="cartonstore-pack-") as work:
-        if args.python is not None:
-            from cartonstore.carton.from_python import python_carton_dir
-
-            source = python_carton_dir(args.python, Path(work) / "carton", name=args.name,
-                                       examples=_named_files("--example", args.example))
-        elif model is not None and model.suffix == ".pt":
-            from cartonstore.carton.from_torchscript import torchscript_carton_dir
-
-            source = torchscript_carton_dir(model, Path(work) / "carton", name=args.name,
-                                            examples=_named_files("--example", args.example))
-        elif model is not None:
-            source = onnx_carton_dir(model, Path(work) / "carton", name=args.name, dims=parse_dims(args.dim),
-                                     self_tests=_named_files("--self-test", args.self_test))
-        _wrote(pack_directory(source, Path(args.output), compression=args.compression,
-                              link_prefix=args.link_prefix, link_min_size=parse_size(args.link_min_size)), out)
-
-
-def _check_pack_flags(args: argparse.Namespace, source: Path | None, model: Path | None) -> None:
-    """Each of pack's model flags applies to one kind of source: refuse one given to another, by name."""
-    if source is not None and model is None and (args.name or args.dim or args.self_test or args.example):
-        raise InvalidInput("--name, --dim, --self-test and --example make a carton from a model file; "
-                           f"{source} is a carton directory (its carton.toml says all that)")
-    onnx = model is not None and model.suffix == ".onnx"
-    if not onnx and (args.dim or args.self_test):
-        raise InvalidInput("--dim and --self-test apply to an .onnx file, whose graph has the shapes; a model run "
-                           "on --example records the shapes it had and the run as its self-test")
-    if onnx and args.example:
-        raise InvalidInput("--example is for a .pt file or --python; an .onnx file's graph says what it takes "
-                           "(record a run with --self-test INPUT=FILE.npy)")
-
-
-def _named_files(flag: str, items: list[str]) -> dict[str, Path]:
-    """INPUT=FILE arguments."""
-    out = {}
-    for item in items:
-        input_name, sep, file = item.partition("=")
-        if not sep or not input_name or not file:
-            raise InvalidInput(f"{flag} {item!r}: expected INPUT=FILE.npy", subject=item)
-        out[input_name] = Path(file)
-    return out
-
-
-def _wrote(w, out: Output) -> None:  # noqa: ANN001 - a carton.writer.WrittenCarton
-    out.emit({"manifest_sha256": w.digest, "path": str(w.path), "files_inline": w.files_inline,
-              "files_linked": w.files_linked, "size": w.size},
-             [f"wrote {w.path} ({format_size(w.size)}, {w.files_inline} file(s) inline, "
-              f"{w.files_linked} linked)", w.digest])
+    out.written(store.export(args.ref, Path(args.output), link_prefix=args.links,
+                             link_min_size=parse_size(args.link_min_size), compression=args.compression))
 
 
 def cmd_rm(store: Store, args: argparse.Namespace, out: Output) -> None:
@@ -349,7 +306,7 @@ def cmd_verify(store: Store, args: argparse.Namespace, out: Output) -> int:
 HANDLERS: dict[str, Callable] = {
     "add": cmd_add, "path": cmd_path, "infer": cmd_infer, "selftest": cmd_selftest, "ls": cmd_ls,
     "inspect": cmd_inspect, "push": cmd_push, "export": cmd_export, "pack": cmd_pack, "rm": cmd_rm,
-    "serve": cmd_serve, "gc": cmd_gc, "verify": cmd_verify,
+    "serve": cmd_serve, "gc": cmd_gc, "verify": cmd_verify, "load": cmd_load, "unload": cmd_unload,
 }
 
 
@@ -369,23 +326,32 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "pack":
             return args.func(None, args, out) or 0
         args.settings = load_settings(args)
-        if args.command in ("serve", "gc"):
+        if args.command in ("serve", "gc", "load", "unload"):
             return args.func(None, args, out) or 0
         from cartonstore.store import Store
 
-        with Store(args.settings.store.root, zip_limits=args.settings.zip_limits()) as store:
+        reads_only = args.command in ("ls", "inspect", "path") or args.command == "verify" and not args.repair
+        with (Store.for_reading if reads_only else Store)(args.settings.store.root,
+                                                          zip_limits=args.settings.zip_limits()) as store:
             return args.func(store, args, out) or 0
+    except PermissionError as e:   # the CLI's own rights fell short: which file, and who may use it
+        return report_error(args, PermissionDenied(explained(e), subject=e.filename))
     except CartonStoreError as e:
-        if args.json:   # a runner's stderr as a list of lines, not folded into the text
-            import json  # here: the CLI's start imports no more than it must
-
-            print(json.dumps({**e.details, "error": e.message}), file=sys.stderr)
-        else:
-            print(f"cartonstore {args.command}: error: {e}", file=sys.stderr)
-        return exit_code_for(e)
+        return report_error(args, e)
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
 
+
+
+def report_error(args: argparse.Namespace, e: CartonStoreError) -> int:
+    """One line on stderr (JSON with --json); the exit status of its category."""
+    if args.json:   # a runner's stderr as a list of lines, not folded into the text
+        import json  # here: the CLI's start imports no more than it must
+
+        print(json.dumps({**e.details, "error": e.message}), file=sys.stderr)
+    else:
+        print(f"cartonstore {args.command}: error: {e}", file=sys.stderr)
+    return exit_code_for(e)

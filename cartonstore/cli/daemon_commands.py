@@ -1,5 +1,6 @@
-"""The CLI's commands that run or reach the daemon: serve, and gc (which a
-daemon serving the store runs between its requests, else this process)."""
+"""The CLI's commands that run or reach the daemon: serve; gc (which a
+daemon serving the store runs between its requests, else this process);
+load and unload (a model in the daemon, by Triton's repository routes)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import TYPE_CHECKING
 from cartonstore.format.units import format_size, parse_duration, parse_size
 
 if TYPE_CHECKING:
+    from cartonstore.client.infer import InferClient
     from cartonstore.config.load import Config
     from cartonstore.store import Store
 
@@ -19,6 +21,7 @@ def cmd_serve(store: Store | None, args: argparse.Namespace, out: Output) -> Non
     from cartonstore.server.daemon import DaemonSettings, run_daemon, setup_logging
     from cartonstore.server.models.loaded_model import LeaseSettings
     from cartonstore.store.gc import GcPolicy
+    from cartonstore.store.layout import make_socket_dir
 
     cfg: Config = args.settings
     if args.print_config:
@@ -27,12 +30,13 @@ def cmd_serve(store: Store | None, args: argparse.Namespace, out: Output) -> Non
         print(tomli_w.dumps(cfg.as_dict()), end="")
         return
     cfg.store.root.mkdir(parents=True, exist_ok=True)
+    make_socket_dir(cfg.socket_path)
     setup_logging(cfg.server.log_format, cfg.server.log_level)
     run_daemon(DaemonSettings(
         root=cfg.store.root, socket=cfg.socket_path, socket_mode=cfg.server.socket_mode,
         socket_group=cfg.server.socket_group or None, listen=cfg.server.listen or None,
         grpc_socket=cfg.grpc_socket_path, grpc_listen=cfg.server.grpc_listen or None,
-        restore_loaded=cfg.server.restore_loaded and not args.no_restore,
+        restore_loaded=cfg.server.restore_loaded and not args.no_restore, id=cfg.server.id,
         leases=LeaseSettings(cfg.leases.default_ttl, cfg.leases.max_ttl, cfg.leases.pin_ttl),
         fetch=cfg.fetch_config(), zip_limits=cfg.zip_limits(), max_request_size=cfg.server.max_request_size,
         shared_memory_over_tcp=cfg.server.shared_memory_over_tcp, arena_size=cfg.server.arena_size,
@@ -51,7 +55,7 @@ def cmd_serve(store: Store | None, args: argparse.Namespace, out: Output) -> Non
 def cmd_gc(store: Store | None, args: argparse.Namespace, out: Output) -> None:
     from cartonstore.client.leases import Client, DaemonUnavailable
     from cartonstore.store import Store
-    from cartonstore.store.gc import GcPolicy, eviction_summary, unrecoverable_lines
+    from cartonstore.store.gc import GcPolicy, budget_lines, eviction_summary, unrecoverable_lines
 
     cfg: Config = args.settings
     policy = GcPolicy(
@@ -76,6 +80,69 @@ def cmd_gc(store: Store | None, args: argparse.Namespace, out: Output) -> None:
         f"expired leases dropped: {report['expired_leases']}",
         f"unreferenced blobs: {report['unreferenced_blobs']} ({format_size(report['unreferenced_bytes'])})",
         f"tmp/ leftovers: {report['tmp_entries']} ({format_size(report['tmp_bytes'])})",
-        eviction_summary(report), *unrecoverable_lines(report),
+        eviction_summary(report), *unrecoverable_lines(report), *budget_lines(report),
         f"{verb} {format_size(report['freed_bytes'])} (ran in {report['ran_in']})",
     ])
+
+
+WAIT_FOR_DAEMON = 120.0   # load --wait: seconds a starting daemon has to listen and be ready
+
+
+def cmd_load(store: Store | None, args: argparse.Namespace, out: Output) -> None:
+    from cartonstore.client.infer import InferClient
+
+    config = _model_config(args.model_config)
+    client = InferClient(args.settings.socket_path)
+    if args.wait:
+        _wait_for_daemon(client)
+    client.load(args.name, config=config)
+    version = client.metadata(args.name)["versions"][0]
+    out.emit({"name": args.name, "manifest_sha256": version, "state": "READY"},
+             [f"loaded {args.name}: version {version[:12]} is ready", version])
+
+
+def cmd_unload(store: Store | None, args: argparse.Namespace, out: Output) -> None:
+    from cartonstore.client.infer import InferClient
+
+    InferClient(args.settings.socket_path).unload(args.name)
+    out.emit({"name": args.name, "state": "UNAVAILABLE"}, [f"unloaded {args.name}"])
+
+
+def _model_config(text: str | None) -> str | None:
+    """--config: Triton's model config, a JSON object, checked here so that a
+    typo fails before the daemon is asked (it checks the fields)."""
+    import json
+
+    from cartonstore.errors import InvalidInput
+
+    if text is None:
+        return None
+    try:
+        parsed = json.loads(text)
+    except ValueError as e:
+        raise InvalidInput(f"--config is not JSON ({e}): give Triton's model config as a JSON object, "
+                           """e.g. '{"max_batch_size": 8}'""", subject="--config") from None
+    if not isinstance(parsed, dict):
+        raise InvalidInput(f"--config must be a JSON object (Triton's model config), got {type(parsed).__name__}",
+                           subject="--config")
+    return text
+
+
+def _wait_for_daemon(client: InferClient) -> None:
+    """Until the daemon listens and is ready (restored what it had loaded),
+    at most WAIT_FOR_DAEMON seconds; then its DaemonUnavailable stands."""
+    import time
+
+    from cartonstore.client.wire import DaemonUnavailable
+
+    deadline = time.monotonic() + WAIT_FOR_DAEMON
+    while True:
+        try:
+            if client.server_ready():
+                return
+        except DaemonUnavailable:
+            if time.monotonic() >= deadline:
+                raise
+        if time.monotonic() >= deadline:
+            return   # it answers, not ready: the load is queued behind its restore
+        time.sleep(0.1)

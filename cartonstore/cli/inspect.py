@@ -1,13 +1,18 @@
-"""What ``cartonstore inspect`` reports about a carton in the store."""
+"""What ``cartonstore inspect`` reports about a carton in the store, or a
+carton file or directory read where it is."""
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Any
 
+from cartonstore.errors import NotFound
 from cartonstore.format.dtypes import carton_dtype_to_v2, shape_to_v2_dims
 from cartonstore.format.tensor_data import parse_tensor_index
 from cartonstore.format.units import format_size
 from cartonstore.store import Store
+from cartonstore.store.store import no_such_source
 
 
 def _tensor_specs(specs) -> list[dict[str, Any]] | None:  # noqa: ANN001
@@ -18,22 +23,23 @@ def _tensor_specs(specs) -> list[dict[str, Any]] | None:  # noqa: ANN001
              "description": s.description} for s in specs]
 
 
-def _tensor_data(store: Store, digest: str) -> list[dict[str, Any]]:
-    entry = next((e for e in store.index.entries(digest) if e.path == "tensor_data/index.toml"), None)
-    if entry is None or not store.blobs.has(entry.digest):
-        return []
-    tensors = parse_tensor_index(store.blobs.path(entry.digest).read_bytes())
+def _tensor_rows(tensors) -> list[dict[str, Any]]:  # noqa: ANN001 - format.tensor_data.TensorEntry
     return [{"name": t.name, "dtype": t.dtype, "shape": list(t.shape) if t.shape is not None else None,
              "file": t.file, "inner": list(t.inner) if t.inner else None} for t in tensors]
 
 
-def describe_carton(store: Store, digest: str) -> dict[str, Any]:
-    info = store.info(digest)
-    cfg = store.config_of(digest)
-    entries = store.index.entries(digest)
+def _tensor_data(store: Store, digest: str) -> list[dict[str, Any]]:
+    entry = next((e for e in store.index.entries(digest) if e.path == "tensor_data/index.toml"), None)
+    if entry is None or not store.blobs.has(entry.digest):
+        return []
+    return _tensor_rows(parse_tensor_index(store.blobs.path(entry.digest).read_bytes()))
+
+
+def _described(digest: str, cfg, entries, present: set[str], **rest: Any) -> dict[str, Any]:  # noqa: ANN001
+    """The report's shape, for a carton of the store and a carton file alike:
+    ``present`` holds the paths whose bytes are at hand."""
     return {
         "manifest_sha256": digest,
-        "names": info.names,
         "model_name": cfg.model_name,
         "short_description": cfg.short_description,
         "license": cfg.license,
@@ -48,15 +54,62 @@ def describe_carton(store: Store, digest: str) -> dict[str, Any]:
         "outputs": _tensor_specs(cfg.outputs),
         "self_tests": len(cfg.self_tests),
         "examples": len(cfg.examples),
-        "complete": info.complete,
-        "missing_blobs": info.missing_blobs,
-        "path": str(info.model_dir) if info.model_dir else None,
-        "size": info.row.total_size,
         "files": [{"path": e.path, "sha256": e.digest, "size": e.size, "kind": e.kind,
-                   "target": e.target, "present": store.blobs.has(e.digest)} for e in entries],
-        "tensor_data": _tensor_data(store, digest),
-        "safetensors": store.safetensors_of(digest),
+                   "target": e.target, "present": e.path in present} for e in entries],
+        **rest,
     }
+
+
+def describe_carton(store: Store, digest: str) -> dict[str, Any]:
+    info = store.info(digest)
+    entries = store.index.entries(digest)
+    return _described(digest, store.config_of(digest), entries,
+                      {e.path for e in entries if store.blobs.has(e.digest)},
+                      names=info.names, complete=info.complete, missing_blobs=info.missing_blobs,
+                      path=str(info.model_dir) if info.model_dir else None, size=info.row.total_size,
+                      tensor_data=_tensor_data(store, digest), safetensors=store.safetensors_of(digest))
+
+
+def describe_ref(store: Store, ref: str) -> dict[str, Any]:
+    """A carton of the store by REF; else a local carton file or directory,
+    read where it is (the store gains nothing)."""
+    try:
+        return describe_carton(store, store.resolve(ref))
+    except NotFound as e:
+        if not os.path.exists(ref):
+            raise no_such_source(ref) or e from None
+    return describe_source(store, Path(ref))
+
+
+def describe_source(store: Store, path: Path) -> dict[str, Any]:
+    """A carton file or directory as it is: checked as add checks it,
+    its blobs not hashed (what add would store is known only then); the
+    store's names and model directory for it where the store holds it."""
+    from cartonstore.carton.checks import check_carton, check_safetensors, compute_manifest, is_safetensors
+    from cartonstore.sources import DirCartonView, open_local
+
+    view = open_local(path, store.zip_limits)
+    try:
+        raw = view.read_metadata("MANIFEST")
+        checked = check_carton(view, manifest_raw=raw if raw is not None or not isinstance(view, DirCartonView)
+                               else compute_manifest(view))
+        files = {e.path: e for e in checked.entries if e.kind == "file" and e.path in checked.present}
+        safetensors = {p: [{"name": t.name, "dtype": t.dtype, "shape": list(t.shape)} for t in
+                           check_safetensors(p, lambda p=p: view.open(p), e.size or 0).tensors]
+                       for p, e in files.items() if is_safetensors(p)}
+    finally:
+        view.close()
+    digest = checked.digest
+    known = store.index.carton(digest) is not None
+    model = store.layout.model_path(digest)
+    missing = sorted({e.digest for e in checked.entries if e.kind == "file" and e.path not in checked.present})
+    sizes = [e.size for e in checked.entries if e.kind == "file"]
+    return _described(digest, checked.config, checked.entries, set(files) | {e.path for e in checked.entries
+                                                                            if e.kind == "symlink"},
+                      names=store.index.names_of(digest) if known else [], complete=not missing,
+                      missing_blobs=missing, path=str(model) if known and model.is_dir() else None,
+                      size=None if None in sizes else sum(sizes), tensor_data=_tensor_rows(checked.tensors),
+                      safetensors=safetensors, source=str(path), in_store=known)
 
 
 def _total(d: dict[str, Any]) -> str:

@@ -21,3 +21,12 @@ class Output:
         else:
             for line in lines:
                 print(line)
+
+    def written(self, w) -> None:  # noqa: ANN001 - a carton.writer.WrittenCarton
+        """What export and pack say of the carton file they wrote."""
+        from cartonstore.format.units import format_size
+
+        self.emit({"manifest_sha256": w.digest, "path": str(w.path), "files_inline": w.files_inline,
+                   "files_linked": w.files_linked, "size": w.size},
+                  [f"wrote {w.path} ({format_size(w.size)}, {w.files_inline} file(s) inline, "
+                   f"{w.files_linked} linked)", w.digest])

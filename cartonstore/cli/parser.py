@@ -27,19 +27,23 @@ examples:
   cartonstore path resnet                 # prints the model directory
   cartonstore inspect f1cae514 --json
   cartonstore pack ./my-model -o my-model.carton --compression zstd
-  cartonstore pack model.pt --example input=x.npy -o model.carton
+  cartonstore pack model.pt --example x=x.npy -o model.carton
   cartonstore export resnet -o copy.carton
   cartonstore verify --repair
 
 REF is a manifest hash, a unique prefix of at least 8 hex digits, a name,
 or (for path and inspect) a local .carton file or directory to add first.
-The store root is --root, else $CARTONSTORE_ROOT, else ~/.cache/cartonstore.
+The store root is --root, else $CARTONSTORE_ROOT, else $XDG_CACHE_HOME/cartonstore,
+else /var/lib/cartonstore for root and ~/.cache/cartonstore for other users.
 A command's options may also come before it: cartonstore --root DIR ls.
 Exit status: 0 ok, 2 usage, 3 not found, 4 invalid input, 5 integrity
-failure, 6 unavailable (disk, lock, network), 7 conflict, 1 other errors.
+failure, 6 unavailable (disk, lock, network, no daemon), 7 conflict,
+8 a failed self-test, 9 permission denied, 1 other errors.
 """
 
-SOCKET_HELP = "the daemon's socket (default: $CARTONSTORE_SOCKET or ROOT/cartonstore.sock)"
+SOCKET_DEFAULT = ("$CARTONSTORE_SOCKET, else /run/cartonstore/cartonstore.sock for the store /var/lib/cartonstore, "
+                  "else ROOT/cartonstore.sock")
+SOCKET_HELP = f"the daemon's socket (default: {SOCKET_DEFAULT})"
 
 
 def terminal_columns() -> int:
@@ -141,7 +145,7 @@ def _pack(sp: argparse.ArgumentParser) -> None:
 
 def _serve(sp: argparse.ArgumentParser) -> None:
     sp.add_argument("--print-config", action="store_true", help="print the settings in effect (TOML) and exit")
-    sp.add_argument("--socket", help="Unix socket path (default: $CARTONSTORE_SOCKET or ROOT/cartonstore.sock)")
+    sp.add_argument("--socket", help=f"Unix socket path (default: {SOCKET_DEFAULT})")
     sp.add_argument("--listen", metavar="HOST:PORT", help="also serve on a loopback TCP port (0: any free port)")
     sp.add_argument("--grpc-listen", metavar="HOST:PORT", help="also serve gRPC on a loopback TCP port (0: any free port)")
     sp.add_argument("--no-restore", action="store_true",
@@ -159,6 +163,23 @@ def _gc(sp: argparse.ArgumentParser) -> None:
                     help="remove whole (as rm) the models whose blobs have no source to fetch them again, "
                          "instead of keeping those blobs")
     sp.add_argument("--local", action="store_true", help="run here even when a daemon serves the store")
+    sp.add_argument("--socket", help=SOCKET_HELP)
+
+
+def _load(sp: argparse.ArgumentParser) -> None:
+    sp.add_argument("name", help="the model's name (or manifest hash) in the store")
+    sp.add_argument("--config", dest="model_config", metavar="JSON",
+                    help="Triton's model config for this load, a JSON object (max_batch_size, instance_group, "
+                         "dynamic_batching, parameters); the settings file is then $CARTONSTORE_CONFIG")
+    sp.add_argument("--wait", action="store_true",
+                    help="wait up to 2 minutes for a daemon that is starting (its socket not there yet, or "
+                         "still loading again what it had loaded)")
+    sp.add_argument("--socket", help=SOCKET_HELP)
+    sp.set_defaults(config=None)
+
+
+def _unload(sp: argparse.ArgumentParser) -> None:
+    sp.add_argument("name", help="the model's name")
     sp.add_argument("--socket", help=SOCKET_HELP)
 
 
@@ -200,7 +221,14 @@ COMMANDS: dict[str, tuple[str, str, bool, Callable[[argparse.ArgumentParser], No
            "models over the budget", "cartonstore gc --max-size 200G --dry-run", False, _gc),
     "verify": ("rehash every blob and check model directories against MANIFEST", "cartonstore verify --repair",
                False, _verify),
+    "load": ("load a model into the daemon and wait until it is ready (or say why it failed); prints its "
+             "manifest hash", """cartonstore load resnet --config '{"max_batch_size": 8}'""", False, _load),
+    "unload": ("unload a model from the daemon: its runners stop, its files stay in the store",
+               "cartonstore unload resnet", False, _unload),
 }
+MODEL_CONFIG_COMMANDS = {"load"}
+"""Commands whose --config is Triton's model config (JSON), as the load API
+names it, not the settings file; theirs is $CARTONSTORE_CONFIG."""
 
 
 def build_parser(handlers: Mapping[str, Callable], *, only: str | None = None) -> argparse.ArgumentParser:
@@ -213,10 +241,12 @@ def build_parser(handlers: Mapping[str, Callable], *, only: str | None = None) -
     formatter = functools.partial(argparse.RawDescriptionHelpFormatter, width=terminal_columns() - 2)
     common = argparse.ArgumentParser(add_help=False, formatter_class=formatter)
     common.add_argument("--root", type=Path, default=None,
-                        help="store root (default: $CARTONSTORE_ROOT or ~/.cache/cartonstore)")
+                        help="store root (default: $CARTONSTORE_ROOT, else $XDG_CACHE_HOME/cartonstore, else "
+                             "/var/lib/cartonstore as root, ~/.cache/cartonstore as another user)")
     common.add_argument("--json", action="store_true", help="print machine-readable JSON")
-    common.add_argument("--config", type=Path, default=None,
-                        help="TOML settings file (default: $CARTONSTORE_CONFIG; see config/cartonstore.toml)")
+    settings_file = argparse.ArgumentParser(add_help=False, formatter_class=formatter)
+    settings_file.add_argument("--config", type=Path, default=None,
+                               help="TOML settings file (default: $CARTONSTORE_CONFIG; see config/cartonstore.toml)")
 
     p = argparse.ArgumentParser(prog="cartonstore", description="A shared, content-addressed store "
                                 "of ML models packaged as cartons.", epilog=EPILOG, formatter_class=formatter)
@@ -226,7 +256,7 @@ def build_parser(handlers: Mapping[str, Callable], *, only: str | None = None) -
     for name, (help, example, fetches, add_options) in COMMANDS.items():
         if only is not None and name != only:
             continue
-        parents = [common]
+        parents = [common] if name in MODEL_CONFIG_COMMANDS else [common, settings_file]
         if fetches:
             fetching = fetching or _fetching_options(formatter)
             parents.append(fetching)

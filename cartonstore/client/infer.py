@@ -20,7 +20,7 @@ import numpy as np
 
 from cartonstore.v2.framing import HEADER_LENGTH, encode_infer_request, parse_infer_response
 
-from .wire import DEFAULT_TIMEOUT, address, error_for, exchange, json_body
+from .wire import DEFAULT_ACQUIRE_TIMEOUT, DEFAULT_TIMEOUT, address, error_for, exchange, json_body
 
 
 class InferClient:
@@ -95,14 +95,19 @@ class InferClient:
                                          {"Content-Type": "application/json"})
         json_body(status, body, model)
 
-    def load(self, model: str) -> None:
-        status, _, body = self._exchange("POST", f"/v2/repository/models/{quote(model, safe='')}/load", b"{}",
-                                         {"Content-Type": "application/json"})
-        json_body(status, body, model)
+    def load(self, model: str, *, config: str | None = None) -> None:
+        """Load ``model`` (a name the store knows) and return once it is ready;
+        ``config``: Triton's model config as JSON text. A load may fetch the
+        model first: it is waited for up to DEFAULT_ACQUIRE_TIMEOUT."""
+        body = {"parameters": {"config": config}} if config is not None else {}
+        status, _, answer = self._exchange("POST", f"/v2/repository/models/{quote(model, safe='')}/load",
+                                           json.dumps(body).encode(), {"Content-Type": "application/json"},
+                                           timeout=max(self._timeout, DEFAULT_ACQUIRE_TIMEOUT))
+        json_body(status, answer, model)
 
-    def _exchange(self, method: str, path: str, body: bytes | None,
-                  headers: dict[str, str]) -> tuple[int, dict[str, str], bytes]:
-        return exchange(self._addr, method, path, body, headers, self._timeout)
+    def _exchange(self, method: str, path: str, body: bytes | None, headers: dict[str, str],
+                  timeout: float | None = None) -> tuple[int, dict[str, str], bytes]:
+        return exchange(self._addr, method, path, body, headers, timeout or self._timeout)
 
 
 def _model_path(model: str, version: str | None) -> str:

@@ -20,8 +20,9 @@ Two clients with the same methods:
 * :class:`AsyncClient` uses aiohttp. Its ``lease()`` renews from a task it
   owns and always stops and awaits before returning.
 
-Both talk to the Unix socket ``$CARTONSTORE_SOCKET``, else
-``<store root>/cartonstore.sock``, unless given another socket path or a TCP
+Both talk to the Unix socket ``$CARTONSTORE_SOCKET``, else the daemon's
+default (``/run/cartonstore/cartonstore.sock`` for the host's store,
+``<store root>/cartonstore.sock`` for another), unless given another socket path or a TCP
 ``base_url`` such as ``"http://127.0.0.1:8000"``.
 
 Errors: a response with an error status raises the ``cartonstore.errors``

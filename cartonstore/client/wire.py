@@ -60,13 +60,14 @@ class Lease:
 
 
 def default_socket_path() -> Path:
-    """``$CARTONSTORE_SOCKET``, else ``cartonstore.sock`` in the default store root."""
+    """``$CARTONSTORE_SOCKET``, else the default store root's socket, as the
+    daemon finds it (store.layout.default_socket)."""
     env = os.environ.get("CARTONSTORE_SOCKET")
     if env:
         return Path(env)
-    from cartonstore.store.layout import SOCKET_NAME, default_root  # the store package is slow to import
+    from cartonstore.store.layout import default_root, default_socket  # the store package is slow to import
 
-    return default_root() / SOCKET_NAME
+    return default_socket(default_root())
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,7 @@ from typing import Any
 from cartonstore.errors import InvalidInput
 from cartonstore.fetch.config import FetchConfig
 from cartonstore.fetch.policy import describe
-from cartonstore.store.layout import SOCKET_NAME, default_root
+from cartonstore.store.layout import default_root, default_socket
 from cartonstore.system.hosts import is_loopback
 from cartonstore.zipfmt import ZipLimits
 
@@ -54,6 +54,7 @@ ENV_VARS: Mapping[str, str] = MappingProxyType({
     "CARTONSTORE_SOCKET": "server.socket",
     "CARTONSTORE_LISTEN": "server.listen",
     "CARTONSTORE_GRPC_LISTEN": "server.grpc_listen",
+    "CARTONSTORE_ID": "server.id",
     "CARTONSTORE_LOG_FORMAT": "server.log_format",
     "CARTONSTORE_LOG_LEVEL": "server.log_level",
     "CARTONSTORE_ACCESS_LOG": "server.access_log",
@@ -142,8 +143,8 @@ class Config:
 
     @property
     def socket_path(self) -> Path:
-        """server.socket, else ROOT/cartonstore.sock."""
-        return self.server.socket or self.store.root / SOCKET_NAME
+        """server.socket, else store.layout.default_socket of the root."""
+        return self.server.socket or default_socket(self.store.root)
 
     @property
     def grpc_socket_path(self) -> Path | None:

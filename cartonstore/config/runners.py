@@ -18,8 +18,10 @@ carton's).
 Every runner runs in a sandbox (server/runners/sandbox.py): ``sandbox`` picks
 the mechanism ("auto": bubblewrap and Landlock, whichever are here; "none":
 model code runs with the daemon's rights), ``user`` the unprivileged user it
-runs as when the daemon is root, ``memory_limit`` and ``max_processes`` its
-limits (a cgroup where the daemon may make one, rlimits otherwise) and
+runs as when the daemon is root (where the default "cartonstore-runner" does
+not exist, or for "", a transient uid of the daemon's own), ``memory_limit``
+and ``max_processes`` its limits (a cgroup where the daemon may make one,
+rlimits otherwise) and
 ``sandbox_paths`` what else it may read (a custom runner's own files).
 """
 
@@ -112,9 +114,9 @@ def _prewarm(value: object) -> tuple[str, ...]:
 
 
 def _user(value: object) -> str:
-    if isinstance(value, str) and _USER.fullmatch(value):
+    if isinstance(value, str) and (value == "" or _USER.fullmatch(value)):
         return value
-    raise v.BadValue(f"expected a user name or number, got {value!r}")
+    raise v.BadValue(f"expected a user name or number, or \"\" for a transient uid, got {value!r}")
 
 
 def _network(value: object) -> frozenset[str]:
@@ -174,7 +176,7 @@ class RunnerSettings:
     commands: Mapping[str, RunnerCommand] = v.setting(None, parse_commands, _show_commands,
                                                      factory=lambda: MappingProxyType({}))
     sandbox: str = v.setting("auto", v.choice("auto", "bwrap", "landlock", "none"))
-    user: str = v.setting("cartonstore-runner", _user)       # when the daemon runs as root
+    user: str = v.setting("cartonstore-runner", _user)       # when the daemon runs as root; "": a transient uid
     memory_limit: int | None = v.size_setting(None, 1 << 20, optional=True)
     max_processes: int = v.setting(512, v.integer(0))        # processes and threads; 0: no limit
     sandbox_paths: tuple[str, ...] = v.setting((), _paths)    # more that runners may read

@@ -1,7 +1,7 @@
 """[server]: how the daemon is reached and how it logs (read by cartonstore.config).
 
     [server]
-    socket = ""                 # "": ROOT/cartonstore.sock
+    socket = ""                 # "": ROOT/cartonstore.sock; for /var/lib/cartonstore, /run/cartonstore/cartonstore.sock
     socket_mode = "0660"
     socket_group = ""           # "": the daemon's group
     listen = ""                 # "" or HOST:PORT for a TCP listener
@@ -9,6 +9,7 @@
     grpc_socket = ""            # "": the HTTP socket's path with .grpc before its suffix
     grpc_listen = ""            # "" or HOST:PORT for gRPC over TCP
     restore_loaded = true       # a restarted daemon loads again what it had loaded
+    id = ""                     # the daemon's identity its loaded models are kept under; "": its socket path
     token_file = ""             # the Bearer token TCP callers must send (or token = "...")
     max_connections = 4096      # per listener; max_connections_per_peer = 256 from one TCP address
     head_timeout = "10s"        # a request head must be whole within it; idle_timeout = "75s" between requests
@@ -68,6 +69,16 @@ def _listen(value: object) -> str:
     return value
 
 
+_IDENTITY = re.compile(r"[A-Za-z0-9_.:/@-]{1,200}")
+
+
+def _identity(value: object) -> str:
+    if value == "" or (isinstance(value, str) and _IDENTITY.fullmatch(value)):
+        return value
+    raise v.BadValue("expected an identity of 1 to 200 letters, digits and '_', '.', ':', '/', '@', '-' "
+                     f'(or "" for the socket\'s path), got {value!r}')
+
+
 def _show_mode(mode: int) -> str:
     return f"{mode:04o}"
 
@@ -88,7 +99,7 @@ def _show_workers(count: int | None) -> str | int:
 class ServerSettings:
     """[server]: how the daemon is reached and how it logs."""
 
-    # None: ROOT/cartonstore.sock (Config.socket_path)
+    # None: store.layout.default_socket of the root (Config.socket_path)
     socket: Path | None = v.setting(None, v.path(empty=None), v.show_path)  # noqa: RUF009 - a field()
     socket_mode: int = v.setting(0o660, _mode, _show_mode)
     socket_group: str = v.setting("", _group)
@@ -98,7 +109,10 @@ class ServerSettings:
     # None: the HTTP socket's path with ".grpc" before its suffix (Config.grpc_socket_path)
     grpc_socket: Path | None = v.setting(None, v.path(empty=None), v.show_path)  # noqa: RUF009 - a field()
     grpc_listen: str = v.setting("", _listen)  # "" or HOST:PORT (TLS and credentials as listen's)
-    restore_loaded: bool = v.setting(True, v.boolean)  # load again at start what this socket's daemon had loaded
+    restore_loaded: bool = v.setting(True, v.boolean)  # load again at start what this daemon (id) had loaded
+    # Who this daemon is to the store: what it loaded is kept under it, for its next start in any container
+    # (its socket path may differ); one live daemon per id on a store. "": the socket's path.
+    id: str = v.setting("", _identity)
     log_format: str = v.setting("text", v.choice("text", "json"))
     log_level: str = v.setting("info", v.choice("debug", "info", "warning", "error"))
     access_log: bool = v.setting(False, v.boolean)

@@ -45,3 +45,24 @@ FRAMEWORK_VERSION_PROBES: dict[str, Callable[[], str]] = {
     "onnx": _package_version("onnxruntime"),
     "torchscript": _package_version("torch"),
 }
+
+
+# Triton's names (model_config.proto's platform and backend) for what the
+# built-in runners run; any other runner's are carton_<runner_name>.
+_TRITON_PLATFORMS: dict[str, tuple[str, str]] = {
+    "onnx": ("onnxruntime_onnx", "onnxruntime"),
+    "torchscript": ("pytorch_libtorch", "pytorch"),
+    "python": ("", "python"),
+}
+
+
+def triton_platform(runner_name: str) -> tuple[str, str]:
+    """(platform, backend) of a model config, as Triton names them."""
+    return _TRITON_PLATFORMS.get(runner_name, (f"carton_{runner_name}", f"carton_{runner_name}"))
+
+
+def metadata_platform(runner_name: str) -> str:
+    """A model metadata's "platform", as Triton answers it: the config's
+    platform, else its backend (a python model's is "python")."""
+    platform, backend = triton_platform(runner_name)
+    return platform or backend

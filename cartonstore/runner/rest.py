@@ -26,6 +26,7 @@ from cartonstore.v2.framing import header_length as header_length_of
 from cartonstore.v2.shm_params import ARENA_EXTENSION
 from cartonstore.v2.statistics import TIMING_HEADER, InferStatistics, RequestTiming, statistics_answer
 
+from .builtin import metadata_platform
 from .context import Model, RunnerContext
 from .http_server import Request, Response, error_response
 from .infer import ModelFailed, decode_request, run_and_encode
@@ -133,7 +134,7 @@ def _metadata(ctx: RunnerContext) -> Response:
     return _json({
         "name": ctx.name,
         "versions": [ctx.version],
-        "platform": f"carton_{ctx.runner_name}" if ctx.runner_name else "cartonstore",
+        "platform": metadata_platform(ctx.runner_name) if ctx.runner_name else "cartonstore",
         "inputs": tensor_metadata(ctx.inputs),
         "outputs": tensor_metadata(ctx.outputs),
     })

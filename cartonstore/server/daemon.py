@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import signal
 import socket
 import ssl
@@ -39,6 +40,7 @@ from cartonstore.server.rpc.grpc_server import GrpcLimits, GrpcServer, GrpcTls
 from cartonstore.server.tensors.arena import DEFAULT_SIZE as ARENA_SIZE
 from cartonstore.store import Store
 from cartonstore.store.gc import GcPolicy
+from cartonstore.store.owner import hold_identity, owner_token
 from cartonstore.system.fd_limit import (
     ListenerNeed,
     connection_caps,
@@ -65,7 +67,8 @@ class DaemonSettings:
     listen: str | None = None
     grpc_socket: Path | None = None     # the gRPC service's Unix socket (None: no gRPC)
     grpc_listen: str | None = None      # and its TCP listener
-    restore_loaded: bool = True         # load again what this daemon (its socket path) had loaded
+    restore_loaded: bool = True         # load again what this daemon (its identity) had loaded
+    id: str = ""                        # server.id, the identity its loaded models are kept under ("": socket)
     leases: LeaseSettings = field(default_factory=LeaseSettings)
     fetch: FetchConfig = field(default_factory=FetchConfig)
     zip_limits: ZipLimits = field(default_factory=ZipLimits)
@@ -88,6 +91,11 @@ class DaemonSettings:
     tls_key: Path | None = None
     tls_client_ca: Path | None = None   # ...asking clients for a certificate this CA signed (a credential)
     token: str = ""                     # server.token: the Bearer token TCP callers must send
+
+    @property
+    def identity(self) -> str:
+        """server.id, else the socket's path (as restore rows were first kept)."""
+        return self.id or str(self.socket)
 
     def tcp_access(self) -> TcpAccess:
         """What TCP callers must show. A listener beyond loopback with no
@@ -214,13 +222,18 @@ class Daemon:
                             "set server.tls_cert", ", ".join(public))
         try:
             store = Store(s.root, zip_limits=s.zip_limits)
+            identity: int | None = None
             try:
+                identity = await asyncio.to_thread(hold_identity, store.layout.locks_dir, s.identity)
+                await asyncio.to_thread(owner_token, store.layout.tmp_dir)   # what this daemon owns is named by it
                 async with Puller(store, s.fetch) as puller:
                     service = ModelService(store, puller, s.leases, Metrics(), s.runners,
                                            shm_over_tcp=s.shared_memory_over_tcp,
                                            max_request_size=s.max_request_size, arena_size=s.arena_size,
-                                           check_workers=s.check_workers, daemon_id=str(s.socket),
+                                           check_workers=s.check_workers, daemon_id=s.identity,
                                            allow_tcp_local_sources=s.allow_tcp_local_sources)
+                    if dropped := await asyncio.to_thread(service.drop_dead_owners_leases):
+                        log.info("dropped %d pin(s) of daemons that are gone", dropped)
                     await asyncio.to_thread(service.runner_host.prepare)   # probes bubblewrap: processes
                     service.runner_host.start_prewarm()
                     app = build_app(service, service.metrics, max_request_size=s.max_request_size,
@@ -238,6 +251,8 @@ class Daemon:
                             self._owned_grpc.unlink(missing_ok=True)
             finally:
                 store.close()
+                if identity is not None:
+                    os.close(identity)
         finally:
             if not serving:
                 self._close_unserved(socks + ([grpc_sock] if grpc_sock is not None else []))
@@ -308,6 +323,8 @@ class Daemon:
         s = self.settings
         front = FrontServer(app, runner.server, max_request_size=s.max_request_size, budget=app[BODY_BUDGET],
                             head_timeout=s.head_timeout, idle_timeout=s.idle_timeout)
+        # Not ready until every model to restore was tried: set before any listener takes a probe.
+        service.ready = not s.restore_loaded
         try:
             for sock, cap in zip(socks, caps):
                 tls = self._tls if sock.family != socket.AF_UNIX else None
@@ -321,8 +338,7 @@ class Daemon:
             settle_heap()   # before READY: the first requests must not wait for a full collection
             keeper = asyncio.gather(service.keep_pins(),
                                     service.keep_within_budget(self.settings.gc, self.settings.gc_interval))
-            if self.settings.restore_loaded:   # live at once, ready once every model was tried again
-                service.ready = False
+            if s.restore_loaded:   # live at once, ready once every model was tried again (restore.py)
                 keeper = asyncio.gather(keeper, restore_loaded(service))
             log.info("cartonstore serving %s on %s (%s event loop)", self.settings.root, ", ".join(self.bound),
                      loop_name())

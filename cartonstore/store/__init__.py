@@ -1,5 +1,6 @@
 """The content-addressed store: blobs named by their sha256 (blobs.py), one
-SQLite index of cartons, entries, names, leases and sources (index.py),
+SQLite index of cartons, entries, names, leases and sources (index.py;
+read_only.py opens it for a user who may only read it),
 read-only model directories built of hardlinks (materialize.py), garbage
 collection (gc.py plans, collection.py applies) and verification.
 

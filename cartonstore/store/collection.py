@@ -34,6 +34,7 @@ from .gc import (
 from .holds import drop_orphan_holds
 from .index import Index
 from .materialize import remove_tree
+from .names import pinned_name
 
 if TYPE_CHECKING:
     from .parts import StoreParts
@@ -82,7 +83,28 @@ def collect(store: StoreParts, policy: GcPolicy | None = None) -> GcReport:
     report.forgotten_models = _described(plan.forgotten, snap, names)
     report.partial_models = [m for m in report.partial_models if m["manifest_sha256"] not in plan.forgotten]
     report.store_bytes_after -= sum(m["bytes"] for m in report.forgotten_models)
+    report.over_budget = _over_budget(store, snap, policy, report)
     return report
+
+
+def _over_budget(store: StoreParts, snap: Snapshot, policy: GcPolicy, report: GcReport) -> dict | None:
+    """What keeps the store over its budget after this collection: the
+    cartons gc may not take (loaded or leased), each with its blobs' bytes.
+    None within the budget."""
+    if policy.max_size is not None and report.store_bytes_after > policy.max_size:
+        over = {"setting": "max_size", "limit": policy.max_size, "left": report.store_bytes_after}
+    elif policy.min_free is not None and snap.disk_free + report.freed_bytes < policy.min_free:
+        over = {"setting": "min_free", "limit": policy.min_free, "left": snap.disk_free + report.freed_bytes}
+    else:
+        return None
+    held = []
+    for carton in (c for c in snap.cartons if c.leased):
+        leases = store.index.live_leases(carton.digest, snap.now)
+        loaded = sorted({name for lease in leases if (name := pinned_name(lease.id)) is not None})
+        held.append({"manifest_sha256": carton.digest, "names": store.index.names_of(carton.digest),
+                     "bytes": sum(snap.blobs[d][0] for d in carton.listed if d in snap.blobs), "loaded_as": loaded,
+                     "leases": sum(1 for lease in leases if pinned_name(lease.id) is None)})
+    return {**over, "held": sorted(held, key=lambda h: (-h["bytes"], h["manifest_sha256"]))}
 
 
 def _snapshot(store: StoreParts, now: float, *, shared: bool = False) -> Snapshot:

@@ -99,6 +99,10 @@ class GcReport:
     # [{"manifest_sha256", "names", "blobs", "bytes"}]
     kept_unrecoverable: list[dict] = field(default_factory=list)
     forgotten_models: list[dict] = field(default_factory=list)
+    # the store still over max_size (or the disk under min_free) after this
+    # collection, and the cartons gc may not take that hold it there:
+    # {"setting", "limit", "left", "held": [{"manifest_sha256", "names", "bytes", "loaded_as", "leases"}]}
+    over_budget: dict | None = None
 
     @property
     def freed_bytes(self) -> int:
@@ -131,6 +135,33 @@ def eviction_summary(report: dict) -> str:
     if report["evicted_models"]:
         line += f"; {len(report['evicted_models'])} model directory(ies) {'would be ' if dry else ''}removed"
     return line
+
+
+def budget_lines(report: dict) -> list[str]:
+    """When the store stays over its budget: a line saying so, and one per
+    carton that holds it there ("tiny 1.4 MiB: loaded as tiny")."""
+    from cartonstore.format.units import format_size
+
+    over = report.get("over_budget")
+    if not over:
+        return []
+    stays = "would stay" if report.get("dry_run") else "stays"
+    if over["setting"] == "max_size":
+        head = (f"the store {stays} over its budget: {format_size(over['left'])} of blobs, max_size "
+                f"{format_size(over['limit'])}")
+    else:
+        head = (f"the disk {stays} under its budget: {format_size(over['left'])} free, min_free "
+                f"{format_size(over['limit'])}")
+    if not over["held"]:
+        return [f"{head}; what is left keeps cartons known (MANIFEST, carton.toml) or has no source to fetch it "
+                "again"]
+    lines = [f"{head}; gc never takes what is loaded or leased:"]
+    for held in over["held"]:
+        why = [f"loaded as {', '.join(held['loaded_as'])}"] if held["loaded_as"] else []
+        why += [f"{held['leases']} lease(s)"] if held["leases"] else []
+        label = ",".join(held["names"]) or held["manifest_sha256"][:12]
+        lines.append(f"  {label} {format_size(held['bytes'])}: {', '.join(why)}")
+    return lines
 
 
 def unrecoverable_lines(report: dict) -> list[str]:

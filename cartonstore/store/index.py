@@ -21,7 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Mapping, Sequence, TypeVar
 
-from cartonstore.errors import CartonStoreError, Unavailable
+from cartonstore.errors import CartonStoreError, PermissionDenied, Unavailable
+from cartonstore.system.file_access import WRITE, denial
 
 from .lease_rows import TOUCH_AFTER, LeaseQueries, touch_carton
 from .names import NameOutcome, assign_name
@@ -65,9 +66,17 @@ class CartonRecord:
 
 
 class Index(LeaseQueries, SourceQueries):
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, *, read_only: bool = False) -> None:
+        """``read_only``: for a user who may read the store but not write it
+        (store/read_only.py); every write then raises PermissionDenied."""
         self.path = path
+        self.read_only = read_only
         self._lock = threading.RLock()
+        if read_only:
+            from .read_only import open_read_only
+
+            self.conn = open_read_only(path, BUSY_TIMEOUT_MS)
+            return
         try:
             conn = sqlite3.connect(path, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None,
                                    check_same_thread=False)
@@ -89,8 +98,11 @@ class Index(LeaseQueries, SourceQueries):
                 migrate_leases(conn)
                 if conn.execute("INSERT OR IGNORE INTO meta VALUES ('sizes_learned', '1')").rowcount:
                     learn_all_sizes(conn)  # once: stores written before sizes were learned late
-        except sqlite3.Error as e:
-            raise Unavailable(f"cannot open index {path}: {e}", subject=str(path)) from e
+        except (sqlite3.Error, Unavailable) as e:
+            from .read_only import permission_error   # a store this user may only read, named as such
+
+            raise permission_error(path, WRITE) or (e if isinstance(e, Unavailable) else Unavailable(
+                f"cannot open index {path}: {e}", subject=str(path))) from e
 
     def close(self) -> None:
         with self._lock:
@@ -98,6 +110,8 @@ class Index(LeaseQueries, SourceQueries):
 
     @contextmanager
     def transaction(self) -> Iterator[sqlite3.Connection]:
+        if self.read_only:
+            raise self.write_refused()
         with self._lock:
             conn = self.conn
             try:
@@ -113,6 +127,12 @@ class Index(LeaseQueries, SourceQueries):
             except BaseException:
                 rollback(conn)
                 raise
+
+    def write_refused(self, doing: str = "this command") -> PermissionDenied:
+        """What a write to an index opened read-only raises: who may write it."""
+        why = denial(self.path, WRITE) or f"{self.path} is open read-only"
+        return PermissionDenied(f"{doing} would change the store, which this user may only read: {why}",
+                                subject=str(self.path))
 
     def read(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         """fn(conn) outside a write transaction (plain reads)."""
@@ -221,7 +241,7 @@ class Index(LeaseQueries, SourceQueries):
         loop reads the index and writes nothing."""
         now = time.time()
         fresh = self._rows("SELECT 1 FROM cartons WHERE digest=? AND last_used>=?", (carton, now - TOUCH_AFTER))
-        if fresh:  # no write transaction either: it would wait behind a busy daemon's writers for nothing
+        if fresh or self.read_only:   # a user who may only read goes unrecorded  # no write transaction either: it would wait behind a busy daemon's writers for nothing
             return
         with self.transaction() as conn:
             touch_carton(conn, carton, now)

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
+from cartonstore.errors import Unavailable
 from cartonstore.format.digest import is_sha256
 
 
@@ -67,11 +68,56 @@ class StoreLayout:
 SOCKET_NAME = "cartonstore.sock"
 """The daemon's socket in a store root, unless server.socket says otherwise."""
 
+SYSTEM_ROOT = Path("/var/lib/cartonstore")
+"""The host's store: root's default, and systemd's StateDirectory."""
+
+SYSTEM_SOCKET = Path("/run/cartonstore") / SOCKET_NAME
+"""The system store's socket: in /run (systemd's RuntimeDirectory, what
+cartonstore.socket listens on), where it does not outlive a boot."""
+
+SYSTEM_SOCKET_DIR_MODE = 0o755
+"""/run/cartonstore's mode when the daemon makes it: anyone may pass
+through, the socket's own mode (server.socket_mode) decides who connects
+(as RuntimeDirectoryMode in cartonstore.service)."""
+
 
 def default_root() -> Path:
-    """$CARTONSTORE_ROOT, else the user's cache dir (XDG_CACHE_HOME or ~/.cache)."""
+    """$CARTONSTORE_ROOT, else $XDG_CACHE_HOME/cartonstore, else the host's
+    store /var/lib/cartonstore for root and ~/.cache/cartonstore for
+    anyone else. The daemon, the CLI and the client all ask this one
+    function, so that a root CLI finds a root daemon's store."""
     env = os.environ.get("CARTONSTORE_ROOT")
     if env:
         return Path(env)
-    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(cache) / "cartonstore"
+    cache = os.environ.get("XDG_CACHE_HOME")
+    if cache:
+        return Path(cache) / "cartonstore"
+    if os.geteuid() == 0:
+        return SYSTEM_ROOT
+    return Path(os.path.expanduser("~")) / ".cache" / "cartonstore"
+
+
+def default_socket(root: Path) -> Path:
+    """The daemon's socket for the store at ``root`` when server.socket (or
+    $CARTONSTORE_SOCKET) names none: /run/cartonstore/cartonstore.sock for
+    the host's store, whoever asks (a group member naming the store finds
+    the daemon), else ``cartonstore.sock`` in the root."""
+    return SYSTEM_SOCKET if root == SYSTEM_ROOT else root / SOCKET_NAME
+
+
+def make_socket_dir(socket: Path) -> None:
+    """Make /run/cartonstore when the daemon's socket is to be there and
+    nothing (systemd's RuntimeDirectory) has made it since boot: mode
+    SYSTEM_SOCKET_DIR_MODE whatever the umask. Other sockets' directories
+    are the operator's to make (binding there names a missing one)."""
+    directory = socket.parent
+    if directory != SYSTEM_SOCKET.parent:
+        return
+    try:
+        os.mkdir(directory, SYSTEM_SOCKET_DIR_MODE)
+    except FileExistsError:
+        return
+    except OSError as error:
+        raise Unavailable(f"cannot create the socket directory {directory}: {error.strerror}",
+                          subject=str(directory)) from None
+    os.chmod(directory, SYSTEM_SOCKET_DIR_MODE)

@@ -1,5 +1,6 @@
-"""The index's loaded_models table: what each daemon (known by its API
-socket's path) has loaded, so that a restarted daemon loads it again.
+"""The index's loaded_models table: what each daemon (known by its
+identity, server.id, by default its API socket's path) has loaded, so that
+a restarted daemon loads it again.
 Functions of a connection, run inside the caller's transaction or batch."""
 
 from __future__ import annotations

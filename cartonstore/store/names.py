@@ -11,6 +11,8 @@ without the user asking. Two kinds of name reach the store:
 Moving the name of a model a daemon has loaded (its pin lease is live) is a
 conflict unless forced: the daemon would go on serving the old version under
 a name that now means the new one. Leases on the old carton stay valid.
+Each daemon sharing the store pins in its own name (pin_lease_id), so two
+that load one name keep a pin each.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from typing import Sequence
 from cartonstore.errors import Conflict, InvalidInput
 
 from .lease_rows import LeaseRow
+from .owner import lease_owner
 
 MIN_PREFIX = 8
 MAX_NAME_BYTES = 255
@@ -100,11 +103,25 @@ def default_name(model_name: str | None) -> str | None:
     return model_name if model_name is not None and is_valid_name(model_name) else None
 
 
-def loaded_version(conn, name: str) -> str | None:  # noqa: ANN001 - sqlite3.Connection
-    """The carton a daemon has loaded under name (its pin lease is live)."""
-    row = conn.execute("SELECT carton FROM leases WHERE id=? AND expires_at>?",
-                       (PIN_PREFIX + name, time.time())).fetchone()
-    return row[0] if row else None
+def pin_lease_id(owner: str, name: str) -> str:
+    """The lease by which the daemon whose owner token is ``owner``
+    (owner.py) keeps the model it loaded as ``name``."""
+    return f"{PIN_PREFIX}{owner}:{name}"
+
+
+def pinned_name(lease_id: str) -> str | None:
+    """The name a pin lease keeps loaded; None for any other lease."""
+    if not lease_id.startswith(PIN_PREFIX) or lease_owner(lease_id) is None:
+        return None
+    return lease_id.split(":", 2)[2]
+
+
+def loaded_versions(conn, name: str) -> list[str]:  # noqa: ANN001 - sqlite3.Connection
+    """The cartons daemons have loaded under name (their pin leases are
+    live), each once."""
+    rows = conn.execute("SELECT id, carton FROM leases WHERE substr(id, 1, ?)=? AND expires_at>?",
+                        (len(PIN_PREFIX), PIN_PREFIX, time.time())).fetchall()
+    return sorted({carton for lease_id, carton in rows if pinned_name(lease_id) == name})
 
 
 def removal_refused(digest: str, leases: Sequence[LeaseRow], now: float | None = None) -> Conflict:
@@ -112,11 +129,12 @@ def removal_refused(digest: str, leases: Sequence[LeaseRow], now: float | None =
     daemon has it loaded as (and how to unload them), else each lease with
     its holder and expiry."""
     now = time.time() if now is None else now
-    loaded = [lease.id.removeprefix(PIN_PREFIX) for lease in leases if lease.id.startswith(PIN_PREFIX)]
+    loaded = sorted({name for lease in leases if (name := pinned_name(lease.id)) is not None})
+    pins = sum(1 for lease in leases if pinned_name(lease.id) is not None)
     if loaded:
-        how = ", ".join(f"POST /v2/repository/models/{name}/unload" for name in loaded)
-        others = f" (and {len(leases) - len(loaded)} other lease(s))" if len(leases) > len(loaded) else ""
-        return Conflict(f"carton {digest[:8]} is loaded as {', '.join(loaded)} by the daemon: unload it first, "
+        how = ", ".join(f"cartonstore unload {name}" for name in loaded)
+        others = f" (and {len(leases) - pins} other lease(s))" if len(leases) > pins else ""
+        return Conflict(f"carton {digest[:8]} is loaded as {', '.join(loaded)} by the daemon: unload it first: "
                         f"{how}{others}", subject=digest)
     held = "; ".join(f"lease {lease.id}" + (f" (holder {lease.holder!r})" if lease.holder else "")
                      + f" expires in {_seconds(lease.expires_at - now)}, at "
@@ -135,10 +153,10 @@ def check_move(conn, name: str, digest: str | None, *, force: bool) -> None:  # 
     """Refuse to move a loaded model's name unless forced (Conflict names the version)."""
     if force:
         return
-    loaded = loaded_version(conn, name)
-    if loaded is not None and loaded != digest:
-        raise Conflict(f"name {name} is loaded by the daemon as version {loaded[:8]}; unload it first "
-                       f"(POST /v2/repository/models/{name}/unload) or pass --force to move the name",
+    loaded = [version for version in loaded_versions(conn, name) if version != digest]
+    if loaded:
+        raise Conflict(f"name {name} is loaded by the daemon as version {loaded[0][:8]}; unload it first "
+                       f"(cartonstore unload {name}) or pass --force to move the name",
                        subject=name)
 
 

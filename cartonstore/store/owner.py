@@ -21,6 +21,7 @@ from cartonstore.errors import Unavailable
 _lock = threading.Lock()
 _owners: dict[Path, tuple[int, str, int]] = {}  # tmp dir -> (pid, token, fd)
 TOKEN_RE = re.compile(r"^(?:ingest|model|upload|owner)-([a-z0-9]{12})[-.]")
+OWNER_TOKEN = re.compile(r"[0-9a-f]{12}")
 
 
 def owner_token(tmp_dir: Path) -> str:
@@ -62,3 +63,30 @@ def owner_is_gone(tmp_dir: Path, token: str) -> bool:
         return False
     finally:
         os.close(fd)
+
+
+def lease_owner(lease_id: str) -> str | None:
+    """The owner token of a lease a process took in its own name
+    (``<kind>:<token>:<what>``), else None."""
+    parts = lease_id.split(":", 2)
+    return parts[1] if len(parts) == 3 and OWNER_TOKEN.fullmatch(parts[1]) else None
+
+
+def hold_identity(locks_dir: Path, identity: str) -> int:
+    """Hold the lock of a daemon identity for as long as this process lives
+    (the descriptor returned; closing it lets go). Unavailable when a live
+    daemon already holds it: two daemons with one identity would load and
+    forget each other's models at each restart."""
+    import hashlib   # here, not at the top: the CLI's fast ls and path import this module
+    path = locks_dir / f"daemon-{hashlib.sha256(identity.encode()).hexdigest()[:32]}.lock"
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    except OSError as e:
+        raise Unavailable(f"cannot create {path}: {e.strerror}", subject=str(path)) from e
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise Unavailable(f"another daemon on this store is running as server.id {identity!r} (it holds {path}); "
+                          "give each daemon its own server.id (CARTONSTORE_ID)", subject=identity) from None
+    return fd

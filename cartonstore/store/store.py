@@ -15,8 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
-from cartonstore.errors import Conflict, InvalidInput, NotFound
+from cartonstore.errors import Conflict, InvalidInput, NotFound, PermissionDenied
 from cartonstore.format.digest import is_sha256
+from cartonstore.system.file_access import WRITE, denial
 from cartonstore.zipfmt import ZipLimits
 
 from .blobs import BlobStore
@@ -68,14 +69,28 @@ class RemoveResult:
 
 
 class Store(StoreParts):
-    def __init__(self, root: Path | str, *, zip_limits: ZipLimits | None = None) -> None:
+    def __init__(self, root: Path | str, *, zip_limits: ZipLimits | None = None, read_only: bool = False) -> None:
+        """``read_only``: open an existing store without writing to it (see
+        for_reading); its writes raise PermissionDenied."""
         self.zip_limits = zip_limits or ZipLimits()
+        self.read_only = read_only
         layout = StoreLayout(Path(root))
-        try:
-            layout.create()
-        except OSError as e:
-            raise InvalidInput(f"cannot create store at {root}: {e.strerror}", subject=str(root)) from e
-        super().__init__(layout, BlobStore(layout), Index(layout.index_db))
+        if not read_only:
+            try:
+                layout.create()
+            except PermissionError as e:
+                raise PermissionDenied(f"this user may not change the store at {root}: "
+                                       f"{denial(e.filename or root, WRITE) or e.strerror}", subject=str(root)) from e
+            except OSError as e:
+                raise InvalidInput(f"cannot create store at {root}: {e.strerror}", subject=str(root)) from e
+        super().__init__(layout, BlobStore(layout), Index(layout.index_db, read_only=read_only))
+
+    @classmethod
+    def for_reading(cls, root: Path | str, *, zip_limits: ZipLimits | None = None) -> Store:
+        """The store for a command that only reads it (ls, inspect, verify,
+        the path of a built model): read-only where this process may read
+        but not write it (a member of the store's group), else as Store()."""
+        return cls(root, zip_limits=zip_limits, read_only=not _may_write(Path(root)))
 
     def close(self) -> None:
         self.index.close()
@@ -195,10 +210,10 @@ class Store(StoreParts):
         """resolve(), and for a REF that is a source (a local path), add it first."""
         try:
             return self.resolve(ref)
-        except NotFound:
+        except NotFound as e:
             if os.path.exists(ref):
                 return self.add(ref).digest
-            raise
+            raise no_such_source(ref) or e from None
 
     def info(self, digest: str) -> CartonInfo:
         row = self.index.carton(digest)
@@ -209,7 +224,14 @@ class Store(StoreParts):
                           model if model.is_dir() else None)
 
     def list(self) -> list[CartonInfo]:
-        return [self.info(r.digest) for r in self.index.cartons()]
+        """Every carton; one removed by another process while this lists is left out, not an error."""
+        infos = []
+        for row in self.index.cartons():
+            try:
+                infos.append(self.info(row.digest))
+            except NotFound:
+                continue
+        return infos
 
     # -- materializing -------------------------------------------------------
 
@@ -237,7 +259,7 @@ class Store(StoreParts):
         without its row (a crash between rename and index commit) is adopted:
         its name proves its bytes, so the row is simply written now."""
         missing = self.index.missing_blobs(digest)
-        if not any(self.blobs.has(d) for d in missing):
+        if self.read_only or not any(self.blobs.has(d) for d in missing):
             return missing
         # A collection forgets rows and then unlinks their files, both in one
         # turn under the store lock: a file seen without its row may be about
@@ -334,3 +356,24 @@ class Store(StoreParts):
         from .verification import verify as verify_store
 
         return verify_store(self, repair=repair, rebuild=self.materialize)
+
+
+def _may_write(root: Path) -> bool:
+    """Whether this process may change the store at root (a missing one: make it)."""
+    try:
+        os.stat(root)
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+    index_db = StoreLayout(root).index_db
+    return denial(root, WRITE) is None and denial(index_db, WRITE) is None
+
+
+def no_such_source(ref: str) -> NotFound | None:
+    """For a REF that reads as a path (it holds a '/', no name does, or ends
+    in .carton) and is none: "no such file", not "no carton matches"."""
+    if os.sep not in ref and not ref.endswith(".carton"):
+        return None
+    also = "" if os.sep in ref else f", and no carton is named {ref!r}"
+    return NotFound(f"no such file or directory: {ref}{also}", subject=ref)

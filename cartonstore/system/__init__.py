@@ -9,7 +9,8 @@ written before their bytes come), shm_objects.py (POSIX shared-memory
 objects), sockets.py (listening sockets: Unix, TCP, systemd's),
 connection_gate.py (accepting within a cap per listener and per address),
 fd_limit.py (the descriptor limit, shared among listeners), callers.py (a
-Unix-socket peer's credentials, and files opened with them), the runner
+Unix-socket peer's credentials, and files opened with them), file_access.py
+(why this process may not use a file, and who may), the runner
 sandbox's pieces: confine.py (the launcher), landlock.py, seccomp.py,
 keyring.py, cgroups.py; hosts.py, flights.py (single flight, all-or-none)
 and lazy_names.py (a package's names imported on first use). Import the

@@ -4,10 +4,18 @@ execs ARGV, which inherits every restriction.
 
 PLAN (JSON) may say, each applied in this order:
 
+- ``userns``: {"uid": [ids], "gid": [ids]}: enter a new user namespace in
+  which each of those ids is itself and no other id exists, as its root
+  (a root launcher before bubblewrap: bubblewrap then mounts with root's
+  rights over root's own files, a parent directory's 0700 included, and a
+  second launcher inside drops to the runner's uid, which the namespace
+  maps). The maps are written by a child left outside, which writing more
+  than its own id takes (CAP_SETUID, CAP_SETGID there);
 - ``rlimits``: {"NPROC": n, "DATA": bytes, ...}, resource.RLIMIT_* names;
 - ``drop_caps``: empty the bounding capability set (while still root: it
   takes CAP_SETPCAP; a launcher that is not root, under bubblewrap, finds
   it empty or fails) and the ambient set, so nothing it execs regains one;
+  after ``user``, the inheritable set too;
 - ``user``: [uid, gid]: drop to them, with no supplementary groups (the
   daemon runs as root; the runner never does);
 - ``parent``: the daemon's pid, to die with (a change of uid clears the
@@ -30,6 +38,7 @@ running ARGV less confined than planned.
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import json
 import os
@@ -47,9 +56,58 @@ from .syscalls import (
     PR_CAPBSET_READ,
     machine,
     prctl,
+    syscall,
 )
 
 LISTEN_FDS_START = 3
+CLONE_NEWUSER = 0x10000000
+_CAP_VERSION_3 = 0x20080522
+
+
+def enter_user_namespace(uids: list[int], gids: list[int]) -> None:
+    """unshare(CLONE_NEWUSER), each of ``uids`` and ``gids`` mapped to
+    itself, by a child that stays outside to write the maps; OSError saying
+    which step failed."""
+    ready, go = os.pipe()
+    child = os.fork()
+    if child == 0:   # outside the namespace: it writes the parent's maps once the parent is in it
+        code = 255
+        try:
+            os.close(go)
+            if os.read(ready, 1) == b"1":
+                for name, ids in (("uid_map", uids), ("gid_map", gids)):
+                    fd = os.open(f"/proc/{os.getppid()}/{name}", os.O_WRONLY)
+                    try:
+                        os.write(fd, "".join(f"{i} {i} 1\n" for i in ids).encode())   # one write: the kernel's rule
+                    finally:
+                        os.close(fd)
+                code = 0
+        except OSError as e:
+            code = e.errno or 255
+        os._exit(code)
+    os.close(ready)
+    entered = False
+    try:
+        syscall("unshare", ctypes.c_int(CLONE_NEWUSER))
+        entered = True
+    finally:
+        os.write(go, b"1" if entered else b"0")
+        os.close(go)
+        _, status = os.waitpid(child, 0)
+    code = os.waitstatus_to_exitcode(status)
+    if code:
+        raise OSError(code, f"cannot map ids {uids} and groups {gids} into a new user namespace: "
+                            f"{os.strerror(code) if code != 255 else 'the mapping child failed'}")
+
+
+def clear_inheritable() -> None:
+    """Empty the inheritable capability set (what bubblewrap's --cap-add
+    leaves there): lowering it takes no capability."""
+    header = (ctypes.c_uint32 * 2)(_CAP_VERSION_3, 0)
+    data = (ctypes.c_uint32 * 6)()   # two {effective, permitted, inheritable}
+    syscall("capget", header, data)
+    data[2] = data[5] = 0
+    syscall("capset", header, data)
 
 
 def empty_capabilities() -> None:
@@ -82,6 +140,9 @@ def apply(plan: dict) -> list[str]:
     if not isinstance(plan, dict):
         raise ValueError(f"a plan is a JSON object, not {type(plan).__name__}")
     held: list[str] = []
+    if (userns := plan.get("userns")) is not None:
+        enter_user_namespace([int(i) for i in userns["uid"]], [int(i) for i in userns["gid"]])
+        held.append("userns")
     for name, limit in (plan.get("rlimits") or {}).items():
         which = getattr(resource, f"RLIMIT_{name}", None)
         if which is None:
@@ -98,6 +159,8 @@ def apply(plan: dict) -> list[str]:
         os.setgroups([])
         os.setresgid(gid, gid, gid)
         os.setresuid(uid, uid, uid)
+        if plan.get("drop_caps"):
+            clear_inheritable()
         held.append(f"uid:{uid}")
     if plan.get("parent"):
         die_with(int(plan["parent"]))

@@ -52,6 +52,7 @@ def _selftest_passes(carton: Path, root: Path, capsys) -> None:  # noqa: ANN001
     assert report["passed"] and [t["outcome"] for t in report["tests"]] == ["passed"]
 
 
+@pytest.mark.slow
 def test_a_traced_model_packs_from_its_file_and_example(tmp_path: Path, short_tmp: Path, capsys) -> None:  # noqa: ANN001
     model = _traced_mlp(tmp_path / "mlp.pt")
     x = np.random.default_rng(0).standard_normal((5, 4)).astype(np.float32)
@@ -76,6 +77,7 @@ def test_a_traced_model_packs_from_its_file_and_example(tmp_path: Path, short_tm
     assert _inspect(out, capsys)["model_name"] == "m"
 
 
+@pytest.mark.slow
 def test_a_scripted_model_records_its_arguments_and_every_result(tmp_path: Path, short_tmp: Path,
                                                                   capsys) -> None:  # noqa: ANN001
     model = _scripted(tmp_path)
@@ -93,6 +95,7 @@ def test_a_scripted_model_records_its_arguments_and_every_result(tmp_path: Path,
     _selftest_passes(out, short_tmp / "root", capsys)
 
 
+@pytest.mark.slow
 def test_mistakes_are_refused_naming_them(tmp_path: Path, capsys) -> None:  # noqa: ANN001
     model = _scripted(tmp_path)
     np.save(tmp_path / "f.npy", np.ones((3, 2), np.float32))
@@ -136,6 +139,7 @@ class Lengths(torch.nn.Module):
 '''
 
 
+@pytest.mark.slow
 def test_a_model_taking_strings_packs_from_a_numpy_string_array(tmp_path: Path, short_tmp: Path,
                                                                  capsys) -> None:  # noqa: ANN001
     model = save_scripted(WORDS, "Lengths", tmp_path / "lengths.pt")

@@ -198,6 +198,7 @@ def test_a_carton_without_self_tests_says_so(served) -> None:  # noqa: ANN001
     assert report["summary"] == "no self-tests: the carton declares none"
 
 
+@pytest.mark.slow
 def test_selftest_on_load_off_loads_and_reports(short_tmp: Path) -> None:
     config = short_tmp / "c.toml"
     config.write_text("[runners]\nselftest_on_load = false\nselftest_atol = 0.6\n")
@@ -221,6 +222,7 @@ def cli(root: Path, *args: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=120, env=env)
 
 
+@pytest.mark.slow
 def test_cli_runs_self_tests_with_its_own_runner(short_tmp: Path) -> None:
     root = short_tmp / "root"
     good = cli(root, "add", str(doubler_carton(short_tmp / "good")), "--name", "good")

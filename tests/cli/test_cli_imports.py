@@ -99,7 +99,7 @@ def test_ls_imports_no_fetcher_and_no_numpy(built: Path, tmp_path: Path) -> None
 
 
 def test_inspect_of_a_local_carton_imports_no_fetcher_and_no_numpy(tmp_path: Path) -> None:
-    """The carton is added first (checked, its string tensors too), then described."""
+    """The carton is read where it is (checked, its string tensors too), never added, and described."""
     shutil.copy(FIXTURE_CARTON, tmp_path / "local.carton")
     p, imports = run_cli("inspect", "./local.carton", "--root", str(tmp_path / "root"), cwd=tmp_path)
     assert p.returncode == 0, p.stderr

@@ -7,11 +7,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from kit.inferkit import runner_pids
 
 REPO = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow
 def test_the_scikit_learn_example_end_to_end(short_tmp: Path) -> None:
     """LogisticRegression and RandomForest on iris, packed from their .onnx
     files alone, served, and answered through tritonclient.http: labels

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 from aiohttp import web
+from kit.daemonkit import wait_for, wait_for_async
 
 from cartonstore.client import leases as cs
 from cartonstore.errors import CartonStoreError, Conflict, InvalidInput, NotFound, Unavailable
@@ -161,13 +162,6 @@ def stale_socket(short_tmp: Path) -> Path:
     s.bind(str(path))
     s.close()
     return path
-
-
-def wait_until(predicate, timeout: float = 3.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(0.02)
 
 
 def digest_of(model: str) -> str:
@@ -368,7 +362,7 @@ def test_sync_lease_renews_and_releases(daemon: FakeDaemon):
     with cs.model_path("resnet", ttl=TTL, socket_path=daemon.socket_path, holder="h") as d:
         assert d == daemon.root / "models" / digest_of("resnet")
         (lease_id,) = daemon.live()
-        wait_until(lambda: daemon.count("POST", "/renew") >= 2)
+        assert wait_for(lambda: daemon.count("POST", "/renew") >= 2)
         assert daemon.bodies("POST", "/renew")[0] == {"ttl": TTL}
     assert daemon.live() == set()
     assert daemon.count("DELETE", f"/v1/leases/{lease_id}") == 1
@@ -387,9 +381,9 @@ def test_sync_lease_survives_failures_and_loss(daemon: FakeDaemon, caplog: pytes
     with cs.Client(daemon.socket_path).lease("bert", ttl=TTL) as d:
         (first,) = daemon.live()
         daemon.renew_faults[:] = [503, 500]
-        wait_until(lambda: not daemon.renew_faults and daemon.count("POST", "/renew") >= 3)
+        assert wait_for(lambda: not daemon.renew_faults and daemon.count("POST", "/renew") >= 3)
         daemon.expire(first)  # the daemon dropped it: the next renewal gets 404
-        wait_until(lambda: len(daemon.live()) == 1 and daemon.live() != {first})
+        assert wait_for(lambda: len(daemon.live()) == 1 and daemon.live() != {first})
         assert daemon.bodies("POST", "/v1/leases")[-1]["model"] == digest_of("bert")  # pinned by hash
         assert d == daemon.root / "models" / digest_of("bert")
         (second,) = daemon.live()
@@ -416,8 +410,7 @@ def test_async_lease_renews_and_releases(daemon: FakeDaemon):
         async with cs.AsyncClient(daemon.socket_path) as c:
             async with c.lease("resnet", ttl=TTL) as d:
                 assert d == daemon.root / "models" / digest_of("resnet")
-                while daemon.count("POST", "/renew") < 2:
-                    await asyncio.sleep(0.02)
+                assert await wait_for_async(lambda: daemon.count("POST", "/renew") >= 2)
             return asyncio.all_tasks()
 
     tasks = run(go())
@@ -448,9 +441,7 @@ def test_async_lease_releases_on_cancellation(daemon: FakeDaemon):
     async def go():
         async with cs.AsyncClient(daemon.socket_path) as c:
             task = asyncio.create_task(body(c))
-            while not entered:
-                await asyncio.sleep(0.01)
-            await asyncio.sleep(0.3)  # a renewal or two
+            assert await wait_for_async(lambda: entered and daemon.count("POST", "/renew") >= 1)
             task.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await task
@@ -469,8 +460,7 @@ def test_async_lease_reacquires_lost_lease(daemon: FakeDaemon):
                 (first,) = daemon.live()
                 daemon.renew_faults.append(503)
                 daemon.expire(first)
-                while len(daemon.live()) != 1:
-                    await asyncio.sleep(0.02)
+                assert await wait_for_async(lambda: len(daemon.live()) == 1)
                 (second,) = daemon.live()
             return first, second
 

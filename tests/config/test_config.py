@@ -48,12 +48,15 @@ KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 
 @pytest.fixture(autouse=True)
 def clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
-    """No CARTONSTORE_* or XDG variables leak in; HOME is a temp dir."""
-    for var in (*ENV_VARS, CONFIG_ENV, "XDG_CACHE_HOME"):
+    """No CARTONSTORE_* variables leak in; HOME is a temp dir, and
+    XDG_CACHE_HOME its .cache, so that the default root is in it for root
+    too (root's own default, /var/lib/cartonstore: tests/cli/test_default_store.py)."""
+    for var in (*ENV_VARS, CONFIG_ENV):
         monkeypatch.delenv(var, raising=False)
     home = tmp_path / "home"
     home.mkdir()
     monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(home / ".cache"))
     return home
 
 
@@ -88,6 +91,7 @@ DEFAULTS = {
     "server.grpc_socket": None,
     "server.grpc_listen": "",
     "server.restore_loaded": True,
+    "server.id": "",
     "server.log_format": "text",
     "server.log_level": "info",
     "server.access_log": False,
@@ -234,6 +238,7 @@ FILE_VALUES = [
     ("server.grpc_socket", '"/run/cs/g.sock"', Path("/run/cs/g.sock")),
     ("server.grpc_listen", '"127.0.0.1:8001"', "127.0.0.1:8001"),
     ("server.restore_loaded", "false", False),
+    ("server.id", '"node-7.example.com/a"', "node-7.example.com/a"),
     ("server.log_format", '"json"', "json"),
     ("server.log_format", '"JSON"', "json"),
     ("server.log_level", '"debug"', "debug"),
@@ -393,6 +398,7 @@ ENV_VALUES = [
     ("CARTONSTORE_SOCKET", "/run/a.sock", "server.socket", Path("/run/a.sock")),
     ("CARTONSTORE_LISTEN", "127.0.0.1:9", "server.listen", "127.0.0.1:9"),
     ("CARTONSTORE_GRPC_LISTEN", "127.0.0.1:8", "server.grpc_listen", "127.0.0.1:8"),
+    ("CARTONSTORE_ID", "node-7/a", "server.id", "node-7/a"),
     ("CARTONSTORE_LOG_FORMAT", "json", "server.log_format", "json"),
     ("CARTONSTORE_LOG_LEVEL", "DEBUG", "server.log_level", "debug"),
     ("CARTONSTORE_ACCESS_LOG", "true", "server.access_log", True),
@@ -517,6 +523,7 @@ BAD_VALUES = [
     ("server.grpc_listen", '"8001"', "expected HOST:PORT"),
     ("server.grpc", '"yes please"', "expected true or false"),
     ("server.restore_loaded", "1", "expected true or false"),
+    ("server.id", '"two words"', "expected an identity"),
     ("server.grpc_socket", "5", "expected a path"),
     ("server.listen", '"127.0.0.1:70000"', "expected HOST:PORT"),
     ("server.listen", '"::1:80"', "expected HOST:PORT"),

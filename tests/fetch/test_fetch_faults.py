@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 
 import pytest
+from kit.daemonkit import wait_for_async
 from kit.fetchkit import blob_files, fast_config, linked_carton, materialize, pull, tmp_files
 from kit.origin import Fault
 
@@ -279,9 +280,8 @@ def test_a_pull_cancelled_while_parts_arrive_leaves_nothing(store: Store, origin
     async def run() -> None:
         async with Puller(store, fast_config(**PARTS)) as p:
             task = asyncio.ensure_future(p.add(str(carton)))
-            while not any(r.path == f"/blobs/{digest}" and r.range for r in origin.requests):
-                await asyncio.sleep(0.01)
-            await asyncio.sleep(0.2)
+            assert await wait_for_async(lambda: any(r.path == f"/blobs/{digest}" and r.range for r in origin.requests)
+                                        and origin.bytes_sent_for(f"/blobs/{digest}") >= 10_000)   # a part stalls
             task.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await task

@@ -195,6 +195,7 @@ def test_a_symlink_is_not_taken_for_a_file_with_wrong_bytes(store: Store, tmp_pa
     assert store.verify().ok and tmp_files(store) == []
 
 
+@pytest.mark.slow
 def test_an_entry_that_decodes_to_much_more_is_not_held_in_memory(store: Store, tmp_path: Path,  # noqa: ANN001
                                                                   origin) -> None:
     # Mostly zeros, one byte in 8001 not: deflates ~670:1 (under the zip bomb limit of 1000:1), so a

@@ -51,6 +51,7 @@ def packed(tmp_path: Path, files: dict[str, bytes]) -> Path:
     return pack_directory(src, tmp_path / "m.carton", compression="stored").path
 
 
+@pytest.mark.slow
 def test_a_carton_by_url_shows_bytes_and_total_as_they_arrive(tmp_path: Path, origin, capsys) -> None:  # noqa: ANN001
     origin.put_file("/m.carton", packed(tmp_path, {"w.bin": os.urandom(6 << 20)}),
                     fault=Fault(stall_at=3 << 20, stall_seconds=STALL))

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
+from kit.daemonkit import wait_for, wait_for_async
 from kit.fetchkit import fast_config, linked_carton, pull, tmp_files
 from kit.origin import Fault, Origin
 
@@ -64,12 +65,7 @@ def open_fds() -> set[str]:
 def none_left_open(before: set[str]) -> bool:
     """No socket or pipe beyond ``before``, once the origin (a thread of this
     process) has closed its side of the connections the pull closed."""
-    deadline = time.monotonic() + 5
-    while not open_fds() <= before:
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.02)
-    return True
+    return wait_for(lambda: open_fds() <= before, 5, 0.02)
 
 
 def fetch_threads() -> list[str]:
@@ -181,9 +177,8 @@ def test_a_pull_cancelled_in_a_direct_read_stops_its_thread(store: Store, tmp_pa
     async def run() -> float:
         async with Puller(store, fast_config(stall_timeout=30)) as p:
             task = asyncio.ensure_future(p.add(str(carton)))
-            while origin.bytes_sent_for(f"/blobs/{digest}") < len(BIG) // 2:
-                await asyncio.sleep(0.01)
-            await asyncio.sleep(0.2)
+            assert await wait_for_async(lambda: origin.bytes_sent_for(f"/blobs/{digest}") >= len(BIG) // 2)
+            await asyncio.sleep(0.2)   # into the stall: the reading thread waits in recv (no outside view of that)
             started = time.monotonic()
             task.cancel()
             with pytest.raises(asyncio.CancelledError):
@@ -234,6 +229,7 @@ class TricklingServer:
         self.thread.join(5)
 
 
+@pytest.mark.slow
 def test_a_slow_body_is_not_taken_for_a_stalled_one(store: Store, tmp_path: Path, origin,
                                                     direct_reads) -> None:  # noqa: ANN001
     """Bytes keep coming, under LOW_WATER per stall_timeout (0.5 s): poll does

@@ -66,6 +66,7 @@ def test_rendezvous_order_is_shared_and_spread():
     assert outranks(digests[0], "a", "b") != outranks(digests[0], "b", "a")
 
 
+@pytest.mark.slow
 def test_fleet_fetches_each_blob_from_the_origin_once(tmp_path):
     """3 daemons, 5 cartons sharing blobs, each node leasing all 5 in its
     own order at the same time: the origin serves each blob once, peers the
@@ -102,6 +103,7 @@ def test_fleet_fetches_each_blob_from_the_origin_once(tmp_path):
             assert report["ok"] and report["blobs_checked"] >= len(pool) + 10, report
 
 
+@pytest.mark.slow
 def test_peer_without_the_blob_is_skipped_and_a_dead_one_marked_down(tmp_path):
     """One peer is up and lacks the blob (404 at once), one port has nothing
     listening, one accepts connections and never answers: the node asks,
@@ -178,6 +180,7 @@ def test_a_node_with_the_wrong_token_fetches_from_the_origin(tmp_path):
 
 
 
+@pytest.mark.slow
 def test_a_zip_entry_comes_from_a_peer_not_the_origin(tmp_path):
     """A carton whose big file is inside its zip: the second node reads the
     zip's directory from the origin, and the file from the first node."""
@@ -196,6 +199,7 @@ def test_a_zip_entry_comes_from_a_peer_not_the_origin(tmp_path):
         assert not live_pids(str(base))
 
 
+@pytest.mark.slow
 def test_peers_over_mutual_tls(tmp_path):
     """https listeners asking for a client certificate, peers showing theirs:
     the blob comes from the peer; /v1/blobs refuses a client without a
@@ -307,6 +311,7 @@ def test_a_registry_carton_takes_its_blobs_from_a_peer(tmp_path, make_carton, mo
         assert not live_pids(str(base))
 
 
+@pytest.mark.slow
 def test_nodes_adding_one_zip_carton_at_once_share_its_entries(tmp_path):
     """Three nodes add the same carton (its files inside its zip) at the same
     moment. Each blob ranks a different node first, and a carton's blobs
@@ -342,6 +347,7 @@ def test_nodes_adding_one_zip_carton_at_once_share_its_entries(tmp_path):
         assert not live_pids(str(base))
 
 
+@pytest.mark.slow
 def test_when_the_fetching_node_fails_the_nodes_waiting_on_it_are_told(tmp_path):
     """The blob is gone from the origin. The node that goes there fails, and
     the probes it holds are answered "absent" at once (not when the 30 s
@@ -372,6 +378,7 @@ def test_when_the_fetching_node_fails_the_nodes_waiting_on_it_are_told(tmp_path)
         assert not live_pids(str(base))
 
 
+@pytest.mark.slow
 def test_a_peer_that_answers_not_yet_for_ever_is_waited_for_peers_wait_in_all(tmp_path):
     """A peer whose own fetch is stuck answers 202 to every probe (holding
     each a little): the node stops asking it once peers.wait has passed in

@@ -9,6 +9,7 @@ import time
 from typing import Iterator
 
 import pytest
+from kit.daemonkit import wait_for
 
 from cartonstore.fetch.sink import StreamSink, in_own_thread
 
@@ -94,7 +95,7 @@ def test_abort_drops_the_queue_and_waits_for_the_chunk_in_hand() -> None:
         await asyncio.to_thread(started.wait)
         await sink.abort()
         count = len(finished)
-        await asyncio.sleep(0.1)
+        await asyncio.sleep(0.1)   # two chunks' worth of work: what would run after abort has the time to
         assert len(finished) == count  # nothing ran after abort returned
         await sink.abort()              # twice is fine
 
@@ -112,8 +113,7 @@ def test_a_closed_sink_leaves_no_thread() -> None:
         await sink.abort()
 
     asyncio.run(main())
-    time.sleep(0.05)
-    assert {t.ident for t in threading.enumerate() if t.name.startswith("cartonstore-")} - before == set()
+    assert wait_for(lambda: {t.ident for t in threading.enumerate() if t.name.startswith("cartonstore-")} <= before)
 
 
 

@@ -10,6 +10,7 @@ own under /tmp, not beside the store root: a Unix socket path has at most
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 import os
 import shutil
@@ -125,6 +126,9 @@ def unix_session(path: Path) -> aiohttp.ClientSession:
 
 
 def wait_for(predicate, timeout: float = 10.0, interval: float = 0.05) -> bool:  # noqa: ANN001
+    """True as soon as ``predicate()`` is, False after ``timeout`` seconds:
+    how tests wait for a condition (a fixed sleep is too short on a busy
+    machine and too long on an idle one)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if predicate():
@@ -133,7 +137,21 @@ def wait_for(predicate, timeout: float = 10.0, interval: float = 0.05) -> bool: 
     return False
 
 
-__all__ = ["DaemonProcess", "signal", "unix_session", "wait_for"]
+async def wait_for_async(predicate, timeout: float = 10.0, interval: float = 0.02) -> bool:  # noqa: ANN001
+    """wait_for inside an event loop: ``predicate()`` may return a bool or
+    an awaitable of one; the loop runs on between the checks."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        answer = predicate()
+        if inspect.isawaitable(answer):
+            answer = await answer
+        if answer:
+            return True
+        await asyncio.sleep(interval)
+    return False
+
+
+__all__ = ["DaemonProcess", "signal", "unix_session", "wait_for", "wait_for_async"]
 
 
 async def call_socket(sock: Path, method: str, path: str, **kw) -> tuple[int, object]:  # noqa: ANN003

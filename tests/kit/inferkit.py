@@ -5,11 +5,13 @@ found in /proc."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
 
 from cartonstore.carton.pack import pack_directory
+from kit.daemonkit import DaemonProcess, call
 from kit.prockit import live_pids
 from kit.runnerkit import onnx_model_dir
 
@@ -83,8 +85,42 @@ def runner_pids(root: Path) -> list[int]:
     return live_pids(str(root / "run" / "runners"))
 
 
+def in_flight(d: DaemonProcess, model: str) -> int:
+    """Infer requests ``d`` has sent to ``model``'s runners and not yet had
+    answered (cartonstore_runner_outstanding): a test waits for one to be
+    under way before it does something to it."""
+    text = call(d, "GET", "/metrics")[1]
+    return sum(int(float(line.split()[-1])) for line in text.splitlines()
+               if line.startswith(f'cartonstore_runner_outstanding{{model="{model}",'))
+
+
+def spares_run(root: Path) -> bool:
+    """Every pre-warmed spare's runner process runs: the daemon counts a
+    spare once spawned, and its runner is a process a moment later (after
+    the sandbox's steps: confine, then bwrap and its init, each an exec or
+    a fork)."""
+    slots = root / "run" / "slots"
+    names = [name for name in os.listdir(slots) if "-spare-" in name] if slots.is_dir() else []
+    return all(any(_is_runner(pid) for pid in live_pids(str(slots / name))) for name in names)
+
+
+def _is_runner(pid: int) -> bool:
+    """The process runs a runner module itself: its first ``-m`` names one
+    (a confine or bwrap step before it has the runner's command line as
+    arguments, after a module of its own or none)."""
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:   # gone meanwhile
+        return False
+    if b"-m" not in argv:
+        return False
+    module = argv.index(b"-m") + 1
+    return module < len(argv) and argv[module].startswith(b"cartonstore.runner.")
+
+
 def runner_sockets(root: Path) -> list[Path]:
-    return sorted((root / "run" / "runners").glob("*.sock"))
+    """Every daemon's runner sockets in this store (each daemon has a directory of its own)."""
+    return sorted((root / "run" / "runners").glob("*/*.sock"))
 
 
 def third_party_runner(infer: str) -> str:

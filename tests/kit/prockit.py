@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+
+from kit.daemonkit import wait_for
 
 _GONE = ("Z", "X")  # a zombie has exited; only its parent's wait() is missing
 
@@ -18,6 +19,14 @@ def _stat(pid: str | int) -> list[str]:
 
 def _state(pid: str | int) -> str:
     return _stat(pid)[0]
+
+
+def started_since_boot(pid: int) -> float:
+    """When process ``pid`` started, in seconds since boot, on the clock of
+    time.clock_gettime(time.CLOCK_BOOTTIME) and at most one clock tick early.
+    Compare it with that clock: /proc/stat's btime, the way to wall-clock
+    time, is whole seconds, so an epoch time made from it is up to 1 s early."""
+    return int(_stat(pid)[19]) / os.sysconf("SC_CLK_TCK")
 
 
 def live_pids(marker: str, *, parent: int | None = None) -> list[int]:
@@ -37,17 +46,34 @@ def live_pids(marker: str, *, parent: int | None = None) -> list[int]:
     return pids
 
 
+def descriptors_of(pid: int, path: Path) -> int:
+    """How many descriptors of ``path`` process ``pid`` holds (a lock file
+    it waits on, say: the store's locks poll with the file open). ``path``
+    resolved, as the kernel names it."""
+    fds = Path(f"/proc/{pid}/fd")
+    try:
+        names = os.listdir(fds)
+    except OSError:   # gone
+        return 0
+    count = 0
+    for name in names:
+        try:
+            count += os.readlink(fds / name) == str(path)
+        except OSError:   # closed meanwhile
+            continue
+    return count
+
+
 def wait_gone(pid: int, timeout: float = 10.0) -> bool:
     """True once pid no longer runs (gone, or a zombie)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if _state(pid) in _GONE:
-                return True
-        except OSError:
-            return True
-        time.sleep(0.02)
-    return False
+    return wait_for(lambda: _is_gone(pid), timeout, 0.02)
+
+
+def _is_gone(pid: int) -> bool:
+    try:
+        return _state(pid) in _GONE
+    except OSError:
+        return True
 
 
 def stop_process(proc, timeout: float = 10.0) -> None:  # noqa: ANN001 - a subprocess.Popen

@@ -27,8 +27,8 @@ def why_not(mode: str) -> str | None:
         return "no unprivileged user (cartonstore-runner or nobody) to run runners as"
     if mode == "bwrap" and subprocess.run(["which", "bwrap"], capture_output=True).returncode:
         return "bubblewrap is not installed (apt-get install bubblewrap)"
-    # Bubblewrap too binds what the runner reads as that user.
-    blocked = unreachable(os.path.realpath(sys.executable), user.pw_uid, user.pw_gid)
+    # Under bubblewrap what the runner reads is bound in as root; Landlock alone reads it as that user.
+    blocked = mode != "bwrap" and unreachable(os.path.realpath(sys.executable), user.pw_uid, user.pw_gid)
     if blocked:
         return f"{user.pw_name} cannot execute this Python: {blocked} (use a Python outside /root)"
     return None

@@ -20,7 +20,7 @@ TESTS = Path(__file__).resolve().parents[1]
 INNER = '''
 import asyncio
 
-from cartonstore.server.runners import instance_socket_path
+from cartonstore.server.runners import daemon_run_dir, instance_socket_path
 from kit.daemonkit import unix_session
 
 
@@ -34,7 +34,7 @@ def test_a_daemon_under_a_long_tmp_path(daemon, tmp_path, short_tmp):
     assert asyncio.run(live()) == 200
     # A runner's socket fits under the daemon's root, hash-shortened name or not:
     # instance_socket_path raises when the directory leaves no room.
-    run_dir = daemon.root / "run" / "runners"
+    run_dir = daemon_run_dir(daemon.root / "run" / "runners", "0123456789ab")   # named by the daemon's owner token
     assert instance_socket_path(run_dir, "model", "0123456789abcdef", 0).name == "model-01234567-0.sock"
     instance_socket_path(run_dir, "m" * 200, "0123456789abcdef", 0)
 '''

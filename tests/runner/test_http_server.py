@@ -13,9 +13,13 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
+from kit.daemonkit import wait_for
 
 from cartonstore.runner import http_server
 from cartonstore.runner.http_server import HttpServer, Request, Response
+
+
+SLEEPING = threading.Event()   # set as a /sleep request starts its wait
 
 
 def echo(request: Request) -> Response:
@@ -23,6 +27,7 @@ def echo(request: Request) -> Response:
     if request.path == "/raise":
         raise KeyError("asked to raise")
     if request.path == "/sleep":
+        SLEEPING.set()
         time.sleep(float(bytes(request.body)))
     if request.path == "/bad-parts":
         return Response(200, {}, [123])   # type: ignore[list-item]  # not a buffer: a handler's bug
@@ -239,19 +244,17 @@ def test_past_the_connection_limit_a_connection_is_answered_503(running: Running
     assert status == 503 and "has 2 connections open and can take no more" in json.loads(body)["error"]
     assert closed(extra)
     held[0].close()
-    deadline = time.monotonic() + 5
-    while True:   # once one closes, a new connection is served
+
+    def served_again() -> bool:
         again, pending = running.connect(), bytearray()
         try:
             again.sendall(request("GET", "/again"))
-            status = read_answer(again, pending)[0]
+            return read_answer(again, pending)[0] == 200
         except OSError:   # answered 503 and closed before the request went out: held[0]'s thread is still ending
-            status = 503
-        again.close()
-        if status == 200 or time.monotonic() > deadline:
-            break
-        time.sleep(0.02)
-    assert status == 200
+            return False
+        finally:
+            again.close()
+    assert wait_for(served_again, 5, 0.02)   # once one closes, a new connection is served
     held[1].close()
 
 
@@ -261,12 +264,13 @@ def test_drain_answers_the_request_in_flight_then_closes_idle_connections(tmp_pa
     idle.sendall(request("GET", "/warm"))
     assert read_answer(idle, idle_pending)[0] == 200
     busy, pending = r.connect(), bytearray()
+    SLEEPING.clear()
     busy.sendall(request("POST", "/sleep", b"0.5"))
-    time.sleep(0.1)
+    assert SLEEPING.wait(5)
     late_answers: list[int] = []
 
     def arrive_while_draining() -> None:   # on an open connection, and on a new one
-        time.sleep(0.15)
+        assert wait_for(lambda: r.server._stopping, 5, 0.01)  # noqa: SLF001 - stop() was called
         idle.sendall(request("GET", "/late"))
         late_answers.append(read_answer(idle, idle_pending)[0])
         newcomer = r.connect()
@@ -351,7 +355,7 @@ def test_a_signal_the_model_handles_does_not_stop_a_main_thread_server(tmp_path:
         assert proc.stdout.readline() == "ready\n"
         for _ in range(3):
             proc.send_signal(signal.SIGUSR1)
-            time.sleep(0.05)
+            time.sleep(0.05)   # apart: three signals handled, not one left pending
         conn, pending = socket.socket(socket.AF_UNIX), bytearray()
         conn.connect(str(path))
         conn.sendall(request("GET", "/after-usr1"))

@@ -262,7 +262,7 @@ def test_onnx_infer(onnx_runner: Path, binary: bool) -> None:
     assert status == 200
     np.testing.assert_array_equal(out["y"], x * 2 + 1)
     np.testing.assert_array_equal(out["ids_out"], ids)
-    assert unix_get(onnx_runner, "/v2/models/m")[1]["platform"] == "carton_onnx"
+    assert unix_get(onnx_runner, "/v2/models/m")[1]["platform"] == "onnxruntime_onnx"
 
 
 def test_onnx_runtime_error_is_500_and_it_keeps_serving(onnx_runner: Path) -> None:
@@ -314,6 +314,7 @@ def test_onnx_prepacking_option_reaches_the_session(base: Path, prepacking: bool
 # -- torchscript runner -----------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not HAVE_TORCH, reason="torch is not installed in this environment")
 def test_torchscript_infer(base: Path) -> None:
     sock = base / "torch.sock"

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from kit.daemonkit import wait_for
 from kit.doublerkit import assert_none_left, doubler_root, infer, start
 from kit.runnerkit import (
     PY,
@@ -44,13 +45,15 @@ def test_sigterm_finishes_the_infer_in_flight_then_exits_0(doubler_dir: Path) ->
     proc, sock = start(doubler_dir, "term", name="dbl")
     wait_ready(sock, proc=proc)
     result: dict[str, Any] = {}
+    computing = doubler_dir / "term.computing"
 
     def slow() -> None:
-        result["out"] = infer(sock, {"x": np.array([4], np.float32)}, parameters={"sleep": 1.0})[1]
+        result["out"] = infer(sock, {"x": np.array([4], np.float32)},
+                              parameters={"sleep": 1.0, "started": str(computing)})[1]
 
     thread = threading.Thread(target=slow)
     thread.start()
-    time.sleep(0.3)
+    assert wait_for(computing.exists)
     proc.send_signal(signal.SIGTERM)
     thread.join(10)
     rc, err = stop_runner(proc, sig=0)

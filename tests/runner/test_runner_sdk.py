@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from kit.daemonkit import wait_for
 from kit.doublerkit import HCL, assert_none_left, doubler_root, infer, post, start
 from kit.runnerkit import (
     assert_stopped_cleanly,
@@ -178,11 +179,12 @@ def test_model_exception_is_500_and_the_runner_keeps_serving(runner: Path) -> No
     assert out["y"].tolist() == [2]
 
 
-def test_health_answers_while_the_model_computes(runner: Path) -> None:
+def test_health_answers_while_the_model_computes(runner: Path, tmp_path: Path) -> None:
+    computing = tmp_path / "computing"
     slow = threading.Thread(target=infer, args=(runner, {"x": np.ones(1, np.float32)}),
-                            kwargs={"parameters": {"sleep": 1.0}})
+                            kwargs={"parameters": {"sleep": 1.0, "started": str(computing)}})
     slow.start()
-    time.sleep(0.2)
+    assert wait_for(computing.exists)
     started = time.monotonic()
     assert unix_get(runner, "/v2/health/ready")[0] == 200
     assert unix_get(runner, "/v2/models/dbl/stats")[0] == 200

@@ -71,6 +71,7 @@ def _serving(model_dir: Path, sock: Path, device: str, **opts: object):  # noqa:
     return proc
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda:0", marks=needs_cuda)])
 def test_bf16_crosses_exactly_both_ways(model_dir: Path, base: Path, device: str) -> None:
     sock = base / f"bf-{device[-1]}.sock"
@@ -109,6 +110,7 @@ def test_a_model_on_a_gpu_runs_there_for_inputs_of_every_size(model_dir: Path, b
         assert_stopped_cleanly(proc)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda:0", marks=needs_cuda)])
 def test_concurrent_calls_each_get_their_own_answer(model_dir: Path, base: Path, device: str) -> None:
     """max_concurrency 4: four connections' threads run the model at once,
@@ -137,6 +139,7 @@ def test_concurrent_calls_each_get_their_own_answer(model_dir: Path, base: Path,
         assert_stopped_cleanly(proc)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(HAVE_CUDA, reason="CUDA is usable here (the refusal is tested with CUDA_VISIBLE_DEVICES='')")
 def test_cuda_placement_without_cuda_fails_the_torchscript_load(model_dir: Path, base: Path) -> None:
     rc, err = stop_runner(start_runner("torchscript", model_dir, base / "nocuda.sock", devices="cuda:0"),
@@ -174,6 +177,7 @@ class Half(torch.nn.Module):
 '''
 
 
+@pytest.mark.slow
 def test_a_bfloat16_output_declared_float32_comes_back_float32(base: Path) -> None:
     """Carton format v1 has no bfloat16: a model computing in it declares
     float32, and its outputs are widened to what carton.toml says."""

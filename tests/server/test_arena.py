@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from kit.daemonkit import wait_for_async
 from kit.prockit import script_leaving_no_process
 
 from cartonstore.errors import Unavailable
@@ -77,11 +78,10 @@ def test_a_held_slot_is_released_only_when_its_process_is_gone() -> None:
             exited = asyncio.get_running_loop().create_future()
             slot.hold_until(exited)
             slot.release()                       # the request's own release: the slot stays held
-            await asyncio.sleep(0.05)
+            await asyncio.sleep(0.05)            # the time a wrong release would take
             assert arena.in_use == 1
             exited.set_result(0)
-            await asyncio.sleep(0.05)
-            assert arena.in_use == 0
+            assert await wait_for_async(lambda: arena.in_use == 0)
         finally:
             arena.close()
     run(go())
@@ -98,11 +98,8 @@ def test_pages_past_the_kept_ones_are_given_back_when_idle() -> None:
             assert touched >= TRIM_KEEP + 16 * MIB
             high.release()
             low.release()
-            for _ in range(100):
-                await asyncio.sleep(0.02)
-                if not arena.trimming:   # the pages may be gone a moment before the trim has ended
-                    break
-            assert os.fstat(arena.fd).st_blocks * 512 <= TRIM_KEEP
+            # the pages may be gone a moment before the trim has ended
+            assert await wait_for_async(lambda: not arena.trimming and os.fstat(arena.fd).st_blocks * 512 <= TRIM_KEEP)
             assert arena.take(TRIM_KEEP + MIB) is not None   # the whole arena is usable again
         finally:
             arena.close()
@@ -305,11 +302,7 @@ def test_a_slot_sent_to_a_runner_that_failed_is_kept_until_it_is_reaped(script: 
             await asyncio.sleep(0.5)
             assert arena.in_use == 1     # the runner lives on, and might still write into the slot
             await runners.stop()
-            for _ in range(100):
-                if arena.in_use == 0:
-                    break
-                await asyncio.sleep(0.02)
-            assert arena.in_use == 0     # reaped: the slot is free
+            assert await wait_for_async(lambda: arena.in_use == 0)   # reaped: the slot is free
     run(go())
 
 
@@ -351,14 +344,10 @@ def test_a_slot_taken_while_idle_keeps_the_pages() -> None:
             big.view[TRIM_KEEP:] = b"z" * (len(big.view) - TRIM_KEEP)
             big.release()
             small = arena.take(PAGE)      # before trim_idle: the next big request finds its pages
-            await asyncio.sleep(0.5)
+            await asyncio.sleep(0.5)      # past trim_idle: the clock is the subject
             assert os.fstat(arena.fd).st_blocks * 512 >= 8 * MIB
             small.release()
-            for _ in range(100):
-                await asyncio.sleep(0.02)
-                if os.fstat(arena.fd).st_blocks * 512 < 8 * MIB:
-                    break
-            assert os.fstat(arena.fd).st_blocks * 512 < 8 * MIB
+            assert await wait_for_async(lambda: os.fstat(arena.fd).st_blocks * 512 < 8 * MIB)
         finally:
             arena.close()
     run(go())

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import short_dir
-from kit.daemonkit import DaemonProcess, wait_for
+from kit.daemonkit import DaemonProcess, wait_for, wait_for_async
 from kit.inferkit import echo_carton, runner_pids
 from kit.peerkit import metric
 from kit.prockit import live_pids, wait_gone
@@ -140,8 +140,7 @@ async def check_under_way(tmp: Path) -> AsyncIterator[tuple[CheckPool, int, asyn
     script.write_text(SILENT_FIRST)
     async with pool_of(1, command=(sys.executable, str(script), str(told))) as pool:
         task = asyncio.create_task(pool.check(SPECS, None, big_json()))
-        while not told.exists():
-            await asyncio.sleep(0.01)
+        assert await wait_for_async(told.exists)
         (pid,) = worker_pids(os.getpid())
         yield pool, pid, task
 
@@ -188,6 +187,7 @@ def big_json_echo() -> bytes:
                                    "data": [0.5] * 100_000}]}).encode()
 
 
+@pytest.mark.slow
 def test_the_daemon_checks_big_json_in_a_worker_and_stops_it_with_itself() -> None:
     x = (np.arange(100_000) % 977 * 0.25).astype(np.float32).reshape(1, -1)
     body = json.dumps({"inputs": [{"name": "x_float32", "datatype": "FP32", "shape": [1, 100_000],
@@ -209,6 +209,7 @@ def test_the_daemon_checks_big_json_in_a_worker_and_stops_it_with_itself() -> No
         assert len(workers) == 1 and metric(d, "cartonstore_check_workers") == 1
 
 
+@pytest.mark.slow
 def test_a_sigkilled_daemon_leaves_no_worker() -> None:
     with echo_served_with("check_workers = 1", signal.SIGKILL) as (d, workers):
         assert _infer(d, big_json_echo())[0] == 200
@@ -216,6 +217,7 @@ def test_a_sigkilled_daemon_leaves_no_worker() -> None:
         assert len(workers) == 1
 
 
+@pytest.mark.slow
 def test_without_workers_big_json_is_checked_in_the_daemon() -> None:
     with echo_served_with("check_workers = 0") as (d, _):
         assert _infer(d, big_json_echo())[0] == 200
@@ -228,8 +230,9 @@ def test_an_idle_worker_is_stopped_and_a_new_one_started_when_needed() -> None:
             await asyncio.gather(*(pool.check(SPECS, None, big_json(300_000)) for _ in range(2)))
             first = worker_pids(os.getpid())
             assert len(first) == 2
-            await asyncio.sleep(0.8)
-            assert all(wait_gone(pid, 5) for pid in first) and pool.stats()["workers"] == 0
+            # idle for idle_stop: stopped, and their processes gone (on the loop: it reaps them)
+            assert await wait_for_async(lambda: pool.stats()["workers"] == 0
+                                        and not set(first) & set(worker_pids(os.getpid())))
             assert await pool.check(SPECS, None, big_json()) is not None
             assert len(worker_pids(os.getpid())) == 1 and pool.failed == 0
     run(go())
@@ -345,6 +348,7 @@ def test_closing_twice_and_checking_after_close_end_at_once() -> None:
     run(go())
 
 
+@pytest.mark.slow
 def test_a_big_json_request_writing_to_shared_memory_is_told_apart_by_the_worker() -> None:
     """A big all-JSON body goes to a worker without being scanned on the
     loop for a region's name; the worker says it names shared memory, and

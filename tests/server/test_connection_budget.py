@@ -30,7 +30,7 @@ from pathlib import Path
 
 import pytest
 from conftest import short_dir
-from kit.daemonkit import DaemonProcess
+from kit.daemonkit import DaemonProcess, wait_for
 from kit.floodkit import (
     DAEMON_CONFIG,
     DEADLINE,
@@ -102,6 +102,7 @@ def assert_all_closed_in_time(outcome: dict[str, dict[str, object]]) -> None:
         assert got["still_open"] == 0 and got["late"] == 0, (name, got["ends"], got["late"], got["still_open"])
 
 
+@pytest.mark.slow
 def test_a_flood_of_stalled_and_dripping_connections_leaves_the_unix_socket_answering(served) -> None:  # noqa: ANN001
     """20,000 TCP connections (HTTP stalled after its request line or
     dripping a header line every 0.5 s, gRPC sending its preface and nothing
@@ -177,6 +178,7 @@ class LowLimitDaemon(DaemonProcess):
         return [sys.executable, "-c", limited, str(self.hard), *super().argv()[1:]]
 
 
+@pytest.mark.slow
 def test_under_a_low_descriptor_limit_the_reserve_keeps_the_unix_socket_answering(short_tmp: Path) -> None:
     config = short_tmp / "cartonstore.toml"
     config.write_text(DAEMON_CONFIG)
@@ -285,6 +287,7 @@ class Dripping:
         self._thread.join()
 
 
+@pytest.mark.slow
 def test_bodies_claiming_more_than_max_buffered_are_refused_and_their_memory_comes_back(served) -> None:  # noqa: ANN001
     d, _ = served
     pid = d.proc.pid
@@ -308,7 +311,7 @@ def test_bodies_claiming_more_than_max_buffered_are_refused_and_their_memory_com
             assert answer.startswith(b"HTTP/1.1 503") and b"server.max_buffered" in answer, answer
         dripping.stop()
         held[0].sendall(b" " * (192 << 20))
-        time.sleep(0.3)
+        time.sleep(0.3)   # nothing to wait for: the time a daemon that kept the body would take to grow
         holding = rss(pid)
         assert holding - before < (256 + 32) << 20
     finally:
@@ -316,8 +319,7 @@ def test_bodies_claiming_more_than_max_buffered_are_refused_and_their_memory_com
         for s in conns:
             s.close()
     closed = time.monotonic()
-    while rss(pid) - before > 48 << 20 and time.monotonic() - closed < 5.0:   # 0.05 s on a quiet machine
-        time.sleep(0.05)
+    wait_for(lambda: rss(pid) - before <= 48 << 20, 5.0)   # 0.05 s on a quiet machine
     after = rss(pid)
     print(f"daemon RSS: {before >> 20} MiB before, {holding >> 20} MiB holding 192 MiB of a body, "
           f"{after >> 20} MiB {time.monotonic() - closed:.2f} s after the close")

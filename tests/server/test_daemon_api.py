@@ -40,7 +40,7 @@ def test_tritonclient_sync_repository_flow(served: DaemonProcess) -> None:
     assert c.is_model_ready("fx", FIXTURE_DIGEST)
     assert not c.is_model_ready("fx", "0" * 64)
     md = c.get_model_metadata("fx")
-    assert md["versions"] == [FIXTURE_DIGEST] and md["platform"] == "carton_python"
+    assert md["versions"] == [FIXTURE_DIGEST] and md["platform"] == "python"
     assert md["inputs"][0] == {"name": "a", "datatype": "FP32", "shape": [-1]}
     assert {"name": "f", "datatype": "INT32", "shape": [-1, 3, 512, 512]} in md["inputs"]
     assert md["outputs"] == [{"name": "y", "datatype": "UINT32", "shape": [2, 3, 512, 512]}]
@@ -264,9 +264,11 @@ def test_metrics(served: DaemonProcess) -> None:
 def test_a_loaded_models_pin_is_neither_renewed_nor_released_by_a_client(served: DaemonProcess) -> None:
     """A short ttl on a pin would let gc take the files a runner serves."""
     assert call(served, "POST", "/v2/repository/models/fx/load")[0] == 200
-    status, err = call(served, "POST", "/v1/leases/pin:fx/renew", json={"ttl": 1})
-    assert status == 400 and "the daemon's own" in err["error"]
-    status, err = call(served, "DELETE", "/v1/leases/pin:fx")
+    with Store(served.root) as store:
+        pin = next(lease.id for lease in store.index.live_leases(FIXTURE_DIGEST) if lease.id.startswith("pin:"))
+    status, err = call(served, "POST", f"/v1/leases/{pin}/renew", json={"ttl": 1})
+    assert status == 400 and "a daemon's own" in err["error"]
+    status, err = call(served, "DELETE", f"/v1/leases/{pin}")
     assert status == 400 and "unloading" in err["error"]
     with Store(served.root) as store:
         assert store.index.live_leases(FIXTURE_DIGEST)[0].expires_at > time.time() + 30

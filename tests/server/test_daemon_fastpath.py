@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from conftest import FIXTURE_CARTON, FIXTURE_DIGEST
-from kit.daemonkit import DaemonProcess, unix_session
+from kit.daemonkit import DaemonProcess, unix_session, wait_for_async
 
 from cartonstore.cli.commands import main
 from cartonstore.errors import NotFound
@@ -171,6 +171,7 @@ def test_errors_come_back_the_same_either_way(served: DaemonProcess) -> None:
     assert fast == slow and fast[0] == 404 and "no lease 'nope'" in fast[1]["error"]
 
 
+@pytest.mark.slow
 def test_the_wal_is_checkpointed_while_leases_are_written_on_the_loop(served: DaemonProcess) -> None:
     async def churn(n: int) -> None:
         async with unix_session(served.socket_path) as s:
@@ -229,8 +230,7 @@ def test_leases_are_written_on_the_loop_while_the_wal_is_synced(store: Store, mo
             t0 = time.monotonic()
             assert await group.run(insert("during")) == 1
             took = time.monotonic() - t0
-            while group._checkpoint_task is not None:  # noqa: SLF001 - the checkpoint ends
-                await asyncio.sleep(0.01)
+            assert await wait_for_async(lambda: group._checkpoint_task is None)  # noqa: SLF001 - the checkpoint ends
             assert not group._immediate.checkpoint_due  # noqa: SLF001
             return took
         finally:
@@ -291,8 +291,7 @@ def test_a_failing_checkpoint_is_tried_again_after_as_many_commits_not_at_each_w
             for n in range(100):
                 assert await group.run(insert(f"l{n}")) == 1
                 await asyncio.sleep(0)   # the checkpoint task, when one is due, runs
-            while group._checkpoint_task is not None:  # noqa: SLF001
-                await asyncio.sleep(0.01)
+            assert await wait_for_async(lambda: group._checkpoint_task is None)  # noqa: SLF001
         finally:
             await group.close()
 
@@ -316,7 +315,7 @@ def test_close_lets_a_checkpoint_end_and_the_writes_waiting_for_it_commit(store:
         assert await group.run(insert("first")) == 1
         assert await asyncio.to_thread(checkpointing.wait, 5)
         waiting = [asyncio.ensure_future(group.run(insert(f"w{n}"))) for n in range(3)]
-        await asyncio.sleep(0.01)
+        await asyncio.sleep(0)   # one turn of the loop: each write runs to its first await, queued
         await group.close()
         return await asyncio.gather(*waiting, return_exceptions=True)
 

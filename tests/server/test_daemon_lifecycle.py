@@ -11,12 +11,11 @@ import socket
 import stat
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 from conftest import FIXTURE_CARTON, FIXTURE_DIGEST, work_in_tmp
-from kit.daemonkit import DaemonProcess, unix_session, wait_for
+from kit.daemonkit import DaemonProcess, unix_session, wait_for, wait_for_async
 
 from cartonstore.cli.commands import main
 
@@ -32,6 +31,7 @@ def test_notify_ready_then_sigterm_stops_cleanly(short_tmp: Path) -> None:
     assert "shutting down" in err and "stopped" in err
 
 
+@pytest.mark.slow
 def test_sigterm_waits_for_an_in_flight_request(short_tmp: Path, origin) -> None:  # noqa: ANN001
     from kit.origin import Fault
 
@@ -46,7 +46,7 @@ def test_sigterm_waits_for_an_in_flight_request(short_tmp: Path, origin) -> None
 
     async def scenario() -> int:
         task = asyncio.ensure_future(load())
-        await asyncio.sleep(0.3)
+        assert await wait_for_async(lambda: any(r.path == "/slow.carton" for r in origin.requests))   # under way
         d.proc.send_signal(signal.SIGTERM)
         return await task
 
@@ -59,6 +59,7 @@ def test_sigterm_waits_for_an_in_flight_request(short_tmp: Path, origin) -> None
         assert s.index.count_live_leases() == 0  # the pin of the loaded model went with the daemon
 
 
+@pytest.mark.slow
 def test_a_client_that_disconnects_mid_load_leaves_nothing_half_done(short_tmp: Path, origin) -> None:  # noqa: ANN001
     from kit.origin import Fault
 
@@ -81,6 +82,7 @@ def test_a_client_that_disconnects_mid_load_leaves_nothing_half_done(short_tmp: 
         assert s.verify().ok
 
 
+@pytest.mark.slow
 def test_stale_socket_from_a_crash_is_replaced(short_tmp: Path) -> None:
     root = short_tmp / "root"
     first = DaemonProcess(root).start()
@@ -90,6 +92,7 @@ def test_stale_socket_from_a_crash_is_replaced(short_tmp: Path) -> None:
         assert "READY=1" in second.status
 
 
+@pytest.mark.slow
 def test_a_live_socket_is_never_hijacked(short_tmp: Path) -> None:
     root = short_tmp / "root"
     with DaemonProcess(root, listen=None) as first:
@@ -163,6 +166,7 @@ def test_listen_port_zero_is_logged_and_served(short_tmp: Path) -> None:
     assert d.http_url in d.proc.stderr.read()
 
 
+@pytest.mark.slow
 def test_leases_are_visible_to_every_process(short_tmp: Path, capsys) -> None:  # noqa: ANN001
     root = short_tmp / "root"
     main(["add", str(FIXTURE_CARTON), "--name", "fx", "--root", str(root), "--progress", "none"])
@@ -180,4 +184,3 @@ def test_leases_are_visible_to_every_process(short_tmp: Path, capsys) -> None:  
 
         assert asyncio.run(lease_on_a_release_on_b()) == (200, 200)
     assert main(["rm", "fx", "--root", str(root)]) == 0
-    time.sleep(0)

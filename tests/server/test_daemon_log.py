@@ -9,6 +9,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+import pytest
 from conftest import FIXTURE_CARTON
 from kit.daemonkit import DaemonProcess
 
@@ -30,6 +31,7 @@ def _log_of(d: DaemonProcess) -> str:
     return d.proc.stderr.read()
 
 
+@pytest.mark.slow
 def test_errors_loads_unloads_and_collections_each_leave_a_line(short_tmp: Path) -> None:
     config = short_tmp / "cartonstore.toml"   # the loads below name paths, and come over TCP
     config.write_text("[server]\nallow_tcp_local_sources = true\n")

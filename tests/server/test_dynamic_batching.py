@@ -127,6 +127,7 @@ def test_other_shapes_are_not_mixed_and_a_preferred_size_goes_at_once(daemon: Da
         assert took < 4.0   # sent at once, not after the 5 s delay
 
 
+@pytest.mark.slow
 def test_a_failure_reaches_its_batch_and_the_queue_is_bounded(short_tmp: Path, tmp_path: Path) -> None:
     config_file = tmp_path / "cartonstore.toml"
     config_file.write_text("[runners]\nmax_inflight = 3\n")
@@ -215,7 +216,7 @@ def test_requests_waiting_at_an_unload_are_sent_not_dropped(daemon: DaemonProces
 
     def one(i: int) -> object:
         if i == 2:
-            time.sleep(1.0)   # the others are waiting by now
+            time.sleep(1.0)   # the others wait in the batcher by now (nothing shows its queue; 1 s of its 5 s delay)
             return call(daemon, "POST", "/v2/repository/models/w/unload", json={})[0]
         started = time.monotonic()
         result = _infer(daemon.host_port, "w", np.full((1, 2), i, np.float32))

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from conftest import short_dir
 from kit.daemonkit import DaemonProcess, wait_for
-from kit.inferkit import echo_carton, runner_pids
+from kit.inferkit import echo_carton, in_flight, runner_pids
 from test_infer_api import _load, runner_count
 
 from cartonstore.v2.http1 import BadHead, for_one_request, parse_request_head, without_connection_close
@@ -261,7 +261,7 @@ def test_a_client_gone_mid_body_never_reaches_the_runner(served: DaemonProcess) 
     c = Conn(served.socket_path)
     c.send(infer_request(list(range(1000)))[:2000])
     c.close()
-    time.sleep(0.3)
+    time.sleep(0.3)   # nothing to wait for: the time a daemon that forwarded the broken request would take
     with Conn(served.socket_path) as c:
         c.send(infer_request([5]))
         assert echoed(c.answer()) == [5]
@@ -331,6 +331,7 @@ def test_malloc_keeps_big_buffers_unless_the_environment_says_otherwise(monkeypa
     assert keep_big_buffers() is False
 
 
+@pytest.mark.slow
 def test_a_refused_body_that_never_comes_ends_the_connection_after_the_linger(served: DaemonProcess) -> None:
     with Conn(served.socket_path) as c:
         c.send((f"POST /v2/models/echo/infer HTTP/1.1\r\nHost: x\r\n{HL}: 10\r\n"
@@ -395,7 +396,7 @@ def test_sigterm_lets_an_infer_the_front_answers_finish(short_tmp: Path) -> None
         _load(d, "slow", slow_carton(short_tmp / "slow"))
         with Conn(d.socket_path) as c:
             c.send(infer_request([1.5, 2.5], name="slow"))   # the model takes 1 s
-            time.sleep(0.3)
+            assert wait_for(lambda: in_flight(d, "slow") == 1)
             d.proc.send_signal(signal.SIGTERM)
             assert echoed(c.answer()) == [3.0, 5.0]
         assert d.proc.wait(30) == 0

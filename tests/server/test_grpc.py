@@ -107,7 +107,7 @@ def test_infer_over_the_unix_socket_and_tcp(served: DaemonProcess) -> None:
         assert out.get_response().id == "r1" and out.get_response().model_name == "affine"
         np.testing.assert_array_equal(out.as_numpy("y"), x * 2 + 1)
         md = c.get_model_metadata("affine")
-        assert md.platform == "carton_onnx" and md.inputs[0].name == "x" and list(md.inputs[0].shape) == [-1, 4]
+        assert md.platform == "onnxruntime_onnx" and md.inputs[0].name == "x" and list(md.inputs[0].shape) == [-1, 4]
         c.close()
 
 
@@ -347,6 +347,7 @@ except Exception as e:
 """
 
 
+@pytest.mark.slow
 def test_another_uid_on_the_unix_socket_sees_and_takes_none_of_its_regions(short_tmp: Path) -> None:
     """The relay tells grpcio who each Unix-socket caller is: a second uid
     sees none of root's regions and may not register root's object."""

@@ -108,6 +108,7 @@ ATTACKS = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["bwrap", "landlock"])
 def test_hostile_answers_are_named_5xx_and_cost_the_daemon_nothing(mode: str) -> None:
     from conftest import short_dir

@@ -161,6 +161,7 @@ TS_IN = [("x", "float32", ["N", 3])]
 TS_OUT = [("doubled", "float32", ["N", 3]), ("total", "float32", ["N"])]
 
 
+@pytest.mark.slow
 def test_a_torchscript_model_that_matches_loads_and_names_its_results(daemon: DaemonProcess, tmp_path: Path) -> None:
     status, body = _load(daemon, "ts", _torchscript(tmp_path / "ts", TS_IN, TS_OUT))
     assert status == 200, body
@@ -182,6 +183,7 @@ def test_a_torchscript_model_that_matches_loads_and_names_its_results(daemon: Da
     (TS_IN, TS_OUT[:1],
      ["forward returns 2 value(s) (Tuple[Tensor, Tensor]) but carton.toml declares 1 output(s): 'doubled'"]),
 ], ids=["renamed-input", "string-input", "one-output"])
+@pytest.mark.slow
 def test_a_torchscript_mismatch_refuses_the_load_naming_it(daemon: DaemonProcess, tmp_path: Path, inputs, outputs,  # noqa: ANN001
                                                            words) -> None:  # noqa: ANN001
     status, body = _load(daemon, "tsm", _torchscript(tmp_path / "tsm", inputs, outputs))

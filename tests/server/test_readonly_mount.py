@@ -31,6 +31,7 @@ def ro_view(tmp_path: Path):
     subprocess.run(["umount", "-l", str(view)], capture_output=True)
 
 
+@pytest.mark.slow
 def test_read_only_view_through_the_socket(ro_view, short_tmp: Path, capsys) -> None:  # noqa: ANN001
     root, view = ro_view
     assert main(["add", str(FIXTURE_CARTON), "--name", "fx", "--root", str(root), "--progress", "none"]) == 0

@@ -14,12 +14,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tritonclient.http as triton
-from kit.daemonkit import DaemonProcess, call
+from kit.daemonkit import DaemonProcess, call, wait_for
 from kit.inferkit import echo_carton, onnx_carton, runner_pids
 
 from cartonstore.cli.commands import main
 
-pytestmark = pytest.mark.xdist_group("restore")
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("restore")]
 
 
 def _add(root: Path, src: Path, name: str) -> None:
@@ -29,11 +29,9 @@ def _add(root: Path, src: Path, name: str) -> None:
 def _ready(d: DaemonProcess, timeout: float = 60.0) -> float:
     """Seconds until /v2/health/ready answers 200."""
     started = time.monotonic()
-    while time.monotonic() - started < timeout:
-        if call(d, "GET", "/v2/health/ready")[0] == 200:
-            return time.monotonic() - started
-        time.sleep(0.05)
-    raise AssertionError(f"the daemon was not ready in {timeout} s")
+    assert wait_for(lambda: call(d, "GET", "/v2/health/ready")[0] == 200, timeout), \
+        f"the daemon was not ready in {timeout} s"
+    return time.monotonic() - started
 
 
 def _states(d: DaemonProcess) -> dict[str, tuple[str, str]]:
@@ -67,10 +65,7 @@ def test_a_killed_daemon_serves_its_loaded_models_again(short_tmp: Path, capsys)
         c.close()
     finally:
         d.stop(signal.SIGKILL)
-    deadline = time.monotonic() + 10
-    while runner_pids(root) and time.monotonic() < deadline:   # they die with their daemon
-        time.sleep(0.05)
-    assert not runner_pids(root)
+    assert wait_for(lambda: not runner_pids(root)), runner_pids(root)   # they die with their daemon
 
     marker.write_text("")   # flaky cannot start any more
     d = DaemonProcess(root).start()   # live at once: READY=1 before the models are back
@@ -131,9 +126,7 @@ def test_a_callers_load_or_cli_command_during_a_restore_is_not_undone(short_tmp:
         assert call(d, "POST", "/v2/repository/models/c/load", json={})[0] == 200
     finally:
         d.stop(signal.SIGKILL)
-    deadline = time.monotonic() + 10
-    while runner_pids(root) and time.monotonic() < deadline:
-        time.sleep(0.05)
+    assert wait_for(lambda: not runner_pids(root)), runner_pids(root)
 
     d = DaemonProcess(root).start()
     try:   # at once, while b and c are being loaded again

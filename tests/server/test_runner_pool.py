@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kit.daemonkit import wait_for_async
 from kit.prockit import live_pids, script_leaving_no_process, wait_gone
 
 from cartonstore.errors import BadUpstream, CartonStoreError, InvalidInput, Unavailable
@@ -29,11 +30,13 @@ from cartonstore.server.runners import (
     RunnersBusy,
     RunnerSettings,
     clean_stale_sockets,
+    daemon_run_dir,
     ensure_run_dir,
     fill_argv,
     instance_socket_path,
     template_placeholders,
 )
+from cartonstore.store.owner import owner_token
 
 PY = sys.executable
 INFER = "/v2/models/m/infer"
@@ -150,13 +153,6 @@ async def infer(runners: ModelRunners, body: bytes | list[bytes] = b"hi", **head
     resp = await runners.forward(INFER, body, headers)
     assert resp.status == 200, resp
     return json.loads(resp.body)
-
-
-async def until(predicate, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        await asyncio.sleep(0.02)
 
 
 # -- normal life ------------------------------------------------------------------
@@ -322,7 +318,7 @@ def test_crash_on_request_fails_it_and_restarts(script: Path, short_tmp: Path) -
             with pytest.raises(Unavailable, match=r"^runner for m \(instance 0\) died: exited with status 1; "
                                                   r"its last stderr lines:\n  crashing on purpose$"):
                 await runners.forward(INFER, b"crash", {})
-            await until(lambda: runners.restarts == 1 and runners.state == "READY")
+            assert await wait_for_async(lambda: runners.restarts == 1 and runners.state == "READY")
             assert (await infer(runners))["pid"] != first
             assert "LOADING" in changes
         finally:
@@ -338,11 +334,11 @@ def test_killed_runner_is_restarted_then_given_up(script: Path, short_tmp: Path)
         try:
             first = runners.status()["instances"][0]["pid"]
             os.kill(first, signal.SIGKILL)
-            await until(lambda: runners.reason.startswith("restarting after"))
+            assert await wait_for_async(lambda: runners.reason.startswith("restarting after"))
             assert runners.state == "LOADING" and "exited with signal 9 (SIGKILL)" in runners.reason
             with pytest.raises(Unavailable, match="model m has no ready runner .loading.: restarting after"):
                 await runners.forward(INFER, b"x", {})
-            await until(lambda: runners.state == "READY")
+            assert await wait_for_async(lambda: runners.state == "READY")
             assert runners.restarts == 1 and (await infer(runners))["pid"] != first
         finally:
             await runners.stop()
@@ -356,7 +352,7 @@ def test_runner_that_keeps_dying_becomes_unavailable(script: Path, short_tmp: Pa
         runners = ModelRunners("m", "1", [spec(script, short_tmp, 0, "--start", "die-after:0.2")], settings)
         await runners.start()
         try:
-            await until(lambda: runners.state == "UNAVAILABLE", timeout=20)
+            assert await wait_for_async(lambda: runners.state == "UNAVAILABLE", timeout=20)
             assert runners.restarts == 2
             assert runners.reason == ("failed 3 times in a row; last: exited with status 7; "
                                       "its last stderr lines:\n  dying on schedule")
@@ -380,8 +376,8 @@ def test_request_timeout_kills_and_restarts(script: Path, short_tmp: Path) -> No
                                                   r"restarting it$"):
                 await runners.forward(INFER, b"hang", {})
             assert time.monotonic() - started < 2
-            await until(lambda: "killed after not answering a request within 0.5s" in runners.reason)
-            await until(lambda: runners.state == "READY")
+            assert await wait_for_async(lambda: "killed after not answering a request within 0.5s" in runners.reason)
+            assert await wait_for_async(lambda: runners.state == "READY")
             assert runners.restarts == 1
             assert wait_gone(first)
             assert (await infer(runners))["pid"] != first
@@ -423,7 +419,7 @@ def test_least_outstanding_dispatch(script: Path, short_tmp: Path) -> None:
             pids = {inst["pid"] for inst in runners.status()["instances"]}
             assert len(pids) == 2
             slow = asyncio.ensure_future(infer(runners, b"sleep:1.0"))
-            await until(lambda: runners.outstanding == 1)
+            assert await wait_for_async(lambda: runners.outstanding == 1)
             busy = next(i["pid"] for i in runners.status()["instances"] if i["outstanding"] == 1)
             quick = [(await infer(runners))["pid"] for _ in range(5)]
             assert quick == [(pids - {busy}).pop()] * 5
@@ -442,7 +438,7 @@ def test_max_inflight_answers_busy(script: Path, short_tmp: Path) -> None:
         await runners.start()
         try:
             slow = [asyncio.ensure_future(infer(runners, b"sleep:0.5")) for _ in range(2)]
-            await until(lambda: runners.outstanding == 2)
+            assert await wait_for_async(lambda: runners.outstanding == 2)
             with pytest.raises(RunnersBusy, match="model m already has 2 requests in flight") as e:
                 await runners.forward(INFER, b"x", {})
             assert e.value.retry_after == 1 and isinstance(e.value, Unavailable)
@@ -459,7 +455,7 @@ def test_stop_lets_in_flight_request_finish(script: Path, short_tmp: Path) -> No
         runners = ModelRunners("m", "1", [spec(script, short_tmp, 0, "--fork-helper")], RunnerSettings(**FAST))
         await runners.start()
         pending = asyncio.ensure_future(infer(runners, b"sleep:0.5"))
-        await until(lambda: runners.outstanding == 1)
+        assert await wait_for_async(lambda: runners.outstanding == 1)
         await runners.stop()
         assert pending.done() and (await pending)["size"] == 9
 
@@ -470,7 +466,7 @@ def test_stop_while_starting(script: Path, short_tmp: Path) -> None:
     async def go() -> None:
         runners = ModelRunners("m", "1", [spec(script, short_tmp)], RunnerSettings(**FAST))
         starting = asyncio.ensure_future(runners.start())
-        await asyncio.sleep(0.1)
+        assert await wait_for_async(lambda: any(runners.pids), interval=0.005)   # its process runs, not yet ready
         await runners.stop()
         with pytest.raises(Unavailable, match="unloaded while its runners started"):
             await starting
@@ -504,22 +500,49 @@ def test_sigkilled_owner_takes_its_runner_along(script: Path, short_tmp: Path) -
 # -- sockets and command templates ----------------------------------------------------------
 
 
-def test_clean_stale_sockets(short_tmp: Path) -> None:
-    run_dir = ensure_run_dir(short_tmp / "run" / "runners")
-    assert run_dir.stat().st_mode & 0o777 == 0o700
-    stale = socket.socket(socket.AF_UNIX)
-    stale.bind(str(run_dir / "old-12345678-0.sock"))
-    stale.close()  # the file stays, nobody listens: what a crash leaves
-    live = socket.socket(socket.AF_UNIX)
-    live.bind(str(run_dir / "live-12345678-0.sock"))
-    live.listen()
-    (run_dir / "notes.sock").write_text("not a socket")
+def _bound(path: Path, *, listening: bool) -> socket.socket:
+    sock = socket.socket(socket.AF_UNIX)
+    sock.bind(str(path))
+    if listening:
+        sock.listen()
+    return sock
+
+
+def test_clean_stale_sockets_takes_only_what_gone_daemons_left(short_tmp: Path) -> None:
+    """Each daemon's sockets are in a directory named by its owner token: a
+    live daemon's (its owner lock held, here by this process) is left whole,
+    even a socket nobody listens on; a gone one's sockets and directory are
+    removed (anything else in it stays); loose sockets of no daemon go when
+    nobody listens."""
+    tmp_dir = short_tmp / "tmp"
+    tmp_dir.mkdir()
+    runners = ensure_run_dir(short_tmp / "run" / "runners")
+    assert runners.stat().st_mode & 0o777 == 0o700
+    live_dir = ensure_run_dir(daemon_run_dir(runners, owner_token(tmp_dir)))
+    gone_dir = ensure_run_dir(daemon_run_dir(runners, "0123456789ab"))    # its owner lock is gone with it
+    kept_dir = ensure_run_dir(daemon_run_dir(runners, "ba9876543210"))
+    (kept_dir / "notes.txt").write_text("not ours to remove")
+    socks = [_bound(live_dir / "a.g1-12345678-0.sock", listening=True),
+             _bound(live_dir / "b.g2-12345678-0.sock", listening=False),
+             _bound(gone_dir / "a.g1-12345678-0.sock", listening=False),
+             _bound(kept_dir / "a.g1-12345678-0.sock", listening=False),
+             _bound(runners / "old-12345678-0.sock", listening=False),
+             _bound(runners / "live-12345678-0.sock", listening=True)]
+    for sock in socks[2:5] + socks[1:2]:
+        sock.close()  # the file stays, nobody listens: what a crash leaves
+    (runners / "notes.sock").write_text("not a socket")
     try:
-        assert clean_stale_sockets(run_dir) == [run_dir / "old-12345678-0.sock"]
-        assert sorted(p.name for p in run_dir.iterdir()) == ["live-12345678-0.sock", "notes.sock"]
+        assert clean_stale_sockets(runners, tmp_dir) == [gone_dir / "a.g1-12345678-0.sock",
+                                                         kept_dir / "a.g1-12345678-0.sock",
+                                                         runners / "old-12345678-0.sock"]
+        assert sorted(p.name for p in runners.iterdir()) == sorted(
+            ["live-12345678-0.sock", "notes.sock", live_dir.name, kept_dir.name])
+        assert sorted(p.name for p in live_dir.iterdir()) == ["a.g1-12345678-0.sock", "b.g2-12345678-0.sock"]
+        assert [p.name for p in kept_dir.iterdir()] == ["notes.txt"]
     finally:
-        live.close()
-    assert clean_stale_sockets(short_tmp / "missing") == []
+        socks[0].close()
+        socks[5].close()
+    assert clean_stale_sockets(short_tmp / "missing", tmp_dir) == []
 
 
 def test_instance_socket_path(short_tmp: Path) -> None:

@@ -187,7 +187,7 @@ def stalled_answer(short_tmp: Path, head: bytes, limit: int, measure=lambda: 0) 
             pending = asyncio.ensure_future(client.request("POST", "/x", {}, limit=limit))
             await asyncio.wait([pending, asyncio.ensure_future(got_head.wait())],
                                return_when=asyncio.FIRST_COMPLETED)
-            await asyncio.sleep(0.1)
+            await asyncio.sleep(0.1)   # nothing to wait for: the time a client that sized its buffer by the head would take
             during = measure()
             client.close()
             try:

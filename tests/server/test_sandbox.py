@@ -27,8 +27,10 @@ import numpy as np
 import pytest
 from kit.daemonkit import DaemonProcess, call, wait_for
 from kit.hostile import hostile_carton
-from kit.inferkit import echo_carton
+from kit.inferkit import echo_carton, spares_run
 from kit.sandboxkit import runner_user, why_not
+
+pytestmark = pytest.mark.slow   # hostile models in every sandbox, each test its daemons and runners
 
 SECRET = "s3cret-peer-token"
 # Run as the daemon's argv: a session keyring of its own holding a key (as a host's login session may hold
@@ -134,8 +136,8 @@ def node(request, tmp_path_factory):  # noqa: ANN001, ANN201
                       ("hostile", hostile_carton(base / "hostile"))]
             if prewarmed:
                 models.reverse()
-                assert wait_for(lambda: "cartonstore_runner_spares{" in call(d, "GET", "/metrics")[1], timeout=30)
-                time.sleep(1.0)   # its process is forked inside the sandbox a moment after it is counted
+                assert wait_for(lambda: "cartonstore_runner_spares{" in call(d, "GET", "/metrics")[1]
+                                and spares_run(d.root), timeout=30)
             asked = time.time()
             for name, source in models:
                 status, body = call(d, "POST", f"/v2/repository/models/{name}/load",

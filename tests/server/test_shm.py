@@ -298,6 +298,7 @@ def test_unregister_unmaps_the_region_in_the_runner(served: DaemonProcess, objec
     assert wait_for(lambda: runner_regions() == [], 5)
 
 
+@pytest.mark.slow
 def test_shared_memory_is_refused_over_tcp_by_default(short_tmp: Path, objects) -> None:  # noqa: ANN001
     key = objects("tcp", 64)
     with DaemonProcess(short_tmp / "root") as d:
@@ -422,7 +423,7 @@ def test_a_region_truncated_while_the_model_reads_it(served: DaemonProcess, obje
     async def go() -> tuple[int, dict]:
         async with unix_session(served.socket_path) as s:
             answer = asyncio.ensure_future(s.post("/v2/models/slow/infer", json=doc))
-            await asyncio.sleep(0.5)
+            await asyncio.sleep(0.5)   # halfway into the model's 1 s over its mapped inputs (nothing shows the moment)
             os.truncate(SHM + key, 0)
             r = await answer
             return r.status, await r.json()

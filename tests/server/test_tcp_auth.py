@@ -136,6 +136,7 @@ def rss(pid: int) -> int:
     raise AssertionError("no VmRSS")
 
 
+@pytest.mark.slow
 def test_grpc_without_the_token_is_refused_before_its_message_is_read(guarded: DaemonProcess) -> None:
     """grpcio reads a unary call's whole message before its method runs: a
     credential checked there let 8 tokenless callers sending 100 MiB each

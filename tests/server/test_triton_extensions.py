@@ -86,6 +86,7 @@ def test_model_config_reflects_the_load_and_refuses_what_it_cannot_honour(affine
     config = c.get_model_config("affine")
     assert (config["name"], config["platform"], config["backend"], config["max_batch_size"]) == \
         ("affine", "onnxruntime_onnx", "onnxruntime", 0)
+    assert c.get_model_metadata("affine")["platform"] == config["platform"]   # one name, as Triton answers both
     assert config["input"] == [{"name": "x", "data_type": "TYPE_FP32", "dims": [-1, 4]}]
     assert config["output"] == [{"name": "y", "data_type": "TYPE_FP32", "dims": [-1, 4]}]
     assert config["instance_group"] == [{"name": "affine_0", "kind": "KIND_CPU", "count": 1, "gpus": []}]

@@ -62,7 +62,7 @@ from cartonstore.store.materialize import remove_tree
 # process-heavy tests (this module, test_stress.py) run one after another on
 # one worker rather than side by side, slowing each other down: the kill
 # windows here are calibrated on how long a command takes.
-pytestmark = pytest.mark.xdist_group("heavy")
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("heavy")]
 
 SEED = int(os.environ.get("CARTONSTORE_CRASH_SEED", "20240917"))
 MB = 1 << 20

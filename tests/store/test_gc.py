@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 from conftest import MINIMAL_TOML, sha, snapshot, work_in_tmp
+from kit.daemonkit import wait_for_async
+from kit.prockit import descriptors_of
 
 from cartonstore.cli.commands import main
 from cartonstore.store import Store
@@ -104,7 +106,7 @@ def test_budget_eviction_keeps_cartons_known_and_leased_ones(store: Store, tmp_p
     leased = store.add(_carton(tmp_path, "leased", {"model/w": os.urandom(50_000)})).digest
     for d in (old, leased, new):
         store.materialize(d)
-        time.sleep(0.01)
+        time.sleep(0.01)   # the clock is the subject: each a later last use than the one before
     store.index.create_lease(leased, 60)
     report = store.collect(GcPolicy(max_size=120_000))
     assert report.evicted_models == [old]
@@ -201,7 +203,7 @@ def test_cli_gc_counts_the_models_it_made_partial(tmp_path: Path, capsys) -> Non
         files = {"model/w": os.urandom(60_000 if n == "big" else 20_000)}
         assert main(["add", str(_carton(tmp_path, n, files)), "--root", root, "--progress", "none", "--json"]) == 0
         digests[n] = json.loads(capsys.readouterr().out)["manifest_sha256"]
-        time.sleep(0.01)
+        time.sleep(0.01)   # the clock is the subject: each added later than the one before
     assert main(["gc", "--root", root, "--local", "--max-size", "30K", "--dry-run"]) == 0
     out = capsys.readouterr().out
     assert "would evict 2 blob(s) (78.1 KiB); 2 model(s) would be partial: big, tiny\n" in out
@@ -251,7 +253,7 @@ def test_evicted_linked_blobs_come_back_on_lease(short_tmp: Path, origin) -> Non
                     return await r.json()
 
         first = asyncio.run(lease())
-        time.sleep(0.6)
+        time.sleep(0.6)   # the clock is the subject: the lease's 0.5 s pass
         with Store(root) as s:
             assert s.collect(GcPolicy(max_size=0)).evicted_blobs == 1
         again = asyncio.run(lease())
@@ -349,14 +351,16 @@ def test_a_cancelled_collection_stops_its_child_and_changes_nothing(store: Store
         # tests that used shared memory) are not the collection's.
         earlier = set(_children())
         task = asyncio.ensure_future(collect_in_child(store.root, GcPolicy(max_size=0)))
-        deadline = time.monotonic() + 15
-        while not (kids := [k for k in _children() if k not in earlier]) and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
-        await asyncio.sleep(1.0)  # the child is planning or waiting on the lock by now
+
+        def kids() -> list[int]:
+            return [k for k in _children() if k not in earlier]
+        lock_file = store.lock().path.resolve()
+        assert await wait_for_async(lambda: any(descriptors_of(k, lock_file) for k in kids()), 15)   # waits for the lock
+        kid = next(k for k in kids() if descriptors_of(k, lock_file))
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
-        return kids[0]
+        return kid
 
     with store.lock():
         child = asyncio.run(cancel_while_waiting_for_the_store_lock())

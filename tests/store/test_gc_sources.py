@@ -127,6 +127,7 @@ async def _post(socket: Path, path: str, body: dict) -> tuple[int, dict]:
             return r.status, await r.json(content_type=None)
 
 
+@pytest.mark.slow
 def test_every_kind_of_source_comes_back_by_path_lease_and_load(short_tmp: Path, origin, capsys) -> None:  # noqa: ANN001
     from kit.daemonkit import DaemonProcess
     from kit.fetchkit import linked_carton
@@ -192,6 +193,7 @@ def sha_of(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+@pytest.mark.slow
 def test_an_upload_has_no_lasting_source_so_gc_keeps_it_or_forgets_it(daemon, tmp_path: Path, capsys) -> None:  # noqa: ANN001
     files = _files("up")
     carton = write_zip(tmp_path / "up.carton", carton_entries(files))

@@ -5,10 +5,14 @@ the blobs just restored before the carton is whole or its directory built."""
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 from pathlib import Path
 
+import pytest
+from kit.daemonkit import wait_for_async
 from kit.fetchkit import fast_config
+from kit.prockit import descriptors_of
 from test_gc import _carton
 
 from cartonstore.fetch.holds import holding
@@ -35,6 +39,7 @@ def test_a_held_carton_keeps_its_blobs_through_a_collection(store: Store, tmp_pa
     assert store.collect(GcPolicy(max_size=0, grace=0)).evicted_blobs == 1
 
 
+@pytest.mark.slow
 def test_completing_under_a_collection_that_never_stops_ends_complete(store: Store, tmp_path: Path) -> None:
     """Blobs come back from the local file while a collection with a zero
     budget runs in a loop: without the hold, it evicts them again before the
@@ -127,16 +132,15 @@ def test_a_request_cancelled_while_its_hold_is_taken_leaves_no_hold(store: Store
             async with holding(store, d, "test"):
                 await asyncio.sleep(60)
 
+        lock_file = store.lock().path.resolve()
         with store.lock():  # the hold's thread waits on the shared lock: cancel it meanwhile
+            mine = descriptors_of(os.getpid(), lock_file)
             task = asyncio.ensure_future(hold())
-            await asyncio.sleep(0.1)
+            assert await wait_for_async(lambda: descriptors_of(os.getpid(), lock_file) > mine)
             task.cancel()
-            await asyncio.sleep(0.05)
-        for _ in range(100):
-            if store.index.count_live_leases() == 0 and task.done():
-                break
-            await asyncio.sleep(0.02)
-        await asyncio.sleep(0.2)
+            assert await wait_for_async(task.done)
+        assert await wait_for_async(lambda: store.index.count_live_leases() == 0)
+        await asyncio.sleep(0.2)   # nothing to wait for: the time a hold taken late would take to show
 
     asyncio.run(cancelled_then_settle())
     assert store.index.count_live_leases() == 0

@@ -8,6 +8,7 @@ import sqlite3
 import threading
 from pathlib import Path
 
+import pytest
 from cartonstore.store import Store
 from cartonstore.store.index import Index
 from cartonstore.store.schema import SCHEMA_VERSION
@@ -150,6 +151,7 @@ def test_stores_opening_a_version_1_store_at_once_migrate_it_once(tmp_path: Path
         assert sorted(s.index._rows("SELECT * FROM leases")) == ROWS
 
 
+@pytest.mark.slow
 def test_many_openers_of_one_new_store_all_open_it(tmp_path: Path) -> None:
     """Eight openers of one new index at once, 150 times: every one opens it
     in WAL mode. SQLite answers the loser of the race to switch the journal

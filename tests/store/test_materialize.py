@@ -83,6 +83,7 @@ def _cli(root: Path, *args: str) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
+@pytest.mark.slow
 def test_concurrent_processes_add_and_materialize_one_carton(tmp_path: Path) -> None:
     root = tmp_path / "root"
     adds = [_cli(root, "add", str(FIXTURE_CARTON)) for _ in range(4)]

@@ -21,6 +21,7 @@ from tritonclient.utils import InferenceServerException
 from cartonstore.cli.commands import main
 from cartonstore.errors import Conflict, InvalidInput
 from cartonstore.store import Store, validate_name
+from cartonstore.store.names import pin_lease_id
 
 TINY_TOML = b'spec_version = 1\nmodel_name = "tiny"\n[runner]\nrunner_name = "none"\nrequired_framework_version = "*"\n'
 
@@ -114,8 +115,9 @@ def test_names_of_255_bytes_not_characters() -> None:
 
 
 def pin(root: Path, name: str, digest: str, ttl: float = 60) -> None:
+    """A daemon's pin, as one whose owner token is a1b2c3d4e5f6 takes it."""
     with Store(root) as s:
-        s.index.create_lease(digest, ttl, f"loaded:{name}", f"pin:{name}")
+        s.index.create_lease(digest, ttl, f"loaded:{name}", pin_lease_id("a1b2c3d4e5f6", name))
 
 
 def test_moving_a_loaded_name_is_a_conflict_unless_forced(tmp_path: Path, capsys) -> None:  # noqa: ANN001

@@ -11,15 +11,16 @@ entries) is what every other ingest test runs on.
 from __future__ import annotations
 
 import errno
+import itertools
 import os
 import shutil
 import subprocess
-import time
 from pathlib import Path
 from typing import Iterator
 
 import pytest
 from conftest import MINIMAL_TOML, carton_entries, manifest_for, sha, snapshot, write_zip
+from kit.daemonkit import wait_for
 
 from cartonstore.errors import ManifestMismatch
 from cartonstore.store import Store
@@ -71,17 +72,13 @@ def freed_within(path: Path, before: int, wanted: int, *, seconds: float) -> boo
     a little after the unlink, and statfs does not wait for them."""
     from cartonstore.store.gc import disk_free
 
-    deadline = time.monotonic() + seconds
-    polls = 0
-    while True:
-        if polls % 10 == 0:   # a sync now and then (it writes the whole system's dirty pages), statfs between
+    polls = itertools.count()
+
+    def freed() -> bool:
+        if next(polls) % 10 == 0:   # a sync now and then (it writes the whole system's dirty pages), statfs between
             os.sync()
-        if disk_free(path) - before >= wanted:
-            return True
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-        polls += 1
+        return disk_free(path) - before >= wanted
+    return wait_for(freed, seconds)
 
 
 def pack(path: Path, files: dict[str, bytes], manifest: bytes | None = None) -> Path:

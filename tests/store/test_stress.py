@@ -43,7 +43,7 @@ from cartonstore.store.gc import GcPolicy
 # process-heavy tests (this module, test_crash_kill.py) run one after another
 # on one worker rather than side by side, slowing each other down: this test
 # must reach its operation count within TIME_LIMIT.
-pytestmark = pytest.mark.xdist_group("heavy")
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("heavy")]
 
 SEED = int(os.environ.get("CARTONSTORE_STRESS_SEED", "4242"))
 TARGET_OPS = 1200           # operations by the workers and the gc loop together

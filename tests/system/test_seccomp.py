@@ -169,6 +169,7 @@ print(y.tolist(), np.linalg.inv(np.eye(3) * 2).trace(), z == z)
 '''
 
 
+@pytest.mark.slow
 def test_numpy_onnxruntime_and_torch_work_under_the_strictest_filter() -> None:
     """The filter Landlock-alone runners get (AF_UNIX only): the frameworks
     import, start their thread pools and compute."""

@@ -526,6 +526,7 @@ FUZZ_BASES = [_FUZZ_SAMPLE, with_zip64_end_records(_FUZZ_SAMPLE)]
     ),
     keep=st.one_of(st.none(), st.floats(0, 1)),
 )
+@pytest.mark.slow
 def test_mutated_zip_reads_or_raises_invalid_carton(
     base: bytes, mutations: list[tuple[int, int]], keep: float | None
 ) -> None:

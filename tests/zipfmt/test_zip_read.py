@@ -267,6 +267,7 @@ def test_locate_zip64_record_not_before_locator_is_an_error() -> None:
 # --- many entries stay fast ---------------------------------------------------
 
 
+@pytest.mark.slow
 def test_opening_10000_entries_is_fast(tmp_path: Path) -> None:
     path = tmp_path / "many.zip"
     with ZipWriter(path) as writer:

@@ -128,6 +128,7 @@ def test_empty_files_round_trip(tmp_path: Path, method: int) -> None:
             assert archive.testzip() is None
 
 
+@pytest.mark.slow
 def test_more_than_65535_entries_use_the_zip64_end_record(tmp_path: Path) -> None:
     path = tmp_path / "many.zip"
     count = 70_000

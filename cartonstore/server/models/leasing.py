@@ -18,7 +18,8 @@ from cartonstore.fetch.puller import Puller
 from cartonstore.format.digest import is_sha256
 from cartonstore.store import Store
 from cartonstore.store.group_commit import GroupCommit
-from cartonstore.store.names import carton_named
+from cartonstore.store.names import carton_named, pin_lease_id
+from cartonstore.store.owner import lease_owner, owner_is_gone, owner_token
 from cartonstore.system.callers import Credentials
 from cartonstore.system.flights import SingleFlight
 
@@ -32,9 +33,16 @@ class Leasing:
         self.puller = puller
         self.leases = leases
         self.metrics = metrics
+        # The store's owner token of this process names the leases it takes and its runners' sockets
+        # (store/owner.py); the caller made it off the event loop, so this only looks it up.
+        self.owner = owner_token(store.layout.tmp_dir)
         self._pins: dict[str, tuple[str, str]] = {}  # leases this daemon renews: id -> (carton, holder)
         self._flights = SingleFlight()
         self._commits = GroupCommit(store)
+
+    def pin_of(self, name: str) -> str:
+        """The lease by which this daemon keeps the model it loaded as ``name``."""
+        return pin_lease_id(self.owner, name)
 
     # -- materializing ---------------------------------------------------------
 
@@ -123,18 +131,34 @@ class Leasing:
         return await self._commits.on_db_thread(fn, *args)
 
     async def renew_lease(self, lease_id: str, ttl: float) -> Granted:
-        if lease_id in self._pins:  # a short ttl on a pin would let gc take a serving model's files
-            raise InvalidInput(f"lease {lease_id!r} is the daemon's own (a loaded model's pin or a version "
+        # A short ttl on a pin (this daemon's or another's on the store) would let gc take a serving model's
+        # files. One of that name that does not exist is unknown like any other lease.
+        if lease_id.startswith(OWNED_LEASE_PREFIXES) and (
+                lease_id in self._pins or await self._db(self.store.index.lease, lease_id) is not None):
+            raise InvalidInput(f"lease {lease_id!r} is a daemon's own (a loaded model's pin or a version "
                                "switch): it renews it itself")
         row = await self._batch(lambda conn: self.store.index.extend_lease(conn, lease_id, ttl))
         return Granted(row, self.store.layout.model_dir_str(row.carton))
 
     async def release_lease(self, lease_id: str) -> None:
-        if lease_id.startswith(OWNED_LEASE_PREFIXES) or lease_id in self._pins:
-            raise InvalidInput(f"lease {lease_id!r} is the daemon's own (a loaded model's pin or a version "
+        if lease_id.startswith(OWNED_LEASE_PREFIXES):
+            raise InvalidInput(f"lease {lease_id!r} is a daemon's own (a loaded model's pin or a version "
                                "switch): pins of loaded models are released by unloading the model")
         if not await self._batch(lambda conn: self.store.index.drop_lease(conn, lease_id)):
             raise NotFound(f"no lease {lease_id!r} (never taken, already released, or expired)", subject=lease_id)
+
+    def drop_dead_owners_leases(self) -> int:
+        """At start, in a thread: drop the pins and switch leases of daemons
+        that are gone (their owner lock is free), which would otherwise keep
+        their models from gc until they expire; a live daemon's are left
+        alone. Returns how many."""
+        index, tmp_dir = self.store.index, self.store.layout.tmp_dir
+        ids = [lease_id for prefix in OWNED_LEASE_PREFIXES for lease_id in index.lease_ids_with_prefix(prefix)]
+        dead = [lease_id for lease_id in ids
+                if (owner := lease_owner(lease_id)) is not None and owner_is_gone(tmp_dir, owner)]
+        if dead:
+            index.delete_leases(dead)
+        return len(dead)
 
 
 def resolve_on(conn, ref: str) -> str | None:  # noqa: ANN001

@@ -10,6 +10,7 @@ from typing import Any
 from cartonstore.format.carton_toml import CartonConfig
 from cartonstore.server.runners import ModelRunners
 from cartonstore.store.lease_rows import LeaseRow
+from cartonstore.store.names import PIN_PREFIX
 
 from .batcher import DynamicBatcher
 from .runtime import files_only_note
@@ -70,11 +71,13 @@ class Granted:
                 "expires_at": self.lease.expires_at}
 
 
-OWNED_LEASE_PREFIXES = ("pin:", "switch:")   # leases the daemon takes and renews itself
+SWITCH_PREFIX = "switch:"
+OWNED_LEASE_PREFIXES = (PIN_PREFIX, SWITCH_PREFIX)   # leases daemons take and renew themselves
 
 
-def pin_id(name: str) -> str:
-    return f"pin:{name}"
+def switch_id(owner: str, name: str) -> str:
+    """The lease on the version this daemon serves ``name`` with while it switches to another."""
+    return f"{SWITCH_PREFIX}{owner}:{name}"
 
 
 def ready_reason(model: LoadedModel) -> str:

@@ -20,6 +20,7 @@ from typing import Any
 from cartonstore.errors import InvalidInput
 from cartonstore.format.carton_toml import CartonConfig, TensorSpec
 from cartonstore.format.dtypes import carton_dtype_to_v2, shape_to_v2_dims
+from cartonstore.runner.builtin import triton_platform
 
 MAX_BATCH_LIMIT = 1 << 20
 HONOURED = ("max_batch_size", "dynamic_batching", "instance_group", "parameters")
@@ -33,14 +34,6 @@ _TENSOR_DEFAULTS = {"format": ("FORMAT_NONE",), "is_shape_tensor": (False,), "op
 _GROUP_FIELDS = ("name", "kind", "count", "gpus")
 _GROUP_DEFAULTS = {"passive": (False,), "secondary_devices": ([],), "profile": ([],), "host_policy": ("",),
                    "rate_limiter": ({}, None)}
-# Triton's names for what the built-in runners run (model_config.proto's platform and backend)
-_PLATFORMS = {"onnx": ("onnxruntime_onnx", "onnxruntime"), "torchscript": ("pytorch_libtorch", "pytorch"),
-              "python": ("", "python")}
-
-
-def platform_of(runner_name: str) -> tuple[str, str]:
-    """(platform, backend) as Triton names them; other runners: carton_<name>."""
-    return _PLATFORMS.get(runner_name, (f"carton_{runner_name}", f"carton_{runner_name}"))
 
 
 def check_config_fields(config: Mapping[str, Any] | None) -> None:
@@ -173,7 +166,7 @@ def check_against_carton(name: str, carton: CartonConfig, config: Mapping[str, A
     if "name" in config and config["name"] != name:
         raise InvalidInput(f"config: 'name' is {config['name']!r}, but the model is loaded as {name!r}",
                            subject="name")
-    platform, backend = platform_of(carton.runner.runner_name)
+    platform, backend = triton_platform(carton.runner.runner_name)
     for key, ours in (("platform", platform), ("backend", backend), ("runtime", carton.runner.runner_name)):
         if config.get(key) not in (None, "", ours):
             raise InvalidInput(f"config: {key!r} is {config[key]!r}, but the carton's runner "
@@ -230,7 +223,7 @@ def model_config(name: str, carton: CartonConfig, config: Mapping[str, Any] | No
                  devices: Sequence[str]) -> dict[str, Any]:
     """Triton's ModelConfig JSON for a loaded version running on ``devices``
     (one per instance)."""
-    platform, backend = platform_of(carton.runner.runner_name)
+    platform, backend = triton_platform(carton.runner.runner_name)
     batch = max_batch_size(carton, config)
     groups = []
     for device in dict.fromkeys(devices):

@@ -1,10 +1,12 @@
 """Loaded models survive a restart. Every load that makes a model READY
 records it (name, version, the load's config) in the index under this
-daemon's socket path, every unload forgets it; a daemon starting on that
-socket loads each again in the background (server.restore_loaded,
---no-restore), live at once and ready once every one has been tried. A
-model that fails to load again is UNAVAILABLE with the reason, like any
-failed load: the daemon goes on.
+daemon's identity (server.id, by default its socket path: daemon.py holds
+it, one live daemon per identity), every unload forgets it; a daemon
+starting with that identity, in this container or another, loads each
+again in the background (server.restore_loaded, --no-restore), live at
+once and ready once every one has been tried. A model that fails to load
+again is UNAVAILABLE with the reason, like any failed load: the daemon
+goes on.
 """
 
 from __future__ import annotations
@@ -51,9 +53,10 @@ async def forget_loaded(service: ModelService, name: str) -> None:
 
 async def restore_loaded(service: ModelService) -> None:
     """Load again, all at once, what this daemon had loaded. The caller
-    sets ``service.ready`` false before; it is true again once each load
-    has succeeded or failed (not when the restore is cancelled: the daemon
-    is stopping). A name a caller loads or unloads meanwhile is theirs."""
+    sets ``service.ready`` false before any listener opens; it is true
+    again once each load has succeeded or failed (not when the restore is
+    cancelled: the daemon is stopping). A name a caller loads or unloads
+    meanwhile is theirs."""
     cancelled = False
     try:
         daemon = service.daemon_id

@@ -19,7 +19,14 @@ from cartonstore.config.runners import RunnerSettings as RunnerConfig
 from cartonstore.errors import InvalidInput
 from cartonstore.format.carton_toml import CartonConfig
 from cartonstore.runner.builtin import program
-from cartonstore.server.runners import InstanceSpec, ModelRunners, RunnerSettings, clean_stale_sockets, ensure_run_dir
+from cartonstore.server.runners import (
+    InstanceSpec,
+    ModelRunners,
+    RunnerSettings,
+    clean_stale_sockets,
+    daemon_run_dir,
+    ensure_run_dir,
+)
 from cartonstore.server.runners.instance import FirstProcess
 from cartonstore.server.runners.prewarm import PrewarmPool
 from cartonstore.server.runners.process import RunnerFailed, RunnerProcess
@@ -34,6 +41,8 @@ from cartonstore.server.runners.waiting import (
     with_model_dir,
 )
 from cartonstore.server.tensors.arena import TensorArena
+from cartonstore.store.layout import StoreLayout
+from cartonstore.store.owner import owner_token
 from cartonstore.system.cgroups import remove_stale as remove_stale_cgroups
 from cartonstore.system.cgroups import take_delegation
 
@@ -59,18 +68,20 @@ def files_only_note(runner_name: str) -> str:
 class RunnerHost:
     """Starts and stops the runners of loaded models. One per daemon."""
 
-    def __init__(self, config: RunnerConfig, run_dir: Path, tmp_dir: Path, *,
+    def __init__(self, config: RunnerConfig, runners_dir: Path, tmp_dir: Path, *,
                  on_change: Callable[[], None] | None = None, arena_size: int = 0,
                  max_request_size: int = 256 << 20) -> None:
-        """run_dir: the runners' sockets; tmp_dir: the store's tmp/, whose
-        owner token names this process's model slots (waiting.Slots);
+        """runners_dir: where each daemon sharing the store keeps its runners'
+        sockets; tmp_dir: the store's tmp/, whose owner token names this
+        process's socket directory (sockets.py) and model slots (waiting.Slots);
         max_request_size: the daemon's, which bounds its answers too (answer_limit)."""
         self.config = config
         self.max_request_size = max_request_size
         self.arena_size = arena_size    # each loaded version gets an arena of its own (0: none)
         self._retired_counts = {"forwarded": 0, "full": 0}   # of the arenas of unloaded versions
-        self.run_dir = run_dir
-        self.slots = Slots(slots_dir(run_dir), tmp_dir)
+        self.runners_dir, self.tmp_dir = runners_dir, tmp_dir
+        self.run_dir = daemon_run_dir(runners_dir, owner_token(tmp_dir))
+        self.slots = Slots(slots_dir(runners_dir), tmp_dir)
         self.settings = RunnerSettings(
             ready_timeout=config.ready_timeout, request_timeout=config.request_timeout,
             stop_grace=config.stop_grace, max_restarts=config.max_restarts,
@@ -82,17 +93,18 @@ class RunnerHost:
         self._prewarm_kinds: list[str] = []         # prepare() finds which have their framework here
 
     def prepare(self) -> None:
-        """At daemon start: the socket directory, without sockets of runners
-        that died with an earlier daemon."""
+        """At daemon start: this daemon's socket directory, without those of
+        daemons that are gone (a live one's are left alone)."""
         inherited = os.environ.get("CUDA_VISIBLE_DEVICES")
         for device in self.config.devices:   # a GPU the daemon was not given fails the start, not each load
             if device != "cpu":
                 physical_gpu(device, inherited)
+        ensure_run_dir(self.runners_dir)
         ensure_run_dir(self.run_dir)
         for path in self.slots.prepare():
             log.info("removed the model slot of a runner of a daemon that is gone: %s", path)
-        for path in clean_stale_sockets(self.run_dir):
-            log.info("removed stale runner socket %s", path)
+        for path in clean_stale_sockets(self.runners_dir, self.tmp_dir):
+            log.info("removed the runner socket of a daemon that is gone: %s", path)
         for path in remove_stale_cgroups(CGROUP_PREFIX):
             log.info("removed the cgroup of a runner of a daemon that is gone: %s", path)
         if self.config.sandbox != "none" and take_delegation():
@@ -107,12 +119,14 @@ class RunnerHost:
         if policy is None:
             log.warning("runners.sandbox = none: model code runs with the daemon's own rights")
             return
-        try:
-            host = prerequisites(policy)
+        try:   # what runners read of the store: materialized models, and the slots of those started early
+            host = prerequisites(policy, (StoreLayout(self.tmp_dir.parent).models_dir, self.slots.path))
         except InvalidInput as e:
             log.warning("runners cannot be sandboxed here, so loads that run model code will fail: %s", e)
             return
         log.info("runners run sandboxed: %s", host.describe(policy))
+        for line in host.unreachable:
+            log.warning("loads will fail: %s", line)
 
     async def begin(self, name: str, version: str, model_dir: Path, cfg: CartonConfig,
                     triton_config: Mapping[str, Any] | None, *, early: bool) -> Starting | None:

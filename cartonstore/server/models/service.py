@@ -19,6 +19,7 @@ from cartonstore.config.runners import RunnerSettings as RunnerConfig
 from cartonstore.errors import CartonStoreError, InvalidInput, NotFound
 from cartonstore.fetch.puller import Puller
 from cartonstore.format.dtypes import tensor_metadata
+from cartonstore.runner.builtin import metadata_platform
 from cartonstore.server.tensors.arena import DEFAULT_SIZE as ARENA_SIZE
 from cartonstore.server.tensors.check_pool import CheckPool
 from cartonstore.server.tensors.shm_regions import Peer, ShmRegions
@@ -39,8 +40,8 @@ from .loaded_model import (
     UNAVAILABLE,
     LeaseSettings,
     LoadedModel,
-    pin_id,
     ready_reason,
+    switch_id,
     triton_load_failure,
     triton_unknown_model,
 )
@@ -58,8 +59,8 @@ class ModelService(Leasing):
                  runners: RunnerConfig | None = None, *, shm_over_tcp: bool = False,
                  max_request_size: int = 256 << 20, arena_size: int = ARENA_SIZE, check_workers: int = 0,
                  daemon_id: str | None = None, allow_tcp_local_sources: bool = False) -> None:
-        """daemon_id: who this daemon is in the index's loaded_models (its
-        socket path); None records nothing (restore.py). allow_tcp_local_sources:
+        """daemon_id: who this daemon is in the index's loaded_models
+        (server.id); None records nothing (restore.py). allow_tcp_local_sources:
         see caller_paths.py."""
         super().__init__(store, puller, leases, metrics)
         self.daemon_id = daemon_id
@@ -145,9 +146,9 @@ class ModelService(Leasing):
                 serving.reason = ready_reason(serving)  # drops a "reload failed" left by an earlier load
                 return serving  # already loaded as asked: nothing to restart
             if serving is not None and serving.digest != digest:  # the old version stays pinned until stopped
-                await self._hold(f"switch:{name}", serving.digest, f"switching:{name}")
-            self._pins[pin_id(name)] = (digest, f"loaded:{name}")  # keep_pins renews the new version from now
-            granted = await self.take_lease(digest, self.leases.pin_ttl, f"loaded:{name}", pin_id(name))
+                await self._hold(switch_id(self.owner, name), serving.digest, f"switching:{name}")
+            self._pins[self.pin_of(name)] = (digest, f"loaded:{name}")  # keep_pins renews the new version from now
+            granted = await self.take_lease(digest, self.leases.pin_ttl, f"loaded:{name}", self.pin_of(name))
             model.digest = granted.lease.carton
             model.carton = await asyncio.to_thread(self.store.config_of, model.digest)
             check_against_carton(name, model.carton, model.config)
@@ -180,7 +181,7 @@ class ModelService(Leasing):
                 await self._drained(serving)
                 await self.runner_host.stop(serving.runners)
             finally:
-                await self._let_go(f"switch:{name}")
+                await self._let_go(switch_id(self.owner, name))
         return model
 
     async def _drained(self, model: LoadedModel) -> None:
@@ -200,12 +201,12 @@ class ModelService(Leasing):
         if serving is not None:
             serving.reason = f"reload failed, still serving this version: {reason}"
             self.models[name] = serving
-            await self._hold(pin_id(name), serving.digest, f"loaded:{name}")
-            await self._let_go(f"switch:{name}")
+            await self._hold(self.pin_of(name), serving.digest, f"loaded:{name}")
+            await self._let_go(switch_id(self.owner, name))
             return
         model.state, model.reason = UNAVAILABLE, reason
         self.models[name] = model
-        await self._let_go(pin_id(name))
+        await self._let_go(self.pin_of(name))
 
     async def _hold(self, lease_id: str, digest: str, holder: str) -> None:
         """A lease this daemon owns and renews (pins, switches) until _let_go."""
@@ -287,7 +288,7 @@ class ModelService(Leasing):
                     await self._drained(model)
                 await self.runner_host.stop(model.runners if model is not None else None)
             finally:
-                await self._let_go(pin_id(name))
+                await self._let_go(self.pin_of(name))
             self.models[name] = LoadedModel(name, model.digest if model else None, UNAVAILABLE, "unloaded")
             await forget_loaded(self, name)
             log.info("model %s unloaded", name)
@@ -320,7 +321,7 @@ class ModelService(Leasing):
         if version is not None and version != digest:
             raise NotFound(f"{triton_unknown_model(name, version)}: its version is {digest}", subject=version)
         cfg = await asyncio.to_thread(self.store.config_of, digest)
-        return {"name": name, "versions": [digest], "platform": f"carton_{cfg.runner.runner_name}",
+        return {"name": name, "versions": [digest], "platform": metadata_platform(cfg.runner.runner_name),
                 "inputs": tensor_metadata(cfg.inputs), "outputs": tensor_metadata(cfg.outputs)}
 
     # -- background ------------------------------------------------------------------

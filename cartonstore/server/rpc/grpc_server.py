@@ -16,7 +16,7 @@ from pathlib import Path
 import grpc
 from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
-from cartonstore.errors import InvalidInput, Unavailable
+from cartonstore.errors import CartonStoreError
 from cartonstore.server.api.access import TcpAccess
 from cartonstore.server.models.metrics import Metrics
 from cartonstore.server.models.service import ModelService
@@ -159,7 +159,11 @@ def _millis(seconds: float) -> int:
 
 
 def _bind_grpc_listen(listen: str) -> socket.socket:
+    """The gRPC TCP listener, bound as the HTTP one is: a port in use is
+    unavailable (exit 6), an address that is no HOST:PORT invalid (4)."""
     try:
         return bind_tcp(listen)
-    except Unavailable as e:
-        raise InvalidInput(f"server.grpc_listen: {e}", subject="server.grpc_listen") from None
+    except CartonStoreError as e:
+        e.message = f"server.grpc_listen: {e.message}"
+        e.subject = "server.grpc_listen"
+        raise

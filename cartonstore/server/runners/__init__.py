@@ -14,10 +14,10 @@ from cartonstore.config.runner_command import PLACEHOLDERS, fill_argv, template_
 
 from .pool import ModelRunners
 from .settings import LOADING, READY, UNAVAILABLE, InstanceSpec, RunnerResponse, RunnersBusy, RunnerSettings
-from .sockets import clean_stale_sockets, ensure_run_dir, instance_socket_path
+from .sockets import clean_stale_sockets, daemon_run_dir, ensure_run_dir, instance_socket_path
 
 __all__ = [
     "LOADING", "PLACEHOLDERS", "READY", "UNAVAILABLE", "InstanceSpec", "ModelRunners", "RunnerResponse",
-    "RunnerSettings", "RunnersBusy", "clean_stale_sockets", "ensure_run_dir", "fill_argv", "instance_socket_path",
-    "template_placeholders",
+    "RunnerSettings", "RunnersBusy", "clean_stale_sockets", "daemon_run_dir", "ensure_run_dir", "fill_argv",
+    "instance_socket_path", "template_placeholders",
 ]

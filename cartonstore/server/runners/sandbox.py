@@ -9,12 +9,20 @@ index, other models, the settings or their secrets, open TCP connections
 other runners, or run as root. Layers, each where the host has it:
 
 - bwrap (bubblewrap, what Flatpak runs on): a mount namespace holding only
-  what it may read, new PID, IPC, UTS and network namespaces, a tmpfs /tmp;
+  what it may read, bound in one by one (its Python's prefixes and site
+  directories, its model directory: the socket comes as an fd), new PID,
+  IPC, UTS and network namespaces, a tmpfs /tmp and a private /dev/shm
+  (POSIX semaphores, joblib), each sized, their pages counted in its
+  memory cgroup;
 - landlock (system/landlock.py): the same file rules in the kernel, no TCP,
   no signals or abstract sockets out of the domain: the only layer when
   bubblewrap is missing, a second one inside it otherwise;
-- uid: setpriv (or system/confine.py) drops to ``runners.user`` when the
-  daemon is root;
+- uid: when the daemon is root, the launcher (system/confine.py) drops to
+  ``runners.user``, or where the default user does not exist (or user = "")
+  to a transient uid of this daemon's own (system/transient_uid.py). Under
+  bubblewrap (bwrap.py) that launcher runs inside, after bubblewrap bound
+  what the runner reads with root's rights (a Python or store under /root,
+  0700, included);
 - cgroup / rlimits: ``max_processes`` and ``memory_limit``;
 - caps:none: the bounding and ambient capability sets emptied;
 - seccomp (system/seccomp.py): no keyrings, namespaces, io_uring, bpf,
@@ -34,12 +42,9 @@ runners.sandbox = "none".
 
 from __future__ import annotations
 
-import functools
-import json
 import os
 import pwd
 import shutil
-import stat
 import subprocess
 import sys
 import tempfile
@@ -47,15 +52,18 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import cartonstore
 from cartonstore.errors import InvalidInput
 from cartonstore.runner.model_channel import MODEL_CHANNEL_ENV
+from cartonstore.system import transient_uid
 from cartonstore.system.cgroups import RunnerCgroup
 from cartonstore.system.cgroups import create as create_cgroup
 from cartonstore.system.keyring import unavailable as keyrings_unavailable
 from cartonstore.system.landlock import abi_version
 from cartonstore.system.seccomp import unavailable as seccomp_unavailable
 from cartonstore.v2.shm_params import ARENA_FD_ENV, SHM_CHANNEL_ENV
+
+from .bwrap import bwrap_command, bwrap_support, bwrap_view, launcher
+from .reads import python_paths, unreachable
 
 SYSTEM_READ = ("/usr", "/lib", "/lib64", "/lib32", "/bin", "/sbin", "/opt/conda")
 ETC_READ = ("/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/localtime", "/etc/nsswitch.conf",
@@ -67,6 +75,8 @@ ENV_KEEP = ("LANG", "LC_ALL", "LC_CTYPE", "TZ", "OMP_NUM_THREADS", "MKL_NUM_THRE
             "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES")
 PATH = "/usr/local/bin:/usr/bin:/bin"
 CGROUP_PREFIX = "cartonstore-"   # runner cgroups: cartonstore-<daemon pid>-<instance>
+DEFAULT_USER = "cartonstore-runner"   # where it does not exist, a root daemon's runners get a transient uid
+TRANSIENT = ""                        # runners.user = "": a transient uid even where the default user exists
 HOW_TO = ('install bubblewrap (Debian: apt-get install bubblewrap) or run on a kernel with Landlock (5.13+, '
           'lsm=landlock); or set [runners] sandbox = "none" to run model code with the daemon\'s own rights')
 
@@ -76,12 +86,18 @@ class SandboxPolicy:
     """What the daemon asks of every runner ([runners] settings)."""
 
     mode: str = "auto"                    # auto | bwrap | landlock | none
-    user: str = "cartonstore-runner"      # runs as this user when the daemon is root
+    user: str = DEFAULT_USER              # runs as this user when the daemon is root ("": a transient uid)
     memory_limit: int | None = None
     max_processes: int = 512
     read_paths: tuple[str, ...] = ()      # sandbox_paths: more it may read
     network: frozenset[str] = frozenset()  # models whose runners keep the network
     tmp_size: int = 256 << 20
+
+    @property
+    def shm_size(self) -> int:
+        """Its /dev/shm's size: its memory limit (which counts the pages
+        anyway), or as much as /tmp gets."""
+        return self.memory_limit or self.tmp_size
 
 
 @dataclass
@@ -127,33 +143,11 @@ def _remove_as(tmp: Path, owner: tuple[int, int] | None) -> None:
     threading.Thread(target=run, name="cartonstore-tmp-rm", daemon=True).start()
 
 
-@functools.lru_cache(maxsize=8)
-def bwrap_support(bwrap: str, setpriv: str | None, uid: int | None, gid: int | None) -> tuple[bool, bool]:
-    """(whether bubblewrap can make its namespaces here, as the runner user:
-    a container may forbid user namespaces; whether it takes --size, which
-    bubblewrap before 0.8 does not), tried with the options runners get."""
-    def runs(*extra: str) -> bool:
-        argv = [bwrap, "--die-with-parent", "--unshare-all", "--cap-drop", "ALL", "--ro-bind", "/", "/", *extra,
-                "--tmpfs", "/tmp", "true"]
-        if uid is not None and setpriv:
-            argv = [setpriv, f"--reuid={uid}", f"--regid={gid}", "--clear-groups", "--", *argv]
-        try:
-            return subprocess.run(argv, capture_output=True, timeout=10).returncode == 0
-        except (OSError, subprocess.SubprocessError):
-            return False
-    if runs("--size", str(1 << 20)):
-        return True, True
-    return runs(), False
-
-
 def mechanisms(policy: SandboxPolicy, identity: tuple[int, int] | None) -> tuple[str | None, bool, int]:
     """(bubblewrap's path, or None where it is not to be used; whether it
     takes --size; the Landlock ABI), or InvalidInput saying what is missing."""
-    uid, gid = identity if identity is not None else (None, None)
-    bwrap, setpriv = shutil.which("bwrap"), shutil.which("setpriv")
-    if identity is not None and bwrap and not setpriv:
-        bwrap = None   # without setpriv bubblewrap would run as root
-    works, sized = bwrap_support(bwrap, setpriv, uid, gid) if bwrap and policy.mode in ("auto", "bwrap") \
+    bwrap = shutil.which("bwrap")
+    works, sized = bwrap_support(bwrap, identity) if bwrap and policy.mode in ("auto", "bwrap") \
         else (False, False)
     abi = abi_version()
     if policy.mode == "bwrap" and not works:
@@ -186,21 +180,46 @@ class Host:
     abi: int                           # Landlock ABI (0: none)
     no_seccomp: str | None = None      # why runners get no seccomp filter here; None: they do
     no_keyring: str | None = None      # why runners get no session keyring of their own; None: they do
+    unreachable: tuple[str, ...] = ()  # Landlock alone: what the runner's uid cannot reach, one line each
+
+    @property
+    def transient(self) -> bool:
+        return self.identity is not None and self.identity == transient_uid.held()
+
+    @property
+    def uid_layer(self) -> str:
+        """The uid layer's name: "uid", or "uid:transient(N)"."""
+        return f"uid:transient({self.identity[0]})" if self.transient else "uid"
 
     def describe(self, policy: SandboxPolicy) -> str:
-        said = ("bubblewrap" + (f" with Landlock ABI {self.abi}" if self.abi else "") if self.bwrap
-                else f"Landlock ABI {self.abi} alone") + (f", as {policy.user}" if self.identity else "")
+        if not self.bwrap:
+            said = f"Landlock ABI {self.abi} alone (NO /dev/shm: no mount namespace to give each runner its own)"
+        else:
+            said = "bubblewrap" + (f" with Landlock ABI {self.abi}" if self.abi else "")
+            said += f" and a private /dev/shm of {_mib(policy.shm_size)} each" if self.sized \
+                else " and a private /dev/shm each (unsized: bubblewrap before 0.8 takes no --size)"
+        if self.transient:
+            why = "runners.user = \"\"" if policy.user == TRANSIENT else f"no user {policy.user!r} here"
+            said += f", as transient uid {self.identity[0]} ({why})"
+        elif self.identity is not None:
+            said += f", as {policy.user}"
         said += ", no capabilities"
         said += f", NO seccomp filter ({self.no_seccomp})" if self.no_seccomp else ", a seccomp filter"
         return said + (f", NO keyring of their own ({self.no_keyring})" if self.no_keyring
                        else ", a session keyring each")
 
 
-def prerequisites(policy: SandboxPolicy) -> Host:
+def _mib(size: int) -> str:
+    return f"{size / (1 << 30):g} GiB" if size >= 1 << 30 else f"{size / (1 << 20):g} MiB"
+
+
+def prerequisites(policy: SandboxPolicy, store: tuple[Path, ...] = ()) -> Host:
     """The mechanisms runners get here, or InvalidInput saying what is
-    missing: a runner user that exists, is not root and can reach the
-    daemon's Python; bubblewrap, or Landlock under the rules of mechanisms()
-    with a seccomp filter."""
+    missing: a runner user that exists (or a transient uid) and is not root;
+    bubblewrap, or Landlock under the rules of mechanisms() with a seccomp
+    filter. Under Landlock alone, what the runner's uid cannot pass down to
+    (its Python; ``store``, the directories of the store its models are
+    read from) is in Host.unreachable: bubblewrap binds them as root."""
     identity = runner_identity(policy)
     bwrap, sized, abi = mechanisms(policy, identity)
     no_seccomp = seccomp_unavailable()
@@ -210,62 +229,56 @@ def prerequisites(policy: SandboxPolicy) -> Host:
                            f"runner from sending UDP to the host or listing its interfaces: install bubblewrap "
                            f"(Debian: apt-get install bubblewrap), or set [runners] sandbox = \"none\" to run "
                            f"model code with the daemon's own rights")
-    if identity is not None:
-        _reachable(policy, sys.executable, identity)
-    return Host(identity, bwrap, sized, abi, no_seccomp, keyrings_unavailable())
+    lines: tuple[str, ...] = ()
+    if identity is not None and bwrap is None:
+        lines = tuple(line for line in (_unreachable_line(policy, "its Python", (sys.executable, *python_paths()),
+                                                          identity),
+                                        _unreachable_line(policy, "the store's models", store, identity))
+                      if line is not None)
+    return Host(identity, bwrap, sized, abi, no_seccomp, keyrings_unavailable(), lines)
 
 
-def _reachable(policy: SandboxPolicy, path: str, identity: tuple[int, int]) -> None:
-    """InvalidInput unless the runner user can pass down to path (bubblewrap
-    binds what a runner reads as that user too)."""
-    if (blocked := unreachable(os.path.realpath(path), *identity)) is not None:
-        raise InvalidInput(f"runners.user {policy.user!r} cannot reach {path}: {blocked}. Install cartonstore's "
-                           f"Python and the store where that user may read them, or set [runners] sandbox = "
-                           f"\"none\"", subject="runners.user")
+def _unreachable_line(policy: SandboxPolicy, what: str, paths: tuple[str | Path, ...],
+                      identity: tuple[int, int]) -> str | None:
+    """One line naming the first of ``paths`` the runner's uid cannot pass
+    down to, and the directory that stops it; None when it reaches them all."""
+    for path in paths:   # as named (how a runner is started: a venv's bin/python) and where it leads
+        candidates = dict.fromkeys((os.path.abspath(path), os.path.realpath(path)))
+        if (blocked := next(filter(None, (unreachable(c, *identity) for c in candidates)), None)) is not None:
+            who = f"runners.user {policy.user!r}" if transient_uid.held() != identity \
+                else f"the runners' transient uid {identity[0]}"
+            return (f"under Landlock alone (no mount namespace to bind it in), {who} cannot reach {what}, "
+                    f"{path}: {blocked}. Under bubblewrap (runners.sandbox = \"auto\" or \"bwrap\", where it can run) "
+                    f"it is bound in; or put it where that uid may pass (0755 parents)")
+    return None
 
 
 def runner_identity(policy: SandboxPolicy) -> tuple[int, int] | None:
     """(uid, gid) runners drop to, None when the daemon is not root (they
-    keep its uid, confined). InvalidInput when runners.user is missing."""
+    keep its uid, confined): runners.user's, or a transient pair of this
+    daemon's own where that is "" or the default user, which does not
+    exist. InvalidInput when a user named otherwise is missing."""
     if os.geteuid() != 0:
         return None
-    try:
-        entry = pwd.getpwuid(int(policy.user)) if policy.user.isdigit() else pwd.getpwnam(policy.user)
-    except (KeyError, ValueError):
-        raise InvalidInput(f"runners.user {policy.user!r} does not exist: the daemon runs as root and runs model "
-                           f"code as that user, never as root. Create it (systemd-sysusers with "
-                           f"systemd/cartonstore.sysusers, or: useradd --system --no-create-home "
-                           f"--shell /usr/sbin/nologin {policy.user})", subject="runners.user") from None
+    entry = None
+    if policy.user != TRANSIENT:
+        try:
+            entry = pwd.getpwuid(int(policy.user)) if policy.user.isdigit() else pwd.getpwnam(policy.user)
+        except (KeyError, ValueError):
+            if policy.user != DEFAULT_USER:
+                raise InvalidInput(f"runners.user {policy.user!r} does not exist: the daemon runs as root and runs "
+                                   f"model code as that user, never as root. Create it (useradd --system "
+                                   f"--no-create-home --shell /usr/sbin/nologin {policy.user}), or leave runners.user "
+                                   f"unset for a transient uid", subject="runners.user") from None
+    if entry is None:
+        try:
+            return transient_uid.take()
+        except OSError as e:
+            raise InvalidInput(f"runners.user: no transient uid for runners: {e}", subject="runners.user") from None
     if entry.pw_uid == 0:
         raise InvalidInput(f"runners.user {policy.user!r} is root: runners never run as root",
                            subject="runners.user")
     return entry.pw_uid, entry.pw_gid
-
-
-def unreachable(path: str, uid: int, gid: int) -> str | None:
-    """The first directory above path that uid cannot pass through, if any."""
-    p = Path(path)
-    for d in [*reversed(p.parents), p] if p.is_dir() else reversed(p.parents):
-        try:
-            st = os.stat(d)
-        except OSError:
-            return None
-        bit = stat.S_IXUSR if st.st_uid == uid else stat.S_IXGRP if st.st_gid == gid else stat.S_IXOTH
-        if not st.st_mode & bit:
-            return f"{d} (mode {stat.S_IMODE(st.st_mode):04o}, owner uid {st.st_uid})"
-    return None
-
-
-def python_paths() -> tuple[str, ...]:
-    """What the runner's Python reads: its prefixes, its site directories and
-    this package (an editable install lives outside site-packages). Not the
-    daemon's working directory, which sys.path may name."""
-    prefixes = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix)}
-    prefixes.add(os.path.dirname(os.path.realpath(sys.executable)))
-    sites = {os.path.realpath(p) for p in sys.path
-             if p and os.path.isdir(p) and any(os.path.realpath(p).startswith(pre + os.sep) for pre in prefixes)}
-    package = os.path.dirname(os.path.realpath(cartonstore.__file__))
-    return tuple(sorted(prefixes | sites | {package, sys.prefix}))
 
 
 def _isolated(argv: list[str]) -> list[str]:
@@ -297,13 +310,15 @@ def confine(policy: SandboxPolicy, argv: list[str], *, model_dir: Path, model: s
     host = prerequisites(policy)
     identity, bwrap, abi = host.identity, host.bwrap, host.abi
     has_bwrap = bwrap is not None
+    if identity is not None and not has_bwrap:   # Landlock alone: the runner's uid reads by path
+        for what, path in (("its Python", sys.executable), ("its model directory", model_dir)):
+            if (line := _unreachable_line(policy, what, (path,), identity)) is not None:
+                raise InvalidInput(line, subject="runners.user")
     networked = model in policy.network
     reads = (*python_paths(), *SYSTEM_READ, *ETC_READ, *policy.read_paths,
              *(("/etc/resolv.conf",) if networked else ()))
     if os.path.isabs(argv[0]):
         reads += (os.path.dirname(os.path.realpath(argv[0])),)
-    if identity is not None:
-        _reachable(policy, str(model_dir), identity)
     gpus = _gpu_devices(device)
     cgroup = create_cgroup(f"{CGROUP_PREFIX}{os.getpid()}-{label}", max_processes=policy.max_processes or None,
                            memory_limit=policy.memory_limit) if identity is not None else None
@@ -319,8 +334,8 @@ def confine(policy: SandboxPolicy, argv: list[str], *, model_dir: Path, model: s
         os.chown(tmp, *identity)
     tmp_inside = "/tmp" if has_bwrap else str(tmp)
     landlock = None if abi < 1 else {
-        "read": [*reads, str(model_dir), *CPU_INFO], "write": [tmp_inside], "devices": [*DEVICES, *gpus],
-        "deny_tcp": not networked, "scope": True,
+        "read": [*reads, str(model_dir), *CPU_INFO], "write": [tmp_inside, *(("/dev/shm",) if has_bwrap else ())],
+        "devices": [*DEVICES, *gpus], "deny_tcp": not networked, "scope": True,
         # what must hold, or the runner does not start (alone, Landlock must hold it all)
         "require": ["fs"] + (["tcp"] if abi >= 4 and not networked else []) + (["signals"] if abi >= 6 else [])}
     # No network or IPC namespace under Landlock alone: sockets beyond AF_UNIX only for a model given the
@@ -330,22 +345,19 @@ def confine(policy: SandboxPolicy, argv: list[str], *, model_dir: Path, model: s
             "fd_env": [ARENA_FD_ENV, SHM_CHANNEL_ENV, MODEL_CHANNEL_ENV], "chdir": str(model_dir),
             "keyring": host.no_keyring is None, "landlock": landlock,
             "seccomp": None if host.no_seccomp else sockets}
-    if not has_bwrap:   # the launcher drops to the runner user itself, which clears the parent-death signal
-        plan.update(user=list(identity), parent=os.getpid())
-    inner = [sys.executable, "-I", "-m", "cartonstore.system.confine", json.dumps(plan), "--", *_isolated(argv)]
     layers = []
     if has_bwrap:
         layers.append("bwrap")
-        inner = [*_bwrap_args(bwrap, reads, model_dir, gpus, networked, policy.tmp_size if host.sized else None),
-                 "--", *inner]
-        if identity is not None:   # mechanisms() uses bubblewrap for a root daemon only where setpriv is
-            uid, gid = identity
-            inner = [shutil.which("setpriv"), f"--reuid={uid}", f"--regid={gid}", "--clear-groups",
-                     "--pdeathsig=KILL", "--", *inner]
+        sizes = (policy.tmp_size, policy.shm_size) if host.sized else None
+        view = bwrap_view(reads, model_dir, gpus, networked, sizes)
+        command = bwrap_command(bwrap, identity, view, plan, _isolated(argv))
+    else:   # the launcher drops to the runner user itself, which clears the parent-death signal
+        plan.update(user=list(identity), parent=os.getpid())
+        command = [*launcher(plan), *_isolated(argv)]
     if landlock is not None:
         layers.append("landlock")
     if identity is not None:
-        layers.append("uid")
+        layers.append(host.uid_layer)
     if cgroup is not None:
         layers += list(cgroup.layers)
     if rlimits:
@@ -356,24 +368,4 @@ def confine(policy: SandboxPolicy, argv: list[str], *, model_dir: Path, model: s
     out_env.update(PATH=PATH, HOME=tmp_inside, TMPDIR=tmp_inside,
                    CUDA_VISIBLE_DEVICES=env.get("CUDA_VISIBLE_DEVICES", ""))
     out_env.update(extra_env or {})
-    return Confinement(inner, out_env, tuple(layers), cgroup, tmp, owner=identity)
-
-
-def _bwrap_args(bwrap: str, reads: tuple[str, ...], model_dir: Path, gpus: tuple[str, ...], networked: bool,
-                tmp_size: int | None) -> list[str]:
-    args = [bwrap, "--die-with-parent", "--unshare-all", "--cap-drop", "ALL"]
-    if networked:
-        args.append("--share-net")
-    # /tmp first: what is bound below it afterwards (a virtualenv, a store under /tmp) stays visible.
-    args += ["--dev", "/dev", "--proc", "/proc", *(("--size", str(tmp_size)) if tmp_size else ()), "--tmpfs", "/tmp"]
-    for path in dict.fromkeys(reads):
-        if os.path.islink(path) and path.count("/") == 1:   # merged /usr: /bin -> usr/bin
-            args += ["--symlink", os.readlink(path), path]
-        elif os.path.exists(path):
-            real = os.path.realpath(path)
-            args += ["--ro-bind", real, real] if real == path else ["--ro-bind", real, path]
-    args += ["--ro-bind-try", "/sys/devices/system/cpu", "/sys/devices/system/cpu"]
-    for device in gpus:
-        args += ["--dev-bind", device, device]
-    args += ["--ro-bind", str(model_dir), str(model_dir), "--chdir", str(model_dir)]
-    return args
+    return Confinement(command, out_env, tuple(layers), cgroup, tmp, owner=identity)

@@ -1,5 +1,11 @@
-"""The directory of runner sockets: where each instance's socket lives and
-removing the ones left behind by runners that are gone."""
+"""The directories of runner sockets: where each instance's socket lives,
+and removing the ones left behind by daemons that are gone.
+
+Several daemons may serve one store root, so each keeps its runners'
+sockets in a directory of its own, ``<root>/run/runners/<owner>/``, named
+by its owner token (store/owner.py: held by a flock while the daemon
+lives, so it tells a live daemon from a gone one across PID namespaces).
+A daemon never binds, connects to or removes a socket in another's."""
 
 from __future__ import annotations
 
@@ -11,6 +17,7 @@ import stat
 from pathlib import Path
 
 from cartonstore.errors import InvalidInput
+from cartonstore.store.owner import OWNER_TOKEN, owner_is_gone
 from cartonstore.system.sockets import MAX_UNIX_PATH, is_live_socket
 
 log = logging.getLogger("cartonstore.server.runners")
@@ -61,21 +68,34 @@ def remove_socket(path: Path) -> bool:
         return False
 
 
-def clean_stale_sockets(run_dir: Path) -> list[Path]:
-    """Remove the sockets in run_dir nobody listens on (runners of a daemon
-    that crashed). A socket that still answers is left alone and logged:
-    some process still serves it. Other files are never touched."""
+def daemon_run_dir(runners_dir: Path, owner: str) -> Path:
+    """The socket directory of the daemon whose owner token is ``owner``."""
+    return runners_dir / owner
+
+
+def clean_stale_sockets(runners_dir: Path, tmp_dir: Path) -> list[Path]:
+    """Remove the socket directories of daemons that are gone (their owner
+    lock in tmp_dir is free), and loose sockets directly in runners_dir
+    that nobody listens on. A live daemon's directory is left alone, and
+    nothing but sockets and their emptied directories is ever removed."""
     removed: list[Path] = []
     try:
-        entries = sorted(run_dir.iterdir())
+        entries = sorted(runners_dir.iterdir())
     except FileNotFoundError:
         return removed
     for path in entries:
-        if not path.name.endswith(".sock") or not _is_socket(path):
-            continue
-        if is_live_socket(path):
-            log.warning("runner socket %s is still served by a live process; leaving it", path)
-            continue
-        if remove_socket(path):
+        if path.is_dir() and not path.is_symlink():
+            if OWNER_TOKEN.fullmatch(path.name) and owner_is_gone(tmp_dir, path.name):
+                removed += _remove_sockets(path)
+                try:
+                    path.rmdir()
+                except OSError as e:   # something not a socket in it: left, and said
+                    log.warning("cannot remove %s, the runner socket directory of a daemon that is gone: %s",
+                                path, e.strerror)
+        elif path.name.endswith(".sock") and _is_socket(path) and not is_live_socket(path) and remove_socket(path):
             removed.append(path)
     return removed
+
+
+def _remove_sockets(run_dir: Path) -> list[Path]:
+    return [path for path in sorted(run_dir.iterdir()) if remove_socket(path)]
