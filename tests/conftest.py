@@ -18,6 +18,9 @@ import pytest
 
 from cartonstore.store import Store
 
+# The CLI's tests' store (the fixture `root`), wherever a test module does not make its own.
+pytest_plugins = ["kit.clikit"]
+
 # Runners of the daemons and CLIs the suite starts run unsandboxed: the suite
 # is about everything else, and as root a sandboxed runner needs a user and a
 # Python that user may run. tests/server/test_sandbox.py sets its own.

@@ -345,7 +345,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
 
 
-
 def report_error(args: argparse.Namespace, e: CartonStoreError) -> int:
     """One line on stderr (JSON with --json); the exit status of its category."""
     if args.json:   # a runner's stderr as a list of lines, not folded into the text

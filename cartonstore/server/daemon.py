@@ -40,6 +40,7 @@ from cartonstore.server.rpc.grpc_server import GrpcLimits, GrpcServer, GrpcTls
 from cartonstore.server.tensors.arena import DEFAULT_SIZE as ARENA_SIZE
 from cartonstore.store import Store
 from cartonstore.store.gc import GcPolicy
+from cartonstore.store.holds import drop_leases_of_gone_owners
 from cartonstore.store.owner import hold_identity, owner_token
 from cartonstore.system.fd_limit import (
     ListenerNeed,
@@ -94,7 +95,7 @@ class DaemonSettings:
 
     @property
     def identity(self) -> str:
-        """server.id, else the socket's path (as restore rows were first kept)."""
+        """server.id, else the socket's path (the default a restart on the same socket keeps)."""
         return self.id or str(self.socket)
 
     def tcp_access(self) -> TcpAccess:
@@ -232,8 +233,8 @@ class Daemon:
                                            max_request_size=s.max_request_size, arena_size=s.arena_size,
                                            check_workers=s.check_workers, daemon_id=s.identity,
                                            allow_tcp_local_sources=s.allow_tcp_local_sources)
-                    if dropped := await asyncio.to_thread(service.drop_dead_owners_leases):
-                        log.info("dropped %d pin(s) of daemons that are gone", dropped)
+                    if dropped := await asyncio.to_thread(drop_leases_of_gone_owners, store):
+                        log.info("dropped %d lease(s) of daemons and processes that are gone", dropped)
                     await asyncio.to_thread(service.runner_host.prepare)   # probes bubblewrap: processes
                     service.runner_host.start_prewarm()
                     app = build_app(service, service.metrics, max_request_size=s.max_request_size,

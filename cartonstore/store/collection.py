@@ -31,7 +31,7 @@ from .gc import (
     tmp_leftovers,
     unindexed_files,
 )
-from .holds import drop_orphan_holds
+from .holds import drop_leases_of_gone_owners
 from .index import Index
 from .materialize import remove_tree
 from .names import pinned_name
@@ -62,9 +62,9 @@ def collect(store: StoreParts, policy: GcPolicy | None = None) -> GcReport:
         if not policy.dry_run:
             remove_path(path)
     orphans = 0
-    if not policy.dry_run:  # holds of dead processes, before the snapshot counts them as leases
+    if not policy.dry_run:  # leases of dead processes, before the snapshot counts them as leases
         with store.lock():
-            orphans = drop_orphan_holds(store)
+            orphans = drop_leases_of_gone_owners(store)
     snap = _snapshot(store, now, shared=policy.min_free is not None)
     plan = plan_collection(snap, policy)
     with store.lock():

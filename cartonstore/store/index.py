@@ -241,7 +241,9 @@ class Index(LeaseQueries, SourceQueries):
         loop reads the index and writes nothing."""
         now = time.time()
         fresh = self._rows("SELECT 1 FROM cartons WHERE digest=? AND last_used>=?", (carton, now - TOUCH_AFTER))
-        if fresh or self.read_only:   # a user who may only read goes unrecorded  # no write transaction either: it would wait behind a busy daemon's writers for nothing
+        # Fresh: no write transaction either, it would wait behind a busy daemon's writers for nothing.
+        # Read-only: a user who may only read the store goes unrecorded.
+        if fresh or self.read_only:
             return
         with self.transaction() as conn:
             touch_carton(conn, carton, now)

@@ -76,12 +76,15 @@ def build_tree(plan: TreePlan, blob_path: Callable[[str], Path], tmp_dir: Path, 
         _make_read_only(work, plan)
         fsync_dir(work)
         try:
+            # Moving a directory to another parent rewrites its "..": the kernel asks for write permission on
+            # it, which a root daemon without CAP_DAC_OVERRIDE (the systemd unit's) has only before the chmod.
             os.rename(work, dest)
         except OSError as e:
             if e.errno in (errno.EEXIST, errno.ENOTEMPTY):
                 remove_tree(work)
                 return False
             raise
+        os.chmod(dest, DIR_MODE)
         fsync_dir(dest.parent)
         return True
     except OSError as e:
@@ -109,9 +112,9 @@ def _populate(plan: TreePlan, blob_path: Callable[[str], Path], work: Path,
 
 
 def _make_read_only(work: Path, plan: TreePlan) -> None:
+    """Every directory below the top read-only (the top once it is in place: build_tree)."""
     for d in reversed(plan.dirs):
         os.chmod(work / d, DIR_MODE)
-    os.chmod(work, DIR_MODE)
 
 
 def link_tree(src: Path, dst: Path) -> None:

@@ -34,7 +34,8 @@ MAX_NAME_BYTES = 255
 # a leading '-' (a runner's command line would read it as an option).
 _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]*")
 HEX = re.compile(r"[0-9a-f]+")
-PIN_PREFIX = "pin:"
+PIN_PREFIX = "pin:"         # pin:<owner>:<name>: a daemon keeps the model it loaded as <name>
+SWITCH_PREFIX = "switch:"   # switch:<owner>:<name>: and the version it serves while it switches
 
 
 def check_grammar(name: object, what: str = "name") -> str:
@@ -110,10 +111,15 @@ def pin_lease_id(owner: str, name: str) -> str:
 
 
 def pinned_name(lease_id: str) -> str | None:
-    """The name a pin lease keeps loaded; None for any other lease."""
-    if not lease_id.startswith(PIN_PREFIX) or lease_owner(lease_id) is None:
+    """The name a pin lease keeps loaded; None for any other lease. A pin
+    from before daemons named theirs (pin:<name>: no name holds ':') reads
+    as one too; it has no owner to sweep it by and lapses at its expiry."""
+    if not lease_id.startswith(PIN_PREFIX):
         return None
-    return lease_id.split(":", 2)[2]
+    if lease_owner(lease_id) is not None:
+        return lease_id.split(":", 2)[2]
+    rest = lease_id[len(PIN_PREFIX):]
+    return rest if rest and ":" not in rest else None
 
 
 def loaded_versions(conn, name: str) -> list[str]:  # noqa: ANN001 - sqlite3.Connection

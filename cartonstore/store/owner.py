@@ -20,8 +20,8 @@ from cartonstore.errors import Unavailable
 
 _lock = threading.Lock()
 _owners: dict[Path, tuple[int, str, int]] = {}  # tmp dir -> (pid, token, fd)
-TOKEN_RE = re.compile(r"^(?:ingest|model|upload|owner)-([a-z0-9]{12})[-.]")
-OWNER_TOKEN = re.compile(r"[0-9a-f]{12}")
+OWNER_TOKEN = re.compile(r"[0-9a-f]{12}")   # what owner_token() makes: six random bytes in hex
+TOKEN_RE = re.compile(rf"^(?:ingest|model|upload|owner)-({OWNER_TOKEN.pattern})[-.]")
 
 
 def owner_token(tmp_dir: Path) -> str:

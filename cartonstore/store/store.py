@@ -328,12 +328,12 @@ class Store(StoreParts):
     def remove(self, ref: str) -> RemoveResult:
         """Forget a carton, delete its model directory and the blobs no other
         carton lists. Refuses while a live lease holds it."""
-        from .holds import drop_orphan_holds
+        from .holds import drop_leases_of_gone_owners
         from .materialize import remove_tree
 
         digest = self.resolve(ref)
         with self.lock():
-            drop_orphan_holds(self)
+            drop_leases_of_gone_owners(self)
             if leases := self.index.live_leases(digest):
                 raise removal_refused(digest, leases)
             orphans = self.index.remove_carton(digest)
@@ -372,7 +372,11 @@ def _may_write(root: Path) -> bool:
 
 def no_such_source(ref: str) -> NotFound | None:
     """For a REF that reads as a path (it holds a '/', no name does, or ends
-    in .carton) and is none: "no such file", not "no carton matches"."""
+    in .carton) and is none: "no such file", not "no carton matches"; for
+    a URL, that only add fetches one."""
+    if "://" in ref:
+        return NotFound(f"{ref} is a URL, not a carton in the store: add it first (cartonstore add {ref}), "
+                        "then name it by its name or hash", subject=ref)
     if os.sep not in ref and not ref.endswith(".carton"):
         return None
     also = "" if os.sep in ref else f", and no carton is named {ref!r}"

@@ -59,6 +59,9 @@ SYSCALLS = {
     },
 }
 
+CAP_SETPCAP = 8    # capability(7) numbers
+CAP_SETFCAP = 31
+
 PR_SET_PDEATHSIG = 1
 PR_CAPBSET_READ = 23
 PR_CAPBSET_DROP = 24
@@ -123,3 +126,12 @@ def prctl(option: int, *args: int) -> int:
         code = ctypes.get_errno()
         raise OSError(code, f"{said}: {os.strerror(code)}")
     return result
+
+
+def in_bounding_set(cap: int) -> bool:
+    """Whether this process's capability bounding set holds ``cap`` (True
+    where the kernel cannot tell: nothing is then refused for its lack)."""
+    try:
+        return bool(prctl(PR_CAPBSET_READ, cap))
+    except OSError:
+        return True

@@ -1,11 +1,14 @@
 """A uid and gid of their own for the processes a root daemon runs, where
 no user was made for them: as systemd's DynamicUser does, one from the
 range it reserves (61184-65519), named in neither /etc/passwd nor
-/etc/group, run by no live process, and held by this process for its life
-through an flock on ``<LOCK_DIR>/<uid>.lock``, so that two daemons on one
-host never share one.
+/etc/group, not one systemd has handed a service of its own
+(/run/systemd/dynamic-uid/<uid>), run by no live process, and held by this
+process for its life through an flock on ``<dir>/<uid>.lock`` in each of
+its lock directories: the host's /run/cartonstore/transient-uids and the
+store's locks/, which daemons in other containers on the host share
+where their /run is their own.
 
-    uid, gid = take()   # the same pair on every call in this process
+    uid, gid = take((LOCK_DIR, store_locks))   # the same pair on every call in this process
 """
 
 from __future__ import annotations
@@ -16,13 +19,15 @@ import os
 import pwd
 import random
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 
 FIRST, LAST = 61184, 65519          # systemd's range for dynamic users (uid == gid)
 LOCK_DIR = Path("/run/cartonstore/transient-uids")
+SYSTEMD_DYNAMIC = Path("/run/systemd/dynamic-uid")   # a file per uid systemd has handed out
 
 _lock = threading.Lock()
-_held: tuple[int, int, int] | None = None   # (uid, gid, the lock file's fd, kept open)
+_held: tuple[int, int, list[int]] | None = None   # (uid, gid, the lock files' fds, kept open)
 
 
 def held() -> tuple[int, int] | None:
@@ -37,43 +42,61 @@ def _named(uid: int) -> bool:
             return True
         except KeyError:
             pass
-    return False
+    return os.path.lexists(SYSTEMD_DYNAMIC / str(uid))
 
 
 def _running() -> set[int]:
-    """The uids that own a live process (its /proc directory)."""
+    """The uids, real, effective, saved or filesystem, of the live processes
+    this one can see: from their status (their /proc directory's owner is
+    root for a process that is not dumpable, as one that just changed uid)."""
     uids = set()
     for entry in os.scandir("/proc"):
         if entry.name.isdigit():
             try:
-                uids.add(entry.stat(follow_symlinks=False).st_uid)
-            except OSError:
+                with open(f"/proc/{entry.name}/status") as f:
+                    line = next(line for line in f if line.startswith("Uid:"))
+            except (OSError, StopIteration):
                 continue
+            uids.update(int(uid) for uid in line.split()[1:])
     return uids
 
 
-def take(lock_dir: Path = LOCK_DIR) -> tuple[int, int]:
-    """(uid, gid), the same on every call in this process; OSError naming
-    the lock directory when none can be taken (no range left, or the
-    directory cannot be made)."""
+def _lock_all(uid: int, lock_dirs: Sequence[Path]) -> list[int] | None:
+    """The flocks on ``uid`` in every directory, or None (nothing held) where one is taken."""
+    fds: list[int] = []
+    for lock_dir in lock_dirs:
+        fd = os.open(lock_dir / f"{uid}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        fds.append(fd)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            for taken in fds:
+                os.close(taken)
+            return None
+    return fds
+
+
+def take(lock_dirs: Sequence[Path] = (LOCK_DIR,), first: int = FIRST, last: int = LAST) -> tuple[int, int]:
+    """(uid, gid) from first-last, the same on every call in this process;
+    OSError naming the lock directories when none can be taken (no uid left,
+    or a directory cannot be made)."""
     global _held
     with _lock:
         if _held is not None:
             return _held[:2]
-        lock_dir.mkdir(mode=0o755, parents=True, exist_ok=True)
+        for lock_dir in lock_dirs:
+            lock_dir.mkdir(mode=0o755, parents=True, exist_ok=True)
         running = _running()
-        start = random.randrange(FIRST, LAST + 1)   # apart from others' first tries, and from a dead daemon's
-        for offset in range(LAST - FIRST + 1):
-            uid = FIRST + (start - FIRST + offset) % (LAST - FIRST + 1)
+        size = last - first + 1
+        start = random.randrange(size)   # apart from others' first tries, and from a dead daemon's
+        for offset in range(size):
+            uid = first + (start + offset) % size
             if uid in running or _named(uid):
                 continue
-            fd = os.open(lock_dir / f"{uid}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                os.close(fd)
-                continue
-            _held = (uid, uid, fd)
-            return uid, uid
-        raise OSError(f"no transient uid is free in {FIRST}-{LAST} (each is named in /etc/passwd or /etc/group, "
-                      f"runs a process, or is held in {lock_dir})")
+            fds = _lock_all(uid, lock_dirs)
+            if fds is not None:
+                _held = (uid, uid, fds)
+                return uid, uid
+        raise OSError(f"no transient uid is free in {first}-{last} (each is named in /etc/passwd or /etc/group, "
+                      f"handed out by systemd, runs a process, or is held in "
+                      f"{' or '.join(str(d) for d in lock_dirs)})")

@@ -10,15 +10,10 @@ from pathlib import Path
 
 import pytest
 from conftest import FIXTURE_CARTON, FIXTURE_DIGEST
+from kit.clikit import run
 
 from cartonstore.cli.args import _commands
-from cartonstore.cli.commands import build_parser, main
-
-
-def run(capsys, *argv: str) -> tuple[int, str, str]:  # noqa: ANN001
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
+from cartonstore.cli.commands import build_parser
 
 
 def test_every_command_is_documented_with_an_example() -> None:

@@ -15,7 +15,16 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import FIXTURE_CARTON, FIXTURE_DIGEST, MINIMAL_TOML, carton_entries, manifest_for, snapshot, write_zip
+from conftest import (
+    FIXTURE_CARTON,
+    FIXTURE_DIGEST,
+    MINIMAL_TOML,
+    carton_entries,
+    manifest_for,
+    snapshot,
+    write_zip,
+)
+from kit.clikit import run
 from kit.daemonkit import DaemonProcess, unix_session
 
 from cartonstore.cli.args import _commands, arrange_argv
@@ -24,20 +33,6 @@ from cartonstore.cli.parser import COMMANDS
 from cartonstore.store import Store
 
 GOOD = {"carton.toml": MINIMAL_TOML, "model/w.bin": b"weights"}
-
-
-def run(capsys, *argv: str) -> tuple[int, str, str]:  # noqa: ANN001
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-@pytest.fixture
-def root(tmp_path: Path) -> Path:
-    """A store holding the fixture carton, named tiny."""
-    with Store(tmp_path / "root") as s:
-        s.add(FIXTURE_CARTON, name="tiny")
-    return tmp_path / "root"
 
 
 @pytest.fixture

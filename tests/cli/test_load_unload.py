@@ -15,18 +15,12 @@ from pathlib import Path
 
 import pytest
 from conftest import FIXTURE_CARTON, FIXTURE_DIGEST, FIXTURES, short_dir
+from kit.clikit import run
 from kit.daemonkit import DaemonProcess, call
 
-from cartonstore.cli.commands import main
 from cartonstore.store import Store
 
 QUICK = FIXTURES / "quickstart.carton"
-
-
-def run(capsys, *argv: str) -> tuple[int, str, str]:  # noqa: ANN001
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 @pytest.fixture(scope="module")

@@ -18,26 +18,12 @@ from pathlib import Path
 
 import pytest
 from conftest import FIXTURE_CARTON, FIXTURE_DIGEST, snapshot
+from kit.clikit import run
 from kit.runnerkit import onnx_model_dir
 
-from cartonstore.cli.commands import main
 from cartonstore.store import Store
 
 NOBODY = 65534
-
-
-def run(capsys, *argv: str) -> tuple[int, str, str]:  # noqa: ANN001
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-@pytest.fixture
-def root(tmp_path: Path) -> Path:
-    """A store holding the fixture carton, named tiny."""
-    with Store(tmp_path / "root") as s:
-        s.add(FIXTURE_CARTON, name="tiny")
-    return tmp_path / "root"
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root: a file only root may read, added by uid 65534")
@@ -90,6 +76,9 @@ def test_adding_a_model_file_says_to_pack_it_first(root: Path, tmp_path: Path, c
     (["path", "./nope.carton"], "cartonstore path: error: no such file or directory: ./nope.carton"),
     (["inspect", "nope"], "cartonstore inspect: error: no carton matches 'nope' (not a known manifest hash, "
                           "hash prefix or name)"),
+    (["inspect", "https://example.invalid/m.carton"],   # nothing is fetched: no connection is tried
+     "cartonstore inspect: error: https://example.invalid/m.carton is a URL, not a carton in the store: add it "
+     "first (cartonstore add https://example.invalid/m.carton), then name it by its name or hash"),
 ])
 def test_what_is_not_there_is_named_as_what_it_looks_like(root: Path, tmp_path: Path, monkeypatch, capsys,  # noqa: ANN001
                                                           argv: list[str], line: str) -> None:

@@ -1049,7 +1049,7 @@ EXPECTED_UNITS = [
         # runners: their own cgroups, their user, bubblewrap's namespaces, GPU device nodes
         "Delegate": "pids memory",
         "ProtectControlGroups": "no",
-        "CapabilityBoundingSet": "CAP_SETUID CAP_SETGID CAP_CHOWN CAP_KILL",
+        "CapabilityBoundingSet": "CAP_SETUID CAP_SETGID CAP_SETFCAP CAP_SETPCAP CAP_CHOWN CAP_KILL",
         "RestrictNamespaces": "user mnt pid net ipc uts cgroup",
         "PrivateDevices": "no",
         "DevicePolicy": "closed",

@@ -222,3 +222,71 @@ def test_a_transient_uid_is_nobodys_and_two_daemons_get_two() -> None:
             (row,) = call(first, "POST", "/v2/repository/index", json={})[1]
             assert f"uid:transient({uids[0]})" in row["sandbox"].split("+"), row["sandbox"]
             assert wait_for(lambda: runner_uid(row["pids"][0]) == uids[0], timeout=10)
+
+
+UNIT = Path(__file__).resolve().parents[2] / "systemd" / "cartonstore.service"
+
+
+def unit_bounding_set() -> list[str]:
+    """The capabilities systemd/cartonstore.service leaves the daemon."""
+    (line,) = [line for line in UNIT.read_text().splitlines() if line.startswith("CapabilityBoundingSet=")]
+    return line.split("=", 1)[1].split()
+
+
+class BoundedDaemon(DaemonProcess):
+    """A daemon whose capability bounding set is ``caps`` alone, as a unit's
+    CapabilityBoundingSet leaves it (setpriv, util-linux)."""
+
+    def __init__(self, caps: list[str], *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)
+        self.caps = caps
+
+    def argv(self) -> list[str]:
+        names = ",".join(["-all", *(f"+{cap.removeprefix('CAP_').lower()}" for cap in self.caps)])
+        return ["setpriv", f"--bounding-set={names}", "--inh-caps=-all", *super().argv()]
+
+
+@pytest.mark.parametrize("dropped", [(), ("CAP_SETFCAP",), ("CAP_SETFCAP", "CAP_SETPCAP")],
+                         ids=["the unit's", "without CAP_SETFCAP", "without CAP_SETFCAP and CAP_SETPCAP"])
+def test_the_units_capabilities_sandbox_runners_and_without_them_the_start_says_why(dropped: tuple[str, ...]) -> None:
+    """Under the capabilities the systemd unit keeps, a root daemon (not
+    CAP_DAC_OVERRIDE: its model directories are read-only to it too) builds
+    a model and its runner gets bubblewrap (root is mapped in each runner's
+    user namespace, which the kernel allows only with CAP_SETFCAP) and
+    answers. Without CAP_SETFCAP it falls back to Landlock alone and says
+    why, naming the capability, and runners.sandbox = "bwrap" refuses; with
+    CAP_SETPCAP gone too, Landlock alone cannot empty a runner's bounding
+    set: the start says so and a load fails naming it."""
+    if (why := why_not_here()) is not None:
+        pytest.skip(why)
+    if shutil.which("setpriv") is None:
+        pytest.skip("setpriv (util-linux) is not installed")
+    bounding = [cap for cap in unit_bounding_set() if cap not in dropped]
+    with short_dir() as base:
+        base.chmod(0o711)
+        d = BoundedDaemon(bounding, base / "store", env={"CARTONSTORE_SANDBOX": "auto"}, log_file=base / "d.log")
+        with d:
+            status, body = load(d, "echo", echo_carton(base / "echo", dtypes=["float32"]))
+            log = d.log_file.read_text()
+            if "CAP_SETPCAP" in dropped:
+                assert "loads that run model code will fail" in log and "CAP_SETPCAP" in log, log[-3000:]
+                assert status == 400 and "CAP_SETPCAP" in body["error"], body
+                return
+            assert status == 200, (body, log[-3000:])
+            said = start_line(d)
+            status, answer = call(d, "POST", "/v2/models/echo/infer", json={
+                "inputs": [{"name": "x_float32", "datatype": "FP32", "shape": [1, 2], "data": [1.5, 2.5]}]})
+            assert status == 200 and answer["outputs"][0]["data"] == [1.5, 2.5], answer
+            (row,) = call(d, "POST", "/v2/repository/index", json={})[1]
+            layers = row["sandbox"].split("+")
+            if not dropped:
+                assert "bubblewrap with Landlock" in said and layers[0] == "bwrap", (said, layers)
+                return
+            assert "Landlock ABI" in said and "bubblewrap is installed but cannot run here" in said, said
+            assert "CAP_SETFCAP" in said and layers[0] == "landlock", (said, layers)
+            assert "bubblewrap cannot run here, so runners get Landlock alone" in log
+        strict = BoundedDaemon(bounding, base / "strict", env={"CARTONSTORE_SANDBOX": "bwrap"},
+                               log_file=base / "strict.log")
+        with strict:
+            status, body = load(strict, "echo", echo_carton(base / "echo-strict", dtypes=["float32"]))
+            assert status == 400 and "CAP_SETFCAP" in body["error"], body

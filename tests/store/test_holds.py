@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -91,24 +92,33 @@ asyncio.run(main())
 """
 
 
-def _held_then_killed(store: Store, digest: str) -> None:
-    """A process holds digest, the store sees it live, then SIGKILL."""
+def _leased_then_killed(store: Store, digest: str, script: str, said: str,
+                        while_live: Callable[[], None] = lambda: None) -> None:
+    """A process runs ``script`` (leasing digest, then saying ``said``); the
+    store sees its leases live (``while_live`` checks more), then SIGKILL."""
     import signal
     import subprocess
     import sys
 
-    proc = subprocess.Popen([sys.executable, "-c", HOLD_THEN_SLEEP, str(store.root), digest],
-                            stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, "-c", script, str(store.root), digest], stdout=subprocess.PIPE, text=True)
     try:
-        assert proc.stdout.readline().strip() == "held"
-        assert store.index.live_leases(digest)[0].holder.startswith("cartonstore test (pid")
-        # while its process lives, a hold is a lease like any other
+        assert proc.stdout.readline().strip() == said
+        while_live()
+        # while its process lives, a hold or a pin is a lease like any other
         store.collect(GcPolicy(max_size=0, grace=0))
         assert all(store.blobs.has(w) for w in _weights(store, digest))
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait(10)
         proc.stdout.close()
+
+
+def _held_then_killed(store: Store, digest: str) -> None:
+    """A process holds digest, the store sees it live, then SIGKILL."""
+    def held_by_it() -> None:
+        assert store.index.live_leases(digest)[0].holder.startswith("cartonstore test (pid")
+
+    _leased_then_killed(store, digest, HOLD_THEN_SLEEP, "held", held_by_it)
 
 
 def test_the_hold_of_a_killed_process_blocks_neither_rm_nor_gc(store: Store, tmp_path: Path) -> None:
@@ -144,3 +154,56 @@ def test_a_request_cancelled_while_its_hold_is_taken_leaves_no_hold(store: Store
 
     asyncio.run(cancelled_then_settle())
     assert store.index.count_live_leases() == 0
+
+
+PIN_THEN_SLEEP = """
+import sys, time
+from cartonstore.store import Store
+from cartonstore.store.names import PIN_PREFIX, SWITCH_PREFIX
+from cartonstore.store.owner import owner_token
+
+with Store(sys.argv[1]) as store:
+    owner = owner_token(store.layout.tmp_dir)   # a daemon's pins are named by its owner token
+    for prefix in (PIN_PREFIX, SWITCH_PREFIX):
+        store.index.create_lease(sys.argv[2], 600, holder="loaded:m", lease_id=f"{prefix}{owner}:m")
+    print("pinned", flush=True)
+    time.sleep(600)
+"""
+
+
+@pytest.mark.parametrize("then", ["rm", "gc"])
+def test_the_pins_of_a_killed_daemon_block_neither_rm_nor_gc(store: Store, tmp_path: Path, then: str) -> None:
+    """A SIGKILLed daemon's pin and switch lease (pin:<owner>:<name>) hold
+    its carton while it lives, and go with the next rm or gc once its owner
+    lock is free, without waiting for a daemon to start or the pins to expire."""
+    from cartonstore.errors import Conflict
+
+    digest = store.add(_carton(tmp_path, "p", {"model/w": b"p" * 5000})).digest
+
+    def loaded_by_it() -> None:
+        with pytest.raises(Conflict, match="is loaded as m by the daemon: unload it first: cartonstore unload m"):
+            store.remove(digest)
+
+    _leased_then_killed(store, digest, PIN_THEN_SLEEP, "pinned", loaded_by_it)
+    if then == "rm":
+        store.remove(digest)
+    else:
+        report = store.collect(GcPolicy(max_size=0, grace=0))
+        assert report.expired_leases == 2 and not store.blobs.has(_weights(store, digest)[0])
+    assert store.index.count_live_leases() == 0
+
+
+def test_a_pin_from_before_daemons_named_theirs_still_reads_as_loaded(store: Store, tmp_path: Path) -> None:
+    """pin:<name>, as a daemon before owner tokens wrote it: it has no owner
+    to sweep it by, and until it expires it is a loaded model's pin."""
+    from cartonstore.errors import Conflict
+
+    digest = store.add(_carton(tmp_path, "old", {"model/w": b"o" * 5000}), name="old").digest
+    store.index.create_lease(digest, 600, holder="loaded:old", lease_id="pin:old")
+    with pytest.raises(Conflict, match="is loaded as old by the daemon"):
+        store.remove(digest)
+    store.collect(GcPolicy(max_size=0, grace=0))
+    assert all(store.blobs.has(w) for w in _weights(store, digest))
+    other = store.add(_carton(tmp_path, "new", {"model/w": b"n" * 5000})).digest
+    with pytest.raises(Conflict, match="name old is loaded by the daemon as version"):
+        store.name_carton(other, "old")

@@ -19,7 +19,7 @@ from cartonstore.format.digest import is_sha256
 from cartonstore.store import Store
 from cartonstore.store.group_commit import GroupCommit
 from cartonstore.store.names import carton_named, pin_lease_id
-from cartonstore.store.owner import lease_owner, owner_is_gone, owner_token
+from cartonstore.store.owner import owner_token
 from cartonstore.system.callers import Credentials
 from cartonstore.system.flights import SingleFlight
 
@@ -146,19 +146,6 @@ class Leasing:
                                "switch): pins of loaded models are released by unloading the model")
         if not await self._batch(lambda conn: self.store.index.drop_lease(conn, lease_id)):
             raise NotFound(f"no lease {lease_id!r} (never taken, already released, or expired)", subject=lease_id)
-
-    def drop_dead_owners_leases(self) -> int:
-        """At start, in a thread: drop the pins and switch leases of daemons
-        that are gone (their owner lock is free), which would otherwise keep
-        their models from gc until they expire; a live daemon's are left
-        alone. Returns how many."""
-        index, tmp_dir = self.store.index, self.store.layout.tmp_dir
-        ids = [lease_id for prefix in OWNED_LEASE_PREFIXES for lease_id in index.lease_ids_with_prefix(prefix)]
-        dead = [lease_id for lease_id in ids
-                if (owner := lease_owner(lease_id)) is not None and owner_is_gone(tmp_dir, owner)]
-        if dead:
-            index.delete_leases(dead)
-        return len(dead)
 
 
 def resolve_on(conn, ref: str) -> str | None:  # noqa: ANN001

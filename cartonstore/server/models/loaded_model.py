@@ -10,7 +10,7 @@ from typing import Any
 from cartonstore.format.carton_toml import CartonConfig
 from cartonstore.server.runners import ModelRunners
 from cartonstore.store.lease_rows import LeaseRow
-from cartonstore.store.names import PIN_PREFIX
+from cartonstore.store.names import PIN_PREFIX, SWITCH_PREFIX
 
 from .batcher import DynamicBatcher
 from .runtime import files_only_note
@@ -71,7 +71,6 @@ class Granted:
                 "expires_at": self.lease.expires_at}
 
 
-SWITCH_PREFIX = "switch:"
 OWNED_LEASE_PREFIXES = (PIN_PREFIX, SWITCH_PREFIX)   # leases daemons take and renew themselves
 
 

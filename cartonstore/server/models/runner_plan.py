@@ -147,12 +147,14 @@ def runner_opts(cfg: CartonConfig, triton_config: Mapping[str, Any] | None) -> d
     return opts
 
 
-def sandbox_policy(settings: RunnerSettings) -> SandboxPolicy | None:
-    """What every runner's sandbox holds ([runners]); None for sandbox = "none"."""
+def sandbox_policy(settings: RunnerSettings, store_locks: Path | None = None) -> SandboxPolicy | None:
+    """What every runner's sandbox holds ([runners]); None for sandbox = "none".
+    ``store_locks``: the store's locks/, where a transient uid is held too."""
     if settings.sandbox == "none":
         return None
     return SandboxPolicy(settings.sandbox, settings.user, settings.memory_limit, settings.max_processes,
-                         settings.sandbox_paths, settings.network)
+                         settings.sandbox_paths, settings.network,
+                         uid_locks=(store_locks,) if store_locks is not None else ())
 
 
 def instance_specs(plan: RunnerPlan, *, model_dir: Path, name: str, version: str, opts: Mapping[str, Any],

@@ -30,7 +30,11 @@ from cartonstore.server.runners import (
 from cartonstore.server.runners.instance import FirstProcess
 from cartonstore.server.runners.prewarm import PrewarmPool
 from cartonstore.server.runners.process import RunnerFailed, RunnerProcess
-from cartonstore.server.runners.sandbox import CGROUP_PREFIX, prerequisites
+from cartonstore.server.runners.sandbox import (
+    CGROUP_PREFIX,
+    SandboxPolicy,
+    prerequisites,
+)
 from cartonstore.server.runners.settings import physical_gpu
 from cartonstore.server.runners.waiting import (
     Slots,
@@ -112,10 +116,14 @@ class RunnerHost:
         self._check_sandbox()
         self._prewarm_kinds = self._frameworks_here(self.config.prewarm)
 
+    def _sandbox_policy(self) -> SandboxPolicy | None:
+        """[runners]' sandbox, transient uids held in the store's locks/ too (others' containers see it)."""
+        return sandbox_policy(self.config, StoreLayout(self.tmp_dir.parent).locks_dir)
+
     def _check_sandbox(self) -> None:
         """Say at start what runners will run in (probing bubblewrap now,
         once: prepare() runs in a thread, and the probe starts processes)."""
-        policy = sandbox_policy(self.config)
+        policy = self._sandbox_policy()
         if policy is None:
             log.warning("runners.sandbox = none: model code runs with the daemon's own rights")
             return
@@ -124,6 +132,8 @@ class RunnerHost:
         except InvalidInput as e:
             log.warning("runners cannot be sandboxed here, so loads that run model code will fail: %s", e)
             return
+        if host.no_bwrap:
+            log.warning("bubblewrap cannot run here, so runners get Landlock alone: %s", host.no_bwrap)
         log.info("runners run sandboxed: %s", host.describe(policy))
         for line in host.unreachable:
             log.warning("loads will fail: %s", line)
@@ -139,7 +149,7 @@ class RunnerHost:
         if plan is None:
             return None
         devices = instance_devices(triton_config, self.config.devices)
-        policy = sandbox_policy(self.config)
+        policy = self._sandbox_policy()
         specs = instance_specs(plan, model_dir=model_dir, name=name, version=version,
                                opts=runner_opts(cfg, triton_config), devices=devices, run_dir=self.run_dir,
                                generation=next(self._generation), sandbox=policy)
@@ -212,7 +222,7 @@ class RunnerHost:
             return
         programs = {kind: tuple(program(kind)) for kind in self._prewarm_kinds}
         self.prewarm = PrewarmPool(programs, self.config.devices, self.run_dir, self.slots, self.settings,
-                                   sandbox_policy(self.config))
+                                   self._sandbox_policy())
         self.prewarm.start()
         log.info("pre-warming %s runners on %s", ", ".join(self._prewarm_kinds), ", ".join(self.config.devices))
 

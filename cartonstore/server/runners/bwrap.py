@@ -18,28 +18,50 @@ import subprocess
 import sys
 from pathlib import Path
 
+from cartonstore.system.syscalls import CAP_SETFCAP, in_bounding_set
+
 # Bubblewrap as root in the runner's user namespace (the root flavour): the namespaces but a user one, and
 # of root's capabilities only those the launcher inside needs to drop to the runner's uid and empty its sets.
 ROOT_UNSHARE = ("--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try",
                 "--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--cap-add", "CAP_SETPCAP")
 
 
-@functools.lru_cache(maxsize=8)
+@functools.lru_cache(maxsize=16)
+def _refusal(bwrap: str, identity: tuple[int, int] | None, sized: bool) -> str | None:
+    """None when bubblewrap runs here as runners get it (with --size where
+    ``sized``), else why not: its last line on stderr."""
+    # A tmpfs on /dev/shm, not /tmp: this Python may live under /tmp.
+    tail = [*(["--size", str(1 << 20)] if sized else []), "--perms", "01777", "--tmpfs", "/dev/shm"]
+    try:
+        done = subprocess.run(bwrap_command(bwrap, identity, ["--ro-bind", "/", "/", *tail], {}, ["true"]),
+                              check=False, capture_output=True, timeout=10)
+    except (OSError, subprocess.SubprocessError) as e:
+        return str(e)
+    if done.returncode == 0:
+        return None
+    lines = [line.strip() for line in done.stderr.decode(errors="replace").splitlines() if line.strip()]
+    return lines[-1][:300] if lines else f"exit status {done.returncode}"
+
+
 def bwrap_support(bwrap: str, identity: tuple[int, int] | None) -> tuple[bool, bool]:
     """(whether bubblewrap can make its namespaces here, the way runners get
     them: as the daemon's user, or for a root daemon as root of a user
     namespace holding the runner's uid (a container may forbid either);
     whether it takes --size, which bubblewrap before 0.8 does not)."""
-    def runs(*extra: str) -> bool:
-        tail = [*extra, "--perms", "01777", "--tmpfs", "/dev/shm"]   # not /tmp: this Python may live there
-        try:
-            return subprocess.run(bwrap_command(bwrap, identity, ["--ro-bind", "/", "/", *tail], {}, ["true"]),
-                                  check=False, capture_output=True, timeout=10).returncode == 0
-        except (OSError, subprocess.SubprocessError):
-            return False
-    if runs("--size", str(1 << 20)):
+    if _refusal(bwrap, identity, True) is None:
         return True, True
-    return runs(), False
+    return _refusal(bwrap, identity, False) is None, False
+
+
+def bwrap_refusal(bwrap: str, identity: tuple[int, int] | None) -> str | None:
+    """Why bubblewrap cannot run here as runners get it, in words (None when
+    it can): what it said, and for a root daemon without CAP_SETFCAP, that
+    the kernel (5.12+) wants it to map root in the runners' user namespace."""
+    why = _refusal(bwrap, identity, False)
+    if why is None or identity is None or in_bounding_set(CAP_SETFCAP):
+        return why
+    return (f"{why}; a root daemon maps root in its runners' user namespace, which needs CAP_SETFCAP in its "
+            f"capability bounding set (systemd: CapabilityBoundingSet=... CAP_SETFCAP)")
 
 
 def launcher(plan: dict) -> list[str]:

@@ -60,9 +60,10 @@ from cartonstore.system.cgroups import create as create_cgroup
 from cartonstore.system.keyring import unavailable as keyrings_unavailable
 from cartonstore.system.landlock import abi_version
 from cartonstore.system.seccomp import unavailable as seccomp_unavailable
+from cartonstore.system.syscalls import CAP_SETPCAP, in_bounding_set
 from cartonstore.v2.shm_params import ARENA_FD_ENV, SHM_CHANNEL_ENV
 
-from .bwrap import bwrap_command, bwrap_support, bwrap_view, launcher
+from .bwrap import bwrap_command, bwrap_refusal, bwrap_support, bwrap_view, launcher
 from .reads import python_paths, unreachable
 
 SYSTEM_READ = ("/usr", "/lib", "/lib64", "/lib32", "/bin", "/sbin", "/opt/conda")
@@ -92,6 +93,9 @@ class SandboxPolicy:
     read_paths: tuple[str, ...] = ()      # sandbox_paths: more it may read
     network: frozenset[str] = frozenset()  # models whose runners keep the network
     tmp_size: int = 256 << 20
+    # where a transient uid is held beside the host's /run: the store's locks/, shared with daemons in
+    # other containers whose /run is their own
+    uid_locks: tuple[Path, ...] = ()
 
     @property
     def shm_size(self) -> int:
@@ -151,7 +155,8 @@ def mechanisms(policy: SandboxPolicy, identity: tuple[int, int] | None) -> tuple
         else (False, False)
     abi = abi_version()
     if policy.mode == "bwrap" and not works:
-        raise InvalidInput(f"runners.sandbox = \"bwrap\", but bubblewrap cannot run here: {HOW_TO}")
+        why = f"{bwrap_refusal(bwrap, identity)}. " if bwrap else ""
+        raise InvalidInput(f"runners.sandbox = \"bwrap\", but bubblewrap cannot run here: {why}{HOW_TO}")
     if works:
         return bwrap, sized, abi
     # Landlock alone stops no chmod, no connect() to a Unix socket by path and no UDP: it holds only for a
@@ -167,6 +172,10 @@ def mechanisms(policy: SandboxPolicy, identity: tuple[int, int] | None) -> tuple
     if abi < 6:
         raise InvalidInput(f"only Landlock ABI {abi} is here (Linux before 6.12): it cannot stop a runner from "
                            f"signalling the daemon. {HOW_TO}")
+    if not in_bounding_set(CAP_SETPCAP):   # bubblewrap's user namespace gives it; the host's does not
+        raise InvalidInput("under Landlock alone a root daemon empties each runner's capability bounding set, "
+                           "which needs CAP_SETPCAP in its own, and it has none (systemd: "
+                           "CapabilityBoundingSet=... CAP_SETPCAP); or let bubblewrap run (CAP_SETFCAP)")
     return None, False, abi
 
 
@@ -181,6 +190,7 @@ class Host:
     no_seccomp: str | None = None      # why runners get no seccomp filter here; None: they do
     no_keyring: str | None = None      # why runners get no session keyring of their own; None: they do
     unreachable: tuple[str, ...] = ()  # Landlock alone: what the runner's uid cannot reach, one line each
+    no_bwrap: str | None = None        # why bubblewrap, installed, cannot run here; None: it runs or is absent
 
     @property
     def transient(self) -> bool:
@@ -194,6 +204,8 @@ class Host:
     def describe(self, policy: SandboxPolicy) -> str:
         if not self.bwrap:
             said = f"Landlock ABI {self.abi} alone (NO /dev/shm: no mount namespace to give each runner its own)"
+            if self.no_bwrap:
+                said += f" (bubblewrap is installed but cannot run here: {self.no_bwrap})"
         else:
             said = "bubblewrap" + (f" with Landlock ABI {self.abi}" if self.abi else "")
             said += f" and a private /dev/shm of {_mib(policy.shm_size)} each" if self.sized \
@@ -235,7 +247,9 @@ def prerequisites(policy: SandboxPolicy, store: tuple[Path, ...] = ()) -> Host:
                                                           identity),
                                         _unreachable_line(policy, "the store's models", store, identity))
                       if line is not None)
-    return Host(identity, bwrap, sized, abi, no_seccomp, keyrings_unavailable(), lines)
+    installed = shutil.which("bwrap") if bwrap is None and policy.mode == "auto" else None
+    return Host(identity, bwrap, sized, abi, no_seccomp, keyrings_unavailable(), lines,
+                bwrap_refusal(installed, identity) if installed else None)
 
 
 def _unreachable_line(policy: SandboxPolicy, what: str, paths: tuple[str | Path, ...],
@@ -272,7 +286,7 @@ def runner_identity(policy: SandboxPolicy) -> tuple[int, int] | None:
                                    f"unset for a transient uid", subject="runners.user") from None
     if entry is None:
         try:
-            return transient_uid.take()
+            return transient_uid.take((transient_uid.LOCK_DIR, *policy.uid_locks))
         except OSError as e:
             raise InvalidInput(f"runners.user: no transient uid for runners: {e}", subject="runners.user") from None
     if entry.pw_uid == 0:
