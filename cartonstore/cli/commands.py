@@ -2,7 +2,7 @@
 
 Each command opens the store, calls one library method and prints the
 result. Library exceptions become one line on stderr and an exit status
-chosen by their category (see EXIT_CODES); nothing else is caught.
+chosen by their category (cartonstore.errors.CATEGORIES); nothing else is caught.
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ def load_settings(args: argparse.Namespace) -> Config:
 def with_puller(store: Store, args: argparse.Namespace, work):  # noqa: ANN001, ANN201
     """Run ``work(puller)`` on an event loop with progress shown as asked."""
     # Imported here: commands that never fetch (path of a built model, ls,
-    # inspect) must not pay for asyncio and aiohttp (issue 14).
+    # inspect) must not pay for asyncio and aiohttp.
     import asyncio
 
     import cartonstore.oci  # noqa: F401 - registers oci:// references with fetch (fetch/hooks.py)

@@ -6,7 +6,7 @@ from typing import Any, Sequence
 
 
 def print_json(data: object) -> None:
-    import json  # here, not at the top: `path` and `ls` without --json never need it (issue 14)
+    import json  # here, not at the top: `path` and `ls` without --json never need it
 
     print(json.dumps(data, indent=2, sort_keys=True))
 

@@ -4,7 +4,7 @@ build_parser(handlers) gives the whole parser (help, completion, tests);
 build_parser(handlers, only="path") gives the main parser with that one
 command, which is all a run of that command needs. argparse builds a parser
 per command and checks every option as it is added, which for thirteen
-commands costs more than `cartonstore path` itself does (issue 14: it must
+commands costs more than `cartonstore path` itself does (it must
 answer in about 100 ms, interpreter start included).
 """
 

@@ -1,8 +1,8 @@
 """A client for loaders: lease a model directory from the cartonstore daemon.
 
 A *loader* is a process (often in a container) that needs a model's files on
-disk. It asks the daemon for a lease over the HTTP API (DESIGN.md, "HTTP
-API"), reads the directory the lease names, and keeps the lease alive while it
+disk. It asks the daemon for a lease over the HTTP API (docs/http-api.md, "Leases"),
+reads the directory the lease names, and keeps the lease alive while it
 uses the files, so that ``gc`` never removes them underneath it::
 
     import cartonstore.client

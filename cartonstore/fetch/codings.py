@@ -1,7 +1,7 @@
 """Which HTTP Content-Encodings the fetcher decodes, and so offers.
 
 Apart from the decoders (encoding.py) because the settings need these names
-at start and must not load the codecs' modules with them (issue 14).
+at start and must not load the codecs' modules with them.
 """
 
 from __future__ import annotations

@@ -58,7 +58,7 @@ METADATA_HOSTS = ("169.254.0.0/16", "fe80::/10", "fd00:ec2::254", "64:ff9b::a9fe
 
 # ipaddress and urllib.parse are imported where hosts are parsed: the
 # settings import this module for its defaults, and `cartonstore path` must
-# start fast (issue 14).
+# start fast.
 if TYPE_CHECKING:
     import ipaddress
 

@@ -64,7 +64,7 @@ class GuardedResolver(AbstractResolver):
         the host is resolved here too, and the URL refused (RefusedByPolicy)
         when it resolves only to addresses its request may not reach. A name
         that resolves otherwise at the proxy, or changes its answers in
-        between, gets through (README): the proxy's own rules hold then."""
+        between, gets through (docs/fetching.md): the proxy's own rules hold then."""
         from yarl import URL
 
         parsed = URL(url)

@@ -9,7 +9,7 @@ from cartonstore.system.lazy_names import lazy_names
 
 # Each name is imported from its module on first use (PEP 562): a caller that
 # needs one module (the store: manifest.is_sha256) must not load every parser
-# with it, so that `cartonstore path` and `ls` start fast (issue 14).
+# with it, so that `cartonstore path` and `ls` start fast.
 _MODULE_NAMES = {
     "carton_toml": "CartonConfig Example RunnerInfo SelfTest TensorSpec check_references parse_carton_toml",
     "dtypes": "CARTON_DTYPES SAFETENSORS_DTYPE_BITS carton_dtype_to_v2 carton_numpy_dtype "

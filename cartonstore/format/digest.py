@@ -1,7 +1,7 @@
 """What a sha256 digest looks like in a carton: 64 lowercase hex digits.
 
 Its own module because the store checks digests when it opens (`path`,
-`ls`) and must not load the MANIFEST parser to do it (issue 14).
+`ls`) and must not load the MANIFEST parser to do it.
 """
 
 from __future__ import annotations

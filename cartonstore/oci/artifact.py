@@ -1,6 +1,6 @@
 """A carton as an OCI image manifest, both ways. Pure.
 
-The layout (the README's "Cartons in OCI registries" section):
+The layout (docs/fetching.md, "Cartons in OCI registries"):
 
 - ``artifactType`` is ``application/vnd.carton.v1``; the config is OCI's
   empty descriptor (``{}``), as the image spec's artifact guidance says.

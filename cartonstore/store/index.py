@@ -32,7 +32,7 @@ from .source_rows import SourceQueries
 from .sqlite_ops import rollback, run_ops
 
 # Entries and local sources are imported by the methods that use them: `path`
-# opens the index to read a carton's row and blobs, and starts fast (issue 14).
+# opens the index to read a carton's row and blobs, and starts fast.
 if TYPE_CHECKING:
     from cartonstore.format.entry import EntryRow
 

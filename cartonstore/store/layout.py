@@ -1,4 +1,4 @@
-"""Where things live under a store root (DESIGN.md, "On disk")."""
+"""Where things live under a store root (docs/design.md, "The store on disk")."""
 
 from __future__ import annotations
 

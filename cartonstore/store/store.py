@@ -38,7 +38,7 @@ from .parts import StoreParts
 
 # Checking, ingesting, building, collecting and verifying are imported by
 # the methods that do them: opening a store to answer `path` or `ls` stays
-# cheap (issue 14).
+# cheap.
 if TYPE_CHECKING:
     from cartonstore.carton.checks import CheckedCarton
     from cartonstore.system.callers import Credentials
@@ -110,7 +110,7 @@ class Store(StoreParts):
         An explicit name may move from another carton (result.naming says so)
         unless a daemon has that carton loaded (Conflict, unless force); the
         carton's model_name only names it when that name is free.
-        URLs are the fetcher's (cartonstore.fetch.Puller). ``confined``: a
+        URLs are the fetcher's (cartonstore.fetch.puller.Puller). ``confined``: a
         directory named by someone else (an API caller) may not make the
         store read outside it through a symlink (InvalidCarton naming it).
         ``caller``: the source is read with these credentials, not this

@@ -2,7 +2,7 @@
 
 A command that needs one module of a package (the store opening its index
 for `cartonstore path`) must not load every sibling with it: `path` answers
-in well under 100 ms only if it imports what it uses (issue 14).
+in well under 100 ms only if it imports what it uses.
 
     __getattr__, __dir__, __all__ = lazy_names(__name__, {"reader": "ZipReader EntryStream"})
 """

@@ -2,7 +2,7 @@
 request inputs and requested outputs: "shared_memory_region" (a registered
 region's name), "shared_memory_byte_size" and the optional
 "shared_memory_offset" (bytes into the region, default 0). Pure parsing;
-the regions themselves are cartonstore.shm's.
+the regions themselves are the daemon's (cartonstore.server.tensors).
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ from cartonstore.system.lazy_names import lazy_names
 
 # Each name is imported from its module on first use (PEP 562): the settings
 # and the store need ZipLimits alone, and must not load the codecs with it
-# (zstandard, zlib) so that `cartonstore path` starts fast (issue 14).
+# (zstandard, zlib) so that `cartonstore path` starts fast.
 _MODULE_NAMES = {
     "limits": "ZipLimits",
     "end_records": "TAIL_READ_SIZE CentralDirectoryLocation check_directory_limits locate_central_directory",

@@ -2,7 +2,7 @@
 
 Its own module because the settings and the store carry these limits from
 the start, and neither should load the zip reader and its codecs to do so
-(`cartonstore path`, issue 14).
+(`cartonstore path` must start fast).
 """
 
 from __future__ import annotations

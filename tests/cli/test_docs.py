@@ -1,5 +1,7 @@
-"""The README's quick start and docs/cartons.md, followed as written: the
-commands are taken from their code blocks, not copied here. `.venv/bin/`
+"""The getting-started page's quick start and the models page's "Pack,
+add, serve, infer", followed as written: the commands are taken from their
+code blocks, not copied here; the README's quick start is the
+getting-started page's, block for block. `.venv/bin/`
 and a bare `cartonstore` become this interpreter's `-m cartonstore.cli`
 (the test runs inside the virtualenv the second quick-start command made);
 the virtualenv and pip steps themselves are what CI runs."""
@@ -52,11 +54,23 @@ def as_run_here(line: str) -> str:
     return re.sub(r"(^|[;&|]\s*)cartonstore ", lambda m: m.group(1) + CLI + " ", line)
 
 
+def quick_start_blocks(path: Path) -> list[str]:
+    text = path.read_text()
+    start = text.index("## Quick start\n")
+    end = text.find("\n## ", start + 1)
+    return re.findall(r"```\w*\n.*?```", text[start:end if end != -1 else None], re.S)
+
+
+def test_the_readme_quick_start_is_the_getting_started_one() -> None:
+    readme = quick_start_blocks(REPO / "README.md")
+    assert readme and readme == quick_start_blocks(REPO / "docs" / "getting-started.md")
+
+
 @pytest.mark.slow
 def test_the_quick_start_as_written(short_tmp: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("CARTONSTORE_")}
     env.update(HOME=str(short_tmp), XDG_CACHE_HOME=str(short_tmp / "cache"), CARTONSTORE_SANDBOX="none")
-    quick = section(REPO / "README.md", "## Quick start")
+    quick = section(REPO / "docs" / "getting-started.md", "## Quick start")
     serve_line = blocks(quick, "sh")[0].splitlines()[0]
     command = as_run_here(serve_line.rsplit("&&", 1)[1].strip())   # after the venv and the install
     assert command == f"{CLI} serve"
@@ -70,7 +84,7 @@ def test_the_quick_start_as_written(short_tmp: Path) -> None:
         done = subprocess.run(["bash", "-e", "-c", as_run_here(script)], cwd=REPO, env=env, capture_output=True,
                               text=True, timeout=60)
         assert done.returncode == 0, done.stderr
-        answer = blocks(quick, "text")[0].splitlines()   # what the README says the CLI and curl print
+        answer = blocks(quick, "text")[0].splitlines()   # what the page says the CLI and curl print
         assert answer and set(answer) <= set(done.stdout.splitlines()), done.stdout
     finally:
         os.killpg(daemon.pid, signal.SIGTERM)
@@ -86,7 +100,7 @@ def _free_port() -> int:
 
 @pytest.mark.slow
 def test_making_a_carton_as_written(short_tmp: Path) -> None:
-    doc = REPO / "docs" / "cartons.md"
+    doc = REPO / "docs" / "models-and-cartons.md"
     python_part = section(doc, "**python**")
     (short_tmp / "my-carton" / "model").mkdir(parents=True)
     (short_tmp / "my-carton" / "carton.toml").write_text(blocks(python_part, "toml")[0])

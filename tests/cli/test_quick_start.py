@@ -1,8 +1,8 @@
-"""The README's quick start, followed as written by root in a fresh
-container whose Python lives under a 0700 directory (a pyenv in /root),
-gets its answer: the first command line (a venv, `pip install .`, `serve`)
+"""The quick start (docs/getting-started.md, the README's own), followed
+as written by root in a fresh container whose Python lives under a 0700
+directory (a pyenv in /root), gets its answer: the first command line (a venv, `pip install .`, `serve`)
 in one shell, the second block (add, load, infer with the CLI and with
-curl) in another, and every line of the answer the README shows is printed.
+curl) in another, and every line of the answer the page shows is printed.
 
 What stands in for what:
 - the clean clone: `git clone` of this repository's HEAD, with the working
@@ -14,10 +14,10 @@ What stands in for what:
   host's are never touched;
 - the pyenv Python under /root: this interpreter's installation
   (sys.base_prefix) bound at <tmp>/private/python, <tmp>/private mode
-  0700, first on PATH, so the README's `python3` is it and the venv's
+  0700, first on PATH, so the page's `python3` is it and the venv's
   interpreter is a path the runner user cannot reach;
 - the package index: pip's own configuration on this machine, as a user's
-  would be (the README's `pip install` is run as written).
+  would be (the page's `pip install` is run as written).
 The second shell joins the first one's namespace (nsenter), as a second
 terminal on the same machine would be.
 """
@@ -43,8 +43,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("quick_start")]
 
 
 def quick_start_blocks() -> list[tuple[str, str]]:
-    """(language, text) of each code block of the README's quick start."""
-    text = (REPO / "README.md").read_text()
+    """(language, text) of each code block of the getting-started page's quick start."""
+    text = (REPO / "docs" / "getting-started.md").read_text()
     start = text.index("## Quick start\n")
     section = text[start:text.index("\n## ", start + 1)]
     return re.findall(r"```(\w*)\n(.*?)```", section, re.S)

@@ -1,4 +1,4 @@
-"""The README's "Under systemd" says what the unit files in systemd/ do: it
+"""The operations page's "Under systemd" says what the unit files in systemd/ do: it
 installs every one of them (the sysusers file where the units' comments
 say, then runs systemd-sysusers), puts the entry point where every
 ExecStart runs it, and its cron line for hosts without systemd runs what
@@ -15,9 +15,9 @@ UNITS = REPO / "systemd"
 
 
 def section(title: str) -> str:
-    text = (REPO / "README.md").read_text()
+    text = (REPO / "docs" / "operations.md").read_text()
     start = text.index(title)
-    return text[start:text.index("\n## ", start)]
+    return text[start:text.index("\n## ", start + len(title))]
 
 
 def shell_blocks(text: str) -> list[str]:
@@ -31,7 +31,7 @@ def exec_starts() -> dict[str, list[str]]:
 
 
 def test_the_install_steps_install_every_unit_file_and_the_users() -> None:
-    install = shell_blocks(section("### Under systemd"))[0]
+    install = shell_blocks(section("## Under systemd"))[0]
     for unit in UNITS.iterdir():
         assert f"systemd/{unit.name}" in install, f"{unit.name} is not installed"
     assert "systemd/cartonstore.sysusers /etc/sysusers.d/cartonstore.conf" in install
@@ -40,7 +40,7 @@ def test_the_install_steps_install_every_unit_file_and_the_users() -> None:
 
 
 def test_the_install_steps_put_the_entry_point_where_the_units_run_it() -> None:
-    install = shell_blocks(section("### Under systemd"))[0]
+    install = shell_blocks(section("## Under systemd"))[0]
     programs = {argv[0] for argv in exec_starts().values()}
     assert programs == {"/usr/local/bin/cartonstore"}
     link = re.search(r"^ln -sf (\S+) (\S+)$", install, re.M)
@@ -50,7 +50,7 @@ def test_the_install_steps_put_the_entry_point_where_the_units_run_it() -> None:
 
 
 def test_the_cron_line_runs_what_the_gc_timer_runs() -> None:
-    cron = [line for block in shell_blocks(section("### Under systemd")) for line in block.splitlines()
+    cron = [line for block in shell_blocks(section("## Under systemd")) for line in block.splitlines()
             if re.match(r"^[0-9*]", line)]
     assert len(cron) == 1, cron
     fields = cron[0].split(None, 6)

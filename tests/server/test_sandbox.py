@@ -265,7 +265,7 @@ def test_sockets_are_the_ones_its_sandbox_needs(node) -> None:  # noqa: ANN001
         assert said.startswith("ok: sent" if mode == "bwrap" else "denied"), said
         with pytest.raises(BlockingIOError):   # sendto() to loopback has queued it, if it got anywhere
             listener.recvfrom(64)
-    # What Landlock alone cannot stop (the README's table says so): connect() to a Unix socket by its path
+    # What Landlock alone cannot stop (the runners page's table says so): connect() to a Unix socket by its path
     # where the socket's mode lets any user in. Under bubblewrap it is not in the runner's mount namespace.
     with tempfile.TemporaryDirectory(prefix="cs-any-user-") as where, socket.socket(socket.AF_UNIX) as service:
         os.chmod(where, 0o755)

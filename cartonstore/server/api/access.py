@@ -14,7 +14,7 @@ configured:
 with a certificate (403), with a token configured only the peer token or
 server.token (401). With no credential configured at all, TCP is open:
 the daemon starts so only on a loopback listener (the quick start), and
-then every local user may load code (see the README). With only
+then every local user may load code (docs/http-api.md). With only
 tls_client_ca, every route but /v1/blobs is closed over TCP.
 """
 

@@ -40,7 +40,7 @@ TRANSPORT_OPTIONS = [("grpc.http2.max_frame_size", (1 << 24) - 1), ("grpc.http2.
 # caller is let in. A connection holds at most 64 KiB of data and TCP_STREAMS calls' headers (grpcio's
 # 16 KiB of metadata each at most) before they are judged: ~0.3 MiB, 80 MiB for one address's 256.
 # What it costs a caller with the token, on loopback: a bare grpcio echo 4 MiB x 4 clients 30 against 35
-# req/s, x 1 29 against 31; through the daemon, lost in its noise (README).
+# req/s, x 1 29 against 31; through the daemon, lost in its noise (docs/http-api.md).
 TCP_WINDOW = 64 << 10
 TCP_STREAMS = 16
 TCP_TRANSPORT_OPTIONS = [("grpc.http2.max_frame_size", (1 << 24) - 1), ("grpc.http2.lookahead_bytes", TCP_WINDOW),

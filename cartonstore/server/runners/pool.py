@@ -52,7 +52,7 @@ class ModelRunners:
         self.version = version
         self.settings = settings
         self.outstanding = 0
-        self.statistics = InferStatistics()   # Triton's statistics of this version (api/statistics.py)
+        self.statistics = InferStatistics()   # Triton's statistics of this version (v2/statistics.py)
         self._on_change = on_change
         self.arena = arena   # this version's own tensor arena (RunnerHost's), or None
         self.answer_limit = answer_limit
