@@ -69,13 +69,12 @@ def with_puller(store: Store, args: argparse.Namespace, work):  # noqa: ANN001, 
     # inspect) must not pay for asyncio and aiohttp.
     import asyncio
 
-    import cartonstore.oci  # noqa: F401 - registers oci:// references with fetch (fetch/hooks.py)
-    from cartonstore.fetch.puller import Puller
+    from cartonstore.config.pulling import standard_puller
 
     progress = Progress(args.progress)
 
     async def run():  # noqa: ANN202
-        async with Puller(store, args.settings.fetch_config(), on_event=progress.event) as p:
+        async with standard_puller(store, args.settings.fetch_config(), on_event=progress.event) as p:
             progress.watch(p.stats)
             try:
                 return await work(p)

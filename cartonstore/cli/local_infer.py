@@ -12,11 +12,10 @@ from typing import Awaitable, Callable, Mapping, TypeVar
 
 import numpy as np
 
-import cartonstore.oci  # noqa: F401 - registers oci:// references with fetch (fetch/hooks.py)
 from cartonstore.carton.selftest import SelfTestReport, infer_via, run_self_tests, self_test_cases
 from cartonstore.config.load import Config
+from cartonstore.config.pulling import standard_puller
 from cartonstore.errors import CartonStoreError
-from cartonstore.fetch.puller import Puller
 from cartonstore.format.carton_toml import CartonConfig
 from cartonstore.server.runners import ModelRunners
 from cartonstore.store import Store
@@ -49,7 +48,7 @@ async def with_local_runner(store: Store, settings: Config, ref: str,
     """``use`` with the model's runner started here, stopped after."""
     from cartonstore.server.models.runtime import RunnerHost, files_only_note
 
-    async with Puller(store, settings.fetch_config()) as puller:
+    async with standard_puller(store, settings.fetch_config()) as puller:
         model_dir = await puller.materialize(ref)
     cfg = await asyncio.to_thread(store.config_of, model_dir.name)
     host = RunnerHost(settings.runners, store.layout.root / "run" / "runners", store.layout.tmp_dir,

@@ -6,10 +6,12 @@ load.py: ``load_config`` -> ``Config``; one module per section, each a
 frozen dataclass read from its table: server.py ([server]), fetch.py
 ([fetch]), peers.py ([peers]), registries.py ([registries]), runners.py
 ([runners]), with the value parsers they share in values.py and runner
-command templates in runner_command.py. Names are imported on first use
-(`cartonstore --help` reads no settings).
+command templates in runner_command.py. pulling.py builds the standard
+Puller (every kind of source cartonstore reads) for the daemon and the CLI.
+Names are imported on first use (`cartonstore --help` reads no settings).
 """
 
 from cartonstore.system.lazy_names import lazy_names
 
-__getattr__, __dir__, __all__ = lazy_names(__name__, {"load": "Config load_config"})
+__getattr__, __dir__, __all__ = lazy_names(__name__, {"load": "Config load_config",
+                                                     "pulling": "standard_puller standard_sources"})

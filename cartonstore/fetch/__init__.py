@@ -8,6 +8,8 @@ redirects and host policy (policy.py; what kind of address a host is:
 addresses.py; names judged by what they resolve to: resolver.py), the
 HTTP client (http.py), big bodies read on their own thread
 (socket_body.py), counters (stats.py).
-hooks.py is where layers above plug in (``cartonstore.oci``: ``oci://``
-references and registry auth): fetch imports nothing above it.
+source_kinds.py: what a Puller is built with, the kinds of source it
+reads (its own carton URLs; ``cartonstore.oci``'s ``oci://`` references)
+and what answers a registry's 401, handed in by whoever builds it
+(``cartonstore.config.pulling``): fetch imports nothing above it.
 """

@@ -28,10 +28,10 @@ from cartonstore.errors import FetchError, FetchNotFound, InvalidInput
 
 from .config import FetchConfig, PeerConfig
 from .encoding import parse_content_encoding
-from .hooks import ChallengeAnswerer, challenge_answerer_for
 from .policy import RefusedByPolicy, describe, redirect_target
 from .proxies import proxy_for
 from .resolver import AddressRefused, GuardedResolver, proxy_endpoints
+from .source_kinds import AnswererFactory, ChallengeAnswerer
 
 T = TypeVar("T")
 # Each chunk is one hop to the stream's hashing thread; 1 MiB keeps hops rare
@@ -177,8 +177,11 @@ def backoff_delay(attempt: int, config: FetchConfig, retry_after: float | None =
 
 
 class HttpClient:
-    def __init__(self, config: FetchConfig) -> None:
+    def __init__(self, config: FetchConfig, *, answerer: AnswererFactory | None = None) -> None:
+        """``answerer`` makes what answers a 401's challenges (source_kinds.py);
+        without one a 401 is an error like any other status."""
         self.config = config
+        self._make_answerer = answerer
         self._session: aiohttp.ClientSession | None = None
         self._fresh: aiohttp.ClientSession | None = None
         self._links: aiohttp.ClientSession | None = None
@@ -241,14 +244,14 @@ class HttpClient:
 
     @property
     def auth(self) -> ChallengeAnswerer:
-        """Answers 401 challenges (registries' Basic and Bearer: hooks.py);
-        made on the first one, so a fetch that never meets one reads no
-        credentials."""
+        """Answers 401 challenges (registries' Basic and Bearer:
+        source_kinds.py); made on the first one, so a fetch that never meets
+        one reads no credentials."""
         if self._auth is None:
-            self._auth = challenge_answerer_for(self)
-            if self._auth is None:
-                raise FetchError("HTTP 401 Unauthorized, and no registry authentication is plugged in to answer "
-                                 "it (import cartonstore.oci)")
+            if self._make_answerer is None:
+                raise FetchError("HTTP 401 Unauthorized, and this client was built with no registry "
+                                 "authentication to answer it")
+            self._auth = self._make_answerer(self)
         return self._auth
 
     def authorization(self, url: str, *, push: bool = False, kind: str = "url") -> str | None:

@@ -35,13 +35,13 @@ from cartonstore.zipfmt import ZipEntry
 from .blob_fetcher import BlobFetcher
 from .config import FetchConfig
 from .holds import holding
-from .hooks import SourceKind, source_kind_for
 from .http import HttpClient
 from .local_source import restore_from_local
 from .peers import ORIGIN, Claim, offer
 from .policy import describe
 from .remote_mend import mend_small_files
 from .remote_zip import RemoteCartonView, open_remote_zip, prefetch_view, read_entries
+from .source_kinds import SourceKind, SourceKinds
 from .stats import SOURCE_KINDS, TransferStats
 from .transfer import download
 
@@ -54,9 +54,9 @@ def is_url(text: str) -> bool:
 
 
 def is_local_source(text: str) -> bool:
-    """Whether add() reads text as a path on this host (not a URL, nor a
-    reference a plugged-in source kind claims)."""
-    return not is_url(text) and source_kind_for(text) is None
+    """Whether add() reads text as a path on this host: every other source
+    (a carton URL, an OCI reference) is written SCHEME://..."""
+    return not is_url(text)
 
 
 @dataclass(frozen=True)
@@ -99,14 +99,17 @@ class PullResult:
 
 
 class Puller:
-    def __init__(self, store: Store, config: FetchConfig | None = None, *,
+    def __init__(self, store: Store, config: FetchConfig | None = None, *, sources: SourceKinds,
                  on_event: Callable[[dict], None] | None = None) -> None:
-        """``on_event`` is told of cartons read, names moved and retries;
+        """``sources``: what it reads besides local paths (``CARTON_URL``
+        below; config/pulling.py's standard set adds OCI) and what answers a
+        401; ``on_event`` is told of cartons read, names moved and retries;
         ``stats`` counts what moves, for progress to read at its own pace."""
         self.store = store
         self.config = config or FetchConfig()
+        self.sources = sources
         self.on_event = on_event or (lambda _e: None)
-        self.client = HttpClient(self.config)
+        self.client = HttpClient(self.config, answerer=sources.answerer)
         self.fetcher = BlobFetcher(store, self.client, self.config, stats=TransferStats(on_event=self.on_event))
         self._urls_in_flight = SingleFlight()
 
@@ -136,10 +139,8 @@ class Puller:
             validate_name(name)
         before = self.stats.snapshot()
         read = [0, 0]   # bytes, blobs taken from a local source
-        if (kind := source_kind_for(source)) is not None:
-            result = await self._add_kind(kind, source, name, force)
-        elif is_url(source):
-            result = await self._add_url(source, name, force)
+        if is_url(source):
+            result = await self._add_kind(self.sources.claimed(source), source, name, force)
         else:
             result = await asyncio.to_thread(self.store.add, source, name=name, force=force, confined=confined,
                                              caller=caller)
@@ -161,40 +162,35 @@ class Puller:
                           bytes_read=sources["file"]["bytes"], retries=moved["retries"], sources=sources,
                           local=not is_url(source))
 
-    async def _add_url(self, url: str, name: str | None, force: bool) -> IngestResult:
-        url = self.config.policy.check(url)
-        return await self._urls_in_flight.run(f"{url}\n{name}\n{force}", lambda: self._add_url_once(url, name, force))
-
     async def _add_kind(self, kind: SourceKind, text: str, name: str | None, force: bool) -> IngestResult:
-        """A reference a plugged-in source kind claims (hooks.py: an OCI
-        reference), added once at a time across processes, like a URL."""
-        ref = kind.canonical(text)
-        key = f"{ref}\n{name}\n{force}"
-        lock = self.store.layout.locks_dir / f"url-{hashlib.sha256(ref.encode()).hexdigest()}.lock"
+        """A source of one of the kinds this puller reads, added once at a
+        time across processes (one lock per canonical ref)."""
+        ref = kind.canonical(self, text)
+        return await self._urls_in_flight.run(f"{ref}\n{name}\n{force}",
+                                              lambda: self._add_kind_once(kind, ref, name, force))
 
-        async def once() -> IngestResult:
-            async with async_file_lock(lock, timeout=self.config.lock_timeout):
-                self.on_event({"event": "carton", "url": ref})
-                return await kind.add(self, text, name, force)
-        return await self._urls_in_flight.run(key, once)
-
-    async def _add_url_once(self, url: str, name: str | None, force: bool) -> IngestResult:
+    async def _add_kind_once(self, kind: SourceKind, ref: str, name: str | None, force: bool) -> IngestResult:
         started = time.time()
-        lock = self.store.layout.locks_dir / f"url-{hashlib.sha256(url.encode()).hexdigest()}.lock"
+        lock = self.store.layout.locks_dir / f"url-{hashlib.sha256(ref.encode()).hexdigest()}.lock"
         async with async_file_lock(lock, timeout=self.config.lock_timeout):
-            # Another process added this URL while we queued: share its work.
-            row = await asyncio.to_thread(self.store.index.carton_for_source, url)
+            # Another process added this source while we queued: share its work.
+            row = await asyncio.to_thread(self.store.index.carton_for_source, ref)
             if row is not None and row.added_at >= started:
                 naming = await asyncio.to_thread(self.store.name_carton, row.digest, name, force=force)
                 return IngestResult(row.digest, naming.name, True, 0, 0, 0, naming)
-            self.on_event({"event": "carton", "url": describe(url)})
-            rz = await open_remote_zip(self.client, url, self.config, self.store.zip_limits, self.stats)
-            if rz is None:
-                return await self._add_whole_download(url, name, force)
-            view = await prefetch_view(self.client, rz, self.config, self.stats)
-            await mend_small_files(view, self.fetcher)
-            checked = await asyncio.to_thread(check_carton, view)
-            return await self._stage_and_commit(checked, view, url, name=name, force=force)
+            self.on_event({"event": "carton", "url": describe(ref)})
+            return await kind.add(self, ref, name, force)
+
+    async def add_from_url(self, url: str, name: str | None, force: bool) -> IngestResult:
+        """A carton URL's add (CARTON_URL): its zip read by ranges, or
+        downloaded whole where the server ignores Range."""
+        rz = await open_remote_zip(self.client, url, self.config, self.store.zip_limits, self.stats)
+        if rz is None:
+            return await self._add_whole_download(url, name, force)
+        view = await prefetch_view(self.client, rz, self.config, self.stats)
+        await mend_small_files(view, self.fetcher)
+        checked = await asyncio.to_thread(check_carton, view)
+        return await self._stage_and_commit(checked, view, url, name=name, force=force)
 
     async def _add_whole_download(self, url: str, name: str | None, force: bool) -> IngestResult:
         """The server ignores Range: stream the carton once into tmp/ and add it."""
@@ -328,7 +324,7 @@ class Puller:
         fetched = len(restored)
         missing, row, unlinked = await asyncio.to_thread(self._still_missing, digest, missing)
         # A carton from a registry has every blob linked (and a collection keeps its MANIFEST).
-        if unlinked and row is not None and row.source and is_url(row.source) and source_kind_for(row.source) is None:
+        if unlinked and row is not None and row.source and CARTON_URL.claims(row.source):
             # In the carton's own zip, not in LINKS: read them from there again.
             fetched += await self._refetch_from_zip(row.source, digest, set(unlinked))
         linked, sourceless = await asyncio.to_thread(self._with_no_source, missing)
@@ -396,3 +392,8 @@ class Puller:
         async with holding(self.store, digest, "materializing"):  # nothing evicted before the build
             await self._complete_held(digest)
             return await asyncio.to_thread(self.store.materialize, digest)
+
+
+CARTON_URL = SourceKind("url", ("http", "https"), lambda puller, url: puller.config.policy.check(url),
+                        Puller.add_from_url)
+"""A carton's zip at an http(s) URL, read by ranges (fetch's own kind)."""

@@ -5,29 +5,32 @@ and credentials.py read auth challenges and docker's credentials; auth.py
 answers challenges; registry.py speaks the distribution API; pull.py and
 push.py move cartons between a registry and the store.
 
-Entry points: ``push_carton`` (push.py) and, through fetch's hooks, adding
-``oci://`` references with ``cartonstore.fetch.puller.Puller``: importing
-this package registers the ``oci`` source kind and the registry challenge
-answerer with ``cartonstore.fetch.hooks`` (fetch never imports oci). Only
-reference.py is loaded here; the rest on first use.
+Entry points: ``push_carton`` (push.py); ``OCI_REFERENCE``, the source
+kind a ``cartonstore.fetch.puller.Puller`` built with it reads ``oci://``
+references by, and ``registry_auth``, its answerer of registries' 401
+challenges (``cartonstore.config.pulling`` hands both to the pullers it
+builds; fetch never imports oci). Only reference.py is loaded here; the
+rest on first use.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from cartonstore.fetch.hooks import SourceKind, register_challenge_answerer, register_source_kind
+from cartonstore.fetch.source_kinds import SourceKind
 
-from .reference import is_oci_reference, parse_reference
+from .reference import SCHEME, is_oci_reference, parse_reference
 
 
-async def _add(puller: Any, text: str, name: str | None, force: bool) -> Any:
+async def _add(puller: Any, ref: str, name: str | None, force: bool) -> Any:
     from .pull import add_from_registry
 
-    return await add_from_registry(puller, parse_reference(text), name, force)
+    return await add_from_registry(puller, parse_reference(ref), name, force)
 
 
-def _answerer(client: Any) -> Any:
+def registry_auth(client: Any) -> Any:
+    """The answerer of one HttpClient's 401 challenges: docker's credentials,
+    Basic and Bearer tokens (auth.py)."""
     from .auth import RegistryAuth
     from .credentials import docker_config_paths
 
@@ -35,7 +38,8 @@ def _answerer(client: Any) -> Any:
                         check_url=client.config.policy.check, route=lambda url: client.route(url, "registry"))
 
 
-register_source_kind(SourceKind("oci", is_oci_reference, lambda text: str(parse_reference(text)), _add))
-register_challenge_answerer(_answerer)
+OCI_REFERENCE = SourceKind("oci", (SCHEME.removesuffix("://"),), lambda _puller, text: str(parse_reference(text)),
+                           _add)
+"""A carton in an OCI registry, ``oci://HOST/REPO:TAG`` (reference.py)."""
 
-__all__ = ["is_oci_reference", "parse_reference"]
+__all__ = ["OCI_REFERENCE", "is_oci_reference", "parse_reference", "registry_auth"]

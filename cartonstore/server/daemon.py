@@ -22,11 +22,10 @@ from pathlib import Path
 
 from aiohttp import web
 
-import cartonstore.oci  # noqa: F401 - registers oci:// references with fetch (fetch/hooks.py)
+from cartonstore.config.pulling import standard_puller
 from cartonstore.config.runners import RunnerSettings as RunnerConfig
 from cartonstore.errors import InvalidInput
 from cartonstore.fetch.config import FetchConfig
-from cartonstore.fetch.puller import Puller
 from cartonstore.server.api.access import TcpAccess
 from cartonstore.server.api.app import build_app
 from cartonstore.server.api.bodies import BODY_BUDGET, BodyBudget
@@ -227,7 +226,7 @@ class Daemon:
             try:
                 identity = await asyncio.to_thread(hold_identity, store.layout.locks_dir, s.identity)
                 await asyncio.to_thread(owner_token, store.layout.tmp_dir)   # what this daemon owns is named by it
-                async with Puller(store, s.fetch) as puller:
+                async with standard_puller(store, s.fetch) as puller:
                     service = ModelService(store, puller, s.leases, Metrics(), s.runners,
                                            shm_over_tcp=s.shared_memory_over_tcp,
                                            max_request_size=s.max_request_size, arena_size=s.arena_size,

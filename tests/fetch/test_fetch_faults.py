@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from kit.daemonkit import wait_for_async
-from kit.fetchkit import blob_files, fast_config, linked_carton, materialize, pull, tmp_files
+from kit.fetchkit import URLS_ONLY, blob_files, fast_config, linked_carton, materialize, pull, tmp_files
 from kit.origin import Fault
 
 from cartonstore.errors import CartonStoreError, FetchError
@@ -278,7 +278,7 @@ def test_a_pull_cancelled_while_parts_arrive_leaves_nothing(store: Store, origin
     origin.set_fault(f"/blobs/{digest}", Fault(stall_at=10_000, stall_seconds=30))
 
     async def run() -> None:
-        async with Puller(store, fast_config(**PARTS)) as p:
+        async with Puller(store, fast_config(**PARTS), sources=URLS_ONLY) as p:
             task = asyncio.ensure_future(p.add(str(carton)))
             assert await wait_for_async(lambda: any(r.path == f"/blobs/{digest}" and r.range for r in origin.requests)
                                         and origin.bytes_sent_for(f"/blobs/{digest}") >= 10_000)   # a part stalls

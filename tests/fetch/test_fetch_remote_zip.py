@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from conftest import FIXTURE_CARTON, FIXTURE_DIGEST, MINIMAL_TOML
-from kit.fetchkit import blob_files, fast_config, linked_carton, pull, tmp_files
+from kit.fetchkit import URLS_ONLY, blob_files, fast_config, linked_carton, pull, tmp_files
 from kit.origin import Fault
 
 from cartonstore.carton.pack import pack_directory
@@ -82,7 +82,7 @@ def _pulled_then_evicted(store: Store, origin, path: str):  # noqa: ANN001, ANN2
 
 
 async def _materialize(store: Store, ref: str) -> Path:
-    async with Puller(store, fast_config()) as p:
+    async with Puller(store, fast_config(), sources=URLS_ONLY) as p:
         return await p.materialize(ref)
 
 
@@ -133,7 +133,7 @@ def test_in_process_callers_share_one_download(store: Store, tmp_path: Path, ori
     origin.put_file("/c.carton", carton)
 
     async def many() -> list:
-        async with Puller(store, fast_config()) as p:
+        async with Puller(store, fast_config(), sources=URLS_ONLY) as p:
             return await asyncio.gather(*(p.add(origin.url("/c.carton")) for _ in range(20)))
 
     results = asyncio.run(many())

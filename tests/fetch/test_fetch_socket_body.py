@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 from kit.daemonkit import wait_for, wait_for_async
-from kit.fetchkit import fast_config, linked_carton, pull, tmp_files
+from kit.fetchkit import URLS_ONLY, fast_config, linked_carton, pull, tmp_files
 from kit.origin import Fault, Origin
 
 from cartonstore.fetch import socket_body
@@ -75,7 +75,7 @@ def fetch_threads() -> list[str]:
 def pull_on(loop: str, store: Store, source: str):  # noqa: ANN201
     """fetchkit.pull on asyncio's loop or on uvloop's (the daemon's)."""
     async def run():  # noqa: ANN202
-        async with Puller(store, fast_config()) as p:
+        async with Puller(store, fast_config(), sources=URLS_ONLY) as p:
             return await p.add(source)
 
     if loop == "uvloop":
@@ -153,7 +153,7 @@ def test_a_stalled_direct_read_times_out_and_resumes(store: Store, tmp_path: Pat
     events: list[dict] = []
 
     async def run():  # noqa: ANN202
-        async with Puller(store, fast_config(), on_event=events.append) as p:   # stall_timeout 0.5 s
+        async with Puller(store, fast_config(), sources=URLS_ONLY, on_event=events.append) as p:   # stall_timeout 0.5 s
             return await p.add(str(carton))
 
     assert asyncio.run(run()).complete
@@ -175,7 +175,7 @@ def test_a_pull_cancelled_in_a_direct_read_stops_its_thread(store: Store, tmp_pa
     before = open_fds()
 
     async def run() -> float:
-        async with Puller(store, fast_config(stall_timeout=30)) as p:
+        async with Puller(store, fast_config(stall_timeout=30), sources=URLS_ONLY) as p:
             task = asyncio.ensure_future(p.add(str(carton)))
             assert await wait_for_async(lambda: origin.bytes_sent_for(f"/blobs/{digest}") >= len(BIG) // 2)
             await asyncio.sleep(0.2)   # into the stall: the reading thread waits in recv (no outside view of that)

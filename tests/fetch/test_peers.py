@@ -288,8 +288,8 @@ def test_a_probe_names_a_bad_wait_and_answers_at_once_for_what_it_has_or_lacks(t
 def test_a_registry_carton_takes_its_blobs_from_a_peer(tmp_path, make_carton, monkeypatch):
     """A node adds an OCI carton; a second one (in this process) adding it
     takes every layer from the first node and only the manifest from the registry."""
-    from kit.fetchkit import fast_config, pull
-    from kit.ocikit import FILES
+    from kit.fetchkit import fast_config
+    from kit.ocikit import FILES, pull
 
     from cartonstore.fetch.config import PeerConfig
     from cartonstore.store import Store

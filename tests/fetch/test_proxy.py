@@ -106,7 +106,7 @@ def test_a_proxy_that_is_down_is_named_and_nothing_is_stored(tmp_path) -> None: 
 def test_registry_requests_go_through_the_registries_proxy(tmp_path, make_carton, monkeypatch, tls) -> None:  # noqa: ANN001
     """Push and add through registries.proxy: plain requests forwarded as
     they are, https tunnelled with CONNECT (and still verified with the CA)."""
-    from kit.ocikit import FILES, make_cert, push
+    from kit.ocikit import FILES, make_cert, pull, push
 
     monkeypatch.setenv("DOCKER_CONFIG", str(tmp_path / "no-docker-config"))
     cert, key = make_cert(tmp_path / "tls") if tls else (None, None)

@@ -9,7 +9,8 @@ from conftest import MINIMAL_TOML, carton_entries, sha, work_in_tmp, write_zip
 
 from cartonstore.fetch.config import FetchConfig
 from cartonstore.fetch.policy import UrlPolicy
-from cartonstore.fetch.puller import Puller
+from cartonstore.fetch.puller import CARTON_URL, Puller
+from cartonstore.fetch.source_kinds import SourceKinds
 from cartonstore.format.links import build_links
 from cartonstore.store import Store
 
@@ -20,6 +21,9 @@ FAST = dict(retries=3, backoff_base=0.01, backoff_max=0.05, stall_timeout=0.5, c
 # production refuses such URLs (fetch.allow_private_links): tests/fetch/test_private_links.py
 # is where that refusal is tested, with policies of its own.
 TEST_POLICY = UrlPolicy(allow_private_links=True)
+# What fetch reads by itself: a Puller built with this refuses oci:// (the
+# standard set, with OCI, is cartonstore.config.pulling's).
+URLS_ONLY = SourceKinds((CARTON_URL,))
 
 
 def fast_config(**kw) -> FetchConfig:  # noqa: ANN003
@@ -41,16 +45,18 @@ def linked_carton(tmp_path: Path, origin, blobs: dict[str, bytes], *, urls: dict
     return path, shas
 
 
-def pull(store: Store, source: str, config: FetchConfig | None = None, **kw):  # noqa: ANN003, ANN201
+def pull(store: Store, source: str, config: FetchConfig | None = None, *,  # noqa: ANN201
+         sources: SourceKinds = URLS_ONLY, **kw):  # noqa: ANN003
     async def run():  # noqa: ANN202
-        async with Puller(store, config or fast_config()) as p:
+        async with Puller(store, config or fast_config(), sources=sources) as p:
             return await p.add(source, **kw)
     return asyncio.run(run())
 
 
-def materialize(store: Store, ref: str, config: FetchConfig | None = None) -> Path:
+def materialize(store: Store, ref: str, config: FetchConfig | None = None, *,
+                sources: SourceKinds = URLS_ONLY) -> Path:
     async def run() -> Path:
-        async with Puller(store, config or fast_config()) as p:
+        async with Puller(store, config or fast_config(), sources=sources) as p:
             return await p.materialize(ref)
     return asyncio.run(run())
 

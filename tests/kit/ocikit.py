@@ -10,10 +10,11 @@ from pathlib import Path
 import pytest
 from conftest import MINIMAL_TOML
 
+from cartonstore.config.pulling import standard_puller, standard_sources
 from cartonstore.fetch.config import RegistryConfig
-from cartonstore.fetch.puller import Puller
 from cartonstore.oci.push import push_carton
 from cartonstore.store import Store
+from kit import fetchkit
 from kit.fetchkit import fast_config
 
 BIG = bytes(range(256)) * (3 << 12)   # 3 MiB: several chunks at a 1 MiB chunk size
@@ -29,9 +30,18 @@ def config(**registries) -> object:  # noqa: ANN003
     return fast_config(stall_timeout=10.0, registries=RegistryConfig(**registries))
 
 
+def pull(store: Store, source: str, cfg=None, **kw):  # noqa: ANN001, ANN003, ANN201
+    """fetchkit's pull by a Puller that reads oci:// (the standard set)."""
+    return fetchkit.pull(store, source, cfg, sources=standard_sources(), **kw)
+
+
+def materialize(store: Store, ref: str, cfg=None) -> Path:  # noqa: ANN001
+    return fetchkit.materialize(store, ref, cfg, sources=standard_sources())
+
+
 def push(store: Store, ref: str, target: str, cfg) -> object:  # noqa: ANN001
     async def run():  # noqa: ANN202
-        async with Puller(store, cfg) as p:
+        async with standard_puller(store, cfg) as p:
             return await push_carton(p, ref, target)
     return asyncio.run(run())
 

@@ -14,11 +14,10 @@ from pathlib import Path
 
 import pytest
 from conftest import sha, snapshot
-from kit.fetchkit import materialize, pull
-from kit.ocikit import BIG, FILES, config, make_cert, push
+from kit.ocikit import BIG, FILES, config, make_cert, materialize, pull, push
 from kit.registrykit import PASSWORD, USER, Registry, needs_registry
 
-from cartonstore.errors import FetchError
+from cartonstore.errors import FetchError, InvalidInput
 from cartonstore.oci.artifact import ARTIFACT_TYPE, TITLE
 from cartonstore.store import Store
 from cartonstore.store.gc import GcPolicy
@@ -63,6 +62,22 @@ def test_push_then_add_by_tag_and_by_digest(tmp_path: Path, registry: Registry, 
     with Store(tmp_path / "b") as b:
         assert pull(b, result.reference.split(":v1")[0] + "@" + result.reference.split("@")[1],
                     config()).digest == digest
+
+
+def test_a_puller_reads_oci_only_when_built_with_that_kind(tmp_path: Path, registry: Registry, pushed) -> None:  # noqa: ANN001
+    """The kinds a Puller reads are the ones it is built with: one with
+    fetch's own (carton URLs) refuses a reference it could otherwise reach,
+    naming the scheme; the standard one (the CLI's, the daemon's: their own
+    test below) adds it."""
+    from kit.fetchkit import URLS_ONLY
+    from kit.fetchkit import pull as pull_with
+
+    _source, digest, result = pushed
+    with Store(tmp_path / "a") as a:
+        with pytest.raises(InvalidInput, match=r"scheme 'oci' is not allowed \(the schemes read here: http, https\)"):
+            pull_with(a, result.reference, config(), sources=URLS_ONLY)
+        assert a.index.carton(digest) is None and not list(a.blobs.iter_digests())
+        assert pull(a, result.reference, config()).digest == digest
 
 
 def test_a_second_push_sends_nothing_and_a_shared_carton_sends_only_what_is_new(

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 from conftest import MINIMAL_TOML, manifest_for, sha, snapshot
-from kit.fetchkit import fast_config, pull
-from kit.ocikit import FILES, config, push
+from kit.fetchkit import fast_config
+from kit.ocikit import FILES, config, pull, push
 from kit.origin import Fault
 from kit.registrykit import Registry, needs_registry
 
@@ -160,12 +160,12 @@ def test_an_artifact_skopeo_pushed_is_added(tmp_path: Path, monkeypatch) -> None
 def test_concurrent_adds_of_one_reference_share_one_fetch(store: Store, origin) -> None:  # noqa: ANN001
     import asyncio
 
-    from cartonstore.fetch.puller import Puller
+    from cartonstore.config.pulling import standard_puller
 
     ref = fake_registry(origin, FILES)
 
     async def run():  # noqa: ANN202
-        async with Puller(store, fast_config()) as p:
+        async with standard_puller(store, fast_config()) as p:
             return await asyncio.gather(*(p.add(ref) for _ in range(4)))
 
     results = asyncio.run(run())

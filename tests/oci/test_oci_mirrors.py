@@ -13,8 +13,7 @@ from pathlib import Path
 
 import pytest
 from conftest import sha, snapshot
-from kit.fetchkit import materialize, pull
-from kit.ocikit import FILES, config, push
+from kit.ocikit import FILES, config, materialize, pull, push
 from kit.registrykit import Registry, free_port, needs_registry
 
 from cartonstore.store import Store
@@ -294,13 +293,13 @@ def test_a_failing_mirror_is_passed_over_by_the_whole_node_not_each_pull(tmp_pat
     asked again when the same node fetches evicted blobs back right after."""
     import asyncio
 
-    from cartonstore.fetch.puller import Puller
+    from cartonstore.config.pulling import standard_puller
 
     upstream, mirror = two
     digest, _ = _pushed(tmp_path, make_carton, upstream, mirror)
 
     async def pull_evict_and_fetch_again(node: Store) -> Path:
-        async with Puller(node, _one_at_a_time(upstream, broken.url, f"http://{mirror.authority}")) as p:
+        async with standard_puller(node, _one_at_a_time(upstream, broken.url, f"http://{mirror.authority}")) as p:
             await p.add(upstream.ref("models/m:v1"), name="m")
             assert len(broken.asked) == 1
             assert (await asyncio.to_thread(node.collect, GcPolicy(max_size=1, grace=0.0))).evicted_blobs

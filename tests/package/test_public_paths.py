@@ -33,11 +33,14 @@ def test_a_public_name_imports_from_its_folder(module: str, name: str) -> None:
     assert p.returncode == 0, p.stderr
 
 
-def test_oci_references_are_plugged_into_fetch_by_importing_oci() -> None:
-    """fetch names no oci module: the oci package registers its source kind
-    when imported, and before that no kind claims an oci:// reference."""
-    code = ("from cartonstore.fetch.hooks import source_kind_for as k; ref = 'oci://r.example/m:v1'; "
-            "before = k(ref); import cartonstore.oci; print(before is None, k(ref).name)")
+def test_importing_oci_plugs_nothing_into_fetch() -> None:
+    """A Puller reads the kinds it is built with: importing the oci package
+    changes no other Puller, and the standard set is the one place both
+    kinds are named."""
+    code = ("import cartonstore.oci; from cartonstore.config import standard_sources; "
+            "from cartonstore.fetch.puller import CARTON_URL; from cartonstore.fetch.source_kinds import SourceKinds; "
+            "ref = 'oci://r.example/m:v1'; "
+            "print(SourceKinds((CARTON_URL,)).kind_for(ref), standard_sources().kind_for(ref).name)")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stderr
-    assert p.stdout.split() == ["True", "oci"]
+    assert p.stdout.split() == ["None", "oci"]

@@ -184,10 +184,12 @@ def test_the_config_is_answered_back_and_bad_ones_are_refused(daemon: DaemonProc
         ({"max_batch_size": 8, "dynamic_batching": {"priority_levels": 2}},
          "dynamic_batching: cartonstore does not support 'priority_levels' = 2"),
         ({"max_batch_size": 8, "dynamic_batching": {"max_queue_delay_microseconds": -1}},
+         "Failed to parse max_queue_delay_microseconds field: Value out of range: -1"),   # protobuf's uint64
+        ({"max_batch_size": 8, "dynamic_batching": {"max_queue_delay_microseconds": "10000001"}},
          "'max_queue_delay_microseconds' must be an integer in [0, 10000000]"),
         ({"max_batch_size": 8, "dynamic_batching": {"preferred_batch_size": [16]}},
          "'preferred_batch_size' must be a list of sizes in [1, max_batch_size 8]"),
-        ({"max_batch_size": 8, "dynamic_batching": []}, "'dynamic_batching' must be an object"),
+        ({"max_batch_size": 8, "dynamic_batching": "fast"}, "'config' is not a Triton ModelConfig"),
     ):
         status, body = _load(daemon, "c", src, bad)
         assert status == 400 and words in body["error"], (bad, body)

@@ -118,6 +118,11 @@ def test_model_config_reflects_the_load_and_refuses_what_it_cannot_honour(affine
         ({"name": "other"}, "'name' is 'other'"),
         ({"input": [{"name": "x", "data_type": "TYPE_INT32"}]}, "data_type is 'TYPE_INT32'"),
         ({"output": [{"name": "z"}]}, "output 'z' is not one the carton declares"),
+        # parsed as Triton parses it, protobuf's ModelConfig: a field it does not have, in protobuf's words
+        ({"max_batch": 4}, 'is not a Triton ModelConfig: Message type "inference.ModelConfig" has no field named '
+                           '"max_batch" at "ModelConfig".'),
+        ({"input": [{"name": "x", "data_type": "FP32"}]}, "Invalid enum value FP32 for enum type inference.DataType"),
+        ({"max_batch_size": "four"}, "Failed to parse max_batch_size field"),
     ]
     for bad, words in refused:
         with pytest.raises(InferenceServerException, match=f"failed to load 'affine'.*{re.escape(words)}"):

@@ -327,7 +327,7 @@ def test_blobs_brought_back_from_their_local_file_count_as_read_from_it(tmp_path
     """The puller's stats name the local file as their source (bytes and
     blobs under "file"), with nothing received: before, they were in no
     source's count at all."""
-    from kit.fetchkit import fast_config
+    from kit.fetchkit import URLS_ONLY, fast_config
 
     from cartonstore.fetch.puller import Puller
 
@@ -338,7 +338,7 @@ def test_blobs_brought_back_from_their_local_file_count_as_read_from_it(tmp_path
         missing = set(store.info(digest).missing_blobs)
 
         async def bring_back() -> dict:
-            async with Puller(store, fast_config()) as p:
+            async with Puller(store, fast_config(), sources=URLS_ONLY) as p:
                 await p.materialize("local")
                 return p.stats.snapshot()
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from kit.daemonkit import wait_for_async
-from kit.fetchkit import fast_config
+from kit.fetchkit import URLS_ONLY, fast_config
 from kit.prockit import descriptors_of
 from test_gc import _carton
 
@@ -61,7 +61,7 @@ def test_completing_under_a_collection_that_never_stops_ends_complete(store: Sto
     collector.start()
     try:
         async def add_and_materialize() -> Path:
-            async with Puller(store, fast_config()) as p:
+            async with Puller(store, fast_config(), sources=URLS_ONLY) as p:
                 for _ in range(60):
                     r = await p.add(str(source))
                     assert r.digest == d

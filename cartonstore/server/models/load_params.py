@@ -5,27 +5,65 @@ from __future__ import annotations
 
 import base64
 import binascii
-import json
 import shutil
 from pathlib import Path
 from typing import Any
 
+from google.protobuf import json_format
+from google.protobuf.descriptor import Descriptor, FieldDescriptor
+from tritonclient.grpc.model_config_pb2 import ModelConfig
+
 from cartonstore.errors import InvalidInput
 from cartonstore.format.paths import validate_carton_path
+from cartonstore.v2.json_codec import loads
+
+_INT64 = (FieldDescriptor.CPPTYPE_INT64, FieldDescriptor.CPPTYPE_UINT64)
 
 
 def parse_triton_config(value: Any) -> dict | None:
+    """A load's config as Triton reads it: protobuf JSON of
+    ``inference.ModelConfig`` (an integer field takes 16 and "16", enums by
+    name, an unknown field refused with protobuf's words), answered as
+    Triton writes a config (proto field names, set fields only, int64 as
+    numbers). A max_batch_size of 0 given is kept (it turns off the
+    carton's own batching), though protobuf writes no field at 0."""
     if value is None:
         return None
     if not isinstance(value, str):
         raise InvalidInput(f"parameter 'config' must be a JSON string, got {type(value).__name__}")
     try:
-        parsed = json.loads(value)
-    except json.JSONDecodeError as e:
-        raise InvalidInput(f"parameter 'config' is not valid JSON: {e}") from None
-    if not isinstance(parsed, dict):
-        raise InvalidInput("parameter 'config' must be a JSON object (a Triton ModelConfig)")
-    return parsed
+        given = loads(value.encode())
+    except (ValueError, RecursionError) as e:
+        raise InvalidInput(f"parameter 'config' is not valid JSON: {e}", subject="config") from None
+    if not isinstance(given, dict):
+        raise InvalidInput("parameter 'config' must be a JSON object (a Triton ModelConfig)", subject="config")
+    try:
+        message = json_format.ParseDict(given, ModelConfig())
+    except json_format.ParseError as e:
+        raise InvalidInput(f"parameter 'config' is not a Triton ModelConfig: {str(e).splitlines()[0]}",
+                           subject="config") from None
+    doc = _int64_as_numbers(json_format.MessageToDict(message, preserving_proto_field_name=True),
+                            ModelConfig.DESCRIPTOR)
+    if "max_batch_size" in given or "maxBatchSize" in given:
+        doc["max_batch_size"] = message.max_batch_size
+    return doc
+
+
+def _int64_as_numbers(doc: dict[str, Any], descriptor: Descriptor) -> dict[str, Any]:
+    """Protobuf JSON writes int64 fields as strings; Triton's config JSON
+    (ModelConfigToJson) and the checks here read numbers."""
+    for name, value in doc.items():
+        field = descriptor.fields_by_name[name]
+        if field.cpp_type in _INT64:
+            doc[name] = [int(v) for v in value] if isinstance(value, list) else int(value)
+        elif field.message_type is not None:
+            entry = field.message_type
+            if entry.GetOptions().map_entry:
+                entry, value = entry.fields_by_name["value"].message_type, list(value.values())
+            for item in value if isinstance(value, list) else [value]:
+                if entry is not None:
+                    _int64_as_numbers(item, entry)
+    return doc
 
 
 def b64_parameter(key: str, value: Any) -> bytes:

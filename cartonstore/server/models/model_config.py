@@ -1,7 +1,9 @@
 """Triton's model configuration extension: the config a load may give
 (what cartonstore honours, the rest refused by name) and the config
 GET /v2/models/{name}/config answers, made from carton.toml and that
-load's config.
+load's config. A load's config arrives parsed as Triton parses it
+(load_params.py: protobuf's ModelConfig, so every field has its type, and
+only fields set are present); the rules here are cartonstore's own.
 
 Honoured: max_batch_size, dynamic_batching (batcher.py), instance_group,
 parameters (the runner's opts); name, platform, backend, input and output
@@ -27,13 +29,10 @@ HONOURED = ("max_batch_size", "dynamic_batching", "instance_group", "parameters"
 CHECKED = ("name", "platform", "backend", "input", "output", "version_policy", "runtime")
 # what config_of answers beside these, so a config read back loads again unchanged
 _ONE_VERSION = {"latest": {"num_versions": 1}}
-# fields of a tensor or an instance group that mean nothing unless set (protobuf JSON writes defaults too)
-_TENSOR_DEFAULTS = {"format": ("FORMAT_NONE",), "is_shape_tensor": (False,), "optional": (False,),
-                    "allow_ragged_batch": (False,), "label_filename": ("",), "is_non_linear_format_io": (False,),
-                    "reshape": ({}, None)}
+# messages that mean nothing when present and empty (a config read back from Triton writes them so)
+_TENSOR_EMPTY = ("reshape",)
 _GROUP_FIELDS = ("name", "kind", "count", "gpus")
-_GROUP_DEFAULTS = {"passive": (False,), "secondary_devices": ([],), "profile": ([],), "host_policy": ("",),
-                   "rate_limiter": ({}, None)}
+_GROUP_EMPTY = ("rate_limiter",)
 
 
 def check_config_fields(config: Mapping[str, Any] | None) -> None:
@@ -47,22 +46,19 @@ def check_config_fields(config: Mapping[str, Any] | None) -> None:
                            f"(it honours {', '.join(HONOURED)}; {', '.join(CHECKED)} must match the carton)",
                            subject=unknown[0])
     batch = config.get("max_batch_size", 0)
-    if isinstance(batch, bool) or not isinstance(batch, int) or not 0 <= batch <= MAX_BATCH_LIMIT:
+    if not 0 <= batch <= MAX_BATCH_LIMIT:
         raise InvalidInput(f"config: 'max_batch_size' must be an integer in [0, {MAX_BATCH_LIMIT}], not {batch!r}",
                            subject="max_batch_size")
     if config.get("version_policy") not in (None, {}, _ONE_VERSION):
         raise InvalidInput(f"config: cartonstore serves one version of a model (its manifest hash): "
                            f"'version_policy' {config['version_policy']!r} is not supported", subject="version_policy")
-    groups = config.get("instance_group")
-    for i, group in enumerate(groups if isinstance(groups, list) else ()):
-        if isinstance(group, dict):
-            _unsupported_fields(group, _GROUP_FIELDS, _GROUP_DEFAULTS, f"instance_group[{i}]")
+    for i, group in enumerate(config.get("instance_group", ())):
+        _unsupported_fields(group, _GROUP_FIELDS, _GROUP_EMPTY, f"instance_group[{i}]")
 
 
 MAX_QUEUE_DELAY_US = 10_000_000   # ten seconds: a longer wait is a mistake, not a policy
 _BATCHING_FIELDS = ("preferred_batch_size", "max_queue_delay_microseconds", "preserve_ordering")
-_BATCHING_DEFAULTS = {"priority_levels": (0, "0"), "default_priority_level": (0, "0"),
-                      "default_queue_policy": ({}, None), "priority_queue_policy": ({}, None)}
+_BATCHING_EMPTY = ("default_queue_policy",)
 
 
 @dataclass(frozen=True)
@@ -79,50 +75,35 @@ class BatchingPolicy:
         return {"preferred_batch_size": list(self.preferred), "max_queue_delay_microseconds": self.max_queue_delay_us}
 
 
-def _whole(value: Any) -> int | None:
-    """An integer, or one protobuf JSON spelled as a string (uint64)."""
-    if isinstance(value, str) and value.isdigit():
-        return int(value)
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
 def batching_policy(carton: CartonConfig, config: Mapping[str, Any] | None) -> BatchingPolicy | None:
     """The load's dynamic_batching checked (InvalidInput naming what is
     wrong), or None when it asks for none."""
     given = (config or {}).get("dynamic_batching")
     if given is None:
         return None
-    if not isinstance(given, Mapping):
-        raise InvalidInput(f"config: 'dynamic_batching' must be an object, not {given!r}", subject="dynamic_batching")
-    _unsupported_fields(given, _BATCHING_FIELDS, _BATCHING_DEFAULTS, "dynamic_batching")
+    _unsupported_fields(given, _BATCHING_FIELDS, _BATCHING_EMPTY, "dynamic_batching")
     batch = max_batch_size(carton, config)
     if not batch:
         raise InvalidInput("config: dynamic_batching joins requests along their first dimension, so it needs "
                            "max_batch_size > 0", subject="dynamic_batching")
-    delay = _whole(given.get("max_queue_delay_microseconds", 0))
-    if delay is None or not 0 <= delay <= MAX_QUEUE_DELAY_US:
+    delay = given.get("max_queue_delay_microseconds", 0)
+    if not 0 <= delay <= MAX_QUEUE_DELAY_US:
         raise InvalidInput(f"config: dynamic_batching: 'max_queue_delay_microseconds' must be an integer in "
-                           f"[0, {MAX_QUEUE_DELAY_US}], not {given['max_queue_delay_microseconds']!r}",
-                           subject="max_queue_delay_microseconds")
-    preferred = given.get("preferred_batch_size", [])
-    sizes = [_whole(v) for v in preferred] if isinstance(preferred, list) else [None]
-    if any(size is None or not 1 <= size <= batch for size in sizes):
+                           f"[0, {MAX_QUEUE_DELAY_US}], not {delay!r}", subject="max_queue_delay_microseconds")
+    sizes = given.get("preferred_batch_size", [])
+    if any(not 1 <= size <= batch for size in sizes):
         raise InvalidInput(f"config: dynamic_batching: 'preferred_batch_size' must be a list of sizes in "
-                           f"[1, max_batch_size {batch}], not {preferred!r}", subject="preferred_batch_size")
-    if not isinstance(given.get("preserve_ordering", False), bool):
-        raise InvalidInput(f"config: dynamic_batching: 'preserve_ordering' must be true or false, not "
-                           f"{given['preserve_ordering']!r}", subject="preserve_ordering")
-    return BatchingPolicy(batch, delay, tuple(sorted(set(sizes))))  # type: ignore[arg-type]
+                           f"[1, max_batch_size {batch}], not {sizes!r}", subject="preferred_batch_size")
+    return BatchingPolicy(batch, delay, tuple(sorted(set(sizes))))
 
 
-def _unsupported_fields(entry: Mapping[str, Any], known: Sequence[str], defaults: Mapping[str, tuple],
-                        where: str) -> None:
+def _unsupported_fields(entry: Mapping[str, Any], known: Sequence[str], empty: Sequence[str], where: str) -> None:
     """Refuse a field cartonstore would ignore: one it does not know, or
-    one it knows only at its default value, set otherwise."""
+    one it knows only when empty, set otherwise."""
     for key, value in entry.items():
         if key in known:
             continue
-        if key not in defaults or value not in defaults[key]:
+        if key not in empty or value != {}:
             raise InvalidInput(f"config: {where}: cartonstore does not support {key!r} = {value!r}", subject=key)
 
 
@@ -182,30 +163,19 @@ def check_against_carton(name: str, carton: CartonConfig, config: Mapping[str, A
                                    f"but {spec.name!r} has shape {list(spec.shape)}", subject="max_batch_size")
 
 
-def _check_tensors(key: str, given: Any, specs: Sequence[TensorSpec], batch: int) -> None:
-    if not isinstance(given, list) or not all(isinstance(t, dict) for t in given):
-        raise InvalidInput(f"config: {key!r} must be a list of objects", subject=key)
+def _check_tensors(key: str, given: list[dict[str, Any]], specs: Sequence[TensorSpec], batch: int) -> None:
     declared = {s.name: s for s in specs}
     for entry in given:
         spec = declared.get(entry.get("name"))
         if spec is None:
             raise InvalidInput(f"config: {key} {entry.get('name')!r} is not one the carton declares "
                                f"({', '.join(declared) or 'none'})", subject=key)
-        _unsupported_fields(entry, ("name", "data_type", "dims"), _TENSOR_DEFAULTS, f"{key} {spec.name!r}")
+        _unsupported_fields(entry, ("name", "data_type", "dims"), _TENSOR_EMPTY, f"{key} {spec.name!r}")
         ours = tensor_config(spec, batch)
         for field_name in ("data_type", "dims"):
-            value = entry.get(field_name)
-            if field_name == "dims" and isinstance(value, list):   # protobuf JSON writes int64 as strings
-                value = [_dim(d) for d in value]
-            if field_name in entry and value != ours[field_name]:
+            if field_name in entry and entry[field_name] != ours[field_name]:
                 raise InvalidInput(f"config: {key} {spec.name!r} {field_name} is {entry[field_name]!r}, but the "
                                    f"carton declares {ours[field_name]!r}", subject=key)
-
-
-def _dim(value: Any) -> Any:
-    if isinstance(value, str) and value.lstrip("-").isdigit():
-        return int(value)
-    return value
 
 
 def triton_data_type(carton_dtype: str) -> str:
