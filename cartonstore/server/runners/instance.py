@@ -11,6 +11,7 @@ import time
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Mapping, Sequence
 
 from cartonstore.errors import BadUpstream, Unavailable
+from cartonstore.system.backoff import doubling
 from cartonstore.v2.shm_params import ARENA_EXTENSION
 from cartonstore.v2.statistics import TIMING_HEADER, RequestTiming
 
@@ -168,7 +169,7 @@ class RunnerInstance:
                     self._set(UNAVAILABLE, f"failed {self._failures} times in a row; last: {reason}")
                     return
                 self._set(LOADING, f"restarting after: {reason}")
-                delay = min(self.settings.restart_backoff * 2 ** (self._failures - 1), self.settings.max_backoff)
+                delay = doubling(self.settings.restart_backoff, self.settings.max_backoff, self._failures - 1)
                 await asyncio.sleep(delay)
                 self.restarts += 1
                 try:

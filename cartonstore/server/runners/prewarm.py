@@ -24,6 +24,8 @@ import logging
 from pathlib import Path
 from typing import Mapping
 
+from cartonstore.system.backoff import doubling
+
 from .process import RunnerFailed
 from .sandbox import SandboxPolicy
 from .settings import InstanceSpec, RunnerSettings
@@ -92,7 +94,7 @@ class PrewarmPool:
         key, failures = (kind, device), 0
         while True:
             if failures:
-                delay = min(self._settings.restart_backoff * 2 ** (failures - 1), self._settings.max_backoff)
+                delay = doubling(self._settings.restart_backoff, self._settings.max_backoff, failures - 1)
                 await asyncio.sleep(delay)
             label = f"spare-{kind}-{device.replace(':', '')}-{next(self._numbers)}"
             slot = self._slots.new(label)
