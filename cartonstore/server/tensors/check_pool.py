@@ -17,7 +17,6 @@ import asyncio
 import logging
 import os
 import pickle
-import signal
 import subprocess
 import sys
 from collections.abc import Coroutine, Sequence
@@ -25,6 +24,7 @@ from typing import Any
 
 from cartonstore.errors import InvalidInput
 from cartonstore.format.carton_toml import TensorSpec
+from cartonstore.system.child_stop import stop_child
 from cartonstore.system.exit_notice import ExitNoticingProtocol
 from cartonstore.system.pass_over import PassOver
 
@@ -83,10 +83,10 @@ class CheckWorker:
         self.answered += 1
         return out, parts
 
-    def kill(self) -> None:
+    def _signal(self, sig: int) -> None:
         if self.transport.get_returncode() is None:
             try:
-                os.killpg(self.pid, signal.SIGKILL)   # its own session: nothing it started survives it
+                os.killpg(self.pid, sig)   # its own session: nothing it started survives it
             except ProcessLookupError:
                 pass
 
@@ -95,11 +95,7 @@ class CheckWorker:
         Not Process.wait(): on asyncio it also waits for end of file on
         stdout, which never comes while reading it is paused (a task
         cancelled halfway through a big answer)."""
-        exit_seen = self.protocol.exit_seen
-        if grace and not exit_seen.done():
-            await asyncio.wait([exit_seen], timeout=grace)
-        self.kill()
-        await exit_seen
+        await stop_child(self._signal, self.protocol.exit_seen, grace, ask=None)
         self.transport.close()
 
     async def stop(self, grace: float) -> None:
