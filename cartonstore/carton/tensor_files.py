@@ -9,13 +9,13 @@ from pathlib import Path
 
 import numpy as np
 
-from cartonstore.format.dtypes import CARTON_DTYPES
-from cartonstore.v2.datatypes import datatype_of, v2_to_carton
+from cartonstore.format.dtypes import CARTON_DTYPES, v2_to_carton_dtype
+from cartonstore.v2.datatypes import datatype_of
 
 
 def carton_dtype_of(array: np.ndarray) -> str:
     """The carton dtype that holds ``array`` (InvalidInput naming it when none does)."""
-    return v2_to_carton(datatype_of(array))
+    return v2_to_carton_dtype(datatype_of(array))
 
 
 def write_tensors(directory: Path, tensors: Mapping[str, np.ndarray]) -> None:

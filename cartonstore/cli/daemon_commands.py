@@ -19,7 +19,6 @@ if TYPE_CHECKING:
 
 def cmd_serve(store: Store | None, args: argparse.Namespace, out: Output) -> None:
     from cartonstore.server.daemon import DaemonSettings, run_daemon, setup_logging
-    from cartonstore.server.models.loaded_model import LeaseSettings
     from cartonstore.store.gc import GcPolicy
     from cartonstore.store.layout import make_socket_dir
 
@@ -37,7 +36,7 @@ def cmd_serve(store: Store | None, args: argparse.Namespace, out: Output) -> Non
         socket_group=cfg.server.socket_group or None, listen=cfg.server.listen or None,
         grpc_socket=cfg.grpc_socket_path, grpc_listen=cfg.server.grpc_listen or None,
         restore_loaded=cfg.server.restore_loaded and not args.no_restore, id=cfg.server.id,
-        leases=LeaseSettings(cfg.leases.default_ttl, cfg.leases.max_ttl, cfg.leases.pin_ttl),
+        leases=cfg.leases,
         fetch=cfg.fetch_config(), zip_limits=cfg.zip_limits(), max_request_size=cfg.server.max_request_size,
         shared_memory_over_tcp=cfg.server.shared_memory_over_tcp, arena_size=cfg.server.arena_size,
         allow_tcp_local_sources=cfg.server.allow_tcp_local_sources,

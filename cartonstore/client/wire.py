@@ -26,6 +26,7 @@ from cartonstore.errors import (
     Unauthenticated,
     Unavailable,
 )
+from cartonstore.system.backoff import doubling
 
 log = logging.getLogger("cartonstore.client")   # not __name__: the name leases.py documents
 
@@ -184,7 +185,7 @@ class Keeper:
             return self.interval
         if self.is_lost and self.failures == 1:
             return 0.0
-        return min(self.interval, _RETRY_FIRST * 2 ** (self.failures - 1))
+        return doubling(_RETRY_FIRST, self.interval, self.failures - 1)
 
     def succeeded(self, lease: Lease) -> None:
         if self.is_lost:

@@ -7,6 +7,7 @@
     chunk_size = "64MiB"
     proxy = "http://proxy.lab:3128"    # "" for none; fetch.no_proxy applies
 
+    mirror_down_for = "60s"            # a mirror that failed is not asked for this long
     [registries.mirrors."registry.example.com"]
     endpoints = ["http://127.0.0.1:30020", "https://cache.lab"]   # tried in order, the upstream last
 """
@@ -82,7 +83,8 @@ class RegistrySettings:
     proxy: str | None = v.setting(None, proxy_parser("registries.proxy"), lambda p: p or "")
     mirrors: Mapping[str, tuple[str, ...]] = v.setting(None, _mirrors, _show_mirrors,
                                                        factory=lambda: MappingProxyType({}))
+    mirror_down_for: float = v.duration_setting(_DEFAULTS.mirror_down_for, positive=False)
 
     def registry_config(self) -> RegistryConfig:
         return RegistryConfig(tuple(h.lower() for h in self.insecure), self.ca_file, self.auth_file,
-                              self.chunk_size, self.proxy, self.mirrors)
+                              self.chunk_size, self.proxy, self.mirrors, self.mirror_down_for)

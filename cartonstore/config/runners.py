@@ -2,7 +2,7 @@
 
     [runners]
     devices = ["cpu"]              # or ["cuda:0", "cuda:1"]
-    ready_timeout = "60s"
+    ready_timeout = "120s"
     [runners.my_runner]            # a carton's runner_name -> a command
     command = ["/opt/my/bin/serve", "--model", "{model_dir}", "--socket", "{socket}"]
     env = { OMP_NUM_THREADS = "4" }

@@ -21,10 +21,11 @@ from cartonstore.store import Store
 from cartonstore.store.blobs import StagedBlob
 from cartonstore.store.locks import async_file_lock
 from cartonstore.system.flights import SingleFlight
+from cartonstore.system.pass_over import PassOver
 
 from .config import FetchConfig
 from .http import HttpClient
-from .mirror_fetch import PassedOver, stage_from_mirrors
+from .mirror_fetch import stage_from_mirrors
 from .peers import ORIGIN, Claim, PeerSet
 from .policy import describe
 from .registry_mirrors import mirrored_blob_urls, pulled_from, registry_of
@@ -44,7 +45,8 @@ class BlobFetcher:
         self._flights = SingleFlight()
         self._slots = asyncio.Semaphore(config.max_concurrency)
         self.peers = PeerSet(config.peers, client)
-        self.mirrors_passed_over = PassedOver()   # registries' mirrors that failed lately (pulls share it)
+        # registries' mirrors that failed lately (pulls share it)
+        self.mirrors_passed_over = PassOver(config.registries.mirror_down_for)
 
     def sources_for(self, digest: str, urls: Sequence[str] = ()) -> list[str]:
         """LINKS URLs given, then those in the index, then each mirror."""

@@ -24,6 +24,7 @@ class RegistryConfig:
     # upstream authority (host or host:port, lower case) -> mirror endpoints, tried in order for
     # manifests by digest and blobs before the upstream (containerd's hosts.toml "mirrors")
     mirrors: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    mirror_down_for: float = 60.0     # a mirror that failed is not asked for this long (a pull is usually done by then)
 
 
 @dataclass(frozen=True)

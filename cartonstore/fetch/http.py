@@ -25,6 +25,7 @@ import aiohttp
 from multidict import CIMultiDictProxy
 
 from cartonstore.errors import FetchError, FetchNotFound, InvalidInput
+from cartonstore.system.backoff import doubling, equal_jitter
 
 from .config import FetchConfig, PeerConfig
 from .encoding import parse_content_encoding
@@ -169,11 +170,11 @@ def parse_retry_after(value: str | None, now: float | None = None) -> float | No
 
 def backoff_delay(attempt: int, config: FetchConfig, retry_after: float | None = None,
                   rng: random.Random | None = None) -> float:
-    """Exponential backoff with full jitter; a server's Retry-After wins (capped)."""
+    """The wait before retry ``attempt`` + 1: doubling from fetch.backoff_base
+    up to fetch.backoff_max, with equal jitter; a server's Retry-After wins (capped)."""
     if retry_after is not None:
         return min(retry_after, config.backoff_max)
-    ceiling = min(config.backoff_max, config.backoff_base * (2 ** attempt))
-    return (rng or random).uniform(ceiling / 2, ceiling)
+    return equal_jitter(doubling(config.backoff_base, config.backoff_max, attempt), rng)
 
 
 class HttpClient:

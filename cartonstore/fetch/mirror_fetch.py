@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import time
 from collections.abc import Sequence
 
 from cartonstore.errors import FetchError, IntegrityError, InvalidInput
 from cartonstore.store.blobs import BlobStore, StagedBlob
+from cartonstore.system.pass_over import PassOver
 
 from .config import FetchConfig
 from .http import HttpClient
@@ -25,29 +25,19 @@ from .stats import TransferStats
 from .transfer import SourcesFailed, fetch_blob
 
 log = logging.getLogger("cartonstore.fetch")
-PASS_OVER_FOR = 60.0   # seconds a failing mirror is not asked (a pull is usually done by then)
 _THE_MIRRORS = (FetchError, IntegrityError, InvalidInput)   # a mirror's faults; others (a full disk) are ours
 
 
-class PassedOver:
-    """Mirror endpoints not asked again until PASS_OVER_FOR seconds after they failed."""
-
-    def __init__(self) -> None:
-        self._until: dict[str, float] = {}
-
-    def __contains__(self, endpoint: object) -> bool:
-        until = self._until.get(endpoint) if isinstance(endpoint, str) else None
-        return until is not None and time.monotonic() < until
-
-    def add(self, endpoint: str, registry: str, why: str) -> None:
-        if endpoint not in self:
-            self._until[endpoint] = time.monotonic() + PASS_OVER_FOR
-            log.warning("mirror %s of %s: %s; not asked again for %.0f s", describe(endpoint), registry, why,
-                        PASS_OVER_FOR)
+def pass_over_mirror(passed_over: PassOver, endpoint: str, registry: str, why: str) -> None:
+    """Ask mirror ``endpoint`` nothing for registries.mirror_down_for: it
+    failed otherwise than by lacking what was asked."""
+    if passed_over.add(endpoint):
+        log.warning("mirror %s of %s: %s; not asked again for %g s", describe(endpoint), registry, why,
+                    passed_over.period)
 
 
 async def stage_from_mirrors(client: HttpClient, blobs: BlobStore, digest: str, urls: Sequence[tuple[str, str]],
-                             config: FetchConfig, passed_over: PassedOver, *, registry: str,
+                             config: FetchConfig, passed_over: PassOver, *, registry: str,
                              stats: TransferStats | None = None,
                              expected_size: int | None = None) -> StagedBlob | None:
     """The blob staged from the first of ``urls`` ((endpoint, URL) pairs,
@@ -65,7 +55,7 @@ async def stage_from_mirrors(client: HttpClient, blobs: BlobStore, digest: str, 
             if e.none_had_it:
                 log.info("blob %s: not at mirror %s; asking the next", digest[:12], describe(endpoint))
             elif all(isinstance(error, _THE_MIRRORS) for error in e.errors):
-                passed_over.add(endpoint, registry, why)
+                pass_over_mirror(passed_over, endpoint, registry, why)
             else:
                 log.warning("blob %s from mirror %s failed here: %s", digest[:12], describe(endpoint), why)
     return None

@@ -36,6 +36,8 @@ from typing import AsyncIterator, Callable, Iterable
 
 import aiohttp
 
+from cartonstore.system.pass_over import PassOver
+
 from .config import PeerConfig
 from .http import HttpClient, translate
 from .policy import describe
@@ -91,7 +93,7 @@ class PeerSet:
         self.node_id = secrets.token_hex(8)
         self.urls = tuple(u.rstrip("/") for u in config.urls)
         self.claims: dict[str, Claim] = {}
-        self._down_until: dict[str, float] = {}
+        self._down = PassOver(config.down_for)
         self._probes = asyncio.Semaphore(16)   # held probes must not take every pooled connection
 
     def is_peer_url(self, url: str) -> bool:
@@ -100,8 +102,7 @@ class PeerSet:
 
     def order(self, digest: str) -> list[str]:
         """The peers to ask for digest, in rendezvous order, less those marked down."""
-        now = time.monotonic()
-        return [p for p in rendezvous(digest, self.urls) if self._down_until.get(p, 0.0) <= now]
+        return [p for p in rendezvous(digest, self.urls) if p not in self._down]
 
     # -- asking --------------------------------------------------------------------
 
@@ -183,9 +184,8 @@ class PeerSet:
         return self.mark_down(peer, why)
 
     def mark_down(self, peer: str, why: str) -> int:
-        if self._down_until.get(peer, 0.0) <= time.monotonic():
+        if self._down.add(peer):
             log.warning("peer %s: %s; not asked again for %gs", describe(peer), why, self.config.down_for)
-        self._down_until[peer] = time.monotonic() + self.config.down_for
         return ABSENT
 
     # -- answering -------------------------------------------------------------------

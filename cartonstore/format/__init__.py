@@ -12,14 +12,16 @@ from cartonstore.system.lazy_names import lazy_names
 # with it, so that `cartonstore path` and `ls` start fast.
 _MODULE_NAMES = {
     "carton_toml": "CartonConfig Example RunnerInfo SelfTest TensorSpec check_references parse_carton_toml",
-    "dtypes": "CARTON_DTYPES SAFETENSORS_DTYPE_BITS carton_dtype_to_v2 carton_numpy_dtype "
-              "is_numeric_carton_dtype safetensors_dtype_to_v2 shape_to_v2_dims",
+    "dtypes": "CARTON_DTYPES CARTON_TO_V2 SAFETENSORS_DTYPE_BITS V2_TO_CARTON carton_dtype_to_v2 "
+              "carton_numpy_dtype is_numeric_carton_dtype safetensors_dtype_to_v2 shape_to_v2_dims "
+              "v2_to_carton_dtype",
     "links": "build_links parse_links",
     "digest": "is_sha256",
     "manifest": "Manifest build_manifest parse_manifest",
     "paths": "carton_path_problem is_valid_carton_path is_within resolve_symlink_target validate_carton_path",
     "safetensors": "SAFETENSORS_HEADER_LIMIT SafetensorsHeader SafetensorsTensor parse_header_size "
                    "parse_safetensors parse_safetensors_header",
+    "strict_json": "RepeatedKey unique_keys",
     "tensor_data": "TensorEntry check_tensor_files check_tensor_index_present decode_numeric decode_string "
                    "expected_bin_size load_tensors parse_tensor_index",
 }

@@ -3,13 +3,16 @@ KServe v2 / Triton datatype names.
 
 These are lookup tables, not parsers: the functions here take names that a
 parser has already validated, and a name outside the tables is a programming
-error (``ValueError``), not a bad carton.
+error (``ValueError``), not a bad carton; v2_to_carton_dtype alone takes a
+caller's datatype, and says which it cannot name (``InvalidInput``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
+
+from cartonstore.errors import InvalidInput
 
 if TYPE_CHECKING:
     import numpy as np
@@ -30,7 +33,8 @@ CARTON_DTYPES: dict[str, str | None] = {
     "uint64": "<u8",
 }
 
-_CARTON_TO_V2: dict[str, str] = {
+# Carton v1 dtype <-> KServe v2 datatype: the one table both directions read.
+CARTON_TO_V2: dict[str, str] = {
     "float32": "FP32",
     "float64": "FP64",
     "string": "BYTES",
@@ -43,6 +47,7 @@ _CARTON_TO_V2: dict[str, str] = {
     "uint32": "UINT32",
     "uint64": "UINT64",
 }
+V2_TO_CARTON: dict[str, str] = {v2: name for name, v2 in CARTON_TO_V2.items()}
 
 # safetensors dtype -> bits per element, as the reference implementation
 # (huggingface/safetensors, Dtype::bitsize) defines them. Sub-byte types
@@ -125,9 +130,22 @@ def carton_dtype_to_v2(dtype: str) -> str:
     Raises ValueError for a name that is not a carton dtype.
     """
     try:
-        return _CARTON_TO_V2[dtype]
+        return CARTON_TO_V2[dtype]
     except KeyError:
         raise ValueError(f"{dtype!r} is not a carton dtype") from None
+
+
+def v2_to_carton_dtype(datatype: str) -> str:
+    """The carton dtype of a KServe v2 datatype ("FP32" -> "float32"):
+    InvalidInput for one carton has no name for (FP16, BF16, BOOL), since
+    the datatype comes from a caller's tensor, not from a parsed carton."""
+    try:
+        return V2_TO_CARTON[datatype]
+    except KeyError:
+        raise InvalidInput(
+            f"datatype {datatype!r} has no carton dtype (carton has {', '.join(sorted(V2_TO_CARTON))})",
+            subject=datatype,
+        ) from None
 
 
 def safetensors_dtype_to_v2(dtype: str) -> str:

@@ -23,6 +23,7 @@ from typing import Any
 
 from cartonstore.errors import InvalidCarton
 
+from . import strict_json
 from ._toml import is_int, join_field, type_name
 from .dtypes import SAFETENSORS_DTYPE_BITS
 
@@ -130,28 +131,17 @@ def _load_json(header: bytes, file: str) -> dict[str, Any]:
     except UnicodeDecodeError as e:
         raise _bad_header(file, f"is not valid UTF-8 (bad byte at offset {e.start})") from None
     try:
-        return json.loads(
-            text, object_pairs_hook=_no_duplicates(file), parse_constant=_no_constants(file)
-        )
+        decode = strict_json.decoder(check_key=lambda key: _check_text(key, file, "header"),
+                                     parse_constant=_no_constants(file))
+        return decode(text)
+    except strict_json.RepeatedKey as e:
+        raise _bad_header(file, f"has the key {e.key!r} twice in one object") from None
     except json.JSONDecodeError as e:
         raise _bad_header(file, f"is not valid JSON: {e.msg} (at character {e.pos})") from None
     except ValueError:  # Python refuses to convert integers of over 4300 digits
         raise _bad_header(file, "is not valid JSON: a number has too many digits") from None
     except RecursionError:
         raise _bad_header(file, "is not valid JSON: values are nested too deeply") from None
-
-
-def _no_duplicates(file: str) -> Callable[[list[tuple[str, Any]]], dict[str, Any]]:
-    def hook(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        for key, value in pairs:
-            _check_text(key, file, "header")
-            if key in out:
-                raise _bad_header(file, f"has the key {key!r} twice in one object")
-            out[key] = value
-        return out
-
-    return hook
 
 
 def _no_constants(file: str) -> Callable[[str], Any]:

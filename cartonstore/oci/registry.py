@@ -24,10 +24,11 @@ import aiohttp
 
 from cartonstore.errors import CartonStoreError, FetchError, FetchNotFound, IntegrityError
 from cartonstore.fetch.http import HttpClient, translate, with_retries
-from cartonstore.fetch.mirror_fetch import PassedOver
+from cartonstore.fetch.mirror_fetch import pass_over_mirror
 from cartonstore.fetch.policy import describe, redirect_target
 from cartonstore.fetch.registry_mirrors import mirror_url
 from cartonstore.system.hosts import is_loopback
+from cartonstore.system.pass_over import PassOver
 
 from .artifact import ACCEPT, MAX_MANIFEST_SIZE, OCI_MANIFEST
 from .reference import OciReference
@@ -45,14 +46,15 @@ class Answer:
 class Registry:
     """One repository of one registry, over a shared HttpClient."""
 
-    def __init__(self, client: HttpClient, ref: OciReference, passed_over: PassedOver | None = None) -> None:
+    def __init__(self, client: HttpClient, ref: OciReference, passed_over: PassOver | None = None) -> None:
         self.client = client
         self.ref = ref
         self.base: str | None = None   # "https://host:port", found by connect()
         self._connecting = asyncio.Lock()   # blobs staged at once after a mirror's manifest probe it once
         # mirrors not asked again for a while: the node's (the puller's fetcher's), so each pull and each
         # blob fetched again does not wait out a dead mirror's timeout on its own
-        self.passed_over = passed_over if passed_over is not None else PassedOver()
+        self.passed_over = passed_over if passed_over is not None else PassOver(
+            client.config.registries.mirror_down_for)
 
     @property
     def config(self):  # noqa: ANN201 - FetchConfig
@@ -76,7 +78,7 @@ class Registry:
     def pass_over(self, endpoint: str, why: str) -> None:
         """Ask ``endpoint`` nothing more for a while (mirror_fetch.py): it
         failed otherwise than by not having what was asked."""
-        self.passed_over.add(endpoint, self.ref.authority, why)
+        pass_over_mirror(self.passed_over, endpoint, self.ref.authority, why)
 
     def mirror_url(self, endpoint: str, path: str) -> str:
         """``path`` of this repository at a mirror, naming the registry it

@@ -22,8 +22,9 @@ from pathlib import Path
 
 from aiohttp import web
 
+from cartonstore.config.load import LeaseSettings
 from cartonstore.config.pulling import standard_puller
-from cartonstore.config.runners import RunnerSettings as RunnerConfig
+from cartonstore.config.runners import RunnerSettings
 from cartonstore.errors import InvalidInput
 from cartonstore.fetch.config import FetchConfig
 from cartonstore.server.api.access import TcpAccess
@@ -31,7 +32,6 @@ from cartonstore.server.api.app import build_app
 from cartonstore.server.api.bodies import BODY_BUDGET, BodyBudget
 from cartonstore.server.http.event_loop import loop_name, run_loop
 from cartonstore.server.http.front_server import FrontServer
-from cartonstore.server.models.loaded_model import LeaseSettings
 from cartonstore.server.models.metrics import Metrics
 from cartonstore.server.models.restore import restore_loaded
 from cartonstore.server.models.service import ModelService
@@ -86,7 +86,7 @@ class DaemonSettings:
     access_log: bool = False   # a line per request (errors always get one)
     gc: GcPolicy = field(default_factory=GcPolicy)
     gc_interval: float = 600.0
-    runners: RunnerConfig = field(default_factory=RunnerConfig)
+    runners: RunnerSettings = field(default_factory=RunnerSettings)
     tls_cert: Path | None = None        # TLS on TCP listeners...
     tls_key: Path | None = None
     tls_client_ca: Path | None = None   # ...asking clients for a certificate this CA signed (a credential)

@@ -3,7 +3,10 @@
 
 libc.py (the C library through dlopen), syscalls.py (raw syscalls and
 prctl, numbered per machine), parent_death.py (PR_SET_PDEATHSIG for
-children), exit_notice.py (a child's exit noticed at once), malloc_tuning.py
+children), exit_notice.py (a child's exit noticed at once), child_stop.py
+(SIGTERM, grace, SIGKILL, reaped), waiters.py (futures a protocol's
+callbacks settle), backoff.py (doubling delays, equal jitter),
+pass_over.py (endpoints not asked for a while after they fail), malloc_tuning.py
 and long_lived.py (a serving process's heap), unfilled.py (buffers not
 written before their bytes come), shm_objects.py (POSIX shared-memory
 objects), sockets.py (listening sockets: Unix, TCP, systemd's),

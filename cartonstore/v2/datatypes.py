@@ -1,12 +1,11 @@
-"""The KServe v2 datatype table: names, element sizes, numpy dtypes, and the
-mapping to and from carton dtypes."""
+"""The KServe v2 datatype table: names, element sizes, numpy dtypes. Carton
+dtypes map to and from these in format/dtypes.py."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from cartonstore.errors import InvalidInput
-from cartonstore.format.dtypes import CARTON_DTYPES, carton_dtype_to_v2
 
 # v2 datatype -> bytes per element on the wire; None for BYTES, whose
 # elements are length-prefixed and so have no fixed size.
@@ -58,11 +57,6 @@ _KIND_SIZE_TO_V2: dict[tuple[str, int], str] = {
     ("f", 4): "FP32",
     ("f", 8): "FP64",
 }
-
-# Built once from format/dtypes.py so the two tables cannot drift; plain
-# dict lookups because validation does one per input per request.
-_CARTON_TO_V2: dict[str, str] = {name: carton_dtype_to_v2(name) for name in CARTON_DTYPES}
-_V2_TO_CARTON: dict[str, str] = {v2: name for name, v2 in _CARTON_TO_V2.items()}
 
 INTEGER_DATATYPES = frozenset(
     ("UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64")
@@ -125,23 +119,3 @@ def datatype_of(array: np.ndarray) -> str:
     if found is None:
         raise InvalidInput(f"numpy dtype {dtype} has no KServe v2 datatype", subject=str(dtype))
     return found
-
-
-def carton_to_v2(carton_dtype: str) -> str:
-    """"float32" -> "FP32", "string" -> "BYTES"."""
-    found = _CARTON_TO_V2.get(carton_dtype)
-    if found is None:
-        raise InvalidInput(f"{carton_dtype!r} is not a carton dtype", subject=carton_dtype)
-    return found
-
-
-def v2_to_carton(datatype: str) -> str:
-    """"FP32" -> "float32"; v2 datatypes carton has no name for are refused."""
-    try:
-        return _V2_TO_CARTON[datatype]
-    except KeyError:
-        raise InvalidInput(
-            f"datatype {datatype!r} has no carton dtype "
-            f"(carton has {', '.join(sorted(_V2_TO_CARTON))})",
-            subject=datatype,
-        ) from None

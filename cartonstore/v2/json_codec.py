@@ -35,6 +35,8 @@ from typing import Any
 import numpy as np
 import orjson
 
+from cartonstore.format import strict_json
+
 __all__ = ["dumps", "loads", "loads_noting_numbers"]
 
 _NUMPY = orjson.OPT_SERIALIZE_NUMPY
@@ -47,18 +49,9 @@ _DIGITS_AS_ZERO = bytes.maketrans(b"123456789", b"000000000")
 _LONG_RUN = b"0" * 19
 
 
-def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    doc = dict(pairs)
-    if len(doc) != len(pairs):
-        seen: set[str] = set()
-        repeated = next(k for k, _ in pairs if k in seen or seen.add(k))
-        raise ValueError(f"key {repeated!r} appears twice in one object")
-    return doc
-
-
 # One decoder, fed str: json.loads would sniff the encoding of every body,
 # but HTTP JSON is UTF-8 (RFC 8259).
-_strict_decode = json.JSONDecoder(object_pairs_hook=_unique_keys).decode
+_strict_decode = strict_json.decoder()
 
 
 def loads(raw: bytes | bytearray) -> Any:

@@ -15,9 +15,9 @@ from typing import Any
 
 from cartonstore.errors import InvalidInput
 from cartonstore.format.carton_toml import TensorSpec
-from cartonstore.format.dtypes import shape_to_v2_dims
+from cartonstore.format.dtypes import carton_dtype_to_v2, shape_to_v2_dims
 
-from .datatypes import ELEMENT_SIZES, carton_to_v2
+from .datatypes import ELEMENT_SIZES
 from .elements import (
     check_bytes_framing,
     check_json_data,
@@ -141,7 +141,7 @@ def check_tensor_data(tensor: WireTensor) -> None:
 
 def _check_against_spec(tensor: WireTensor, spec: TensorSpec, bindings: dict[str, tuple[Any, str]], *,
                         bind: bool = True) -> None:
-    expected = carton_to_v2(spec.dtype)
+    expected = carton_dtype_to_v2(spec.dtype)
     if tensor.datatype != expected:
         raise fail(tensor.what, f"datatype is {tensor.datatype} but the model expects {expected}")
     _check_shape(tensor, spec, bindings, bind)
@@ -212,5 +212,5 @@ def parse_raw_binary_for(body: bytes | bytearray | memoryview, inputs: Sequence[
         raise InvalidInput(f"a raw binary request ({HEADER_LENGTH}: 0) needs a model with exactly one input; "
                            f"this model {count}", subject=HEADER_LENGTH)
     spec = inputs[0]
-    return parse_raw_binary_request(body, input_name=spec.name, datatype=carton_to_v2(spec.dtype),
+    return parse_raw_binary_request(body, input_name=spec.name, datatype=carton_dtype_to_v2(spec.dtype),
                                     dims=shape_to_v2_dims(spec.shape))

@@ -468,3 +468,15 @@ def test_async_lease_reacquires_lost_lease(daemon: FakeDaemon):
     assert first != second
     assert daemon.bodies("POST", "/v1/leases")[-1]["model"] == digest_of("bert")
     assert daemon.live() == set() and daemon.count("DELETE", f"/{second}") == 1
+
+
+def test_a_keeper_that_keeps_failing_waits_at_most_its_interval() -> None:
+    """A daemon gone for hours: the keeper's doubling retry delay holds at
+    the renewal interval, however many renewals have failed."""
+    from cartonstore.client.wire import Keeper, Lease
+
+    keeper = Keeper(Lease("l", Path("/m"), "0" * 64, 0.0), 60.0, None, 1.0)
+    keeper.failures = 1
+    first = keeper.delay()
+    keeper.failures = 5000
+    assert first < keeper.delay() == keeper.interval == 20.0

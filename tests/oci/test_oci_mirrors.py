@@ -248,15 +248,15 @@ def test_a_mirrors_blobs_are_reached_as_the_registrys_not_through_fetch_proxy(tm
         assert r.digest == digest and r.complete and r.sources["mirror"]["blobs"] == r.blobs_fetched >= 3
 
 
-def _one_at_a_time(upstream: Registry, *endpoints: str) -> object:
+def _one_at_a_time(upstream: Registry, *endpoints: str, **registries: object) -> object:
     """Mirrors config whose blobs are fetched one after another (so how
     often a mirror is asked does not depend on timing)."""
     from kit.fetchkit import fast_config
 
     from cartonstore.fetch.config import RegistryConfig
 
-    return fast_config(max_concurrency=1, stall_timeout=10.0, registries=RegistryConfig(chunk_size=1 << 20,
-                                                                    mirrors={upstream.authority: endpoints}))
+    return fast_config(max_concurrency=1, stall_timeout=10.0, registries=RegistryConfig(
+        chunk_size=1 << 20, mirrors={upstream.authority: endpoints}, **registries))  # type: ignore[arg-type]
 
 
 def test_a_mirror_that_errs_on_a_blob_is_asked_for_no_other(tmp_path: Path, two, make_carton) -> None:  # noqa: ANN001
@@ -269,6 +269,19 @@ def test_a_mirror_that_errs_on_a_blob_is_asked_for_no_other(tmp_path: Path, two,
                  _one_at_a_time(upstream, broken.url, f"http://{mirror.authority}"), name="m")
         assert r.digest == digest and r.complete and r.sources["mirror"]["blobs"] == r.blobs_fetched >= 3
         assert len(broken.asked) == 1 and "/blobs/sha256:" in broken.asked[0]
+
+
+def test_how_long_a_failing_mirror_is_passed_over_is_registries_mirror_down_for(tmp_path: Path, two,
+                                                                                make_carton) -> None:  # noqa: ANN001
+    """registries.mirror_down_for = 0: a mirror answering 500 is asked
+    again for each blob of the pull (the next mirror still serves them)."""
+    upstream, mirror = two
+    digest, _ = _pushed(tmp_path, make_carton, upstream, mirror)
+    with _Failing(500) as broken, Store(tmp_path / "node") as node:
+        r = pull(node, upstream.ref("models/m:v1"),
+                 _one_at_a_time(upstream, broken.url, f"http://{mirror.authority}", mirror_down_for=0.0), name="m")
+        assert r.digest == digest and r.complete and r.sources["mirror"]["blobs"] == r.blobs_fetched >= 3
+        assert len(broken.asked) == r.blobs_fetched and all("/blobs/sha256:" in path for path in broken.asked)
 
 
 def test_evicted_blobs_fetched_again_pass_a_failing_mirror_over(tmp_path: Path, two, make_carton) -> None:  # noqa: ANN001

@@ -19,8 +19,9 @@ import pytest
 from kit.daemonkit import wait_for_async
 from kit.prockit import script_leaving_no_process
 
+from cartonstore.config.runners import RunnerSettings
 from cartonstore.errors import Unavailable
-from cartonstore.server.runners import InstanceSpec, ModelRunners, RunnerSettings
+from cartonstore.server.runners import InstanceSpec, ModelRunners
 from cartonstore.server.tensors.arena import TRIM_KEEP, TensorArena
 from cartonstore.server.tensors.arena_wire import ArenaForward
 from cartonstore.v2.framing import parse_infer_request

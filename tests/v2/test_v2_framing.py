@@ -16,13 +16,12 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from cartonstore.errors import InvalidInput
+from cartonstore.format.dtypes import carton_dtype_to_v2, v2_to_carton_dtype
 from cartonstore.v2.datatypes import (
     ELEMENT_SIZES,
-    carton_to_v2,
     datatype_of,
     element_size,
     numpy_dtype,
-    v2_to_carton,
 )
 from cartonstore.v2.framing import (
     InferRequest,
@@ -115,14 +114,14 @@ def test_datatype_of_refuses_complex():
 
 @pytest.mark.parametrize(("carton", "v2"), [("float32", "FP32"), ("string", "BYTES"), ("uint64", "UINT64")])
 def test_carton_mapping(carton, v2):
-    assert carton_to_v2(carton) == v2
-    assert v2_to_carton(v2) == carton
+    assert carton_dtype_to_v2(carton) == v2
+    assert v2_to_carton_dtype(v2) == carton
 
 
 @pytest.mark.parametrize("bad", ["FP16", "BF16", "BOOL", "fp32"])
 def test_v2_to_carton_refuses_unmapped(bad):
     with pytest.raises(InvalidInput, match=bad):
-        v2_to_carton(bad)
+        v2_to_carton_dtype(bad)
 
 
 # ---------------------------------------------------------------- round trips

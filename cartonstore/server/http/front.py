@@ -29,6 +29,7 @@ from cartonstore.server.api.infer import STREAM_ANSWER, InferAnswer, widen_send_
 from cartonstore.server.tensors.arena import ArenaSlot
 from cartonstore.server.tensors.shm_regions import Peer, peer_of
 from cartonstore.system.unfilled import unfilled_bytearray
+from cartonstore.system.waiters import fail, wake
 from cartonstore.v2.http1 import BadHead, RequestHead, parse_request_head, response_head, take_head
 
 from .front_parts import (
@@ -39,9 +40,7 @@ from .front_parts import (
     Mode,
     arena_slot,
     error_answer,
-    fail,
     release_when_sent,
-    wake,
     with_length,
 )
 from .relay import AiohttpRequests

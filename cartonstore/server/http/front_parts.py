@@ -88,16 +88,6 @@ def release_when_sent(slot: ArenaSlot, transport: asyncio.Transport, gone: Calla
     track(asyncio.get_running_loop().create_task(when_drained()))
 
 
-def wake(waiter: asyncio.Future[None] | None) -> None:
-    if waiter is not None and not waiter.done():
-        waiter.set_result(None)
-
-
-def fail(waiter: asyncio.Future[None] | None, exc: BaseException) -> None:
-    if waiter is not None and not waiter.done():
-        waiter.set_exception(exc)
-
-
 def error_answer(status: int, message: str, extra: dict[str, str] | None = None,
                  details: dict | None = None) -> InferAnswer:
     """{"error": message, **details}, as every error answer of the API is shaped."""

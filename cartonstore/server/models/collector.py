@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import signal
 import sys
 from dataclasses import asdict
 from pathlib import Path
@@ -27,8 +26,10 @@ from typing import Sequence
 from cartonstore.errors import CATEGORIES, CartonStoreError, Unavailable, exit_code_for
 from cartonstore.format.units import format_size
 from cartonstore.store.gc import GcPolicy, GcReport, eviction_summary
+from cartonstore.system.child_stop import stop_child
 
 CHILD_NICENESS = 10  # gc is background work: the daemon's requests come first
+STOP_GRACE = 5.0     # seconds a cancelled collection has to end at SIGTERM before SIGKILL
 
 
 async def collect_in_child(root: Path, policy: GcPolicy, *, niceness: int = CHILD_NICENESS) -> GcReport:
@@ -46,14 +47,11 @@ async def collect_in_child(root: Path, policy: GcPolicy, *, niceness: int = CHIL
 
 
 async def _stop(proc: asyncio.subprocess.Process) -> None:
-    if proc.returncode is not None:
-        return
-    proc.send_signal(signal.SIGTERM)
-    try:
-        await asyncio.wait_for(asyncio.shield(proc.wait()), 5)
-    except asyncio.TimeoutError:
-        proc.kill()
-        await proc.wait()
+    def signal_child(sig: int) -> None:
+        if proc.returncode is None:
+            proc.send_signal(sig)
+
+    await stop_child(signal_child, asyncio.ensure_future(proc.wait()), STOP_GRACE)
 
 
 def report_from_child(returncode: int | None, out: str, err: str) -> GcReport:

@@ -13,6 +13,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from cartonstore.config.load import LeaseSettings
 from cartonstore.errors import CartonStoreError, InvalidInput, NotFound, Unavailable
 from cartonstore.fetch.puller import Puller
 from cartonstore.format.digest import is_sha256
@@ -23,7 +24,7 @@ from cartonstore.store.owner import owner_token
 from cartonstore.system.callers import Credentials
 from cartonstore.system.flights import SingleFlight
 
-from .loaded_model import OWNED_LEASE_PREFIXES, Granted, LeaseSettings
+from .loaded_model import OWNED_LEASE_PREFIXES, Granted
 from .metrics import Metrics
 
 

@@ -18,13 +18,6 @@ from .runtime import files_only_note
 READY, LOADING, UNAVAILABLE = "READY", "LOADING", "UNAVAILABLE"
 
 
-@dataclass(frozen=True)
-class LeaseSettings:
-    default_ttl: float = 60.0
-    max_ttl: float = 3600.0
-    pin_ttl: float = 120.0
-
-
 @dataclass
 class LoadedModel:
     name: str

@@ -1,8 +1,8 @@
 """Runner processes of the daemon's loaded models: start them for a load,
 stop them on unload or after a version switch.
 
-The daemon's config (RunnerSettings of config/runners.py) becomes the
-supervisor's settings here; runner_plan.py decides what to run.
+The daemon's [runners] settings (config/runners.py) are the supervisor's
+too; runner_plan.py decides what to run.
 """
 
 from __future__ import annotations
@@ -15,14 +15,13 @@ import os
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from cartonstore.config.runners import RunnerSettings as RunnerConfig
+from cartonstore.config.runners import RunnerSettings
 from cartonstore.errors import InvalidInput
 from cartonstore.format.carton_toml import CartonConfig
 from cartonstore.runner.builtin import program
 from cartonstore.server.runners import (
     InstanceSpec,
     ModelRunners,
-    RunnerSettings,
     clean_stale_sockets,
     daemon_run_dir,
     ensure_run_dir,
@@ -35,7 +34,7 @@ from cartonstore.server.runners.sandbox import (
     SandboxPolicy,
     prerequisites,
 )
-from cartonstore.server.runners.settings import physical_gpu
+from cartonstore.server.runners.settings import STDERR_LINES, physical_gpu
 from cartonstore.server.runners.waiting import (
     Slots,
     WaitingRunner,
@@ -72,7 +71,7 @@ def files_only_note(runner_name: str) -> str:
 class RunnerHost:
     """Starts and stops the runners of loaded models. One per daemon."""
 
-    def __init__(self, config: RunnerConfig, runners_dir: Path, tmp_dir: Path, *,
+    def __init__(self, config: RunnerSettings, runners_dir: Path, tmp_dir: Path, *,
                  on_change: Callable[[], None] | None = None, arena_size: int = 0,
                  max_request_size: int = 256 << 20) -> None:
         """runners_dir: where each daemon sharing the store keeps its runners'
@@ -86,10 +85,6 @@ class RunnerHost:
         self.runners_dir, self.tmp_dir = runners_dir, tmp_dir
         self.run_dir = daemon_run_dir(runners_dir, owner_token(tmp_dir))
         self.slots = Slots(slots_dir(runners_dir), tmp_dir)
-        self.settings = RunnerSettings(
-            ready_timeout=config.ready_timeout, request_timeout=config.request_timeout,
-            stop_grace=config.stop_grace, max_restarts=config.max_restarts,
-            restart_backoff=config.restart_backoff, max_inflight=config.max_inflight)
         self._on_change = on_change
         self._live: set[ModelRunners] = set()
         self._generation = itertools.count(1)
@@ -166,7 +161,7 @@ class RunnerHost:
             elif early:
                 slotted = with_model_dir(spec, self.slots.new(spec.socket_path.stem))
                 starting.waiting[i] = asyncio.ensure_future(
-                    start_waiting(slotted, f"{name}#{i}", self.settings.stderr_lines))
+                    start_waiting(slotted, f"{name}#{i}", STDERR_LINES))
         return starting
 
     async def start(self, name: str, version: str, model_dir: Path, cfg: CartonConfig,
@@ -182,7 +177,7 @@ class RunnerHost:
                     return None
             # An arena of its own: a runner maps its model's tensors and no other's.
             arena = TensorArena(self.arena_size) if self.arena_size else None
-            runners = ModelRunners(name, version, starting.specs, self.settings, on_change=self._on_change,
+            runners = ModelRunners(name, version, starting.specs, self.config, on_change=self._on_change,
                                    arena=arena, first_processes=starting.first_processes(),
                                    answer_limit=answer_limit(cfg.outputs, self.config.max_response_size,
                                                              self.max_request_size))
@@ -221,7 +216,7 @@ class RunnerHost:
         if not self._prewarm_kinds:
             return
         programs = {kind: tuple(program(kind)) for kind in self._prewarm_kinds}
-        self.prewarm = PrewarmPool(programs, self.config.devices, self.run_dir, self.slots, self.settings,
+        self.prewarm = PrewarmPool(programs, self.config.devices, self.run_dir, self.slots, self.config,
                                    self._sandbox_policy())
         self.prewarm.start()
         log.info("pre-warming %s runners on %s", ", ".join(self._prewarm_kinds), ", ".join(self.config.devices))

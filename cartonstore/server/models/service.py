@@ -15,7 +15,8 @@ import time
 import weakref
 from typing import Any, Callable
 
-from cartonstore.config.runners import RunnerSettings as RunnerConfig
+from cartonstore.config.load import LeaseSettings
+from cartonstore.config.runners import RunnerSettings
 from cartonstore.errors import CartonStoreError, InvalidInput, NotFound
 from cartonstore.fetch.puller import Puller
 from cartonstore.format.dtypes import tensor_metadata
@@ -38,7 +39,6 @@ from .load_params import b64_parameter, parse_triton_config, write_tree
 from .loaded_model import (
     READY,
     UNAVAILABLE,
-    LeaseSettings,
     LoadedModel,
     ready_reason,
     switch_id,
@@ -56,7 +56,7 @@ log = logging.getLogger("cartonstore.server")
 
 class ModelService(Leasing):
     def __init__(self, store: Store, puller: Puller, leases: LeaseSettings, metrics: Metrics,
-                 runners: RunnerConfig | None = None, *, shm_over_tcp: bool = False,
+                 runners: RunnerSettings | None = None, *, shm_over_tcp: bool = False,
                  max_request_size: int = 256 << 20, arena_size: int = ARENA_SIZE, check_workers: int = 0,
                  daemon_id: str | None = None, allow_tcp_local_sources: bool = False) -> None:
         """daemon_id: who this daemon is in the index's loaded_models
@@ -67,7 +67,7 @@ class ModelService(Leasing):
         self.allow_tcp_local_sources = allow_tcp_local_sources
         self.shm_regions = ShmRegions(allow_tcp=shm_over_tcp, max_read=max_request_size)
         self.check_pool = CheckPool(check_workers) if check_workers else None
-        self.runner_host = RunnerHost(runners or RunnerConfig(), store.layout.root / "run" / "runners",
+        self.runner_host = RunnerHost(runners or RunnerSettings(), store.layout.root / "run" / "runners",
                                       store.layout.tmp_dir, arena_size=arena_size,
                                       max_request_size=max_request_size)
         # Weak: a lock lives while a load holds or waits on it, not for every name ever asked.

@@ -2,7 +2,7 @@
 instance of a loaded model, keep it alive, and forward requests to it over
 its Unix socket.
 
-    runners = ModelRunners(name, version, [InstanceSpec(argv, env, socket, "cpu")], RunnerSettings())
+    runners = ModelRunners(name, version, [InstanceSpec(argv, env, socket, "cpu")], config.runners)
     await runners.start()          # InvalidInput if a runner does not come up
     resp = await runners.forward(f"/v2/models/{name}/infer", body_parts, headers)
     await runners.stop()
@@ -13,11 +13,11 @@ from __future__ import annotations
 from cartonstore.config.runner_command import PLACEHOLDERS, fill_argv, template_placeholders
 
 from .pool import ModelRunners
-from .settings import LOADING, READY, UNAVAILABLE, InstanceSpec, RunnerResponse, RunnersBusy, RunnerSettings
+from .settings import LOADING, READY, UNAVAILABLE, InstanceSpec, RunnerResponse, RunnersBusy
 from .sockets import clean_stale_sockets, daemon_run_dir, ensure_run_dir, instance_socket_path
 
 __all__ = [
     "LOADING", "PLACEHOLDERS", "READY", "UNAVAILABLE", "InstanceSpec", "ModelRunners", "RunnerResponse",
-    "RunnerSettings", "RunnersBusy", "clean_stale_sockets", "daemon_run_dir", "ensure_run_dir", "fill_argv",
+    "RunnersBusy", "clean_stale_sockets", "daemon_run_dir", "ensure_run_dir", "fill_argv",
     "instance_socket_path", "template_placeholders",
 ]

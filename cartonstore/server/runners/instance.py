@@ -10,7 +10,9 @@ import signal
 import time
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Mapping, Sequence
 
+from cartonstore.config.runners import RunnerSettings
 from cartonstore.errors import BadUpstream, Unavailable
+from cartonstore.system.backoff import doubling
 from cartonstore.v2.shm_params import ARENA_EXTENSION
 from cartonstore.v2.statistics import TIMING_HEADER, RequestTiming
 
@@ -21,8 +23,10 @@ from .settings import (
     READY,
     UNAVAILABLE,
     InstanceSpec,
+    RESTART_DELAY_MAX,
+    STABLE_AFTER,
+    STDERR_LINES,
     RunnerResponse,
-    RunnerSettings,
 )
 from .shm_link import RunnerShmLink
 from .sockets import remove_socket
@@ -115,7 +119,7 @@ class RunnerInstance:
             proc = await owned(self._first_process(self.spec, arena_fd, self._log_name), _stop_now)
         if proc is None:
             remove_socket(self.spec.socket_path)   # left by the previous process; the new one binds afresh
-            proc = await owned(RunnerProcess.spawn(self._log_name, self.spec, self.settings.stderr_lines, arena_fd),
+            proc = await owned(RunnerProcess.spawn(self._log_name, self.spec, STDERR_LINES, arena_fd),
                                _stop_now)
         self._proc = proc
         self._client = RunnerClient(str(self.spec.socket_path))
@@ -148,7 +152,7 @@ class RunnerInstance:
     async def _supervise(self) -> None:
         """Watch the process; when it ends, restart it with doubling backoff.
         max_restarts consecutive failures and the instance stays UNAVAILABLE;
-        a process that stayed ready for stable_after seconds clears the count."""
+        a process that stayed ready for STABLE_AFTER seconds clears the count."""
         while True:
             assert self._proc is not None
             await self._proc.exit_seen()
@@ -156,7 +160,7 @@ class RunnerInstance:
             self.state, self.reason = LOADING, self._proc.exit_reason()
             await self._proc.wait()
             reason = self._proc.exit_reason()
-            if time.monotonic() - self._ready_since >= self.settings.stable_after:
+            if time.monotonic() - self._ready_since >= STABLE_AFTER:
                 self._failures = 0
             log.warning("%s died: %s", self.label, reason)
             while True:
@@ -168,7 +172,7 @@ class RunnerInstance:
                     self._set(UNAVAILABLE, f"failed {self._failures} times in a row; last: {reason}")
                     return
                 self._set(LOADING, f"restarting after: {reason}")
-                delay = min(self.settings.restart_backoff * 2 ** (self._failures - 1), self.settings.max_backoff)
+                delay = doubling(self.settings.restart_backoff, RESTART_DELAY_MAX, self._failures - 1)
                 await asyncio.sleep(delay)
                 self.restarts += 1
                 try:

@@ -14,12 +14,13 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
+from cartonstore.config.runners import RunnerSettings
 from cartonstore.errors import InvalidInput, Unavailable
 from cartonstore.v2.statistics import InferStatistics
 
 from .instance import FirstProcess, RunnerInstance
 from .process import RunnerFailed
-from .settings import LOADING, READY, UNAVAILABLE, InstanceSpec, RunnerResponse, RunnersBusy, RunnerSettings
+from .settings import LOADING, READY, UNAVAILABLE, InstanceSpec, RunnerResponse, RunnersBusy
 
 if TYPE_CHECKING:
     from cartonstore.server.tensors.arena import TensorArena

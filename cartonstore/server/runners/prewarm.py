@@ -24,9 +24,12 @@ import logging
 from pathlib import Path
 from typing import Mapping
 
+from cartonstore.config.runners import RunnerSettings
+from cartonstore.system.backoff import doubling
+
 from .process import RunnerFailed
 from .sandbox import SandboxPolicy
-from .settings import InstanceSpec, RunnerSettings
+from .settings import RESTART_DELAY_MAX, STDERR_LINES, InstanceSpec
 from .waiting import Slots, WaitingRunner, start_waiting
 
 log = logging.getLogger("cartonstore.server.runners")
@@ -92,7 +95,7 @@ class PrewarmPool:
         key, failures = (kind, device), 0
         while True:
             if failures:
-                delay = min(self._settings.restart_backoff * 2 ** (failures - 1), self._settings.max_backoff)
+                delay = doubling(self._settings.restart_backoff, RESTART_DELAY_MAX, failures - 1)
                 await asyncio.sleep(delay)
             label = f"spare-{kind}-{device.replace(':', '')}-{next(self._numbers)}"
             slot = self._slots.new(label)
@@ -102,7 +105,7 @@ class PrewarmPool:
             # Closing while it starts: it stays in _starting, and close() waits for it and discards it
             # (its process and its slot). Only this keeper takes it out, once it holds what it gave: a
             # done-callback ran before the keeper did, and a close() between the two lost the spare.
-            starting = asyncio.ensure_future(start_waiting(spec, label, self._settings.stderr_lines,
+            starting = asyncio.ensure_future(start_waiting(spec, label, STDERR_LINES,
                                                            program=self._programs[kind]))
             self._starting.add(starting)
             try:

@@ -26,6 +26,7 @@ from cartonstore.errors import CartonStoreError, InvalidInput
 from cartonstore.runner.model_channel import MODEL_CHANNEL_ENV, WARM_DEVICES_ENV
 from cartonstore.store.materialize import remove_tree
 from cartonstore.system.cgroups import RunnerCgroup
+from cartonstore.system.child_stop import stop_child
 from cartonstore.system.exit_notice import ExitNoticingProtocol
 from cartonstore.system.parent_death import die_with
 from cartonstore.system.sockets import bind_unix
@@ -343,10 +344,7 @@ class RunnerProcess:
     async def terminate(self, grace: float) -> None:
         """SIGTERM the group, wait up to grace, then SIGKILL it; reaped and
         its pipes closed on return."""
-        if not self._exit_seen.done():
-            self.signal_group(signal.SIGTERM)
-            await asyncio.wait([self._exit_seen], timeout=grace)
-        self.signal_group(signal.SIGKILL)
+        await stop_child(self.signal_group, self._exit_seen, grace)
         await self.wait()
         self.close()
 

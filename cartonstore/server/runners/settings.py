@@ -1,10 +1,11 @@
-"""What the daemon hands the runner supervisor: its settings, how to launch
-one runner instance, and what a forwarded request brings back."""
+"""What the runner supervisor works with besides [runners]' settings
+(cartonstore.config.runners.RunnerSettings): how to launch one runner
+instance, how it restarts one, and what a forwarded request brings back."""
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from cartonstore.errors import InvalidInput, Unavailable
@@ -19,32 +20,12 @@ FORWARDED_RESPONSE_HEADERS = ("Content-Type", "Inference-Header-Content-Length",
 
 _DEVICE = re.compile(r"cpu|cuda:(0|[1-9][0-9]*)")
 
-
-@dataclass(frozen=True)
-class RunnerSettings:
-    """The [runners] section of the daemon's config. Times are seconds."""
-
-    ready_timeout: float = 60.0       # spawn -> /v2/health/ready answers 200
-    request_timeout: float = 60.0     # one forwarded request, connect to last body byte
-    stop_grace: float = 10.0          # unload: wait for in-flight requests, then again for SIGTERM
-    max_restarts: int = 5             # consecutive failures before an instance stays UNAVAILABLE
-    restart_backoff: float = 0.5      # first delay before a restart; doubles per failure
-    max_backoff: float = 30.0
-    stable_after: float = 30.0        # ready this long: the failure count starts again at 0
-    max_inflight: int = 64            # per model: requests in flight at once (no queue beyond it)
-    stderr_lines: int = 20            # stderr lines kept to explain a failure
-
-    def __post_init__(self) -> None:
-        may_be_zero = ("max_restarts", "restart_backoff", "stable_after")
-        whole = ("max_restarts", "max_inflight", "stderr_lines")
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if isinstance(value, bool) or not isinstance(value, int if f.name in whole else (int, float)):
-                kind = "a whole number" if f.name in whole else "a number"
-                raise InvalidInput(f"runners.{f.name}: must be {kind}, not {value!r}")
-            if value < 0 or (value == 0 and f.name not in may_be_zero):
-                least = "0 or more" if f.name in may_be_zero else "greater than 0"
-                raise InvalidInput(f"runners.{f.name}: must be {least}, not {value!r}")
+# A runner that died is restarted after runners.restart_backoff, doubled per
+# failure in a row up to RESTART_DELAY_MAX; one that stayed ready for
+# STABLE_AFTER seconds starts its count of failures again at 0.
+RESTART_DELAY_MAX = 30.0
+STABLE_AFTER = 30.0
+STDERR_LINES = 20   # a runner's last stderr lines, kept to explain a failure
 
 
 @dataclass(frozen=True)

@@ -39,6 +39,7 @@ from urllib.parse import quote
 from cartonstore.errors import InvalidInput
 from cartonstore.format.units import format_size
 from cartonstore.system.unfilled import unfilled_bytearray
+from cartonstore.system.waiters import wake
 from cartonstore.v2.http1 import chunk_size
 
 MAX_HEAD = 64 << 10       # status line + headers of one response
@@ -78,11 +79,6 @@ def _request_line(method: str, path: str) -> bytes:
     if not target.startswith("/"):
         raise InvalidInput(f"runner request path {path!r} must start with '/'")
     return f"{method} {target} HTTP/1.1\r\nHost: runner\r\n".encode("ascii")
-
-
-def _wake(waiter: asyncio.Future[None] | None) -> None:
-    if waiter is not None and not waiter.done():
-        waiter.set_result(None)
 
 
 class _Connection(asyncio.BufferedProtocol):
@@ -131,28 +127,28 @@ class _Connection(asyncio.BufferedProtocol):
             self.target_got += nbytes
             if self.target_got == len(self.target):
                 self.target = None
-                _wake(self.waiter)
+                wake(self.waiter)
             return
         self.pending += self.scratch[:nbytes]
-        _wake(self.waiter)
+        wake(self.waiter)
 
     def eof_received(self) -> bool:
         self.eof = True
-        _wake(self.waiter)
+        wake(self.waiter)
         return False
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.eof = True
         self.lost = exc or ConnectionAbortedError("connection closed")
         # target stays: readexactly's next _more() sees eof and fails the cut-short answer
-        _wake(self.waiter)
-        _wake(self.drained)
+        wake(self.waiter)
+        wake(self.drained)
 
     def pause_writing(self) -> None:
         self.drained = asyncio.get_running_loop().create_future()
 
     def resume_writing(self) -> None:
-        _wake(self.drained)
+        wake(self.drained)
         self.drained = None
 
     # -- for the client ---------------------------------------------------------

@@ -17,16 +17,16 @@ import asyncio
 import logging
 import os
 import pickle
-import signal
 import subprocess
 import sys
-import time
 from collections.abc import Coroutine, Sequence
 from typing import Any
 
 from cartonstore.errors import InvalidInput
 from cartonstore.format.carton_toml import TensorSpec
+from cartonstore.system.child_stop import stop_child
 from cartonstore.system.exit_notice import ExitNoticingProtocol
+from cartonstore.system.pass_over import PassOver
 
 from .check_worker import ANSWER_HEAD, TASK_HEAD
 from .infer_check import Forward
@@ -38,6 +38,7 @@ IDLE_STOP = 60.0            # seconds a worker may sit idle before it is stopped
 START_FAILURES = 3          # workers in a row that die before their first answer...
 REST_AFTER_FAILURES = 60.0  # ...make the pool rest this long
 READ_LIMIT = 1 << 20        # answers are read in megabytes, not 64 KiB at a time
+WORKERS = "check workers"   # what the pool passes over after START_FAILURES
 
 
 class WorkerFailed(Exception):
@@ -82,10 +83,10 @@ class CheckWorker:
         self.answered += 1
         return out, parts
 
-    def kill(self) -> None:
+    def _signal(self, sig: int) -> None:
         if self.transport.get_returncode() is None:
             try:
-                os.killpg(self.pid, signal.SIGKILL)   # its own session: nothing it started survives it
+                os.killpg(self.pid, sig)   # its own session: nothing it started survives it
             except ProcessLookupError:
                 pass
 
@@ -94,11 +95,7 @@ class CheckWorker:
         Not Process.wait(): on asyncio it also waits for end of file on
         stdout, which never comes while reading it is paused (a task
         cancelled halfway through a big answer)."""
-        exit_seen = self.protocol.exit_seen
-        if grace and not exit_seen.done():
-            await asyncio.wait([exit_seen], timeout=grace)
-        self.kill()
-        await exit_seen
+        await stop_child(self._signal, self.protocol.exit_seen, grace, ask=None)
         self.transport.close()
 
     async def stop(self, grace: float) -> None:
@@ -122,7 +119,7 @@ class CheckPool:
         self._reaping: set[asyncio.Task[None]] = set()
         self._idle_timer: asyncio.TimerHandle | None = None
         self._start_failures = 0
-        self._resting_until = 0.0
+        self._resting = PassOver(REST_AFTER_FAILURES)   # holds WORKERS while no worker is to be started
         self._closing: asyncio.Future[None] | None = None   # close()'s work, shared by every caller
         self.checked = 0     # requests checked by a worker
         self.failed = 0      # workers that failed mid-request
@@ -140,7 +137,7 @@ class CheckPool:
         """What to forward for an all-JSON request naming no shared memory
         (InvalidInput for a bad one); None when a worker could not say (the
         caller checks it itself): it names shared memory, or the worker failed."""
-        if self.closed or time.monotonic() < self._resting_until:
+        if self.closed or WORKERS in self._resting:
             return None   # closed: close() holds or waits for every slot
         meta = pickle.dumps((inputs, outputs))
         async with self._free:
@@ -193,7 +190,7 @@ class CheckPool:
         rest = self._start_failures >= START_FAILURES
         if rest:
             self._start_failures = 0
-            self._resting_until = time.monotonic() + REST_AFTER_FAILURES
+            self._resting.add(WORKERS)
         log.warning("check worker failed (%s); the daemon checks the request itself%s", error,
                     f"; no worker is tried for {REST_AFTER_FAILURES:.0f}s" if rest else "")
 
