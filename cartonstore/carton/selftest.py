@@ -21,6 +21,7 @@ import numpy as np
 from cartonstore.errors import CartonStoreError, InvalidInput
 from cartonstore.format.carton_toml import TENSOR_PREFIX, CartonConfig
 from cartonstore.format.tensor_data import INDEX, load_tensors, parse_tensor_index
+from cartonstore.runner.protocol import infer_path
 from cartonstore.v2.error_body import error_text
 from cartonstore.v2.framing import HEADER_LENGTH, encode_infer_request, parse_infer_request, parse_infer_response
 from cartonstore.v2.validate import validate_request
@@ -262,7 +263,7 @@ async def infer_via(runners: Runners, carton: CartonConfig, inputs: Mapping[str,
     headers = {"Content-Type": "application/octet-stream"}
     if header_length is not None:
         headers[HEADER_LENGTH] = str(header_length)
-    answer = await runners.forward(f"/v2/models/{name or runners.name}/infer", [body], headers)
+    answer = await runners.forward(infer_path(name or runners.name), [body], headers)
     if answer.status != 200:
         raise CartonStoreError(f"the runner answered {answer.status}: {error_text(answer.body)}")
     length = {k.lower(): v for k, v in answer.headers.items()}.get(HEADER_LENGTH.lower())

@@ -1,13 +1,13 @@
-"""Runner command templates: the configured argv with {placeholders} that
-the daemon fills per model and instance. Pure; no I/O."""
+"""Runner command templates: the configured argv with {placeholders}
+(cartonstore.runner.protocol's PLACEHOLDERS) that the daemon fills per
+model and instance. Pure; no I/O."""
 
 from __future__ import annotations
 
 import re
 
 from cartonstore.errors import InvalidInput
-
-PLACEHOLDERS = ("model_dir", "socket", "name", "version", "opts", "devices", "python")
+from cartonstore.runner.protocol import PLACEHOLDERS
 
 # "{{" and "}}" stand for literal braces, as in str.format; any other brace
 # must open or close a placeholder.

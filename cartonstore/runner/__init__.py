@@ -29,11 +29,16 @@ options, the devices and the carton's declared inputs and outputs; raise
 Built-in runners: ``python -m cartonstore.runner.python`` (Carton's python
 runner), ``cartonstore.runner.onnx`` (onnxruntime) and
 ``cartonstore.runner.torchscript`` (torch.jit).
+
+What the daemon and a runner say to each other (argv, environment,
+inherited fds, routes, framing, keep-alive, exit statuses, the arena) is
+``cartonstore.runner.protocol``: the page to read for a runner of one's
+own that is not built on this SDK. Importing it loads none of the SDK.
 """
 
 from __future__ import annotations
 
-from .context import InferResult, LoadError, Model, RunnerContext
-from .serving import main, serve
+from cartonstore.system.lazy_names import lazy_names
 
-__all__ = ["InferResult", "LoadError", "Model", "RunnerContext", "main", "serve"]
+__getattr__, __dir__, __all__ = lazy_names(__name__, {"context": "InferResult LoadError Model RunnerContext",
+                                                      "serving": "main serve"})

@@ -1,10 +1,12 @@
-"""The standard runner command line, as the daemon's command template fills it:
+"""The standard runner command line (protocol.py's STANDARD_ARGV, as the
+daemon fills it), parsed:
 
     --model-dir DIR --socket PATH --name NAME --version VERSION
     [--opts JSON_OBJECT] [--devices cpu,cuda:0]
 
-Bad arguments exit with status 2 (argparse); a carton.toml that cannot be
-read is a LoadError (status 3), like any other reason the model cannot load.
+Bad arguments exit with status 2 (argparse: EXIT_BAD_ARGUMENTS); a
+carton.toml that cannot be read is a LoadError (EXIT_LOAD_FAILED), like any
+other reason the model cannot load.
 """
 
 from __future__ import annotations

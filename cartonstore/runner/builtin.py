@@ -13,19 +13,17 @@ import sys
 from importlib import metadata
 from typing import Callable
 
+from .protocol import STANDARD_ARGV
+
 
 def program(kind: str) -> list[str]:
     """What runs the built-in runner ``kind``, before its arguments."""
     return [sys.executable, "-m", f"cartonstore.runner.{kind}"]
 
 
-def _argv(kind: str) -> list[str]:
-    return [*program(kind), "--model-dir", "{model_dir}", "--socket", "{socket}",
-            "--name", "{name}", "--version", "{version}", "--opts", "{opts}", "--devices", "{devices}"]
-
-
 # Carton runner_name -> argv template ({placeholders} filled by the daemon).
-BUILTIN_RUNNERS: dict[str, list[str]] = {kind: _argv(kind) for kind in ("python", "onnx", "torchscript")}
+BUILTIN_RUNNERS: dict[str, list[str]] = {kind: [*program(kind), *STANDARD_ARGV]
+                                         for kind in ("python", "onnx", "torchscript")}
 
 
 def _package_version(distribution: str) -> Callable[[], str]:

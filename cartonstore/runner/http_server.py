@@ -41,14 +41,15 @@ from cartonstore.v2.http1 import (
     take_head,
 )
 
+from .protocol import RUNNER_IDLE_LIMIT
+
 MAX_CONNECTIONS = 512      # threads at once; past it a connection gets 503 (runners.max_processes counts threads too)
-KEEP_ALIVE = 75.0          # an idle connection is closed after this long (the daemon's client drops its own at 30 s)
 SOCKET_BUFFER = 4 << 20    # a 4 MiB answer leaves in one send
 RECV_CHUNK = 1 << 16
 DRAIN_POLL = 0.05          # while draining, connections that arrive are answered 503 this often
 DRAIN_JOIN = 5.0           # seconds to wait for the connections' threads once their sockets are shut down
 _IOV_MAX = 1024            # buffers per sendmsg (Linux's UIO_MAXIOV)
-_TIMEVAL = struct.pack("@ll", int(KEEP_ALIVE), 0)
+_TIMEVAL = struct.pack("@ll", int(RUNNER_IDLE_LIMIT), 0)   # an idle connection is closed after this long
 
 
 @dataclass
@@ -71,7 +72,7 @@ Handler = Callable[[Request], Response]
 
 
 class _Closed(Exception):
-    """The peer closed (or reset) the connection, or it idled past KEEP_ALIVE."""
+    """The peer closed (or reset) the connection, or it idled past RUNNER_IDLE_LIMIT."""
 
 
 class _Reader:
@@ -84,7 +85,7 @@ class _Reader:
     def _recv(self) -> None:
         try:
             data = self.conn.recv(RECV_CHUNK)
-        except OSError:   # reset, or idle past KEEP_ALIVE (EAGAIN)
+        except OSError:   # reset, or idle past RUNNER_IDLE_LIMIT (EAGAIN)
             raise _Closed() from None
         if not data:
             raise _Closed()

@@ -24,12 +24,13 @@ from cartonstore.v2.framing import (
     parse_infer_request,
     tensor_to_numpy,
 )
-from cartonstore.v2.shm_params import ARENA_OUTPUTS, ARENA_REGION, RegionTooSmall, ShmRef, ShmSink
+from cartonstore.v2.shm_params import RegionTooSmall, ShmRef, ShmSink
 from cartonstore.v2.statistics import RequestTiming
 from cartonstore.v2.validate import parse_raw_binary_for, validate_request
 
 from .context import InferResult, Model, RunnerContext
 from .declared import output_problem
+from .protocol import ARENA_OUTPUTS, ARENA_REGION
 
 if TYPE_CHECKING:
     from .shm import MappedRegions

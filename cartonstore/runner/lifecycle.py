@@ -12,10 +12,7 @@ from typing import NoReturn
 from cartonstore.system.parent_death import die_with
 
 from .context import LoadError
-
-# The daemon shows a runner's last stderr lines as the reason it failed, and
-# tells "could not load" (3) from a crash (anything else) by the status.
-EXIT_LOAD_FAILED = 3
+from .protocol import EXIT_LOAD_FAILED
 
 
 def die_with_parent(sig: int = signal.SIGKILL) -> None:

@@ -23,13 +23,13 @@ from cartonstore.format.dtypes import tensor_metadata
 from cartonstore.v2 import json_codec
 from cartonstore.v2.framing import HEADER_LENGTH
 from cartonstore.v2.framing import header_length as header_length_of
-from cartonstore.v2.shm_params import ARENA_EXTENSION
-from cartonstore.v2.statistics import TIMING_HEADER, InferStatistics, RequestTiming, statistics_answer
+from cartonstore.v2.statistics import InferStatistics, RequestTiming, statistics_answer
 
 from .builtin import metadata_platform
 from .context import Model, RunnerContext
 from .http_server import Request, Response, error_response
 from .infer import ModelFailed, decode_request, run_and_encode
+from .protocol import ARENA_EXTENSION, TIMING_HEADER, timing_header
 from .shm import MappedRegions
 
 _MODEL = re.compile(r"/v2/models/([^/]+)(?:/versions/([^/]+))?(/ready|/stats|/infer)?")
@@ -165,7 +165,7 @@ def _infer(state: RunnerState, request: Request) -> Response:
     # counted before the answer is written: a client that reads it and asks
     # for statistics at once finds this request in them
     state.stats.record_success(time.monotonic_ns() - started, timing)
-    headers = {TIMING_HEADER: timing.header()}
+    headers = {TIMING_HEADER: timing_header(timing)}
     if out_header_length is None:
         headers["Content-Type"] = "application/json"
     else:

@@ -19,13 +19,13 @@ from cartonstore.errors import CartonStoreError
 from cartonstore.system.long_lived import settle_heap
 from cartonstore.system.malloc_tuning import keep_big_buffers
 from cartonstore.system.sockets import bind_unix, inherited_sockets
-from cartonstore.v2.shm_params import ARENA_FD_ENV
 
 from .args import parse_runner_args
 from .context import LoadError, Model, RunnerContext
 from .http_server import HttpServer
 from .lifecycle import describe_load_exception, die_with_parent, fail_load
-from .model_channel import MODEL_CHANNEL_ENV, WARM_DEVICES_ENV, ChannelError, receive_model
+from .model_channel import ChannelError, receive_model
+from .protocol import ARENA_FD_ENV, ARENA_FD_NAME, MODEL_CHANNEL_ENV, WARM_DEVICES_ENV
 from .rest import RunnerState, handle
 
 
@@ -114,7 +114,7 @@ def main(load: Callable[[RunnerContext], Model], argv: list[str] | None = None, 
 
 
 def await_model(channel_fd: str, warm: Callable[[list[str]], None] | None) -> list[str] | None:
-    """Warm up, then wait for the daemon's word (model_channel.py): the
+    """Warm up, then wait for the daemon's word (the model channel): the
     arguments to run with (None: this process's own). The tensor arena's fd,
     when passed, is named by ARENA_FD_ENV as if inherited."""
     devices = [d for d in os.environ.pop(WARM_DEVICES_ENV, "cpu").split(",") if d]
@@ -133,7 +133,7 @@ def await_model(channel_fd: str, warm: Callable[[list[str]], None] | None) -> li
         sys.stdout.flush()
         os._exit(0)
     for name, fd in message.fds.items():
-        if name == "arena":
+        if name == ARENA_FD_NAME:
             os.environ[ARENA_FD_ENV] = str(fd)
         else:
             os.close(fd)

@@ -30,16 +30,9 @@ from typing import Any
 
 from cartonstore.errors import InvalidInput
 from cartonstore.system.shm_objects import object_size_problem, open_region, read_region, register_fields
-from cartonstore.v2.shm_params import (
-    ARENA_FD_ENV,
-    ARENA_REGION,
-    SHM_CHANNEL_ENV,
-    RegionShrunk,
-    ShmRef,
-    ShmSink,
-    check_within,
-    missing_region,
-)
+from cartonstore.v2.shm_params import RegionShrunk, ShmRef, ShmSink, check_within, missing_region
+
+from .protocol import ARENA_FD_ENV, ARENA_REGION, SHM_CHANNEL_ENV, SHM_COPY_INPUTS, SHM_FD_PASSED, SHM_OBJECT
 
 _PAGE = mmap.ALLOCATIONGRANULARITY
 
@@ -107,7 +100,7 @@ class MappedRegions:
                 if (known.key, known.offset, known.byte_size) == (key, offset, size):
                     return   # the same registration again (a caller retrying after a lost answer)
                 raise InvalidInput(f"shared memory region {name!r} is already registered", subject=name)
-        if doc.get("cartonstore_fd") is True:   # sandboxed: no /dev/shm to open it by name
+        if doc.get(SHM_FD_PASSED) is True:   # sandboxed: no /dev/shm to open it by name
             fd = self._handed_fd(name)
             st = os.fstat(fd)
             if st.st_size < offset + size:
@@ -117,7 +110,7 @@ class MappedRegions:
         else:
             fd, st = open_region(key, name, offset, size)
         try:
-            expected = doc.get("cartonstore_object")
+            expected = doc.get(SHM_OBJECT)
             if expected is not None and list(expected) != [st.st_dev, st.st_ino]:
                 raise InvalidInput(f"region {name!r}: {key!r} now names another object than the one the daemon "
                                    f"checked (replaced since)", subject=name)
@@ -129,7 +122,7 @@ class MappedRegions:
             raise
         region = MappedRegion(name, key, offset, size, fd, mapping,
                               memoryview(mapping)[offset - start: offset - start + size],
-                              doc.get("cartonstore_copy_inputs") is True)
+                              doc.get(SHM_COPY_INPUTS) is True)
         with self._lock:
             if name in self._regions:
                 region.release()

@@ -32,8 +32,9 @@ PLAN (JSON) may say, each applied in this order:
   system/seccomp.py's filter for this machine, last (it denies keyctl).
 
 Whatever cannot be applied ends this process with status 3 and the reason
-as its one stderr line (what a runner that cannot load does), never by
-running ARGV less confined than planned.
+as its one stderr line (what a runner that cannot load does: the runner
+contract's EXIT_LOAD_FAILED, in cartonstore.runner.protocol, a layer this
+one may not import), never by running ARGV less confined than planned.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ from . import seccomp
 from .keyring import join_new_session
 from .landlock import Granted, LandlockError, restrict
 from .parent_death import die_with
+from .sockets import SD_LISTEN_FDS_START
 from .syscalls import (
     PR_CAP_AMBIENT,
     PR_CAP_AMBIENT_CLEAR_ALL,
@@ -59,7 +61,6 @@ from .syscalls import (
     syscall,
 )
 
-LISTEN_FDS_START = 3
 CLONE_NEWUSER = 0x10000000
 _CAP_VERSION_3 = 0x20080522
 
@@ -167,14 +168,14 @@ def apply(plan: dict) -> list[str]:
     if plan.get("listen_fd") is not None:
         fd = int(plan["listen_fd"])
         for name in plan.get("fd_env") or ():   # an fd another variable names must not be overwritten
-            if os.environ.get(name) == str(LISTEN_FDS_START) and fd != LISTEN_FDS_START:
-                moved = os.dup(LISTEN_FDS_START)
+            if os.environ.get(name) == str(SD_LISTEN_FDS_START) and fd != SD_LISTEN_FDS_START:
+                moved = os.dup(SD_LISTEN_FDS_START)
                 os.set_inheritable(moved, True)
                 os.environ[name] = str(moved)
-        if fd != LISTEN_FDS_START:
-            os.dup2(fd, LISTEN_FDS_START)
+        if fd != SD_LISTEN_FDS_START:
+            os.dup2(fd, SD_LISTEN_FDS_START)
             os.close(fd)
-        os.set_inheritable(LISTEN_FDS_START, True)
+        os.set_inheritable(SD_LISTEN_FDS_START, True)
         os.environ.update(LISTEN_FDS="1", LISTEN_PID=str(os.getpid()))
     if plan.get("chdir"):
         os.chdir(plan["chdir"])

@@ -2,7 +2,8 @@
 request inputs and requested outputs: "shared_memory_region" (a registered
 region's name), "shared_memory_byte_size" and the optional
 "shared_memory_offset" (bytes into the region, default 0). Pure parsing;
-the regions themselves are the daemon's (cartonstore.server.tensors).
+the daemon keeps the registry of regions (server/tensors/shm_regions.py),
+a runner maps them (runner/shm.py).
 """
 
 from __future__ import annotations
@@ -20,18 +21,6 @@ REGION = "shared_memory_region"
 BYTE_SIZE = "shared_memory_byte_size"
 OFFSET = "shared_memory_offset"
 _KEYS = (REGION, BYTE_SIZE, OFFSET)
-
-# The daemon's tensor arena (cartonstore.server.tensors.arena), between the daemon
-# and its runners only: the region runners know it by, and the request
-# parameter that gives them {"offset", "byte_size"} of it for binary outputs.
-ARENA_REGION = "cartonstore.arena"
-ARENA_OUTPUTS = "cartonstore_arena_outputs"
-ARENA_EXTENSION = "cartonstore_arena"   # in a runner's GET /v2 "extensions" when it mapped the arena
-ARENA_FD_ENV = "CARTONSTORE_ARENA_FD"   # a runner's environment: the arena's fd, inherited at spawn
-# A sandboxed runner sees no /dev/shm: the daemon hands it each region's fd
-# (SCM_RIGHTS) over this datagram socket, named in the message, before it
-# registers the region with ``cartonstore_fd`` set.
-SHM_CHANNEL_ENV = "CARTONSTORE_SHM_CHANNEL_FD"
 
 
 @dataclass(frozen=True, slots=True)

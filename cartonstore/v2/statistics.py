@@ -1,22 +1,18 @@
 """Triton's statistics extension: the counters of one model version, in
 the shape GET /v2/models[/{name}[/versions/{v}]]/stats answers them, and
-the timing a runner sends back with each answer (the Cartonstore-Timing
-header), so the daemon can count what happened inside the runner.
+where one request's time went (RequestTiming; a runner sends it back in
+a header, cartonstore.runner.protocol's TIMING_HEADER).
 
 Pure: the runner SDK and the daemon both keep their counters here.
 """
 
 from __future__ import annotations
 
-import re
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
-TIMING_HEADER = "Cartonstore-Timing"
-_PHASES = ("queue", "input", "infer", "output")
-_TIMING = re.compile(r"queue=(\d{1,19});input=(\d{1,19});infer=(\d{1,19});output=(\d{1,19})")
 # Triton's inference_stats keys, in its order
 STAT_KEYS = ("success", "fail", "queue", "compute_input", "compute_infer", "compute_output", "cache_hit",
              "cache_miss")
@@ -32,16 +28,6 @@ class RequestTiming:
     input_ns: int = 0
     infer_ns: int = 0
     output_ns: int = 0
-
-    def header(self) -> str:
-        return f"queue={self.queue_ns};input={self.input_ns};infer={self.infer_ns};output={self.output_ns}"
-
-    @classmethod
-    def parse(cls, text: str | None) -> RequestTiming | None:
-        """The timing a runner sent, or None (none sent, or not ours: a
-        third-party runner's header is never trusted to be well formed)."""
-        match = _TIMING.fullmatch(text.strip()) if text else None
-        return cls(*(int(g) for g in match.groups())) if match else None
 
     def believed(self, waited_ns: int) -> RequestTiming | None:
         """This timing, if its parts fit in the ``waited_ns`` the caller

@@ -5,7 +5,9 @@ found in /proc."""
 
 from __future__ import annotations
 
+import json
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -121,6 +123,18 @@ def _is_runner(pid: int) -> bool:
 def runner_sockets(root: Path) -> list[Path]:
     """Every daemon's runner sockets in this store (each daemon has a directory of its own)."""
     return sorted((root / "run" / "runners").glob("*/*.sock"))
+
+
+def third_party_config(base: Path, runner_name: str, source: str, args: Sequence[str]) -> Path:
+    """A daemon config (written in ``base``) whose [runners.<runner_name>]
+    runs the Python ``source``, saved beside it, with ``args`` (placeholders
+    and all)."""
+    script = base / f"{runner_name}.py"
+    script.write_text(source)
+    config = base / "cartonstore.toml"
+    command = json.dumps(["{python}", str(script), *args])   # a JSON array of strings is a TOML array
+    config.write_text(f'[runners.{runner_name}]\ncommand = {command}\nframework_version = "1.0.0"\n')
+    return config
 
 
 def third_party_runner(infer: str) -> str:

@@ -11,7 +11,8 @@ import threading
 
 import pytest
 
-from cartonstore.runner.model_channel import MAX_MESSAGE, ChannelError, ModelMessage, receive_model, send_model
+from cartonstore.runner.model_channel import ChannelError, ModelMessage, receive_model, send_model
+from cartonstore.runner.protocol import MODEL_CHANNEL_MAX_MESSAGE
 
 
 @pytest.fixture()
@@ -69,7 +70,7 @@ def test_a_message_in_pieces_is_read_whole(pair) -> None:  # noqa: ANN001
 
 
 @pytest.mark.parametrize("raw, problem", [
-    (struct.pack(">I", MAX_MESSAGE + 1), "at most"),
+    (struct.pack(">I", MODEL_CHANNEL_MAX_MESSAGE + 1), "at most"),
     (struct.pack(">I", 5) + b"nope!", "not JSON"),
     (struct.pack(">I", 2) + b"[]", "not a model message"),
     (struct.pack(">I", 13) + b'{"argv": [1]}', "not a model message"),
@@ -101,14 +102,14 @@ def test_passed_descriptors_of_a_refused_message_are_closed(pair, tmp_path) -> N
 def test_arguments_too_big_are_refused_before_sending(pair) -> None:  # noqa: ANN001
     ours, theirs = pair
     with pytest.raises(ChannelError, match="at most"):
-        asyncio.run(send_model(ours, ModelMessage(["x" * (MAX_MESSAGE + 1)])))
+        asyncio.run(send_model(ours, ModelMessage(["x" * (MODEL_CHANNEL_MAX_MESSAGE + 1)])))
 
 
 def test_a_big_message_to_a_runner_still_warming_up_does_not_hold_the_loop(pair) -> None:  # noqa: ANN001
     """A message past the socket's buffer waits for the runner to read it
     (only once it has warmed up): the daemon's event loop goes on meanwhile."""
     ours, theirs = pair
-    argv = ["y" * (MAX_MESSAGE - 100)]
+    argv = ["y" * (MODEL_CHANNEL_MAX_MESSAGE - 100)]
     got: list = []
     reader = threading.Timer(0.5, lambda: got.append(receive_model(theirs)))
 

@@ -38,7 +38,7 @@ from kit.runnerkit import (
 
 from cartonstore.config.runner_command import fill_argv
 from cartonstore.runner.builtin import BUILTIN_RUNNERS, FRAMEWORK_VERSION_PROBES
-from cartonstore.runner.lifecycle import EXIT_LOAD_FAILED
+from cartonstore.runner.protocol import EXIT_LOAD_FAILED
 
 HCL = "Inference-Header-Content-Length"
 HAVE_TORCH = importlib.util.find_spec("torch") is not None

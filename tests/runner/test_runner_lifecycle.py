@@ -30,7 +30,7 @@ from kit.runnerkit import (
     wait_ready,
 )
 
-from cartonstore.runner.lifecycle import EXIT_LOAD_FAILED
+from cartonstore.runner.protocol import EXIT_LOAD_FAILED
 
 doubler_dir = pytest.fixture(scope="module", name="doubler_dir")(doubler_root)
 

@@ -26,7 +26,7 @@ from kit.runnerkit import (
     wait_ready,
 )
 
-from cartonstore.runner.lifecycle import EXIT_LOAD_FAILED
+from cartonstore.runner.protocol import EXIT_LOAD_FAILED
 
 torch = pytest.importorskip("torch", reason="torch is not installed in this environment")
 HAVE_CUDA = torch.cuda.is_available()

@@ -157,9 +157,10 @@ def test_an_error_answer_nested_past_any_parser_is_named_not_a_crash() -> None:
 def test_bytes_outputs_in_the_arena_are_a_502() -> None:
     """BYTES framing is checked in the answer's body; a runner that puts
     BYTES in its arena span (where nothing walks them) is refused."""
+    from cartonstore.runner.protocol import ARENA_REGION
     from cartonstore.server.tensors.arena import TensorArena
     from cartonstore.server.tensors.arena_wire import ArenaForward
-    from cartonstore.v2.shm_params import ARENA_REGION, BYTE_SIZE, OFFSET, REGION
+    from cartonstore.v2.shm_params import BYTE_SIZE, OFFSET, REGION
 
     arena = TensorArena(1 << 20)
     try:

@@ -21,11 +21,11 @@ from kit.prockit import script_leaving_no_process
 
 from cartonstore.config.runners import RunnerSettings
 from cartonstore.errors import Unavailable
+from cartonstore.runner.protocol import ARENA_OUTPUTS, ARENA_REGION
 from cartonstore.server.runners import InstanceSpec, ModelRunners
 from cartonstore.server.tensors.arena import TRIM_KEEP, TensorArena
 from cartonstore.server.tensors.arena_wire import ArenaForward
 from cartonstore.v2.framing import parse_infer_request
-from cartonstore.v2.shm_params import ARENA_OUTPUTS, ARENA_REGION
 
 MIB = 1 << 20
 PAGE = os.sysconf("SC_PAGE_SIZE")

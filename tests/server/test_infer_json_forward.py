@@ -12,7 +12,7 @@ import pytest
 import tritonclient.http as triton
 from conftest import short_dir
 from kit.daemonkit import DaemonProcess, wait_for
-from kit.inferkit import echo_carton, runner_pids, third_party_runner
+from kit.inferkit import echo_carton, runner_pids, third_party_config, third_party_runner
 from test_infer_api import _load, raw_post
 
 # A v2 server that answers each infer with what it got (its headers and the parsed JSON header) beside an
@@ -51,11 +51,7 @@ runner_compat_version = 1
 @pytest.fixture(scope="module")
 def served():
     with short_dir() as base:
-        script = base / "recorder.py"
-        script.write_text(RECORDER)
-        config = base / "cartonstore.toml"
-        config.write_text(f'[runners.recorder]\ncommand = ["{{python}}", "{script}", "{{socket}}"]\n'
-                          'framework_version = "1.0.0"\n')
+        config = third_party_config(base, "recorder", RECORDER, ["{socket}"])
         (base / "rec").mkdir()
         (base / "rec" / "carton.toml").write_text(RECORDED_TOML)
         d = DaemonProcess(base / "root", extra_args=["--config", str(config)]).start()

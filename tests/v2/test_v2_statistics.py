@@ -1,26 +1,11 @@
-"""Triton's statistics counters (pure) and the runner's timing header, which
-the daemon reads from any runner: only its exact form is believed."""
+"""Triton's statistics counters (pure). The runner's timing header they
+are fed from: tests/runner/test_protocol.py."""
 
 from __future__ import annotations
 
-import pytest
 from kit.together import all_at_once
 
 from cartonstore.v2.statistics import InferStatistics, RequestTiming, statistics_answer
-
-
-def test_a_timing_header_round_trips() -> None:
-    timing = RequestTiming(1, 22, 333, 4444)
-    assert RequestTiming.parse(timing.header()) == timing
-    assert RequestTiming.parse(f"  {timing.header()}\t") == timing
-
-
-@pytest.mark.parametrize("text", [
-    None, "", "queue=1;input=2;infer=3", "queue=1;input=2;infer=3;output=x", "queue=-1;input=2;infer=3;output=4",
-    "queue=1;input=2;infer=3;output=4;more=5", "queue=12345678901234567890;input=2;infer=3;output=4",
-    "output=4;infer=3;input=2;queue=1"])
-def test_a_malformed_timing_header_is_not_believed(text: str | None) -> None:
-    assert RequestTiming.parse(text) is None
 
 
 def test_counters_as_triton_answers_them() -> None:

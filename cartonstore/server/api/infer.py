@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from aiohttp import web
 
 from cartonstore.errors import InvalidInput, NotFound
+from cartonstore.runner.protocol import infer_path
 from cartonstore.server.models.loaded_model import triton_unknown_model
 from cartonstore.server.runners.answer_check import BYTES, checked_answer_off_loop
 from cartonstore.server.tensors.arena import ARENA_FROM, ArenaSlot
@@ -250,7 +251,7 @@ async def _proxied(service: ModelService, model: LoadedModel, name: str, version
         answer = await model.batcher.submit(req, parts, headers)   # never in the arena (arena_slot_for)
         phases.execution = 0   # its execution: counted by the batcher
     else:
-        answer = await model.runners.forward(f"/v2/models/{name}/infer", parts, headers, regions, arena)
+        answer = await model.runners.forward(infer_path(name), parts, headers, regions, arena)
     phases.answered, phases.runner_timing = time.monotonic_ns(), answer.timing
     answer = await checked_answer_off_loop(answer, model.carton.outputs, f"runner for {name}")
     out_headers = dict(answer.headers)

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cartonstore.errors import BadUpstream
+from cartonstore.runner.protocol import infer_path
 from cartonstore.server.runners import ModelRunners
 from cartonstore.server.runners.settings import RunnerResponse, RunnersBusy
 from cartonstore.v2.batching import answers_for, batch_key, joined_request, rows
@@ -50,7 +51,7 @@ class _Waiting:
 class DynamicBatcher:
     def __init__(self, runners: ModelRunners, policy: BatchingPolicy, *, instances: int, max_queued: int) -> None:
         self._runners = runners
-        self._path = f"/v2/models/{runners.name}/infer"
+        self._path = infer_path(runners.name)
         self._policy = policy
         self._slots = max(1, instances)
         self._max_queued = max_queued

@@ -1,10 +1,10 @@
 """The daemon's side of model runners: start one supervised process per
 instance of a loaded model, keep it alive, and forward requests to it over
-its Unix socket.
+its Unix socket, as cartonstore.runner.protocol says.
 
     runners = ModelRunners(name, version, [InstanceSpec(argv, env, socket, "cpu")], config.runners)
     await runners.start()          # InvalidInput if a runner does not come up
-    resp = await runners.forward(f"/v2/models/{name}/infer", body_parts, headers)
+    resp = await runners.forward(infer_path(name), body_parts, headers)
     await runners.stop()
 """
 

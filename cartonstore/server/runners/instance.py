@@ -12,9 +12,8 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable, Mapping, Sequence
 
 from cartonstore.config.runners import RunnerSettings
 from cartonstore.errors import BadUpstream, Unavailable
+from cartonstore.runner.protocol import ARENA_EXTENSION, SERVER_METADATA_PATH, TIMING_HEADER, parse_timing
 from cartonstore.system.backoff import doubling
-from cartonstore.v2.shm_params import ARENA_EXTENSION
-from cartonstore.v2.statistics import TIMING_HEADER, RequestTiming
 
 from .process import RunnerFailed, RunnerProcess, owned, seconds
 from .settings import (
@@ -222,7 +221,7 @@ class RunnerInstance:
                 arena.slot.hold_until(proc.wait())  # type: ignore[union-attr]
             raise
         return RunnerResponse(status, {name: headers_in[key] for name, key in _FORWARDED if key in headers_in}, answer,
-                              via_arena, RequestTiming.parse(headers_in.get(_TIMING)))
+                              via_arena, parse_timing(headers_in.get(_TIMING)))
 
     async def _exchange(self, proc: RunnerProcess, client: RunnerClient, shm: RunnerShmLink | None, path: str,
                         body: Sequence[bytes | memoryview], headers: Mapping[str, str],
@@ -264,7 +263,7 @@ async def _speaks_arena(client: RunnerClient) -> bool:
     """Whether the runner's GET /v2 lists the arena extension (a runner
     that is not built on cartonstore.runner does not map it)."""
     try:
-        status, _, body = await asyncio.wait_for(client.request("GET", "/v2", {}), 5.0)
+        status, _, body = await asyncio.wait_for(client.request("GET", SERVER_METADATA_PATH, {}), 5.0)
         extensions = json.loads(bytes(body)).get("extensions") if status == 200 else None
     except (OSError, BadResponse, asyncio.TimeoutError, ValueError, AttributeError):
         return False

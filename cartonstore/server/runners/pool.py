@@ -225,7 +225,7 @@ class ModelRunners:
     async def forward(self, path: str, body: list[bytes | memoryview] | bytes | memoryview,
                       headers: Mapping[str, str], regions: Sequence[Region] = (),
                       arena: ArenaForward | None = None, *, answers: int = 1) -> RunnerResponse:
-        """POST body to ``path`` (e.g. "/v2/models/{name}/infer") on a runner
+        """POST body to ``path`` (e.g. protocol.infer_path(name)) on a runner
         (which maps the shared memory ``regions`` first) and return its
         answer, whatever its status. Raises RunnersBusy when the model is at
         max_inflight, Unavailable when no runner can answer, BadUpstream

@@ -23,14 +23,13 @@ from pathlib import Path
 from typing import Awaitable, Callable, TypeVar
 
 from cartonstore.errors import CartonStoreError, InvalidInput
-from cartonstore.runner.model_channel import MODEL_CHANNEL_ENV, WARM_DEVICES_ENV
+from cartonstore.runner.protocol import ARENA_FD_ENV, MODEL_CHANNEL_ENV, READY_PATH, SHM_CHANNEL_ENV, WARM_DEVICES_ENV
 from cartonstore.store.materialize import remove_tree
 from cartonstore.system.cgroups import RunnerCgroup
 from cartonstore.system.child_stop import stop_child
 from cartonstore.system.exit_notice import ExitNoticingProtocol
 from cartonstore.system.parent_death import die_with
 from cartonstore.system.sockets import bind_unix
-from cartonstore.v2.shm_params import ARENA_FD_ENV, SHM_CHANNEL_ENV
 
 from .sandbox import Confinement, confine
 from .settings import InstanceSpec
@@ -38,7 +37,6 @@ from .wire import BadResponse, RunnerClient
 
 log = logging.getLogger("cartonstore.server.runners")
 
-HEALTH_READY = "/v2/health/ready"
 POLL_INTERVAL = 0.025
 MAX_LINE = 4000          # a longer stderr line is cut, so one line cannot hog memory
 LOG_BURST = 200          # stderr lines a runner may put in the daemon's log at once...
@@ -314,12 +312,12 @@ class RunnerProcess:
                 await self.wait()
                 raise RunnerFailed(self.exit_reason(), self.stderr_lines())
             try:
-                status, _, _ = await asyncio.wait_for(client.request("GET", HEALTH_READY, {}), min(left, 2.0))
+                status, _, _ = await asyncio.wait_for(client.request("GET", READY_PATH, {}), min(left, 2.0))
                 if status == 200:
                     return
             except BadResponse as e:
                 if e.answered:
-                    self.kill(f"killed after answering its readiness probe ({HEALTH_READY}) wrongly: {e}")
+                    self.kill(f"killed after answering its readiness probe ({READY_PATH}) wrongly: {e}")
                     await self.wait()
                     raise RunnerFailed(self.exit_reason(), self.stderr_lines()) from None
             except (OSError, asyncio.TimeoutError):

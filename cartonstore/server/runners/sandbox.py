@@ -53,7 +53,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from cartonstore.errors import InvalidInput
-from cartonstore.runner.model_channel import MODEL_CHANNEL_ENV
+from cartonstore.runner.protocol import FD_ENVS
 from cartonstore.system import transient_uid
 from cartonstore.system.cgroups import RunnerCgroup
 from cartonstore.system.cgroups import create as create_cgroup
@@ -61,7 +61,6 @@ from cartonstore.system.keyring import unavailable as keyrings_unavailable
 from cartonstore.system.landlock import abi_version
 from cartonstore.system.seccomp import unavailable as seccomp_unavailable
 from cartonstore.system.syscalls import CAP_SETPCAP, in_bounding_set
-from cartonstore.v2.shm_params import ARENA_FD_ENV, SHM_CHANNEL_ENV
 
 from .bwrap import bwrap_command, bwrap_refusal, bwrap_support, bwrap_view, launcher
 from .reads import python_paths, unreachable
@@ -356,7 +355,7 @@ def confine(policy: SandboxPolicy, argv: list[str], *, model_dir: Path, model: s
     # network, and no SysV IPC or message queues (the host's and every runner's).
     sockets = {"inet": has_bwrap or networked, "netlink_route": has_bwrap, "ipc": has_bwrap}
     plan = {"rlimits": rlimits, "drop_caps": True, "listen_fd": listen_fd,
-            "fd_env": [ARENA_FD_ENV, SHM_CHANNEL_ENV, MODEL_CHANNEL_ENV], "chdir": str(model_dir),
+            "fd_env": list(FD_ENVS), "chdir": str(model_dir),
             "keyring": host.no_keyring is None, "landlock": landlock,
             "seccomp": None if host.no_seccomp else sockets}
     layers = []

@@ -18,6 +18,13 @@ import socket
 from typing import TYPE_CHECKING, Iterable
 
 from cartonstore.errors import InvalidInput, Unavailable
+from cartonstore.runner.protocol import (
+    SHM_COPY_INPUTS,
+    SHM_FD_PASSED,
+    SHM_OBJECT,
+    shm_register_path,
+    shm_unregister_path,
+)
 from cartonstore.v2.error_body import error_text
 
 if TYPE_CHECKING:
@@ -72,17 +79,17 @@ class RunnerShmLink:
     async def _register(self, region: Region) -> None:
         # Triton's three fields, and two of cartonstore's own that other v2 servers ignore.
         doc = {"key": region.key, "offset": region.offset, "byte_size": region.byte_size,
-               "cartonstore_object": list(region.object_id), "cartonstore_copy_inputs": region.foreign}
+               SHM_OBJECT: list(region.object_id), SHM_COPY_INPUTS: region.foreign}
         if self._channel is not None:   # a sandboxed runner sees no /dev/shm: it gets the daemon's fd
             try:
                 socket.send_fds(self._channel, [region.runner_name.encode()], [region.fd])
             except OSError as e:
                 raise Unavailable(f"cannot hand shared memory region {region.name!r} to {self._label}: "
                                   f"{e.strerror or e}", subject=region.name) from None
-            doc["cartonstore_fd"] = True
+            doc[SHM_FD_PASSED] = True
         body = json.dumps(doc).encode()
         status, _, answer = await self._client.request(
-            "POST", f"/v2/systemsharedmemory/region/{region.runner_name}/register", _JSON, [body])
+            "POST", shm_register_path(region.runner_name), _JSON, [body])
         if status == 404:
             raise InvalidInput(f"{self._label} does not support Triton's system shared memory extension, so "
                                f"region {region.name!r} cannot be used with this model", subject=region.name)
@@ -106,6 +113,6 @@ class RunnerShmLink:
 
     async def _unregister(self, runner_name: str) -> None:
         try:
-            await self._client.request("POST", f"/v2/systemsharedmemory/region/{runner_name}/unregister", _JSON)
+            await self._client.request("POST", shm_unregister_path(runner_name), _JSON)
         except Exception as e:  # noqa: BLE001 - a runner that went away has unmapped everything
             log.debug("%s: unregister of %s failed: %s", self._label, runner_name, e)

@@ -38,6 +38,7 @@ from urllib.parse import quote
 
 from cartonstore.errors import InvalidInput
 from cartonstore.format.units import format_size
+from cartonstore.runner.protocol import DAEMON_IDLE_LIMIT
 from cartonstore.system.unfilled import unfilled_bytearray
 from cartonstore.system.waiters import wake
 from cartonstore.v2.http1 import chunk_size
@@ -49,7 +50,6 @@ CONTROL_ANSWER = 64 << 10  # health, server metadata, shared-memory registration
 MIN_CHUNK = 1024          # a chunked answer's chunks, on average, at least: each costs the loop a few steps
 MAX_CHUNKS = 65536
 YIELD_EVERY = 256         # chunks read before the loop is let go (those in one read need no wait)
-IDLE_LIMIT = 30.0         # below the runner SDK's 75 s keep-alive (and aiohttp's), so a runner never closes one we pick
 SOCKET_BUFFER = 4 << 20   # a 4 MiB tensor goes out in one send (the kernel caps it at wmem_max)
 RECV_CHUNK = 1 << 16      # heads and chunked bodies are received this much at a time; smaller writes are joined
 _NO_BODY = (204, 304)
@@ -155,7 +155,7 @@ class _Connection(asyncio.BufferedProtocol):
 
     def usable(self, now: float) -> bool:
         return (not self.eof and self.transport is not None and not self.transport.is_closing()
-                and self.start == len(self.pending) and now - self.idle_since < IDLE_LIMIT)
+                and self.start == len(self.pending) and now - self.idle_since < DAEMON_IDLE_LIMIT)
 
     async def send(self, parts: list[bytes | memoryview]) -> None:
         """Small requests in one write; big parts each on their own (the

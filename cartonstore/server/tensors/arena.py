@@ -34,7 +34,7 @@ import mmap
 import os
 from typing import Awaitable
 
-from cartonstore.v2.shm_params import ARENA_FD_ENV
+from cartonstore.runner.protocol import ARENA_FD_ENV
 
 log = logging.getLogger("cartonstore.server")
 

@@ -10,9 +10,9 @@ from collections.abc import Sequence
 
 from cartonstore.errors import InvalidInput
 from cartonstore.format.carton_toml import TensorSpec
+from cartonstore.runner.protocol import ARENA_OUTPUTS
 from cartonstore.v2.binary_form import binary_form
 from cartonstore.v2.framing import InferRequest, parse_infer_request
-from cartonstore.v2.shm_params import ARENA_OUTPUTS
 from cartonstore.v2.validate import validate_request
 
 Forward = tuple[list, "int | None"]   # body parts, Inference-Header-Content-Length (None: all JSON)
