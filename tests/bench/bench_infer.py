@@ -351,6 +351,7 @@ def main() -> None:
     ap.add_argument("--only", choices=["shm", "selftest", "sandbox", "grpc"],
                     help="section 5 (shm), 6 (selftest), 7 (sandbox) or 8 (grpc, with MLServer's gRPC) alone")
     a = ap.parse_args()
+    a.no_mlserver_given = a.no_mlserver
     if a.quick:
         a.requests, a.warmup, a.seconds, a.rounds = 500, 100, 2.0, 1
     client_counts = [int(c) for c in a.clients.split(",") if c.strip()]
@@ -417,7 +418,7 @@ def main() -> None:
         if a.only in (None, "grpc"):
             def mlserver_grpc() -> tuple[subprocess.Popen, str] | None:
                 nonlocal mlserver
-                if a.no_mlserver and a.only != "grpc":
+                if a.no_mlserver and (a.only != "grpc" or a.no_mlserver_given):
                     return None
                 exe, how = ensure_mlserver(a.mlserver_venv, work)
                 if exe is None:
