@@ -76,7 +76,7 @@ class DaemonSettings:
     fetch: FetchConfig = field(default_factory=FetchConfig)
     zip_limits: ZipLimits = field(default_factory=ZipLimits)
     max_request_size: int = 256 << 20
-    max_buffered: int = 1 << 30         # request bodies in memory at once, all connections (api/bodies.py)
+    max_buffered: int = 1 << 30         # request bodies in memory at once, all connections (calls/bodies.py)
     max_connections: int = 4096         # per listener, lowered to fit the descriptor limit (system/fd_limit.py)
     max_connections_per_peer: int = 256   # per remote address on a TCP listener
     head_timeout: float = 10.0          # a request's whole head (gRPC: TLS and HTTP/2 preface), from accept

@@ -152,7 +152,7 @@ def compare(sides: dict[str, tuple[str, object]], small: tuple, big: tuple, a, c
         per = used[label] / (a.rounds * (a.requests + a.warmup)) * 1e6
         if cpu is not None:
             cpu[label] = per
-        shown = f", daemon CPU {per:.0f} us/req" if server_pid is not None else ""
+        shown = f", server CPU {per:.0f} us/req" if server_pid is not None else ""
         print(f"  {label:34s} 16 FP32: p50 {p50[label]:.3f} ms, p99 {v[int(len(v) * 0.99) - 1]:.3f} ms{shown}")
     for c in clients:
         for r in range(a.rounds):
@@ -166,8 +166,10 @@ def compare(sides: dict[str, tuple[str, object]], small: tuple, big: tuple, a, c
     return p50, rps
 
 
-def floor(small: tuple, big: tuple, a, clients: list[int]) -> tuple[dict[str, float], dict]:  # noqa: ANN001
-    """The bare grpcio echo server (grpc_floor.py), same client: what grpcio costs alone."""
+def floor(small: tuple, big: tuple, a, clients: list[int],  # noqa: ANN001
+          cpu: dict[str, float]) -> tuple[dict[str, float], dict]:
+    """The bare grpcio echo server (grpc_floor.py), same client: what grpcio
+    costs alone (its CPU per 16-float request into ``cpu``)."""
     import subprocess
     import sys
 
@@ -176,7 +178,8 @@ def floor(small: tuple, big: tuple, a, clients: list[int]) -> tuple[dict[str, fl
     try:
         target = f"127.0.0.1:{int(proc.stdout.readline())}"
         return compare({"bare grpcio echo (tcp)": ("grpc", target)}, small, big, a, clients,
-                       "8. the floor: a bare grpcio server answering its input, no model, no runner:")
+                       "8. the floor: a bare grpcio server answering its input, no model, no runner:", proc.pid,
+                       cpu)
     finally:
         proc.kill()
         proc.wait()
@@ -188,7 +191,8 @@ def run(d, work: Path, small_bin, big_bin, a, clients: list[int], verdict: Calla
     MLServer, giving (its process, its gRPC target) or None."""
     small = (small_bin.values, small_bin.body, small_bin.headers)
     big = (big_bin.values, big_bin.body, big_bin.headers)
-    floor_p50, floor_rps = floor(small, big, a, clients)
+    floor_cpu: dict[str, float] = {}
+    floor_p50, floor_rps = floor(small, big, a, clients, floor_cpu)
     print()
     host, port = d.host_port.rsplit(":", 1)
     for transport, http_where, grpc_where in (
@@ -207,6 +211,10 @@ def run(d, work: Path, small_bin, big_bin, a, clients: list[int], verdict: Calla
         cpu_ratio = cpu[grpc_label] / cpu[http_label]
         verdict(f"8. daemon CPU per 16-float request, gRPC <= 1.3x HTTP ({transport})", cpu_ratio <= 1.3,
                 f"{cpu_ratio:.2f}x ({cpu[grpc_label]:.0f} vs {cpu[http_label]:.0f} us)")
+        bare_cpu = floor_cpu["bare grpcio echo (tcp)"]
+        verdict(f"8. floor: a bare grpcio echo server's CPU per 16-float request / the daemon's over HTTP "
+                f"({transport})", None,
+                f"{bare_cpu / cpu[http_label]:.2f}x ({bare_cpu:.0f} vs {cpu[http_label]:.0f} us)")
         verdict(f"8. floor: bare grpcio echo p50 / HTTP p50 through the daemon and runner ({transport})", None,
                 f"{bare / p50[http_label]:.2f}x ({bare:.3f} vs {p50[http_label]:.3f} ms)")
         for c in clients:

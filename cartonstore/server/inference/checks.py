@@ -91,10 +91,18 @@ async def checked_off_loop(model: LoadedModel, body: bytes | bytearray | memoryv
 async def tensors_checked_off_loop(model: LoadedModel, req: InferRequest, shm: tuple[ShmRegions, Peer]) -> Checked:
     """checked_tensors; in a thread when BYTES elements to walk are many
     (numeric tensors are checked by their sizes alone)."""
-    if any(t.datatype == "BYTES" for t in req.inputs) and \
-            sum(len(t.data) if t.data is not None else t.shm.byte_size for t in req.inputs) >= IN_THREAD_FROM:  # type: ignore[union-attr]
+    if _bytes_to_walk(req) >= IN_THREAD_FROM:
         return await asyncio.to_thread(checked_tensors, model, req, shm)
     return checked_tensors(model, req, shm)
+
+
+def _bytes_to_walk(req: InferRequest) -> int:
+    """The size of a request's BYTES inputs: sent, or to be read from shared memory."""
+    size = 0
+    for tensor in req.inputs:
+        if tensor.datatype == "BYTES":
+            size += len(tensor.data) if tensor.data is not None else tensor.shm.byte_size if tensor.shm else 0
+    return size
 
 
 def _walks_little(model: LoadedModel, body: bytes | bytearray | memoryview, header_length: int | None) -> bool:

@@ -1,8 +1,9 @@
 """inference.GRPCInferenceService: the v2 gRPC service, on the messages
 tritonclient[grpc] ships, as a thin layer over the model service, the
 inference core (the same checks, statistics and config as every door) and
-server/calls/ (access, leases, Triton's extensions). Errors become gRPC codes from the HTTP status
-each would have had; Triton's trace and log settings are refused by name.
+server/calls/ (access, Triton's extensions). Errors become gRPC codes from
+the HTTP status each would have had; Triton's trace and log settings are
+refused by name.
 """
 
 from __future__ import annotations
