@@ -27,9 +27,11 @@ from cartonstore.config.pulling import standard_puller
 from cartonstore.config.runners import RunnerSettings
 from cartonstore.errors import InvalidInput
 from cartonstore.fetch.config import FetchConfig
-from cartonstore.server.api.access import TcpAccess
 from cartonstore.server.api.app import build_app
-from cartonstore.server.api.bodies import BODY_BUDGET, BodyBudget
+from cartonstore.server.api.bodies import BODY_BUDGET
+from cartonstore.server.api.context import ACCESS_LOG, METRICS, TCP_ACCESS
+from cartonstore.server.calls.access import TcpAccess
+from cartonstore.server.calls.bodies import BodyBudget
 from cartonstore.server.http.event_loop import loop_name, run_loop
 from cartonstore.server.http.front_server import FrontServer
 from cartonstore.server.models.metrics import Metrics
@@ -73,7 +75,7 @@ class DaemonSettings:
     fetch: FetchConfig = field(default_factory=FetchConfig)
     zip_limits: ZipLimits = field(default_factory=ZipLimits)
     max_request_size: int = 256 << 20
-    max_buffered: int = 1 << 30         # request bodies in memory at once, all connections (api/bodies.py)
+    max_buffered: int = 1 << 30         # request bodies in memory at once, all connections (calls/bodies.py)
     max_connections: int = 4096         # per listener, lowered to fit the descriptor limit (system/fd_limit.py)
     max_connections_per_peer: int = 256   # per remote address on a TCP listener
     head_timeout: float = 10.0          # a request's whole head (gRPC: TLS and HTTP/2 preface), from accept
@@ -305,7 +307,7 @@ class Daemon:
 
     async def _serve(self, app: web.Application, service: ModelService, socks: list[socket.socket],
                      caps: list[int], grpc_server: GrpcServer | None) -> None:
-        # auto_decompress off: request bodies are decoded by the handlers, bounded (api/bodies.request_body).
+        # auto_decompress off: request bodies are decoded by the handlers, bounded (calls/bodies.decoded_body).
         # aiohttp's keep-alive applies only to connections handed to it whole (a chunked request: front.py),
         # and closes one whose next head is not whole in time, however it drips: head_timeout's rule.
         runner = web.AppRunner(app, handle_signals=False, access_log=None, auto_decompress=False,
@@ -321,7 +323,8 @@ class Daemon:
             raise
         assert runner.server is not None
         s = self.settings
-        front = FrontServer(app, runner.server, max_request_size=s.max_request_size, budget=app[BODY_BUDGET],
+        front = FrontServer(service, app[TCP_ACCESS], app[METRICS], runner.server, access_log=app[ACCESS_LOG],
+                            max_request_size=s.max_request_size, budget=app[BODY_BUDGET],
                             head_timeout=s.head_timeout, idle_timeout=s.idle_timeout)
         # Not ready until every model to restore was tried: set before any listener takes a probe.
         service.ready = not s.restore_loaded

@@ -21,9 +21,10 @@ from . import json_codec
 from .datatypes import numpy_dtype
 from .elements import fail
 from .framing import InferRequest, WireTensor
+from .shm_params import REGION
 from .tensors import frame_bytes
 
-__all__ = ["binary_form", "tensor_bytes"]
+__all__ = ["binary_form", "encoded_doc", "runner_doc", "tensor_bytes"]
 
 
 def binary_form(req: InferRequest) -> tuple[list[bytes | memoryview], int] | None:
@@ -80,3 +81,36 @@ def _encodes(text: str) -> bool:
     except UnicodeEncodeError:
         return False
     return True
+
+
+def runner_doc(req: InferRequest, region_names: dict[str, str] | None = None) -> dict[str, Any]:
+    """The JSON header of a request parsed from another framing than JSON
+    (gRPC's), in the binary form a runner takes: its inputs' data follow
+    in order, each input's binary_data_size among its parameters. Regions
+    are named by ``region_names`` (the caller's name -> the runner's)."""
+    inputs = []
+    for tensor in req.inputs:
+        entry = {"name": tensor.name, "datatype": tensor.datatype, "shape": tensor.shape}
+        if tensor.parameters:
+            entry["parameters"] = _renamed(tensor.parameters, region_names)
+        inputs.append(entry)
+    doc: dict[str, Any] = {"inputs": inputs, "parameters": dict(req.parameters)}
+    if req.id:
+        doc["id"] = req.id
+    if req.outputs is not None:
+        doc["outputs"] = [{"name": out.name, "parameters": _renamed(out.parameters, region_names)}
+                          for out in req.outputs]
+    return doc
+
+
+def _renamed(parameters: dict[str, Any], region_names: dict[str, str] | None) -> dict[str, Any]:
+    region = parameters.get(REGION)
+    if region_names is None or region not in region_names:
+        return dict(parameters)
+    return {**parameters, REGION: region_names[region]}
+
+
+def encoded_doc(doc: dict[str, Any]) -> bytes:
+    """A header as a runner reads it; what the strict parser lets in (NaN
+    in parameters) written as it came."""
+    return json_codec.dumps(doc, exact=False)

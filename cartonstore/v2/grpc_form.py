@@ -1,16 +1,18 @@
 """The v2 gRPC messages (Triton's, as tritonclient[grpc] ships them) to and
-from the binary tensor form the HTTP path speaks: a gRPC infer request
-becomes the JSON header and binary parts an HTTP client would have sent,
-and a runner's answer in that form becomes a ModelInferResponse. So gRPC
-is a second framing of the one inference path, not a second one.
+from the parsed v2 forms the inference core works on: a ModelInferRequest
+becomes the InferRequest an HTTP body would have parsed to (the same
+structural checks, the same messages), and a runner's answer, parsed once
+by the core, becomes a ModelInferResponse.
 
-Pure: no daemon state. ``raw_input_contents`` become binary parts as they
-are (no copy); typed ``contents`` are packed once into their binary form.
+Pure: no daemon state. Each ``raw_input_contents`` entry becomes a
+tensor's data as a memoryview (not copied again on the way to the runner);
+typed ``contents`` are packed once into their binary form.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -18,9 +20,11 @@ from tritonclient.grpc import service_pb2 as pb
 
 from cartonstore.errors import InvalidInput
 
-from .datatypes import numpy_dtype
-from .shm_params import REGION
+from .datatypes import ELEMENT_SIZES, check_datatype, numpy_dtype
+from .elements import fail
+from .shm_params import REGION, shm_ref
 from .tensors import frame_bytes
+from .wire_types import InferRequest, RequestedOutput, WireTensor
 
 # datatype -> the typed contents field that carries it (FP16 and BF16 have none: raw only)
 CONTENTS_FIELDS = {
@@ -93,70 +97,70 @@ def typed_bytes(tensor: pb.ModelInferRequest.InferInputTensor) -> bytes:
     return np.asarray(values, dtype=dtype).tobytes()
 
 
-def framed_request(req: pb.ModelInferRequest) -> tuple[list[Any], int]:
-    """(parts, header length): ``req`` as an HTTP client would have sent
-    it in the binary tensor form, every output asked for in binary."""
+def request_of(req: pb.ModelInferRequest) -> InferRequest:
+    """``req`` as the InferRequest its HTTP binary form would parse to:
+    every output asked for in binary (unless in shared memory), each
+    input's data a memoryview of its raw_input_contents entry or of its
+    typed contents packed. Structure only, as framing.parse_infer_request checks
+    it; validation against the model is the caller's."""
     raws = req.raw_input_contents
     if raws and any(t.HasField("contents") for t in req.inputs):
         raise _refuse("an infer request gives tensors either in raw_input_contents or in contents, not both")
-    inputs, data = [], []
-    for tensor in req.inputs:
+    inputs: list[WireTensor] = []
+    given = 0
+    for index, tensor in enumerate(req.inputs):
         what = f"input {tensor.name!r}"
         params = _parameters(tensor.parameters, what)
-        entry = {"name": tensor.name, "datatype": tensor.datatype, "shape": list(tensor.shape)}
+        data: memoryview | None = None
         if REGION not in params:
             if raws:
-                if len(data) >= len(raws):
+                if given >= len(raws):
                     raise _refuse(f"raw_input_contents has {len(raws)} entries, fewer than the inputs not in "
                                   f"shared memory (no entry for {what})", tensor.name)
-                part = raws[len(data)]
+                data = memoryview(raws[given])
             else:
-                part = typed_bytes(tensor)
-            data.append(part)
-            params["binary_data_size"] = len(part)
-        if params:
-            entry["parameters"] = params
-        inputs.append(entry)
-    if raws and len(raws) != len(data):
-        raise _refuse(f"raw_input_contents has {len(raws)} entries for {len(data)} input(s) not in shared memory")
-    header: dict[str, Any] = {"inputs": inputs, "parameters": {**_parameters(req.parameters, "the request"),
-                                                               "binary_data_output": True}}
-    if req.id:
-        header["id"] = req.id
-    if req.outputs:
-        outputs = []
-        for out in req.outputs:
-            params = _parameters(out.parameters, f"requested output {out.name!r}")
-            if REGION not in params:
-                params["binary_data"] = True
-            outputs.append({"name": out.name, "parameters": params})
-        header["outputs"] = outputs
-    head = json.dumps(header, separators=(",", ":")).encode()
-    return [head, *data], len(head)
+                data = memoryview(typed_bytes(tensor))
+            given += 1
+            params["binary_data_size"] = len(data)
+        inputs.append(_input(index, tensor, params, data))
+    if raws and len(raws) != given:
+        raise _refuse(f"raw_input_contents has {len(raws)} entries for {given} input(s) not in shared memory")
+    parameters = {**_parameters(req.parameters, "the request"), "binary_data_output": True}
+    return InferRequest(req.id or None, inputs, _requested(req.outputs), parameters, True)
 
 
-class _Reader:
-    """The bytes after a response's JSON header, across the parts they
-    came in (the answer's body, then views of a tensor arena slot)."""
+def _input(index: int, tensor: pb.ModelInferRequest.InferInputTensor, params: dict[str, Any],
+           data: memoryview | None) -> WireTensor:
+    if not tensor.name:
+        raise fail(f"input #{index}", "\"name\" must be a non-empty string, not ''")
+    what = f"input {tensor.name!r}"
+    if tensor.datatype not in ELEMENT_SIZES:
+        check_datatype(tensor.datatype, what)
+    shape = list(tensor.shape)
+    if any(dim < 0 for dim in shape):
+        raise fail(what, f'"shape" must be an array of integers >= 0, not {shape!r}')
+    shm = shm_ref(params, what)
+    return WireTensor(tensor.name, tensor.datatype, shape, params, data, None, "input", shm)
 
-    def __init__(self, parts: list[memoryview]) -> None:
-        self.parts = [p for p in parts if len(p)]
-        self.at = 0
 
-    def take(self, size: int, what: str) -> bytes:
-        out = []
-        while size:
-            if not self.parts:
-                raise _refuse(f"the runner's answer ends before {what}'s bytes")
-            part = self.parts[0]
-            piece = part[self.at:self.at + size]
-            out.append(piece)
-            size -= len(piece)
-            self.at += len(piece)
-            if self.at == len(part):
-                self.parts.pop(0)
-                self.at = 0
-        return bytes(out[0]) if len(out) == 1 else b"".join(out)
+def _requested(outputs: Sequence[pb.ModelInferRequest.InferRequestedOutputTensor]) -> list[RequestedOutput] | None:
+    if not outputs:   # Triton returns every output when none is named
+        return None
+    requested: list[RequestedOutput] = []
+    seen: set[str] = set()
+    for index, out in enumerate(outputs):
+        what = f"requested output {out.name!r}"
+        params = _parameters(out.parameters, what)
+        if not out.name:
+            raise fail(f"requested output #{index}", "\"name\" must be a non-empty string, not ''")
+        if out.name in seen:
+            raise fail(what, "is requested twice")
+        seen.add(out.name)
+        shm = shm_ref(params, what)
+        if shm is None:
+            params["binary_data"] = True
+        requested.append(RequestedOutput(out.name, True if shm is None else None, params, shm))
+    return requested
 
 
 def _json_bytes(data: Any, datatype: str, what: str) -> bytes:
@@ -168,30 +172,26 @@ def _json_bytes(data: Any, datatype: str, what: str) -> bytes:
         raise _refuse(f"{what}: its JSON data is not {datatype}: {e}") from None
 
 
-def grpc_response(parts: list[Any], header_length: int | None) -> pb.ModelInferResponse:
-    """The runner's 200 answer (its body, then any arena views) as a
-    ModelInferResponse: one raw_output_contents entry per output, in order
-    (empty for one written into shared memory), as tritonclient reads them."""
-    first = memoryview(parts[0])
-    end = len(first) if header_length is None else header_length
-    doc = json.loads(bytes(first[:end]))
-    reader = _Reader([first[end:], *(memoryview(p) for p in parts[1:])])
+def response_of(doc: dict[str, Any], outputs: Sequence[WireTensor]) -> pb.ModelInferResponse:
+    """A runner's 200 answer, parsed (``doc``, its JSON header; ``outputs``,
+    its tensors with their parameters as the client is to see them and
+    their bytes in ``data``, none for one written into shared memory), as
+    a ModelInferResponse: one raw_output_contents entry per output, in
+    order, as tritonclient reads them."""
     resp = pb.ModelInferResponse(model_name=str(doc.get("model_name", "")),
                                  model_version=str(doc.get("model_version", "")), id=str(doc.get("id") or ""))
     for key, value in (doc.get("parameters") or {}).items():
         set_parameter(resp.parameters[key], value)
     raw = []
-    for out in doc.get("outputs") or ():
-        tensor = resp.outputs.add(name=out["name"], datatype=out["datatype"], shape=out["shape"])
-        params = dict(out.get("parameters") or {})
-        size = params.pop("binary_data_size", None)
-        for key, value in params.items():
-            set_parameter(tensor.parameters[key], value)
-        what = f"output {out['name']!r}"
-        if size is not None:
-            raw.append(reader.take(size, what))
-        elif "data" in out:
-            raw.append(_json_bytes(out["data"], out["datatype"], what))
+    for out in outputs:
+        tensor = resp.outputs.add(name=out.name, datatype=out.datatype, shape=out.shape)
+        for key, value in out.parameters.items():
+            if key != "binary_data_size":
+                set_parameter(tensor.parameters[key], value)
+        if out.data is not None:
+            raw.append(bytes(out.data))
+        elif out.json_data is not None:
+            raw.append(_json_bytes(out.json_data, out.datatype, out.what))
         else:
             raw.append(b"")   # written into shared memory
     resp.raw_output_contents.extend(raw)

@@ -22,7 +22,7 @@ Targets (issue), each against a baseline measured in the same run:
      MLServer 1.7's gRPC (grpc_section.py).
 
     python tests/bench/bench_infer.py [--quick] [--requests 2000] [--seconds 5] [--rounds 2]
-        [--only shm|selftest|sandbox|grpc]
+        [--only proxy|shm|selftest|sandbox|grpc]
 
 Every request goes through tests/bench/http11.py: the daemon's own lean
 HTTP/1.1 client (--client aiohttp for the stock one), one connection per client, in
@@ -348,9 +348,11 @@ def main() -> None:
                     help="MLServer parallel_workers (default: MLServer's own default)")
     ap.add_argument("--workdir", default=None)
     ap.add_argument("--shm-requests", type=int, default=20, help="64 MiB requests per way in section 5 (default 20)")
-    ap.add_argument("--only", choices=["shm", "selftest", "sandbox", "grpc"],
-                    help="section 5 (shm), 6 (selftest), 7 (sandbox) or 8 (grpc, with MLServer's gRPC) alone")
+    ap.add_argument("--only", choices=["proxy", "shm", "selftest", "sandbox", "grpc"],
+                    help="sections 1 and 2 (proxy), 5 (shm), 6 (selftest), 7 (sandbox) or 8 (grpc, with MLServer's "
+                         "gRPC) alone")
     a = ap.parse_args()
+    a.no_mlserver_given = a.no_mlserver
     if a.quick:
         a.requests, a.warmup, a.seconds, a.rounds = 500, 100, 2.0, 1
     client_counts = [int(c) for c in a.clients.split(",") if c.strip()]
@@ -400,7 +402,7 @@ def main() -> None:
 
         if a.only:
             a.no_mlserver, a.models = True, 1
-        else:
+        if a.only in (None, "proxy"):
             lat = compare_latency([via_daemon, direct, via_floor], small_bin, a,
                                   f"1. latency, {SMALL} FP32 binary, sequential, one keep-alive connection:")
             overhead50 = lat[via_daemon.label]["p50"] - lat[direct.label]["p50"]
@@ -417,7 +419,7 @@ def main() -> None:
         if a.only in (None, "grpc"):
             def mlserver_grpc() -> tuple[subprocess.Popen, str] | None:
                 nonlocal mlserver
-                if a.no_mlserver and a.only != "grpc":
+                if a.no_mlserver and (a.only != "grpc" or a.no_mlserver_given):
                     return None
                 exe, how = ensure_mlserver(a.mlserver_venv, work)
                 if exe is None:
@@ -436,7 +438,7 @@ def main() -> None:
             shm_section.run(d.socket_path, "echo", a.shm_requests, lambda *row: verdict(verdicts, *row))
         if a.only in (None, "selftest"):
             selftest_section.run(d.socket_path, work, 5, load_model, runner_of, lambda *row: verdict(verdicts, *row))
-        for clients in client_counts if not a.only else ():
+        for clients in client_counts if a.only in (None, "proxy") else ():
             best = compare_throughput([via_daemon, direct, via_floor], big_bin, clients, a,
                                       f"2. throughput, 4 MiB FP32 binary in and out, {clients} client(s):")
             ratio = best[via_daemon.label]["rps"] / best[direct.label]["rps"]

@@ -7,7 +7,8 @@ HTTP/1.1 client, tests/bench/http11.py; gRPC: grpcio's asyncio stub with
 raw_input_contents, a ModelInferRequest built once). Like against like:
 Unix socket against Unix socket, TCP against TCP, one connection per
 client. Rounds alternate which goes first. Targets: gRPC 16-float p50
-within 1.2x HTTP's; 4 MiB throughput at least 0.8x HTTP's; against
+within 1.3x HTTP's and 1.15x a bare grpcio echo server's, daemon CPU per
+16-float request within 1.3x HTTP's; 4 MiB throughput at least 0.8x HTTP's; against
 MLServer's gRPC (its echo MLModel, TCP), p50 and 4 MiB throughput at least
 as good.
 """
@@ -21,6 +22,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import numpy as np
+from bench_daemon import cpu_seconds
 from http11 import CLIENTS, Address
 
 Request = Callable[[], Awaitable[None]]
@@ -128,20 +130,30 @@ async def _throughput(kind: str, where: object, payload: tuple, clients: int, se
 
 
 def compare(sides: dict[str, tuple[str, object]], small: tuple, big: tuple, a, clients: list[int],  # noqa: ANN001
-            title: str) -> tuple[dict[str, float], dict[tuple[str, int], float]]:
-    """p50 (ms) and best 4 MiB req/s of each side, rounds alternating the order."""
+            title: str, server_pid: int | None = None, cpu: dict[str, float] | None = None,
+            ) -> tuple[dict[str, float], dict[tuple[str, int], float]]:
+    """p50 (ms) and best 4 MiB req/s of each side, rounds alternating the order;
+    with ``server_pid``, its CPU per 16-float request of each side (µs) into ``cpu``."""
     lat: dict[str, list[float]] = {label: [] for label in sides}
+    used: dict[str, float] = dict.fromkeys(sides, 0.0)
     rps: dict[tuple[str, int], float] = {}
     order = list(sides)
     print(title)
     for r in range(a.rounds):
         for label in order if r % 2 == 0 else order[::-1]:
             kind, where = sides[label]
+            before = cpu_seconds(server_pid) if server_pid is not None else 0.0
             lat[label] += asyncio.run(_latency(kind, where, small, a.requests, a.warmup))
+            if server_pid is not None:
+                used[label] += cpu_seconds(server_pid) - before
     p50 = {label: statistics.median(v) for label, v in lat.items()}
     for label in order:
         v = sorted(lat[label])
-        print(f"  {label:34s} 16 FP32: p50 {p50[label]:.3f} ms, p99 {v[int(len(v) * 0.99) - 1]:.3f} ms")
+        per = used[label] / (a.rounds * (a.requests + a.warmup)) * 1e6
+        if cpu is not None:
+            cpu[label] = per
+        shown = f", server CPU {per:.0f} us/req" if server_pid is not None else ""
+        print(f"  {label:34s} 16 FP32: p50 {p50[label]:.3f} ms, p99 {v[int(len(v) * 0.99) - 1]:.3f} ms{shown}")
     for c in clients:
         for r in range(a.rounds):
             for label in order if r % 2 == 0 else order[::-1]:
@@ -154,8 +166,10 @@ def compare(sides: dict[str, tuple[str, object]], small: tuple, big: tuple, a, c
     return p50, rps
 
 
-def floor(small: tuple, big: tuple, a, clients: list[int]) -> tuple[dict[str, float], dict]:  # noqa: ANN001
-    """The bare grpcio echo server (grpc_floor.py), same client: what grpcio costs alone."""
+def floor(small: tuple, big: tuple, a, clients: list[int],  # noqa: ANN001
+          cpu: dict[str, float]) -> tuple[dict[str, float], dict]:
+    """The bare grpcio echo server (grpc_floor.py), same client: what grpcio
+    costs alone (its CPU per 16-float request into ``cpu``)."""
     import subprocess
     import sys
 
@@ -164,7 +178,8 @@ def floor(small: tuple, big: tuple, a, clients: list[int]) -> tuple[dict[str, fl
     try:
         target = f"127.0.0.1:{int(proc.stdout.readline())}"
         return compare({"bare grpcio echo (tcp)": ("grpc", target)}, small, big, a, clients,
-                       "8. the floor: a bare grpcio server answering its input, no model, no runner:")
+                       "8. the floor: a bare grpcio server answering its input, no model, no runner:", proc.pid,
+                       cpu)
     finally:
         proc.kill()
         proc.wait()
@@ -176,19 +191,30 @@ def run(d, work: Path, small_bin, big_bin, a, clients: list[int], verdict: Calla
     MLServer, giving (its process, its gRPC target) or None."""
     small = (small_bin.values, small_bin.body, small_bin.headers)
     big = (big_bin.values, big_bin.body, big_bin.headers)
-    floor_p50, floor_rps = floor(small, big, a, clients)
+    floor_cpu: dict[str, float] = {}
+    floor_p50, floor_rps = floor(small, big, a, clients, floor_cpu)
     print()
     host, port = d.host_port.rsplit(":", 1)
     for transport, http_where, grpc_where in (
             ("unix", Address(unix=str(d.socket_path)), d.grpc_unix),
             ("tcp", Address(host=host, port=int(port)), d.grpc_host_port)):
         http_label, grpc_label = f"HTTP ({transport})", f"gRPC ({transport})"
+        cpu: dict[str, float] = {}
         p50, rps = compare({http_label: ("http", http_where), grpc_label: ("grpc", grpc_where)}, small, big, a,
-                           clients, f"8. gRPC vs HTTP, same daemon and model, {transport}:")
+                           clients, f"8. gRPC vs HTTP, same daemon and model, {transport}:", d.proc.pid, cpu)
         ratio = p50[grpc_label] / p50[http_label]
-        verdict(f"8. gRPC 16-float p50 <= 1.2x HTTP ({transport})", ratio <= 1.2,
+        verdict(f"8. gRPC 16-float p50 <= 1.3x HTTP ({transport})", ratio <= 1.3,
                 f"{ratio:.2f}x ({p50[grpc_label]:.3f} vs {p50[http_label]:.3f} ms)")
         bare = floor_p50["bare grpcio echo (tcp)"]
+        verdict(f"8. gRPC 16-float p50 <= 1.15x a bare grpcio echo's ({transport})", p50[grpc_label] <= 1.15 * bare,
+                f"{p50[grpc_label] / bare:.2f}x ({p50[grpc_label]:.3f} vs {bare:.3f} ms)")
+        cpu_ratio = cpu[grpc_label] / cpu[http_label]
+        verdict(f"8. daemon CPU per 16-float request, gRPC <= 1.3x HTTP ({transport})", cpu_ratio <= 1.3,
+                f"{cpu_ratio:.2f}x ({cpu[grpc_label]:.0f} vs {cpu[http_label]:.0f} us)")
+        bare_cpu = floor_cpu["bare grpcio echo (tcp)"]
+        verdict(f"8. floor: a bare grpcio echo server's CPU per 16-float request / the daemon's over HTTP "
+                f"({transport})", None,
+                f"{bare_cpu / cpu[http_label]:.2f}x ({bare_cpu:.0f} vs {cpu[http_label]:.0f} us)")
         verdict(f"8. floor: bare grpcio echo p50 / HTTP p50 through the daemon and runner ({transport})", None,
                 f"{bare / p50[http_label]:.2f}x ({bare:.3f} vs {p50[http_label]:.3f} ms)")
         for c in clients:

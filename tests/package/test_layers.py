@@ -29,12 +29,17 @@ LAYERS = [
     ["server.tensors"],
     ["server.runners"],
     ["server.models"],
-    ["server.api"],
-    ["server.rpc", "server.http"],
+    ["server.calls"],
+    ["server.inference"],
+    ["server.api", "server.rpc", "server.http"],
     ["server"],
     ["cli"],
 ]
 RANK = {folder: rank for rank, folders in enumerate(LAYERS) for folder in folders}
+# The daemon's doors: equal adapters over the inference core, none importing another.
+DOORS = {"server.api", "server.rpc", "server.http"}
+# What the core and what lies below the doors never import: a door's wire library.
+WIRE_LIBRARIES = {"aiohttp", "grpc"}
 TOP_ALLOWED = {"__init__.py", "errors.py"}
 MAX_LINES = 400
 
@@ -167,6 +172,38 @@ def test_imports_only_go_down():
     assert upward == []
 
 
+def test_no_door_imports_another_door():
+    crossing = [f"{module} ({layer_of(module)}) imports {dep} ({layer_of(dep)})"
+                for module, deps in sorted(import_graph().items()) for dep in sorted(deps)
+                if layer_of(module) in DOORS and layer_of(dep) in DOORS and layer_of(dep) != layer_of(module)]
+    assert crossing == []
+
+
+def third_party_imports(tree: ast.Module) -> set[str]:
+    """The top-level names of the packages a module imports, wherever it imports them."""
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(a.name.split(".")[0] for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+def test_the_inference_core_and_what_the_doors_share_import_no_wire_library():
+    """tritonclient.grpc counts as grpc: its package imports grpcio."""
+    found = {}
+    for name, (tree, _) in read_modules().items():
+        if layer_of(name) in ("server.inference", "server.calls"):
+            wires = third_party_imports(tree) & WIRE_LIBRARIES
+            modules = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+            if any(m.startswith("tritonclient.grpc") for m in modules):
+                wires.add("grpc")
+            if wires:
+                found[name] = sorted(wires)
+    assert found == {}
+
+
 def test_every_module_is_in_a_known_layer():
     unknown = sorted(m for m in import_graph() if layer_of(m) not in RANK)
     assert unknown == []
@@ -196,5 +233,6 @@ def test_the_checker_sees_a_circle_and_an_upward_import():
     assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert circles({"a": {"b"}, "b": set()}) == []
     assert layer_of("cartonstore.server.api.app") == "server.api"
+    assert layer_of("cartonstore.server.inference.pipeline") == "server.inference"
     assert layer_of("cartonstore.server.daemon") == "server"
     assert RANK[layer_of("cartonstore.store.store")] > RANK[layer_of("cartonstore.format.manifest")]

@@ -12,7 +12,6 @@ import signal
 import socket
 import subprocess
 import threading
-import time
 from pathlib import Path
 from typing import Any
 

@@ -28,7 +28,7 @@ from kit.inferkit import echo_carton
 from tritonclient.utils import InferenceServerException
 
 from cartonstore.errors import PermissionDenied, Unauthenticated
-from cartonstore.server.api.access import TcpAccess
+from cartonstore.server.calls.access import TcpAccess
 from cartonstore.server.daemon import DaemonSettings
 
 API = "api-s3cret"

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from cartonstore.errors import InvalidInput
-from cartonstore.server.api.bodies import json_object
+from cartonstore.server.calls.bodies import json_object
 from cartonstore.v2 import json_codec
 from cartonstore.v2.binary_form import binary_form
 from cartonstore.v2.framing import encode_infer_response, parse_infer_request, parse_infer_response, tensor_to_numpy

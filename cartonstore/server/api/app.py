@@ -9,71 +9,35 @@ Content-Type; an empty body means "no options".
 from __future__ import annotations
 
 import asyncio
-import logging
-import math
 import time
 from typing import Any, Awaitable, Callable
 
 from aiohttp import web
 
 from cartonstore import __version__
-from cartonstore.errors import CartonStoreError, InvalidInput, Unauthenticated, http_status_for
+from cartonstore.errors import CartonStoreError, InvalidInput
+from cartonstore.server.calls import leases as lease_api
+from cartonstore.server.calls.access import TcpAccess
+from cartonstore.server.calls.extensions import EXTENSIONS
+from cartonstore.server.calls.outcome import failure, record_request
 from cartonstore.server.models.metrics import CONTENT_TYPE, Metrics
 from cartonstore.server.models.selftest import SelfTestFailed
 from cartonstore.server.models.service import ModelService
-from cartonstore.server.runners.settings import RunnersBusy
 from cartonstore.server.tensors.shm_regions import peer_of
 from cartonstore.store.gc import GcPolicy
 from cartonstore.store.names import check_model_ref
 
 from . import cuda_shm, model_info
 from . import examples as examples_api
-from . import leases as lease_api
 from . import selftest as selftest_api
 from . import shm as shm_api
-from .access import REALM, TcpAccess
 from .blobs import serve_blob
-from .bodies import BuffersFull, release_body
+from .bodies import release_body
 from .context import ACCESS_LOG, METRICS, SERVICE, TCP_ACCESS, body_json, parameters, svc
 from .infer import infer
 from .responses import ERROR_TEXT, POLLED, error
 
-log = logging.getLogger("cartonstore.server")
-
-EXTENSIONS = ["binary_tensor_data", "model_repository", "system_shared_memory", "cuda_shared_memory",
-              "statistics", "model_configuration", "cartonstore_leases", "cartonstore_blobs"]
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
-
-def failure(exc: Exception, method: str, path: str) -> tuple[int, str, dict[str, str]]:
-    """The status, message and extra headers that answer an exception from
-    a handler; an unexpected one is logged with its traceback (a bug must
-    not take the daemon down)."""
-    if isinstance(exc, CartonStoreError):
-        # a source's Retry-After (FetchError's) is not the daemon's to give
-        extra = {}
-        if isinstance(exc, (RunnersBusy, BuffersFull)):
-            extra["Retry-After"] = str(math.ceil(exc.retry_after))
-        elif isinstance(exc, Unauthenticated):
-            extra["WWW-Authenticate"] = REALM
-        return http_status_for(exc), str(exc), extra
-    log.exception("unexpected error handling %s %s", method, path)
-    return 500, "internal error (see the daemon's log)", {}
-
-
-def record_request(app: web.Application, route: str, method: str, path_qs: str, status: int,
-                   error_text: str | None, polled: bool, started: float) -> None:
-    """The request counter, and the log line: one per error, one per
-    request with the access log on."""
-    app[METRICS].count_request(route, method, status)
-    if status >= 400:
-        # Every error answered leaves a line: an operator sees why a load failed.
-        # "Not ready" is what a waiting client polls for: a line per poll at debug only.
-        level = logging.WARNING if status >= 500 else logging.DEBUG if polled else logging.INFO
-        log.log(level, "%s %s -> %d: %s", method, path_qs, status, error_text)
-    elif app[ACCESS_LOG] or log.isEnabledFor(logging.DEBUG):
-        log.log(logging.INFO if app[ACCESS_LOG] else logging.DEBUG, "%s %s -> %d in %.2f ms",
-                method, path_qs, status, (time.perf_counter() - started) * 1000)
 
 
 @web.middleware
@@ -97,8 +61,8 @@ async def errors_and_metrics(request: web.Request, handler: Handler) -> web.Stre
     finally:
         release_body(request)   # what its body held of server.max_buffered
     route = request.match_info.route.resource.canonical if request.match_info.route.resource else "unmatched"
-    record_request(request.app, route, request.method, request.path_qs, response.status,
-                   response.get(ERROR_TEXT) or response.reason, bool(response.get(POLLED)), started)
+    record_request(request.app[METRICS], request.app[ACCESS_LOG], route, request.method, request.path_qs,
+                   response.status, response.get(ERROR_TEXT) or response.reason, bool(response.get(POLLED)), started)
     return response
 
 

@@ -24,33 +24,11 @@ from aiohttp import web
 from cartonstore.errors import InvalidInput, NotFound
 from cartonstore.fetch.peers import NODE_HEADER, WAIT_HEADER, PeerSet
 from cartonstore.format.digest import is_sha256
+from cartonstore.server.calls.bodies import pick_encoding
 from cartonstore.server.models.metrics import Metrics
 from cartonstore.store import Store
 
 CHUNK = 1 << 20
-
-
-def pick_encoding(accept: str, preferred: tuple[str, ...] = ("zstd", "gzip"), *,
-                  wildcard: bool = False) -> str | None:
-    """The first of ``preferred`` that the Accept-Encoding header allows
-    (q > 0); with ``wildcard``, "*" allows what it does not name."""
-    offered = {}
-    for item in accept.split(","):
-        name, _, params = item.strip().partition(";")
-        q = 1.0
-        for p in params.split(";"):
-            key, _, val = p.strip().partition("=")
-            if key.strip().lower() == "q":
-                try:
-                    q = float(val)
-                except ValueError:
-                    q = 0.0
-        offered[name.strip().lower()] = q
-    default = offered.get("*", 0.0) if wildcard else 0.0
-    for name in preferred:
-        if offered.get(name, default) > 0:
-            return name
-    return None
 
 
 def _compressor(name: str):  # noqa: ANN202

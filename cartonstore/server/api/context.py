@@ -11,11 +11,12 @@ from typing import Any
 from aiohttp import web
 
 from cartonstore.errors import InvalidInput
+from cartonstore.server.calls.access import TcpAccess
+from cartonstore.server.calls.bodies import body_object
 from cartonstore.server.models.metrics import Metrics
 from cartonstore.server.models.service import ModelService
 
-from .access import TcpAccess
-from .bodies import body_object, request_body
+from .bodies import request_body
 
 SERVICE: web.AppKey[ModelService] = web.AppKey("service", ModelService)
 METRICS: web.AppKey[Metrics] = web.AppKey("metrics", Metrics)

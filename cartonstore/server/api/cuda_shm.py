@@ -4,22 +4,15 @@
     POST /v2/cudasharedmemory/region/{name}/register   {"raw_handle": {"b64"}, "device_id", "byte_size"}
     POST /v2/cudasharedmemory[/region/{name}]/unregister   (empty body)
 
-cartonstore does not map CUDA IPC handles yet: status answers that no
-region is registered and unregister that nothing is left (clients call it
-first to start clean, so the system shared-memory examples run), while
-register checks the request and then refuses it saying why, naming the
-GPUs the runners have or that there are none.
+What each answers: server/calls/extensions.py.
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
-from typing import Any
-
 from aiohttp import web
 
 from cartonstore.errors import InvalidInput
+from cartonstore.server.calls.extensions import cuda_register_problem, cuda_status_answer
 
 from .context import body_json, svc
 from .shm import add_region_routes, empty_unregister_body
@@ -27,48 +20,14 @@ from .shm import add_region_routes, empty_unregister_body
 PREFIX = "/v2/cudasharedmemory"
 
 
-def register_problem(doc: Any, name: str, devices: tuple[str, ...]) -> str:
-    """Why a register request is refused: what is malformed in it, else
-    why this daemon cannot map it."""
-    if not isinstance(doc, dict):
-        return "the register request must be a JSON object"
-    unknown = sorted(set(doc) - {"raw_handle", "device_id", "byte_size"})
-    if unknown:
-        return f"unknown field(s) in the register request: {', '.join(unknown)}"
-    handle = doc.get("raw_handle")
-    b64 = handle.get("b64") if isinstance(handle, dict) else None
-    if not isinstance(b64, str):
-        return "'raw_handle' must be {\"b64\": <the base64 cudaIpcMemHandle_t>}"
-    try:
-        base64.b64decode(b64, validate=True)
-    except (binascii.Error, ValueError):
-        return "'raw_handle.b64' is not valid base64"
-    for key in ("device_id", "byte_size"):
-        value = doc.get(key)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            return f"{key!r} must be an integer >= 0, not {value!r}"
-    gpus = [d for d in devices if d.startswith("cuda:")]
-    if not gpus:
-        return (f"cannot register CUDA shared memory region {name!r}: this daemon's runners have no GPU "
-                f"(runners.devices is {', '.join(devices)}); use system shared memory")
-    return (f"cannot register CUDA shared memory region {name!r}: cartonstore does not map CUDA IPC handles "
-            f"into its runners yet (GPUs: {', '.join(gpus)}); use system shared memory")
-
-
-def status_answer(name: str | None) -> list[dict[str, Any]]:
-    if name is not None:
-        raise InvalidInput(f"Unable to find cuda shared memory region: {name!r}", subject=name)
-    return []
-
-
 async def status(request: web.Request) -> web.Response:
-    return web.json_response(status_answer(request.match_info.get("name")))
+    return web.json_response(cuda_status_answer(request.match_info.get("name")))
 
 
 async def register(request: web.Request) -> web.Response:
     doc = await body_json(request)
     name = request.match_info["name"]
-    raise InvalidInput(register_problem(doc, name, svc(request).runner_host.config.devices), subject=name)
+    raise InvalidInput(cuda_register_problem(doc, name, svc(request).runner_host.config.devices), subject=name)
 
 
 async def unregister(request: web.Request) -> web.Response:

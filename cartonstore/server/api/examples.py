@@ -26,10 +26,10 @@ from cartonstore.format.carton_toml import MISC_PREFIX, TENSOR_PREFIX
 from cartonstore.format.media_types import SNIFF_BYTES, media_type
 from cartonstore.format.paths import validate_carton_path
 from cartonstore.format.tensor_data import INDEX, TensorEntry, load_tensors, parse_tensor_index
+from cartonstore.server.inference import ready_model
 from cartonstore.v2.framing import HEADER_LENGTH, encode_infer_response
 
 from .context import svc
-from .infer import ready_model
 
 if TYPE_CHECKING:
     from cartonstore.server.models.loaded_model import LoadedModel

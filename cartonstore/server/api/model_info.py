@@ -4,52 +4,19 @@
     GET /v2/models/{name}[/versions/{version}]/stats
     GET /v2/models/{name}[/versions/{version}]/config
 
-Statistics are kept per loaded version by the daemon (api/infer.py counts
-each request, with the times its runner reports); the config is made from
-carton.toml and the load's config (models/model_config.py).
+Statistics are kept per loaded version by the inference core (each request
+counted, with the times its runner reports); the config is made from
+carton.toml and the load's config (models/model_config.py). Both are read
+in server/inference/models.py, for every door.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
 from aiohttp import web
 
-from cartonstore.errors import NotFound
-from cartonstore.server.models.loaded_model import LoadedModel, triton_unknown_model
-from cartonstore.server.models.model_config import model_config
-from cartonstore.server.models.service import ModelService
-from cartonstore.v2.statistics import InferStatistics, statistics_answer
+from cartonstore.server.inference import config_of, statistics
 
 from .context import svc
-from .infer import ready_model
-
-_NO_REQUESTS = InferStatistics()   # what a model loaded as files only has done
-
-
-def model_stats(model: LoadedModel) -> dict[str, Any]:
-    stats = model.runners.statistics if model.runners is not None else _NO_REQUESTS
-    return stats.model_stats(model.name, model.digest or "")
-
-
-def statistics(service: ModelService, name: str | None, version: str | None) -> dict[str, Any]:
-    """Every loaded version's statistics (``name`` None), or one model's."""
-    if name is None:
-        loaded = [m for _, m in sorted(service.models.items()) if m.digest is not None and m.state == "READY"]
-        return statistics_answer([model_stats(m) for m in loaded])
-    model = service.models.get(name)
-    if model is None or model.digest is None or model.state != "READY":
-        raise NotFound(f"{triton_unknown_model(name)}: it is not loaded", subject=name)
-    if version is not None and version != model.digest:
-        raise NotFound(f"{triton_unknown_model(name, version)}: the loaded version is {model.digest}",
-                       subject=version)
-    return statistics_answer([model_stats(model)])
-
-
-def config_of(service: ModelService, name: str, version: str | None) -> dict[str, Any]:
-    model = ready_model(service, name, version)
-    devices = model.runners.devices if model.runners is not None else []
-    return model_config(name, model.carton, model.config, devices)
 
 
 async def stats_route(request: web.Request) -> web.Response:

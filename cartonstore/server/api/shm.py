@@ -14,7 +14,8 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 
 from cartonstore.errors import InvalidInput
-from cartonstore.server.tensors.shm_regions import Peer, Region, ShmRegions, peer_of
+from cartonstore.server.calls.extensions import tell_runners
+from cartonstore.server.tensors.shm_regions import Peer, ShmRegions, peer_of
 
 from .bodies import request_body
 from .context import body_json, svc
@@ -59,12 +60,6 @@ async def unregister(request: web.Request) -> web.Response:
     gone = _registry(request).unregister(peer, request.match_info.get("name"))
     tell_runners(gone)
     return web.Response(status=200)
-
-
-def tell_runners(gone: list[Region]) -> None:
-    for region in gone:
-        for link in list(region.links):
-            link.forget(region)
 
 
 def add_region_routes(router: web.UrlDispatcher, prefix: str, status: Handler, register: Handler,

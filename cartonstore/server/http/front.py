@@ -6,8 +6,7 @@ Why inference does not go through aiohttp: its request and response
 machinery costs ~0.25 ms of CPU per request on a 2-core VM, as much as the
 whole proxy overhead the daemon may add (tests/bench/bench_infer.py). Here
 an infer request is a parsed head, a body received in place into one
-buffer, the shared validation and forwarding of api/infer.py's proxied_infer,
-and one write of the answer.
+buffer, the inference core (server/inference/), and one write of the answer.
 
 Any other request (and an infer request with a chunked body) is handed to
 aiohttp one request at a time through a RelayTransport (relay.py), so
@@ -23,9 +22,9 @@ import time
 from typing import TYPE_CHECKING
 
 from cartonstore.errors import CartonStoreError
-from cartonstore.server.api.app import failure, record_request
-from cartonstore.server.api.bodies import Reservation, content_coding, decoded_body, too_large
-from cartonstore.server.api.infer import STREAM_ANSWER, InferAnswer, widen_send_buffer
+from cartonstore.server.calls.bodies import Reservation, content_coding, decoded_body, too_large
+from cartonstore.server.calls.outcome import failure, record_request
+from cartonstore.server.inference import STREAM_ANSWER, InferAnswer, widen_send_buffer
 from cartonstore.server.tensors.arena import ArenaSlot
 from cartonstore.server.tensors.shm_regions import Peer, peer_of
 from cartonstore.system.unfilled import unfilled_bytearray
@@ -241,7 +240,7 @@ class FrontConnection(AiohttpRequests, asyncio.BufferedProtocol):
         unread = length
         slot = None
         try:
-            if not self.peer.unix:   # who may call what over TCP (api/access.py), before anything else
+            if not self.peer.unix:   # who may call what over TCP (calls/access.py), before anything else
                 self.front.access.check(head.path, head.headers.get("authorization"),
                                         bool(self.transport.get_extra_info("peercert")))
             service = self.front.service
@@ -264,8 +263,8 @@ class FrontConnection(AiohttpRequests, asyncio.BufferedProtocol):
             status, message, extra = failure(e, head.method, head.path)
             answer = error_answer(status, message, extra, e.details if isinstance(e, CartonStoreError) else None)
         try:
-            record_request(self.front.app, route.label, head.method, head.target, answer.status, answer.error_text,
-                           False, started)
+            record_request(self.front.metrics, self.front.access_log, route.label, head.method, head.target,
+                           answer.status, answer.error_text, False, started)
             await self._answer(head, answer, unread)
         except Exception:  # noqa: BLE001 - a bug: logged, and this connection ends
             log.exception("front connection failed answering %s %s", head.method, head.target)
@@ -355,7 +354,8 @@ class FrontConnection(AiohttpRequests, asyncio.BufferedProtocol):
 
     def _refuse(self, status: int, message: str) -> None:
         """An answer to a head that cannot be read; the connection ends."""
-        record_request(self.front.app, "unmatched", "?", "?", status, message, False, time.perf_counter())
+        record_request(self.front.metrics, self.front.access_log, "unmatched", "?", "?", status, message, False,
+                       time.perf_counter())
         answer = error_answer(status, message)
         self.transport.write(response_head(status, with_length(answer), close=True) + answer.payload)
         self._close()

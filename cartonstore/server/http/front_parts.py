@@ -13,15 +13,16 @@ from typing import TYPE_CHECKING, Protocol
 
 from aiohttp import web
 
-from cartonstore.server.api.access import TcpAccess
-from cartonstore.server.api.bodies import BodyBudget
-from cartonstore.server.api.infer import InferAnswer, arena_slot_for
+from cartonstore.server.calls.access import TcpAccess
+from cartonstore.server.calls.bodies import BodyBudget
+from cartonstore.server.inference import InferAnswer, arena_slot_for
 from cartonstore.server.tensors.arena import ArenaSlot
 from cartonstore.v2.http1 import RequestHead
 
 from .routes import NativeRoute
 
 if TYPE_CHECKING:
+    from cartonstore.server.models.metrics import Metrics
     from cartonstore.server.models.service import ModelService
 
 RECV_CHUNK = 256 * 1024
@@ -42,9 +43,10 @@ class ClientGone(Exception):
 class Front(Protocol):
     """What a connection uses of the server that accepted it (FrontServer)."""
 
-    app: web.Application
     service: ModelService
     access: TcpAccess
+    metrics: Metrics
+    access_log: bool
     aiohttp_server: web.Server
     max_request_size: int
     budget: BodyBudget

@@ -11,8 +11,10 @@ import time
 
 from aiohttp import web
 
-from cartonstore.server.api.bodies import BodyBudget
-from cartonstore.server.api.context import SERVICE, TCP_ACCESS
+from cartonstore.server.calls.access import TcpAccess
+from cartonstore.server.calls.bodies import BodyBudget
+from cartonstore.server.models.metrics import Metrics
+from cartonstore.server.models.service import ModelService
 from cartonstore.system.connection_gate import Admission, ConnectionGate
 from cartonstore.system.sockets import describe_socket
 from cartonstore.v2.http1 import response_head
@@ -32,14 +34,18 @@ def refusal(status: int, message: str, extra: dict[str, str] | None = None) -> b
 class FrontServer:
     """The daemon's connections, on any number of listening sockets."""
 
-    def __init__(self, app: web.Application, aiohttp_server: web.Server, *, max_request_size: int,
-                 budget: BodyBudget, head_timeout: float, idle_timeout: float) -> None:
-        """head_timeout: seconds for a request's whole head, from the accept
+    def __init__(self, service: ModelService, access: TcpAccess, metrics: Metrics, aiohttp_server: web.Server, *,
+                 access_log: bool, max_request_size: int, budget: BodyBudget, head_timeout: float,
+                 idle_timeout: float) -> None:
+        """aiohttp_server: what answers the requests the front does not
+        (relay.py); access_log: a log line per request answered;
+        head_timeout: seconds for a request's whole head, from the accept
         or from its first byte after an answer; idle_timeout: seconds a
         connection may stay silent between requests, or sending a body."""
-        self.app = app
-        self.service = app[SERVICE]
-        self.access = app[TCP_ACCESS]
+        self.service = service
+        self.access = access
+        self.metrics = metrics
+        self.access_log = access_log
         self.aiohttp_server = aiohttp_server
         self.max_request_size = max_request_size
         self.budget = budget

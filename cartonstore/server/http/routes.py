@@ -16,9 +16,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from cartonstore.server.api.bodies import body_object
-from cartonstore.server.api.infer import InferAnswer, proxied_infer, serving_model
-from cartonstore.server.api.leases import release, renew, take
+from cartonstore.server.calls.bodies import body_object
+from cartonstore.server.calls.leases import release, renew, take
+from cartonstore.server.inference import InferAnswer, InferCall, infer, serving_model
 from cartonstore.v2 import json_codec
 
 if TYPE_CHECKING:
@@ -65,9 +65,9 @@ def native_route(head: RequestHead) -> NativeRoute | None:
 def _infer_route(name: str, version: str | None) -> NativeRoute:
     async def produce(service: ModelService, head: RequestHead, peer: Peer, model: Any,
                       body: bytes | bytearray | memoryview, slot: ArenaSlot | None) -> InferAnswer:
-        return await proxied_infer(service, model, name, version, body,
-                                   head.headers.get("inference-header-content-length"),
-                                   head.headers.get("accept-encoding", ""), peer, slot)
+        call = InferCall(name, version, peer, body, head.headers.get("inference-header-content-length"),
+                         head.headers.get("accept-encoding", ""), slot)
+        return await infer(service, model, call)
     label = "/v2/models/{name}/infer" if version is None else "/v2/models/{name}/versions/{version}/infer"
     return NativeRoute(label, lambda service: serving_model(service, name, version), produce, arena=True)
 

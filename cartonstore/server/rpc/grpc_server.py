@@ -17,7 +17,7 @@ import grpc
 from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
 from cartonstore.errors import CartonStoreError
-from cartonstore.server.api.access import TcpAccess
+from cartonstore.server.calls.access import TcpAccess
 from cartonstore.server.models.metrics import Metrics
 from cartonstore.server.models.service import ModelService
 from cartonstore.system.sockets import bind_tcp

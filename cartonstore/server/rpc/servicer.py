@@ -1,8 +1,9 @@
 """inference.GRPCInferenceService: the v2 gRPC service, on the messages
-tritonclient[grpc] ships, as a thin layer over the model service and the
-HTTP API's own functions (the same checks, statistics, config and
-shared-memory registry). Errors become gRPC codes from the HTTP status
-each would have had; Triton's trace and log settings are refused by name.
+tritonclient[grpc] ships, as a thin layer over the model service, the
+inference core (the same checks, statistics and config as every door) and
+server/calls/ (access, Triton's extensions). Errors become gRPC codes from
+the HTTP status each would have had; Triton's trace and log settings are
+refused by name.
 """
 
 from __future__ import annotations
@@ -21,19 +22,17 @@ from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
 from cartonstore import __version__
-from cartonstore.errors import CartonStoreError, InvalidInput, PermissionDenied, http_status_for
-from cartonstore.server.api import cuda_shm
-from cartonstore.server.api.access import TcpAccess
-from cartonstore.server.api.app import EXTENSIONS
-from cartonstore.server.api.model_info import config_of, statistics
-from cartonstore.server.api.shm import tell_runners
+from cartonstore.errors import CartonStoreError, InvalidInput, PermissionDenied
+from cartonstore.server.calls.access import TcpAccess
+from cartonstore.server.calls.extensions import EXTENSIONS, cuda_register_problem, cuda_status_answer, tell_runners
+from cartonstore.server.inference import StatusError, config_of, statistics, status_of
 from cartonstore.server.models.metrics import Metrics
 from cartonstore.server.models.service import ModelService
 from cartonstore.server.tensors.shm_regions import Peer
 from cartonstore.store.names import check_model_ref
 from cartonstore.v2.grpc_form import parameter_value
 
-from .infer import StatusError, code_for, grpc_infer, stream_error
+from .infer import code_for, grpc_infer, stream_error
 from .unix_relay import UNIX_PEERS, PeerBook
 
 log = logging.getLogger("cartonstore.server.grpc")
@@ -90,7 +89,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         try:
             return await work(self._peer(context, method))
         except CartonStoreError as e:
-            status = e.status if isinstance(e, StatusError) else http_status_for(e)
+            status = status_of(e)
             level = logging.WARNING if status >= 500 else logging.INFO
             log.log(level, "gRPC %s -> %s: %s", method, code_for(e).name, e)
             await context.abort(code_for(e), str(e))
@@ -257,7 +256,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     async def CudaSharedMemoryStatus(self, request: pb.CudaSharedMemoryStatusRequest,
                                      context: Any) -> pb.CudaSharedMemoryStatusResponse:
         async def work(_: Peer) -> pb.CudaSharedMemoryStatusResponse:
-            cuda_shm.status_answer(request.name or None)
+            cuda_status_answer(request.name or None)
             return pb.CudaSharedMemoryStatusResponse()
         return await self._call(context, "CudaSharedMemoryStatus", work)
 
@@ -267,7 +266,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             doc = {"raw_handle": {"b64": base64.b64encode(request.raw_handle).decode()},
                    "device_id": request.device_id, "byte_size": request.byte_size}
             devices = self.service.runner_host.config.devices
-            raise InvalidInput(cuda_shm.register_problem(doc, request.name, devices), subject=request.name)
+            raise InvalidInput(cuda_register_problem(doc, request.name, devices), subject=request.name)
         return await self._call(context, "CudaSharedMemoryRegister", work)
 
     async def CudaSharedMemoryUnregister(self, request: pb.CudaSharedMemoryUnregisterRequest,

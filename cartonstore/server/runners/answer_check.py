@@ -18,12 +18,15 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
 
 from cartonstore.errors import BadUpstream, InvalidInput
 from cartonstore.format.carton_toml import TensorSpec
 from cartonstore.v2.error_body import error_text
 from cartonstore.v2.framing import HEADER_LENGTH, header_length, parse_infer_answer, surely_plain
 from cartonstore.v2.validate import validate_answer
+from cartonstore.v2.wire_types import WireTensor
 
 from .settings import RunnerResponse
 
@@ -35,20 +38,35 @@ BYTES = b'"BYTES"'
 _BINARY = "application/octet-stream"
 
 
+@dataclass(slots=True)
+class ParsedAnswer:
+    """A runner's 200 answer as its check parsed it: the JSON header and
+    its outputs (binary data as views of the answer's body)."""
+
+    doc: dict[str, Any]
+    outputs: list[WireTensor]
+
+
 def checked_answer(response: RunnerResponse, outputs: Sequence[TensorSpec] | None, label: str) -> RunnerResponse:
     """The answer a client may be given for ``response`` from the runner
     ``label`` ("runner for <model>"): its body as it came (a 200's) or the
     runner's message as the daemon's error, and only the headers the
     daemon sets. BadUpstream for anything else."""
+    return checked_and_parsed(response, outputs, label)[0]
+
+
+def checked_and_parsed(response: RunnerResponse, outputs: Sequence[TensorSpec] | None,
+                       label: str) -> tuple[RunnerResponse, ParsedAnswer | None]:
+    """checked_answer, with what the check parsed of a 200 (None for an error)."""
     if response.status != 200:
-        return _error_answer(response, label)
+        return _error_answer(response, label), None
     coding = response.headers.get("Content-Encoding", "identity").strip().lower()
     if coding not in ("", "identity"):
         raise BadUpstream(f"{label} answered with Content-Encoding {coding[:40]!r}: runners must not compress "
                           f"their answers (the daemon compresses for its clients)")
     try:
         length = header_length(response.headers.get(HEADER_LENGTH))
-        _, tensors = parse_infer_answer(response.body, length)
+        doc, tensors = parse_infer_answer(response.body, length)
         validate_answer(tensors, outputs)
     except InvalidInput as e:
         raise BadUpstream(f"{label} answered what the model's declarations do not allow, so it was not passed "
@@ -56,16 +74,16 @@ def checked_answer(response: RunnerResponse, outputs: Sequence[TensorSpec] | Non
     headers = {"Content-Type": _JSON if length is None else _BINARY}
     if length is not None:
         headers[HEADER_LENGTH] = str(length)
-    return RunnerResponse(200, headers, response.body, response.arena, response.timing)
+    return RunnerResponse(200, headers, response.body, response.arena, response.timing), ParsedAnswer(doc, tensors)
 
 
 async def checked_answer_off_loop(response: RunnerResponse, outputs: Sequence[TensorSpec] | None,
-                                  label: str) -> RunnerResponse:
-    """checked_answer, in a thread when walking the answer would hold the
-    event loop a while (a big JSON answer, or BYTES in a big binary one)."""
+                                  label: str) -> tuple[RunnerResponse, ParsedAnswer | None]:
+    """checked_and_parsed, in a thread when walking the answer would hold
+    the event loop a while (a big JSON answer, or BYTES in a big binary one)."""
     if walks_little(response):
-        return checked_answer(response, outputs, label)
-    return await asyncio.to_thread(checked_answer, response, outputs, label)
+        return checked_and_parsed(response, outputs, label)
+    return await asyncio.to_thread(checked_and_parsed, response, outputs, label)
 
 
 def walks_little(response: RunnerResponse) -> bool:

@@ -30,12 +30,16 @@ _JSON = "application/json"
 
 class ArenaForward:
     """One request's slot: its body in the first ``body_size`` bytes, its
-    outputs' span after them."""
+    outputs' span after them. ``header_length``: where its inputs' bytes
+    start in the slot; ``doc``: its JSON header when the slot holds only
+    those bytes (a request a door parsed itself)."""
 
-    def __init__(self, slot: ArenaSlot, body_size: int, header_length: int, req: InferRequest) -> None:
+    def __init__(self, slot: ArenaSlot, body_size: int, header_length: int, req: InferRequest,
+                 doc: dict[str, Any] | None = None) -> None:
         self.slot = slot
         self.header_length = header_length
         self.req = req
+        self.doc = doc
         out_at = -(-body_size // 64) * 64
         self.out_offset = slot.offset + out_at
         self.out_size = max(slot.size - out_at, 0)
@@ -57,6 +61,10 @@ class ArenaForward:
         return [json.dumps(doc, separators=(",", ":")).encode("utf-8")], {"Content-Type": _JSON}
 
     def _header_doc(self) -> dict[str, Any]:
+        if self.doc is not None:   # rewritten in place: each forward gets its own copy
+            return {**self.doc, "parameters": dict(self.doc.get("parameters") or {}),
+                    "inputs": [{**entry, "parameters": dict(entry.get("parameters") or {})}
+                               for entry in self.doc["inputs"]]}
         if self.header_length:   # validated already: parsed again only to be rewritten
             return json.loads(bytes(self.slot.view[:self.header_length]))
         tensor = self.req.inputs[0]   # a raw binary request: its one input is the whole body
@@ -91,17 +99,9 @@ class ArenaForward:
             if type(parameters) is not dict:
                 continue
             if parameters.get(REGION) == ARENA_REGION:
-                if entry.get("datatype") == "BYTES":   # their framing is in the answer's body, where it is checked
-                    raise BadUpstream(f"{label} put BYTES output {entry.get('name')!r} in the arena: BYTES outputs "
-                                      f"come in the answer's body")
                 offset, size = parameters.pop(OFFSET, None), parameters.pop(BYTE_SIZE, None)
                 del parameters[REGION]
-                if not (type(offset) is int and type(size) is int and self.out_offset <= offset
-                        and 0 <= size and offset + size <= self.out_offset + self.out_size):
-                    raise BadUpstream(f"{label} put output {entry.get('name')!r} at {offset!r}+{size!r} in the arena, "
-                                      f"outside the {self.out_size} bytes at {self.out_offset} it was given")
-                start = offset - self.slot.offset
-                parts.append(self.slot.view[start:start + size])
+                parts.append(self.output_view(entry.get("name"), entry.get("datatype"), offset, size, label))
                 parameters[_BINARY] = size
             elif _BINARY in parameters:
                 size = parameters[_BINARY]
@@ -117,3 +117,18 @@ class ArenaForward:
         else:
             headers["Content-Type"] = _JSON
         return header, parts
+
+    def output_view(self, name: object, datatype: object, offset: object, size: object, label: str) -> memoryview:
+        """The bytes of an output the runner put in the arena, from the
+        request's output span; BadUpstream (502) naming ``label`` for one
+        outside it, or for BYTES (their framing is in the answer's body,
+        where it is checked)."""
+        if datatype == "BYTES":
+            raise BadUpstream(f"{label} put BYTES output {name!r} in the arena: BYTES outputs "
+                              f"come in the answer's body")
+        if not (type(offset) is int and type(size) is int and self.out_offset <= offset
+                and 0 <= size and offset + size <= self.out_offset + self.out_size):
+            raise BadUpstream(f"{label} put output {name!r} at {offset!r}+{size!r} in the arena, "
+                              f"outside the {self.out_size} bytes at {self.out_offset} it was given")
+        start = offset - self.slot.offset
+        return self.slot.view[start:start + size]

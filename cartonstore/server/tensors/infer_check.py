@@ -2,7 +2,7 @@
 to forward to its runner: pure (no daemon state), so the daemon runs it on
 its loop, in a thread, or in a check worker process (check_worker.py).
 Requests that name shared memory need the daemon's region registry: they
-are parsed here and finished in server/api/infer.py."""
+are parsed here and finished in server/inference/checks.py."""
 
 from __future__ import annotations
 
