@@ -10,6 +10,11 @@ command templates in runner_command.py. Names are imported on first use
 (`cartonstore --help` reads no settings).
 """
 
+from typing import TYPE_CHECKING
+
 from cartonstore.system.lazy_names import lazy_names
 
 __getattr__, __dir__, __all__ = lazy_names(__name__, {"load": "Config load_config"})
+
+if TYPE_CHECKING:  # what mypy sees; lazy_names imports these at run time
+    from .load import Config, load_config
