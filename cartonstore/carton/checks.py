@@ -8,8 +8,9 @@ symlinks, carton.toml references, tensor_data, and safetensors headers.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import BinaryIO, Callable, Iterable
+from typing import BinaryIO
 
 from cartonstore.errors import InvalidCarton, ManifestMismatch
 from cartonstore.format.carton_toml import CartonConfig, check_references, parse_carton_toml

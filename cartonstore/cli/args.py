@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import argparse
 import re
-from typing import Sequence
+from collections.abc import Sequence
 
 _NEGATIVE = re.compile(r"-\.?\d")
 

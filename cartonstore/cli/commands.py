@@ -10,10 +10,10 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import TYPE_CHECKING
 
 from cartonstore.errors import (
     CartonStoreError,
@@ -224,7 +224,7 @@ def cmd_path(store: Store, args: argparse.Namespace, out: Output) -> None:
     except NotFound as e:   # REF resolved to nothing: a path that is not there says so
         from cartonstore.store.store import no_such_source
 
-        raise (no_such_source(args.ref) if e.subject == args.ref and not os.path.exists(args.ref) else None) or e
+        raise (no_such_source(args.ref) if e.subject == args.ref and not os.path.exists(args.ref) else None) or e  # noqa: B904 - e or its plainer form
     out.emit({"manifest_sha256": path.name, "path": str(path)}, [str(path)])
 
 
@@ -330,7 +330,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return args.func(None, args, out) or 0
         from cartonstore.store import Store
 
-        reads_only = args.command in ("ls", "inspect", "path") or args.command == "verify" and not args.repair
+        reads_only = args.command in ("ls", "inspect", "path") or (args.command == "verify" and not args.repair)
         with (Store.for_reading if reads_only else Store)(args.settings.store.root,
                                                           zip_limits=args.settings.zip_limits()) as store:
             return args.func(store, args, out) or 0

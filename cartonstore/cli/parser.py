@@ -14,8 +14,8 @@ import argparse
 import functools
 import os
 import sys
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Callable, Mapping
 
 from cartonstore import __version__
 
@@ -147,7 +147,8 @@ def _serve(sp: argparse.ArgumentParser) -> None:
     sp.add_argument("--print-config", action="store_true", help="print the settings in effect (TOML) and exit")
     sp.add_argument("--socket", help=f"Unix socket path (default: {SOCKET_DEFAULT})")
     sp.add_argument("--listen", metavar="HOST:PORT", help="also serve on a loopback TCP port (0: any free port)")
-    sp.add_argument("--grpc-listen", metavar="HOST:PORT", help="also serve gRPC on a loopback TCP port (0: any free port)")
+    sp.add_argument("--grpc-listen", metavar="HOST:PORT",
+                    help="also serve gRPC on a loopback TCP port (0: any free port)")
     sp.add_argument("--no-restore", action="store_true",
                     help="do not load again the models this daemon had loaded (server.restore_loaded)")
     sp.add_argument("--log-format", choices=["text", "json"])
@@ -269,7 +270,8 @@ def build_parser(handlers: Mapping[str, Callable], *, only: str | None = None) -
 
 def _fetching_options(formatter: Callable[..., argparse.HelpFormatter]) -> argparse.ArgumentParser:
     fetching = argparse.ArgumentParser(add_help=False, formatter_class=formatter)
-    fetching.add_argument("--mirror", action="append", metavar="URL", help="also fetch blobs from URL/<sha256> (repeatable)")
+    fetching.add_argument("--mirror", action="append", metavar="URL",
+                          help="also fetch blobs from URL/<sha256> (repeatable)")
     fetching.add_argument("--allow-host", action="append", metavar="HOST",
                           help="fetch only from these hosts (repeatable; *.example.com, 10.0.0.0/8)")
     fetching.add_argument("--deny-host", action="append", metavar="HOST", help="never fetch from these hosts")

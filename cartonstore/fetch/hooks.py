@@ -15,8 +15,9 @@ CLI and the daemon, imports it):
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, Iterable, Protocol
+from typing import Any, Protocol
 
 
 @dataclass(frozen=True)
@@ -27,7 +28,7 @@ class SourceKind:
     canonical: Callable[[str], str]
     """The claimed text as this kind writes it: the key that concurrent adds
     of one carton share, and what progress shows."""
-    add: Callable[[Any, str, "str | None", bool], Awaitable[Any]]
+    add: Callable[[Any, str, str | None, bool], Awaitable[Any]]
     """``await add(puller, text, name, force)`` -> the store's IngestResult."""
 
 

@@ -11,8 +11,8 @@ thread (Puller.complete does).
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Callable, Iterable
 
 from cartonstore.carton.checks import check_safetensors, is_safetensors
 from cartonstore.errors import CartonStoreError, IntegrityError
@@ -83,7 +83,7 @@ def _restore_one(store: Store, src: LocalSource, zips: dict[str, _ZipSource],
     try:
         for path in store.index.paths_of_blob(staged.digest):
             if is_safetensors(path):
-                check_safetensors(path, lambda: open(staged.tmp_path, "rb"), staged.size)
+                check_safetensors(path, lambda: open(staged.tmp_path, "rb"), staged.size)  # noqa: SIM115 - the check closes it
         commit(staged)
     finally:
         staged.discard()

@@ -11,9 +11,10 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 from cartonstore.carton.checks import CheckedCarton, check_carton
 from cartonstore.errors import (
@@ -110,7 +111,7 @@ class Puller:
         self.fetcher = BlobFetcher(store, self.client, self.config, stats=TransferStats(on_event=self.on_event))
         self._urls_in_flight = SingleFlight()
 
-    async def __aenter__(self) -> "Puller":
+    async def __aenter__(self) -> Puller:
         await self.client.__aenter__()
         return self
 
@@ -229,7 +230,8 @@ class Puller:
             for digest, staged in staging.staged.items():
                 offer(claims, digest, staged.tmp_path)
             lacking = await asyncio.to_thread(
-                lambda: [d for d in checked.files_by_digest() if d not in staging.staged and not self.store.blobs.has(d)])
+                lambda: [d for d in checked.files_by_digest()
+                         if d not in staging.staged and not self.store.blobs.has(d)])
             if not peers.urls:
                 for claim in claims.values():
                     claim.stage = ORIGIN

@@ -9,8 +9,9 @@ them is small. Each entry is decoded (Stored, Deflate, zstd) and checked
 from __future__ import annotations
 
 import io
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import BinaryIO, Callable, Protocol, Sequence
+from typing import BinaryIO, Protocol
 
 from cartonstore.errors import FetchError, InvalidCarton
 from cartonstore.sources.view import METADATA_LIMITS, STRING_TENSOR_LIMIT, SYMLINK_TARGET_LIMIT, SourceFile
@@ -232,7 +233,7 @@ class _SpanParser:
         return view[n:]
 
     def _end_entry(self) -> None:
-        entry, sink, decoder = self.current  # type: ignore[misc]
+        entry, _sink, decoder = self.current  # type: ignore[misc]
         self.current = None
         if decoder is not None:
             try:

@@ -30,8 +30,8 @@ import os
 import select
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from cartonstore.errors import FetchError
 

@@ -180,5 +180,6 @@ def onnx_kind_text(onnx_type: str) -> str:
         kind = "a map"
     else:
         kind = "a tensor type carton has no dtype for"
-    hint = "; convert with zipmap disabled (skl2onnx: options={'zipmap': False})" if kind == "a sequence of maps" else ""
+    hint = ("; convert with zipmap disabled (skl2onnx: options={'zipmap': False})"
+            if kind == "a sequence of maps" else "")
     return f"{kind} ({onnx_type}): cartonstore serves tensors{hint}"

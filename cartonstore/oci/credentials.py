@@ -132,7 +132,7 @@ def find_credentials(authority: str, paths: list[Path]) -> Credentials | None:
         for key, entry in auths.items():
             if _registry_key(key) == authority and (found := _from_entry(entry, path, key)) is not None:
                 return found
-        if isinstance(doc.get("credsStore"), str) and doc["credsStore"]:
-            if (found := _from_helper(doc["credsStore"], authority, path)) is not None:
-                return found
+        if isinstance(doc.get("credsStore"), str) and doc["credsStore"] and \
+                (found := _from_helper(doc["credsStore"], authority, path)) is not None:
+            return found
     return None

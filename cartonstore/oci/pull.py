@@ -64,7 +64,7 @@ class OciCartonView:
 class _Blobs:
     """One add's blobs: staged from the registry, or found in the store."""
 
-    def __init__(self, puller: "Puller", registry: Registry, sizes: dict[str, int], staging: Staging,
+    def __init__(self, puller: Puller, registry: Registry, sizes: dict[str, int], staging: Staging,
                  claims: dict[str, Claim]) -> None:
         self.puller = puller
         self.registry = registry
@@ -140,7 +140,7 @@ def check_layers(layers: list[Layer], listed: dict[str, str]) -> None:
                                  f"and {layer.size})", subject=layer.digest)
 
 
-async def add_from_registry(puller: "Puller", ref: OciReference, name: str | None, force: bool) -> IngestResult:
+async def add_from_registry(puller: Puller, ref: OciReference, name: str | None, force: bool) -> IngestResult:
     registry = Registry(puller.client, ref, puller.fetcher.mirrors_passed_over)
     raw, media_type, manifest_digest = await registry.get_manifest()
     layers = parse_manifest(raw, str(ref), media_type)
@@ -153,7 +153,7 @@ async def add_from_registry(puller: "Puller", ref: OciReference, name: str | Non
             puller, registry, sizes, Staging(puller.store.blobs), claims), name, force)
 
 
-async def _add_layers(puller: "Puller", registry: Registry, ref: OciReference, manifest_digest: str,
+async def _add_layers(puller: Puller, registry: Registry, ref: OciReference, manifest_digest: str,
                       layers: list[Layer], blobs: _Blobs, name: str | None, force: bool) -> IngestResult:
     by_path = {layer.path: layer for layer in layers}
     staging = blobs.staging

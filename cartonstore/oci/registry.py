@@ -17,8 +17,9 @@ import asyncio
 import hashlib
 import json
 import logging
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Callable
+from typing import Any
 
 import aiohttp
 
@@ -136,7 +137,8 @@ class Registry:
         sent = self.client.authorization(url, push=push) if authorize else None
         answer = await self._send(method, url, headers, body, limit, sent)
         if answer.status == 401 and authorize:
-            sent = await self.client.auth.answer(self.client.session, url, answer.headers.getall("WWW-Authenticate", []),
+            challenges = answer.headers.getall("WWW-Authenticate", [])
+            sent = await self.client.auth.answer(self.client.session, url, challenges,
                                                  push=push, sent=sent, extra_scopes=extra_scopes)
             answer = await self._send(method, url, headers, body, limit, sent)
             if answer.status == 401:
@@ -162,7 +164,7 @@ class Registry:
                 # new connection (the pool may hold several such: concurrent uploads each left one).
                 if attempt:
                     raise translate(e, url) from e
-            except Exception as e:  # noqa: BLE001 - translated here, once
+            except Exception as e:  # translated here, once
                 raise translate(e, url) from e
         raise AssertionError("unreachable")
 

@@ -101,4 +101,5 @@ async def _monolithic(registry: Registry, path: str, digest: str, size: int, loc
 def _check_done(answer: Answer, digest: str) -> None:
     if answer.status != 201:
         raise FetchError(f"PUT {describe(answer.url)}: the registry did not take blob sha256:{digest} (HTTP "
-                         f"{answer.status}: {said_by_registry(answer)})", subject=answer.url, retryable=answer.status >= 500)
+                         f"{answer.status}: {said_by_registry(answer)})", subject=answer.url,
+                         retryable=answer.status >= 500)

@@ -63,7 +63,7 @@ class OnnxModel:
             for name, array in inputs.items()
         }
         results = self._session.run(self._output_names, feed)
-        return dict(zip(self._output_names, results))
+        return dict(zip(self._output_names, results, strict=True))
 
 
 def _as_strings(array: np.ndarray) -> np.ndarray:

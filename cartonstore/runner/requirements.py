@@ -61,7 +61,7 @@ def _installed_version(name: str) -> str | None:
         return None
 
 
-def _check_with_packaging(line: str) -> Unmet | None | bool:
+def _check_with_packaging(line: str) -> Unmet | bool | None:
     """Unmet/None with `packaging`; False when it is not available."""
     try:
         from packaging.requirements import InvalidRequirement, Requirement

@@ -9,8 +9,9 @@ from __future__ import annotations
 import io
 import os
 import stat
+from collections.abc import Callable
 from pathlib import Path
-from typing import BinaryIO, Callable
+from typing import BinaryIO
 
 from cartonstore.errors import InvalidCarton, NotFound
 from cartonstore.format.paths import validate_carton_path

@@ -10,9 +10,9 @@ live lease or a loaded model (a pin is a lease) needs is ever in a plan.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable
 
 from cartonstore.format.digest import is_sha256
 

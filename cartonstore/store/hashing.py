@@ -5,13 +5,17 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from cartonstore.errors import Unavailable
+
+if TYPE_CHECKING:
+    import hashlib
 
 CHUNK = 1 << 20
 
 
-def sha256():  # noqa: ANN202 - hashlib imported on first use: opening a store to read it (`path`) hashes nothing
+def sha256() -> hashlib._Hash:  # hashlib imported on first use: opening a store to read it (`path`) hashes nothing
     import hashlib
 
     return hashlib.sha256()

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from cartonstore.errors import Conflict, InvalidInput
 

@@ -11,9 +11,10 @@ Collecting lives in collection.py, verifying in verification.py.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING
 
 from cartonstore.errors import Conflict, InvalidInput, NotFound, PermissionDenied
 from cartonstore.format.digest import is_sha256
@@ -41,6 +42,7 @@ from .parts import StoreParts
 # cheap (issue 14).
 if TYPE_CHECKING:
     from cartonstore.carton.checks import CheckedCarton
+    from cartonstore.carton.writer import WrittenCarton
     from cartonstore.system.callers import Credentials
 
     from .gc import GcPolicy, GcReport
@@ -95,7 +97,7 @@ class Store(StoreParts):
     def close(self) -> None:
         self.index.close()
 
-    def __enter__(self) -> "Store":
+    def __enter__(self) -> Store:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -293,7 +295,7 @@ class Store(StoreParts):
         for e in self.index.entries(digest):
             if e.kind == "file" and is_safetensors(e.path) and self.blobs.has(e.digest):
                 p = self.blobs.path(e.digest)
-                header = check_safetensors(e.path, lambda p=p: open(p, "rb"), p.stat().st_size)
+                header = check_safetensors(e.path, lambda p=p: open(p, "rb"), p.stat().st_size)  # noqa: SIM115 - the check closes it
                 out[e.path] = [{"name": t.name, "dtype": t.dtype, "shape": list(t.shape)}
                                for t in header.tensors]
         return out
@@ -309,7 +311,7 @@ class Store(StoreParts):
     # -- exporting -----------------------------------------------------------
 
     def export(self, ref: str, out: Path, *, link_prefix: str | None = None, link_min_size: int = 0,
-               compression: str = "zstd"):  # noqa: ANN201
+               compression: str = "zstd") -> WrittenCarton:
         from cartonstore.carton.checks import check_carton
         from cartonstore.carton.writer import plan_links, write_carton
 

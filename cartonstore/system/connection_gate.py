@@ -42,7 +42,7 @@ class Admission:
     def release(self) -> None:
         gate, self._gate = self._gate, None
         if gate is not None:
-            gate._left(self.peer)
+            gate._left(self.peer)  # noqa: SLF001 - an admission is a part of its gate
 
 
 class ConnectionGate:
@@ -90,7 +90,7 @@ class ConnectionGate:
             if self._on_accepted is None:
                 return
             try:
-                fd, address = self.sock._accept()   # a bare descriptor: one refused costs no socket object
+                fd, address = self.sock._accept()  # noqa: SLF001 - a bare descriptor: one refused costs no socket object
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as e:
@@ -123,7 +123,7 @@ class ConnectionGate:
             if self.tcp:   # request and answer protocols: a small answer goes out at once
                 conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             self._on_accepted(conn, admission)   # type: ignore[misc]
-        except Exception:  # noqa: BLE001 - a bug: logged, and this connection ends
+        except Exception:  # a bug: logged, and this connection ends
             log.exception("%s: failed to take a connection", self.name)
             admission.release()
             conn.close()

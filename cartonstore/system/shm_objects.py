@@ -55,7 +55,7 @@ def open_object(key: str, *, writable: bool) -> tuple[int, os.stat_result]:
             raise Unavailable(f"cannot open shared memory object {key!r}: {e.strerror} (too many open files); "
                               f"unregister regions no longer used", subject="key") from None
         raise InvalidInput(f"cannot open shared memory object {key!r}: {e.strerror}"
-                           f"{' (the daemon runs as uid %d)' % os.getuid() if e.errno == 13 else ''}",
+                           f"{f' (the daemon runs as uid {os.getuid()})' if e.errno == 13 else ''}",
                            subject="key") from None
     st = os.fstat(fd)
     if not stat.S_ISREG(st.st_mode):

@@ -36,7 +36,7 @@ def binary_form(req: InferRequest) -> tuple[list[bytes | memoryview], int] | Non
     doc = dict(req.header)
     entries: list[Any] = []
     chunks: list[bytes | memoryview] = []
-    for entry, tensor in zip(doc["inputs"], req.inputs):
+    for entry, tensor in zip(doc["inputs"], req.inputs, strict=True):
         if tensor.json_data is not None:
             chunk = _binary_data(tensor)
             entry = {key: value for key, value in entry.items() if key != "data"}

@@ -52,7 +52,7 @@ async def serve(listen: str, runner: str) -> None:
             for data in client.early:
                 upstream.transport.write(data)
             client.early.clear()
-        loop.create_task(connect())
+        loop.create_task(connect())  # noqa: RUF006 - its connection's transport holds it
         return client
 
     server = await loop.create_unix_server(accepted, listen)

@@ -114,7 +114,7 @@ async def _throughput(kind: str, where: object, payload: tuple, clients: int, se
         done = 0
         deadline = time.perf_counter() + seconds
 
-        async def loop(c) -> None:  # noqa: ANN001
+        async def loop(c) -> None:
             nonlocal done
             while time.perf_counter() < deadline:
                 await c.once()
@@ -127,7 +127,7 @@ async def _throughput(kind: str, where: object, payload: tuple, clients: int, se
             await c.close()
 
 
-def compare(sides: dict[str, tuple[str, object]], small: tuple, big: tuple, a, clients: list[int],  # noqa: ANN001
+def compare(sides: dict[str, tuple[str, object]], small: tuple, big: tuple, a, clients: list[int],
             title: str) -> tuple[dict[str, float], dict[tuple[str, int], float]]:
     """p50 (ms) and best 4 MiB req/s of each side, rounds alternating the order."""
     lat: dict[str, list[float]] = {label: [] for label in sides}
@@ -154,7 +154,7 @@ def compare(sides: dict[str, tuple[str, object]], small: tuple, big: tuple, a, c
     return p50, rps
 
 
-def floor(small: tuple, big: tuple, a, clients: list[int]) -> tuple[dict[str, float], dict]:  # noqa: ANN001
+def floor(small: tuple, big: tuple, a, clients: list[int]) -> tuple[dict[str, float], dict]:
     """The bare grpcio echo server (grpc_floor.py), same client: what grpcio costs alone."""
     import subprocess
     import sys
@@ -170,7 +170,7 @@ def floor(small: tuple, big: tuple, a, clients: list[int]) -> tuple[dict[str, fl
         proc.wait()
 
 
-def run(d, work: Path, small_bin, big_bin, a, clients: list[int], verdict: Callable,  # noqa: ANN001
+def run(d, work: Path, small_bin, big_bin, a, clients: list[int], verdict: Callable,
         mlserver: Callable[[], tuple[object, str] | None]) -> None:
     """``d``: a daemon serving echo with --grpc-listen; ``mlserver``: starts
     MLServer, giving (its process, its gRPC target) or None."""
@@ -204,7 +204,7 @@ def run(d, work: Path, small_bin, big_bin, a, clients: list[int], verdict: Calla
     if started is None:
         print("8. MLServer gRPC: skipped\n")
         return
-    proc, target = started
+    _proc, target = started
     ours = "cartonstore gRPC (tcp)"
     p50, rps = compare({ours: ("grpc", d.grpc_host_port), "MLServer gRPC (tcp)": ("grpc", target)}, small, big, a,
                        clients, "8. cartonstore gRPC vs MLServer 1.7 gRPC, echo model, TCP:")

@@ -80,7 +80,7 @@ def test_none_prints_nothing() -> None:
     assert out.getvalue() == ""
 
 
-def test_updates_are_throttled_however_often_bytes_arrive(monkeypatch) -> None:  # noqa: ANN001
+def test_updates_are_throttled_however_often_bytes_arrive(monkeypatch) -> None:
     monkeypatch.setattr(progress_mod, "JSON_INTERVAL", 0.1)
     out = io.StringIO()
     p = Progress("json", out)

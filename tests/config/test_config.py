@@ -478,7 +478,7 @@ PRECEDENCE_KEYS = [
 
 @pytest.mark.parametrize("layers", list(itertools.product([False, True], repeat=3)),
                          ids=lambda layers: "+".join(name for name, on in
-                                                     zip(("file", "env", "cli"), layers) if on) or "none")
+                                                     zip(("file", "env", "cli"), layers, strict=True) if on) or "none")
 @pytest.mark.parametrize("case", PRECEDENCE_KEYS, ids=[case[0] for case in PRECEDENCE_KEYS])
 def test_precedence_overrides_env_file_defaults(tmp_path: Path, case: tuple,
                                                 layers: tuple[bool, bool, bool]) -> None:

@@ -30,13 +30,13 @@ BIG = os.urandom(socket_body.DIRECT_MIN + (1 << 20) + 12_345)
 
 
 @pytest.fixture
-def direct_reads(monkeypatch) -> list[int | str]:  # noqa: ANN001
+def direct_reads(monkeypatch) -> list[int | str]:
     """What each direct read did (socket_body.receive, called through): the
     bytes it handed over, or the name of the error it raised."""
     seen: list[int | str] = []
     real = socket_body.receive
 
-    def counting(*args, **kw):  # noqa: ANN002, ANN003, ANN202
+    def counting(*args, **kw):  # noqa: ANN202
         try:
             got = real(*args, **kw)
         except Exception as e:
@@ -93,7 +93,7 @@ def warm(loop: str) -> None:
 @pytest.mark.parametrize(("encoding", "loop"), [(None, "asyncio"), ("zstd", "asyncio"), ("gzip", "asyncio"),
                                                 (None, "uvloop"), ("zstd", "uvloop")])
 def test_a_big_body_is_read_from_its_socket(store: Store, tmp_path: Path, origin, direct_reads,
-                                           encoding: str | None, loop: str) -> None:  # noqa: ANN001
+                                           encoding: str | None, loop: str) -> None:
     carton, shas = linked_carton(tmp_path, origin, {"model/w.bin": BIG})
     if encoding:  # random bytes: the encoded body is as big
         origin.set_fault(f"/blobs/{shas['model/w.bin']}", Fault(encoding=encoding))
@@ -107,15 +107,15 @@ def test_a_big_body_is_read_from_its_socket(store: Store, tmp_path: Path, origin
 
 
 def test_small_bodies_keep_aiohttp_and_their_connection(store: Store, tmp_path: Path, origin,
-                                                      direct_reads) -> None:  # noqa: ANN001
-    carton, shas = linked_carton(tmp_path, origin, {"model/a.bin": os.urandom(300_000),
+                                                      direct_reads) -> None:
+    carton, _shas = linked_carton(tmp_path, origin, {"model/a.bin": os.urandom(300_000),
                                                     "model/b.bin": os.urandom(200_000)})
     assert pull(store, str(carton)).complete
     assert direct_reads == []
 
 
 def test_parts_of_a_big_body_are_each_read_from_their_socket(store: Store, tmp_path: Path, origin,
-                                                             direct_reads) -> None:  # noqa: ANN001
+                                                             direct_reads) -> None:
     payload = os.urandom(4 * socket_body.DIRECT_MIN)
     carton, shas = linked_carton(tmp_path, origin, {"model/w.bin": payload})
     digest = shas["model/w.bin"]
@@ -144,7 +144,7 @@ def test_tls_bodies_stay_with_aiohttp(store: Store, tmp_path: Path, direct_reads
 
 
 def test_a_stalled_direct_read_times_out_and_resumes(store: Store, tmp_path: Path, origin,
-                                                     direct_reads) -> None:  # noqa: ANN001
+                                                     direct_reads) -> None:
     """The retry says why as the aiohttp path does ("timed out", not the
     EAGAIN of the last read), and resumes after the bytes received."""
     carton, shas = linked_carton(tmp_path, origin, {"model/w.bin": BIG})
@@ -166,7 +166,7 @@ def test_a_stalled_direct_read_times_out_and_resumes(store: Store, tmp_path: Pat
 
 
 def test_a_pull_cancelled_in_a_direct_read_stops_its_thread(store: Store, tmp_path: Path, origin,
-                                                           direct_reads) -> None:  # noqa: ANN001
+                                                           direct_reads) -> None:
     """Cancelled while the socket stalls (the stall timeout is far off): the
     thread is woken, not waited out, and leaves no file, fd or thread."""
     carton, shas = linked_carton(tmp_path, origin, {"model/w.bin": BIG})
@@ -231,7 +231,7 @@ class TricklingServer:
 
 @pytest.mark.slow
 def test_a_slow_body_is_not_taken_for_a_stalled_one(store: Store, tmp_path: Path, origin,
-                                                    direct_reads) -> None:  # noqa: ANN001
+                                                    direct_reads) -> None:
     """Bytes keep coming, under LOW_WATER per stall_timeout (0.5 s): poll does
     not wake for them, but the quiet socket is read anyway, and the body is
     received in one request, as through aiohttp."""
@@ -248,7 +248,7 @@ def test_a_slow_body_is_not_taken_for_a_stalled_one(store: Store, tmp_path: Path
 
 
 def test_a_remote_zips_big_span_is_read_from_its_socket(store: Store, tmp_path: Path, origin,
-                                                        direct_reads) -> None:  # noqa: ANN001
+                                                        direct_reads) -> None:
     """The entries a remote carton lacks come in Range requests over its
     zip: a big one is read directly too, and parsed in that thread."""
     import zipfile

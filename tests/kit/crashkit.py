@@ -112,7 +112,7 @@ def spawn_and_kill(argv: list[str], delay: float) -> KillOutcome:
     return KillOutcome(delay, alive, proc.returncode, err or "")
 
 
-def timed(fn, *a, **kw):  # noqa: ANN001, ANN002, ANN003, ANN201
+def timed(fn, *a, **kw):  # noqa: ANN201
     t0 = time.monotonic()
     result = fn(*a, **kw)
     return result, time.monotonic() - t0

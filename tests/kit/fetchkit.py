@@ -13,7 +13,7 @@ from cartonstore.fetch.puller import Puller
 from cartonstore.format.links import build_links
 from cartonstore.store import Store
 
-FAST = dict(retries=3, backoff_base=0.01, backoff_max=0.05, stall_timeout=0.5, connect_timeout=2.0)
+FAST = {"retries": 3, "backoff_base": 0.01, "backoff_max": 0.05, "stall_timeout": 0.5, "connect_timeout": 2.0}
 
 
 # Tests serve the blobs a carton's LINKS name from origins on 127.0.0.1, which
@@ -22,7 +22,7 @@ FAST = dict(retries=3, backoff_base=0.01, backoff_max=0.05, stall_timeout=0.5, c
 TEST_POLICY = UrlPolicy(allow_private_links=True)
 
 
-def fast_config(**kw) -> FetchConfig:  # noqa: ANN003
+def fast_config(**kw) -> FetchConfig:
     policy = kw.pop("policy", TEST_POLICY)
     return FetchConfig(**{**FAST, **kw}, policy=policy)
 
@@ -41,7 +41,7 @@ def linked_carton(tmp_path: Path, origin, blobs: dict[str, bytes], *, urls: dict
     return path, shas
 
 
-def pull(store: Store, source: str, config: FetchConfig | None = None, **kw):  # noqa: ANN003, ANN201
+def pull(store: Store, source: str, config: FetchConfig | None = None, **kw):  # noqa: ANN201
     async def run():  # noqa: ANN202
         async with Puller(store, config or fast_config()) as p:
             return await p.add(source, **kw)

@@ -265,7 +265,7 @@ class Floods:
     def outcome(self) -> dict[str, dict[str, object]]:
         got: dict[str, dict[str, object]] = {}
         try:
-            for child, pipe in self.children:
+            for _child, pipe in self.children:
                 assert pipe.poll(self.seconds + 30), "a flooding process did not report"
                 got.update(pipe.recv())
         finally:

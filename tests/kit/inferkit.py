@@ -16,7 +16,7 @@ from kit.prockit import live_pids
 from kit.runnerkit import onnx_model_dir
 
 NUMERIC = ["float32", "float64", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64"]
-DTYPES = NUMERIC + ["string"]
+DTYPES = [*NUMERIC, "string"]
 
 ECHO_MAIN = '''
 import os

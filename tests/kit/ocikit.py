@@ -21,7 +21,7 @@ FILES = {"carton.toml": MINIMAL_TOML, "model/weights.bin": BIG, "model/vocab.txt
          "model/copy.txt": b"a\nb\nc\n"}
 
 
-def config(**registries) -> object:  # noqa: ANN003
+def config(**registries) -> object:
     """Fast fetch settings for a real registry process, but for the stall
     timeout: no OCI test is about stalls, and a registry on a loaded CI
     machine took longer than fast_config's 0.5 s to answer an upload."""
@@ -29,7 +29,7 @@ def config(**registries) -> object:  # noqa: ANN003
     return fast_config(stall_timeout=10.0, registries=RegistryConfig(**registries))
 
 
-def push(store: Store, ref: str, target: str, cfg) -> object:  # noqa: ANN001
+def push(store: Store, ref: str, target: str, cfg) -> object:
     async def run():  # noqa: ANN202
         async with Puller(store, cfg) as p:
             return await push_carton(p, ref, target)

@@ -49,7 +49,7 @@ class Registry:
     def ref(self, repo_and_tag: str) -> str:
         return f"oci://{self.authority}/{repo_and_tag}"
 
-    def start(self) -> "Registry":
+    def start(self) -> Registry:
         assert BINARY is not None
         self.workdir.mkdir(parents=True, exist_ok=True)
         config = [
@@ -63,7 +63,7 @@ class Registry:
             (self.workdir / "htpasswd").write_text(HTPASSWD)
             config += ["auth:", "  htpasswd:", "    realm: test-registry", f"    path: {self.workdir / 'htpasswd'}"]
         (self.workdir / "config.yml").write_text("\n".join(config) + "\n")
-        self.log = open(self.workdir / "registry.log", "wb")
+        self.log = open(self.workdir / "registry.log", "wb")  # noqa: SIM115 - the registry's stdout, closed by stop()
         self.proc = subprocess.Popen([BINARY, "serve", str(self.workdir / "config.yml")], stdout=self.log,
                                      stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + 20
@@ -85,7 +85,7 @@ class Registry:
             self.log.close()
         self.proc = None
 
-    def __enter__(self) -> "Registry":
+    def __enter__(self) -> Registry:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

@@ -51,7 +51,7 @@ def test_a_declared_answer_passes_with_the_daemons_headers_alone(binary: bool) -
     assert checked_answer(answer(good(names=None)), OUTPUTS, LABEL).status == 200   # a subset, as requested
 
 
-def _tampered(doc_change, binary: bytes | None = None) -> RunnerResponse:  # noqa: ANN001
+def _tampered(doc_change, binary: bytes | None = None) -> RunnerResponse:
     sent = answer(good())
     length = int(sent.headers[HEADER_LENGTH])
     doc = json.loads(sent.body[:length])

@@ -30,7 +30,7 @@ MIB = 1 << 20
 PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
-def run(coro):  # noqa: ANN001, ANN201
+def run(coro):  # noqa: ANN201
     return asyncio.run(asyncio.wait_for(coro, 40))
 
 

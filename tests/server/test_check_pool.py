@@ -42,7 +42,7 @@ def big_json(count: int = 100_000) -> bytes:
                                    "data": (np.arange(count) * 0.5).tolist()}]}).encode()
 
 
-def run(coro):  # noqa: ANN001, ANN201
+def run(coro):  # noqa: ANN201
     return asyncio.run(coro)
 
 
@@ -178,7 +178,7 @@ def echo_served_with(server_toml: str, stop: int = signal.SIGTERM) -> Iterator[t
 
 
 def _infer(d: DaemonProcess, body: bytes) -> tuple[int, dict]:
-    status, headers, answer = raw_post(d, "/v2/models/echo/infer", body, {})
+    status, _headers, answer = raw_post(d, "/v2/models/echo/infer", body, {})
     return status, (parse_infer_response(answer, None)[1] if status == 200 else json.loads(answer))
 
 
@@ -263,7 +263,7 @@ def test_a_task_cancelled_while_reading_its_answer_is_paused_lets_close_end(
 
     def feed_then_cancel(reader: asyncio.StreamReader, data: bytes) -> None:
         feed(reader, data)
-        if reader._paused and cancelled and not cancelled[0].done():   # noqa: SLF001 - the moment to hit
+        if reader._paused and cancelled and not cancelled[0].done():  # the moment to hit
             cancelled[0].cancel()
     monkeypatch.setattr(asyncio.StreamReader, "feed_data", feed_then_cancel)
 

@@ -103,7 +103,7 @@ def assert_all_closed_in_time(outcome: dict[str, dict[str, object]]) -> None:
 
 
 @pytest.mark.slow
-def test_a_flood_of_stalled_and_dripping_connections_leaves_the_unix_socket_answering(served) -> None:  # noqa: ANN001
+def test_a_flood_of_stalled_and_dripping_connections_leaves_the_unix_socket_answering(served) -> None:
     """20,000 TCP connections (HTTP stalled after its request line or
     dripping a header line every 0.5 s, gRPC sending its preface and nothing
     more) and 5,000 to the gRPC Unix socket, from 40 addresses, none with a
@@ -138,7 +138,7 @@ def test_a_flood_of_stalled_and_dripping_connections_leaves_the_unix_socket_answ
         assert b"server.head_timeout" in outcome[name]["samples"][b"HTTP/1.1 408 Request Timeout"]
 
 
-def test_one_address_gets_max_connections_per_peer_and_silent_ones_go_at_head_timeout(served) -> None:  # noqa: ANN001
+def test_one_address_gets_max_connections_per_peer_and_silent_ones_go_at_head_timeout(served) -> None:
     """300 connections from one address to each TCP listener, sending
     nothing, opened at once (the last long before the first taken could
     go): 256 are taken, the rest refused at once; those taken are closed
@@ -288,7 +288,7 @@ class Dripping:
 
 
 @pytest.mark.slow
-def test_bodies_claiming_more_than_max_buffered_are_refused_and_their_memory_comes_back(served) -> None:  # noqa: ANN001
+def test_bodies_claiming_more_than_max_buffered_are_refused_and_their_memory_comes_back(served) -> None:
     d, _ = served
     pid = d.proc.pid
     before = rss(pid)
@@ -297,7 +297,7 @@ def test_bodies_claiming_more_than_max_buffered_are_refused_and_their_memory_com
     try:
         got = replies(conns, lambda got: sum(bool(r.data) for r in got) >= 63)
         refused = [r.data for r in got if r.data.startswith(b"HTTP/1.1 503")]
-        held = [s for s, r in zip(conns, got) if not r.data and not r.closed]
+        held = [s for s, r in zip(conns, got, strict=True) if not r.data and not r.closed]
         assert len(refused) == 63 and len(held) == 1, [r for r in got if not r.data.startswith(b"HTTP/1.1 503")]
         dripping.keep(held)
         assert b"server.max_buffered" in refused[0] and b"Retry-After: 1" in refused[0]

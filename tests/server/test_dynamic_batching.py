@@ -72,7 +72,7 @@ def _infer(port: str, name: str, x: np.ndarray, *, binary: bool = True, request_
         c.close()
 
 
-def _concurrently(count: int, fn):  # noqa: ANN001, ANN202
+def _concurrently(count: int, fn):  # noqa: ANN202
     return all_at_once([functools.partial(fn, i) for i in range(count)])
 
 

@@ -136,7 +136,7 @@ def script(short_tmp: Path):  # noqa: ANN201
         yield path
 
 
-FAST = dict(ready_timeout=20.0, request_timeout=10.0, stop_grace=5.0, restart_backoff=0.05, max_restarts=3)
+FAST = {"ready_timeout": 20.0, "request_timeout": 10.0, "stop_grace": 5.0, "restart_backoff": 0.05, "max_restarts": 3}
 
 
 def spec(script: Path, short_tmp: Path, i: int = 0, *extra: str, device: str = "cpu",

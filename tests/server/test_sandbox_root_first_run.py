@@ -115,7 +115,7 @@ def load(d: DaemonProcess, name: str, source: Path) -> tuple[int, object]:
 
 
 @pytest.mark.parametrize("user", ["named", "transient"])
-def test_a_python_and_an_onnx_model_load_under_bubblewrap_from_a_0700_directory(hidden, user: str) -> None:  # noqa: ANN001
+def test_a_python_and_an_onnx_model_load_under_bubblewrap_from_a_0700_directory(hidden, user: str) -> None:
     base, python = hidden
     setting = f'user = "{runner_user().pw_name}"' if user == "named" else 'user = ""'
     d = daemon_in(base, python, f"bwrap-{user}", f'sandbox = "bwrap"\n{setting}\nmemory_limit = "1G"',
@@ -169,7 +169,7 @@ def runner_uid(pid: int) -> int:
     return int(status["Uid"].split()[0])
 
 
-def test_landlock_alone_names_at_start_what_the_runner_uid_cannot_reach(hidden) -> None:  # noqa: ANN001
+def test_landlock_alone_names_at_start_what_the_runner_uid_cannot_reach(hidden) -> None:
     from cartonstore.system.landlock import abi_version
 
     if abi_version() < 6:

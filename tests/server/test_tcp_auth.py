@@ -37,7 +37,7 @@ BEARER = {"Authorization": f"Bearer {API}"}
 
 
 @pytest.fixture(scope="module")
-def guarded(tmp_path_factory):  # noqa: ANN001, ANN201
+def guarded(tmp_path_factory):  # noqa: ANN201
     """A daemon whose TCP listeners (HTTP and gRPC) want server.token (from
     a file), with the echo carton loaded over the Unix socket (which asks
     for nothing)."""

@@ -25,7 +25,7 @@ def workers(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> 
 
 
 @pytest.mark.parametrize("method", [zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED], ids=["stored", "deflated"])
-def test_files_staged_at_once_are_the_files(store: Store, make_carton, workers: int, method: int) -> None:  # noqa: ANN001
+def test_files_staged_at_once_are_the_files(store: Store, make_carton, workers: int, method: int) -> None:
     carton = make_carton(dict(FILES), method=method)
     digest = store.add(carton).digest
     model = store.materialize(digest)
@@ -35,7 +35,7 @@ def test_files_staged_at_once_are_the_files(store: Store, make_carton, workers: 
     assert store.verify().ok and work_in_tmp(store.layout.root) == []
 
 
-def test_the_copies_run_in_several_threads(store: Store, make_carton, workers: int,  # noqa: ANN001
+def test_the_copies_run_in_several_threads(store: Store, make_carton, workers: int,
                                            monkeypatch: pytest.MonkeyPatch) -> None:
     seen: set[str] = set()
     original = ZipCartonView.raw_span
@@ -50,7 +50,7 @@ def test_the_copies_run_in_several_threads(store: Store, make_carton, workers: i
     assert all(name.startswith("cartonstore-ingest") for name in seen) == (workers > 1)
 
 
-def test_a_bad_file_among_many_changes_nothing_and_is_named(store: Store, make_carton, workers: int) -> None:  # noqa: ANN001
+def test_a_bad_file_among_many_changes_nothing_and_is_named(store: Store, make_carton, workers: int) -> None:
     store.add(make_carton({"carton.toml": MINIMAL_TOML, "model/kept.bin": b"k" * 1000}, name="kept.carton"))
     before = snapshot(store.layout.root)
     files = {"carton.toml": MINIMAL_TOML, **FILES}

@@ -86,7 +86,7 @@ async def serve_blob(request: web.Request, store: Store, metrics: Metrics, peers
         response.enable_compression = lambda *a, **k: None  # type: ignore[method-assign]
         metrics.served_bytes.inc(path.stat().st_size)
         return response
-    return await _stream(request, open(path, "rb"), headers, metrics, encoding)  # noqa: SIM115 - _stream closes it
+    return await _stream(request, open(path, "rb"), headers, metrics, encoding)  # _stream closes it
 
 
 def _open_staged(peers: PeerSet, digest: str) -> BinaryIO | None:
@@ -95,7 +95,7 @@ def _open_staged(peers: PeerSet, digest: str) -> BinaryIO | None:
     outlives the rename. None when there is none (or it was just committed)."""
     staged = peers.staged_path(digest)
     try:
-        return open(staged, "rb") if staged is not None else None  # noqa: SIM115 - closed by _stream
+        return open(staged, "rb") if staged is not None else None  # closed by _stream
     except FileNotFoundError:
         return None
 

@@ -127,7 +127,7 @@ async def examples(request: web.Request) -> web.Response:
 
 
 async def misc_file(request: web.Request) -> web.StreamResponse:
-    model, model_dir = _loaded(request)
+    _model, model_dir = _loaded(request)
     rel = request.match_info["path"]
     try:
         validate_carton_path(f"misc/{rel}")

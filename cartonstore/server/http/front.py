@@ -194,7 +194,7 @@ class FrontConnection(AiohttpRequests, asyncio.BufferedProtocol):
         fault here must not leave the connection half-way: it is dropped."""
         try:
             self._start_next()
-        except Exception:  # noqa: BLE001 - a bug: logged, and this connection ends
+        except Exception:  # a bug: logged, and this connection ends
             log.exception("front connection failed starting a request")
             self._abort()
 
@@ -268,7 +268,7 @@ class FrontConnection(AiohttpRequests, asyncio.BufferedProtocol):
             record_request(self.front.app, route.label, head.method, head.target, answer.status, answer.error_text,
                            False, started)
             await self._answer(head, answer, unread)
-        except Exception:  # noqa: BLE001 - a bug: logged, and this connection ends
+        except Exception:  # a bug: logged, and this connection ends
             log.exception("front connection failed answering %s %s", head.method, head.target)
             self._abort()
         return slot

@@ -103,7 +103,7 @@ class Leasing:
             self.metrics.cache_hits.inc()
             return granted
         for _attempt in range(5):
-            digest, path = await self.model_dir(ref)
+            digest, _path = await self.model_dir(ref)
             granted = await self._batch(lambda conn, d=digest: self._lease_cached(conn, d, ttl, holder, lease_id))
             if granted is not None:
                 return granted

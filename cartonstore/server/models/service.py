@@ -13,7 +13,8 @@ import asyncio
 import logging
 import time
 import weakref
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from cartonstore.config.runners import RunnerSettings as RunnerConfig
 from cartonstore.errors import CartonStoreError, InvalidInput, NotFound
@@ -391,7 +392,8 @@ class ModelService(Leasing):
     def live_values(self) -> dict[str, float]:
         stats = self.puller.stats
         return {"store_bytes": self.store.index.stored_bytes(), "leases": self.store.index.count_live_leases(),
-                "loaded_models": sum(1 for m in tuple(self.models.values()) if m.serving_state == READY),  # see statuses()
+                # tuple(): see statuses()
+                "loaded_models": sum(1 for m in tuple(self.models.values()) if m.serving_state == READY),
                 "runners": self.runner_host.statuses(),
                 "fetched_bytes": stats.bytes_received, "fetch_requests": stats.requests,
                 "source_bytes": stats.snapshot()["source_bytes"],

@@ -8,7 +8,8 @@ import json
 import logging
 import signal
 import time
-from typing import TYPE_CHECKING, Any, Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from cartonstore.errors import BadUpstream, Unavailable
 from cartonstore.v2.shm_params import ARENA_EXTENSION

@@ -12,7 +12,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from cartonstore.errors import InvalidInput, Unavailable
 from cartonstore.v2.statistics import InferStatistics
@@ -148,7 +149,7 @@ class ModelRunners:
             raise
         finally:
             self._starting = []
-        for inst, task in zip(self._instances, tasks):
+        for inst, task in zip(self._instances, tasks, strict=True):
             if not task.done() or task.cancelled() or task.exception() is None:
                 continue
             error = task.exception()

@@ -21,8 +21,8 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Mapping
 
 from .process import RunnerFailed
 from .sandbox import SandboxPolicy

@@ -19,8 +19,9 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Awaitable, Callable, TypeVar
+from typing import TypeVar
 
 from cartonstore.errors import CartonStoreError, InvalidInput
 from cartonstore.runner.model_channel import MODEL_CHANNEL_ENV, WARM_DEVICES_ENV
@@ -58,7 +59,7 @@ async def owned(starting: Awaitable[T], end: Callable[[T], Awaitable[object]]) -
     except asyncio.CancelledError:
         def ended(done: asyncio.Future[T]) -> None:
             if not done.cancelled() and done.exception() is None and done.result() is not None:
-                asyncio.ensure_future(end(done.result()))
+                asyncio.ensure_future(end(done.result()))  # noqa: RUF006 - the process's transport holds it
         task.add_done_callback(ended)
         raise
 

@@ -33,7 +33,7 @@ import functools
 import itertools
 import socket
 import time
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from urllib.parse import quote
 
 from cartonstore.errors import InvalidInput

@@ -96,7 +96,7 @@ class ArenaForward:
                 offset, size = parameters.pop(OFFSET, None), parameters.pop(BYTE_SIZE, None)
                 del parameters[REGION]
                 if not (type(offset) is int and type(size) is int and self.out_offset <= offset
-                        and 0 <= size and offset + size <= self.out_offset + self.out_size):
+                        and size >= 0 and offset + size <= self.out_offset + self.out_size):
                     raise BadUpstream(f"{label} put output {entry.get('name')!r} at {offset!r}+{size!r} in the arena, "
                                       f"outside the {self.out_size} bytes at {self.out_offset} it was given")
                 start = offset - self.slot.offset
