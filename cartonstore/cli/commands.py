@@ -10,10 +10,10 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from cartonstore.errors import (
     CartonStoreError,
@@ -33,6 +33,8 @@ from .daemon_commands import cmd_gc, cmd_load, cmd_serve, cmd_unload
 from .output import Output, print_json
 from .pack_command import cmd_pack, model_file_hint
 from .progress import Progress
+
+T = TypeVar("T")
 
 if TYPE_CHECKING:
     from cartonstore.client.infer import InferClient
@@ -63,7 +65,7 @@ def load_settings(args: argparse.Namespace) -> Config:
     return load_config(args.config, overrides=overrides)
 
 
-def with_puller(store: Store, args: argparse.Namespace, work):  # noqa: ANN001, ANN201
+def with_puller(store: Store, args: argparse.Namespace, work: Callable[[Puller], Awaitable[T]]) -> T:
     """Run ``work(puller)`` on an event loop with progress shown as asked."""
     # Imported here: commands that never fetch (path of a built model, ls,
     # inspect) must not pay for asyncio and aiohttp (issue 14).
@@ -74,7 +76,7 @@ def with_puller(store: Store, args: argparse.Namespace, work):  # noqa: ANN001, 
 
     progress = Progress(args.progress)
 
-    async def run():  # noqa: ANN202
+    async def run() -> T:
         async with Puller(store, args.settings.fetch_config(), on_event=progress.event) as p:
             progress.watch(p.stats)
             try:
@@ -230,7 +232,7 @@ def cmd_path(store: Store, args: argparse.Namespace, out: Output) -> None:
 
 def cmd_ls(store: Store, args: argparse.Namespace, out: Output) -> None:
     infos = store.list()
-    rows = [{"manifest_sha256": i.row.digest, "names": i.names, "model_name": i.row.model_name,
+    rows: list[dict[str, Any]] = [{"manifest_sha256": i.row.digest, "names": i.names, "model_name": i.row.model_name,
              "runner": i.row.runner_name, "files": i.row.file_count, "size": i.row.total_size,
              "complete": i.complete, "path": str(i.model_dir) if i.model_dir else None} for i in infos]
     lines = [f"{r['manifest_sha256'][:16]}  {'complete' if r['complete'] else 'partial ':8}  "

@@ -56,7 +56,7 @@ def terminal_columns() -> int:
     except (KeyError, ValueError):
         pass
     try:
-        return os.get_terminal_size(sys.__stdout__.fileno()).columns or 80
+        return os.get_terminal_size(sys.__stdout__.fileno()).columns or 80  # type: ignore[union-attr]  # None: AttributeError, caught
     except (AttributeError, ValueError, OSError):
         return 80
 

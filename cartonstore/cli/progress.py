@@ -12,12 +12,15 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import TYPE_CHECKING, Protocol, TextIO
+from typing import TYPE_CHECKING, Any, Protocol, TextIO
 
 from cartonstore.format.units import format_size
 
 if TYPE_CHECKING:
     import asyncio
+
+    from tqdm import tqdm
+
 
 MODES = ("auto", "bar", "plain", "json", "none")
 # Seconds between updates: a few a second on a terminal and for scripts,
@@ -46,7 +49,7 @@ class Progress:
         self._counts: Counts | None = None
         self._shown = (0, 0)
         self._ticker: asyncio.Task | None = None
-        self._bar = None
+        self._bar: tqdm[Any] | None = None
         self._label = "fetching"
 
     def watch(self, counts: Counts) -> None:

@@ -36,7 +36,8 @@ class ChallengeAnswerer(Protocol):
     def header_for(self, url: str, *, push: bool = False) -> str | None:
         """The Authorization header to send to url, if one is known."""
 
-    async def answer(self, session: Any, url: str, challenges: Iterable[str], *, sent: str | None) -> str:
+    async def answer(self, session: Any, url: str, challenges: Iterable[str], *, sent: str | None,
+                     push: bool = False, extra_scopes: Iterable[str] = ()) -> str:
         """The Authorization header that answers url's 401 challenges."""
 
 

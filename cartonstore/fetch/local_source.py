@@ -68,7 +68,7 @@ def _restore_one(store: Store, src: LocalSource, zips: dict[str, _ZipSource],
                 if e is None or (e.local_header_offset, e.compressed_size, e.method) != (
                         src.header_offset, src.compressed_size, src.method):
                     return f"{src.describe()}: the entry is no longer where it was recorded"
-                with view.open(path) as stream:
+                with view.open(path) as stream:  # type: ignore[arg-type]  # e: path is set
                     w.copy_from(stream)
             else:
                 with open(src.path, "rb") as f:

@@ -47,6 +47,7 @@ from .stats import SOURCE_KINDS, TransferStats
 from .transfer import download
 
 if TYPE_CHECKING:
+    from cartonstore.store.index import CartonRow
     from cartonstore.system.callers import Credentials
 
 
@@ -351,7 +352,7 @@ class Puller:
                              subject=digest)
         return fetched + sum(1 for r in results if r is True)
 
-    def _still_missing(self, digest: str, missing: list[str]):  # noqa: ANN202
+    def _still_missing(self, digest: str, missing: list[str]) -> tuple[list[str], CartonRow | None, list[str]]:
         """In a thread (a stat per blob, SQLite per blob): those of missing the
         store still lacks, the carton's row, and those of them no LINKS lists."""
         left = [d for d in missing if not self.store.blobs.has(d)]

@@ -11,7 +11,7 @@ from __future__ import annotations
 import io
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import BinaryIO, Protocol
+from typing import Any, BinaryIO, Protocol
 
 from cartonstore.errors import FetchError, InvalidCarton
 from cartonstore.sources.view import METADATA_LIMITS, STRING_TENSOR_LIMIT, SYMLINK_TARGET_LIMIT, SourceFile
@@ -268,7 +268,7 @@ async def read_entries(client: HttpClient, rz: RemoteZip, wanted: Sequence[tuple
             group = [(e, make, t) for (s, t), (e, make) in by_span.items() if start <= s and t <= end]
             unstarted -= end - start
 
-            async def attempt(n: int, start: int = start, end: int = end, group=group) -> None:  # noqa: ANN001
+            async def attempt(n: int, start: int = start, end: int = end, group: list[Any] = group) -> None:
                 parser = _SpanParser(start, [(e, make(), span_end) for e, make, span_end in group])
                 tally = Tally(stats, end - start, counted=n == 0)
                 try:
@@ -333,7 +333,7 @@ class RemoteCartonView:
         self.files: dict[str, SourceFile] = {}
         for name, e in rz.entries.items():
             if name not in METADATA_NAMES:
-                self.files[name] = source_file(name, e, lambda e, _limit, n=name: small[n])
+                self.files[name] = source_file(name, e, lambda e, _limit, n=name: small[n])  # type: ignore[misc]  # n: this entry's name
 
     def read_metadata(self, name: str) -> bytes | None:
         e = self.rz.entries.get(name)

@@ -149,7 +149,7 @@ def receive(taken: TakenSocket, want: int, work: Callable[[bytes], None], *, url
         poller.register(taken.stop_r, select.POLLIN)
         while got < want:
             try:
-                chunk = _next_chunk(sock, poller, taken.stop_r, want - got, stall_timeout)
+                chunk = _next_chunk(sock, poller, taken.stop_r, want - got, stall_timeout)  # type: ignore[assignment]  # None: below
             except OSError as e:   # a reset; TimeoutError: a stall. Named as aiohttp's are
                 raise translate(e, url) from e
             if chunk is None:

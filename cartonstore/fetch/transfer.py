@@ -63,7 +63,7 @@ async def stream_into(response: Response, work: Callable[[bytes], None], *, tall
     except Exception as e:  # aiohttp's error on a body already broken
         raise translate(e, response.url) from e
     if taken is not None:
-        return await receive_directly(taken, response.raw, want, work, url=response.url,
+        return await receive_directly(taken, response.raw, want, work, url=response.url,  # type: ignore[arg-type]  # taken: a length
                                       stall_timeout=response.stall_timeout,
                                       counted=tally.add if tally is not None else None)
     handed = 0

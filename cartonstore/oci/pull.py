@@ -164,7 +164,7 @@ async def _add_layers(puller: Puller, registry: Registry, ref: OciReference, man
                                                 if layer.path not in METADATA_NAMES})
         checked = await asyncio.to_thread(check_carton, OciCartonView(str(ref), layers, small), links_raw=b"")
         check_layers(layers, checked.manifest.as_dict())
-        urls = {layer.digest: (registry.source_url(layer.digest),) for layer in layers
+        urls: dict[str, tuple[str, ...]] = {layer.digest: (registry.source_url(layer.digest),) for layer in layers
                 if layer.path not in METADATA_NAMES}
         checked = dataclasses.replace(checked, links=urls)
         if "MANIFEST" not in by_path and not puller.store.blobs.has(checked.digest):

@@ -19,7 +19,7 @@ import json
 import logging
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
@@ -32,6 +32,9 @@ from cartonstore.system.hosts import is_loopback
 
 from .artifact import ACCEPT, MAX_MANIFEST_SIZE, OCI_MANIFEST
 from .reference import OciReference
+
+if TYPE_CHECKING:
+    from cartonstore.fetch.config import FetchConfig
 
 log = logging.getLogger("cartonstore.oci")
 
@@ -56,7 +59,7 @@ class Registry:
         self.passed_over = passed_over if passed_over is not None else PassedOver()
 
     @property
-    def config(self):  # noqa: ANN201 - FetchConfig
+    def config(self) -> FetchConfig:
         return self.client.config
 
     def url(self, path: str) -> str:

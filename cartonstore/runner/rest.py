@@ -94,9 +94,9 @@ def _route(state: RunnerState, request: Request) -> tuple[str, Callable[[], Resp
         if action == "status":
             return "GET", lambda: _json(state.regions.status(region))
         if action == "unregister":
-            return "POST", lambda: _done(state.regions.unregister(region))
+            return "POST", lambda: _done(state.regions.unregister(region))  # type: ignore[func-returns-value]  # None: done
         if region is not None:
-            return "POST", lambda: _done(state.regions.register(region, _body_json(request)))
+            return "POST", lambda: _done(state.regions.register(region, _body_json(request)))  # type: ignore[func-returns-value]  # None: done
     return None
 
 

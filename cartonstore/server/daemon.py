@@ -19,6 +19,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from aiohttp import web
 
@@ -337,7 +338,7 @@ class Daemon:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, self.stop)
             settle_heap()   # before READY: the first requests must not wait for a full collection
-            keeper = asyncio.gather(service.keep_pins(),
+            keeper: asyncio.Future[Any] = asyncio.gather(service.keep_pins(),
                                     service.keep_within_budget(self.settings.gc, self.settings.gc_interval))
             if s.restore_loaded:   # live at once, ready once every model was tried again (restore.py)
                 keeper = asyncio.gather(keeper, restore_loaded(service))

@@ -91,7 +91,7 @@ class GroupCommit:
             self._drain_task = asyncio.ensure_future(self._drain())   # held: the loop keeps only weak references
             return
         self._draining = False
-        _deliver(batch, results)
+        _deliver(batch, results)  # type: ignore[arg-type]  # not WOULD_WAIT: the results
         if self._immediate.checkpoint_due and self._checkpoint_task is None:
             self._checkpoint_task = asyncio.ensure_future(self._checkpoint())
 

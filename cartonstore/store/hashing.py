@@ -21,7 +21,7 @@ def sha256() -> hashlib._Hash:  # hashlib imported on first use: opening a store
     return hashlib.sha256()
 
 
-def hash_span(fd: int, start: int, end: int, h, *, name: str, buf: bytearray | None = None) -> None:  # noqa: ANN001
+def hash_span(fd: int, start: int, end: int, h: hashlib._Hash, *, name: str, buf: bytearray | None = None) -> None:
     """Feed bytes [start, end) of fd to the hash ``h``, read in 1 MiB steps
     (into ``buf`` when given). Raises Unavailable if the file ends first."""
     view = memoryview(buf if buf is not None else bytearray(CHUNK))

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import TYPE_CHECKING, BinaryIO
 
 from cartonstore.carton.checks import (
     CheckedCarton,
@@ -32,6 +32,11 @@ from .blobs import BlobStore, StagedBlob
 from .index import CartonRecord, CartonRow, Index
 from .names import NameOutcome, default_name
 from .source_rows import LocalSource
+
+if TYPE_CHECKING:
+    from cartonstore.sources.zip_source import ZipCartonView
+
+    from .blobs import BlobWriter
 
 
 @dataclass(frozen=True)
@@ -75,7 +80,7 @@ class Staging:
             span = getattr(view, "raw_span", lambda _p: None)(path)
             try:
                 if span is not None:
-                    _copy_span(w, view, *span)
+                    _copy_span(w, view, *span)  # type: ignore[arg-type]  # a view with raw spans is a zip's
                 else:  # a decoded entry: its declared size is a claim, so no space is reserved on it
                     with view.open(path) as src:
                         w.copy_from(src)
@@ -108,7 +113,7 @@ class Staging:
         self.staged.clear()
 
 
-def _copy_span(writer, view, offset: int, length: int) -> None:  # noqa: ANN001
+def _copy_span(writer: BlobWriter, view: ZipCartonView, offset: int, length: int) -> None:
     # the zip as the view opened it: a file a caller named is never opened again by its path
     with view.raw_file() as f:
         writer.copy_range(f, offset, length)

@@ -143,7 +143,7 @@ def remove_tree(path: Path) -> None:
     if not os.path.lexists(path):
         return
 
-    def onerror(func, p, exc_info) -> None:  # noqa: ANN001 - shutil's callback shape
+    def onerror(func: Callable[..., object], p: str, exc_info: object) -> None:
         parent = os.path.dirname(p)
         try:
             os.chmod(parent, 0o755)

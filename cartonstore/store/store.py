@@ -10,6 +10,8 @@ Collecting lives in collection.py, verifying in verification.py.
 
 from __future__ import annotations
 
+import builtins
+import functools
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -43,6 +45,7 @@ from .parts import StoreParts
 if TYPE_CHECKING:
     from cartonstore.carton.checks import CheckedCarton
     from cartonstore.carton.writer import WrittenCarton
+    from cartonstore.format.carton_toml import CartonConfig
     from cartonstore.system.callers import Credentials
 
     from .gc import GcPolicy, GcReport
@@ -256,7 +259,7 @@ class Store(StoreParts):
             return None
         return self.materialize(digest)
 
-    def missing_blobs(self, digest: str) -> list[str]:
+    def missing_blobs(self, digest: str) -> builtins.list[str]:  # list: the method above
         """Blobs the carton lists that the store lacks. A blob file present
         without its row (a crash between rename and index commit) is adopted:
         its name proves its bytes, so the row is simply written now."""
@@ -288,19 +291,20 @@ class Store(StoreParts):
 
     # -- inspecting ----------------------------------------------------------
 
-    def safetensors_of(self, digest: str) -> dict[str, list[dict]]:
+    def safetensors_of(self, digest: str) -> dict[str, builtins.list[dict]]:
         from cartonstore.carton.checks import check_safetensors, is_safetensors
 
         out: dict[str, list[dict]] = {}
         for e in self.index.entries(digest):
             if e.kind == "file" and is_safetensors(e.path) and self.blobs.has(e.digest):
                 p = self.blobs.path(e.digest)
-                header = check_safetensors(e.path, lambda p=p: open(p, "rb"), p.stat().st_size)  # noqa: SIM115 - the check closes it
+                opener = functools.partial(open, p, "rb")   # mypy cannot pick open's overload through partial
+                header = check_safetensors(e.path, opener, p.stat().st_size)  # type: ignore[arg-type]
                 out[e.path] = [{"name": t.name, "dtype": t.dtype, "shape": list(t.shape)}
                                for t in header.tensors]
         return out
 
-    def config_of(self, digest: str):  # noqa: ANN201 - CartonConfig, imported lazily
+    def config_of(self, digest: str) -> CartonConfig:
         from cartonstore.format.carton_toml import parse_carton_toml
 
         entry = next((e for e in self.index.entries(digest) if e.path == "carton.toml"), None)

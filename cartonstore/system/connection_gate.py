@@ -90,7 +90,7 @@ class ConnectionGate:
             if self._on_accepted is None:
                 return
             try:
-                fd, address = self.sock._accept()  # noqa: SLF001 - a bare descriptor: one refused costs no socket object
+                fd, address = self.sock._accept()  # type: ignore[attr-defined]  # noqa: SLF001 - a bare descriptor: one refused costs no socket object
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as e:

@@ -99,7 +99,8 @@ def framed_request(req: pb.ModelInferRequest) -> tuple[list[Any], int]:
     raws = req.raw_input_contents
     if raws and any(t.HasField("contents") for t in req.inputs):
         raise _refuse("an infer request gives tensors either in raw_input_contents or in contents, not both")
-    inputs, data = [], []
+    inputs: list[dict[str, Any]] = []
+    data: list[Any] = []
     for tensor in req.inputs:
         what = f"input {tensor.name!r}"
         params = _parameters(tensor.parameters, what)

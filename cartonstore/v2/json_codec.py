@@ -51,7 +51,7 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     doc = dict(pairs)
     if len(doc) != len(pairs):
         seen: set[str] = set()
-        repeated = next(k for k, _ in pairs if k in seen or seen.add(k))
+        repeated = next(k for k, _ in pairs if k in seen or seen.add(k))  # type: ignore[func-returns-value]  # add() is None: false
         raise ValueError(f"key {repeated!r} appears twice in one object")
     return doc
 

@@ -172,7 +172,7 @@ def _check_shape(tensor: WireTensor, spec: TensorSpec, bindings: dict[str, tuple
                     f"expects {want} ({_spec_text(declared)})",
                 )
         elif want != ANY and bind:
-            _bind(tensor, want, dim, bindings, index)
+            _bind(tensor, want, dim, bindings, index)  # type: ignore[arg-type]  # not an int: a symbol
 
 
 def _bind(

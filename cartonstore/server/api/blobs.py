@@ -53,7 +53,7 @@ def pick_encoding(accept: str, preferred: tuple[str, ...] = ("zstd", "gzip"), *,
     return None
 
 
-def _compressor(name: str):  # noqa: ANN202
+def _compressor(name: str) -> zstandard.ZstdCompressionObj | zlib._Compress:
     if name == "zstd":
         return zstandard.ZstdCompressor(level=3).compressobj()
     return zlib.compressobj(6, zlib.DEFLATED, 16 + zlib.MAX_WBITS)

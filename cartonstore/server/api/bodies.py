@@ -129,7 +129,7 @@ async def request_body(request: web.Request) -> bytes | bytearray:
     reservation = request[_RESERVATION] = request.app[BODY_BUDGET].reserve()
     length = request.content_length
     raw = await _body_of_length(request, length, reservation) if length else await _body_as_sent(request, reservation)
-    return await decoded_body(raw, coding, request.client_max_size, reservation)
+    return await decoded_body(raw, coding, request.client_max_size, reservation)  # type: ignore[return-value]  # raw: a bytearray
 
 
 async def decoded_body(raw: bytes | bytearray | memoryview, coding: str, limit: int,
@@ -148,7 +148,7 @@ def _decoded(raw: bytes | bytearray | memoryview, coding: str, limit: int, reser
     decoder = ContentDecoder(coding, url="the request body", max_output=limit)
     out = bytearray()
     try:
-        for piece in decoder.feed(raw):
+        for piece in decoder.feed(raw):  # type: ignore[arg-type]  # any buffer: it is sliced and decompressed
             reservation.grow(len(piece))
             out += piece
         decoder.finish()
@@ -196,7 +196,7 @@ def json_object(raw: bytes | bytearray | memoryview) -> dict[str, Any]:
     if _blank(raw):
         return {}
     try:
-        data = json_codec.loads(raw)
+        data = json_codec.loads(raw)  # type: ignore[arg-type]  # a view only with an arena slot: never JSON
     except (ValueError, RecursionError) as e:   # JSONDecodeError and UnicodeDecodeError are ValueErrors
         raise InvalidInput(f"request body is not valid JSON: {e}") from None
     if not isinstance(data, dict):

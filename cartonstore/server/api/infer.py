@@ -260,7 +260,7 @@ async def _proxied(service: ModelService, model: LoadedModel, name: str, version
     if use is not None:
         payload = renamed_answer(answer.status, out_headers, payload, use)
     elif answer.arena and answer.status == 200:
-        payload, tail = arena.client_answer(out_headers, payload, f"runner for {name}")  # type: ignore[union-attr]
+        payload, tail = arena.client_answer(out_headers, payload, f"runner for {name}")
     coding = pick_encoding(accept_encoding, ENCODINGS, wildcard=True) if answer.status == 200 else None
     if coding is not None and len(payload) + sum(len(t) for t in tail) > 512:
         if tail:
@@ -317,7 +317,7 @@ def _walks_little(model: LoadedModel, body: bytes | bytearray | memoryview, head
     tensors are checked by their sizes alone). A header with an escape in
     it (which could spell either) goes to a thread."""
     if header_length is None:
-        return len(body) < IN_THREAD_FROM and surely_plain(body, SHM_MARK)   # type: ignore[arg-type]  # never a view
+        return len(body) < IN_THREAD_FROM and surely_plain(body, SHM_MARK)   # never a view
     if header_length == 0:
         spec = model.carton.inputs
         return len(body) < IN_THREAD_FROM or not (spec and len(spec) == 1 and spec[0].dtype == "string")

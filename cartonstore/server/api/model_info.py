@@ -49,7 +49,7 @@ def statistics(service: ModelService, name: str | None, version: str | None) -> 
 def config_of(service: ModelService, name: str, version: str | None) -> dict[str, Any]:
     model = ready_model(service, name, version)
     devices = model.runners.devices if model.runners is not None else []
-    return model_config(name, model.carton, model.config, devices)
+    return model_config(name, model.carton, model.config, devices)  # type: ignore[arg-type]  # READY: it has its carton
 
 
 async def stats_route(request: web.Request) -> web.Response:

@@ -216,12 +216,12 @@ class FrontConnection(AiohttpRequests, asyncio.BufferedProtocol):
             self._relay(head, length)
             return
         self.mode = Mode.BUSY
-        if length > len(self.pending):
+        if length > len(self.pending):  # type: ignore[operator]  # a route: a length
             # Until _serve runs (the loop's next turn) reads would land in pending, to be
             # copied again into the body's buffer: up to MAX_PENDING of each big body.
             # _read_body resumes reading into that buffer.
             self.transport.pause_reading()
-        self.front.track(asyncio.get_running_loop().create_task(self._serve(head, length, route)))
+        self.front.track(asyncio.get_running_loop().create_task(self._serve(head, length, route)))  # type: ignore[arg-type]  # a length
 
     async def _serve(self, head: RequestHead, length: int, route: NativeRoute) -> None:
         slot: ArenaSlot | None = None
@@ -319,7 +319,7 @@ class FrontConnection(AiohttpRequests, asyncio.BufferedProtocol):
             self._close()
             return
         if self.write_paused:   # the client reads slower than it asks
-            await self.drained
+            await self.drained  # type: ignore[misc]  # write_paused: a future
             if self.mode == Mode.CLOSED:
                 return
         self._between_requests(unread)

@@ -22,7 +22,7 @@ disable_created_metrics()
 
 
 class _Live(Collector):
-    def __init__(self, read: Callable[[], dict[str, float]], inference: Callable[[], list]) -> None:
+    def __init__(self, read: Callable[[], dict[str, Any]], inference: Callable[[], list]) -> None:
         self.read = read
         self.inference = inference
 

@@ -147,7 +147,7 @@ def _declared_bound(outputs: Sequence[TensorSpec] | None) -> int:
         shape, dtype = spec.shape, carton_dtype_to_v2(spec.dtype)
         if dtype == "BYTES" or not isinstance(shape, tuple) or not all(type(d) is int for d in shape):
             return 0
-        total += prod(shape) * JSON_ELEMENT   # type: ignore[arg-type]
+        total += prod(shape) * JSON_ELEMENT   # type: ignore[operator]  # every dim is an int: checked above
     return total
 
 
@@ -225,7 +225,7 @@ def model_config(name: str, carton: CartonConfig, config: Mapping[str, Any] | No
     (one per instance)."""
     platform, backend = triton_platform(carton.runner.runner_name)
     batch = max_batch_size(carton, config)
-    groups = []
+    groups: list[dict[str, Any]] = []
     for device in dict.fromkeys(devices):
         count = sum(1 for d in devices if d == device)
         gpu = device.startswith("cuda:")

@@ -163,7 +163,7 @@ class RunnerHost:
                 if self.prewarm is not None and (policy is None or name not in policy.network) else None
             if spare is not None:
                 starting.waiting[i] = _done(spare)
-                starting.when_closed.append(functools.partial(self.prewarm.settled, kind, spec.device, spare))
+                starting.when_closed.append(functools.partial(self.prewarm.settled, kind, spec.device, spare))  # type: ignore[union-attr]  # a spare: a pool
             elif early:
                 slotted = with_model_dir(spec, self.slots.new(spec.socket_path.stem))
                 starting.waiting[i] = asyncio.ensure_future(

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sqlite3
 import time
 import weakref
 from collections.abc import Callable
@@ -69,8 +70,7 @@ class ModelService(Leasing):
         self.shm_regions = ShmRegions(allow_tcp=shm_over_tcp, max_read=max_request_size)
         self.check_pool = CheckPool(check_workers) if check_workers else None
         self.runner_host = RunnerHost(runners or RunnerConfig(), store.layout.root / "run" / "runners",
-                                      store.layout.tmp_dir, arena_size=arena_size,
-                                      max_request_size=max_request_size)
+                                      store.layout.tmp_dir, arena_size=arena_size, max_request_size=max_request_size)
         # Weak: a lock lives while a load holds or waits on it, not for every name ever asked.
         self._load_locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
         self.models: dict[str, LoadedModel] = {}
@@ -147,7 +147,7 @@ class ModelService(Leasing):
                 serving.reason = ready_reason(serving)  # drops a "reload failed" left by an earlier load
                 return serving  # already loaded as asked: nothing to restart
             if serving is not None and serving.digest != digest:  # the old version stays pinned until stopped
-                await self._hold(switch_id(self.owner, name), serving.digest, f"switching:{name}")
+                await self._hold(switch_id(self.owner, name), serving.digest, f"switching:{name}")  # type: ignore[arg-type]  # serving: loaded
             self._pins[self.pin_of(name)] = (digest, f"loaded:{name}")  # keep_pins renews the new version from now
             granted = await self.take_lease(digest, self.leases.pin_ttl, f"loaded:{name}", self.pin_of(name))
             model.digest = granted.lease.carton
@@ -202,7 +202,7 @@ class ModelService(Leasing):
         if serving is not None:
             serving.reason = f"reload failed, still serving this version: {reason}"
             self.models[name] = serving
-            await self._hold(self.pin_of(name), serving.digest, f"loaded:{name}")
+            await self._hold(self.pin_of(name), serving.digest, f"loaded:{name}")  # type: ignore[arg-type]  # serving: loaded
             await self._let_go(switch_id(self.owner, name))
             return
         model.state, model.reason = UNAVAILABLE, reason
@@ -337,7 +337,7 @@ class ModelService(Leasing):
             await asyncio.sleep(max(1.0, self.leases.pin_ttl / 3))
             for lease_id, (digest, holder) in list(self._pins.items()):
                 try:
-                    await self._batch(lambda conn, i=lease_id, d=digest, h=holder: self._renew_owned(conn, i, d, h))
+                    await self._batch(lambda conn, i=lease_id, d=digest, h=holder: self._renew_owned(conn, i, d, h))  # type: ignore[misc]  # defaults bind this pin
                 except CartonStoreError as e:
                     log.warning("could not renew lease %s: %s", lease_id, e)
             try:
@@ -345,7 +345,7 @@ class ModelService(Leasing):
             except CartonStoreError as e:
                 log.warning("could not expire leases: %s", e)
 
-    def _renew_owned(self, conn, lease_id: str, digest: str, holder: str) -> None:  # noqa: ANN001
+    def _renew_owned(self, conn: sqlite3.Connection, lease_id: str, digest: str, holder: str) -> None:
         if self._pins.get(lease_id, (None, None))[0] == digest:
             self.store.index.insert_lease(conn, digest, self.leases.pin_ttl, holder, lease_id)
 
@@ -392,11 +392,9 @@ class ModelService(Leasing):
     def live_values(self) -> dict[str, float]:
         stats = self.puller.stats
         return {"store_bytes": self.store.index.stored_bytes(), "leases": self.store.index.count_live_leases(),
-                # tuple(): see statuses()
-                "loaded_models": sum(1 for m in tuple(self.models.values()) if m.serving_state == READY),
+                "loaded_models": sum(m.serving_state == READY for m in tuple(self.models.values())),  # see statuses()
                 "runners": self.runner_host.statuses(),
                 "fetched_bytes": stats.bytes_received, "fetch_requests": stats.requests,
-                "source_bytes": stats.snapshot()["source_bytes"],
-                "arena": self.runner_host.arena_stats(),
+                "source_bytes": stats.snapshot()["source_bytes"], "arena": self.runner_host.arena_stats(),
                 "spares": self.runner_host.prewarm.status() if self.runner_host.prewarm is not None else None,
                 "check_workers": self.check_pool.stats() if self.check_pool is not None else None}

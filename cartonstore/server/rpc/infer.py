@@ -68,7 +68,7 @@ async def grpc_infer(service: ModelService, request: pb.ModelInferRequest, peer:
                 at += len(part)
             body = slot.view[:length]
         else:
-            body = parts[0] if len(parts) == 1 else b"".join(parts)
+            body = parts[0] if len(parts) == 1 else b"".join(parts)  # type: ignore[assignment]  # bytes: a buffer as the view
         answer = await proxied_infer(service, model, name, version, body, str(header_length), "", peer, slot,
                                      convert=lambda a: _converted(a, name))
         if answer.status != 200:

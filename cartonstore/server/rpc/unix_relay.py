@@ -238,7 +238,7 @@ class GrpcRelay:
         except OSError:
             pass   # the client left, or grpcio is gone: the connection ends
         finally:
-            for half in (client, server):
+            for half in (client, server):  # type: ignore[assignment]  # server: None until it connects
                 if half is not None and half.transport is not None:
                     half.transport.close()
             if client is None and conn.fileno() >= 0:

@@ -7,6 +7,7 @@ import asyncio
 import json
 import logging
 import signal
+import sys
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -42,7 +43,7 @@ _TIMING = TIMING_HEADER.lower()
 DEATH_NOTICE = 0.25   # after a broken connection, how long to wait to learn whether the process died
 
 
-if hasattr(asyncio, "timeout"):        # Python 3.11+: no extra task per request
+if sys.version_info >= (3, 11):         # no extra task per request
     async def _within(awaitable: Awaitable[Any], seconds: float) -> Any:
         async with asyncio.timeout(seconds):
             return await awaitable
@@ -113,7 +114,7 @@ class RunnerInstance:
         arena_fd = self._arena.fd if self._arena is not None else None
         proc = None
         if first and self._first_process is not None:
-            proc = await owned(self._first_process(self.spec, arena_fd, self._log_name), _stop_now)
+            proc = await owned(self._first_process(self.spec, arena_fd, self._log_name), _stop_now)  # type: ignore[arg-type]  # None: nothing to stop
         if proc is None:
             remove_socket(self.spec.socket_path)   # left by the previous process; the new one binds afresh
             proc = await owned(RunnerProcess.spawn(self._log_name, self.spec, self.settings.stderr_lines, arena_fd),

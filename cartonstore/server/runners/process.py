@@ -104,6 +104,7 @@ def _enter(parent_pid: int, cgroup: RunnerCgroup) -> None:
 def _sandboxed(spec: InstanceSpec, env: dict[str, str]) -> tuple[socket.socket, Confinement]:
     """In a thread: the socket a sandboxed runner is handed, bound here (it
     may not see the run directory), and its Confinement."""
+    assert spec.sandbox is not None and spec.model_dir is not None   # InstanceSpec's own check
     listen = bind_unix(spec.socket_path, mode=0o600, private_dir=True)
     try:
         return listen, confine(spec.sandbox, list(spec.argv), model_dir=spec.model_dir, model=spec.model,
@@ -154,6 +155,8 @@ class RunnerProcess:
         except InvalidInput as e:
             raise RunnerFailed(str(e)) from None
         env.pop(ARENA_FD_ENV, None)
+        pass_fds: tuple[int, ...]
+        preexec: Callable[[], object]
         argv, pass_fds, preexec = list(spec.argv), (), functools.partial(die_with, os.getpid())
         confinement = listen = shm_channel = runner_end = None
         try:
