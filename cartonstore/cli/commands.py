@@ -305,7 +305,7 @@ def cmd_verify(store: Store, args: argparse.Namespace, out: Output) -> int:
 
 # -- parser --------------------------------------------------------------------
 
-HANDLERS: dict[str, Callable] = {
+HANDLERS: dict[str, Callable[..., Any]] = {
     "add": cmd_add, "path": cmd_path, "infer": cmd_infer, "selftest": cmd_selftest, "ls": cmd_ls,
     "inspect": cmd_inspect, "push": cmd_push, "export": cmd_export, "pack": cmd_pack, "rm": cmd_rm,
     "serve": cmd_serve, "gc": cmd_gc, "verify": cmd_verify, "load": cmd_load, "unload": cmd_unload,

@@ -16,6 +16,7 @@ import os
 import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 from cartonstore import __version__
 
@@ -232,7 +233,7 @@ MODEL_CONFIG_COMMANDS = {"load"}
 names it, not the settings file; theirs is $CARTONSTORE_CONFIG."""
 
 
-def build_parser(handlers: Mapping[str, Callable], *, only: str | None = None) -> argparse.ArgumentParser:
+def build_parser(handlers: Mapping[str, Callable[..., Any]], *, only: str | None = None) -> argparse.ArgumentParser:
     """The parser of every command (``only=None``) or of one; each command's
     handler is set as ``func``."""
     if only is not None and only not in COMMANDS:

@@ -48,7 +48,7 @@ class Progress:
         self.expected = 0
         self._counts: Counts | None = None
         self._shown = (0, 0)
-        self._ticker: asyncio.Task | None = None
+        self._ticker: asyncio.Task[None] | None = None
         self._bar: tqdm[Any] | None = None
         self._label = "fetching"
 
@@ -106,7 +106,7 @@ class Progress:
             self._bar.total = total
         self._bar.update(self.received - self._bar.n)
 
-    def event(self, data: dict) -> None:
+    def event(self, data: dict[str, Any]) -> None:
         kind = data.get("event")
         if self.mode == "json":
             self._json(data)
@@ -123,7 +123,7 @@ class Progress:
             if self._bar is not None:
                 self._bar.set_description_str(self._label)
 
-    def close(self, summary: dict | None = None) -> None:
+    def close(self, summary: dict[str, Any] | None = None) -> None:
         if self._ticker is not None:
             self._ticker.cancel()
             self._ticker = None
@@ -148,7 +148,7 @@ class Progress:
         else:
             print(line, file=self.stream, flush=True)
 
-    def _json(self, data: dict) -> None:
+    def _json(self, data: dict[str, Any]) -> None:
         import json  # here: a command without --progress json (a quick `path`) never needs it
 
         print(json.dumps(data, sort_keys=True), file=self.stream, flush=True)

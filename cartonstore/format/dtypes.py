@@ -155,7 +155,7 @@ def shape_to_v2_dims(shape: str | Sequence[int | str] | None) -> list[int]:
     return [dim if isinstance(dim, int) else -1 for dim in shape]
 
 
-def tensor_metadata(specs: Iterable[Any] | None) -> list[dict]:  # TensorSpec-like: name, dtype, shape
+def tensor_metadata(specs: Iterable[Any] | None) -> list[dict[str, Any]]:  # TensorSpec-like: name, dtype, shape
     """KServe v2 model metadata for carton.toml's tensors (inputs or outputs; None: [])."""
     return [{"name": s.name, "datatype": carton_dtype_to_v2(s.dtype), "shape": shape_to_v2_dims(s.shape)}
             for s in specs or ()]

@@ -69,7 +69,7 @@ def parse_header_size(first8: bytes, file_size: int, *, file: str) -> int:
             file,
             f"is {len(first8)} bytes, too short for a safetensors file (the header size takes 8)",
         )
-    (size,) = struct.unpack("<Q", first8[:_SIZE_FIELD])
+    size: int = struct.unpack("<Q", first8[:_SIZE_FIELD])[0]
     _check_header_size(size, file_size, file)
     return size
 
@@ -130,9 +130,10 @@ def _load_json(header: bytes, file: str) -> dict[str, Any]:
     except UnicodeDecodeError as e:
         raise _bad_header(file, f"is not valid UTF-8 (bad byte at offset {e.start})") from None
     try:
-        return json.loads(
+        doc: dict[str, Any] = json.loads(
             text, object_pairs_hook=_no_duplicates(file), parse_constant=_no_constants(file)
         )
+        return doc
     except json.JSONDecodeError as e:
         raise _bad_header(file, f"is not valid JSON: {e.msg} (at character {e.pos})") from None
     except ValueError:  # Python refuses to convert integers of over 4300 digits

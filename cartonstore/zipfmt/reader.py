@@ -22,7 +22,6 @@ from cartonstore.errors import InvalidCarton
 from .central import (
     LOCAL_HEADER_FIXED,
     ZipEntry,
-    ZipLimits,
     check_entry_limits,
     check_no_overlap,
     local_header_length,
@@ -37,6 +36,7 @@ from .end_records import (
     locate_central_directory,
 )
 from .entry_decoder import EntryDecoder
+from .limits import ZipLimits
 
 READ_CHUNK = 1 << 20
 
