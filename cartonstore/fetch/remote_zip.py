@@ -212,7 +212,7 @@ class _SpanParser:
         return rest
 
     def _data(self, view: memoryview) -> memoryview:
-        entry, sink, decoder = self.current  # type: ignore[misc]
+        entry, sink, decoder = self.current  # type: ignore[misc]  # called within an entry: current is set
         n = min(self.left, len(view))
         if decoder is not None:
             pieces = decoder.feed(bytes(view[:n]))
@@ -233,7 +233,7 @@ class _SpanParser:
         return view[n:]
 
     def _end_entry(self) -> None:
-        entry, _sink, decoder = self.current  # type: ignore[misc]
+        entry, _sink, decoder = self.current  # type: ignore[misc]  # called within an entry: current is set
         self.current = None
         if decoder is not None:
             try:

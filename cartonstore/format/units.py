@@ -56,5 +56,5 @@ def format_size(n: int) -> str:
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if abs(n) < 1024 or unit == "TiB":
             return f"{n} B" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024  # type: ignore[assignment]
+        n /= 1024  # type: ignore[assignment]  # an int becomes a float of it
     raise AssertionError("unreachable")

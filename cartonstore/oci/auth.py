@@ -137,11 +137,11 @@ class RegistryAuth:
             form = dict(params, grant_type="refresh_token", refresh_token=creds.identity_token,
                         client_id="cartonstore")
             form["scope"] = " ".join(scopes)
-            call = lambda: session.post(realm, data=form, allow_redirects=False, **self.route(realm))  # noqa: E731
+            call = lambda: session.post(realm, data=form, allow_redirects=False, **self.route(realm))  # noqa: E731 - one name for either request, sent by the retry below
         else:
             if creds is not None and creds.username:
                 headers["Authorization"] = _basic(creds)
-            call = lambda: session.get(realm, params=params, headers=headers,  # noqa: E731
+            call = lambda: session.get(realm, params=params, headers=headers,  # noqa: E731 - one name for either request, sent by the retry below
                                        allow_redirects=False, **self.route(realm))
         for attempt in range(2):
             try:

@@ -116,7 +116,7 @@ async def _read_small(blobs: _Blobs, by_path: dict[str, Layer]) -> dict[str, byt
     wanted = [p for p in by_path if read_whole_limit(p) is not None]
     for path in wanted:
         limit = read_whole_limit(path)
-        if by_path[path].size > limit:  # type: ignore[operator]
+        if by_path[path].size > limit:  # type: ignore[operator]  # wanted: a limit is set
             raise InvalidCarton(path, f"is {by_path[path].size} bytes, more than the {limit} allowed for this file")
     digests = list(dict.fromkeys(by_path[p].digest for p in wanted))
     data = dict(zip(digests, await all_or_none(blobs.read(d) for d in digests), strict=True))

@@ -138,7 +138,7 @@ def unmet_requirements(text: str, *, use_packaging: bool = True) -> list[Unmet]:
         if result is False:
             result = _check_simply(line)
         if result is not None:
-            unmet.append(result)  # type: ignore[arg-type]
+            unmet.append(result)  # type: ignore[arg-type]  # neither False nor None: an Unmet
     return unmet
 
 

@@ -298,8 +298,8 @@ class Store(StoreParts):
         for e in self.index.entries(digest):
             if e.kind == "file" and is_safetensors(e.path) and self.blobs.has(e.digest):
                 p = self.blobs.path(e.digest)
-                opener = functools.partial(open, p, "rb")   # mypy cannot pick open's overload through partial
-                header = check_safetensors(e.path, opener, p.stat().st_size)  # type: ignore[arg-type]
+                opener = functools.partial(open, p, "rb")
+                header = check_safetensors(e.path, opener, p.stat().st_size)  # type: ignore[arg-type]  # binary: mypy cannot pick open's overload through partial
                 out[e.path] = [{"name": t.name, "dtype": t.dtype, "shape": list(t.shape)}
                                for t in header.tensors]
         return out

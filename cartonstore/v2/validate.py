@@ -135,7 +135,7 @@ def check_tensor_data(tensor: WireTensor) -> None:
                                            numbers_only=tensor.json_numbers)
     elif datatype == "BYTES":
         check_bytes_framing(tensor.what, tensor.shape, data)
-    elif len(data) != prod(tensor.shape) * ELEMENT_SIZES[datatype]:  # type: ignore[operator]
+    elif len(data) != prod(tensor.shape) * ELEMENT_SIZES[datatype]:  # type: ignore[operator]  # a numeric datatype has a size; shape checked ints
         check_numeric_size(tensor.what, datatype, tensor.shape, len(data))
 
 

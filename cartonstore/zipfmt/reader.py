@@ -82,7 +82,7 @@ class ZipReader:
         self.limits = limits or ZipLimits()
         self._file: BinaryIO
         if isinstance(source, (str, os.PathLike)):
-            self._file, self._owned = open(source, "rb"), True  # noqa: SIM115
+            self._file, self._owned = open(source, "rb"), True  # noqa: SIM115 - owned: closed by close()
         else:
             self._file, self._owned = source, False
         try:
@@ -206,7 +206,7 @@ class EntryStream(io.RawIOBase):
             chunks.append(chunk)
         return b"".join(chunks)
 
-    def readinto(self, buffer: bytearray | memoryview) -> int:  # type: ignore[override]
+    def readinto(self, buffer: bytearray | memoryview) -> int:  # type: ignore[override]  # RawIOBase takes any writable buffer; this one takes these
         data = self.read(len(buffer))
         memoryview(buffer).cast("B")[: len(data)] = data
         return len(data)

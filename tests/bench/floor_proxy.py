@@ -27,7 +27,7 @@ class _Side(asyncio.Protocol):
         self.early: list[bytes] = []
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
+        self.transport = transport  # type: ignore[assignment]  # a stream connection makes a stream transport
 
     def data_received(self, data: bytes) -> None:
         if self.peer is not None and self.peer.transport is not None:

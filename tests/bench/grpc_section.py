@@ -19,6 +19,7 @@ import statistics
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from http11 import CLIENTS, Address
@@ -33,7 +34,7 @@ def _grpc_modules():  # noqa: ANN202 - imported here: the other sections never n
     return grpc, service_pb2, service_pb2_grpc
 
 
-def grpc_request(values: np.ndarray, model: str = "echo"):  # noqa: ANN201
+def grpc_request(values: np.ndarray, model: str = "echo") -> Any:
     _, pb, _ = _grpc_modules()
     req = pb.ModelInferRequest(model_name=model)
     req.inputs.add(name="x_float32", datatype="FP32", shape=[1, values.size])
@@ -83,11 +84,11 @@ class HttpClient:
         await self.conn.close()
 
 
-async def _make(kind: str, where: object, payload: tuple[np.ndarray, bytes, dict[str, str]]):  # noqa: ANN202
+async def _make(kind: str, where: object, payload: tuple[np.ndarray, bytes, dict[str, str]]) -> Any:
     values, body, headers = payload
     if kind == "grpc":
-        return GrpcClient(where, values)   # type: ignore[arg-type]
-    return await HttpClient(where, body, headers, values.nbytes).open()   # type: ignore[arg-type]
+        return GrpcClient(where, values)   # type: ignore[arg-type]  # where: the address this kind takes
+    return await HttpClient(where, body, headers, values.nbytes).open()   # type: ignore[arg-type]  # where: the address this kind takes
 
 
 async def _latency(kind: str, where: object, payload: tuple, n: int, warmup: int) -> list[float]:

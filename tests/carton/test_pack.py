@@ -6,6 +6,7 @@ import json
 import os
 import zipfile
 from pathlib import Path
+from typing import BinaryIO
 
 import pytest
 import tomli
@@ -250,7 +251,7 @@ def test_entries_outside_the_format_are_refused_before_any_file_is_read(tmp_path
     opened: list[str] = []
     original = DirCartonView.open
 
-    def counting(self: DirCartonView, path: str):  # noqa: ANN202
+    def counting(self: DirCartonView, path: str) -> BinaryIO:
         opened.append(path)
         return original(self, path)
 

@@ -142,7 +142,7 @@ def test_retry_reasons_are_the_systems_words() -> None:
     def chained(cause: BaseException, message: str) -> FetchError:
         try:
             raise cause
-        except BaseException as e:  # noqa: BLE001
+        except BaseException as e:  # noqa: BLE001 - whatever is raised is the cause under test
             try:
                 raise FetchError(message, subject="http://h:1/x") from e
             except FetchError as f:

@@ -215,9 +215,9 @@ def test_process_environment_is_the_default_env(monkeypatch: pytest.MonkeyPatch)
 def test_settings_are_frozen() -> None:
     config = load_config(env={})
     with pytest.raises(dataclasses.FrozenInstanceError):
-        config.server.listen = "127.0.0.1:1"  # type: ignore[misc]
+        config.server.listen = "127.0.0.1:1"  # type: ignore[misc]  # a frozen field, written on purpose
     with pytest.raises(dataclasses.FrozenInstanceError):
-        config.gc = None  # type: ignore[misc]
+        config.gc = None  # type: ignore[misc]  # a frozen field, written on purpose
 
 
 # -- values from a file -------------------------------------------------------------------
@@ -993,7 +993,7 @@ def read_unit(name: str) -> dict[str, list[tuple[str, str]]]:
     """Sections of a unit file as (key, value) lists: keys may repeat."""
     path = UNITS / name
     parser = configparser.ConfigParser(strict=False, interpolation=None)
-    parser.optionxform = str  # type: ignore[assignment, method-assign]
+    parser.optionxform = str  # type: ignore[assignment, method-assign]  # keys kept as written, configparser's own hook
     parser.read_string(path.read_text())  # must parse as INI
     sections: dict[str, list[tuple[str, str]]] = {}
     current: list[tuple[str, str]] | None = None

@@ -34,7 +34,7 @@ def body_path(request, monkeypatch) -> str:
 
 
 @pytest.fixture
-def served(tmp_path: Path, origin):  # noqa: ANN201
+def served(tmp_path: Path, origin) -> tuple[Path, str]:
     carton, shas = linked_carton(tmp_path, origin, {"model/w.bin": PAYLOAD})
     return carton, shas["model/w.bin"]
 

@@ -71,7 +71,7 @@ def test_an_evicted_blob_comes_back_when_the_server_stopped_taking_range(store: 
     assert store.verify().ok and tmp_files(store) == []
 
 
-def _pulled_then_evicted(store: Store, origin, path: str):  # noqa: ANN202
+def _pulled_then_evicted(store: Store, origin, path: str) -> str:
     """The fixture added from the origin by URL, then one entry's blob gone (as gc evicts)."""
     origin.put("/m.carton", FIXTURE_CARTON.read_bytes())
     pull(store, origin.url("/m.carton"))

@@ -15,6 +15,7 @@ import ssl
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from kit.daemonkit import wait_for, wait_for_async
@@ -25,6 +26,7 @@ from cartonstore.fetch import socket_body
 from cartonstore.fetch.config import RegistryConfig
 from cartonstore.fetch.puller import Puller
 from cartonstore.store import Store
+from cartonstore.store.ingest import IngestResult
 
 BIG = os.urandom(socket_body.DIRECT_MIN + (1 << 20) + 12_345)
 
@@ -36,7 +38,7 @@ def direct_reads(monkeypatch) -> list[int | str]:
     seen: list[int | str] = []
     real = socket_body.receive
 
-    def counting(*args, **kw):  # noqa: ANN202
+    def counting(*args, **kw) -> Any:
         try:
             got = real(*args, **kw)
         except Exception as e:
@@ -72,9 +74,9 @@ def fetch_threads() -> list[str]:
     return [t.name for t in threading.enumerate() if t.name.startswith("cartonstore-")]
 
 
-def pull_on(loop: str, store: Store, source: str):  # noqa: ANN201
+def pull_on(loop: str, store: Store, source: str) -> IngestResult:
     """fetchkit.pull on asyncio's loop or on uvloop's (the daemon's)."""
-    async def run():  # noqa: ANN202
+    async def run() -> IngestResult:
         async with Puller(store, fast_config()) as p:
             return await p.add(source)
 
@@ -152,7 +154,7 @@ def test_a_stalled_direct_read_times_out_and_resumes(store: Store, tmp_path: Pat
     origin.set_fault(f"/blobs/{digest}", Fault(stall_at=len(BIG) // 2, stall_seconds=5, times=1))
     events: list[dict] = []
 
-    async def run():  # noqa: ANN202
+    async def run() -> IngestResult:
         async with Puller(store, fast_config(), on_event=events.append) as p:   # stall_timeout 0.5 s
             return await p.add(str(carton))
 

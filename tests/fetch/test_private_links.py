@@ -15,6 +15,7 @@ import dataclasses
 import ipaddress
 import socket
 import threading
+from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from socketserver import TCPServer
@@ -118,7 +119,7 @@ class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
 
     def do_GET(self) -> None:  # http.server's name
-        owner: Listener = self.server.owner  # type: ignore[attr-defined]
+        owner: Listener = self.server.owner  # type: ignore[attr-defined]  # set on the server by Listener
         path = urlsplit(self.path).path   # as a proxy, an absolute URL
         if path in owner.redirects:
             self._answer(302, b"", Location=owner.redirects[path])
@@ -141,7 +142,7 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 @pytest.fixture
-def listener():  # noqa: ANN201
+def listener() -> Iterator[Any]:
     with Listener() as served:
         served.bodies[f"/blobs/{DIGEST}"] = PAYLOAD
         yield served

@@ -57,7 +57,7 @@ class DaemonProcess:
             notify.bind(notify_path)
             notify.settimeout(0.2)
             env = {**os.environ, "NOTIFY_SOCKET": notify_path, **self.env}
-            stderr = open(self.log_file, "a") if self.log_file is not None else subprocess.PIPE  # noqa: SIM115
+            stderr = open(self.log_file, "a") if self.log_file is not None else subprocess.PIPE  # noqa: SIM115 - the daemon's stderr, closed by stop()
             try:
                 self.proc = subprocess.Popen(self.argv(), env=env, stdout=subprocess.PIPE, stderr=stderr, text=True,
                                              pass_fds=self.pass_fds)

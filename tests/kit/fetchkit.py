@@ -12,6 +12,7 @@ from cartonstore.fetch.policy import UrlPolicy
 from cartonstore.fetch.puller import Puller
 from cartonstore.format.links import build_links
 from cartonstore.store import Store
+from cartonstore.store.ingest import IngestResult
 
 FAST = {"retries": 3, "backoff_base": 0.01, "backoff_max": 0.05, "stall_timeout": 0.5, "connect_timeout": 2.0}
 
@@ -41,8 +42,8 @@ def linked_carton(tmp_path: Path, origin, blobs: dict[str, bytes], *, urls: dict
     return path, shas
 
 
-def pull(store: Store, source: str, config: FetchConfig | None = None, **kw):  # noqa: ANN201
-    async def run():  # noqa: ANN202
+def pull(store: Store, source: str, config: FetchConfig | None = None, **kw) -> IngestResult:
+    async def run() -> IngestResult:
         async with Puller(store, config or fast_config()) as p:
             return await p.add(source, **kw)
     return asyncio.run(run())

@@ -12,7 +12,7 @@ from conftest import MINIMAL_TOML
 
 from cartonstore.fetch.config import RegistryConfig
 from cartonstore.fetch.puller import Puller
-from cartonstore.oci.push import push_carton
+from cartonstore.oci.push import PushResult, push_carton
 from cartonstore.store import Store
 from kit.fetchkit import fast_config
 
@@ -30,7 +30,7 @@ def config(**registries) -> object:
 
 
 def push(store: Store, ref: str, target: str, cfg) -> object:
-    async def run():  # noqa: ANN202
+    async def run() -> PushResult:
         async with Puller(store, cfg) as p:
             return await push_carton(p, ref, target)
     return asyncio.run(run())

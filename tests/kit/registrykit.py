@@ -14,6 +14,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -93,7 +94,7 @@ class Registry:
 
     # -- reading the registry directly, as a second client would ----------------------
 
-    def _open(self, method: str, path: str, data: bytes | None = None, headers: dict | None = None):  # noqa: ANN202
+    def _open(self, method: str, path: str, data: bytes | None = None, headers: dict | None = None) -> Any:
         request = urllib.request.Request(f"http://{self.authority}{path}", data=data, method=method,
                                          headers=headers or {})
         if self.htpasswd:

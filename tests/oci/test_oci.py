@@ -10,7 +10,9 @@ import asyncio
 import base64
 import hashlib
 import json
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import sha, snapshot
@@ -26,14 +28,14 @@ from cartonstore.store.gc import GcPolicy
 pytestmark = needs_registry
 
 @pytest.fixture
-def registry(tmp_path: Path, monkeypatch):  # noqa: ANN201
+def registry(tmp_path: Path, monkeypatch) -> Iterator[Registry]:
     monkeypatch.setenv("DOCKER_CONFIG", str(tmp_path / "no-docker-config"))
     with Registry(tmp_path / "registry") as r:
         yield r
 
 
 @pytest.fixture
-def pushed(tmp_path: Path, registry: Registry, make_carton):  # noqa: ANN201
+def pushed(tmp_path: Path, registry: Registry, make_carton) -> Iterator[tuple[Path, str, Any]]:
     source = Store(tmp_path / "source")
     digest = source.add(make_carton(FILES), name="m").digest
     result = push(source, "m", registry.ref("models/m:v1"), config())
@@ -107,7 +109,7 @@ def test_a_big_blob_is_pushed_in_chunks(tmp_path: Path, registry: Registry, push
 
 
 @pytest.fixture
-def locked(tmp_path: Path, monkeypatch):  # noqa: ANN201
+def locked(tmp_path: Path, monkeypatch) -> Iterator[Registry]:
     monkeypatch.setenv("DOCKER_CONFIG", str(tmp_path / "docker"))
     with Registry(tmp_path / "registry", htpasswd=True) as r:
         yield r

@@ -10,6 +10,7 @@ import json
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import MINIMAL_TOML, manifest_for, sha, snapshot
@@ -164,7 +165,7 @@ def test_concurrent_adds_of_one_reference_share_one_fetch(store: Store, origin) 
 
     ref = fake_registry(origin, FILES)
 
-    async def run():  # noqa: ANN202
+    async def run() -> list[Any]:
         async with Puller(store, fast_config()) as p:
             return await asyncio.gather(*(p.add(ref) for _ in range(4)))
 

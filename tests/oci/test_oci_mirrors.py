@@ -9,6 +9,7 @@ comes back from the mirrors of the registry it was pulled from."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -24,7 +25,7 @@ pytestmark = needs_registry
 
 
 @pytest.fixture
-def two(tmp_path: Path, monkeypatch):  # noqa: ANN201
+def two(tmp_path: Path, monkeypatch) -> Iterator[tuple[Registry, Registry]]:
     """(upstream, mirror): the same carton pushed to both as models/m:v1;
     the pushed manifest's digest."""
     monkeypatch.setenv("DOCKER_CONFIG", str(tmp_path / "no-docker-config"))

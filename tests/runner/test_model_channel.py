@@ -8,6 +8,7 @@ import os
 import socket
 import struct
 import threading
+from collections.abc import Iterator
 
 import pytest
 
@@ -15,7 +16,7 @@ from cartonstore.runner.model_channel import MAX_MESSAGE, ChannelError, ModelMes
 
 
 @pytest.fixture()
-def pair():  # noqa: ANN201
+def pair() -> Iterator[tuple[socket.socket, socket.socket]]:
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     yield ours, theirs
     ours.close()

@@ -46,7 +46,7 @@ HAVE_TORCH = importlib.util.find_spec("torch") is not None
 
 
 @pytest.fixture(scope="module")
-def base():  # noqa: ANN201
+def base() -> Iterator[Path]:
     """The models and the runners' sockets (hence short: see conftest.short_dir)."""
     with short_dir() as path:
         yield path
@@ -158,7 +158,7 @@ def _triton_inputs(binary: bool) -> tuple[list[triton.InferInput], dict[str, np.
     return inputs, arrays
 
 
-async def _post_tritonclient_body(sock: Path, body: bytes, json_size: int | None):  # noqa: ANN202
+async def _post_tritonclient_body(sock: Path, body: bytes, json_size: int | None) -> Any:
     """POST a body tritonclient built to the runner; tritonclient parses the answer."""
     headers = {HCL: str(json_size)} if json_size is not None else {}
     async with runner_session(sock) as session, session.post("http://runner/v2/models/m/infer", data=body, headers=headers) as resp:

@@ -7,6 +7,8 @@ fault. Pure: answers made with the v2 codec, then broken on purpose."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import pytest
@@ -61,7 +63,7 @@ def _tampered(doc_change, binary: bytes | None = None) -> RunnerResponse:
     return RunnerResponse(200, {HEADER_LENGTH: str(len(header))}, body)
 
 
-def _set(path: tuple, value: object):  # noqa: ANN202
+def _set(path: tuple, value: object) -> Callable[[dict[str, Any]], None]:
     def change(doc: dict) -> None:
         target = doc
         for key in path[:-1]:

@@ -13,6 +13,7 @@ import sys
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -42,7 +43,7 @@ def big_json(count: int = 100_000) -> bytes:
                                    "data": (np.arange(count) * 0.5).tolist()}]}).encode()
 
 
-def run(coro):  # noqa: ANN201
+def run(coro) -> Any:
     return asyncio.run(coro)
 
 
@@ -290,7 +291,7 @@ def test_workers_that_cannot_start_are_not_tried_for_a_while() -> None:
 def test_a_fault_in_the_worker_is_said_and_the_worker_lives_on() -> None:
     async def go() -> None:
         async with pool_of(1) as pool:
-            assert await pool.check("not a list of specs", None, big_json()) is None   # type: ignore[arg-type]
+            assert await pool.check("not a list of specs", None, big_json()) is None   # type: ignore[arg-type]  # a wrong type on purpose
             (pid,) = worker_pids(os.getpid())
             assert await pool.check(SPECS, None, big_json()) is not None
             assert worker_pids(os.getpid()) == [pid] and pool.failed == 0

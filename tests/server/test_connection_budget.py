@@ -162,14 +162,14 @@ def test_one_address_gets_max_connections_per_peer_and_silent_ones_go_at_head_ti
     assert (len(refused_http), len(taken_http)) == (300 - 256, 256), {f.received[:120] for f in http}
     assert (len(refused_grpc), len(taken_grpc)) == (300 - 256, 256), {f.received[:12] for f in grpc}
     for f in taken_http + taken_grpc:   # (seen_late: the kernel had the daemon's close DEADLINE + SLACK on, or not)
-        assert f.closed_at - f.connected_at >= DEADLINE * 0.8 and not f.seen_late   # type: ignore[operator]
+        assert f.closed_at - f.connected_at >= DEADLINE * 0.8 and not f.seen_late   # type: ignore[operator]  # taken: connected and closed
 
 
 class LowLimitDaemon(DaemonProcess):
     """A daemon whose hard descriptor limit is ``hard`` (set, then exec'd)."""
 
     def __init__(self, *args: object, hard: int, **kwargs: object) -> None:
-        super().__init__(*args, **kwargs)   # type: ignore[arg-type]
+        super().__init__(*args, **kwargs)   # type: ignore[arg-type]  # the base's own arguments
         self.hard = hard
 
     def argv(self) -> list[str]:
@@ -250,7 +250,7 @@ def replies(conns: list[socket.socket], enough: Callable[[list[Reply]], bool]) -
         while not enough(got) and time.monotonic() < deadline:
             for key, _ in waiting.select(0.1):
                 try:
-                    data = key.fileobj.recv(65536)   # type: ignore[union-attr]
+                    data = key.fileobj.recv(65536)   # type: ignore[union-attr]  # a socket was registered
                 except OSError:
                     data = b""
                 key.data.data += data

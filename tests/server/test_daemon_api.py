@@ -7,6 +7,7 @@ import asyncio
 import base64
 import json
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -143,7 +144,7 @@ BAD_REQUESTS = [
 
 
 @pytest.fixture(scope="module")
-def shared_daemon():  # noqa: ANN201
+def shared_daemon() -> Iterator[DaemonProcess]:
     """One daemon for the requests that change nothing."""
     with short_dir() as base, DaemonProcess(base / "root") as d:
         assert main(["add", str(FIXTURE_CARTON), "--name", "fx", "--root", str(d.root), "--progress", "none"]) == 0

@@ -245,7 +245,7 @@ def test_a_bad_head_is_named_without_echoing_a_header_value(served: DaemonProces
         c.send(raw)
         status, _, body = c.answer()
     assert status == 400 and SECRET.encode() not in body, body
-    log = served.log_file.read_text()   # type: ignore[union-attr]
+    log = served.log_file.read_text()   # type: ignore[union-attr]  # served with a log file
     assert str(refused.value) in log and SECRET not in log
 
 

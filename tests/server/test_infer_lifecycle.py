@@ -11,6 +11,7 @@ import sqlite3
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -49,7 +50,7 @@ def echo_body(value: float) -> bytes:
 SMALL = {"dtypes": ["float32"]}
 
 
-async def load(s, name: str, source: Path | None = None, **params: str):  # noqa: ANN201
+async def load(s, name: str, source: Path | None = None, **params: str) -> tuple[int, Any]:
     body = {"parameters": {**({"source": str(source)} if source else {}), **params}}
     r = await s.post(f"/v2/repository/models/{name}/load", json=body)
     return r.status, await r.json()

@@ -16,6 +16,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -130,7 +131,7 @@ asyncio.run(main())
 '''
 
 @pytest.fixture
-def script(short_tmp: Path):  # noqa: ANN201
+def script(short_tmp: Path) -> Iterator[Path]:
     """The fake runner, written for this test; no process running it may be left after."""
     with script_leaving_no_process(short_tmp / "fake_runner.py", RUNNER) as path:
         yield path

@@ -16,8 +16,10 @@ import json
 import os
 import signal
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import short_dir
@@ -94,7 +96,7 @@ def left_behind(root: Path) -> tuple[list[int], list[str]]:
 
 
 @pytest.fixture(params=["none", "bwrap"])
-def node(request):  # noqa: ANN201
+def node(request) -> Iterator[tuple[Any, Path, str]]:
     """(daemon factory, base dir): daemons whose runners run unsandboxed or
     under bubblewrap as the runner user (root only)."""
     mode = request.param

@@ -21,7 +21,9 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -108,7 +110,7 @@ class Steady:
 
 
 @pytest.fixture(scope="module", params=["bwrap", "landlock", "bwrap, prewarmed", "landlock, prewarmed"])
-def node(request, tmp_path_factory):  # noqa: ANN201
+def node(request, tmp_path_factory) -> Iterator[Any]:
     """A root daemon whose runners are sandboxed by ``request.param``, with
     a hostile model, a well-behaved one and a victim model loaded. Prewarmed:
     the hostile model is loaded first, into a pre-warmed spare (a runner

@@ -18,6 +18,7 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -93,7 +94,7 @@ def start_line(d: DaemonProcess) -> str:
 
 
 @pytest.fixture(scope="module")
-def hidden():  # noqa: ANN201
+def hidden() -> Iterator[tuple[Path, Path]]:
     """A base directory of mode 0700 holding a Python and its virtualenv."""
     if (why := why_not_here()) is not None:
         pytest.skip(why)

@@ -81,7 +81,7 @@ def regions() -> Iterator[Callable[[str, int], Any]]:
     """Shared memory objects made by tritonclient, destroyed (unlinked) after."""
     made: list = []
 
-    def make(name: str, size: int):  # noqa: ANN202
+    def make(name: str, size: int) -> Any:
         handle = shm.create_shared_memory_region(name, f"/cs-test-{os.getpid()}-{name}", size)
         made.append(handle)
         return handle

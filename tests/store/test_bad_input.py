@@ -11,7 +11,9 @@ import json
 import os
 import struct
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import FIXTURE_CARTON, MINIMAL_TOML, carton_entries, manifest_for, sha, snapshot, write_zip
@@ -84,7 +86,7 @@ def truncated(path: Path, keep: float) -> Path:
     return _write(path, data[: int(len(data) * keep)])
 
 
-def corrupted(method: int):  # noqa: ANN201
+def corrupted(method: int) -> Callable[[Path], Path]:
     """A carton of fresh bytes (the store cannot skip them as present)
     with its compressed data damaged in the middle."""
     def build(path: Path) -> Path:
@@ -104,11 +106,11 @@ def corrupted(method: int):  # noqa: ANN201
     return build
 
 
-def zip_of(entries):  # noqa: ANN201
+def zip_of(entries) -> Callable[[Path], Any]:
     return lambda p: write_zip(p, entries)
 
 
-def carton_of(files, **kw):  # noqa: ANN201
+def carton_of(files, **kw) -> Callable[[Path], Any]:
     return lambda p: write_zip(p, carton_entries(files, **kw))
 
 

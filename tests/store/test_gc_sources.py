@@ -16,6 +16,7 @@ import os
 import shutil
 import zipfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import carton_entries, sha, write_zip
@@ -309,7 +310,7 @@ def test_a_carton_added_again_during_a_collection_is_not_forgotten(tmp_path: Pat
         src.rename(away)
         planned = collection.plan_collection
 
-        def plan_then_add_again(snap, policy):  # noqa: ANN202
+        def plan_then_add_again(snap, policy) -> Any:
             plan = planned(snap, policy)
             assert d in plan.forgotten
             away.rename(src)

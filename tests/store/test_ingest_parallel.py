@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import threading
 import zipfile
+from typing import Any
 
 import pytest
 from conftest import MINIMAL_TOML, manifest_for, sha, snapshot, work_in_tmp
@@ -40,7 +41,7 @@ def test_the_copies_run_in_several_threads(store: Store, make_carton, workers: i
     seen: set[str] = set()
     original = ZipCartonView.raw_span
 
-    def recording(self: ZipCartonView, path: str):  # noqa: ANN202
+    def recording(self: ZipCartonView, path: str) -> Any:
         seen.add(threading.current_thread().name)
         return original(self, path)
 

@@ -17,6 +17,7 @@ import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import MINIMAL_TOML, carton_entries, manifest_for, sha, snapshot, write_zip
@@ -168,7 +169,7 @@ def test_a_refused_clone_is_copied_and_only_no_space_fails(xfs: Path, monkeypatc
     from cartonstore.errors import Unavailable
     from cartonstore.store import filespace
 
-    def ioctl(fd, request, *args):  # noqa: ANN202
+    def ioctl(fd, request, *args) -> Any:
         if request == filespace.FICLONERANGE:
             raise OSError(refusal, os.strerror(refusal))
         return real_fcntl.ioctl(fd, request, *args)

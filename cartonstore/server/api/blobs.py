@@ -83,7 +83,7 @@ async def serve_blob(request: web.Request, store: Store, metrics: Metrics, peers
     if encoding is None:
         # FileResponse sets its own ETag (mtime-size) and answers If-None-Match / If-Range with it.
         response = web.FileResponse(path, headers=headers)
-        response.enable_compression = lambda *a, **k: None  # type: ignore[method-assign]
+        response.enable_compression = lambda *a, **k: None  # type: ignore[method-assign]  # a file response is sent as stored: never compressed again
         metrics.served_bytes.inc(path.stat().st_size)
         return response
     return await _stream(request, open(path, "rb"), headers, metrics, encoding)  # _stream closes it

@@ -332,7 +332,7 @@ def _walks_little(model: LoadedModel, body: bytes | bytearray | memoryview, head
 def widen_send_buffer(transport: object) -> None:
     """A big answer leaves a Unix socket in one send, not copied into the
     transport's buffer (TCP tunes its own buffers)."""
-    sock = transport.get_extra_info("socket") if transport is not None else None  # type: ignore[attr-defined]
+    sock = transport.get_extra_info("socket") if transport is not None else None  # type: ignore[attr-defined]  # an asyncio transport, or None
     if sock is not None and sock.family == socket.AF_UNIX:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, CLIENT_SEND_BUFFER)
 

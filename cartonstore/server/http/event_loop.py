@@ -30,7 +30,7 @@ def loop_name() -> str:
         raise InvalidInput(f"{ENV}={wanted!r}: use uvloop or asyncio")
     if wanted == "uvloop":
         try:
-            import uvloop  # noqa: F401
+            import uvloop  # noqa: F401 - imported to learn whether it is installed
         except ImportError:
             return "asyncio"
     return wanted

@@ -90,32 +90,32 @@ class FrontConnection(AiohttpRequests, asyncio.BufferedProtocol):
     # -- protocol callbacks -------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
+        self.transport = transport  # type: ignore[assignment]  # a stream server makes stream transports
         self.peer = peer_of(transport)
         self.front.connections.add(self)
 
     def get_buffer(self, sizehint: int) -> memoryview:
         # One buffer for every connection: each buffer_updated copies out what it keeps before returning.
-        return self.body[self.body_got:] if self.mode == Mode.BODY else self.front.scratch  # type: ignore[index]
+        return self.body[self.body_got:] if self.mode == Mode.BODY else self.front.scratch  # type: ignore[index]  # Mode.BODY: body is set
 
     def buffer_updated(self, nbytes: int) -> None:
         self.last_active = time.monotonic()
         if self.mode == Mode.BODY:
             self.body_got += nbytes
-            if self.body_got == len(self.body):  # type: ignore[arg-type]
+            if self.body_got == len(self.body):  # type: ignore[arg-type]  # Mode.BODY: body is set
                 self.body, self.mode = None, Mode.BUSY
                 wake(self.body_waiter)
             return
         data = self.front.scratch[:nbytes]
         if self.mode == Mode.HANDED:
-            self.relayed.data_received(bytes(data))  # type: ignore[union-attr]
+            self.relayed.data_received(bytes(data))  # type: ignore[union-attr]  # Mode.HANDED: a handler is relayed to
             return
         if self.mode == Mode.RELAY_BODY:
             take = min(nbytes, self.relay_left)
             self.relay_left -= take
             if self.relay_left == 0:
                 self.mode = Mode.RELAY_WAIT
-            self.relayed.data_received(bytes(data[:take]))  # type: ignore[union-attr]
+            self.relayed.data_received(bytes(data[:take]))  # type: ignore[union-attr]  # Mode.RELAY_BODY: a handler is relayed to
             data = data[take:]
         elif self.mode == Mode.DISCARD:
             take = min(nbytes, self.discard_left)

@@ -212,12 +212,12 @@ class RunnerInstance:
             raise Unavailable(f"{self.label} is not running: {self.reason or 'restarting'}")
         via_arena = arena is not None and self.arena_capable and arena.slot.arena is self._arena
         if via_arena:
-            body, headers = arena.runner_request()  # type: ignore[union-attr]
+            body, headers = arena.runner_request()  # type: ignore[union-attr]  # via_arena: arena is set
         try:
             status, headers_in, answer = await self._exchange(proc, client, shm, path, body, headers, regions, limit)
         except BaseException:
             if via_arena:   # it may still write outputs into the slot: kept until the process is gone
-                arena.slot.hold_until(proc.wait())  # type: ignore[union-attr]
+                arena.slot.hold_until(proc.wait())  # type: ignore[union-attr]  # via_arena: arena is set
             raise
         return RunnerResponse(status, {name: headers_in[key] for name, key in _FORWARDED if key in headers_in}, answer,
                               via_arena, RequestTiming.parse(headers_in.get(_TIMING)))

@@ -273,7 +273,7 @@ class RunnerProcess:
         # The last words usually come just before the exit; helpers that
         # inherited the pipe may hold it open, so do not wait forever.
         await asyncio.wait(self._drains, timeout=DRAIN_WAIT)
-        return self._transport.get_returncode()  # type: ignore[return-value]
+        return self._transport.get_returncode()  # type: ignore[return-value]  # the process has exited: it has its status
 
     @property
     def returncode(self) -> int | None:

@@ -120,7 +120,7 @@ class _Connection(asyncio.BufferedProtocol):
     # -- protocol callbacks ---------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
+        self.transport = transport  # type: ignore[assignment]  # a stream connection makes a stream transport
 
     def get_buffer(self, sizehint: int) -> memoryview:
         return self.target[self.target_got:] if self.target is not None else self.scratch

@@ -60,7 +60,7 @@ class ArenaForward:
             return json.loads(bytes(self.slot.view[:self.header_length]))
         tensor = self.req.inputs[0]   # a raw binary request: its one input is the whole body
         return {"inputs": [{"name": tensor.name, "datatype": tensor.datatype, "shape": tensor.shape,
-                            "parameters": {_BINARY: len(tensor.data)}}],  # type: ignore[arg-type]
+                            "parameters": {_BINARY: len(tensor.data)}}],  # type: ignore[arg-type]  # a raw binary input has its data
                 "parameters": {"binary_data_output": True}}
 
     def client_answer(self, headers: dict[str, str], payload: bytes | bytearray,
