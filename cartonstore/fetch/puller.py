@@ -230,9 +230,8 @@ class Puller:
             await asyncio.to_thread(self._stage_small, checked, view, staging)
             for digest, staged in staging.staged.items():
                 offer(claims, digest, staged.tmp_path)
-            lacking = await asyncio.to_thread(
-                lambda: [d for d in checked.files_by_digest()
-                         if d not in staging.staged and not self.store.blobs.has(d)])
+            lacking = await asyncio.to_thread(lambda: [d for d in checked.files_by_digest()
+                                                       if d not in staging.staged and not self.store.blobs.has(d)])
             if not peers.urls:
                 for claim in claims.values():
                     claim.stage = ORIGIN
