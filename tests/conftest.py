@@ -11,12 +11,17 @@ import sqlite3
 import stat
 import tempfile
 import zipfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import TYPE_CHECKING
 
 import pytest
 
 from cartonstore.store import Store
+
+if TYPE_CHECKING:
+    from kit.daemonkit import DaemonProcess
+    from kit.origin import Origin
 
 # The CLI's tests' store (the fixture `root`), wherever a test module does not make its own.
 pytest_plugins = ["kit.clikit"]
@@ -124,7 +129,7 @@ def short_tmp() -> Iterator[Path]:
 
 
 @pytest.fixture
-def store(tmp_path: Path):
+def store(tmp_path: Path) -> Iterator[Store]:
     s = Store(tmp_path / "root")
     yield s
     s.close()
@@ -177,7 +182,7 @@ def snapshot(root: Path) -> tuple:
 
 
 @pytest.fixture
-def origin():
+def origin() -> Iterator[Origin]:
     """A real HTTP server on 127.0.0.1 that misbehaves on request (tests/kit/origin.py)."""
     from kit.origin import Origin
 
@@ -186,7 +191,7 @@ def origin():
 
 
 @pytest.fixture
-def daemon(short_tmp: Path):
+def daemon(short_tmp: Path) -> Iterator[DaemonProcess]:
     """A real `cartonstore serve` on a Unix socket and a loopback port."""
     from kit.daemonkit import DaemonProcess
 

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
-from typing import Awaitable, Callable, Mapping, TypeVar
+from typing import TypeVar
 
 import numpy as np
 

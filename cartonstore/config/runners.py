@@ -130,7 +130,7 @@ def _show_network(names: frozenset[str]) -> dict[str, list[str]]:
 
 
 def _paths(value: object) -> tuple[str, ...]:
-    paths = v.strings()(value)
+    paths: tuple[str, ...] = v.strings()(value)
     if not all(p.startswith("/") for p in paths):
         raise v.BadValue(f"expected absolute paths, got {list(paths)!r}")
     return paths

@@ -58,6 +58,8 @@ def address_class(address: IpAddress) -> str | None:
 def _carried_ipv4(address: IpAddress) -> IpAddress | None:
     import ipaddress
 
+    if not isinstance(address, ipaddress.IPv6Address):
+        return None
     value = int(address)
     if address.ipv4_mapped is not None:
         return address.ipv4_mapped

@@ -12,8 +12,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+from collections.abc import Sequence
 from dataclasses import replace
-from typing import Sequence
 
 from cartonstore.carton.checks import check_safetensors, is_safetensors
 from cartonstore.errors import CartonStoreError, ManifestMismatch
@@ -165,7 +165,7 @@ class BlobFetcher:
         """A blob is checked by the names cartons give it (safetensors headers)."""
         for path in self.store.index.paths_of_blob(staged.digest):
             if is_safetensors(path):
-                check_safetensors(path, lambda: open(staged.tmp_path, "rb"), staged.size)
+                check_safetensors(path, lambda: open(staged.tmp_path, "rb"), staged.size)  # noqa: SIM115 - the check closes it
 
     def commit(self, staged: StagedBlob) -> None:
         with self.store.lock():

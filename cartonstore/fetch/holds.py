@@ -18,7 +18,7 @@ import contextlib
 import functools
 import logging
 import os
-from typing import AsyncIterator
+from collections.abc import AsyncIterator
 
 from cartonstore.errors import CartonStoreError
 from cartonstore.store import Store
@@ -57,7 +57,8 @@ async def holding(store: Store, digest: str, what: str) -> AsyncIterator[None]:
 
 def _drop_once_taken(store: Store, taking: asyncio.Future) -> None:
     if not taking.cancelled() and taking.exception() is None:
-        asyncio.ensure_future(asyncio.to_thread(store.index.delete_lease, taking.result()))
+        asyncio.ensure_future(asyncio.to_thread(  # noqa: RUF006 - the thread's future holds the task to its end
+            store.index.delete_lease, taking.result()))
 
 
 async def _renew(store: Store, lease_id: str) -> None:

@@ -16,10 +16,11 @@ import re
 import socket
 import ssl
 import time
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import AsyncIterator, Awaitable, Callable, TypeVar
+from typing import TypeVar
 
 import aiohttp
 from multidict import CIMultiDictProxy
@@ -65,7 +66,7 @@ class Response:
         try:
             async for chunk in self.raw.content.iter_chunked(CHUNK):
                 yield chunk
-        except Exception as e:  # noqa: BLE001 - translated at this boundary
+        except Exception as e:  # translated at this boundary
             raise translate(e, self.url) from e
 
 
@@ -192,7 +193,7 @@ class HttpClient:
         self._auth: ChallengeAnswerer | None = None
         self._peer_tls: ssl.SSLContext | None = None
 
-    async def __aenter__(self) -> "HttpClient":
+    async def __aenter__(self) -> HttpClient:
         timeout = aiohttp.ClientTimeout(total=None, connect=self.config.connect_timeout,
                                         sock_connect=self.config.connect_timeout,
                                         sock_read=self.config.stall_timeout)
@@ -239,8 +240,8 @@ class HttpClient:
             async def check(_session: object, _context: object, params: aiohttp.TraceRequestStartParams) -> None:
                 policy.check_link(str(params.url))
             checks.on_request_start.append(check)
-            self._links = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=64, ssl=self._tls, resolver=resolver),
-                                                trace_configs=[checks], **self._session_options)
+            connector = aiohttp.TCPConnector(limit=64, ssl=self._tls, resolver=resolver)
+            self._links = aiohttp.ClientSession(connector=connector, trace_configs=[checks], **self._session_options)
         return self._links
 
     @property
@@ -308,7 +309,7 @@ class HttpClient:
                     await vetting.refuse_before_proxy(current)
                 raw = await session.get(current, headers={**headers, "Authorization": sent} if sent else headers,
                                         allow_redirects=False, **route)
-            except Exception as e:  # noqa: BLE001
+            except Exception as e:
                 raise translate(e, current) from e
             try:
                 if raw.status == 401:

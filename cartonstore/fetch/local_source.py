@@ -11,8 +11,8 @@ thread (Puller.complete does).
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Callable, Iterable
 
 from cartonstore.carton.checks import check_safetensors, is_safetensors
 from cartonstore.errors import CartonStoreError, IntegrityError
@@ -68,7 +68,7 @@ def _restore_one(store: Store, src: LocalSource, zips: dict[str, _ZipSource],
                 if e is None or (e.local_header_offset, e.compressed_size, e.method) != (
                         src.header_offset, src.compressed_size, src.method):
                     return f"{src.describe()}: the entry is no longer where it was recorded"
-                with view.open(path) as stream:
+                with view.open(path) as stream:  # type: ignore[arg-type]  # e: path is set
                     w.copy_from(stream)
             else:
                 with open(src.path, "rb") as f:
@@ -83,7 +83,7 @@ def _restore_one(store: Store, src: LocalSource, zips: dict[str, _ZipSource],
     try:
         for path in store.index.paths_of_blob(staged.digest):
             if is_safetensors(path):
-                check_safetensors(path, lambda: open(staged.tmp_path, "rb"), staged.size)
+                check_safetensors(path, lambda: open(staged.tmp_path, "rb"), staged.size)  # noqa: SIM115 - the check closes it
         commit(staged)
     finally:
         staged.discard()

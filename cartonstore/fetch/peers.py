@@ -29,10 +29,10 @@ import hashlib
 import logging
 import secrets
 import time
+from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import AsyncIterator, Callable, Iterable
 
 import aiohttp
 

@@ -160,7 +160,7 @@ class UrlPolicy:
         if not self.allow_private_links:
             host = _link_host(url)
             kind = host_class(host) if host is not None else None
-            if kind is not None and not _matches(_compile(self.allow_hosts, "allow_hosts"), host):
+            if kind is not None and host is not None and not _matches(_compile(self.allow_hosts, "allow_hosts"), host):
                 raise RefusedByPolicy(f"{describe(url)}: {link_refusal(f'{_article(kind)} {kind} address ({host})')}",
                                       subject=url)
         return self.check(url)

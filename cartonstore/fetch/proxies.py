@@ -21,6 +21,7 @@ IP address. Pure; nothing here connects.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import lru_cache
 
 from cartonstore.errors import InvalidInput
@@ -74,7 +75,7 @@ def check_proxy(url: str, field: str) -> str:
     return url
 
 
-def proxy_parser(field: str):  # noqa: ANN201 - a config.values.Parser
+def proxy_parser(field: str) -> Callable[[object], str | None]:
     """The setting's parser: "" is no proxy."""
     def parse(value: object) -> str | None:
         if not isinstance(value, str):

@@ -11,9 +11,10 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 from cartonstore.carton.checks import CheckedCarton, check_carton
 from cartonstore.errors import (
@@ -46,6 +47,7 @@ from .stats import SOURCE_KINDS, TransferStats
 from .transfer import download
 
 if TYPE_CHECKING:
+    from cartonstore.store.index import CartonRow
     from cartonstore.system.callers import Credentials
 
 
@@ -113,7 +115,7 @@ class Puller:
         self.fetcher = BlobFetcher(store, self.client, self.config, stats=TransferStats(on_event=self.on_event))
         self._urls_in_flight = SingleFlight()
 
-    async def __aenter__(self) -> "Puller":
+    async def __aenter__(self) -> Puller:
         await self.client.__aenter__()
         return self
 
@@ -224,8 +226,8 @@ class Puller:
             await asyncio.to_thread(self._stage_small, checked, view, staging)
             for digest, staged in staging.staged.items():
                 offer(claims, digest, staged.tmp_path)
-            lacking = await asyncio.to_thread(
-                lambda: [d for d in checked.files_by_digest() if d not in staging.staged and not self.store.blobs.has(d)])
+            lacking = await asyncio.to_thread(lambda: [d for d in checked.files_by_digest()
+                                                       if d not in staging.staged and not self.store.blobs.has(d)])
             if not peers.urls:
                 for claim in claims.values():
                     claim.stage = ORIGIN
@@ -345,7 +347,7 @@ class Puller:
                              subject=digest)
         return fetched + sum(1 for r in results if r is True)
 
-    def _still_missing(self, digest: str, missing: list[str]):  # noqa: ANN202
+    def _still_missing(self, digest: str, missing: list[str]) -> tuple[list[str], CartonRow | None, list[str]]:
         """In a thread (a stat per blob, SQLite per blob): those of missing the
         store still lacks, the carton's row, and those of them no LINKS lists."""
         left = [d for d in missing if not self.store.blobs.has(d)]

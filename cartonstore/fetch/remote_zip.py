@@ -9,8 +9,9 @@ them is small. Each entry is decoded (Stored, Deflate, zstd) and checked
 from __future__ import annotations
 
 import io
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import BinaryIO, Callable, Protocol, Sequence
+from typing import Any, BinaryIO, Protocol
 
 from cartonstore.errors import FetchError, InvalidCarton
 from cartonstore.sources.view import METADATA_LIMITS, STRING_TENSOR_LIMIT, SYMLINK_TARGET_LIMIT, SourceFile
@@ -211,7 +212,7 @@ class _SpanParser:
         return rest
 
     def _data(self, view: memoryview) -> memoryview:
-        entry, sink, decoder = self.current  # type: ignore[misc]
+        entry, sink, decoder = self.current  # type: ignore[misc]  # called within an entry: current is set
         n = min(self.left, len(view))
         if decoder is not None:
             pieces = decoder.feed(bytes(view[:n]))
@@ -232,7 +233,7 @@ class _SpanParser:
         return view[n:]
 
     def _end_entry(self) -> None:
-        entry, sink, decoder = self.current  # type: ignore[misc]
+        entry, _sink, decoder = self.current  # type: ignore[misc]  # called within an entry: current is set
         self.current = None
         if decoder is not None:
             try:
@@ -267,7 +268,7 @@ async def read_entries(client: HttpClient, rz: RemoteZip, wanted: Sequence[tuple
             group = [(e, make, t) for (s, t), (e, make) in by_span.items() if start <= s and t <= end]
             unstarted -= end - start
 
-            async def attempt(n: int, start: int = start, end: int = end, group=group) -> None:  # noqa: ANN001
+            async def attempt(n: int, start: int = start, end: int = end, group: list[Any] = group) -> None:
                 parser = _SpanParser(start, [(e, make(), span_end) for e, make, span_end in group])
                 tally = Tally(stats, end - start, counted=n == 0)
                 try:
@@ -332,7 +333,7 @@ class RemoteCartonView:
         self.files: dict[str, SourceFile] = {}
         for name, e in rz.entries.items():
             if name not in METADATA_NAMES:
-                self.files[name] = source_file(name, e, lambda e, _limit, n=name: small[n])
+                self.files[name] = source_file(name, e, lambda e, _limit, n=name: small[n])  # type: ignore[misc]  # n: this entry's name
 
     def read_metadata(self, name: str) -> bytes | None:
         e = self.rz.entries.get(name)

@@ -17,14 +17,17 @@ from __future__ import annotations
 
 import socket
 from collections.abc import Collection
-from typing import Any
+from typing import TYPE_CHECKING
 
 import aiohttp
-from aiohttp.abc import AbstractResolver
+from aiohttp.abc import AbstractResolver, ResolveResult
 
 from .addresses import address_class
 from .config import FetchConfig
 from .policy import RefusedByPolicy, UrlPolicy, describe, link_refusal
+
+if TYPE_CHECKING:
+    from ipaddress import IPv4Address, IPv6Address
 
 
 class AddressRefused(OSError):
@@ -42,7 +45,8 @@ class GuardedResolver(AbstractResolver):
         self._links = links and not policy.allow_private_links
         self._proxies = {(host.lower(), port) for host, port in proxies}
 
-    async def resolve(self, host: str, port: int = 0, family: int = socket.AF_INET) -> list[dict[str, Any]]:
+    async def resolve(self, host: str, port: int = 0,
+                      family: socket.AddressFamily = socket.AF_INET) -> list[ResolveResult]:
         answers = await self._inner.resolve(host, port, family)
         if self._policy.names(host) or (host.lower().rstrip("."), port) in self._proxies:
             return answers   # the operator named this host: wherever it points
@@ -97,7 +101,7 @@ def _is_address(host: str) -> bool:
     return True
 
 
-def _address(text: str):  # noqa: ANN202 - an ipaddress address
+def _address(text: str) -> IPv4Address | IPv6Address:
     import ipaddress
 
     return ipaddress.ip_address(text.split("%", 1)[0])

@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import queue
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 _END = object()
 
@@ -71,7 +71,7 @@ class StreamSink:
         self._queue.put(_END)
         await asyncio.shield(self._done)
 
-    async def __aenter__(self) -> "StreamSink":
+    async def __aenter__(self) -> StreamSink:
         return self
 
     async def __aexit__(self, *exc: object) -> None:

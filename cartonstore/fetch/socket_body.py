@@ -30,8 +30,8 @@ import os
 import select
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from cartonstore.errors import FetchError
 
@@ -72,7 +72,7 @@ class TakenSocket:
 def _socket_fd(raw: object, length: int | None, headers: object) -> int | None:
     """The socket under a plain-TCP aiohttp response whose body can be read
     directly, or None."""
-    if length is None or length < DIRECT_MIN or "Transfer-Encoding" in headers:  # type: ignore[operator]
+    if length is None or length < DIRECT_MIN or "Transfer-Encoding" in headers:  # type: ignore[operator]  # aiohttp's headers: a mapping
         return None
     connection = getattr(raw, "connection", None)
     transport = getattr(connection, "transport", None)
@@ -97,8 +97,8 @@ def take_socket(raw: object, length: int | None, headers: object) -> TakenSocket
     fd = _socket_fd(raw, length, headers)
     if fd is None:
         return None
-    content = raw.content  # type: ignore[attr-defined]
-    protocol = raw.connection.protocol  # type: ignore[attr-defined]
+    content = raw.content  # type: ignore[attr-defined]  # aiohttp's ClientResponse, typed object to keep aiohttp unimported
+    protocol = raw.connection.protocol  # type: ignore[attr-defined]  # aiohttp's ClientResponse, typed object to keep aiohttp unimported
     head = []
     # Draining may resume a parser that flow control paused, which feeds
     # more into the buffer: read until it stays empty.
@@ -149,7 +149,7 @@ def receive(taken: TakenSocket, want: int, work: Callable[[bytes], None], *, url
         poller.register(taken.stop_r, select.POLLIN)
         while got < want:
             try:
-                chunk = _next_chunk(sock, poller, taken.stop_r, want - got, stall_timeout)
+                chunk = _next_chunk(sock, poller, taken.stop_r, want - got, stall_timeout)  # type: ignore[assignment]  # None: below
             except OSError as e:   # a reset; TimeoutError: a stall. Named as aiohttp's are
                 raise translate(e, url) from e
             if chunk is None:
@@ -211,4 +211,4 @@ async def receive_directly(taken: TakenSocket, raw: object, want: int, work: Cal
         if thread is not None and not thread.cancelled():
             thread.exception()  # retrieved: what it raised is raised above, or moot after a cancel
         taken.close()
-        raw.close()  # type: ignore[attr-defined]
+        raw.close()  # type: ignore[attr-defined]  # aiohttp's ClientResponse, typed object to keep aiohttp unimported

@@ -18,8 +18,8 @@ from __future__ import annotations
 import os
 import ssl
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from cartonstore.errors import FetchError
 
@@ -97,7 +97,7 @@ class Tally:
     """One request's bytes: ``planned`` counts in the expected total (unless
     ``counted`` already) until settle() replaces it with what arrived."""
 
-    __slots__ = ("stats", "source", "planned", "got", "_lock")
+    __slots__ = ("_lock", "got", "planned", "source", "stats")
 
     def __init__(self, stats: TransferStats | None, planned: int = 0, *, source: str = "url",
                  counted: bool = False) -> None:

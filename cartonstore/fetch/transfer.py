@@ -10,8 +10,7 @@ run in the stream's own thread (sink.py), overlapped with receiving.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Collection
-from typing import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 
 from cartonstore.errors import CartonStoreError, FetchError, FetchNotFound, IntegrityError, InvalidInput
 from cartonstore.store.blobs import BlobStore, BlobWriter, StagedBlob
@@ -61,10 +60,10 @@ async def stream_into(response: Response, work: Callable[[bytes], None], *, tall
     try:
         # A length-less body is aiohttp's (want may still be the limit: not a length to read to).
         taken = take_socket(response.raw, want, response.headers) if length is not None else None
-    except Exception as e:  # noqa: BLE001 - aiohttp's error on a body already broken
+    except Exception as e:  # aiohttp's error on a body already broken
         raise translate(e, response.url) from e
     if taken is not None:
-        return await receive_directly(taken, response.raw, want, work, url=response.url,
+        return await receive_directly(taken, response.raw, want, work, url=response.url,  # type: ignore[arg-type]  # taken: a length
                                       stall_timeout=response.stall_timeout,
                                       counted=tally.add if tally is not None else None)
     handed = 0

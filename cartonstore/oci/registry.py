@@ -17,8 +17,9 @@ import asyncio
 import hashlib
 import json
 import logging
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Callable
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
@@ -32,6 +33,9 @@ from cartonstore.system.pass_over import PassOver
 
 from .artifact import ACCEPT, MAX_MANIFEST_SIZE, OCI_MANIFEST
 from .reference import OciReference
+
+if TYPE_CHECKING:
+    from cartonstore.fetch.config import FetchConfig
 
 log = logging.getLogger("cartonstore.oci")
 
@@ -57,7 +61,7 @@ class Registry:
             client.config.registries.mirror_down_for)
 
     @property
-    def config(self):  # noqa: ANN201 - FetchConfig
+    def config(self) -> FetchConfig:
         return self.client.config
 
     def url(self, path: str) -> str:
@@ -138,7 +142,8 @@ class Registry:
         sent = self.client.authorization(url, push=push) if authorize else None
         answer = await self._send(method, url, headers, body, limit, sent)
         if answer.status == 401 and authorize:
-            sent = await self.client.auth.answer(self.client.session, url, answer.headers.getall("WWW-Authenticate", []),
+            challenges = answer.headers.getall("WWW-Authenticate", [])
+            sent = await self.client.auth.answer(self.client.session, url, challenges,
                                                  push=push, sent=sent, extra_scopes=extra_scopes)
             answer = await self._send(method, url, headers, body, limit, sent)
             if answer.status == 401:
@@ -164,7 +169,7 @@ class Registry:
                 # new connection (the pool may hold several such: concurrent uploads each left one).
                 if attempt:
                     raise translate(e, url) from e
-            except Exception as e:  # noqa: BLE001 - translated here, once
+            except Exception as e:  # translated here, once
                 raise translate(e, url) from e
         raise AssertionError("unreachable")
 

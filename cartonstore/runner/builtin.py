@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import platform
 import sys
+from collections.abc import Callable
 from importlib import metadata
-from typing import Callable
 
 from .protocol import STANDARD_ARGV
 

@@ -48,10 +48,7 @@ def decode_request(
     """The parsed request and its inputs as numpy arrays (binary numeric
     inputs are views of ``body``, or of the shared memory in ``regions``
     they name, not copies)."""
-    if header_length == 0:
-        req = parse_raw_binary_for(body, ctx.inputs)
-    else:
-        req = parse_infer_request(body, header_length)
+    req = parse_raw_binary_for(body, ctx.inputs) if header_length == 0 else parse_infer_request(body, header_length)
     if any(t.shm is not None for t in req.inputs) or req.shm_outputs():
         if regions is None:
             raise InvalidInput("this runner takes no shared memory tensors", subject="shared_memory")
@@ -141,7 +138,7 @@ def run_and_encode(
     parameters.pop(ARENA_OUTPUTS, None)   # the daemon's, not the model's
     try:
         result = model.infer(inputs, parameters)
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - whatever the model raised is its failure, said to the caller
         traceback.print_exc(file=sys.stderr)
         raise ModelFailed(f"{type(exc).__name__}: {exc}") from None
     finally:

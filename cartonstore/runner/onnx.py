@@ -63,7 +63,7 @@ class OnnxModel:
             for name, array in inputs.items()
         }
         results = self._session.run(self._output_names, feed)
-        return dict(zip(self._output_names, results))
+        return dict(zip(self._output_names, results, strict=True))
 
 
 def _as_strings(array: np.ndarray) -> np.ndarray:
@@ -106,7 +106,7 @@ def load(ctx: RunnerContext) -> OnnxModel:
 
 def warm(devices: list[str]) -> None:
     """What a runner started before its model does while it waits: onnxruntime's import."""
-    import onnxruntime  # noqa: F401
+    import onnxruntime  # noqa: F401 - imported to be warm, not used here
 
 
 if __name__ == "__main__":

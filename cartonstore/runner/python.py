@@ -19,7 +19,8 @@ import importlib
 import sys
 import threading
 import traceback
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -51,8 +52,8 @@ class CartonPythonModel:
         if callable(self._infer_with_tensors):
             return self._infer_with_tensors(tensors)
         with self._seal_lock:
-            handle = self._seal(tensors)  # type: ignore[misc]
-            return self._infer_with_handle(handle)  # type: ignore[misc]
+            handle = self._seal(tensors)  # type: ignore[misc]  # no infer_with_tensors: the seal pair is callable
+            return self._infer_with_handle(handle)  # type: ignore[misc]  # no infer_with_tensors: the seal pair is callable
 
 
 def _strings_for_model(array: np.ndarray) -> np.ndarray:
@@ -111,7 +112,7 @@ def load(ctx: RunnerContext) -> CartonPythonModel:
         raise LoadError(f"entrypoint_package {package!r} has no function {fn_name!r} (entrypoint_fn)")
     try:
         model = entrypoint()
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:  # noqa: BLE001 - the model's own constructor: whatever it raises is the reason
         traceback.print_exc(file=sys.stderr)
         raise LoadError(f"{package}.{fn_name}() raised {type(exc).__name__}: {exc}") from None
     return CartonPythonModel(model)

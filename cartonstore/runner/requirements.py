@@ -61,7 +61,7 @@ def _installed_version(name: str) -> str | None:
         return None
 
 
-def _check_with_packaging(line: str) -> Unmet | None | bool:
+def _check_with_packaging(line: str) -> Unmet | bool | None:
     """Unmet/None with `packaging`; False when it is not available."""
     try:
         from packaging.requirements import InvalidRequirement, Requirement
@@ -138,7 +138,7 @@ def unmet_requirements(text: str, *, use_packaging: bool = True) -> list[Unmet]:
         if result is False:
             result = _check_simply(line)
         if result is not None:
-            unmet.append(result)  # type: ignore[arg-type]
+            unmet.append(result)  # type: ignore[arg-type]  # neither False nor None: an Unmet
     return unmet
 
 

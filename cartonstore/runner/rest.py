@@ -15,7 +15,8 @@ from __future__ import annotations
 import re
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 from urllib.parse import unquote
 
 from cartonstore.errors import InvalidInput
@@ -93,9 +94,9 @@ def _route(state: RunnerState, request: Request) -> tuple[str, Callable[[], Resp
         if action == "status":
             return "GET", lambda: _json(state.regions.status(region))
         if action == "unregister":
-            return "POST", lambda: _done(state.regions.unregister(region))
+            return "POST", lambda: _done(state.regions.unregister(region))  # type: ignore[func-returns-value]  # None: done
         if region is not None:
-            return "POST", lambda: _done(state.regions.register(region, _body_json(request)))
+            return "POST", lambda: _done(state.regions.register(region, _body_json(request)))  # type: ignore[func-returns-value]  # None: done
     return None
 
 

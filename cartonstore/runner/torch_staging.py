@@ -100,7 +100,7 @@ class TensorStaging:
             if not chunked:
                 np.copyto(pinned_view, source)
                 device.copy_(host, non_blocking=True)
-            for (a, b), copied in zip(spans, copies):
+            for (a, b), copied in zip(spans, copies, strict=False):   # no copies when unchunked
                 copied.result()
                 device[a:b].copy_(host[a:b], non_blocking=True)
         finally:

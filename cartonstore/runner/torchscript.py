@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -113,7 +114,7 @@ class TorchScriptModel:
         if isinstance(result, tuple) or (
             isinstance(result, list) and not all(isinstance(item, str) for item in result)
         ):
-            return dict(zip(self._names(len(result)), result))
+            return dict(zip(self._names(len(result)), result, strict=True))
         return {self._names(1)[0]: result}
 
     def _to_numpy(self, name: str, value: Any) -> np.ndarray:

@@ -8,6 +8,8 @@ Entry point: ``Store`` (store.py), the library the CLI and the daemon call;
 ``validate_name`` and ``VerifyReport`` too. Names are imported on first use.
 """
 
+from typing import TYPE_CHECKING
+
 from cartonstore.system.lazy_names import lazy_names
 
 # `cartonstore.store.layout` alone (the settings need it for the default
@@ -15,3 +17,8 @@ from cartonstore.system.lazy_names import lazy_names
 __getattr__, __dir__, __all__ = lazy_names(__name__, {"names": "validate_name",
                                                        "store": "CartonInfo RemoveResult Store",
                                                        "verification": "VerifyReport"})
+
+if TYPE_CHECKING:  # what mypy sees; lazy_names imports these at run time
+    from .names import validate_name
+    from .store import CartonInfo, RemoveResult, Store
+    from .verification import VerifyReport

@@ -11,9 +11,10 @@ from __future__ import annotations
 import errno
 import os
 import stat
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, BinaryIO, Iterator
+from typing import TYPE_CHECKING, BinaryIO
 
 from cartonstore.errors import IntegrityError, Unavailable
 
@@ -211,7 +212,7 @@ class BlobWriter:
         if not self._staged:
             _unlink_quietly(self.tmp_path)
 
-    def __enter__(self) -> "BlobWriter":
+    def __enter__(self) -> BlobWriter:
         return self
 
     def __exit__(self, *exc: object) -> None:

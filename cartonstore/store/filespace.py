@@ -23,8 +23,12 @@ import fcntl
 import os
 import struct
 from functools import lru_cache
+from typing import TYPE_CHECKING
 
 from cartonstore.system.libc import libc as c_library
+
+if TYPE_CHECKING:
+    import ctypes
 
 FALLOC_FL_KEEP_SIZE = 0x01      # reserve blocks past EOF; st_size stays what was written
 SYNC_FILE_RANGE_WRITE = 0x02    # start writeback of dirty pages in the range, do not wait
@@ -35,7 +39,7 @@ rare, small enough that the fsync at the end has little left to do."""
 
 
 @lru_cache(maxsize=1)
-def _libc():  # noqa: ANN202 - a ctypes.CDLL, or None
+def _libc() -> ctypes.CDLL | None:
     import ctypes
 
     libc = c_library()

@@ -10,9 +10,9 @@ live lease or a loaded model (a pin is a lease) needs is ever in a plan.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable
 
 from cartonstore.format.digest import is_sha256
 
@@ -266,7 +266,7 @@ def _evict(snap: Snapshot, plan: GcPlan, over: int, short: int, *, forget: bool 
 
 def tmp_leftovers(tmp_dir: Path, now: float) -> list[Path]:
     """tmp/ entries whose owner is gone (and owner locks nobody holds)."""
-    out = []
+    out: list[Path] = []
     if not tmp_dir.is_dir():
         return out
     for entry in os.scandir(tmp_dir):
@@ -304,7 +304,8 @@ def disk_free(path: Path) -> int:
     return st.f_bavail * st.f_frsize
 
 
-def unindexed_files(blob_names: Iterable[str], indexed: set[str], path_of) -> dict[str, tuple[int, float]]:  # noqa: ANN001
+def unindexed_files(blob_names: Iterable[str], indexed: set[str],
+                    path_of: Callable[[str], Path]) -> dict[str, tuple[int, float]]:
     out = {}
     for name in blob_names:
         if is_sha256(name) and name not in indexed:

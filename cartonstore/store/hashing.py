@@ -5,19 +5,23 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from cartonstore.errors import Unavailable
+
+if TYPE_CHECKING:
+    import hashlib
 
 CHUNK = 1 << 20
 
 
-def sha256():  # noqa: ANN202 - hashlib imported on first use: opening a store to read it (`path`) hashes nothing
+def sha256() -> hashlib._Hash:  # hashlib imported on first use: opening a store to read it (`path`) hashes nothing
     import hashlib
 
     return hashlib.sha256()
 
 
-def hash_span(fd: int, start: int, end: int, h, *, name: str, buf: bytearray | None = None) -> None:  # noqa: ANN001
+def hash_span(fd: int, start: int, end: int, h: hashlib._Hash, *, name: str, buf: bytearray | None = None) -> None:
     """Feed bytes [start, end) of fd to the hash ``h``, read in 1 MiB steps
     (into ``buf`` when given). Raises Unavailable if the file ends first."""
     view = memoryview(buf if buf is not None else bytearray(CHUNK))

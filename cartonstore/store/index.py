@@ -16,10 +16,11 @@ import os
 import sqlite3
 import threading
 import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Mapping, Sequence, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from cartonstore.errors import CartonStoreError, PermissionDenied, Unavailable
 from cartonstore.system.file_access import WRITE, denial
@@ -99,7 +100,7 @@ class Index(LeaseQueries, SourceQueries):
                 if conn.execute("INSERT OR IGNORE INTO meta VALUES ('sizes_learned', '1')").rowcount:
                     learn_all_sizes(conn)  # once: stores written before sizes were learned late
         except (sqlite3.Error, Unavailable) as e:
-            from .read_only import permission_error   # a store this user may only read, named as such
+            from .read_only import permission_error  # a store this user may only read, named as such
 
             raise permission_error(path, WRITE) or (e if isinstance(e, Unavailable) else Unavailable(
                 f"cannot open index {path}: {e}", subject=str(path))) from e
@@ -259,7 +260,7 @@ class Index(LeaseQueries, SourceQueries):
             conn.execute("DELETE FROM names WHERE carton=?", (carton,))
             conn.execute("DELETE FROM leases WHERE carton=?", (carton,))
             conn.execute("DELETE FROM cartons WHERE digest=?", (carton,))
-            orphans = [d for d in digests + [carton]
+            orphans = [d for d in [*digests, carton]
                        if not conn.execute("SELECT 1 FROM entries WHERE digest=? LIMIT 1", (d,)).fetchone()
                        and not conn.execute("SELECT 1 FROM cartons WHERE digest=?", (d,)).fetchone()]
             for d in orphans:
@@ -276,7 +277,8 @@ class Index(LeaseQueries, SourceQueries):
 
     def sources_of_blob(self, digest: str) -> list[str]:
         """The sources the cartons that list this blob were added from."""
-        return [r[0] for r in self._rows("SELECT DISTINCT c.source FROM entries e JOIN cartons c ON c.digest = e.carton "
+        return [r[0] for r in self._rows("SELECT DISTINCT c.source FROM entries e "
+                                         "JOIN cartons c ON c.digest = e.carton "
                                          "WHERE e.digest=? AND c.source IS NOT NULL", (digest,))]
 
     def carton_for_source(self, source: str) -> CartonRow | None:
@@ -371,7 +373,8 @@ class Index(LeaseQueries, SourceQueries):
 def _insert_links(conn: sqlite3.Connection, links: Mapping[str, Sequence[str]]) -> None:
     for digest, urls in links.items():
         base = conn.execute("SELECT coalesce(max(position)+1, 0) FROM links WHERE digest=?", (digest,)).fetchone()[0]
-        conn.executemany("INSERT OR IGNORE INTO links VALUES (?,?,?)", [(digest, u, base + i) for i, u in enumerate(urls)])
+        conn.executemany("INSERT OR IGNORE INTO links VALUES (?,?,?)",
+                         [(digest, u, base + i) for i, u in enumerate(urls)])
 
 
 def _use_wal(conn: sqlite3.Connection) -> None:

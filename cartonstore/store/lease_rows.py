@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import sqlite3
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Sequence, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from cartonstore.errors import CartonStoreError, NotFound
 

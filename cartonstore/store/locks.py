@@ -6,9 +6,9 @@ from __future__ import annotations
 import fcntl
 import os
 import time
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import AsyncIterator
 
 from cartonstore.errors import Unavailable
 
@@ -66,7 +66,7 @@ class FileLock:
             fcntl.flock(fd, fcntl.LOCK_UN)
             os.close(fd)
 
-    def __enter__(self) -> "FileLock":
+    def __enter__(self) -> FileLock:
         self.acquire()
         return self
 
@@ -82,7 +82,7 @@ class HeldLock:
         self._fd = _open_lock_file(lock.path)
         self._mode = fcntl.LOCK_SH if lock.shared else fcntl.LOCK_EX
 
-    def __enter__(self) -> "HeldLock":
+    def __enter__(self) -> HeldLock:
         fcntl.flock(self._fd, self._mode)
         return self
 

@@ -13,9 +13,9 @@ import os
 import posixpath
 import shutil
 import stat
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable
 
 from cartonstore.errors import NotFound, Unavailable
 from cartonstore.format.entry import EntryRow
@@ -143,7 +143,7 @@ def remove_tree(path: Path) -> None:
     if not os.path.lexists(path):
         return
 
-    def onerror(func, p, exc_info):  # noqa: ANN001 - shutil's callback shape
+    def onerror(func: Callable[..., object], p: str, exc_info: object) -> None:
         parent = os.path.dirname(p)
         try:
             os.chmod(parent, 0o755)

@@ -18,9 +18,10 @@ that load one name keep a pin each.
 from __future__ import annotations
 
 import re
+import sqlite3
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from cartonstore.errors import Conflict, InvalidInput
 
@@ -122,7 +123,7 @@ def pinned_name(lease_id: str) -> str | None:
     return rest if rest and ":" not in rest else None
 
 
-def loaded_versions(conn, name: str) -> list[str]:  # noqa: ANN001 - sqlite3.Connection
+def loaded_versions(conn: sqlite3.Connection, name: str) -> list[str]:
     """The cartons daemons have loaded under name (their pin leases are
     live), each once."""
     rows = conn.execute("SELECT id, carton FROM leases WHERE substr(id, 1, ?)=? AND expires_at>?",
@@ -155,7 +156,7 @@ def _seconds(s: float) -> str:
     return f"{s} s" if s < 120 else f"{s // 60} min {s % 60} s" if s < 7200 else f"{s // 3600} h {s // 60 % 60} min"
 
 
-def check_move(conn, name: str, digest: str | None, *, force: bool) -> None:  # noqa: ANN001
+def check_move(conn: sqlite3.Connection, name: str, digest: str | None, *, force: bool) -> None:
     """Refuse to move a loaded model's name unless forced (Conflict names the version)."""
     if force:
         return
@@ -166,7 +167,7 @@ def check_move(conn, name: str, digest: str | None, *, force: bool) -> None:  # 
                        subject=name)
 
 
-def assign_name(conn, digest: str, *, explicit: str | None, default: str | None,  # noqa: ANN001
+def assign_name(conn: sqlite3.Connection, digest: str, *, explicit: str | None, default: str | None,
                 force: bool) -> NameOutcome:
     """Decide and write the carton's name inside the caller's transaction."""
     if explicit is not None:
@@ -186,16 +187,16 @@ def assign_name(conn, digest: str, *, explicit: str | None, default: str | None,
     return NameOutcome(None, kept_by=current, wanted=default)
 
 
-def carton_named(conn, name: str) -> str | None:  # noqa: ANN001
+def carton_named(conn: sqlite3.Connection, name: str) -> str | None:
     row = conn.execute("SELECT carton FROM names WHERE name=?", (name,)).fetchone()
     return row[0] if row else None
 
 
-def _write(conn, name: str, digest: str) -> None:  # noqa: ANN001
+def _write(conn: sqlite3.Connection, name: str, digest: str) -> None:
     conn.execute("INSERT OR REPLACE INTO names VALUES (?,?,?)", (name, digest, time.time()))
 
 
-def restore_name(conn, name: str, digest: str | None, *, only_from: str) -> None:  # noqa: ANN001
+def restore_name(conn: sqlite3.Connection, name: str, digest: str | None, *, only_from: str) -> None:
     """Point name back at digest (None: no carton), as before a failed load
     pointed it at only_from; a name someone else moved since is left alone,
     and a carton removed meanwhile is not pointed at."""

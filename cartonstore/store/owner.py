@@ -77,7 +77,7 @@ def hold_identity(locks_dir: Path, identity: str) -> int:
     (the descriptor returned; closing it lets go). Unavailable when a live
     daemon already holds it: two daemons with one identity would load and
     forget each other's models at each restart."""
-    import hashlib   # here, not at the top: the CLI's fast ls and path import this module
+    import hashlib  # here, not at the top: the CLI's fast ls and path import this module
     path = locks_dir / f"daemon-{hashlib.sha256(identity.encode()).hexdigest()[:32]}.lock"
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)

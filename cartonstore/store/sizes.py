@@ -9,7 +9,7 @@ size-less.
 from __future__ import annotations
 
 import sqlite3
-from typing import Iterable
+from collections.abc import Iterable
 
 # A carton's total is the sum of its files (a file listed at two paths
 # counts twice, a symlink not at all), as commit_carton computes it.

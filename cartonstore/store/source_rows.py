@@ -9,8 +9,9 @@ from __future__ import annotations
 import os
 import sqlite3
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Callable, Iterable, TypeVar
+from typing import TypeVar
 
 T = TypeVar("T")
 

@@ -5,8 +5,9 @@ never waits (ImmediateWriter)."""
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Sequence, TypeVar
+from typing import TypeVar
 
 from cartonstore.errors import CartonStoreError
 

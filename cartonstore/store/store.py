@@ -10,10 +10,13 @@ Collecting lives in collection.py, verifying in verification.py.
 
 from __future__ import annotations
 
+import builtins
+import functools
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING
 
 from cartonstore.errors import Conflict, InvalidInput, NotFound, PermissionDenied
 from cartonstore.format.digest import is_sha256
@@ -41,6 +44,8 @@ from .parts import StoreParts
 # cheap.
 if TYPE_CHECKING:
     from cartonstore.carton.checks import CheckedCarton
+    from cartonstore.carton.writer import WrittenCarton
+    from cartonstore.format.carton_toml import CartonConfig
     from cartonstore.system.callers import Credentials
 
     from .gc import GcPolicy, GcReport
@@ -95,7 +100,7 @@ class Store(StoreParts):
     def close(self) -> None:
         self.index.close()
 
-    def __enter__(self) -> "Store":
+    def __enter__(self) -> Store:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -254,7 +259,7 @@ class Store(StoreParts):
             return None
         return self.materialize(digest)
 
-    def missing_blobs(self, digest: str) -> list[str]:
+    def missing_blobs(self, digest: str) -> builtins.list[str]:  # list: the method above
         """Blobs the carton lists that the store lacks. A blob file present
         without its row (a crash between rename and index commit) is adopted:
         its name proves its bytes, so the row is simply written now."""
@@ -286,19 +291,20 @@ class Store(StoreParts):
 
     # -- inspecting ----------------------------------------------------------
 
-    def safetensors_of(self, digest: str) -> dict[str, list[dict]]:
+    def safetensors_of(self, digest: str) -> dict[str, builtins.list[dict]]:
         from cartonstore.carton.checks import check_safetensors, is_safetensors
 
         out: dict[str, list[dict]] = {}
         for e in self.index.entries(digest):
             if e.kind == "file" and is_safetensors(e.path) and self.blobs.has(e.digest):
                 p = self.blobs.path(e.digest)
-                header = check_safetensors(e.path, lambda p=p: open(p, "rb"), p.stat().st_size)
+                opener = functools.partial(open, p, "rb")
+                header = check_safetensors(e.path, opener, p.stat().st_size)  # type: ignore[arg-type]  # binary: mypy cannot pick open's overload through partial
                 out[e.path] = [{"name": t.name, "dtype": t.dtype, "shape": list(t.shape)}
                                for t in header.tensors]
         return out
 
-    def config_of(self, digest: str):  # noqa: ANN201 - CartonConfig, imported lazily
+    def config_of(self, digest: str) -> CartonConfig:
         from cartonstore.format.carton_toml import parse_carton_toml
 
         entry = next((e for e in self.index.entries(digest) if e.path == "carton.toml"), None)
@@ -309,7 +315,7 @@ class Store(StoreParts):
     # -- exporting -----------------------------------------------------------
 
     def export(self, ref: str, out: Path, *, link_prefix: str | None = None, link_min_size: int = 0,
-               compression: str = "zstd"):  # noqa: ANN201
+               compression: str = "zstd") -> WrittenCarton:
         from cartonstore.carton.checks import check_carton
         from cartonstore.carton.writer import plan_links, write_carton
 

@@ -31,7 +31,7 @@ def die_with(parent_pid: int, sig: int = signal.SIGKILL) -> int:
     try:
         prctl(PR_SET_PDEATHSIG, int(sig))
     except OSError as e:
-        failed = e.errno
+        failed = e.errno or 0
     if os.getppid() != parent_pid:
         os._exit(1)
     return failed

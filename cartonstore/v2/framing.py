@@ -73,10 +73,7 @@ def _load_json(raw: bytes | bytearray, what: str) -> tuple[dict[str, Any], froze
 
 
 def _is_dims(shape: list[Any]) -> bool:
-    for dim in shape:
-        if type(dim) is not int or dim < 0:
-            return False
-    return True
+    return all(type(dim) is int and dim >= 0 for dim in shape)
 
 
 def _named_entry(entry: Any, index: int, role: str) -> tuple[str, dict[str, Any]]:

@@ -138,7 +138,7 @@ def _what_is_wrong(raw: bytes) -> BadHead:
         if not sep:
             return BadHead(400, f"bad header line {number}: not 'Name: value' (no ':')")
         if not _TOKEN.match(name):   # the part a name may hold, and no further: the rest may be a value
-            return BadHead(400, f"bad header line {number}: the name {_shown(_NAME_START.match(name)[0])} is "
+            return BadHead(400, f"bad header line {number}: the name {_shown(_NAME_START.match(name)[0])} is "  # type: ignore[index]  # it matches the empty string too
                                 "followed by a character a header name cannot hold")
         if b"\0" in value or b"\r" in value:
             return BadHead(400, f"bad header value in {_shown(name)}")

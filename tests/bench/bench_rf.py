@@ -53,7 +53,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1]))
 sys.path.insert(0, str(HERE.parent))
 
-from kit.daemonkit import DaemonProcess, call  # noqa: E402
+from kit.daemonkit import DaemonProcess, call
 
 # Both fronts' app: the handler `infer` on the infer route, served on uvloop at the port argv[2] names.
 APP = r'''

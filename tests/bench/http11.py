@@ -72,12 +72,12 @@ class AiohttpConnection:
 
     async def request(self, method: str, path: str, body: bytes = b"",
                       headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], bytes]:
-        async with self.session.request(method, self.base + path, data=body, headers=headers) as r:  # type: ignore[attr-defined]
+        async with self.session.request(method, self.base + path, data=body, headers=headers) as r:  # type: ignore[attr-defined]  # opened: the session is set
             data = await r.read()
             return r.status, {k.lower(): v for k, v in r.headers.items()}, data
 
     async def close(self) -> None:
-        await self.session.close()  # type: ignore[attr-defined]
+        await self.session.close()  # type: ignore[attr-defined]  # opened: the session is set
 
 
 CLIENTS = {"raw": Http11Connection, "aiohttp": AiohttpConnection}

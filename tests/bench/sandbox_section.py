@@ -16,8 +16,8 @@ import pwd
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from http11 import CLIENTS, Address
 

@@ -7,11 +7,12 @@ from pathlib import Path
 import pytest
 import tomli_w
 
+from cartonstore.config import Config
 from cartonstore.config.load import load_config
 from cartonstore.errors import InvalidInput
 
 
-def config_with(tmp_path: Path, text: str):  # noqa: ANN201
+def config_with(tmp_path: Path, text: str) -> Config:
     path = tmp_path / "cartonstore.toml"
     path.write_text(text)
     return load_config(path, env={})

@@ -20,6 +20,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from conftest import MINIMAL_TOML, manifest_for, sha
 
@@ -112,7 +113,7 @@ def spawn_and_kill(argv: list[str], delay: float) -> KillOutcome:
     return KillOutcome(delay, alive, proc.returncode, err or "")
 
 
-def timed(fn, *a, **kw):  # noqa: ANN001, ANN002, ANN003, ANN201
+def timed(fn, *a, **kw) -> tuple[Any, float]:
     t0 = time.monotonic()
     result = fn(*a, **kw)
     return result, time.monotonic() - t0

@@ -12,6 +12,7 @@ import stat
 import subprocess
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -37,14 +38,14 @@ doubler_dir = pytest.fixture(scope="module", name="doubler_dir")(doubler_root)
 
 
 @pytest.fixture(autouse=True)
-def no_runner_left(doubler_dir: Path):
+def no_runner_left(doubler_dir: Path) -> Iterator[None]:
     yield
     # The module's shared runner lives on until the module ends.
     assert_none_left(str(doubler_dir), but="shared.sock")
 
 
 @pytest.fixture(scope="module")
-def runner(doubler_dir: Path):
+def runner(doubler_dir: Path) -> Iterator[Path]:
     proc, sock = start(doubler_dir, "shared", name="dbl", version="7")
     try:
         wait_ready(sock, proc=proc)
@@ -85,7 +86,7 @@ def test_binary_infer_echoes_id_and_answers_binary(runner: Path) -> None:
 
 
 def test_json_in_json_out_and_only_requested_outputs(runner: Path) -> None:
-    doc, out = infer(runner, {"x": np.array([1.5, 2.5], np.float32)}, binary=False, binary_outputs=False,
+    doc, _out = infer(runner, {"x": np.array([1.5, 2.5], np.float32)}, binary=False, binary_outputs=False,
                      outputs=["y"], path="/v2/models/dbl/versions/7/infer")
     assert [o["name"] for o in doc["outputs"]] == ["y"]
     assert doc["outputs"][0]["data"] == [3.0, 5.0]

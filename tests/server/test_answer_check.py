@@ -7,6 +7,8 @@ fault. Pure: answers made with the v2 codec, then broken on purpose."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import pytest
@@ -51,7 +53,7 @@ def test_a_declared_answer_passes_with_the_daemons_headers_alone(binary: bool) -
     assert checked_answer(answer(good(names=None)), OUTPUTS, LABEL).status == 200   # a subset, as requested
 
 
-def _tampered(doc_change, binary: bytes | None = None) -> RunnerResponse:  # noqa: ANN001
+def _tampered(doc_change, binary: bytes | None = None) -> RunnerResponse:
     sent = answer(good())
     length = int(sent.headers[HEADER_LENGTH])
     doc = json.loads(sent.body[:length])
@@ -61,7 +63,7 @@ def _tampered(doc_change, binary: bytes | None = None) -> RunnerResponse:  # noq
     return RunnerResponse(200, {HEADER_LENGTH: str(len(header))}, body)
 
 
-def _set(path: tuple, value: object):  # noqa: ANN202
+def _set(path: tuple, value: object) -> Callable[[dict[str, Any]], None]:
     def change(doc: dict) -> None:
         target = doc
         for key in path[:-1]:

@@ -21,7 +21,7 @@ def carton(runner: str = "python", requirement: str = ">=3.8", opts: str = "") -
 
 
 def settings(**kw: object) -> RunnerSettings:
-    return RunnerSettings(**kw)  # type: ignore[arg-type]
+    return RunnerSettings(**kw)  # type: ignore[arg-type]  # each test's fields, of their types
 
 
 def test_builtin_runner_and_its_framework_version() -> None:

@@ -16,6 +16,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -131,13 +132,13 @@ asyncio.run(main())
 '''
 
 @pytest.fixture
-def script(short_tmp: Path):  # noqa: ANN201
+def script(short_tmp: Path) -> Iterator[Path]:
     """The fake runner, written for this test; no process running it may be left after."""
     with script_leaving_no_process(short_tmp / "fake_runner.py", RUNNER) as path:
         yield path
 
 
-FAST = dict(ready_timeout=20.0, request_timeout=10.0, stop_grace=5.0, restart_backoff=0.05, max_restarts=3)
+FAST = {"ready_timeout": 20.0, "request_timeout": 10.0, "stop_grace": 5.0, "restart_backoff": 0.05, "max_restarts": 3}
 
 
 def spec(script: Path, short_tmp: Path, i: int = 0, *extra: str, device: str = "cpu",

@@ -25,7 +25,7 @@ def last_launcher(argv: list[str]) -> int:
     return len(argv) - 1 - argv[::-1].index("cartonstore.system.confine")
 
 
-def test_no_bubblewrap_where_it_is_asked_for_fails_naming_how_to_get_one(tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
+def test_no_bubblewrap_where_it_is_asked_for_fails_naming_how_to_get_one(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv("PATH", str(tmp_path))   # bwrap and setpriv are found on PATH: here, nowhere
     with pytest.raises(InvalidInput) as caught:
         confine(SandboxPolicy(mode="bwrap", user="nobody"), ARGV, model_dir=tmp_path, model="m", device="cpu",
@@ -71,7 +71,7 @@ def test_isolation_is_added_once_and_only_to_this_python() -> None:
     assert _isolated(["/opt/serve", "--socket", "x"]) == ["/opt/serve", "--socket", "x"]
 
 
-def test_what_a_runner_may_read_is_python_not_the_working_directory(tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
+def test_what_a_runner_may_read_is_python_not_the_working_directory(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path))
     paths = python_paths()
@@ -118,7 +118,7 @@ def test_cgroups_a_killed_daemon_left_are_removed_and_live_ones_kept() -> None:
         live.remove()
 
 
-def test_landlock_alone_is_refused_for_a_runner_of_the_daemons_own_user(tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
+def test_landlock_alone_is_refused_for_a_runner_of_the_daemons_own_user(tmp_path: Path, monkeypatch) -> None:
     """Landlock stops no chmod and no connect() to a socket by path: a
     runner keeping the daemon's uid could chmod the store's blobs and use
     its API socket. Without bubblewrap, only a runner of another uid may

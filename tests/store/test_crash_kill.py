@@ -30,9 +30,9 @@ import subprocess
 import textwrap
 import zipfile
 from collections import Counter
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import pytest
 from conftest import carton_entries, sha, write_zip
@@ -113,7 +113,7 @@ def _linked(tmp: Path, origin: Origin, name: str, blobs: dict[str, bytes],
 
 
 @pytest.fixture(scope="module")
-def origin():
+def origin() -> Iterator[Origin]:
     with Origin() as o:
         yield o
 

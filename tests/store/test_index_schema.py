@@ -9,6 +9,7 @@ import threading
 from pathlib import Path
 
 import pytest
+
 from cartonstore.store import Store
 from cartonstore.store.index import Index
 from cartonstore.store.schema import SCHEMA_VERSION

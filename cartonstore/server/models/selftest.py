@@ -40,7 +40,7 @@ async def self_tested_on_load(runner_host: RunnerHost, model: LoadedModel, model
     """With runners.selftest_on_load, a model whose self-tests fail is
     stopped before it serves: SelfTestFailed carries the report."""
     settings = runner_host.config
-    if model.runners is None or not settings.selftest_on_load or not model.carton.self_tests:
+    if model.runners is None or not settings.selftest_on_load or not model.carton.self_tests:  # type: ignore[union-attr]  # runners: loaded
         return
     try:
         report = await self_test(model, model_dir, *settings.selftest_tolerances(model.runners.devices))
@@ -52,7 +52,7 @@ async def self_tested_on_load(runner_host: RunnerHost, model: LoadedModel, model
         raise SelfTestFailed(report, model.name)
     # A broken test (one that cannot be sent) says nothing of the model: it loads, and the log says so.
     log.log(logging.INFO if report.passed else logging.WARNING, "model %s version %s: %s", model.name,
-            model.digest[:12], report.summary())
+            model.digest[:12], report.summary())  # type: ignore[index]  # loaded: it has its digest
 
 
 async def _stop(runner_host: RunnerHost, model: LoadedModel) -> None:

@@ -172,7 +172,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                 return pb.ModelStreamInferResponse(infer_response=answer)
             except CartonStoreError as e:
                 return stream_error(request, e)
-            except Exception:  # noqa: BLE001 - a bug answers this request, logged; the stream goes on
+            except Exception:  # a bug answers this request, logged; the stream goes on
                 log.exception("unexpected error in a gRPC stream's request")
                 return stream_error(request, InvalidInput("internal error (see the daemon's log)"))
 

@@ -7,8 +7,10 @@ import asyncio
 import json
 import logging
 import signal
+import sys
 import time
-from typing import TYPE_CHECKING, Any, Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from cartonstore.config.runners import RunnerSettings
 from cartonstore.errors import BadUpstream, Unavailable
@@ -44,7 +46,7 @@ _TIMING = TIMING_HEADER.lower()
 DEATH_NOTICE = 0.25   # after a broken connection, how long to wait to learn whether the process died
 
 
-if hasattr(asyncio, "timeout"):        # Python 3.11+: no extra task per request
+if sys.version_info >= (3, 11):         # no extra task per request
     async def _within(awaitable: Awaitable[Any], seconds: float) -> Any:
         async with asyncio.timeout(seconds):
             return await awaitable
@@ -115,7 +117,7 @@ class RunnerInstance:
         arena_fd = self._arena.fd if self._arena is not None else None
         proc = None
         if first and self._first_process is not None:
-            proc = await owned(self._first_process(self.spec, arena_fd, self._log_name), _stop_now)
+            proc = await owned(self._first_process(self.spec, arena_fd, self._log_name), _stop_now)  # type: ignore[arg-type]  # None: nothing to stop
         if proc is None:
             remove_socket(self.spec.socket_path)   # left by the previous process; the new one binds afresh
             proc = await owned(RunnerProcess.spawn(self._log_name, self.spec, STDERR_LINES, arena_fd),
@@ -213,12 +215,12 @@ class RunnerInstance:
             raise Unavailable(f"{self.label} is not running: {self.reason or 'restarting'}")
         via_arena = arena is not None and self.arena_capable and arena.slot.arena is self._arena
         if via_arena:
-            body, headers = arena.runner_request()  # type: ignore[union-attr]
+            body, headers = arena.runner_request()  # type: ignore[union-attr]  # via_arena: arena is set
         try:
             status, headers_in, answer = await self._exchange(proc, client, shm, path, body, headers, regions, limit)
         except BaseException:
             if via_arena:   # it may still write outputs into the slot: kept until the process is gone
-                arena.slot.hold_until(proc.wait())  # type: ignore[union-attr]
+                arena.slot.hold_until(proc.wait())  # type: ignore[union-attr]  # via_arena: arena is set
             raise
         return RunnerResponse(status, {name: headers_in[key] for name, key in _FORWARDED if key in headers_in}, answer,
                               via_arena, parse_timing(headers_in.get(_TIMING)))

@@ -12,7 +12,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from cartonstore.config.runners import RunnerSettings
 from cartonstore.errors import InvalidInput, Unavailable
@@ -138,7 +139,7 @@ class ModelRunners:
         all are stopped and InvalidInput says why (its exit status and last
         stderr lines, or that it was not ready in time)."""
         started = time.monotonic()
-        tasks = [asyncio.ensure_future(inst.start()) for inst in self._instances]
+        tasks: list[asyncio.Future[None]] = [asyncio.ensure_future(inst.start()) for inst in self._instances]
         self._starting = tasks
         try:
             # wait, not gather: a task cancelled by stop() must not look like
@@ -149,7 +150,7 @@ class ModelRunners:
             raise
         finally:
             self._starting = []
-        for inst, task in zip(self._instances, tasks):
+        for inst, task in zip(self._instances, tasks, strict=True):
             if not task.done() or task.cancelled() or task.exception() is None:
                 continue
             error = task.exception()
@@ -158,7 +159,7 @@ class ModelRunners:
                 which = f" (instance {inst.index})" if len(self._instances) > 1 else ""
                 raise InvalidInput(f"runner for {self.name}{which} failed to start: {error.reason}",
                                    subject=self.name, details={"stderr": error.stderr} if error.stderr else None)
-            raise error
+            raise error  # type: ignore[misc]  # an exception: the test above
         if any(t.cancelled() for t in tasks) or self._closing:
             await self._abort(tasks)
             raise Unavailable(f"model {self.name} version {self.version} was unloaded while its runners started",

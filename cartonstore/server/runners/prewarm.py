@@ -21,8 +21,8 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Mapping
 
 from cartonstore.config.runners import RunnerSettings
 from cartonstore.system.backoff import doubling

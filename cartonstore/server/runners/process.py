@@ -19,8 +19,9 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Awaitable, Callable, TypeVar
+from typing import TypeVar
 
 from cartonstore.errors import CartonStoreError, InvalidInput
 from cartonstore.runner.protocol import ARENA_FD_ENV, MODEL_CHANNEL_ENV, READY_PATH, SHM_CHANNEL_ENV, WARM_DEVICES_ENV
@@ -57,7 +58,7 @@ async def owned(starting: Awaitable[T], end: Callable[[T], Awaitable[object]]) -
     except asyncio.CancelledError:
         def ended(done: asyncio.Future[T]) -> None:
             if not done.cancelled() and done.exception() is None and done.result() is not None:
-                asyncio.ensure_future(end(done.result()))
+                asyncio.ensure_future(end(done.result()))  # noqa: RUF006 - the process's transport holds it
         task.add_done_callback(ended)
         raise
 
@@ -102,6 +103,7 @@ def _enter(parent_pid: int, cgroup: RunnerCgroup) -> None:
 def _sandboxed(spec: InstanceSpec, env: dict[str, str]) -> tuple[socket.socket, Confinement]:
     """In a thread: the socket a sandboxed runner is handed, bound here (it
     may not see the run directory), and its Confinement."""
+    assert spec.sandbox is not None and spec.model_dir is not None   # InstanceSpec's own check
     listen = bind_unix(spec.socket_path, mode=0o600, private_dir=True)
     try:
         return listen, confine(spec.sandbox, list(spec.argv), model_dir=spec.model_dir, model=spec.model,
@@ -152,6 +154,8 @@ class RunnerProcess:
         except InvalidInput as e:
             raise RunnerFailed(str(e)) from None
         env.pop(ARENA_FD_ENV, None)
+        pass_fds: tuple[int, ...]
+        preexec: Callable[[], object]
         argv, pass_fds, preexec = list(spec.argv), (), functools.partial(die_with, os.getpid())
         confinement = listen = shm_channel = runner_end = None
         try:
@@ -268,7 +272,7 @@ class RunnerProcess:
         # The last words usually come just before the exit; helpers that
         # inherited the pipe may hold it open, so do not wait forever.
         await asyncio.wait(self._drains, timeout=DRAIN_WAIT)
-        return self._transport.get_returncode()  # type: ignore[return-value]
+        return self._transport.get_returncode()  # type: ignore[return-value]  # the process has exited: it has its status
 
     @property
     def returncode(self) -> int | None:

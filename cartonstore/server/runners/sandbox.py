@@ -198,7 +198,7 @@ class Host:
     @property
     def uid_layer(self) -> str:
         """The uid layer's name: "uid", or "uid:transient(N)"."""
-        return f"uid:transient({self.identity[0]})" if self.transient else "uid"
+        return f"uid:transient({self.identity[0]})" if self.transient else "uid"  # type: ignore[index]  # transient: set
 
     def describe(self, policy: SandboxPolicy) -> str:
         if not self.bwrap:
@@ -211,7 +211,7 @@ class Host:
                 else " and a private /dev/shm each (unsized: bubblewrap before 0.8 takes no --size)"
         if self.transient:
             why = "runners.user = \"\"" if policy.user == TRANSIENT else f"no user {policy.user!r} here"
-            said += f", as transient uid {self.identity[0]} ({why})"
+            said += f", as transient uid {self.identity[0]} ({why})"  # type: ignore[index]  # transient: set
         elif self.identity is not None:
             said += f", as {policy.user}"
         said += ", no capabilities"
@@ -344,7 +344,7 @@ def confine(policy: SandboxPolicy, argv: list[str], *, model_dir: Path, model: s
     tmp = None
     if not has_bwrap:   # Landlock alone: a runner of another uid (mechanisms), given a private tmp of its own
         tmp = Path(tempfile.mkdtemp(prefix=f"cartonstore-runner-{os.getpid()}-{label[:40]}-"))
-        os.chown(tmp, *identity)
+        os.chown(tmp, *identity)  # type: ignore[misc]  # Landlock alone: another uid (mechanisms)
     tmp_inside = "/tmp" if has_bwrap else str(tmp)
     landlock = None if abi < 1 else {
         "read": [*reads, str(model_dir), *CPU_INFO], "write": [tmp_inside, *(("/dev/shm",) if has_bwrap else ())],
@@ -363,9 +363,9 @@ def confine(policy: SandboxPolicy, argv: list[str], *, model_dir: Path, model: s
         layers.append("bwrap")
         sizes = (policy.tmp_size, policy.shm_size) if host.sized else None
         view = bwrap_view(reads, model_dir, gpus, networked, sizes)
-        command = bwrap_command(bwrap, identity, view, plan, _isolated(argv))
+        command = bwrap_command(bwrap, identity, view, plan, _isolated(argv))  # type: ignore[arg-type]  # has_bwrap
     else:   # the launcher drops to the runner user itself, which clears the parent-death signal
-        plan.update(user=list(identity), parent=os.getpid())
+        plan.update(user=list(identity), parent=os.getpid())  # type: ignore[arg-type]  # another uid (mechanisms)
         command = [*launcher(plan), *_isolated(argv)]
     if landlock is not None:
         layers.append("landlock")

@@ -15,7 +15,8 @@ import asyncio
 import json
 import logging
 import socket
-from typing import TYPE_CHECKING, Iterable
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 from cartonstore.errors import InvalidInput, Unavailable
 from cartonstore.runner.protocol import (

@@ -33,7 +33,7 @@ import functools
 import itertools
 import socket
 import time
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from urllib.parse import quote
 
 from cartonstore.errors import InvalidInput
@@ -108,7 +108,7 @@ class _Connection(asyncio.BufferedProtocol):
             _, conn = await loop.create_unix_connection(cls, address)
         else:
             _, conn = await loop.create_connection(cls, *address)
-        sock = conn.transport.get_extra_info("socket")
+        sock = conn.transport.get_extra_info("socket")  # type: ignore[union-attr]  # connected: it has its transport
         for option in (socket.SO_SNDBUF, socket.SO_RCVBUF):
             sock.setsockopt(socket.SOL_SOCKET, option, SOCKET_BUFFER)
         return conn
@@ -116,7 +116,7 @@ class _Connection(asyncio.BufferedProtocol):
     # -- protocol callbacks ---------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
+        self.transport = transport  # type: ignore[assignment]  # a stream connection makes a stream transport
 
     def get_buffer(self, sizehint: int) -> memoryview:
         return self.target[self.target_got:] if self.target is not None else self.scratch
@@ -157,7 +157,7 @@ class _Connection(asyncio.BufferedProtocol):
         return (not self.eof and self.transport is not None and not self.transport.is_closing()
                 and self.start == len(self.pending) and now - self.idle_since < DAEMON_IDLE_LIMIT)
 
-    async def send(self, parts: list[bytes | memoryview]) -> None:
+    async def send(self, parts: list[bytes | bytearray | memoryview]) -> None:
         """Small requests in one write; big parts each on their own (the
         socket's big send buffer takes them whole, so the transport keeps no
         copy), never joined."""

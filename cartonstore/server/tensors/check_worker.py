@@ -62,7 +62,7 @@ def _read_exactly(stream: BinaryIO, size: int) -> bytearray | None:
     out = bytearray(size)
     view, got = memoryview(out), 0
     while got < size:
-        n = stream.readinto(view[got:])
+        n = stream.readinto(view[got:])  # type: ignore[attr-defined]  # stdin's buffer: a BufferedReader
         if not n:
             return None
         got += n

@@ -38,7 +38,7 @@ class ShmUse:
 def _check_bytes_size(tensor: WireTensor, max_read: int) -> None:
     """BYTES in shared memory are read to be checked: not past the request
     size bound, and not before their size could hold the shape at all."""
-    size, least = tensor.shm.byte_size, 4 * prod(tensor.shape)   # type: ignore[union-attr]
+    size, least = tensor.shm.byte_size, 4 * prod(tensor.shape)   # type: ignore[union-attr]  # a tensor in shared memory has its reference
     if size < least:
         raise fail(tensor.what, f"shared_memory_byte_size {size} cannot hold {prod(tensor.shape)} BYTES elements "
                                 f"(each takes at least 4 bytes)")

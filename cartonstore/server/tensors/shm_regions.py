@@ -174,7 +174,8 @@ class ShmRegions:
                 os.close(region.fd)
         return gone
 
-    def check(self, peer: Peer, ref: ShmRef, what: str, *, read: bool = False) -> tuple[Region, bytes | None]:
+    def check(self, peer: Peer, ref: ShmRef, what: str, *,
+              read: bool = False) -> tuple[Region, bytes | bytearray | None]:
         """The region ``ref`` names, once the bytes it names lie inside it
         and its object is still the one registered, whole; with ``read``,
         also those bytes (read, not mapped). InvalidInput says what is wrong."""
