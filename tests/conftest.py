@@ -9,6 +9,7 @@ import os
 import shutil
 import sqlite3
 import stat
+import sys
 import tempfile
 import zipfile
 from collections.abc import Callable, Iterator
@@ -34,6 +35,12 @@ os.environ.setdefault("CARTONSTORE_SANDBOX", "none")
 # production refuses such URLs: tests/fetch/test_private_links.py tests that
 # with this unset (kit/fetchkit.py's fast_config allows them too).
 os.environ.setdefault("CARTONSTORE_ALLOW_PRIVATE_LINKS", "true")
+# A run starts thousands of Python processes from this tree (pytest's workers,
+# daemons, runners, CLIs): where the environment says not to write bytecode,
+# each would compile cartonstore's modules anew, and each worker rewrite every
+# test module's asserts anew. __pycache__ is ignored by git.
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+sys.dont_write_bytecode = False
 # A command a test runs with no store named (no --root, setting or
 # CARTONSTORE_ROOT) must not reach the host's store, /var/lib/cartonstore as
 # root: its default root is in a cache directory of this process's own,

@@ -21,6 +21,7 @@ class Masked(torch.nn.Module):
         return features * mask
 
 
+@pytest.mark.slow
 def test_a_traced_modules_examples_are_named_as_forwards_parameters(tmp_path: Path, capsys) -> None:
     model = tmp_path / "masked.pt"
     torch.jit.trace(Masked(), (torch.ones(2, 3), torch.ones(2, 3))).save(str(model))

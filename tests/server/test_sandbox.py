@@ -32,7 +32,10 @@ from kit.hostile import hostile_carton
 from kit.inferkit import echo_carton, spares_run
 from kit.sandboxkit import runner_user, why_not
 
-pytestmark = pytest.mark.slow   # hostile models in every sandbox, each test its daemons and runners
+# hostile models in every sandbox, each test its daemons and runners. One
+# worker: each xdist worker that ran one of these tests would start its own
+# root daemon, sandboxed runners and spares for every sandbox of `node`.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("sandbox")]
 
 SECRET = "s3cret-peer-token"
 # Run as the daemon's argv: a session keyring of its own holding a key (as a host's login session may hold
