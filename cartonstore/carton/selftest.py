@@ -37,7 +37,7 @@ class RunnerAnswer(Protocol):
 
 
 class Runners(Protocol):
-    """What self-tests send requests to: the daemon's ModelRunners (server/runners)."""
+    """What self-tests send requests to: the daemon's ModelRunners (server/runner_processes)."""
 
     name: str
 

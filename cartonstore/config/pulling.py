@@ -8,15 +8,15 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Callable
 
 if TYPE_CHECKING:
-    from cartonstore.fetch.config import FetchConfig
+    from cartonstore.fetch.http.config import FetchConfig
+    from cartonstore.fetch.http.source_kinds import SourceKinds
     from cartonstore.fetch.puller import Puller
-    from cartonstore.fetch.source_kinds import SourceKinds
     from cartonstore.store import Store
 
 
 def standard_sources() -> SourceKinds:
+    from cartonstore.fetch.http.source_kinds import SourceKinds
     from cartonstore.fetch.puller import CARTON_URL
-    from cartonstore.fetch.source_kinds import SourceKinds
     from cartonstore.oci import OCI_REFERENCE, registry_auth
 
     return SourceKinds((CARTON_URL, OCI_REFERENCE), registry_auth)

@@ -15,7 +15,7 @@ framework version is what `required_framework_version` is checked against.
 models whose runners keep the network (the operator's choice, never a
 carton's).
 
-Every runner runs in a sandbox (server/runners/sandbox.py): ``sandbox`` picks
+Every runner runs in a sandbox (server/runner_processes/sandbox.py): ``sandbox`` picks
 the mechanism ("auto": bubblewrap and Landlock, whichever are here; "none":
 model code runs with the daemon's rights), ``user`` the unprivileged user it
 runs as when the daemon is root (where the default "cartonstore-runner" does

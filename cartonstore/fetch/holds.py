@@ -8,7 +8,7 @@ was complete or its directory built, and the add or the load failed with
 shared store lock, so it lands between two turns of a running collection
 and every later turn sees it; it is renewed while the work goes on and
 dropped after. A process that dies leaves it to the next rm or collection,
-which drop it at once (store/holds.py).
+which drop it at once (store/gc/holds.py).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from collections.abc import AsyncIterator
 
 from cartonstore.errors import CartonStoreError
 from cartonstore.store import Store
-from cartonstore.store.holds import new_hold_id
+from cartonstore.store.gc.holds import new_hold_id
 
 log = logging.getLogger("cartonstore.fetch")
 

@@ -24,30 +24,30 @@ from cartonstore.errors import (
     ManifestMismatch,
     NotFound,
 )
+from cartonstore.fetch.http.client import HttpClient
+from cartonstore.fetch.http.config import FetchConfig
+from cartonstore.fetch.http.policy import describe
+from cartonstore.fetch.http.source_kinds import SourceKind, SourceKinds
+from cartonstore.fetch.sources.local_files import restore_from_local
+from cartonstore.fetch.sources.peers import ORIGIN, Claim, offer
+from cartonstore.fetch.sources.remote_zip import RemoteCartonView, open_remote_zip, prefetch_view, read_entries
+from cartonstore.fetch.transfer.download import download
+from cartonstore.fetch.transfer.stats import SOURCE_KINDS, TransferStats
 from cartonstore.format.units import format_size
 from cartonstore.store import Store
-from cartonstore.store.blobs import BlobWriter
+from cartonstore.store.content.blobs import BlobWriter
 from cartonstore.store.ingest import IngestResult, Staging, check_staged_safetensors
-from cartonstore.store.locks import async_file_lock
-from cartonstore.store.names import NameOutcome, validate_name
-from cartonstore.system.flights import SingleFlight, all_or_none
+from cartonstore.store.metadata.names import NameOutcome, validate_name
+from cartonstore.store.root.locks import async_file_lock
+from cartonstore.system.single_flight import SingleFlight, all_or_none
 from cartonstore.zipfmt import ZipEntry
 
 from .blob_fetcher import BlobFetcher
-from .config import FetchConfig
 from .holds import holding
-from .http import HttpClient
-from .local_source import restore_from_local
-from .peers import ORIGIN, Claim, offer
-from .policy import describe
-from .remote_mend import mend_small_files
-from .remote_zip import RemoteCartonView, open_remote_zip, prefetch_view, read_entries
-from .source_kinds import SourceKind, SourceKinds
-from .stats import SOURCE_KINDS, TransferStats
-from .transfer import download
+from .metadata_refetch import mend_small_files
 
 if TYPE_CHECKING:
-    from cartonstore.store.index import CartonRow
+    from cartonstore.store.metadata.index import CartonRow
     from cartonstore.system.callers import Credentials
 
 
@@ -319,7 +319,7 @@ class Puller:
         missing = await asyncio.to_thread(self.store.missing_blobs, digest)
         if not missing:
             return 0
-        # The local files they were added from first (local_source.py), then the network.
+        # The local files they were added from first (fetch/sources/local_files.py), then the network.
         restored, local_reasons = await asyncio.to_thread(restore_from_local, self.store, missing,
                                                           self.fetcher.commit, lock_timeout=self.config.lock_timeout)
         self.stats.read_locally(sum(restored.values()), len(restored))   # read from disk, like a local add's

@@ -29,8 +29,8 @@ from pathlib import Path
 import aiohttp
 
 from cartonstore.errors import FetchError
-from cartonstore.fetch.policy import describe
-from cartonstore.system.flights import SingleFlight
+from cartonstore.fetch.http.policy import describe
+from cartonstore.system.single_flight import SingleFlight
 
 from .challenge import Challenge, parse_challenges
 from .credentials import Credentials, find_credentials
@@ -150,7 +150,7 @@ class RegistryAuth:
                     status = r.status
                 break
             except Exception as e:  # translated here, once
-                from cartonstore.fetch.http import translate
+                from cartonstore.fetch.http.client import translate
 
                 # A kept-alive connection closed unannounced (see Registry._send): asked again, once.
                 if attempt or not isinstance(e, aiohttp.ServerDisconnectedError):

@@ -22,16 +22,16 @@ from typing import TYPE_CHECKING, BinaryIO
 
 from cartonstore.carton.checks import check_carton
 from cartonstore.errors import IntegrityError, InvalidCarton, ManifestMismatch
-from cartonstore.fetch.mirror_fetch import stage_from_mirrors
-from cartonstore.fetch.peers import Claim, offer
-from cartonstore.fetch.remote_zip import read_whole_limit
-from cartonstore.fetch.transfer import fetch_blob
+from cartonstore.fetch.sources.mirrors import stage_from_mirrors
+from cartonstore.fetch.sources.peers import Claim, offer
+from cartonstore.fetch.sources.remote_zip import read_whole_limit
+from cartonstore.fetch.transfer.download import fetch_blob
 from cartonstore.format.manifest import build_manifest
 from cartonstore.sources.view import SourceFile
 from cartonstore.sources.zip_source import METADATA_NAMES
-from cartonstore.store.blobs import StagedBlob
+from cartonstore.store.content.blobs import StagedBlob
 from cartonstore.store.ingest import IngestResult, Staging, check_staged_safetensors
-from cartonstore.system.flights import all_or_none
+from cartonstore.system.single_flight import all_or_none
 
 from .artifact import Layer, parse_manifest
 from .reference import OciReference
@@ -93,7 +93,7 @@ class _Blobs:
         return self.staging.staged[digest].tmp_path
 
     async def _from_mirrors(self, digest: str) -> StagedBlob | None:
-        """The blob from the registry's mirrors (mirror_fetch.py), or None."""
+        """The blob from the registry's mirrors (fetch/sources/mirrors.py), or None."""
         urls = [(endpoint, self.registry.mirror_url(endpoint, f"blobs/sha256:{digest}"))
                 for endpoint in self.registry.mirrors]
         return await stage_from_mirrors(self.puller.client, self.puller.store.blobs, digest, urls,

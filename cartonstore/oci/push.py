@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from cartonstore.errors import InvalidInput
 from cartonstore.fetch.holds import holding
-from cartonstore.system.flights import all_or_none
+from cartonstore.system.single_flight import all_or_none
 
 from .artifact import EMPTY_BLOB, EMPTY_DIGEST, build_manifest, layers_for
 from .auth import repository_of

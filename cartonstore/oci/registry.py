@@ -2,7 +2,7 @@
 
 Manifests are fetched and pushed, blobs checked (HEAD), mounted from another
 repository, and uploaded (upload.py); blob downloads go through the fetch
-path (fetch/http.py, fetch/transfer.py), which answers the same challenges
+path (fetch/http/client.py, fetch/transfer/download.py), which answers the same challenges
 through the same RegistryAuth.
 
 The scheme: https always; plain http too, for a registry on loopback
@@ -24,10 +24,10 @@ from typing import TYPE_CHECKING, Any
 import aiohttp
 
 from cartonstore.errors import CartonStoreError, FetchError, FetchNotFound, IntegrityError
-from cartonstore.fetch.http import HttpClient, translate, with_retries
-from cartonstore.fetch.mirror_fetch import pass_over_mirror
-from cartonstore.fetch.policy import describe, redirect_target
-from cartonstore.fetch.registry_mirrors import mirror_url
+from cartonstore.fetch.http.client import HttpClient, translate, with_retries
+from cartonstore.fetch.http.policy import describe, redirect_target
+from cartonstore.fetch.sources.mirrors import pass_over_mirror
+from cartonstore.fetch.sources.registry_mirrors import mirror_url
 from cartonstore.system.hosts import is_loopback
 from cartonstore.system.pass_over import PassOver
 
@@ -35,7 +35,7 @@ from .artifact import ACCEPT, MAX_MANIFEST_SIZE, OCI_MANIFEST
 from .reference import OciReference
 
 if TYPE_CHECKING:
-    from cartonstore.fetch.config import FetchConfig
+    from cartonstore.fetch.http.config import FetchConfig
 
 log = logging.getLogger("cartonstore.oci")
 
@@ -80,7 +80,7 @@ class Registry:
         return tuple(m for m in listed if m not in self.passed_over)
 
     def pass_over(self, endpoint: str, why: str) -> None:
-        """Ask ``endpoint`` nothing more for a while (mirror_fetch.py): it
+        """Ask ``endpoint`` nothing more for a while (fetch/sources/mirrors.py): it
         failed otherwise than by not having what was asked."""
         pass_over_mirror(self.passed_over, endpoint, self.ref.authority, why)
 

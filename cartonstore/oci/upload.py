@@ -17,8 +17,8 @@ import functools
 import re
 
 from cartonstore.errors import FetchError
-from cartonstore.fetch.http import backoff_delay
-from cartonstore.fetch.policy import describe
+from cartonstore.fetch.http.client import backoff_delay
+from cartonstore.fetch.http.policy import describe
 
 from .registry import Answer, Registry, iter_file, said_by_registry
 

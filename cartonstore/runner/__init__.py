@@ -26,9 +26,9 @@ daemon keeps one per request it has in flight), one call at a time unless
 options, the devices and the carton's declared inputs and outputs; raise
 ``LoadError`` from the loader to refuse a model with a clear reason.
 
-Built-in runners: ``python -m cartonstore.runner.python`` (Carton's python
-runner), ``cartonstore.runner.onnx`` (onnxruntime) and
-``cartonstore.runner.torchscript`` (torch.jit).
+Built-in runners: ``python -m cartonstore.runner.backends.python`` (Carton's python
+runner), ``cartonstore.runner.backends.onnx`` (onnxruntime) and
+``cartonstore.runner.backends.torchscript`` (torch.jit).
 
 What the daemon and a runner say to each other (argv, environment,
 inherited fds, routes, framing, keep-alive, exit statuses, the arena) is

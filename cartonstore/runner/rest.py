@@ -26,10 +26,10 @@ from cartonstore.v2.framing import HEADER_LENGTH
 from cartonstore.v2.framing import header_length as header_length_of
 from cartonstore.v2.statistics import InferStatistics, RequestTiming, statistics_answer
 
-from .builtin import metadata_platform
+from .builtin_runners import metadata_platform
 from .context import Model, RunnerContext
 from .http_server import Request, Response, error_response
-from .infer import ModelFailed, decode_request, run_and_encode
+from .model_call import ModelFailed, decode_request, run_and_encode
 from .protocol import ARENA_EXTENSION, TIMING_HEADER, timing_header
 from .shm import MappedRegions
 

@@ -27,7 +27,7 @@ from cartonstore.config.load import LeaseSettings
 from cartonstore.config.pulling import standard_puller
 from cartonstore.config.runners import RunnerSettings
 from cartonstore.errors import InvalidInput
-from cartonstore.fetch.config import FetchConfig
+from cartonstore.fetch.http.config import FetchConfig
 from cartonstore.server.api.app import build_app
 from cartonstore.server.api.bodies import BODY_BUDGET
 from cartonstore.server.api.context import ACCESS_LOG, METRICS, TCP_ACCESS
@@ -41,9 +41,9 @@ from cartonstore.server.models.service import ModelService
 from cartonstore.server.rpc.grpc_server import GrpcLimits, GrpcServer, GrpcTls
 from cartonstore.server.tensors.arena import DEFAULT_SIZE as ARENA_SIZE
 from cartonstore.store import Store
-from cartonstore.store.gc import GcPolicy
-from cartonstore.store.holds import drop_leases_of_gone_owners
-from cartonstore.store.owner import hold_identity, owner_token
+from cartonstore.store.gc.holds import drop_leases_of_gone_owners
+from cartonstore.store.gc.plan import GcPolicy
+from cartonstore.store.root.owner import hold_identity, owner_token
 from cartonstore.system.fd_limit import (
     ListenerNeed,
     connection_caps,

@@ -19,10 +19,10 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from cartonstore.errors import CartonStoreError, Unavailable
+from cartonstore.store.metadata.sqlite_ops import WOULD_WAIT, ImmediateWriter
+from cartonstore.store.root.locks import HeldLock
 
 from . import Store
-from .locks import HeldLock
-from .sqlite_ops import WOULD_WAIT, ImmediateWriter
 
 log = logging.getLogger("cartonstore.server")
 T = TypeVar("T")

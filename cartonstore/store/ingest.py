@@ -27,16 +27,14 @@ from cartonstore.carton.checks import (
 )
 from cartonstore.errors import IntegrityError, InvalidCarton, ManifestMismatch
 from cartonstore.sources.view import CartonView
-
-from .blobs import BlobStore, StagedBlob
-from .index import CartonRecord, CartonRow, Index
-from .names import NameOutcome, default_name
-from .source_rows import LocalSource
+from cartonstore.store.content.blobs import BlobStore, StagedBlob
+from cartonstore.store.metadata.index import CartonRecord, CartonRow, Index
+from cartonstore.store.metadata.names import NameOutcome, default_name
+from cartonstore.store.metadata.source_rows import LocalSource
 
 if TYPE_CHECKING:
     from cartonstore.sources.zip_source import ZipCartonView
-
-    from .blobs import BlobWriter
+    from cartonstore.store.content.blobs import BlobWriter
 
 
 @dataclass(frozen=True)

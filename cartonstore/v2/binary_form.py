@@ -21,7 +21,7 @@ from . import json_codec
 from .datatypes import numpy_dtype
 from .elements import fail
 from .framing import InferRequest, WireTensor
-from .shm_params import REGION
+from .shared_memory import REGION
 from .tensors import frame_bytes
 
 __all__ = ["binary_form", "encoded_doc", "runner_doc", "tensor_bytes"]

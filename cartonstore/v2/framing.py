@@ -25,7 +25,7 @@ from .elements import check_numeric_size, fail
 # Encoding (encode.py) and the numpy side of tensors (tensors.py) are
 # re-exported here so callers find the whole wire format in one place.
 from .encode import encode_infer_request, encode_infer_response
-from .shm_params import shm_ref
+from .shared_memory import shm_ref
 from .tensors import numpy_to_binary, numpy_to_json_data, tensor_to_numpy
 from .wire_types import InferRequest, RequestedOutput, WireTensor
 

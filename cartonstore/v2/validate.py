@@ -31,7 +31,7 @@ from .framing import (
     WireTensor,
     parse_raw_binary_request,
 )
-from .shm_params import BYTE_SIZE
+from .shared_memory import BYTE_SIZE
 
 # A spec dimension or whole shape that matches anything.
 ANY = "*"

@@ -42,7 +42,7 @@ REPO = HERE.parents[2]
 sys.path.insert(0, str(REPO))
 
 from cartonstore.store import Store
-from cartonstore.store.materialize import remove_tree
+from cartonstore.store.materialize.tree import remove_tree
 
 TOML = b'spec_version = 1\nmodel_name = "m"\n[runner]\nrunner_name = "x"\nrequired_framework_version = "1"\n'
 TARGET_MS = 100.0

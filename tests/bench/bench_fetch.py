@@ -171,7 +171,7 @@ def add_cmd(url: str, root: Path) -> list[str]:
 
 
 def ours(url: str, root: Path) -> tuple[Run, dict]:
-    from cartonstore.store.materialize import remove_tree
+    from cartonstore.store.materialize.tree import remove_tree
 
     remove_tree(root)
     run = child_run(add_cmd(url, root), env=cli_env())
@@ -517,7 +517,7 @@ def origin_dir(work: Path) -> Path:
 
 
 def remove_tree_quiet(path: Path) -> None:
-    from cartonstore.store.materialize import remove_tree
+    from cartonstore.store.materialize.tree import remove_tree
 
     remove_tree(path)
 

@@ -38,7 +38,7 @@ sys.path.insert(0, str(HERE.parents[1]))
 from bench_daemon import rss_mib  # this script's directory is on sys.path
 
 from cartonstore.store import Store
-from cartonstore.store.materialize import remove_tree
+from cartonstore.store.materialize.tree import remove_tree
 
 TOML = b'spec_version = 1\nmodel_name = "m"\n[runner]\nrunner_name = "x"\nrequired_framework_version = "1"\n'
 

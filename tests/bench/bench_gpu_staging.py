@@ -7,7 +7,7 @@ pageable copies, in the same run (needs torch with a CUDA device).
 1. Host to device, in this process, of a --mib float32 numpy array (the
    form a runner holds an input in). Baseline: ``torch.from_numpy(a).to(
    "cuda")``, a pageable copy, what a runner without staging does. Ours:
-   the torchscript runner's TensorStaging (runner/torch_staging.py): one
+   the torchscript runner's TensorStaging (runner/backends/torch_staging.py): one
    memcpy into a reused page-locked buffer, then an asynchronous copy.
    Floor: the asynchronous copy alone from a pinned tensor already filled
    (no host copy: the bus's speed). Each is synchronized and timed, the
@@ -54,7 +54,7 @@ def _median_seconds(fn, repeats: int) -> float:
 
 
 def in_process(torch, array: np.ndarray, repeats: int) -> None:
-    from cartonstore.runner.torch_staging import TensorStaging
+    from cartonstore.runner.backends.torch_staging import TensorStaging
 
     gib = array.nbytes / (1 << 30)
     staging = TensorStaging(torch, "cuda:0", pinned=True)

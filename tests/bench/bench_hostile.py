@@ -21,7 +21,7 @@ daemon's log lines from the runner.
 
 --check-cost times, in this process, what checking an honest answer
 against the model's declared outputs costs the daemon per answer
-(server/runners/answer_check.py), against what checking the request of
+(server/runner_processes/answer_check.py), against what checking the request of
 the same shape costs (parse and validate_request), in the same run.
 
 A sandbox other than none needs root and a Python the runner user may
@@ -110,8 +110,8 @@ def check_cost() -> None:
     import numpy as np
 
     from cartonstore.format.carton_toml import TensorSpec
-    from cartonstore.server.runners.answer_check import checked_answer
-    from cartonstore.server.runners.settings import RunnerResponse
+    from cartonstore.server.runner_processes.answer_check import checked_answer
+    from cartonstore.server.runner_processes.settings import RunnerResponse
     from cartonstore.v2.framing import (
         HEADER_LENGTH,
         encode_infer_request,

@@ -362,7 +362,7 @@ def main() -> None:
     from kit.inferkit import echo_carton, runner_pids
 
     from cartonstore.server.http.event_loop import loop_name
-    from cartonstore.store.materialize import remove_tree
+    from cartonstore.store.materialize.tree import remove_tree
 
     if a.workdir:  # a --workdir that does not exist yet is created
         Path(a.workdir).mkdir(parents=True, exist_ok=True)

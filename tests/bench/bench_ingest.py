@@ -40,7 +40,7 @@ HERE = Path(__file__).resolve()
 sys.path.insert(0, str(HERE.parents[2]))
 
 from cartonstore.carton.pack import pack_directory
-from cartonstore.store.materialize import remove_tree
+from cartonstore.store.materialize.tree import remove_tree
 
 GiB = 1 << 30
 

@@ -22,7 +22,7 @@ HERE = Path(__file__).resolve()
 sys.path.insert(0, str(HERE.parents[2]))
 
 from cartonstore.store import Store
-from cartonstore.store.materialize import remove_tree
+from cartonstore.store.materialize.tree import remove_tree
 
 TOML = b'spec_version = 1\nmodel_name = "m"\n[runner]\nrunner_name = "x"\nrequired_framework_version = "1"\n'
 

@@ -13,7 +13,7 @@ from kit.together import all_at_once
 from cartonstore.cli import progress as progress_mod
 from cartonstore.cli.progress import Progress
 from cartonstore.errors import FetchError
-from cartonstore.fetch.stats import Tally, TransferStats, retry_reason
+from cartonstore.fetch.transfer.stats import Tally, TransferStats, retry_reason
 
 
 class FakeTTY(io.StringIO):

@@ -21,7 +21,7 @@ import pytest
 from conftest import FIXTURE_CARTON, FIXTURE_DIGEST, FIXTURES, short_dir, snapshot
 from kit.daemonkit import DaemonProcess, call
 
-from cartonstore.server.runners.sandbox import unreachable
+from cartonstore.server.runner_processes.sandbox import unreachable
 from cartonstore.store import Store
 
 NOBODY = 65534

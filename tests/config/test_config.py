@@ -34,9 +34,9 @@ from cartonstore.config.load import (
     size_text as format_size,
 )
 from cartonstore.errors import InvalidInput
-from cartonstore.fetch.config import FetchConfig
-from cartonstore.fetch.encoding import DEFAULT_ACCEPT_ENCODING
-from cartonstore.fetch.policy import UrlPolicy
+from cartonstore.fetch.http.config import FetchConfig
+from cartonstore.fetch.http.content_encoding import DEFAULT_ACCEPT_ENCODING
+from cartonstore.fetch.http.policy import UrlPolicy
 from cartonstore.format.units import parse_duration
 from cartonstore.zipfmt import ZipLimits
 

@@ -25,7 +25,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from cartonstore.errors import FetchError
-from cartonstore.fetch.encoding import (
+from cartonstore.fetch.http.content_encoding import (
     DEFAULT_ACCEPT_ENCODING,
     MAX_STACKED_CODINGS,
     PIECE_SIZE,

@@ -17,7 +17,7 @@ from kit.fetchkit import URLS_ONLY, blob_files, fast_config, linked_carton, mate
 from kit.origin import Fault
 
 from cartonstore.errors import CartonStoreError, FetchError
-from cartonstore.fetch.policy import UrlPolicy
+from cartonstore.fetch.http.policy import UrlPolicy
 from cartonstore.store import Store
 
 PAYLOAD = os.urandom(700_000)
@@ -29,7 +29,7 @@ def body_path(request, monkeypatch) -> str:
     their socket by the stream's thread (socket_body.py; there only for
     bodies of DIRECT_MIN or more, so here for every body with a length)."""
     if request.param == "socket":
-        monkeypatch.setattr("cartonstore.fetch.socket_body.DIRECT_MIN", 1)
+        monkeypatch.setattr("cartonstore.fetch.http.socket_body.DIRECT_MIN", 1)
     return request.param
 
 

@@ -16,7 +16,7 @@ from kit.fetchkit import blob_files, fast_config, pull, tmp_files
 from kit.origin import Fault
 
 from cartonstore.errors import InvalidCarton, ManifestMismatch
-from cartonstore.fetch.config import FetchConfig
+from cartonstore.fetch.http.config import FetchConfig
 from cartonstore.format.links import build_links
 from cartonstore.store import Store
 

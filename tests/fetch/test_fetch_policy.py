@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cartonstore.errors import FetchError, InvalidInput
-from cartonstore.fetch.policy import UrlPolicy, describe, redirect_target
+from cartonstore.fetch.http.policy import UrlPolicy, describe, redirect_target
 
 OPEN = UrlPolicy()
 
@@ -301,7 +301,7 @@ def test_a_name_resolving_to_a_metadata_address_is_refused_by_the_resolver() -> 
     is refused, unless allow_hosts names it."""
     import asyncio
 
-    from cartonstore.fetch.resolver import GuardedResolver
+    from cartonstore.fetch.http.resolver import GuardedResolver
 
     async def resolve(host: str, policy: UrlPolicy) -> list:
         resolver = GuardedResolver(policy)

@@ -16,7 +16,7 @@ from kit.origin import Fault
 from cartonstore.carton.pack import pack_directory
 from cartonstore.errors import CartonStoreError, FetchError, ManifestMismatch
 from cartonstore.fetch.puller import Puller
-from cartonstore.fetch.remote_zip import plan_requests
+from cartonstore.fetch.sources.remote_zip import plan_requests
 from cartonstore.store import Store
 
 

@@ -1,5 +1,5 @@
 """Big plain-HTTP bodies are read from their socket by the stream's own
-thread (cartonstore/fetch/socket_body.py), not received on the event loop.
+thread (cartonstore/fetch/http/socket_body.py), not received on the event loop.
 
 Every fault of test_fetch_faults.py runs on this path too (its body_path
 fixture); here: which bodies take it and which do not, what it leaves open,
@@ -21,8 +21,8 @@ from kit.daemonkit import wait_for, wait_for_async
 from kit.fetchkit import URLS_ONLY, fast_config, linked_carton, pull, tmp_files
 from kit.origin import Fault, Origin
 
-from cartonstore.fetch import socket_body
-from cartonstore.fetch.config import RegistryConfig
+from cartonstore.fetch.http import socket_body
+from cartonstore.fetch.http.config import RegistryConfig
 from cartonstore.fetch.puller import Puller
 from cartonstore.store import Store
 

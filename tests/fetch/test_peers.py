@@ -21,7 +21,7 @@ from kit.prockit import live_pids
 from kit.registrykit import Registry, needs_registry
 
 from cartonstore.client.leases import Client
-from cartonstore.fetch.peers import outranks, rendezvous
+from cartonstore.fetch.sources.peers import outranks, rendezvous
 from cartonstore.format.links import build_links
 
 pytestmark = pytest.mark.xdist_group("daemons")
@@ -291,7 +291,7 @@ def test_a_registry_carton_takes_its_blobs_from_a_peer(tmp_path, make_carton, mo
     from kit.fetchkit import fast_config
     from kit.ocikit import FILES, pull
 
-    from cartonstore.fetch.config import PeerConfig
+    from cartonstore.fetch.http.config import PeerConfig
     from cartonstore.store import Store
 
     monkeypatch.setenv("DOCKER_CONFIG", str(tmp_path / "no-docker-config"))

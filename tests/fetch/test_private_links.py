@@ -26,13 +26,13 @@ from kit.fetchkit import URLS_ONLY, fast_config, materialize, pull
 
 from cartonstore.config.pulling import standard_sources
 from cartonstore.errors import CartonStoreError, InvalidInput
-from cartonstore.fetch.addresses import address_class, host_class
-from cartonstore.fetch.policy import RefusedByPolicy, UrlPolicy
-from cartonstore.fetch.registry_mirrors import pulled_from
-from cartonstore.fetch.source_kinds import SourceKinds
+from cartonstore.fetch.http.addresses import address_class, host_class
+from cartonstore.fetch.http.policy import RefusedByPolicy, UrlPolicy
+from cartonstore.fetch.http.source_kinds import SourceKinds
+from cartonstore.fetch.sources.registry_mirrors import pulled_from
 from cartonstore.format.links import build_links
 from cartonstore.store import Store
-from cartonstore.store.gc import GcPolicy
+from cartonstore.store.gc.plan import GcPolicy
 
 PAYLOAD = b"weights " * 5000
 DIGEST = sha(PAYLOAD)

@@ -16,8 +16,8 @@ from kit.proxykit import TinyProxy, needs_tinyproxy
 from kit.registrykit import Registry, needs_registry
 
 from cartonstore.errors import FetchError, InvalidInput
-from cartonstore.fetch.config import FetchConfig, RegistryConfig
-from cartonstore.fetch.proxies import check_no_proxy, proxy_for
+from cartonstore.fetch.http.config import FetchConfig, RegistryConfig
+from cartonstore.fetch.http.proxies import check_no_proxy, proxy_for
 from cartonstore.store import Store
 
 PROXY = "http://proxy.lab:3128"

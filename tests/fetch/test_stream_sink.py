@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import pytest
 from kit.daemonkit import wait_for
 
-from cartonstore.fetch.sink import StreamSink, in_own_thread
+from cartonstore.fetch.http.sink import StreamSink, in_own_thread
 
 
 def test_chunks_are_worked_in_order_in_one_other_thread() -> None:

@@ -25,7 +25,7 @@ from typing import Any
 from conftest import MINIMAL_TOML, manifest_for, sha
 
 from cartonstore.store import Store, VerifyReport
-from cartonstore.store.gc import TMP_MIN_AGE, GcPolicy
+from cartonstore.store.gc.plan import TMP_MIN_AGE, GcPolicy
 
 PY = sys.executable
 

@@ -7,10 +7,10 @@ from pathlib import Path
 
 from conftest import MINIMAL_TOML, carton_entries, sha, work_in_tmp, write_zip
 
-from cartonstore.fetch.config import FetchConfig
-from cartonstore.fetch.policy import UrlPolicy
+from cartonstore.fetch.http.config import FetchConfig
+from cartonstore.fetch.http.policy import UrlPolicy
+from cartonstore.fetch.http.source_kinds import SourceKinds
 from cartonstore.fetch.puller import CARTON_URL, Puller
-from cartonstore.fetch.source_kinds import SourceKinds
 from cartonstore.format.links import build_links
 from cartonstore.store import Store
 

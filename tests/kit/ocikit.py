@@ -11,7 +11,7 @@ import pytest
 from conftest import MINIMAL_TOML
 
 from cartonstore.config.pulling import standard_puller, standard_sources
-from cartonstore.fetch.config import RegistryConfig
+from cartonstore.fetch.http.config import RegistryConfig
 from cartonstore.oci.push import push_carton
 from cartonstore.store import Store
 from kit import fetchkit

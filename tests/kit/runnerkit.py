@@ -34,7 +34,7 @@ import aiohttp
 
 from cartonstore.carton.pack import pack_directory
 from cartonstore.client.wire import UnixHTTPConnection
-from cartonstore.runner.builtin import BUILTIN_RUNNERS
+from cartonstore.runner.builtin_runners import BUILTIN_RUNNERS
 from kit.prockit import live_pids, wait_gone  # noqa: F401 - wait_gone is used by the tests through this kit
 
 PY = sys.executable

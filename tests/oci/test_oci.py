@@ -22,7 +22,7 @@ from kit.registrykit import PASSWORD, USER, Registry, needs_registry
 from cartonstore.errors import FetchError, InvalidInput
 from cartonstore.oci.artifact import ARTIFACT_TYPE, TITLE
 from cartonstore.store import Store
-from cartonstore.store.gc import GcPolicy
+from cartonstore.store.gc.plan import GcPolicy
 
 pytestmark = needs_registry
 

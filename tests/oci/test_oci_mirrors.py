@@ -17,7 +17,7 @@ from kit.ocikit import FILES, config, materialize, pull, push
 from kit.registrykit import Registry, free_port, needs_registry
 
 from cartonstore.store import Store
-from cartonstore.store.gc import GcPolicy
+from cartonstore.store.gc.plan import GcPolicy
 
 pytestmark = needs_registry
 
@@ -236,7 +236,7 @@ def test_a_mirrors_blobs_are_reached_as_the_registrys_not_through_fetch_proxy(tm
     port), though they count as "mirror"."""
     from kit.fetchkit import fast_config
 
-    from cartonstore.fetch.config import RegistryConfig
+    from cartonstore.fetch.http.config import RegistryConfig
 
     upstream, mirror = two
     digest, manifest = _pushed(tmp_path, make_carton, upstream, mirror)
@@ -253,7 +253,7 @@ def _one_at_a_time(upstream: Registry, *endpoints: str, **registries: object) ->
     often a mirror is asked does not depend on timing)."""
     from kit.fetchkit import fast_config
 
-    from cartonstore.fetch.config import RegistryConfig
+    from cartonstore.fetch.http.config import RegistryConfig
 
     return fast_config(max_concurrency=1, stall_timeout=10.0, registries=RegistryConfig(
         chunk_size=1 << 20, mirrors={upstream.authority: endpoints}, **registries))  # type: ignore[arg-type]

@@ -23,11 +23,20 @@ LAYERS = [
     ["format", "zipfmt"],
     ["v2", "sources"],
     ["carton", "runner"],
+    ["runner.backends"],
+    ["store.root"],
+    ["store.content"],
+    ["store.metadata"],
+    ["store.materialize"],
+    ["store.gc"],
     ["store"],
+    ["fetch.http"],
+    ["fetch.transfer"],
+    ["fetch.sources"],
     ["fetch", "client"],
     ["oci", "config"],
-    ["server.tensors"],
-    ["server.runners"],
+    ["server.tensors", "server.checks"],
+    ["server.runner_processes"],
     ["server.models"],
     ["server.calls"],
     ["server.inference"],
@@ -41,7 +50,7 @@ DOORS = {"server.api", "server.rpc", "server.http"}
 # What the core and what lies below the doors never import: a door's wire library.
 WIRE_LIBRARIES = {"aiohttp", "grpc"}
 TOP_ALLOWED = {"__init__.py", "errors.py"}
-MAX_LINES = 400
+MAX_LINES = 600
 
 
 def module_name(path: Path) -> tuple[str, bool]:

@@ -43,7 +43,7 @@ def test_importing_oci_plugs_nothing_into_fetch() -> None:
     changes no other Puller, and the standard set is the one place both
     kinds are named."""
     code = ("import cartonstore.oci; from cartonstore.config import standard_sources; "
-            "from cartonstore.fetch.puller import CARTON_URL; from cartonstore.fetch.source_kinds import SourceKinds; "
+            "from cartonstore.fetch.puller import CARTON_URL; from cartonstore.fetch.http.source_kinds import SourceKinds; "
             "ref = 'oci://r.example/m:v1'; "
             "print(SourceKinds((CARTON_URL,)).kind_for(ref), standard_sources().kind_for(ref).name)")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

@@ -38,7 +38,7 @@ from kit.runnerkit import (
 )
 
 from cartonstore.config.runner_command import fill_argv
-from cartonstore.runner.builtin import BUILTIN_RUNNERS, FRAMEWORK_VERSION_PROBES
+from cartonstore.runner.builtin_runners import BUILTIN_RUNNERS, FRAMEWORK_VERSION_PROBES
 from cartonstore.runner.protocol import EXIT_LOAD_FAILED
 
 HCL = "Inference-Header-Content-Length"
@@ -294,8 +294,8 @@ def test_onnx_model_file_option_and_missing_file(base: Path) -> None:
 def test_onnx_prepacking_option_reaches_the_session(base: Path, prepacking: bool | str) -> None:
     """[runner.opts] prepacking = false (Triton's string parameters too)
     disables onnxruntime's weight prepacking; the model answers the same."""
-    from cartonstore.runner import onnx as onnx_runner
     from cartonstore.runner.args import parse_runner_args
+    from cartonstore.runner.backends import onnx as onnx_runner
 
     model = onnx_model_dir(base, name=f"pre-{prepacking}")
     ctx = parse_runner_args(["--model-dir", str(model), "--socket", str(base / "unused.sock"), "--name", "m",
@@ -352,7 +352,7 @@ def test_builtin_commands_and_framework_versions() -> None:
     assert set(BUILTIN_RUNNERS) == {"python", "onnx", "torchscript"}
     argv = fill_argv(BUILTIN_RUNNERS["onnx"], model_dir="/m", socket="/s.sock", name="n", version="v",
                      opts="{}", devices="cpu", python="/py")
-    assert argv[1:3] == ["-m", "cartonstore.runner.onnx"] and "/s.sock" in argv
+    assert argv[1:3] == ["-m", "cartonstore.runner.backends.onnx"] and "/s.sock" in argv
     assert FRAMEWORK_VERSION_PROBES["python"]() == platform.python_version()
     assert FRAMEWORK_VERSION_PROBES["onnx"]() == onnxruntime.__version__
     if HAVE_TORCH:

@@ -30,8 +30,8 @@ from kit.runnerkit import (
 )
 
 from cartonstore.runner.args import parse_runner_args
+from cartonstore.runner.backends.requirements import unmet_requirements
 from cartonstore.runner.context import cuda_ordinal
-from cartonstore.runner.requirements import unmet_requirements
 from cartonstore.v2.framing import encode_infer_request, parse_infer_response
 
 doubler_dir = pytest.fixture(scope="module", name="doubler_dir")(doubler_root)
@@ -314,7 +314,7 @@ def test_a_runner_never_imports_aiohttp() -> None:
     (http_server.py): aiohttp, about 0.2 s to import, is not loaded at all."""
     import sys
 
-    code = ("import sys, cartonstore.runner.onnx, cartonstore.runner.python, cartonstore.runner.torchscript, "
+    code = ("import sys, cartonstore.runner.backends.onnx, cartonstore.runner.backends.python, cartonstore.runner.backends.torchscript, "
             "cartonstore.runner.serving, cartonstore.runner.rest; print('aiohttp' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert out.stdout.strip() == "False"

@@ -14,7 +14,7 @@ import pytest
 
 from cartonstore.errors import InvalidInput
 from cartonstore.runner.shm import FdSink, MappedRegions
-from cartonstore.v2.shm_params import RegionShrunk, ShmRef
+from cartonstore.v2.shared_memory import RegionShrunk, ShmRef
 
 SIZE = 1 << 20
 
@@ -95,7 +95,7 @@ def test_a_float_output_is_measured_in_bytes_not_items(region_of, foreign: bool)
     """1,000 float32 fit a 1,000-byte reference by items, not by bytes:
     a 400 naming both sizes, nothing written (FdSink wrote past the region)."""
     from cartonstore.v2.encode import _write_to_shm
-    from cartonstore.v2.shm_params import RegionTooSmall
+    from cartonstore.v2.shared_memory import RegionTooSmall
 
     regions, path = region_of(foreign)
     data = np.arange(1, 1001, dtype=np.float32)

@@ -23,7 +23,7 @@ from kit.prockit import script_leaving_no_process
 from cartonstore.config.runners import RunnerSettings
 from cartonstore.errors import Unavailable
 from cartonstore.runner.protocol import ARENA_OUTPUTS, ARENA_REGION
-from cartonstore.server.runners import InstanceSpec, ModelRunners
+from cartonstore.server.runner_processes import InstanceSpec, ModelRunners
 from cartonstore.server.tensors.arena import TRIM_KEEP, TensorArena
 from cartonstore.server.tensors.arena_wire import ArenaForward
 from cartonstore.v2.framing import parse_infer_request

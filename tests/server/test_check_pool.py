@@ -1,5 +1,5 @@
 """Check workers: real processes that parse and check big JSON infer
-requests for the daemon (server/tensors/check_pool.py, server/tensors/check_worker.py).
+requests for the daemon (server/checks/pool.py, server/checks/worker.py).
 The pool alone, then through real daemons: what they answer, what reaches
 the runner, and that no worker outlives its daemon, even one SIGKILLed."""
 
@@ -26,10 +26,10 @@ from test_infer_api import _load, raw_post, runner_count
 
 from cartonstore.errors import InvalidInput
 from cartonstore.format.carton_toml import TensorSpec
-from cartonstore.server.tensors.check_pool import START_FAILURES, CheckPool
+from cartonstore.server.checks.pool import START_FAILURES, CheckPool
 from cartonstore.v2.framing import parse_infer_request, parse_infer_response, tensor_to_numpy
 
-WORKER = "cartonstore.server.tensors.check_worker"
+WORKER = "cartonstore.server.checks.worker"
 SPECS = [TensorSpec("x", "float32", ["n"])]
 
 
@@ -123,7 +123,7 @@ def test_a_worker_killed_while_idle_is_replaced() -> None:
 SILENT_FIRST = r'''
 import os, runpy, struct, sys
 if os.path.exists(sys.argv[1]):
-    runpy.run_module("cartonstore.server.tensors.check_worker", run_name="__main__")
+    runpy.run_module("cartonstore.server.checks.worker", run_name="__main__")
     sys.exit()
 meta_size, body_size = struct.unpack("<IQ", sys.stdin.buffer.read(12))
 sys.stdin.buffer.read(meta_size + body_size)

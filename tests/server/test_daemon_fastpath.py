@@ -19,8 +19,8 @@ from kit.daemonkit import DaemonProcess, unix_session, wait_for_async
 from cartonstore.cli.commands import main
 from cartonstore.errors import NotFound
 from cartonstore.store import Store
-from cartonstore.store.locks import HeldLock
-from cartonstore.store.sqlite_ops import WOULD_WAIT, ImmediateWriter
+from cartonstore.store.metadata.sqlite_ops import WOULD_WAIT, ImmediateWriter
+from cartonstore.store.root.locks import HeldLock
 
 
 def lease_count(root: Path) -> int:

@@ -356,7 +356,7 @@ def test_another_uid_on_the_unix_socket_sees_and_takes_none_of_its_regions(short
     import subprocess
     import sys
 
-    from cartonstore.server.runners.sandbox import unreachable
+    from cartonstore.server.runner_processes.sandbox import unreachable
 
     try:
         other = pwd.getpwnam("cartonstore-runner")

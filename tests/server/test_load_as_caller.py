@@ -23,9 +23,9 @@ from conftest import short_dir
 from kit.daemonkit import DaemonProcess, call
 
 from cartonstore.carton.pack import pack_directory
-from cartonstore.server.runners.sandbox import unreachable
+from cartonstore.server.runner_processes.sandbox import unreachable
 from cartonstore.store import Store
-from cartonstore.store.names import is_valid_name
+from cartonstore.store.metadata.names import is_valid_name
 
 NOBODY = 65534
 DATA_GID = 45362   # a group by number alone: the kernel needs no name for it

@@ -26,7 +26,7 @@ def settings(**kw: object) -> RunnerSettings:
 
 def test_builtin_runner_and_its_framework_version() -> None:
     plan = plan_runner(carton(), settings())
-    assert plan is not None and plan.command[:3] == (sys.executable, "-m", "cartonstore.runner.python")
+    assert plan is not None and plan.command[:3] == (sys.executable, "-m", "cartonstore.runner.backends.python")
     assert plan.framework_version == ".".join(map(str, sys.version_info[:3]))
 
 

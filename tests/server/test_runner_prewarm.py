@@ -312,7 +312,7 @@ def test_slots_of_a_daemon_that_is_gone_are_removed_and_a_live_ones_kept(tmp_pat
     flock, and a starting one removes only those whose owner is gone."""
     import fcntl
 
-    from cartonstore.server.runners.waiting import Slots, slots_dir
+    from cartonstore.server.runner_processes.waiting import Slots, slots_dir
 
     run_dir, tmp_dir = tmp_path / "run" / "runners", tmp_path / "tmp"
     run_dir.mkdir(parents=True)

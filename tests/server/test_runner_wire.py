@@ -1,5 +1,5 @@
 """The lean HTTP/1.1 client the daemon uses to talk to its runners
-(cartonstore.server.runners.wire), against a real Unix-socket server that
+(cartonstore.server.runner_processes.wire), against a real Unix-socket server that
 answers with canned bytes: every framing a runner may use, and the ways a
 runner may break HTTP."""
 
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from cartonstore.errors import InvalidInput
-from cartonstore.server.runners.wire import BadResponse, RunnerClient
+from cartonstore.server.runner_processes.wire import BadResponse, RunnerClient
 
 CLOSE = b"<close>"
 

@@ -1,4 +1,4 @@
-"""How a runner's sandbox is planned (server/runners/sandbox.py), and the
+"""How a runner's sandbox is planned (server/runner_processes/sandbox.py), and the
 loads it refuses: never silently unsandboxed."""
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from kit.daemonkit import DaemonProcess, call
 from kit.inferkit import echo_carton, runner_sockets
 
 from cartonstore.errors import InvalidInput
-from cartonstore.server.runners.sandbox import SandboxPolicy, _isolated, confine, python_paths, runner_identity
+from cartonstore.server.runner_processes.sandbox import SandboxPolicy, _isolated, confine, python_paths, runner_identity
 
-ARGV = [sys.executable, "-m", "cartonstore.runner.python", "--socket", "/x.sock"]
+ARGV = [sys.executable, "-m", "cartonstore.runner.backends.python", "--socket", "/x.sock"]
 
 
 def last_launcher(argv: list[str]) -> int:
@@ -123,7 +123,7 @@ def test_landlock_alone_is_refused_for_a_runner_of_the_daemons_own_user(tmp_path
     runner keeping the daemon's uid could chmod the store's blobs and use
     its API socket. Without bubblewrap, only a runner of another uid may
     run under Landlock alone."""
-    from cartonstore.server.runners.sandbox import mechanisms
+    from cartonstore.server.runner_processes.sandbox import mechanisms
     from cartonstore.system.landlock import abi_version
 
     if abi_version() < 1:
@@ -264,7 +264,7 @@ def test_inet_sockets_and_sysv_ipc_are_planned_for_bubblewrap_and_networked_mode
 
 
 def test_a_layer_the_kernel_cannot_give_is_named_in_the_start_line() -> None:
-    from cartonstore.server.runners.sandbox import Host
+    from cartonstore.server.runner_processes.sandbox import Host
 
     policy = SandboxPolicy(user="cartonstore-runner")
     full = Host((999, 999), "/usr/bin/bwrap", True, 7)

@@ -17,7 +17,7 @@ from kit.prockit import descriptors_of
 
 from cartonstore.cli.commands import main
 from cartonstore.store import Store
-from cartonstore.store.gc import CartonUse, GcPolicy, Snapshot, plan_collection
+from cartonstore.store.gc.plan import CartonUse, GcPolicy, Snapshot, plan_collection
 
 NOW = 1_000_000.0
 
@@ -123,7 +123,7 @@ def test_budget_eviction_keeps_cartons_known_and_leased_ones(store: Store, tmp_p
 def test_a_lease_taken_between_turns_keeps_its_blobs(store: Store, tmp_path: Path, monkeypatch) -> None:
     """gc applies its plan in turns, releasing the store lock between them; a
     carton leased after the first turn keeps every blob the plan had doomed."""
-    import cartonstore.store.collection as collection
+    import cartonstore.store.gc.collect as collection
 
     monkeypatch.setattr(collection, "GC_TURN_SECONDS", 0.0)  # one chunk a turn
     monkeypatch.setattr(collection, "GC_CHUNK", 1)
@@ -268,7 +268,7 @@ def test_work_in_tmp_helper_ignores_owner_locks(store: Store) -> None:
     assert work_in_tmp(store.root) == [] and sha(b"x")
 
 
-# -- the daemon's collections run in a child process (server/models/collector.py) ------
+# -- the daemon's collections run in a child process (server/models/gc_child.py) ------
 
 
 @pytest.mark.parametrize("returncode, out, err, expected", [
@@ -284,7 +284,7 @@ def test_work_in_tmp_helper_ignores_owner_locks(store: Store) -> None:
 def test_the_childs_answer_becomes_a_report_or_the_same_kind_of_error(
         returncode: int, out: str, err: str, expected: str) -> None:
     from cartonstore.errors import CartonStoreError
-    from cartonstore.server.models.collector import report_from_child
+    from cartonstore.server.models.gc_child import report_from_child
 
     if expected == "report":
         report = report_from_child(returncode, out, err)
@@ -301,7 +301,7 @@ def test_the_childs_answer_becomes_a_report_or_the_same_kind_of_error(
 def test_a_collection_in_a_child_process_frees_and_reports(store: Store, tmp_path: Path) -> None:
     import asyncio
 
-    from cartonstore.server.models.collector import collect_in_child
+    from cartonstore.server.models.gc_child import collect_in_child
 
     store.add(_carton(tmp_path, "a", {"model/w": b"w" * 1000}), name="a")
     dry = asyncio.run(collect_in_child(store.root, GcPolicy(max_size=0, dry_run=True)))
@@ -315,7 +315,7 @@ def test_a_collection_that_cannot_open_the_store_says_why(tmp_path: Path) -> Non
     import asyncio
 
     from cartonstore.errors import InvalidInput
-    from cartonstore.server.models.collector import collect_in_child
+    from cartonstore.server.models.gc_child import collect_in_child
 
     not_a_dir = tmp_path / "file"
     not_a_dir.write_text("x")
@@ -340,7 +340,7 @@ def _children() -> list[int]:
 def test_a_cancelled_collection_stops_its_child_and_changes_nothing(store: Store, tmp_path: Path) -> None:
     import asyncio
 
-    from cartonstore.server.models.collector import collect_in_child
+    from cartonstore.server.models.gc_child import collect_in_child
 
     store.add(_carton(tmp_path, "a", {"model/w": b"w" * 1000}), name="a")
     before = snapshot(store.root)

@@ -23,7 +23,7 @@ from conftest import carton_entries, sha, write_zip
 
 from cartonstore.cli.commands import main
 from cartonstore.store import Store
-from cartonstore.store.gc import CartonUse, GcPolicy, Snapshot, plan_collection
+from cartonstore.store.gc.plan import CartonUse, GcPolicy, Snapshot, plan_collection
 
 NOW = 1_000_000.0
 TOML = b'spec_version = 1\nmodel_name = "%s"\n[runner]\nrunner_name = "tensorflow"\nrequired_framework_version = "*"\n'
@@ -301,7 +301,7 @@ def test_a_carton_added_again_during_a_collection_is_not_forgotten(tmp_path: Pat
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """--forget-unrecoverable plans from a snapshot; a carton added again
     (with a live source) before the plan is applied is no longer unrecoverable."""
-    import cartonstore.store.collection as collection
+    import cartonstore.store.gc.collect as collection
 
     src, _ = _zip(tmp_path, "again")
     away = tmp_path / "away.carton"

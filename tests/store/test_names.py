@@ -21,7 +21,7 @@ from tritonclient.utils import InferenceServerException
 from cartonstore.cli.commands import main
 from cartonstore.errors import Conflict, InvalidInput
 from cartonstore.store import Store, validate_name
-from cartonstore.store.names import pin_lease_id
+from cartonstore.store.metadata.names import pin_lease_id
 
 TINY_TOML = b'spec_version = 1\nmodel_name = "tiny"\n[runner]\nrunner_name = "none"\nrequired_framework_version = "*"\n'
 

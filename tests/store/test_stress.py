@@ -37,7 +37,7 @@ from cartonstore.client.leases import Client
 from cartonstore.errors import CartonStoreError
 from cartonstore.format.links import build_links
 from cartonstore.store import Store
-from cartonstore.store.gc import GcPolicy
+from cartonstore.store.gc.plan import GcPolicy
 
 # With `pytest -n N --dist loadgroup` (README, .ci/run) the suite's long,
 # process-heavy tests (this module, test_crash_kill.py) run one after another

@@ -34,7 +34,7 @@ from cartonstore.v2.framing import (
     parse_raw_binary_request,
     tensor_to_numpy,
 )
-from cartonstore.v2.shm_params import RegionTooSmall, ShmRef, ShmSink
+from cartonstore.v2.shared_memory import RegionTooSmall, ShmRef, ShmSink
 
 NUMERIC = {
     "BOOL": np.bool_,

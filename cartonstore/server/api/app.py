@@ -21,12 +21,12 @@ from cartonstore.server.calls import leases as lease_api
 from cartonstore.server.calls.access import TcpAccess
 from cartonstore.server.calls.extensions import EXTENSIONS
 from cartonstore.server.calls.outcome import failure, record_request
+from cartonstore.server.models.loaded_self_tests import SelfTestFailed
 from cartonstore.server.models.metrics import CONTENT_TYPE, Metrics
-from cartonstore.server.models.selftest import SelfTestFailed
 from cartonstore.server.models.service import ModelService
 from cartonstore.server.tensors.shm_regions import peer_of
-from cartonstore.store.gc import GcPolicy
-from cartonstore.store.names import check_model_ref
+from cartonstore.store.gc.plan import GcPolicy
+from cartonstore.store.metadata.names import check_model_ref
 
 from . import cuda_shm, model_info
 from . import examples as examples_api

@@ -22,7 +22,7 @@ import zstandard
 from aiohttp import web
 
 from cartonstore.errors import InvalidInput, NotFound
-from cartonstore.fetch.peers import NODE_HEADER, WAIT_HEADER, PeerSet
+from cartonstore.fetch.sources.peers import NODE_HEADER, WAIT_HEADER, PeerSet
 from cartonstore.format.digest import is_sha256
 from cartonstore.server.calls.bodies import pick_encoding
 from cartonstore.server.models.metrics import Metrics

@@ -1,6 +1,6 @@
 """POST /v2/models/{name}[/versions/{v}]/selftest (body optional:
 {"rtol": ..., "atol": ...}): a loaded model's self-tests on request
-(server/models/selftest.py runs them). A report that fails is still a 200
+(server/models/loaded_self_tests.py runs them). A report that fails is still a 200
 here; a load turns it into a 400 (SelfTestFailed)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from aiohttp import web
 
 from cartonstore.config.values import BadValue, tolerance
 from cartonstore.errors import InvalidInput
-from cartonstore.server.models.selftest import self_test
+from cartonstore.server.models.loaded_self_tests import self_test
 
 from .context import body_json, svc
 from .infer import serving_model

@@ -20,7 +20,7 @@ import threading
 from typing import Any
 
 from cartonstore.errors import FetchError, InvalidInput, TooLarge, Unavailable
-from cartonstore.fetch.encoding import ContentDecoder, DecodedTooLarge
+from cartonstore.fetch.http.content_encoding import ContentDecoder, DecodedTooLarge
 from cartonstore.format.units import format_size
 from cartonstore.v2 import json_codec
 

@@ -14,18 +14,18 @@ from typing import TYPE_CHECKING
 from cartonstore.errors import InvalidInput
 from cartonstore.runner.protocol import ARENA_OUTPUTS
 from cartonstore.server.calls.bodies import IN_THREAD_FROM
-from cartonstore.server.runners.answer_check import BYTES
-from cartonstore.server.tensors.infer_check import checked_unless_shm
+from cartonstore.server.checks.request_check import checked_unless_shm
+from cartonstore.server.runner_processes.answer_check import BYTES
 from cartonstore.server.tensors.infer_shm import ShmUse, attach_regions, renamed_request
 from cartonstore.server.tensors.shm_regions import Peer, ShmRegions
 from cartonstore.v2.binary_form import encoded_doc, runner_doc
 from cartonstore.v2.framing import InferRequest, surely_plain
-from cartonstore.v2.shm_params import REGION
+from cartonstore.v2.shared_memory import REGION
 from cartonstore.v2.validate import parse_raw_binary_for, validate_request
 
 if TYPE_CHECKING:
+    from cartonstore.server.checks.pool import CheckPool
     from cartonstore.server.models.loaded_model import LoadedModel
-    from cartonstore.server.tensors.check_pool import CheckPool
 
 SHM_MARK = REGION.encode()
 

@@ -10,7 +10,7 @@ from cartonstore.errors import InvalidInput, NotFound
 from cartonstore.server.models.loaded_model import triton_unknown_model
 from cartonstore.server.models.model_config import model_config
 from cartonstore.server.tensors.arena import ARENA_FROM, ArenaSlot
-from cartonstore.store.names import check_model_ref
+from cartonstore.store.metadata.names import check_model_ref
 from cartonstore.v2.statistics import InferStatistics, statistics_answer
 
 if TYPE_CHECKING:

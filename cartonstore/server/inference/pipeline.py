@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from cartonstore.runner.protocol import ARENA_REGION, infer_path
 from cartonstore.server.calls.bodies import ENCODINGS, IN_THREAD_FROM, pick_encoding
-from cartonstore.server.runners.answer_check import (
+from cartonstore.server.runner_processes.answer_check import (
     ParsedAnswer,
     checked_answer_off_loop,
 )
@@ -38,7 +38,7 @@ from cartonstore.v2.binary_form import runner_doc
 from cartonstore.v2.error_body import error_text
 from cartonstore.v2.framing import HEADER_LENGTH, InferRequest
 from cartonstore.v2.framing import header_length as header_length_of
-from cartonstore.v2.shm_params import REGION, with_region
+from cartonstore.v2.shared_memory import REGION, with_region
 from cartonstore.v2.wire_types import WireTensor
 
 from .answer import InferAnswer

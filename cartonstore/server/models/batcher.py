@@ -26,8 +26,8 @@ from typing import Any
 
 from cartonstore.errors import BadUpstream
 from cartonstore.runner.protocol import infer_path
-from cartonstore.server.runners import ModelRunners
-from cartonstore.server.runners.settings import RunnerResponse, RunnersBusy
+from cartonstore.server.runner_processes import ModelRunners
+from cartonstore.server.runner_processes.settings import RunnerResponse, RunnersBusy
 from cartonstore.v2.batching import answers_for, batch_key, joined_request, rows
 from cartonstore.v2.framing import HEADER_LENGTH, parse_infer_response
 from cartonstore.v2.statistics import RequestTiming

@@ -22,10 +22,10 @@ from cartonstore.fetch.puller import Puller
 from cartonstore.format.digest import is_sha256
 from cartonstore.store import Store
 from cartonstore.store.group_commit import GroupCommit
-from cartonstore.store.names import carton_named, pin_lease_id
-from cartonstore.store.owner import owner_token
+from cartonstore.store.metadata.names import carton_named, pin_lease_id
+from cartonstore.store.root.owner import owner_token
 from cartonstore.system.callers import Credentials
-from cartonstore.system.flights import SingleFlight
+from cartonstore.system.single_flight import SingleFlight
 
 from .loaded_model import OWNED_LEASE_PREFIXES, Granted
 from .metrics import Metrics
@@ -40,7 +40,7 @@ class Leasing:
         self.leases = leases
         self.metrics = metrics
         # The store's owner token of this process names the leases it takes and its runners' sockets
-        # (store/owner.py); the caller made it off the event loop, so this only looks it up.
+        # (store/root/owner.py); the caller made it off the event loop, so this only looks it up.
         self.owner = owner_token(store.layout.tmp_dir)
         self._pins: dict[str, tuple[str, str]] = {}  # leases this daemon renews: id -> (carton, holder)
         self._flights = SingleFlight()

@@ -8,9 +8,9 @@ from pathlib import Path
 from typing import Any
 
 from cartonstore.format.carton_toml import CartonConfig
-from cartonstore.server.runners import ModelRunners
-from cartonstore.store.lease_rows import LeaseRow
-from cartonstore.store.names import PIN_PREFIX, SWITCH_PREFIX
+from cartonstore.server.runner_processes import ModelRunners
+from cartonstore.store.metadata.lease_rows import LeaseRow
+from cartonstore.store.metadata.names import PIN_PREFIX, SWITCH_PREFIX
 
 from .batcher import DynamicBatcher
 from .runtime import files_only_note

@@ -22,7 +22,7 @@ from typing import Any
 from cartonstore.errors import InvalidInput
 from cartonstore.format.carton_toml import CartonConfig, TensorSpec
 from cartonstore.format.dtypes import carton_dtype_to_v2, shape_to_v2_dims
-from cartonstore.runner.builtin import triton_platform
+from cartonstore.runner.builtin_runners import triton_platform
 
 MAX_BATCH_LIMIT = 1 << 20
 HONOURED = ("max_batch_size", "dynamic_batching", "instance_group", "parameters")

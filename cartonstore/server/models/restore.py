@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 from cartonstore.errors import CartonStoreError, NotFound
-from cartonstore.store import loaded_rows
+from cartonstore.store.metadata import loaded_rows
 
 from .loaded_model import LoadedModel
 

@@ -20,8 +20,8 @@ from cartonstore.config.runners import RunnerSettings
 from cartonstore.errors import InvalidInput
 from cartonstore.format.carton_toml import CartonConfig
 from cartonstore.format.semver import parse_version, version_satisfies
-from cartonstore.server.runners import InstanceSpec, fill_argv, instance_socket_path
-from cartonstore.server.runners.sandbox import SandboxPolicy
+from cartonstore.server.runner_processes import InstanceSpec, fill_argv, instance_socket_path
+from cartonstore.server.runner_processes.sandbox import SandboxPolicy
 
 MAX_INSTANCES = 64
 
@@ -52,13 +52,13 @@ def plan_runner(cfg: CartonConfig, settings: RunnerSettings) -> RunnerPlan | Non
 
 
 def _builtin_runners() -> Mapping[str, list[str]]:
-    from cartonstore.runner.builtin import BUILTIN_RUNNERS
+    from cartonstore.runner.builtin_runners import BUILTIN_RUNNERS
 
     return BUILTIN_RUNNERS
 
 
 def probe_framework(runner_name: str) -> str:
-    from cartonstore.runner.builtin import FRAMEWORK_VERSION_PROBES
+    from cartonstore.runner.builtin_runners import FRAMEWORK_VERSION_PROBES
 
     try:
         return FRAMEWORK_VERSION_PROBES[runner_name]()

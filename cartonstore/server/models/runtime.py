@@ -19,24 +19,24 @@ from typing import Any
 from cartonstore.config.runners import RunnerSettings
 from cartonstore.errors import InvalidInput
 from cartonstore.format.carton_toml import CartonConfig
-from cartonstore.runner.builtin import program
-from cartonstore.server.runners import (
+from cartonstore.runner.builtin_runners import program
+from cartonstore.server.runner_processes import (
     InstanceSpec,
     ModelRunners,
     clean_stale_sockets,
     daemon_run_dir,
     ensure_run_dir,
 )
-from cartonstore.server.runners.instance import FirstProcess
-from cartonstore.server.runners.prewarm import PrewarmPool
-from cartonstore.server.runners.process import RunnerFailed, RunnerProcess
-from cartonstore.server.runners.sandbox import (
+from cartonstore.server.runner_processes.instance import FirstProcess
+from cartonstore.server.runner_processes.prewarm import PrewarmPool
+from cartonstore.server.runner_processes.process import RunnerFailed, RunnerProcess
+from cartonstore.server.runner_processes.sandbox import (
     CGROUP_PREFIX,
     SandboxPolicy,
     prerequisites,
 )
-from cartonstore.server.runners.settings import STDERR_LINES, physical_gpu
-from cartonstore.server.runners.waiting import (
+from cartonstore.server.runner_processes.settings import STDERR_LINES, physical_gpu
+from cartonstore.server.runner_processes.waiting import (
     Slots,
     WaitingRunner,
     hand_model,
@@ -45,8 +45,8 @@ from cartonstore.server.runners.waiting import (
     with_model_dir,
 )
 from cartonstore.server.tensors.arena import TensorArena
-from cartonstore.store.layout import StoreLayout
-from cartonstore.store.owner import owner_token
+from cartonstore.store.root.layout import StoreLayout
+from cartonstore.store.root.owner import owner_token
 from cartonstore.system.cgroups import remove_stale as remove_stale_cgroups
 from cartonstore.system.cgroups import take_delegation
 

@@ -20,20 +20,20 @@ from cartonstore.config.runners import RunnerSettings
 from cartonstore.errors import CartonStoreError, InvalidInput, NotFound
 from cartonstore.fetch.puller import Puller
 from cartonstore.format.dtypes import tensor_metadata
-from cartonstore.runner.builtin import metadata_platform
+from cartonstore.runner.builtin_runners import metadata_platform
+from cartonstore.server.checks.pool import CheckPool
 from cartonstore.server.tensors.arena import DEFAULT_SIZE as ARENA_SIZE
-from cartonstore.server.tensors.check_pool import CheckPool
 from cartonstore.server.tensors.shm_regions import Peer, ShmRegions
 from cartonstore.store import Store
-from cartonstore.store.gc import GcPolicy, GcReport
-from cartonstore.store.materialize import remove_tree
-from cartonstore.store.names import HEX, carton_named, restore_name, validate_name
-from cartonstore.store.owner import tmp_name
+from cartonstore.store.gc.plan import GcPolicy, GcReport
+from cartonstore.store.materialize.tree import remove_tree
+from cartonstore.store.metadata.names import HEX, carton_named, restore_name, validate_name
+from cartonstore.store.root.owner import tmp_name
 
 from .batcher import DynamicBatcher
 from .caller_paths import source_caller
-from .collector import collect_in_child, gc_summary
 from .early_start import EarlyStart
+from .gc_child import collect_in_child, gc_summary
 from .leasing import Leasing, resolve_on
 from .load_params import b64_parameter, parse_triton_config, write_tree
 from .loaded_model import (
@@ -45,12 +45,12 @@ from .loaded_model import (
     triton_load_failure,
     triton_unknown_model,
 )
+from .loaded_self_tests import self_tested_on_load
 from .metrics import Metrics
 from .model_config import batching_policy, check_against_carton, check_config_fields, max_batch_size
 from .restore import forget_loaded, remember_loaded
 from .runner_plan import instance_devices
 from .runtime import RunnerHost
-from .selftest import self_tested_on_load
 
 log = logging.getLogger("cartonstore.server")
 
@@ -350,7 +350,7 @@ class ModelService(Leasing):
 
     async def collect(self, policy: GcPolicy) -> GcReport:
         """One collection at a time per daemon, in a child process (see
-        collector.py); the store lock orders it with every other process."""
+        server/models/gc_child.py); the store lock orders it with every other process."""
         async with self._gc_lock:
             started = time.monotonic()
             report = await collect_in_child(self.store.root, policy)

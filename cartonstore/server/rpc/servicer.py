@@ -29,7 +29,7 @@ from cartonstore.server.inference import StatusError, config_of, statistics, sta
 from cartonstore.server.models.metrics import Metrics
 from cartonstore.server.models.service import ModelService
 from cartonstore.server.tensors.shm_regions import Peer
-from cartonstore.store.names import check_model_ref
+from cartonstore.store.metadata.names import check_model_ref
 from cartonstore.v2.grpc_form import parameter_value
 
 from .infer import code_for, grpc_infer, stream_error

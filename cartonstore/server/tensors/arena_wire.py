@@ -19,7 +19,7 @@ from typing import Any
 from cartonstore.errors import BadUpstream
 from cartonstore.runner.protocol import ARENA_OUTPUTS, ARENA_REGION
 from cartonstore.v2.framing import HEADER_LENGTH, InferRequest
-from cartonstore.v2.shm_params import BYTE_SIZE, OFFSET, REGION
+from cartonstore.v2.shared_memory import BYTE_SIZE, OFFSET, REGION
 
 from .arena import ArenaSlot
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from cartonstore.v2.elements import fail
 from cartonstore.v2.framing import HEADER_LENGTH, InferRequest, WireTensor
-from cartonstore.v2.shm_params import REGION, with_region
+from cartonstore.v2.shared_memory import REGION, with_region
 
 from .shm_regions import Peer, Region, ShmRegions
 

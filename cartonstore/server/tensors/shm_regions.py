@@ -34,7 +34,7 @@ from cartonstore.system.shm_objects import (
     register_fields,
     unlinked_problem,
 )
-from cartonstore.v2.shm_params import ShmRef, check_within, missing_region
+from cartonstore.v2.shared_memory import ShmRef, check_within, missing_region
 
 MAX_REGIONS = 4096     # per owner: each holds an fd
 _NO_GROUP = 65534      # the kernel's overflow gid
