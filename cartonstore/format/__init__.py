@@ -42,12 +42,15 @@ if TYPE_CHECKING:  # what mypy sees; lazy_names imports these at run time
     from .digest import is_sha256
     from .dtypes import (
         CARTON_DTYPES,
+        CARTON_TO_V2,
         SAFETENSORS_DTYPE_BITS,
+        V2_TO_CARTON,
         carton_dtype_to_v2,
         carton_numpy_dtype,
         is_numeric_carton_dtype,
         safetensors_dtype_to_v2,
         shape_to_v2_dims,
+        v2_to_carton_dtype,
     )
     from .links import build_links, parse_links
     from .manifest import Manifest, build_manifest, parse_manifest
@@ -66,6 +69,7 @@ if TYPE_CHECKING:  # what mypy sees; lazy_names imports these at run time
         parse_safetensors,
         parse_safetensors_header,
     )
+    from .strict_json import RepeatedKey, unique_keys
     from .tensor_data import (
         TensorEntry,
         check_tensor_files,

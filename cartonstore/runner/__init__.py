@@ -38,7 +38,13 @@ own that is not built on this SDK. Importing it loads none of the SDK.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from cartonstore.system.lazy_names import lazy_names
 
 __getattr__, __dir__, __all__ = lazy_names(__name__, {"context": "InferResult LoadError Model RunnerContext",
                                                       "serving": "main serve"})
+
+if TYPE_CHECKING:  # what mypy sees; lazy_names imports these at run time
+    from .context import InferResult, LoadError, Model, RunnerContext
+    from .serving import main, serve

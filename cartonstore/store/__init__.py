@@ -21,7 +21,6 @@ __getattr__, __dir__, __all__ = lazy_names(__name__, {"metadata.names": "validat
                                                        "verification": "VerifyReport"})
 
 if TYPE_CHECKING:  # what mypy sees; lazy_names imports these at run time
-    from cartonstore.store.metadata.names import validate_name
-
+    from .metadata.names import validate_name
     from .store import CartonInfo, RemoveResult, Store
     from .verification import VerifyReport

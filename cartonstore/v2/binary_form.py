@@ -90,7 +90,7 @@ def runner_doc(req: InferRequest, region_names: dict[str, str] | None = None) ->
     are named by ``region_names`` (the caller's name -> the runner's)."""
     inputs = []
     for tensor in req.inputs:
-        entry = {"name": tensor.name, "datatype": tensor.datatype, "shape": tensor.shape}
+        entry: dict[str, Any] = {"name": tensor.name, "datatype": tensor.datatype, "shape": tensor.shape}
         if tensor.parameters:
             entry["parameters"] = _renamed(tensor.parameters, region_names)
         inputs.append(entry)

@@ -66,7 +66,7 @@ def test_push_then_add_by_tag_and_by_digest(tmp_path: Path, registry: Registry, 
                     config()).digest == digest
 
 
-def test_a_puller_reads_oci_only_when_built_with_that_kind(tmp_path: Path, registry: Registry, pushed) -> None:  # noqa: ANN001
+def test_a_puller_reads_oci_only_when_built_with_that_kind(tmp_path: Path, registry: Registry, pushed) -> None:
     """The kinds a Puller reads are the ones it is built with: one with
     fetch's own (carton URLs) refuses a reference it could otherwise reach,
     naming the scheme; the standard one (the CLI's, the daemon's: their own

@@ -12,8 +12,9 @@ builds the standard set), so fetch never imports a kind defined above it.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, Iterable, Protocol
+from typing import Any, Protocol
 
 from cartonstore.errors import InvalidInput
 
@@ -36,7 +37,7 @@ class SourceKind:
     """``canonical(puller, text)``: the text as this kind writes it, checked
     (InvalidInput naming what is wrong): the key that concurrent adds of one
     carton share, and what its progress shows."""
-    add: Callable[[Any, str, "str | None", bool], Awaitable[Any]]
+    add: Callable[[Any, str, str | None, bool], Awaitable[Any]]
     """``await add(puller, ref, name, force)`` -> the store's IngestResult,
     given the canonical ref, once at a time per ref across processes."""
 
@@ -48,8 +49,10 @@ class ChallengeAnswerer(Protocol):
     def header_for(self, url: str, *, push: bool = False) -> str | None:
         """The Authorization header to send to url, if one is known."""
 
-    async def answer(self, session: Any, url: str, challenges: Iterable[str], *, sent: str | None) -> str:
-        """The Authorization header that answers url's 401 challenges."""
+    async def answer(self, session: Any, url: str, challenges: Iterable[str], *, sent: str | None,
+                     push: bool = False, extra_scopes: Iterable[str] = ()) -> str:
+        """The Authorization header that answers url's 401 challenges (for a
+        push: write access; ``extra_scopes``: more to ask the token for)."""
 
 
 AnswererFactory = Callable[[Any], ChallengeAnswerer]

@@ -10,10 +10,13 @@ materialization.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
+import sqlite3
 import time
 import weakref
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from cartonstore.config.load import LeaseSettings
 from cartonstore.config.runners import RunnerSettings
@@ -146,7 +149,8 @@ class ModelService(Leasing):
                 serving.reason = ready_reason(serving)  # drops a "reload failed" left by an earlier load
                 return serving  # already loaded as asked: nothing to restart
             if serving is not None and serving.digest != digest:  # the old version stays pinned until stopped
-                await self._hold(switch_id(self.owner, name), serving.digest, f"switching:{name}")
+                await self._hold(switch_id(self.owner, name), serving.digest,  # type: ignore[arg-type]  # READY: a digest
+                                 f"switching:{name}")
             self._pins[self.pin_of(name)] = (digest, f"loaded:{name}")  # keep_pins renews the new version from now
             granted = await self.take_lease(digest, self.leases.pin_ttl, f"loaded:{name}", self.pin_of(name))
             model.digest = granted.lease.carton
@@ -201,7 +205,8 @@ class ModelService(Leasing):
         if serving is not None:
             serving.reason = f"reload failed, still serving this version: {reason}"
             self.models[name] = serving
-            await self._hold(self.pin_of(name), serving.digest, f"loaded:{name}")
+            await self._hold(self.pin_of(name), serving.digest,  # type: ignore[arg-type]  # serving: a digest
+                             f"loaded:{name}")
             await self._let_go(switch_id(self.owner, name))
             return
         model.state, model.reason = UNAVAILABLE, reason
@@ -336,7 +341,8 @@ class ModelService(Leasing):
             await asyncio.sleep(max(1.0, self.leases.pin_ttl / 3))
             for lease_id, (digest, holder) in list(self._pins.items()):
                 try:
-                    await self._batch(lambda conn, i=lease_id, d=digest, h=holder: self._renew_owned(conn, i, d, h))
+                    await self._batch(functools.partial(self._renew_owned, lease_id=lease_id, digest=digest,
+                                                        holder=holder))
                 except CartonStoreError as e:
                     log.warning("could not renew lease %s: %s", lease_id, e)
             try:
@@ -344,7 +350,7 @@ class ModelService(Leasing):
             except CartonStoreError as e:
                 log.warning("could not expire leases: %s", e)
 
-    def _renew_owned(self, conn, lease_id: str, digest: str, holder: str) -> None:  # noqa: ANN001
+    def _renew_owned(self, conn: sqlite3.Connection, lease_id: str, digest: str, holder: str) -> None:
         if self._pins.get(lease_id, (None, None))[0] == digest:
             self.store.index.insert_lease(conn, digest, self.leases.pin_ttl, holder, lease_id)
 
@@ -391,7 +397,8 @@ class ModelService(Leasing):
     def live_values(self) -> dict[str, float]:
         stats = self.puller.stats
         return {"store_bytes": self.store.index.stored_bytes(), "leases": self.store.index.count_live_leases(),
-                "loaded_models": sum(1 for m in tuple(self.models.values()) if m.serving_state == READY),  # see statuses()
+                # as statuses() counts them
+                "loaded_models": sum(1 for m in tuple(self.models.values()) if m.serving_state == READY),
                 "runners": self.runner_host.statuses(),
                 "fetched_bytes": stats.bytes_received, "fetch_requests": stats.requests,
                 "source_bytes": stats.snapshot()["source_bytes"],

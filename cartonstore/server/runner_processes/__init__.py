@@ -10,7 +10,8 @@ its Unix socket, as cartonstore.runner.protocol says.
 
 from __future__ import annotations
 
-from cartonstore.config.runner_command import PLACEHOLDERS, fill_argv, template_placeholders
+from cartonstore.config.runner_command import fill_argv, template_placeholders
+from cartonstore.runner.protocol import PLACEHOLDERS
 
 from .pool import ModelRunners
 from .settings import LOADING, READY, UNAVAILABLE, InstanceSpec, RunnerResponse, RunnersBusy

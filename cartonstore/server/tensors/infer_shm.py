@@ -91,7 +91,7 @@ def renamed_request(body: bytes | bytearray | memoryview, header_length: int | N
     return [header, view[end:]], len(header)
 
 
-def renamed_answer(status: int, headers: dict[str, str], payload: bytes | bytearray,
+def renamed_answer(status: int, headers: dict[str, str], payload: bytes | bytearray | memoryview,
                    use: ShmUse) -> bytes | bytearray:
     """The runner's answer naming regions by the caller's names again (its
     outputs' parameters; in an error, the message). ``headers`` gets the new
