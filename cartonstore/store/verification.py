@@ -1,9 +1,17 @@
 """Checking a store against itself (Store.verify): every blob rehashed,
 every model directory compared with its carton; --repair quarantines
-corrupt blobs, forgets missing ones and rebuilds damaged models."""
+corrupt blobs, forgets missing ones and rebuilds damaged models.
+
+The scan holds no lock (rehashing a large store takes minutes, and adds,
+rm and collections go on meanwhile): the blobs it finds missing or
+unindexed are looked at again under the shared store lock, where no rm or
+collection is half done, so a blob removed or added with its row during
+the scan is no finding.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import time
@@ -46,14 +54,19 @@ def verify(store: StoreParts, *, repair: bool = False, rebuild: Callable[[str], 
         if not is_sha256(name):
             report.stray_files.append(str(store.layout.blobs_dir / name[:2] / name))
             continue
+        try:
+            actual = store.blobs.rehash(name)
+        except FileNotFoundError:  # removed since it was listed (rm, gc): its row is looked at below
+            continue
         on_disk.add(name)
         report.blobs_checked += 1
-        if store.blobs.rehash(name) != name:
+        if actual != name:
             report.corrupt_blobs.append(name)
         elif name not in indexed:
             report.unindexed_blobs.append(name)
     report.missing_blobs = sorted(set(indexed) - on_disk)
     _verify_models(store, report)
+    _confirm(store, report)
     if repair:
         _repair(store, report, rebuild)
     return report
@@ -74,6 +87,20 @@ def _verify_models(store: StoreParts, report: VerifyReport) -> None:
                               frozenset(report.corrupt_blobs))
         if problems:
             report.damaged_models[d] = problems
+
+
+def _confirm(store: StoreParts, report: VerifyReport) -> None:
+    """Keep only the blob findings still true under the shared store lock:
+    the rows read before the scan may have gone with their files (rm and gc
+    drop rows, then files), a file scanned may have got its row (a commit).
+    A store opened read-only is looked at again without the lock (its user
+    may not open the lock file for writing)."""
+    if not (report.missing_blobs or report.unindexed_blobs):
+        return
+    with contextlib.nullcontext() if store.index.read_only else store.lock(shared=True):
+        rows = {d for d, _ in store.index.blob_rows()}
+        report.missing_blobs = [d for d in report.missing_blobs if d in rows and not store.blobs.has(d)]
+        report.unindexed_blobs = [d for d in report.unindexed_blobs if d not in rows and store.blobs.has(d)]
 
 
 def _repair(store: StoreParts, report: VerifyReport, rebuild: Callable[[str], object]) -> None:

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -11,6 +14,7 @@ from conftest import FIXTURE_CARTON, FIXTURE_DIGEST, MINIMAL_TOML, manifest_for,
 
 from cartonstore.errors import Conflict, NotFound
 from cartonstore.store import Store
+from cartonstore.store.verification import VerifyReport
 
 
 def test_fixture_round_trip(store: Store, tmp_path: Path) -> None:
@@ -211,3 +215,57 @@ def test_verify_repairs_a_damaged_model_directory(store: Store) -> None:
     store.verify(repair=True)
     assert store.verify().ok
     assert (store.materialize(d) / "model" / "main.py").is_file()
+
+
+def _payload(label: str, fans: range) -> bytes:
+    """Bytes whose blob lands in one of these fan-out directories (sha256's first byte)."""
+    return next(data for i in range(10**6)
+                if int(sha(data := f"{label} {i}".encode() * 50)[:2], 16) in fans)
+
+
+def test_verify_reports_nothing_an_rm_or_add_changed_during_its_scan(store: Store, make_carton) -> None:
+    """verify rehashes without a lock while rm, adds and collections go on:
+    a blob removed with its row during the scan is neither missing nor an
+    error, and one added with its row is not unindexed. A FIFO named as the
+    first file of a fan-out directory holds the scan there (verify opens it
+    and waits for a writer) after the rows were read and that directory
+    listed, while this thread removes one carton and adds another."""
+    gone_data, added_data = _payload("gone", range(0x80)), _payload("added", range(0x80, 0x100))
+    gone = store.add(make_carton({"model/g.bin": gone_data})).digest
+    fan = sha(gone_data)[:2]
+    pause = store.blobs.path(fan + "0" * 62)   # sorts before every blob of its directory
+    os.mkfifo(pause)
+    store.blobs.path(sha(added_data)).parent.mkdir()   # listed by the scan before the add fills it
+    outcome: dict[str, VerifyReport | BaseException] = {}
+
+    def scan() -> None:
+        try:
+            with Store(store.root) as other:   # as `cartonstore verify` would, beside this process
+                outcome["report"] = other.verify()
+        except BaseException as e:  # noqa: BLE001 - the test's failure, read below
+            outcome["report"] = e
+
+    scanner = threading.Thread(target=scan)
+    scanner.start()
+    try:
+        while True:   # the write end opens once verify holds the read end
+            try:
+                writer = os.open(pause, os.O_WRONLY | os.O_NONBLOCK)
+                break
+            except OSError as e:
+                if e.errno != errno.ENXIO or not scanner.is_alive():
+                    raise
+                time.sleep(0.01)
+        try:
+            store.remove(gone)
+            added = store.add(make_carton({"model/a.bin": added_data})).digest
+        finally:
+            os.close(writer)   # verify reads no bytes: the FIFO is a corrupt blob to it
+    finally:
+        scanner.join(60)
+    report = outcome["report"]
+    assert isinstance(report, VerifyReport), report
+    assert report.missing_blobs == [] and report.unindexed_blobs == [], report
+    assert report.corrupt_blobs == [pause.name]
+    os.unlink(pause)
+    assert store.verify().ok and store.index.missing_blobs(added) == []

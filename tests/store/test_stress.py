@@ -351,6 +351,7 @@ def test_two_daemons_cli_and_gc_on_one_store(tmp_path: Path, short_tmp: Path, or
     logs: list[list[str]] = [[], []]
     drains: list[threading.Thread] = []
     threads: list[threading.Thread] = []
+    background: list[threading.Thread] = []   # the checker and the gc loop, until stop is set
     started = time.monotonic()
     try:
         for i, d in enumerate(daemons):
@@ -362,8 +363,9 @@ def test_two_daemons_cli_and_gc_on_one_store(tmp_path: Path, short_tmp: Path, or
         check = threading.Thread(target=checker, args=(board, stop), name="checker", daemon=True)
         gc = threading.Thread(target=gc_loop, args=(root, budget, board, stop, random.Random(f"{SEED}:gc")),
                               name="gc-loop", daemon=True)
-        check.start()
-        gc.start()
+        background = [check, gc]
+        for t in background:
+            t.start()
         deadline = time.monotonic() + TIME_LIMIT
         workers = [Worker(w, root, [d.socket_path for d in daemons], cartons, budget, board, deadline)
                    for w in range(WORKERS)]
@@ -377,10 +379,13 @@ def test_two_daemons_cli_and_gc_on_one_store(tmp_path: Path, short_tmp: Path, or
         stop.set()
         for t in threads:
             t.join(5)
+        for t in background:   # verify at the end runs on a quiet store: after the gc loop's last collection
+            t.join(60)
         codes = [d.stop() if d.proc else None for d in daemons]
         for t in drains:
             t.join(10)
     elapsed = time.monotonic() - started
+    assert not any(t.is_alive() for t in background), "the gc loop or the checker is stuck"
 
     with Store(root) as store:
         report = store.verify()
