@@ -42,13 +42,17 @@ class BadChunks(ValueError):
 
 class _Message:
     """What llhttp reports of one message, as its callbacks: the head's
-    fields, then (fed on) a chunked body's chunks, trailers and end."""
+    fields, then (fed on) a chunked body's chunks, trailers and end.
+    Header names lower-case; a repeated field joined with ", " (``joined``)
+    or the last one kept."""
 
-    __slots__ = ("ended", "headers", "in_body", "limits", "target", "trailers")
+    __slots__ = ("ended", "fields", "headers", "in_body", "joined", "limits", "target", "trailers")
 
-    def __init__(self) -> None:
+    def __init__(self, *, joined: bool = True) -> None:
         self.target = b""
-        self.headers: list[tuple[bytes, bytes]] = []
+        self.headers: dict[str, str] = {}
+        self.fields = 0
+        self.joined = joined
         self.in_body = False
         self.trailers = 0
         self.ended = False
@@ -59,7 +63,11 @@ class _Message:
 
     def on_header(self, name: bytes, value: bytes) -> None:
         if not self.in_body:
-            self.headers.append((name, value))
+            self.fields += 1
+            key, text = name.decode("latin-1").lower(), value.decode("latin-1").strip(" \t")
+            if self.joined and key in self.headers:
+                text = f"{self.headers[key]}, {text}"
+            self.headers[key] = text
             return
         self.trailers += 1
         if self.trailers > MAX_HEADERS:
@@ -84,17 +92,6 @@ class _KeptMessage(_Message):
     def on_body(self, data: bytes) -> None:
         if self.limits is not None:
             self.limits.keep(data)
-
-
-def _headers(message: _Message, *, duplicates_joined: bool) -> dict[str, str]:
-    """Lower-case names; repeated fields joined with ", " (or the last kept)."""
-    headers: dict[str, str] = {}
-    for raw_name, raw_value in message.headers:
-        name, value = raw_name.decode("latin-1").lower(), raw_value.decode("latin-1").strip(" \t")
-        if duplicates_joined and name in headers:
-            value = f"{headers[name]}, {value}"
-        headers[name] = value
-    return headers
 
 
 @dataclass
@@ -171,7 +168,7 @@ def parse_request_head(raw: bytes) -> RequestHead:
     if not message.in_body or version not in _VERSIONS:
         raise request_fault(raw, f"HTTP/{version}")
     return RequestHead(parser.get_method().decode("ascii"), message.target.decode("latin-1"), version,
-                       _headers(message, duplicates_joined=True), raw, (parser, message))
+                       message.headers, raw, (parser, message))
 
 
 @dataclass
@@ -199,7 +196,7 @@ def parse_response_head(raw: bytes, *, keep_body: bool = True) -> ResponseHead:
     (its message for the caller to show) for anything llhttp refuses, or
     more than MAX_HEADERS header lines. ``keep_body``: a chunked body fed
     on is kept (else only its end is seen)."""
-    message = _KeptMessage() if keep_body else _Message()
+    message = _KeptMessage(joined=False) if keep_body else _Message(joined=False)
     parser = httptools.HttpResponseParser(message)
     try:
         parser.feed_data(raw)
@@ -210,9 +207,9 @@ def parse_response_head(raw: bytes, *, keep_body: bool = True) -> ResponseHead:
     version = parser.get_http_version()
     if not message.in_body or version not in _VERSIONS:
         raise ValueError(response_fault(raw, f"HTTP/{version}"))
-    if len(message.headers) > MAX_HEADERS:
-        raise ValueError(f"answered with {len(message.headers)} header lines, over the {MAX_HEADERS} it may send")
-    return ResponseHead(parser.get_status_code(), version, _headers(message, duplicates_joined=False),
+    if message.fields > MAX_HEADERS:
+        raise ValueError(f"answered with {message.fields} header lines, over the {MAX_HEADERS} it may send")
+    return ResponseHead(parser.get_status_code(), version, message.headers,
                         (parser, message))
 
 
@@ -222,7 +219,8 @@ class ChunkedBody:
     ``max_chunks`` chunks. BadChunks for a body that breaks either, or its
     framing; framing (size lines, extensions, trailers) beyond MAX_HEAD
     bytes plus 64 a chunk is refused too, so a body that sends no data
-    costs bounded memory and time."""
+    costs bounded memory and time (a kept body's: one only watched for
+    its end is counted by nobody)."""
 
     def __init__(self, parser: httptools.HttpRequestParser | httptools.HttpResponseParser, message: _Message, *,
                  limit: int | None = None, max_chunks: int | None = None) -> None:
@@ -233,6 +231,7 @@ class ChunkedBody:
         self.body = bytearray()
         self.chunks = 0
         self._framing = 0      # bytes fed that were not body data
+        self._bounded = isinstance(message, _KeptMessage)   # a body only watched for its end is aiohttp's own
         self._tail = b""       # the last bytes fed: an end of head may straddle two feeds
         message.limits = self
 
@@ -296,7 +295,7 @@ class ChunkedBody:
         except httptools.HttpParserError as e:
             raise BadChunks(_chunk_fault(str(e))) from None
         self._framing += len(piece) - (len(self.body) - before)
-        if self._framing > MAX_HEAD + 64 * self.chunks:
+        if self._bounded and self._framing > MAX_HEAD + 64 * self.chunks:
             raise BadChunks(f"chunked framing (size lines, extensions, trailers) over {MAX_HEAD} bytes "
                             f"and 64 a chunk")
 
