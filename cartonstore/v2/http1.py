@@ -276,8 +276,9 @@ class ChunkedBody:
         ends = []
         probe = self._tail + bytes(data[start:start + 3])
         found = probe.find(_END_OF_HEAD)
-        if found >= 0:
+        while found >= 0:   # at most two: b"\r\n\r" then b"\n\r\n"
             ends.append(start + found + 4 - len(self._tail))
+            found = probe.find(_END_OF_HEAD, found + 1)
         found = data.find(_END_OF_HEAD, start)
         while found >= 0:
             ends.append(found + 4)

@@ -6,6 +6,8 @@ chunked decoder."""
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from cartonstore.v2.http1 import (
     MAX_HEAD,
@@ -44,6 +46,26 @@ def test_a_chunked_body_fed_in_any_cut_ends_where_it_ends() -> None:
         first = decoder.feed(data[:cut])
         taken = first if first is not None else cut + decoder.feed(bytearray(b"xx" + data[cut:]), 2)
         assert (taken, bytes(decoder.body)) == (whole, b"abc0123456789"), cut
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.binary(min_size=1, max_size=40), max_size=6), st.lists(st.integers(0, 400), max_size=4),
+       st.sampled_from([b"", b"T: v\r\n"]))
+def test_any_chunked_body_cut_anywhere_decodes_whole_and_ends_where_it_ends(chunks: list[bytes], cuts: list[int],
+                                                                           trailer: bytes) -> None:
+    sent = b"".join(b"%x\r\n%s\r\n" % (len(c), c) for c in chunks) + b"0\r\n" + trailer + b"\r\n"
+    stream = sent + b"GET / HTTP/1.1\r\n"
+    decoder = parse_request_head(CHUNKED).chunked_body()
+    taken, at = None, 0
+    for cut in sorted({min(c, len(stream)) for c in cuts}) + [len(stream)]:
+        if cut < at:
+            continue
+        taken = decoder.feed(stream[at:cut])
+        if taken is not None:
+            taken += at
+            break
+        at = cut
+    assert (taken, bytes(decoder.body)) == (len(sent), b"".join(chunks))
 
 
 def test_a_chunk_of_crlf_crlf_bytes_is_data_not_the_end() -> None:

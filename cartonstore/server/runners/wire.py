@@ -329,9 +329,10 @@ async def _read_response(conn: _Connection, limit: int) -> tuple[int, dict[str, 
     except _Eof as e:
         what = "closed the connection mid-answer" if e.partial else "closed the connection without answering"
         raise BadResponse(what, answered=e.partial) from None
-    except (ConnectionResetError, BrokenPipeError, ValueError) as e:
-        raise BadResponse(f"{type(e).__name__}: {e}" if not isinstance(e, ValueError) else str(e),
-                          answered=conn.got_any) from None
+    except ValueError as e:   # a head llhttp refused, its fault named (v2/http1_faults.py)
+        raise BadResponse(str(e), answered=True) from None
+    except (ConnectionResetError, BrokenPipeError) as e:
+        raise BadResponse(f"{type(e).__name__}: {e}", answered=conn.got_any) from None
 
 
 async def _read_chunked(conn: _Connection, decoder: ChunkedBody, limit: int) -> bytearray:
