@@ -12,8 +12,8 @@ as many cores as there are requests (rest.py bounds it: max_concurrency).
 
 What it serves is what its one client, the daemon (or someone testing a
 runner by hand), sends: Content-Length or chunked bodies, keep-alive,
-pipelined requests answered in order, HTTP/1.0 (one request). Heads are
-parsed by cartonstore.v2.http1, the daemon's parser.
+pipelined requests answered in order, HTTP/1.0 (one request). Heads and
+chunked bodies are read by cartonstore.v2.http1 (llhttp), as the daemon's are.
 """
 
 from __future__ import annotations
