@@ -2,7 +2,7 @@
 
 __version__ = "0.1.0"
 
-from .errors import (  # noqa: E402
+from .errors import (
     AlreadyExists,
     CartonStoreError,
     Conflict,

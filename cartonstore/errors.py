@@ -9,11 +9,13 @@ translated into these once, at the boundary of the module that calls them.
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class CartonStoreError(Exception):
     """Base of every error cartonstore raises on purpose."""
 
-    def __init__(self, message: str, *, subject: str | None = None, details: dict | None = None) -> None:
+    def __init__(self, message: str, *, subject: str | None = None, details: dict[str, Any] | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.subject = subject

@@ -9,14 +9,20 @@ import os
 import shutil
 import sqlite3
 import stat
+import sys
 import tempfile
 import zipfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import TYPE_CHECKING
 
 import pytest
 
 from cartonstore.store import Store
+
+if TYPE_CHECKING:
+    from kit.daemonkit import DaemonProcess
+    from kit.origin import Origin
 
 # The CLI's tests' store (the fixture `root`), wherever a test module does not make its own.
 pytest_plugins = ["kit.clikit"]
@@ -29,6 +35,12 @@ os.environ.setdefault("CARTONSTORE_SANDBOX", "none")
 # production refuses such URLs: tests/fetch/test_private_links.py tests that
 # with this unset (kit/fetchkit.py's fast_config allows them too).
 os.environ.setdefault("CARTONSTORE_ALLOW_PRIVATE_LINKS", "true")
+# A run starts thousands of Python processes from this tree (pytest's workers,
+# daemons, runners, CLIs): where the environment says not to write bytecode,
+# each would compile cartonstore's modules anew, and each worker rewrite every
+# test module's asserts anew. __pycache__ is ignored by git.
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+sys.dont_write_bytecode = False
 # A command a test runs with no store named (no --root, setting or
 # CARTONSTORE_ROOT) must not reach the host's store, /var/lib/cartonstore as
 # root: its default root is in a cache directory of this process's own,
@@ -124,7 +136,7 @@ def short_tmp() -> Iterator[Path]:
 
 
 @pytest.fixture
-def store(tmp_path: Path):
+def store(tmp_path: Path) -> Iterator[Store]:
     s = Store(tmp_path / "root")
     yield s
     s.close()
@@ -177,7 +189,7 @@ def snapshot(root: Path) -> tuple:
 
 
 @pytest.fixture
-def origin():
+def origin() -> Iterator[Origin]:
     """A real HTTP server on 127.0.0.1 that misbehaves on request (tests/kit/origin.py)."""
     from kit.origin import Origin
 
@@ -186,7 +198,7 @@ def origin():
 
 
 @pytest.fixture
-def daemon(short_tmp: Path):
+def daemon(short_tmp: Path) -> Iterator[DaemonProcess]:
     """A real `cartonstore serve` on a Unix socket and a loopback port."""
     from kit.daemonkit import DaemonProcess
 

@@ -8,8 +8,9 @@ symlinks, carton.toml references, tensor_data, and safetensors headers.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import BinaryIO, Callable, Iterable
+from typing import Any, BinaryIO
 
 from cartonstore.errors import InvalidCarton, ManifestMismatch
 from cartonstore.format.carton_toml import CartonConfig, check_references, parse_carton_toml
@@ -145,7 +146,7 @@ def _size_of(view: CartonView, path: str) -> int | None:
     return f.size if f is not None and f.kind == "file" else None
 
 
-def _check_membership(view: CartonView, listed: dict[str, str], links: dict) -> None:
+def _check_membership(view: CartonView, listed: dict[str, str], links: dict[str, Any]) -> None:
     for path in view.files:
         if path not in listed:
             raise InvalidCarton(path, "is in the carton but not listed in MANIFEST")

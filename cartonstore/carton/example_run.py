@@ -31,10 +31,10 @@ from pathlib import Path
 import numpy as np
 from cartonstore.format.carton_toml import TensorSpec
 from cartonstore.runner.context import LoadError, RunnerContext
-from cartonstore.runner.infer import split_result
+from cartonstore.runner.model_call import split_result
 from importlib import import_module
 runner, model_dir, opts, out, examples, dtypes = sys.argv[1:7]
-load = import_module(f"cartonstore.runner.{runner}").load
+load = import_module(f"cartonstore.runner.backends.{runner}").load
 inputs = {name: np.load(path, allow_pickle=False) for name, path in json.loads(examples).items()}
 # strings reach a model as object arrays, as the daemon sends them, not numpy's fixed-width str
 inputs = {name: a.astype(object) if a.dtype.kind in "US" else a for name, a in inputs.items()}

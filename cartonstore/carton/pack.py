@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from pathlib import Path
@@ -29,7 +30,7 @@ def pack_directory(src: Path, out: Path, *, compression: str = "zstd", link_pref
     for e in checked.entries:
         f = view.files[e.path]
         if f.kind == "file" and is_safetensors(e.path):
-            check_safetensors(e.path, lambda p=e.path: view.open(p), f.size or 0)
+            check_safetensors(e.path, functools.partial(view.open, e.path), f.size or 0)
     links = plan_links(checked, url_prefix=link_prefix, min_size=link_min_size) if link_prefix else None
     return write_carton(out, checked, view, compression=compression, links=links)
 

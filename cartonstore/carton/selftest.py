@@ -28,17 +28,20 @@ from cartonstore.v2.validate import validate_request
 
 
 class RunnerAnswer(Protocol):
-    status: int
-    headers: Mapping[str, str]
-    body: bytes | bytearray | memoryview
+    @property
+    def status(self) -> int: ...
+    @property
+    def headers(self) -> Mapping[str, str]: ...
+    @property
+    def body(self) -> bytes | bytearray | memoryview: ...
 
 
 class Runners(Protocol):
-    """What self-tests send requests to: the daemon's ModelRunners (server/runners)."""
+    """What self-tests send requests to: the daemon's ModelRunners (server/runner_processes)."""
 
     name: str
 
-    async def forward(self, path: str, body_parts: list[bytes], headers: Mapping[str, str]) -> RunnerAnswer: ...
+    async def forward(self, path: str, body: list[bytes | memoryview], headers: Mapping[str, str]) -> RunnerAnswer: ...
 
 DEFAULT_RTOL = 1e-5
 DEFAULT_ATOL = 1e-8

@@ -17,14 +17,14 @@ from __future__ import annotations
 
 import argparse
 import re
-from typing import Sequence
+from collections.abc import Sequence
 
 _NEGATIVE = re.compile(r"-\.?\d")
 
 
 def _commands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
     for action in parser._actions:  # noqa: SLF001 - argparse keeps subparsers nowhere public
-        if isinstance(action, argparse._SubParsersAction):  # noqa: SLF001
+        if isinstance(action, argparse._SubParsersAction):  # noqa: SLF001 - argparse keeps subparsers nowhere public
             return dict(action.choices)
     return {}
 
@@ -39,7 +39,7 @@ def arrange_argv(parser: argparse.ArgumentParser, argv: Sequence[str]) -> list[s
     The first word that is no option's value is taken as the command."""
     argv = list(argv)
     commands = _commands(parser)
-    known = {opt: action for sp in commands.values() for opt, action in sp._option_string_actions.items()}  # noqa: SLF001
+    known = {opt: action for sp in commands.values() for opt, action in sp._option_string_actions.items()}  # noqa: SLF001 - argparse's table of options, nowhere public
     before: list[str] = []
     stay: list[str] = []  # the main parser's own (-h, --version) and unknown options
     i = 0
@@ -53,7 +53,7 @@ def arrange_argv(parser: argparse.ArgumentParser, argv: Sequence[str]) -> list[s
             return argv
         name = token.split("=", 1)[0]
         action = known.get(name) or _abbreviated(name, known)
-        if action is None or name in parser._option_string_actions:  # noqa: SLF001
+        if action is None or name in parser._option_string_actions:  # noqa: SLF001 - argparse's table of options, nowhere public
             stay.append(token)
             i += 1
         elif _takes_value(action) and "=" not in token and i + 1 < len(argv):
@@ -78,7 +78,7 @@ def _join_negative(args: list[str], sp: argparse.ArgumentParser) -> list[str]:
         token = args[i]
         if token == "--":
             return out + args[i:]
-        action = sp._option_string_actions.get(token)  # noqa: SLF001
+        action = sp._option_string_actions.get(token)  # noqa: SLF001 - argparse's table of options, nowhere public
         if action is not None and _takes_value(action) and i + 1 < len(args) and _NEGATIVE.match(args[i + 1]):
             out.append(f"{token}={args[i + 1]}")
             i += 2

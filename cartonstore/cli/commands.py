@@ -10,10 +10,10 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from cartonstore.errors import (
     CartonStoreError,
@@ -33,6 +33,8 @@ from .daemon_commands import cmd_gc, cmd_load, cmd_serve, cmd_unload
 from .output import Output, print_json
 from .pack_command import cmd_pack, model_file_hint
 from .progress import Progress
+
+T = TypeVar("T")
 
 if TYPE_CHECKING:
     from cartonstore.client.infer import InferClient
@@ -63,7 +65,7 @@ def load_settings(args: argparse.Namespace) -> Config:
     return load_config(args.config, overrides=overrides)
 
 
-def with_puller(store: Store, args: argparse.Namespace, work):  # noqa: ANN001, ANN201
+def with_puller(store: Store, args: argparse.Namespace, work: Callable[[Puller], Awaitable[T]]) -> T:
     """Run ``work(puller)`` on an event loop with progress shown as asked."""
     # Imported here: commands that never fetch (path of a built model, ls,
     # inspect) must not pay for asyncio and aiohttp.
@@ -73,7 +75,7 @@ def with_puller(store: Store, args: argparse.Namespace, work):  # noqa: ANN001, 
 
     progress = Progress(args.progress)
 
-    async def run():  # noqa: ANN202
+    async def run() -> T:
         async with standard_puller(store, args.settings.fetch_config(), on_event=progress.event) as p:
             progress.watch(p.stats)
             try:
@@ -223,13 +225,14 @@ def cmd_path(store: Store, args: argparse.Namespace, out: Output) -> None:
     except NotFound as e:   # REF resolved to nothing: a path that is not there says so
         from cartonstore.store.store import no_such_source
 
-        raise (no_such_source(args.ref) if e.subject == args.ref and not os.path.exists(args.ref) else None) or e
+        missing = no_such_source(args.ref) if e.subject == args.ref and not os.path.exists(args.ref) else None
+        raise (missing or e) from None
     out.emit({"manifest_sha256": path.name, "path": str(path)}, [str(path)])
 
 
 def cmd_ls(store: Store, args: argparse.Namespace, out: Output) -> None:
     infos = store.list()
-    rows = [{"manifest_sha256": i.row.digest, "names": i.names, "model_name": i.row.model_name,
+    rows: list[dict[str, Any]] = [{"manifest_sha256": i.row.digest, "names": i.names, "model_name": i.row.model_name,
              "runner": i.row.runner_name, "files": i.row.file_count, "size": i.row.total_size,
              "complete": i.complete, "path": str(i.model_dir) if i.model_dir else None} for i in infos]
     lines = [f"{r['manifest_sha256'][:16]}  {'complete' if r['complete'] else 'partial ':8}  "
@@ -302,7 +305,7 @@ def cmd_verify(store: Store, args: argparse.Namespace, out: Output) -> int:
 
 # -- parser --------------------------------------------------------------------
 
-HANDLERS: dict[str, Callable] = {
+HANDLERS: dict[str, Callable[[Store, argparse.Namespace, Output], int | None]] = {
     "add": cmd_add, "path": cmd_path, "infer": cmd_infer, "selftest": cmd_selftest, "ls": cmd_ls,
     "inspect": cmd_inspect, "push": cmd_push, "export": cmd_export, "pack": cmd_pack, "rm": cmd_rm,
     "serve": cmd_serve, "gc": cmd_gc, "verify": cmd_verify, "load": cmd_load, "unload": cmd_unload,
@@ -329,7 +332,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return args.func(None, args, out) or 0
         from cartonstore.store import Store
 
-        reads_only = args.command in ("ls", "inspect", "path") or args.command == "verify" and not args.repair
+        reads_only = args.command in ("ls", "inspect", "path") or (args.command == "verify" and not args.repair)
         with (Store.for_reading if reads_only else Store)(args.settings.store.root,
                                                           zip_limits=args.settings.zip_limits()) as store:
             return args.func(store, args, out) or 0

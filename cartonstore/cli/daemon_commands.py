@@ -19,8 +19,8 @@ if TYPE_CHECKING:
 
 def cmd_serve(store: Store | None, args: argparse.Namespace, out: Output) -> None:
     from cartonstore.server.daemon import DaemonSettings, run_daemon, setup_logging
-    from cartonstore.store.gc import GcPolicy
-    from cartonstore.store.layout import make_socket_dir
+    from cartonstore.store.gc.plan import GcPolicy
+    from cartonstore.store.root.layout import make_socket_dir
 
     cfg: Config = args.settings
     if args.print_config:
@@ -54,7 +54,7 @@ def cmd_serve(store: Store | None, args: argparse.Namespace, out: Output) -> Non
 def cmd_gc(store: Store | None, args: argparse.Namespace, out: Output) -> None:
     from cartonstore.client.leases import Client, DaemonUnavailable
     from cartonstore.store import Store
-    from cartonstore.store.gc import GcPolicy, budget_lines, eviction_summary, unrecoverable_lines
+    from cartonstore.store.gc.plan import GcPolicy, budget_lines, eviction_summary, unrecoverable_lines
 
     cfg: Config = args.settings
     policy = GcPolicy(

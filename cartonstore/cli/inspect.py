@@ -3,9 +3,11 @@ carton file or directory read where it is."""
 
 from __future__ import annotations
 
+import functools
 import os
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cartonstore.errors import NotFound
 from cartonstore.format.dtypes import carton_dtype_to_v2, shape_to_v2_dims
@@ -14,8 +16,13 @@ from cartonstore.format.units import format_size
 from cartonstore.store import Store
 from cartonstore.store.store import no_such_source
 
+if TYPE_CHECKING:
+    from cartonstore.format.carton_toml import CartonConfig, TensorSpec
+    from cartonstore.format.entry import EntryRow
+    from cartonstore.format.tensor_data import TensorEntry
 
-def _tensor_specs(specs) -> list[dict[str, Any]] | None:  # noqa: ANN001
+
+def _tensor_specs(specs: Sequence[TensorSpec] | None) -> list[dict[str, Any]] | None:
     if specs is None:
         return None
     return [{"name": s.name, "dtype": s.dtype, "shape": list(s.shape) if isinstance(s.shape, tuple) else s.shape,
@@ -23,7 +30,7 @@ def _tensor_specs(specs) -> list[dict[str, Any]] | None:  # noqa: ANN001
              "description": s.description} for s in specs]
 
 
-def _tensor_rows(tensors) -> list[dict[str, Any]]:  # noqa: ANN001 - format.tensor_data.TensorEntry
+def _tensor_rows(tensors: Iterable[TensorEntry]) -> list[dict[str, Any]]:
     return [{"name": t.name, "dtype": t.dtype, "shape": list(t.shape) if t.shape is not None else None,
              "file": t.file, "inner": list(t.inner) if t.inner else None} for t in tensors]
 
@@ -35,7 +42,8 @@ def _tensor_data(store: Store, digest: str) -> list[dict[str, Any]]:
     return _tensor_rows(parse_tensor_index(store.blobs.path(entry.digest).read_bytes()))
 
 
-def _described(digest: str, cfg, entries, present: set[str], **rest: Any) -> dict[str, Any]:  # noqa: ANN001
+def _described(digest: str, cfg: CartonConfig, entries: Sequence[EntryRow], present: set[str],
+               **rest: Any) -> dict[str, Any]:
     """The report's shape, for a carton of the store and a carton file alike:
     ``present`` holds the paths whose bytes are at hand."""
     return {
@@ -95,7 +103,7 @@ def describe_source(store: Store, path: Path) -> dict[str, Any]:
                                else compute_manifest(view))
         files = {e.path: e for e in checked.entries if e.kind == "file" and e.path in checked.present}
         safetensors = {p: [{"name": t.name, "dtype": t.dtype, "shape": list(t.shape)} for t in
-                           check_safetensors(p, lambda p=p: view.open(p), e.size or 0).tensors]
+                           check_safetensors(p, functools.partial(view.open, p), e.size or 0).tensors]
                        for p, e in files.items() if is_safetensors(p)}
     finally:
         view.close()

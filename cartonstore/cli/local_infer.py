@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
-from typing import Awaitable, Callable, Mapping, TypeVar
+from typing import TypeVar
 
 import numpy as np
 
@@ -17,7 +18,7 @@ from cartonstore.config.load import Config
 from cartonstore.config.pulling import standard_puller
 from cartonstore.errors import CartonStoreError
 from cartonstore.format.carton_toml import CartonConfig
-from cartonstore.server.runners import ModelRunners
+from cartonstore.server.runner_processes import ModelRunners
 from cartonstore.store import Store
 
 T = TypeVar("T")

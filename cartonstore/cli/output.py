@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from cartonstore.carton.writer import WrittenCarton
 
 
 def print_json(data: object) -> None:
@@ -22,7 +26,7 @@ class Output:
             for line in lines:
                 print(line)
 
-    def written(self, w) -> None:  # noqa: ANN001 - a carton.writer.WrittenCarton
+    def written(self, w: WrittenCarton) -> None:
         """What export and pack say of the carton file they wrote."""
         from cartonstore.format.units import format_size
 

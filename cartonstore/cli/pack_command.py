@@ -46,7 +46,7 @@ def cmd_pack(store: Store | None, args: argparse.Namespace, out: Output) -> None
         elif model is not None:
             source = onnx_carton_dir(model, Path(work) / "carton", name=args.name, dims=parse_dims(args.dim),
                                      self_tests=_named_files("--self-test", args.self_test))
-        out.written(pack_directory(source, Path(args.output), compression=args.compression,
+        out.written(pack_directory(source, Path(args.output), compression=args.compression,  # type: ignore[arg-type]  # flags checked
                                    link_prefix=args.link_prefix, link_min_size=parse_size(args.link_min_size)))
 
 

@@ -14,8 +14,9 @@ import argparse
 import functools
 import os
 import sys
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Callable, Mapping
+from typing import Any
 
 from cartonstore import __version__
 
@@ -56,7 +57,7 @@ def terminal_columns() -> int:
     except (KeyError, ValueError):
         pass
     try:
-        return os.get_terminal_size(sys.__stdout__.fileno()).columns or 80
+        return os.get_terminal_size(sys.__stdout__.fileno()).columns or 80  # type: ignore[union-attr]  # None: AttributeError, caught
     except (AttributeError, ValueError, OSError):
         return 80
 
@@ -147,7 +148,8 @@ def _serve(sp: argparse.ArgumentParser) -> None:
     sp.add_argument("--print-config", action="store_true", help="print the settings in effect (TOML) and exit")
     sp.add_argument("--socket", help=f"Unix socket path (default: {SOCKET_DEFAULT})")
     sp.add_argument("--listen", metavar="HOST:PORT", help="also serve on a loopback TCP port (0: any free port)")
-    sp.add_argument("--grpc-listen", metavar="HOST:PORT", help="also serve gRPC on a loopback TCP port (0: any free port)")
+    sp.add_argument("--grpc-listen", metavar="HOST:PORT",
+                    help="also serve gRPC on a loopback TCP port (0: any free port)")
     sp.add_argument("--no-restore", action="store_true",
                     help="do not load again the models this daemon had loaded (server.restore_loaded)")
     sp.add_argument("--log-format", choices=["text", "json"])
@@ -231,7 +233,7 @@ MODEL_CONFIG_COMMANDS = {"load"}
 names it, not the settings file; theirs is $CARTONSTORE_CONFIG."""
 
 
-def build_parser(handlers: Mapping[str, Callable], *, only: str | None = None) -> argparse.ArgumentParser:
+def build_parser(handlers: Mapping[str, Callable[..., Any]], *, only: str | None = None) -> argparse.ArgumentParser:
     """The parser of every command (``only=None``) or of one; each command's
     handler is set as ``func``."""
     if only is not None and only not in COMMANDS:
@@ -269,7 +271,8 @@ def build_parser(handlers: Mapping[str, Callable], *, only: str | None = None) -
 
 def _fetching_options(formatter: Callable[..., argparse.HelpFormatter]) -> argparse.ArgumentParser:
     fetching = argparse.ArgumentParser(add_help=False, formatter_class=formatter)
-    fetching.add_argument("--mirror", action="append", metavar="URL", help="also fetch blobs from URL/<sha256> (repeatable)")
+    fetching.add_argument("--mirror", action="append", metavar="URL",
+                          help="also fetch blobs from URL/<sha256> (repeatable)")
     fetching.add_argument("--allow-host", action="append", metavar="HOST",
                           help="fetch only from these hosts (repeatable; *.example.com, 10.0.0.0/8)")
     fetching.add_argument("--deny-host", action="append", metavar="HOST", help="never fetch from these hosts")

@@ -12,12 +12,15 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import TYPE_CHECKING, Protocol, TextIO
+from typing import TYPE_CHECKING, Any, Protocol, TextIO
 
 from cartonstore.format.units import format_size
 
 if TYPE_CHECKING:
     import asyncio
+
+    from tqdm import tqdm
+
 
 MODES = ("auto", "bar", "plain", "json", "none")
 # Seconds between updates: a few a second on a terminal and for scripts,
@@ -45,8 +48,8 @@ class Progress:
         self.expected = 0
         self._counts: Counts | None = None
         self._shown = (0, 0)
-        self._ticker: asyncio.Task | None = None
-        self._bar = None
+        self._ticker: asyncio.Task[None] | None = None
+        self._bar: tqdm[Any] | None = None
         self._label = "fetching"
 
     def watch(self, counts: Counts) -> None:
@@ -103,7 +106,7 @@ class Progress:
             self._bar.total = total
         self._bar.update(self.received - self._bar.n)
 
-    def event(self, data: dict) -> None:
+    def event(self, data: dict[str, Any]) -> None:
         kind = data.get("event")
         if self.mode == "json":
             self._json(data)
@@ -120,7 +123,7 @@ class Progress:
             if self._bar is not None:
                 self._bar.set_description_str(self._label)
 
-    def close(self, summary: dict | None = None) -> None:
+    def close(self, summary: dict[str, Any] | None = None) -> None:
         if self._ticker is not None:
             self._ticker.cancel()
             self._ticker = None
@@ -145,7 +148,7 @@ class Progress:
         else:
             print(line, file=self.stream, flush=True)
 
-    def _json(self, data: dict) -> None:
+    def _json(self, data: dict[str, Any]) -> None:
         import json  # here: a command without --progress json (a quick `path`) never needs it
 
         print(json.dumps(data, sort_keys=True), file=self.stream, flush=True)

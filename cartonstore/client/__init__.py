@@ -10,6 +10,8 @@ Unix socket (or TCP):
 Names are imported on first use.
 """
 
+from typing import TYPE_CHECKING
+
 from cartonstore.system.lazy_names import lazy_names
 
 __getattr__, __dir__, __all__ = lazy_names(__name__, {
@@ -17,3 +19,8 @@ __getattr__, __dir__, __all__ = lazy_names(__name__, {
     "infer": "InferClient",
     "wire": "DaemonUnavailable Lease",
 })
+
+if TYPE_CHECKING:  # what mypy sees; lazy_names imports these at run time
+    from .infer import InferClient
+    from .leases import AsyncClient, Client, model_path
+    from .wire import DaemonUnavailable, Lease

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 from urllib.parse import quote
 
 import numpy as np

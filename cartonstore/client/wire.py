@@ -66,7 +66,7 @@ def default_socket_path() -> Path:
     env = os.environ.get("CARTONSTORE_SOCKET")
     if env:
         return Path(env)
-    from cartonstore.store.layout import default_root, default_socket  # the store package is slow to import
+    from cartonstore.store.root.layout import default_root, default_socket  # the store package is slow to import
 
     return default_socket(default_root())
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-from cartonstore.fetch.codings import DEFAULT_ACCEPT_ENCODING, SUPPORTED_CODINGS
-from cartonstore.fetch.config import FetchConfig
-from cartonstore.fetch.policy import UrlPolicy, describe
-from cartonstore.fetch.proxies import check_no_proxy, proxy_parser
+from cartonstore.fetch.http.codings import DEFAULT_ACCEPT_ENCODING, SUPPORTED_CODINGS
+from cartonstore.fetch.http.config import FetchConfig
+from cartonstore.fetch.http.policy import UrlPolicy, describe
+from cartonstore.fetch.http.proxies import check_no_proxy, proxy_parser
 
 from . import values as v
 

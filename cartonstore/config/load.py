@@ -33,9 +33,9 @@ from types import MappingProxyType
 from typing import Any
 
 from cartonstore.errors import InvalidInput
-from cartonstore.fetch.config import FetchConfig
-from cartonstore.fetch.policy import describe
-from cartonstore.store.layout import default_root, default_socket
+from cartonstore.fetch.http.config import FetchConfig
+from cartonstore.fetch.http.policy import describe
+from cartonstore.store.root.layout import default_root, default_socket
 from cartonstore.system.hosts import is_loopback
 from cartonstore.zipfmt import ZipLimits
 

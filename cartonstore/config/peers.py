@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cartonstore.errors import InvalidInput
-from cartonstore.fetch.config import PeerConfig
-from cartonstore.fetch.policy import UrlPolicy, describe
+from cartonstore.fetch.http.config import PeerConfig
+from cartonstore.fetch.http.policy import UrlPolicy, describe
 
 from . import values as v
 

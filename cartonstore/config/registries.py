@@ -22,9 +22,9 @@ from types import MappingProxyType
 from urllib.parse import urlsplit
 
 from cartonstore.errors import InvalidInput
-from cartonstore.fetch.config import RegistryConfig
-from cartonstore.fetch.policy import describe
-from cartonstore.fetch.proxies import proxy_parser
+from cartonstore.fetch.http.config import RegistryConfig
+from cartonstore.fetch.http.policy import describe
+from cartonstore.fetch.http.proxies import proxy_parser
 
 from . import values as v
 

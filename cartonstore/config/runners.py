@@ -15,7 +15,7 @@ framework version is what `required_framework_version` is checked against.
 models whose runners keep the network (the operator's choice, never a
 carton's).
 
-Every runner runs in a sandbox (server/runners/sandbox.py): ``sandbox`` picks
+Every runner runs in a sandbox (server/runner_processes/sandbox.py): ``sandbox`` picks
 the mechanism ("auto": bubblewrap and Landlock, whichever are here; "none":
 model code runs with the daemon's rights), ``user`` the unprivileged user it
 runs as when the daemon is root (where the default "cartonstore-runner" does
@@ -130,7 +130,7 @@ def _show_network(names: frozenset[str]) -> dict[str, list[str]]:
 
 
 def _paths(value: object) -> tuple[str, ...]:
-    paths = v.strings()(value)
+    paths: tuple[str, ...] = v.strings()(value)
     if not all(p.startswith("/") for p in paths):
         raise v.BadValue(f"expected absolute paths, got {list(paths)!r}")
     return paths

@@ -15,7 +15,7 @@ from pathlib import Path, PurePath
 from typing import Any
 
 from cartonstore.errors import InvalidInput
-from cartonstore.fetch.policy import describe
+from cartonstore.fetch.http.policy import describe
 from cartonstore.format.units import parse_duration, parse_size
 
 Parser = Callable[[Any], Any]

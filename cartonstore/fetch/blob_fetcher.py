@@ -12,25 +12,24 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+from collections.abc import Sequence
 from dataclasses import replace
-from typing import Sequence
 
 from cartonstore.carton.checks import check_safetensors, is_safetensors
 from cartonstore.errors import CartonStoreError, ManifestMismatch
+from cartonstore.fetch.http.client import HttpClient
+from cartonstore.fetch.http.config import FetchConfig
+from cartonstore.fetch.http.policy import describe
+from cartonstore.fetch.sources.mirrors import stage_from_mirrors
+from cartonstore.fetch.sources.peers import ORIGIN, Claim, PeerSet
+from cartonstore.fetch.sources.registry_mirrors import mirrored_blob_urls, pulled_from, registry_of
+from cartonstore.fetch.transfer.download import SourcesFailed, fetch_blob
+from cartonstore.fetch.transfer.stats import TransferStats
 from cartonstore.store import Store
-from cartonstore.store.blobs import StagedBlob
-from cartonstore.store.locks import async_file_lock
-from cartonstore.system.flights import SingleFlight
+from cartonstore.store.content.blobs import StagedBlob
+from cartonstore.store.root.locks import async_file_lock
 from cartonstore.system.pass_over import PassOver
-
-from .config import FetchConfig
-from .http import HttpClient
-from .mirror_fetch import stage_from_mirrors
-from .peers import ORIGIN, Claim, PeerSet
-from .policy import describe
-from .registry_mirrors import mirrored_blob_urls, pulled_from, registry_of
-from .stats import TransferStats
-from .transfer import SourcesFailed, fetch_blob
+from cartonstore.system.single_flight import SingleFlight
 
 log = logging.getLogger("cartonstore.fetch")
 
@@ -124,7 +123,7 @@ class BlobFetcher:
 
     async def _stage_from_registry_mirrors(self, digest: str, sources: Sequence[str]) -> StagedBlob | None:
         """The blob from the mirrors ([registries.mirrors]) of the registries
-        among ``sources``, as a pull asks them (mirror_fetch.py); None when
+        among ``sources``, as a pull asks them (fetch/sources/mirrors.py); None when
         none has it (the sources themselves are next, with their retries)."""
         mirrors = self.config.registries.mirrors
         for url in sources:
@@ -165,7 +164,7 @@ class BlobFetcher:
         """A blob is checked by the names cartons give it (safetensors headers)."""
         for path in self.store.index.paths_of_blob(staged.digest):
             if is_safetensors(path):
-                check_safetensors(path, lambda: open(staged.tmp_path, "rb"), staged.size)
+                check_safetensors(path, lambda: open(staged.tmp_path, "rb"), staged.size)  # noqa: SIM115 - the check closes it
 
     def commit(self, staged: StagedBlob) -> None:
         with self.store.lock():

@@ -8,7 +8,7 @@ was complete or its directory built, and the add or the load failed with
 shared store lock, so it lands between two turns of a running collection
 and every later turn sees it; it is renewed while the work goes on and
 dropped after. A process that dies leaves it to the next rm or collection,
-which drop it at once (store/holds.py).
+which drop it at once (store/gc/holds.py).
 """
 
 from __future__ import annotations
@@ -18,11 +18,11 @@ import contextlib
 import functools
 import logging
 import os
-from typing import AsyncIterator
+from collections.abc import AsyncIterator
 
 from cartonstore.errors import CartonStoreError
 from cartonstore.store import Store
-from cartonstore.store.holds import new_hold_id
+from cartonstore.store.gc.holds import new_hold_id
 
 log = logging.getLogger("cartonstore.fetch")
 
@@ -57,7 +57,8 @@ async def holding(store: Store, digest: str, what: str) -> AsyncIterator[None]:
 
 def _drop_once_taken(store: Store, taking: asyncio.Future) -> None:
     if not taking.cancelled() and taking.exception() is None:
-        asyncio.ensure_future(asyncio.to_thread(store.index.delete_lease, taking.result()))
+        asyncio.ensure_future(asyncio.to_thread(  # noqa: RUF006 - the thread's future holds the task to its end
+            store.index.delete_lease, taking.result()))
 
 
 async def _renew(store: Store, lease_id: str) -> None:

@@ -11,9 +11,10 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 from cartonstore.carton.checks import CheckedCarton, check_carton
 from cartonstore.errors import (
@@ -23,29 +24,30 @@ from cartonstore.errors import (
     ManifestMismatch,
     NotFound,
 )
+from cartonstore.fetch.http.client import HttpClient
+from cartonstore.fetch.http.config import FetchConfig
+from cartonstore.fetch.http.policy import describe
+from cartonstore.fetch.http.source_kinds import SourceKind, SourceKinds
+from cartonstore.fetch.sources.local_files import restore_from_local
+from cartonstore.fetch.sources.peers import ORIGIN, Claim, offer
+from cartonstore.fetch.sources.remote_zip import RemoteCartonView, open_remote_zip, prefetch_view, read_entries
+from cartonstore.fetch.transfer.download import download
+from cartonstore.fetch.transfer.stats import SOURCE_KINDS, TransferStats
 from cartonstore.format.units import format_size
 from cartonstore.store import Store
-from cartonstore.store.blobs import BlobWriter
+from cartonstore.store.content.blobs import BlobWriter
 from cartonstore.store.ingest import IngestResult, Staging, check_staged_safetensors
-from cartonstore.store.locks import async_file_lock
-from cartonstore.store.names import NameOutcome, validate_name
-from cartonstore.system.flights import SingleFlight, all_or_none
+from cartonstore.store.metadata.names import NameOutcome, validate_name
+from cartonstore.store.root.locks import async_file_lock
+from cartonstore.system.single_flight import SingleFlight, all_or_none
 from cartonstore.zipfmt import ZipEntry
 
 from .blob_fetcher import BlobFetcher
-from .config import FetchConfig
 from .holds import holding
-from .http import HttpClient
-from .local_source import restore_from_local
-from .peers import ORIGIN, Claim, offer
-from .policy import describe
-from .remote_mend import mend_small_files
-from .remote_zip import RemoteCartonView, open_remote_zip, prefetch_view, read_entries
-from .source_kinds import SourceKind, SourceKinds
-from .stats import SOURCE_KINDS, TransferStats
-from .transfer import download
+from .metadata_refetch import mend_small_files
 
 if TYPE_CHECKING:
+    from cartonstore.store.metadata.index import CartonRow
     from cartonstore.system.callers import Credentials
 
 
@@ -113,7 +115,7 @@ class Puller:
         self.fetcher = BlobFetcher(store, self.client, self.config, stats=TransferStats(on_event=self.on_event))
         self._urls_in_flight = SingleFlight()
 
-    async def __aenter__(self) -> "Puller":
+    async def __aenter__(self) -> Puller:
         await self.client.__aenter__()
         return self
 
@@ -224,8 +226,8 @@ class Puller:
             await asyncio.to_thread(self._stage_small, checked, view, staging)
             for digest, staged in staging.staged.items():
                 offer(claims, digest, staged.tmp_path)
-            lacking = await asyncio.to_thread(
-                lambda: [d for d in checked.files_by_digest() if d not in staging.staged and not self.store.blobs.has(d)])
+            lacking = await asyncio.to_thread(lambda: [d for d in checked.files_by_digest()
+                                                       if d not in staging.staged and not self.store.blobs.has(d)])
             if not peers.urls:
                 for claim in claims.values():
                     claim.stage = ORIGIN
@@ -317,7 +319,7 @@ class Puller:
         missing = await asyncio.to_thread(self.store.missing_blobs, digest)
         if not missing:
             return 0
-        # The local files they were added from first (local_source.py), then the network.
+        # The local files they were added from first (fetch/sources/local_files.py), then the network.
         restored, local_reasons = await asyncio.to_thread(restore_from_local, self.store, missing,
                                                           self.fetcher.commit, lock_timeout=self.config.lock_timeout)
         self.stats.read_locally(sum(restored.values()), len(restored))   # read from disk, like a local add's
@@ -345,7 +347,7 @@ class Puller:
                              subject=digest)
         return fetched + sum(1 for r in results if r is True)
 
-    def _still_missing(self, digest: str, missing: list[str]):  # noqa: ANN202
+    def _still_missing(self, digest: str, missing: list[str]) -> tuple[list[str], CartonRow | None, list[str]]:
         """In a thread (a stat per blob, SQLite per blob): those of missing the
         store still lacks, the carton's row, and those of them no LINKS lists."""
         left = [d for d in missing if not self.store.blobs.has(d)]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import datetime
 import re
-from typing import Any
+from typing import Any, TypeGuard
 
 from cartonstore.errors import InvalidCarton
 
@@ -85,7 +85,7 @@ def type_name(value: object) -> str:
     return "null" if value is None else type(value).__name__
 
 
-def is_int(value: object) -> bool:
+def is_int(value: object) -> TypeGuard[int]:
     """True for a real integer (TOML and JSON booleans are not integers)."""
     return isinstance(value, int) and not isinstance(value, bool)
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from collections.abc import Collection, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Union
+from typing import Any
 
 from cartonstore.errors import InvalidCarton
 
@@ -28,7 +28,7 @@ MISC_PREFIX = "@misc/"
 
 # A shape is "not given" (None), one string for the whole shape (a symbol,
 # or "*" for any shape), or one entry per dimension (an int or a symbol).
-Shape = Union[None, str, tuple[Union[int, str], ...]]
+Shape = str | tuple[int | str, ...] | None
 
 # Loose forms of what Carton parses strictly with the semver and
 # target-lexicon crates: enough to catch typos and wrong fields, never

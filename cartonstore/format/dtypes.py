@@ -9,8 +9,8 @@ caller's datatype, and says which it cannot name (``InvalidInput``).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from cartonstore.errors import InvalidInput
 
@@ -173,7 +173,7 @@ def shape_to_v2_dims(shape: str | Sequence[int | str] | None) -> list[int]:
     return [dim if isinstance(dim, int) else -1 for dim in shape]
 
 
-def tensor_metadata(specs) -> list[dict]:  # noqa: ANN001 - TensorSpec-like: name, dtype, shape
+def tensor_metadata(specs: Iterable[Any] | None) -> list[dict[str, Any]]:  # TensorSpec-like: name, dtype, shape
     """KServe v2 model metadata for carton.toml's tensors (inputs or outputs; None: [])."""
     return [{"name": s.name, "datatype": carton_dtype_to_v2(s.dtype), "shape": shape_to_v2_dims(s.shape)}
             for s in specs or ()]
@@ -198,5 +198,6 @@ def onnx_kind_text(onnx_type: str) -> str:
         kind = "a map"
     else:
         kind = "a tensor type carton has no dtype for"
-    hint = "; convert with zipmap disabled (skl2onnx: options={'zipmap': False})" if kind == "a sequence of maps" else ""
+    hint = ("; convert with zipmap disabled (skl2onnx: options={'zipmap': False})"
+            if kind == "a sequence of maps" else "")
     return f"{kind} ({onnx_type}): cartonstore serves tensors{hint}"

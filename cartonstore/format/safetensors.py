@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import math
-import struct
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -70,7 +69,7 @@ def parse_header_size(first8: bytes, file_size: int, *, file: str) -> int:
             file,
             f"is {len(first8)} bytes, too short for a safetensors file (the header size takes 8)",
         )
-    (size,) = struct.unpack("<Q", first8[:_SIZE_FIELD])
+    size = int.from_bytes(first8[:_SIZE_FIELD], "little")
     _check_header_size(size, file_size, file)
     return size
 
@@ -133,7 +132,8 @@ def _load_json(header: bytes, file: str) -> dict[str, Any]:
     try:
         decode = strict_json.decoder(check_key=lambda key: _check_text(key, file, "header"),
                                      parse_constant=_no_constants(file))
-        return decode(text)
+        doc: dict[str, Any] = decode(text)   # it starts with '{': an object or no JSON at all
+        return doc
     except strict_json.RepeatedKey as e:
         raise _bad_header(file, f"has the key {e.key!r} twice in one object") from None
     except json.JSONDecodeError as e:

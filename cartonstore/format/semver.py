@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Union
 
 from cartonstore.errors import InvalidInput
 
@@ -43,7 +42,7 @@ _POST_RELEASE = re.compile(r"[-_.]?(?:post|rev|r)[-_.]?\d*$")
 _IDENTIFIER = re.compile(r"[0-9A-Za-z-]+")
 _NATURAL_PART = re.compile(r"\d+|\D+")
 
-PreKey = tuple[tuple[int, Union[int, str]], ...]
+PreKey = tuple[tuple[int, int | str], ...]
 
 
 def _pre_key(pre: tuple[str, ...]) -> tuple[int, tuple[PreKey, ...]]:
@@ -58,8 +57,7 @@ def _pre_key(pre: tuple[str, ...]) -> tuple[int, tuple[PreKey, ...]]:
             keys.append(((0, int(ident)),))
         else:
             keys.append(
-                ((1, 0),)
-                + tuple((0, int(p)) if p.isdigit() else (1, p) for p in _NATURAL_PART.findall(ident))
+                ((1, 0), *tuple((0, int(p)) if p.isdigit() else (1, p) for p in _NATURAL_PART.findall(ident)))
             )
     return (0, tuple(keys))
 

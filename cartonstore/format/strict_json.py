@@ -26,7 +26,10 @@ def unique_keys(pairs: Pairs) -> dict[str, Any]:
     doc = dict(pairs)
     if len(doc) != len(pairs):
         seen: set[str] = set()
-        raise RepeatedKey(next(k for k, _ in pairs if k in seen or seen.add(k)))
+        for key, _ in pairs:
+            if key in seen:
+                raise RepeatedKey(key)
+            seen.add(key)
     return doc
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 
 from cartonstore.errors import InvalidInput
 
@@ -40,7 +41,7 @@ def parse_duration(text: str) -> float:
     return sum(float(n) * _DURATION_UNITS[u] for n, u in parts)
 
 
-def _refuse_negative(text: str, what: str, examples: str, parse) -> None:  # noqa: ANN001
+def _refuse_negative(text: str, what: str, examples: str, parse: Callable[[str], object]) -> None:
     """'-5G' is refused as negative, not as a mystery (or, on a command line, an option)."""
     rest = text.strip()
     if rest.startswith("-") and not rest.startswith("--"):
@@ -55,5 +56,5 @@ def format_size(n: int) -> str:
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if abs(n) < 1024 or unit == "TiB":
             return f"{n} B" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024  # type: ignore[assignment]
+        n /= 1024  # type: ignore[assignment]  # an int becomes a float of it
     raise AssertionError("unreachable")

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from cartonstore.fetch.source_kinds import SourceKind
+from cartonstore.fetch.http.source_kinds import SourceKind
 
 from .reference import SCHEME, is_oci_reference, parse_reference
 

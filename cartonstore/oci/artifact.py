@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from typing import Any
 
 from cartonstore.errors import InvalidCarton, InvalidInput
 from cartonstore.format.paths import carton_path_problem
@@ -131,7 +132,7 @@ def _layer(d: object, number: int, where: str) -> Layer:
         raise InvalidInput(f"{what}: size {size!r} is not a byte count", subject=where)
     if not isinstance(media, str):
         raise InvalidInput(f"{what}: no mediaType", subject=where)
-    annotations = d.get("annotations") if isinstance(d.get("annotations"), dict) else {}
+    annotations: dict[str, Any] = d["annotations"] if isinstance(d.get("annotations"), dict) else {}
     path = annotations.get(TITLE)
     if ORAS_UNPACK in annotations:
         raise InvalidInput(f"{what} ({path!r}) is a directory packed into one archive; push each file as its "

@@ -23,14 +23,14 @@ import base64
 import json
 import re
 import time
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Callable, Iterable
 
 import aiohttp
 
 from cartonstore.errors import FetchError
-from cartonstore.fetch.policy import describe
-from cartonstore.system.flights import SingleFlight
+from cartonstore.fetch.http.policy import describe
+from cartonstore.system.single_flight import SingleFlight
 
 from .challenge import Challenge, parse_challenges
 from .credentials import Credentials, find_credentials
@@ -93,7 +93,7 @@ class RegistryAuth:
                 return token[0]
         return None
 
-    async def answer(self, session: "aiohttp.ClientSession", url: str, challenges: Iterable[str], *,
+    async def answer(self, session: aiohttp.ClientSession, url: str, challenges: Iterable[str], *,
                      push: bool = False, sent: str | None = None, extra_scopes: Iterable[str] = ()) -> str:
         """A 401 came for url (with ``sent`` as its Authorization): the
         Authorization to try again with. FetchError says why there is none."""
@@ -126,7 +126,7 @@ class RegistryAuth:
     def _looked_in(self) -> str:
         return "looked in " + ", ".join(str(p) for p in self.credential_files)
 
-    async def _token(self, session: "aiohttp.ClientSession", authority: str, challenge: Challenge,
+    async def _token(self, session: aiohttp.ClientSession, authority: str, challenge: Challenge,
                      scopes: list[str], where: str) -> str:
         realm = self.check_url(challenge.realm or "")
         creds = await self.credentials(authority)
@@ -137,11 +137,11 @@ class RegistryAuth:
             form = dict(params, grant_type="refresh_token", refresh_token=creds.identity_token,
                         client_id="cartonstore")
             form["scope"] = " ".join(scopes)
-            call = lambda: session.post(realm, data=form, allow_redirects=False, **self.route(realm))  # noqa: E731
+            call = lambda: session.post(realm, data=form, allow_redirects=False, **self.route(realm))  # noqa: E731 - one name for either request, sent by the retry below
         else:
             if creds is not None and creds.username:
                 headers["Authorization"] = _basic(creds)
-            call = lambda: session.get(realm, params=params, headers=headers,  # noqa: E731
+            call = lambda: session.get(realm, params=params, headers=headers,  # noqa: E731 - one name for either request, sent by the retry below
                                        allow_redirects=False, **self.route(realm))
         for attempt in range(2):
             try:
@@ -149,8 +149,8 @@ class RegistryAuth:
                     body = await r.read()
                     status = r.status
                 break
-            except Exception as e:  # noqa: BLE001 - translated here, once
-                from cartonstore.fetch.http import translate
+            except Exception as e:  # translated here, once
+                from cartonstore.fetch.http.client import translate
 
                 # A kept-alive connection closed unannounced (see Registry._send): asked again, once.
                 if attempt or not isinstance(e, aiohttp.ServerDisconnectedError):

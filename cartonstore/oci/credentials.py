@@ -23,6 +23,7 @@ import os
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from cartonstore.errors import InvalidInput
 
@@ -124,15 +125,15 @@ def find_credentials(authority: str, paths: list[Path]) -> Credentials | None:
         doc = _read(path)
         if doc is None:
             continue
-        helpers = doc.get("credHelpers") if isinstance(doc.get("credHelpers"), dict) else {}
+        helpers: dict[str, Any] = doc["credHelpers"] if isinstance(doc.get("credHelpers"), dict) else {}
         for key, helper in helpers.items():
             if _registry_key(key) == authority and isinstance(helper, str):
                 return _from_helper(helper, authority, path)
-        auths = doc.get("auths") if isinstance(doc.get("auths"), dict) else {}
+        auths: dict[str, Any] = doc["auths"] if isinstance(doc.get("auths"), dict) else {}
         for key, entry in auths.items():
             if _registry_key(key) == authority and (found := _from_entry(entry, path, key)) is not None:
                 return found
-        if isinstance(doc.get("credsStore"), str) and doc["credsStore"]:
-            if (found := _from_helper(doc["credsStore"], authority, path)) is not None:
-                return found
+        if isinstance(doc.get("credsStore"), str) and doc["credsStore"] and \
+                (found := _from_helper(doc["credsStore"], authority, path)) is not None:
+            return found
     return None

@@ -22,16 +22,16 @@ from typing import TYPE_CHECKING, BinaryIO
 
 from cartonstore.carton.checks import check_carton
 from cartonstore.errors import IntegrityError, InvalidCarton, ManifestMismatch
-from cartonstore.fetch.mirror_fetch import stage_from_mirrors
-from cartonstore.fetch.peers import Claim, offer
-from cartonstore.fetch.remote_zip import read_whole_limit
-from cartonstore.fetch.transfer import fetch_blob
+from cartonstore.fetch.sources.mirrors import stage_from_mirrors
+from cartonstore.fetch.sources.peers import Claim, offer
+from cartonstore.fetch.sources.remote_zip import read_whole_limit
+from cartonstore.fetch.transfer.download import fetch_blob
 from cartonstore.format.manifest import build_manifest
 from cartonstore.sources.view import SourceFile
 from cartonstore.sources.zip_source import METADATA_NAMES
-from cartonstore.store.blobs import StagedBlob
+from cartonstore.store.content.blobs import StagedBlob
 from cartonstore.store.ingest import IngestResult, Staging, check_staged_safetensors
-from cartonstore.system.flights import all_or_none
+from cartonstore.system.single_flight import all_or_none
 
 from .artifact import Layer, parse_manifest
 from .reference import OciReference
@@ -64,7 +64,7 @@ class OciCartonView:
 class _Blobs:
     """One add's blobs: staged from the registry, or found in the store."""
 
-    def __init__(self, puller: "Puller", registry: Registry, sizes: dict[str, int], staging: Staging,
+    def __init__(self, puller: Puller, registry: Registry, sizes: dict[str, int], staging: Staging,
                  claims: dict[str, Claim]) -> None:
         self.puller = puller
         self.registry = registry
@@ -93,7 +93,7 @@ class _Blobs:
         return self.staging.staged[digest].tmp_path
 
     async def _from_mirrors(self, digest: str) -> StagedBlob | None:
-        """The blob from the registry's mirrors (mirror_fetch.py), or None."""
+        """The blob from the registry's mirrors (fetch/sources/mirrors.py), or None."""
         urls = [(endpoint, self.registry.mirror_url(endpoint, f"blobs/sha256:{digest}"))
                 for endpoint in self.registry.mirrors]
         return await stage_from_mirrors(self.puller.client, self.puller.store.blobs, digest, urls,
@@ -116,7 +116,7 @@ async def _read_small(blobs: _Blobs, by_path: dict[str, Layer]) -> dict[str, byt
     wanted = [p for p in by_path if read_whole_limit(p) is not None]
     for path in wanted:
         limit = read_whole_limit(path)
-        if by_path[path].size > limit:  # type: ignore[operator]
+        if by_path[path].size > limit:  # type: ignore[operator]  # wanted: a limit is set
             raise InvalidCarton(path, f"is {by_path[path].size} bytes, more than the {limit} allowed for this file")
     digests = list(dict.fromkeys(by_path[p].digest for p in wanted))
     data = dict(zip(digests, await all_or_none(blobs.read(d) for d in digests), strict=True))
@@ -140,7 +140,7 @@ def check_layers(layers: list[Layer], listed: dict[str, str]) -> None:
                                  f"and {layer.size})", subject=layer.digest)
 
 
-async def add_from_registry(puller: "Puller", ref: OciReference, name: str | None, force: bool) -> IngestResult:
+async def add_from_registry(puller: Puller, ref: OciReference, name: str | None, force: bool) -> IngestResult:
     registry = Registry(puller.client, ref, puller.fetcher.mirrors_passed_over)
     raw, media_type, manifest_digest = await registry.get_manifest()
     layers = parse_manifest(raw, str(ref), media_type)
@@ -153,7 +153,7 @@ async def add_from_registry(puller: "Puller", ref: OciReference, name: str | Non
             puller, registry, sizes, Staging(puller.store.blobs), claims), name, force)
 
 
-async def _add_layers(puller: "Puller", registry: Registry, ref: OciReference, manifest_digest: str,
+async def _add_layers(puller: Puller, registry: Registry, ref: OciReference, manifest_digest: str,
                       layers: list[Layer], blobs: _Blobs, name: str | None, force: bool) -> IngestResult:
     by_path = {layer.path: layer for layer in layers}
     staging = blobs.staging
@@ -164,7 +164,7 @@ async def _add_layers(puller: "Puller", registry: Registry, ref: OciReference, m
                                                 if layer.path not in METADATA_NAMES})
         checked = await asyncio.to_thread(check_carton, OciCartonView(str(ref), layers, small), links_raw=b"")
         check_layers(layers, checked.manifest.as_dict())
-        urls = {layer.digest: (registry.source_url(layer.digest),) for layer in layers
+        urls: dict[str, tuple[str, ...]] = {layer.digest: (registry.source_url(layer.digest),) for layer in layers
                 if layer.path not in METADATA_NAMES}
         checked = dataclasses.replace(checked, links=urls)
         if "MANIFEST" not in by_path and not puller.store.blobs.has(checked.digest):

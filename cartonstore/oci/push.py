@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from cartonstore.errors import InvalidInput
 from cartonstore.fetch.holds import holding
-from cartonstore.system.flights import all_or_none
+from cartonstore.system.single_flight import all_or_none
 
 from .artifact import EMPTY_BLOB, EMPTY_DIGEST, build_manifest, layers_for
 from .auth import repository_of
@@ -49,7 +49,7 @@ class PushResult:
                 f"of {format_size(self.bytes_total)}), {self.mounted} mounted, {self.present} already there")
 
 
-async def push_carton(puller: "Puller", ref: str, target: str) -> PushResult:
+async def push_carton(puller: Puller, ref: str, target: str) -> PushResult:
     dest = parse_reference(target)
     if dest.digest:
         raise InvalidInput(f"{target}: push names a tag (oci://HOST/REPO:TAG), not a digest", subject=target)
@@ -82,14 +82,14 @@ async def push_carton(puller: "Puller", ref: str, target: str) -> PushResult:
                       counts["mounted"], counts["present"], counts["bytes"], sum(sizes.values()) + len(EMPTY_BLOB))
 
 
-def _files_of(puller: "Puller", digest: str) -> list[tuple[str, str, int]]:
+def _files_of(puller: Puller, digest: str) -> list[tuple[str, str, int]]:
     """(path, sha256, size) of each MANIFEST path, and of MANIFEST itself."""
     blobs = puller.store.blobs
     files = [(e.path, e.digest, os.stat(blobs.path(e.digest)).st_size) for e in puller.store.index.entries(digest)]
-    return files + [("MANIFEST", digest, os.stat(blobs.path(digest)).st_size)]
+    return [*files, ("MANIFEST", digest, os.stat(blobs.path(digest)).st_size)]
 
 
-async def _send_blob(puller: "Puller", registry: Registry, digest: str, size: int) -> tuple[str, int]:
+async def _send_blob(puller: Puller, registry: Registry, digest: str, size: int) -> tuple[str, int]:
     """Make the repository hold the blob: ("present" | "mounted" | "uploaded", bytes sent)."""
     if await registry.blob_size(digest) == size:
         return "present", 0
@@ -102,7 +102,7 @@ async def _send_blob(puller: "Puller", registry: Registry, digest: str, size: in
     return "uploaded", await upload_blob(registry, str(puller.store.blobs.path(digest)), digest, size, location)
 
 
-def _other_repository(puller: "Puller", registry: Registry, digest: str) -> str | None:
+def _other_repository(puller: Puller, registry: Registry, digest: str) -> str | None:
     """A repository of the same registry the store fetched this blob from."""
     prefix = f"{registry.base}/v2/"
     for url in puller.store.index.links_for(digest):

@@ -50,7 +50,7 @@ class OciReference:
         """What follows /manifests/: the digest when known, else the tag."""
         return self.digest or self.tag or DEFAULT_TAG
 
-    def with_digest(self, digest: str) -> "OciReference":
+    def with_digest(self, digest: str) -> OciReference:
         return OciReference(self.authority, self.repository, self.tag or (None if self.digest else DEFAULT_TAG),
                             digest)
 

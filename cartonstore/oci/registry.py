@@ -2,7 +2,7 @@
 
 Manifests are fetched and pushed, blobs checked (HEAD), mounted from another
 repository, and uploaded (upload.py); blob downloads go through the fetch
-path (fetch/http.py, fetch/transfer.py), which answers the same challenges
+path (fetch/http/client.py, fetch/transfer/download.py), which answers the same challenges
 through the same RegistryAuth.
 
 The scheme: https always; plain http too, for a registry on loopback
@@ -17,21 +17,25 @@ import asyncio
 import hashlib
 import json
 import logging
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Callable
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
 from cartonstore.errors import CartonStoreError, FetchError, FetchNotFound, IntegrityError
-from cartonstore.fetch.http import HttpClient, translate, with_retries
-from cartonstore.fetch.mirror_fetch import pass_over_mirror
-from cartonstore.fetch.policy import describe, redirect_target
-from cartonstore.fetch.registry_mirrors import mirror_url
+from cartonstore.fetch.http.client import HttpClient, translate, with_retries
+from cartonstore.fetch.http.policy import describe, redirect_target
+from cartonstore.fetch.sources.mirrors import pass_over_mirror
+from cartonstore.fetch.sources.registry_mirrors import mirror_url
 from cartonstore.system.hosts import is_loopback
 from cartonstore.system.pass_over import PassOver
 
 from .artifact import ACCEPT, MAX_MANIFEST_SIZE, OCI_MANIFEST
 from .reference import OciReference
+
+if TYPE_CHECKING:
+    from cartonstore.fetch.http.config import FetchConfig
 
 log = logging.getLogger("cartonstore.oci")
 
@@ -57,7 +61,7 @@ class Registry:
             client.config.registries.mirror_down_for)
 
     @property
-    def config(self):  # noqa: ANN201 - FetchConfig
+    def config(self) -> FetchConfig:
         return self.client.config
 
     def url(self, path: str) -> str:
@@ -76,7 +80,7 @@ class Registry:
         return tuple(m for m in listed if m not in self.passed_over)
 
     def pass_over(self, endpoint: str, why: str) -> None:
-        """Ask ``endpoint`` nothing more for a while (mirror_fetch.py): it
+        """Ask ``endpoint`` nothing more for a while (fetch/sources/mirrors.py): it
         failed otherwise than by not having what was asked."""
         pass_over_mirror(self.passed_over, endpoint, self.ref.authority, why)
 
@@ -138,7 +142,8 @@ class Registry:
         sent = self.client.authorization(url, push=push) if authorize else None
         answer = await self._send(method, url, headers, body, limit, sent)
         if answer.status == 401 and authorize:
-            sent = await self.client.auth.answer(self.client.session, url, answer.headers.getall("WWW-Authenticate", []),
+            challenges = answer.headers.getall("WWW-Authenticate", [])
+            sent = await self.client.auth.answer(self.client.session, url, challenges,
                                                  push=push, sent=sent, extra_scopes=extra_scopes)
             answer = await self._send(method, url, headers, body, limit, sent)
             if answer.status == 401:
@@ -164,7 +169,7 @@ class Registry:
                 # new connection (the pool may hold several such: concurrent uploads each left one).
                 if attempt:
                     raise translate(e, url) from e
-            except Exception as e:  # noqa: BLE001 - translated here, once
+            except Exception as e:  # translated here, once
                 raise translate(e, url) from e
         raise AssertionError("unreachable")
 

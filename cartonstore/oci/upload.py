@@ -13,11 +13,12 @@ file again, never held whole in memory.
 from __future__ import annotations
 
 import asyncio
+import functools
 import re
 
 from cartonstore.errors import FetchError
-from cartonstore.fetch.http import backoff_delay
-from cartonstore.fetch.policy import describe
+from cartonstore.fetch.http.client import backoff_delay
+from cartonstore.fetch.http.policy import describe
 
 from .registry import Answer, Registry, iter_file, said_by_registry
 
@@ -54,7 +55,7 @@ async def upload_blob(registry: Registry, path: str, digest: str, size: int, loc
                 "PATCH", location, push=True,
                 headers={"Content-Type": OCTETS, "Content-Range": f"{offset}-{end - 1}",
                          "Content-Length": str(end - offset)},
-                body=lambda offset=offset, end=end: iter_file(path, offset, end - offset))
+                body=functools.partial(iter_file, path, offset, end - offset))
             sent += end - offset
             if answer.status != 202:
                 raise FetchError(f"PATCH {describe(location)}: HTTP {answer.status} ({said_by_registry(answer)})",
@@ -101,4 +102,5 @@ async def _monolithic(registry: Registry, path: str, digest: str, size: int, loc
 def _check_done(answer: Answer, digest: str) -> None:
     if answer.status != 201:
         raise FetchError(f"PUT {describe(answer.url)}: the registry did not take blob sha256:{digest} (HTTP "
-                         f"{answer.status}: {said_by_registry(answer)})", subject=answer.url, retryable=answer.status >= 500)
+                         f"{answer.status}: {said_by_registry(answer)})", subject=answer.url,
+                         retryable=answer.status >= 500)

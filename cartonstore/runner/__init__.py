@@ -26,9 +26,9 @@ daemon keeps one per request it has in flight), one call at a time unless
 options, the devices and the carton's declared inputs and outputs; raise
 ``LoadError`` from the loader to refuse a model with a clear reason.
 
-Built-in runners: ``python -m cartonstore.runner.python`` (Carton's python
-runner), ``cartonstore.runner.onnx`` (onnxruntime) and
-``cartonstore.runner.torchscript`` (torch.jit).
+Built-in runners: ``python -m cartonstore.runner.backends.python`` (Carton's python
+runner), ``cartonstore.runner.backends.onnx`` (onnxruntime) and
+``cartonstore.runner.backends.torchscript`` (torch.jit).
 
 What the daemon and a runner say to each other (argv, environment,
 inherited fds, routes, framing, keep-alive, exit statuses, the arena) is
@@ -38,7 +38,13 @@ own that is not built on this SDK. Importing it loads none of the SDK.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from cartonstore.system.lazy_names import lazy_names
 
 __getattr__, __dir__, __all__ = lazy_names(__name__, {"context": "InferResult LoadError Model RunnerContext",
                                                       "serving": "main serve"})
+
+if TYPE_CHECKING:  # what mypy sees; lazy_names imports these at run time
+    from .context import InferResult, LoadError, Model, RunnerContext
+    from .serving import main, serve

@@ -4,10 +4,11 @@ and the one error a loader raises to refuse a model (LoadError)."""
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Mapping, Protocol, Union, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -126,7 +127,7 @@ class InferResult:
     parameters: dict[str, Any] = field(default_factory=dict)
 
 
-InferOutput = Union[Mapping[str, Any], InferResult]
+InferOutput = Mapping[str, Any] | InferResult
 
 
 @runtime_checkable

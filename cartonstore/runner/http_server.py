@@ -28,8 +28,8 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 from cartonstore.v2.http1 import (
     BadChunks,

@@ -80,4 +80,4 @@ def receive_model(channel: socket.socket) -> ModelMessage | None:
         for fd in fds:
             os.close(fd)
         raise
-    return ModelMessage(argv, dict(zip(names, fds)))
+    return ModelMessage(argv, dict(zip(names, fds, strict=True)))

@@ -15,7 +15,8 @@ from __future__ import annotations
 import re
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 from urllib.parse import unquote
 
 from cartonstore.errors import InvalidInput
@@ -25,10 +26,10 @@ from cartonstore.v2.framing import HEADER_LENGTH
 from cartonstore.v2.framing import header_length as header_length_of
 from cartonstore.v2.statistics import InferStatistics, RequestTiming, statistics_answer
 
-from .builtin import metadata_platform
+from .builtin_runners import metadata_platform
 from .context import Model, RunnerContext
 from .http_server import Request, Response, error_response
-from .infer import ModelFailed, decode_request, run_and_encode
+from .model_call import ModelFailed, decode_request, run_and_encode
 from .protocol import ARENA_EXTENSION, TIMING_HEADER, timing_header
 from .shm import MappedRegions
 
@@ -93,9 +94,9 @@ def _route(state: RunnerState, request: Request) -> tuple[str, Callable[[], Resp
         if action == "status":
             return "GET", lambda: _json(state.regions.status(region))
         if action == "unregister":
-            return "POST", lambda: _done(state.regions.unregister(region))
+            return "POST", lambda: _done(state.regions.unregister(region))  # type: ignore[func-returns-value]  # None: done
         if region is not None:
-            return "POST", lambda: _done(state.regions.register(region, _body_json(request)))
+            return "POST", lambda: _done(state.regions.register(region, _body_json(request)))  # type: ignore[func-returns-value]  # None: done
     return None
 
 

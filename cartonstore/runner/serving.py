@@ -12,8 +12,8 @@ import os
 import signal
 import socket
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from cartonstore.errors import CartonStoreError
 from cartonstore.system.long_lived import settle_heap

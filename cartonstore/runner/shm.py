@@ -3,7 +3,7 @@ registered with it are mapped once, and the tensors of a request that
 names them are numpy views of the mapping (inputs) or are copied into it
 (outputs), so their bytes never cross the runner's socket.
 
-Regions are registered by the daemon (cartonstore.server.runners.shm_link),
+Regions are registered by the daemon (cartonstore.server.runner_processes.shm_link),
 or by anyone talking to a runner directly; the runner's socket is the
 daemon's alone (mode 0600), so there is no owner to check here.
 
@@ -30,7 +30,7 @@ from typing import Any
 
 from cartonstore.errors import InvalidInput
 from cartonstore.system.shm_objects import object_size_problem, open_region, read_region, register_fields
-from cartonstore.v2.shm_params import RegionShrunk, ShmRef, ShmSink, check_within, missing_region
+from cartonstore.v2.shared_memory import RegionShrunk, ShmRef, ShmSink, check_within, missing_region
 
 from .protocol import ARENA_FD_ENV, ARENA_REGION, SHM_CHANNEL_ENV, SHM_COPY_INPUTS, SHM_FD_PASSED, SHM_OBJECT
 

@@ -19,6 +19,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from aiohttp import web
 
@@ -26,7 +27,7 @@ from cartonstore.config.load import LeaseSettings
 from cartonstore.config.pulling import standard_puller
 from cartonstore.config.runners import RunnerSettings
 from cartonstore.errors import InvalidInput
-from cartonstore.fetch.config import FetchConfig
+from cartonstore.fetch.http.config import FetchConfig
 from cartonstore.server.api.app import build_app
 from cartonstore.server.api.bodies import BODY_BUDGET
 from cartonstore.server.api.context import ACCESS_LOG, METRICS, TCP_ACCESS
@@ -40,9 +41,9 @@ from cartonstore.server.models.service import ModelService
 from cartonstore.server.rpc.grpc_server import GrpcLimits, GrpcServer, GrpcTls
 from cartonstore.server.tensors.arena import DEFAULT_SIZE as ARENA_SIZE
 from cartonstore.store import Store
-from cartonstore.store.gc import GcPolicy
-from cartonstore.store.holds import drop_leases_of_gone_owners
-from cartonstore.store.owner import hold_identity, owner_token
+from cartonstore.store.gc.holds import drop_leases_of_gone_owners
+from cartonstore.store.gc.plan import GcPolicy
+from cartonstore.store.root.owner import hold_identity, owner_token
 from cartonstore.system.fd_limit import (
     ListenerNeed,
     connection_caps,
@@ -292,13 +293,13 @@ class Daemon:
             needs.append(ListenerNeed(s.max_connections, descriptors=3))
         limit, in_use = current_limit(), descriptors_in_use()
         caps = connection_caps(limit, in_use, needs)
-        if any(cap < need.wanted for cap, need in zip(caps, needs)):
+        if any(cap < need.wanted for cap, need in zip(caps, needs, strict=True)):
             log.warning("server.max_connections (%d per listener) does not fit the descriptor limit (RLIMIT_NOFILE "
                         "%d, %d in use, %d kept for the store, runners and fetches): %s", s.max_connections, limit,
                         in_use, reserve_for(limit),
                         ", ".join(f"{name} takes at most {cap} connections"
                                   + (f" ({need.descriptors} descriptors each)" if need.descriptors > 1 else "")
-                                  for name, cap, need in zip(names, caps, needs)))
+                                  for name, cap, need in zip(names, caps, needs, strict=True)))
         grpc_caps = caps[len(socks):]
         unix_cap = grpc_caps.pop(0) if grpc_sock is not None else 0
         tcp_cap = grpc_caps.pop(0) if s.grpc_listen else 0
@@ -329,7 +330,7 @@ class Daemon:
         # Not ready until every model to restore was tried: set before any listener takes a probe.
         service.ready = not s.restore_loaded
         try:
-            for sock, cap in zip(socks, caps):
+            for sock, cap in zip(socks, caps, strict=True):
                 tls = self._tls if sock.family != socket.AF_UNIX else None
                 front.listen(sock, tls=tls, limit=cap, per_peer=s.max_connections_per_peer)
                 self.bound.append(describe_socket(sock, tls=tls is not None))
@@ -339,7 +340,7 @@ class Daemon:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, self.stop)
             settle_heap()   # before READY: the first requests must not wait for a full collection
-            keeper = asyncio.gather(service.keep_pins(),
+            keeper: asyncio.Future[Any] = asyncio.gather(service.keep_pins(),
                                     service.keep_within_budget(self.settings.gc, self.settings.gc_interval))
             if s.restore_loaded:   # live at once, ready once every model was tried again (restore.py)
                 keeper = asyncio.gather(keeper, restore_loaded(service))

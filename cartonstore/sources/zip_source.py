@@ -9,8 +9,9 @@ from __future__ import annotations
 import io
 import os
 import stat
+from collections.abc import Callable
 from pathlib import Path
-from typing import BinaryIO, Callable
+from typing import BinaryIO
 
 from cartonstore.errors import InvalidCarton, NotFound
 from cartonstore.format.paths import validate_carton_path
@@ -114,7 +115,7 @@ class ZipCartonView:
             return s.read()
 
     def open(self, path: str) -> BinaryIO:
-        return self._zip.open(self._entries[path])  # type: ignore[return-value]
+        return self._zip.open(self._entries[path])  # type: ignore[return-value]  # an EntryStream reads as a binary file does
 
     def entry(self, path: str) -> ZipEntry:
         """The zip entry that holds a carton path (to record it as a source)."""
@@ -129,7 +130,7 @@ class ZipCartonView:
     def raw_file(self) -> BinaryIO:
         """The zip file as this view opened it, with a position of its own
         (spans are copied by several threads at once)."""
-        return _PositionedFile(self._file.fileno())  # type: ignore[return-value]
+        return _PositionedFile(self._file.fileno())  # type: ignore[return-value]  # a RawIOBase reads as a binary file does
 
     @property
     def zip_path(self) -> Path:
@@ -165,7 +166,7 @@ class _PositionedFile(io.RawIOBase):
     def tell(self) -> int:
         return self._pos
 
-    def readinto(self, buffer: bytearray | memoryview) -> int:  # type: ignore[override]
+    def readinto(self, buffer: bytearray | memoryview) -> int:  # type: ignore[override]  # RawIOBase takes any writable buffer; this one takes these
         n = os.preadv(self._fd, [buffer], self._pos)
         self._pos += n
         return n

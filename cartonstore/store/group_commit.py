@@ -12,17 +12,20 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sqlite3
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, TypeVar
 
 from cartonstore.errors import CartonStoreError, Unavailable
+from cartonstore.store.metadata.sqlite_ops import WOULD_WAIT, ImmediateWriter
+from cartonstore.store.root.locks import HeldLock
 
 from . import Store
-from .locks import HeldLock
-from .sqlite_ops import WOULD_WAIT, ImmediateWriter
 
 log = logging.getLogger("cartonstore.server")
+T = TypeVar("T")
 
 WAL_SYNC_ROUNDS = 3      # WAL syncs at most before a checkpoint...
 WAL_SYNC_SHORT = 0.005   # ...stopping after one this quick: what is left is a few commits
@@ -41,8 +44,9 @@ class GroupCommit:
         self._immediate_store_lock = HeldLock(store.lock(shared=True))  # its own fd: flocks belong to one
         self._checkpointing = False   # the checkpoint proper runs: writes queue behind it
         self._checkpoint_task: asyncio.Task[None] | None = None   # from the WAL's sync until the checkpoint is done
+        self._drain_task: asyncio.Future[None] | None = None
 
-    async def run(self, op):  # noqa: ANN001, ANN202
+    async def run(self, op: Callable[[sqlite3.Connection], T]) -> T:
         """Run a small index operation (a few rows, a stat) in a group
         commit: every operation queued meanwhile shares one transaction.
 
@@ -84,10 +88,10 @@ class GroupCommit:
                 self._immediate_store_lock.release()
         if results is WOULD_WAIT:
             self._queue = batch + self._queue
-            asyncio.ensure_future(self._drain())
+            self._drain_task = asyncio.ensure_future(self._drain())   # held: the loop keeps only weak references
             return
         self._draining = False
-        _deliver(batch, results)
+        _deliver(batch, results)  # type: ignore[arg-type]  # not WOULD_WAIT: the results
         if self._immediate.checkpoint_due and self._checkpoint_task is None:
             self._checkpoint_task = asyncio.ensure_future(self._checkpoint())
 
@@ -126,7 +130,7 @@ class GroupCommit:
             await self.on_db_thread(self.store.index.checkpoint)
         except CartonStoreError as e:
             log.warning("checkpoint of the index failed: %s", e)
-        except Exception:  # noqa: BLE001 - a bug must not stop the next checkpoints
+        except Exception:  # a bug must not stop the next checkpoints
             log.exception("checkpoint of the index failed")
         finally:
             # Failed or not, the next one is due after as many commits again, not at the next write.
@@ -141,7 +145,7 @@ class GroupCommit:
         with self._shared_store_lock:  # a collection sees all of these leases or none
             return self.store.index.run_batch(ops)
 
-    async def on_db_thread(self, fn, *args):  # noqa: ANN001, ANN002, ANN202
+    async def on_db_thread(self, fn: Callable[..., T], *args: Any) -> T:
         """Index work on the daemon's one database thread: SQLite serializes
         writers anyway, and one thread spares the hand-offs between many."""
         return await asyncio.get_running_loop().run_in_executor(self._db_thread, fn, *args)

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Sequence
+from typing import TYPE_CHECKING, BinaryIO
 
 from cartonstore.carton.checks import (
     CheckedCarton,
@@ -26,11 +27,14 @@ from cartonstore.carton.checks import (
 )
 from cartonstore.errors import IntegrityError, InvalidCarton, ManifestMismatch
 from cartonstore.sources.view import CartonView
+from cartonstore.store.content.blobs import BlobStore, StagedBlob
+from cartonstore.store.metadata.index import CartonRecord, CartonRow, Index
+from cartonstore.store.metadata.names import NameOutcome, default_name
+from cartonstore.store.metadata.source_rows import LocalSource
 
-from .blobs import BlobStore, StagedBlob
-from .index import CartonRecord, CartonRow, Index
-from .names import NameOutcome, default_name
-from .source_rows import LocalSource
+if TYPE_CHECKING:
+    from cartonstore.sources.zip_source import ZipCartonView
+    from cartonstore.store.content.blobs import BlobWriter
 
 
 @dataclass(frozen=True)
@@ -74,7 +78,7 @@ class Staging:
             span = getattr(view, "raw_span", lambda _p: None)(path)
             try:
                 if span is not None:
-                    _copy_span(w, view, *span)
+                    _copy_span(w, view, *span)  # type: ignore[arg-type]  # a view with raw spans is a zip's
                 else:  # a decoded entry: its declared size is a claim, so no space is reserved on it
                     with view.open(path) as src:
                         w.copy_from(src)
@@ -107,7 +111,7 @@ class Staging:
         self.staged.clear()
 
 
-def _copy_span(writer, view, offset: int, length: int) -> None:  # noqa: ANN001
+def _copy_span(writer: BlobWriter, view: ZipCartonView, offset: int, length: int) -> None:
     # the zip as the view opened it: a file a caller named is never opened again by its path
     with view.raw_file() as f:
         writer.copy_range(f, offset, length)

@@ -5,26 +5,25 @@ Each public method is one operation on a store root. All of them block
 Cross-process safety comes from ROOT/locks/: ``store.lock`` is taken
 exclusively for the short moments that change which blobs exist (commit,
 rm, gc) and shared while a model directory is built from blobs.
-Collecting lives in collection.py, verifying in verification.py.
+Collecting lives in store/gc/collect.py, verifying in verification.py.
 """
 
 from __future__ import annotations
 
+import builtins
+import functools
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING
 
 from cartonstore.errors import Conflict, InvalidInput, NotFound, PermissionDenied
 from cartonstore.format.digest import is_sha256
-from cartonstore.system.file_access import WRITE, denial
-from cartonstore.zipfmt import ZipLimits
-
-from .blobs import BlobStore
-from .index import CartonRow, Index
-from .layout import StoreLayout
-from .locks import FileLock
-from .names import (
+from cartonstore.store.content.blobs import BlobStore
+from cartonstore.store.gc.parts import StoreParts
+from cartonstore.store.metadata.index import CartonRow, Index
+from cartonstore.store.metadata.names import (
     HEX,
     MIN_PREFIX,
     NameOutcome,
@@ -34,18 +33,23 @@ from .names import (
     removal_refused,
     validate_name,
 )
-from .parts import StoreParts
+from cartonstore.store.root.layout import StoreLayout
+from cartonstore.store.root.locks import FileLock
+from cartonstore.system.file_access import WRITE, denial
+from cartonstore.zipfmt import ZipLimits
 
 # Checking, ingesting, building, collecting and verifying are imported by
 # the methods that do them: opening a store to answer `path` or `ls` stays
 # cheap.
 if TYPE_CHECKING:
     from cartonstore.carton.checks import CheckedCarton
+    from cartonstore.carton.writer import WrittenCarton
+    from cartonstore.format.carton_toml import CartonConfig
+    from cartonstore.store.gc.plan import GcPolicy, GcReport
+    from cartonstore.store.metadata.source_rows import LocalSource
     from cartonstore.system.callers import Credentials
 
-    from .gc import GcPolicy, GcReport
     from .ingest import IngestResult, Staging
-    from .source_rows import LocalSource
     from .verification import VerifyReport
 
 
@@ -95,7 +99,7 @@ class Store(StoreParts):
     def close(self) -> None:
         self.index.close()
 
-    def __enter__(self) -> "Store":
+    def __enter__(self) -> Store:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -125,10 +129,10 @@ class Store(StoreParts):
             validate_name(name)
         from cartonstore.carton.checks import check_carton
         from cartonstore.sources import DirCartonView, open_local
+        from cartonstore.store.metadata.local_sources import local_sources_of
         from cartonstore.system.callers import rights_of
 
         from .ingest import stage_carton, stage_unpacked
-        from .sources import local_sources_of
 
         with rights_of(caller) as rights:
             view = open_local(Path(source), self.zip_limits, confined=confined, rights=rights)
@@ -139,7 +143,7 @@ class Store(StoreParts):
                 else:
                     checked = check_carton(view, manifest_raw=raw)
                     staging = stage_carton(checked, view, self.blobs)
-                try:  # where each blob can be read again once evicted (store/sources.py)
+                try:  # where each blob can be read again once evicted (store/metadata/local_sources.py)
                     local = [] if rights.switched else local_sources_of(view, checked, skip_under=self.root)
                 except BaseException:
                     staging.discard()
@@ -164,8 +168,9 @@ class Store(StoreParts):
                        local_sources: Sequence[LocalSource] = ()) -> IngestResult:
         """Commit a validated carton and its staged blobs (always discards
         what is left of the staging)."""
+        from cartonstore.store.materialize.tree import remove_tree
+
         from .ingest import commit_carton
-        from .materialize import remove_tree
 
         stale = None
         try:
@@ -254,7 +259,7 @@ class Store(StoreParts):
             return None
         return self.materialize(digest)
 
-    def missing_blobs(self, digest: str) -> list[str]:
+    def missing_blobs(self, digest: str) -> builtins.list[str]:  # list: the method above
         """Blobs the carton lists that the store lacks. A blob file present
         without its row (a crash between rename and index commit) is adopted:
         its name proves its bytes, so the row is simply written now."""
@@ -278,7 +283,7 @@ class Store(StoreParts):
             raise NotFound(
                 f"carton {digest} is missing {len(missing)} blob(s) (e.g. {missing[0]}); "
                 "add the carton again from a source that holds them", subject=digest)
-        from .materialize import build_tree, plan_tree
+        from cartonstore.store.materialize.tree import build_tree, plan_tree
 
         plan = plan_tree(self.index.entries(digest), digest)
         with self.lock(shared=True):
@@ -286,19 +291,20 @@ class Store(StoreParts):
 
     # -- inspecting ----------------------------------------------------------
 
-    def safetensors_of(self, digest: str) -> dict[str, list[dict]]:
+    def safetensors_of(self, digest: str) -> dict[str, builtins.list[dict]]:
         from cartonstore.carton.checks import check_safetensors, is_safetensors
 
         out: dict[str, list[dict]] = {}
         for e in self.index.entries(digest):
             if e.kind == "file" and is_safetensors(e.path) and self.blobs.has(e.digest):
                 p = self.blobs.path(e.digest)
-                header = check_safetensors(e.path, lambda p=p: open(p, "rb"), p.stat().st_size)
+                opener = functools.partial(open, p, "rb")
+                header = check_safetensors(e.path, opener, p.stat().st_size)  # type: ignore[arg-type]  # binary: mypy cannot pick open's overload through partial
                 out[e.path] = [{"name": t.name, "dtype": t.dtype, "shape": list(t.shape)}
                                for t in header.tensors]
         return out
 
-    def config_of(self, digest: str):  # noqa: ANN201 - CartonConfig, imported lazily
+    def config_of(self, digest: str) -> CartonConfig:
         from cartonstore.format.carton_toml import parse_carton_toml
 
         entry = next((e for e in self.index.entries(digest) if e.path == "carton.toml"), None)
@@ -309,11 +315,10 @@ class Store(StoreParts):
     # -- exporting -----------------------------------------------------------
 
     def export(self, ref: str, out: Path, *, link_prefix: str | None = None, link_min_size: int = 0,
-               compression: str = "zstd"):  # noqa: ANN201
+               compression: str = "zstd") -> WrittenCarton:
         from cartonstore.carton.checks import check_carton
         from cartonstore.carton.writer import plan_links, write_carton
-
-        from .export_view import StoreCartonView
+        from cartonstore.store.materialize.export_view import StoreCartonView
 
         digest = self.resolve(ref)
         view = StoreCartonView(self.index, self.blobs, digest)
@@ -328,8 +333,8 @@ class Store(StoreParts):
     def remove(self, ref: str) -> RemoveResult:
         """Forget a carton, delete its model directory and the blobs no other
         carton lists. Refuses while a live lease holds it."""
-        from .holds import drop_leases_of_gone_owners
-        from .materialize import remove_tree
+        from cartonstore.store.gc.holds import drop_leases_of_gone_owners
+        from cartonstore.store.materialize.tree import remove_tree
 
         digest = self.resolve(ref)
         with self.lock():
@@ -346,8 +351,8 @@ class Store(StoreParts):
     # -- collecting and verifying ------------------------------------------------
 
     def collect(self, policy: GcPolicy | None = None) -> GcReport:
-        """Collect garbage (see store/collection.py); with policy.dry_run, only report."""
-        from .collection import collect as collect_garbage
+        """Collect garbage (see store/gc/collect.py); with policy.dry_run, only report."""
+        from cartonstore.store.gc.collect import collect as collect_garbage
 
         return collect_garbage(self, policy)
 

@@ -7,15 +7,15 @@ from __future__ import annotations
 import os
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 from cartonstore.format.digest import is_sha256
-
-from .materialize import check_tree, plan_tree, remove_tree
+from cartonstore.store.materialize.tree import check_tree, plan_tree, remove_tree
 
 if TYPE_CHECKING:
-    from .parts import StoreParts
+    from cartonstore.store.gc.parts import StoreParts
 
 
 @dataclass
@@ -62,7 +62,7 @@ def verify(store: StoreParts, *, repair: bool = False, rebuild: Callable[[str], 
 def _verify_models(store: StoreParts, report: VerifyReport) -> None:
     if not store.layout.models_dir.is_dir():
         return
-    from .hashing import hash_file
+    from cartonstore.store.content.hashing import hash_file
 
     for d in sorted(os.listdir(store.layout.models_dir)):
         if not is_sha256(d) or store.index.carton(d) is None:

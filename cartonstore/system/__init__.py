@@ -15,7 +15,7 @@ fd_limit.py (the descriptor limit, shared among listeners), callers.py (a
 Unix-socket peer's credentials, and files opened with them), file_access.py
 (why this process may not use a file, and who may), the runner
 sandbox's pieces: confine.py (the launcher), landlock.py, seccomp.py,
-keyring.py, cgroups.py; hosts.py, flights.py (single flight, all-or-none)
+keyring.py, cgroups.py; hosts.py, system/single_flight.py (single flight, all-or-none)
 and lazy_names.py (a package's names imported on first use). Import the
 module you need; this package loads none of them.
 """

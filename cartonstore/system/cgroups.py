@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path("/sys/fs/cgroup")
-log = logging.getLogger("cartonstore.server.runners")
+log = logging.getLogger("cartonstore.server.runner_processes")
 
 
 @dataclass(frozen=True)

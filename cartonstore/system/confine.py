@@ -121,19 +121,21 @@ def empty_capabilities() -> None:
             held = prctl(PR_CAPBSET_READ, cap)
         except OSError as e:
             if cap == 0:
-                raise OSError(e.errno, f"cannot read the bounding capability set: {os.strerror(e.errno)}") from None
+                raise OSError(e.errno,
+                              f"cannot read the bounding capability set: {os.strerror(e.errno or 0)}") from None
             break
         if held:
             try:
                 prctl(PR_CAPBSET_DROP, cap)
             except OSError as e:
-                raise OSError(e.errno, f"capability {cap} stays in the bounding set: {os.strerror(e.errno)}") from None
+                raise OSError(e.errno,
+                              f"capability {cap} stays in the bounding set: {os.strerror(e.errno or 0)}") from None
         cap += 1
     try:
         prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL)
     except OSError as e:
         if e.errno != errno.EINVAL:   # a kernel before 4.3 has no ambient set
-            raise OSError(e.errno, f"cannot clear the ambient capabilities: {os.strerror(e.errno)}") from None
+            raise OSError(e.errno, f"cannot clear the ambient capabilities: {os.strerror(e.errno or 0)}") from None
 
 
 def apply(plan: dict) -> list[str]:

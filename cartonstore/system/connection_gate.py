@@ -42,7 +42,7 @@ class Admission:
     def release(self) -> None:
         gate, self._gate = self._gate, None
         if gate is not None:
-            gate._left(self.peer)
+            gate._left(self.peer)  # noqa: SLF001 - an admission is a part of its gate
 
 
 class ConnectionGate:
@@ -90,7 +90,7 @@ class ConnectionGate:
             if self._on_accepted is None:
                 return
             try:
-                fd, address = self.sock._accept()   # a bare descriptor: one refused costs no socket object
+                fd, address = self.sock._accept()  # type: ignore[attr-defined]  # noqa: SLF001 - a bare descriptor: one refused costs no socket object
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as e:
@@ -122,8 +122,8 @@ class ConnectionGate:
             conn.setblocking(False)
             if self.tcp:   # request and answer protocols: a small answer goes out at once
                 conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            self._on_accepted(conn, admission)   # type: ignore[misc]
-        except Exception:  # noqa: BLE001 - a bug: logged, and this connection ends
+            self._on_accepted(conn, admission)   # type: ignore[misc]  # running: _on_accepted is set
+        except Exception:  # a bug: logged, and this connection ends
             log.exception("%s: failed to take a connection", self.name)
             admission.release()
             conn.close()
@@ -165,7 +165,7 @@ class ConnectionGate:
         if over_peer:
             parts.append(f"{over_peer} from an address with {self.per_peer} open")
         log.warning("%s: refused %s", self.name, " and ".join(parts))
-        self._report = self._loop.call_later(REPORT_EVERY, self._log_refusals)   # type: ignore[union-attr]
+        self._report = self._loop.call_later(REPORT_EVERY, self._log_refusals)   # type: ignore[union-attr]  # running: the loop is set
 
     def _rest(self, error: OSError) -> None:
         """No descriptor left to accept with: stop taking connections (they
@@ -173,10 +173,10 @@ class ConnectionGate:
         if time.monotonic() - self._rested_at > REPORT_EVERY:
             log.warning("%s: cannot accept (%s); %d connections open here", self.name, error.strerror, self.open)
             self._rested_at = time.monotonic()
-        self._loop.remove_reader(self.sock.fileno())   # type: ignore[union-attr]
-        self._resume = self._loop.call_later(PAUSE_WHEN_EXHAUSTED, self._go_on)   # type: ignore[union-attr]
+        self._loop.remove_reader(self.sock.fileno())   # type: ignore[union-attr]  # running: the loop is set
+        self._resume = self._loop.call_later(PAUSE_WHEN_EXHAUSTED, self._go_on)   # type: ignore[union-attr]  # running: the loop is set
 
     def _go_on(self) -> None:
         self._resume = None
         if self._on_accepted is not None:
-            self._loop.add_reader(self.sock.fileno(), self._accept)   # type: ignore[union-attr]
+            self._loop.add_reader(self.sock.fileno(), self._accept)   # type: ignore[union-attr]  # running: the loop is set

@@ -10,7 +10,7 @@ in well under 100 ms only if it imports what it uses.
 from __future__ import annotations
 
 import sys
-from typing import Callable, Mapping
+from collections.abc import Callable, Mapping
 
 
 def lazy_names(package: str, modules: Mapping[str, str]) -> tuple[Callable[[str], object], Callable[[], list[str]],
@@ -23,7 +23,7 @@ def lazy_names(package: str, modules: Mapping[str, str]) -> tuple[Callable[[str]
     if clash := set(module_of) & set(modules):
         raise ValueError(f"{package}: {sorted(clash)} name both a submodule and one of its names")
 
-    def __getattr__(name: str) -> object:
+    def __getattr__(name: str) -> object:  # noqa: N807 - a module's __getattr__ (PEP 562)
         module = module_of.get(name)
         if module is None:
             raise AttributeError(f"module {package!r} has no attribute {name!r}")
@@ -34,7 +34,7 @@ def lazy_names(package: str, modules: Mapping[str, str]) -> tuple[Callable[[str]
         vars(sys.modules[package])[name] = value  # later lookups skip this hook
         return value
 
-    def __dir__() -> list[str]:
+    def __dir__() -> list[str]:  # noqa: N807 - a module's __dir__ (PEP 562)
         return sorted({*vars(sys.modules[package]), *module_of})
 
     return __getattr__, __dir__, sorted(module_of)

@@ -12,10 +12,14 @@ already holds libc's functions, on glibc, musl and macOS alike.
 from __future__ import annotations
 
 from functools import lru_cache
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import ctypes
 
 
 @lru_cache(maxsize=1)
-def libc():  # noqa: ANN201 - a ctypes.CDLL, or None
+def libc() -> ctypes.CDLL | None:
     """This process's C library (errno kept for ctypes.get_errno), or None
     where ctypes cannot load it."""
     # ctypes imported here: `path` and `ls` open the store and need none of it.

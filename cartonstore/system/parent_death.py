@@ -2,9 +2,9 @@
 daemon starts outlives it, even when it is SIGKILLed.
 
 Set in two places: between fork and exec, as a runner's preexec_fn
-(server/runners/process.py); and first thing in a process that sets it
+(server/runner_processes/process.py); and first thing in a process that sets it
 itself: a runner started by anything else (runner/lifecycle.py), and the
-check worker (server/tensors/check_worker.py), which the daemon starts without a
+check worker (server/checks/worker.py), which the daemon starts without a
 preexec_fn (one makes CPython fork the whole daemon instead of using
 vfork). Runners keep the preexec_fn: their argv may be any program, one
 that never arms itself.
@@ -31,7 +31,7 @@ def die_with(parent_pid: int, sig: int = signal.SIGKILL) -> int:
     try:
         prctl(PR_SET_PDEATHSIG, int(sig))
     except OSError as e:
-        failed = e.errno
+        failed = e.errno or 0
     if os.getppid() != parent_pid:
         os._exit(1)
     return failed

@@ -55,7 +55,7 @@ def open_object(key: str, *, writable: bool) -> tuple[int, os.stat_result]:
             raise Unavailable(f"cannot open shared memory object {key!r}: {e.strerror} (too many open files); "
                               f"unregister regions no longer used", subject="key") from None
         raise InvalidInput(f"cannot open shared memory object {key!r}: {e.strerror}"
-                           f"{' (the daemon runs as uid %d)' % os.getuid() if e.errno == 13 else ''}",
+                           f"{f' (the daemon runs as uid {os.getuid()})' if e.errno == 13 else ''}",
                            subject="key") from None
     st = os.fstat(fd)
     if not stat.S_ISREG(st.st_mode):
@@ -73,7 +73,7 @@ def register_fields(doc: Any, name: str) -> tuple[str, int, int]:
         raise InvalidInput(f"region {name!r}: offset must be an integer >= 0, not {offset!r}", subject=name)
     if type(size) is not int or size <= 0:
         raise InvalidInput(f"region {name!r}: byte_size must be an integer > 0, not {size!r}", subject=name)
-    return doc.get("key"), offset, size
+    return doc.get("key"), offset, size  # type: ignore[return-value]  # the key is checked by the caller
 
 
 def open_region(key: str, name: str, offset: int, size: int) -> tuple[int, os.stat_result]:

@@ -57,7 +57,8 @@ def bind_unix(path: Path, *, mode: int = 0o660, group: str | None = None, privat
     set, and the process-wide umask is left alone (files other threads
     create meanwhile keep their modes)."""
     if (size := len(os.fsencode(path))) > MAX_UNIX_PATH:
-        raise InvalidInput(f"socket path {path} is {size} bytes, longer than the {MAX_UNIX_PATH}-byte limit of Unix sockets")
+        raise InvalidInput(f"socket path {path} is {size} bytes, "
+                           f"longer than the {MAX_UNIX_PATH}-byte limit of Unix sockets")
     if not path.parent.is_dir():
         raise InvalidInput(f"cannot create socket {path}: directory {path.parent} does not exist", subject=str(path))
     if os.path.lexists(path):

@@ -49,7 +49,7 @@ def _running() -> set[int]:
     """The uids, real, effective, saved or filesystem, of the live processes
     this one can see: from their status (their /proc directory's owner is
     root for a process that is not dumpable, as one that just changed uid)."""
-    uids = set()
+    uids: set[int] = set()
     for entry in os.scandir("/proc"):
         if entry.name.isdigit():
             try:

@@ -26,7 +26,7 @@ from .wire_types import InferRequest
 _FRAMING_PARAMETERS = frozenset({"binary_data_output"})
 
 
-def batch_key(req: InferRequest) -> tuple:
+def batch_key(req: InferRequest) -> tuple[Any, ...]:
     """Requests with equal keys may run as one call, joined along their first dimension."""
     inputs = tuple((t.name, t.datatype, tuple(t.shape[1:])) for t in req.inputs)
     parameters = {k: v for k, v in req.parameters.items() if k not in _FRAMING_PARAMETERS}

@@ -21,7 +21,7 @@ from . import json_codec
 from .datatypes import numpy_dtype
 from .elements import fail
 from .framing import InferRequest, WireTensor
-from .shm_params import REGION
+from .shared_memory import REGION
 from .tensors import frame_bytes
 
 __all__ = ["binary_form", "encoded_doc", "runner_doc", "tensor_bytes"]
@@ -37,7 +37,7 @@ def binary_form(req: InferRequest) -> tuple[list[bytes | memoryview], int] | Non
     doc = dict(req.header)
     entries: list[Any] = []
     chunks: list[bytes | memoryview] = []
-    for entry, tensor in zip(doc["inputs"], req.inputs):
+    for entry, tensor in zip(doc["inputs"], req.inputs, strict=True):
         if tensor.json_data is not None:
             chunk = _binary_data(tensor)
             entry = {key: value for key, value in entry.items() if key != "data"}
@@ -64,7 +64,7 @@ def tensor_bytes(tensor: WireTensor) -> bytes | memoryview:
 
 
 def _binary_data(tensor: WireTensor) -> bytes | memoryview:
-    flat = tensor.json_data
+    flat: list[Any] = tensor.json_data  # type: ignore[assignment]  # the caller's check: not None
     if tensor.datatype == "BYTES":
         try:
             return frame_bytes(tensor.what, flat)
@@ -72,7 +72,7 @@ def _binary_data(tensor: WireTensor) -> bytes | memoryview:
             index = next(i for i, element in enumerate(flat) if not _encodes(element))
             raise fail(tensor.what, f"BYTES element {index} is not valid Unicode (a lone surrogate)") from None
     array = np.fromiter(flat, dtype=numpy_dtype(tensor.datatype), count=len(flat))   # np.array: 20% slower
-    return memoryview(array.view(np.uint8))
+    return array.view(np.uint8).data
 
 
 def _encodes(text: str) -> bool:
@@ -90,7 +90,7 @@ def runner_doc(req: InferRequest, region_names: dict[str, str] | None = None) ->
     are named by ``region_names`` (the caller's name -> the runner's)."""
     inputs = []
     for tensor in req.inputs:
-        entry = {"name": tensor.name, "datatype": tensor.datatype, "shape": tensor.shape}
+        entry: dict[str, Any] = {"name": tensor.name, "datatype": tensor.datatype, "shape": tensor.shape}
         if tensor.parameters:
             entry["parameters"] = _renamed(tensor.parameters, region_names)
         inputs.append(entry)

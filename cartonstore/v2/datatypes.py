@@ -95,7 +95,7 @@ def _bfloat16() -> np.dtype:
         raise InvalidInput(
             "datatype BF16 needs the ml_dtypes package, which is not installed", subject="BF16"
         ) from None
-    return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(ml_dtypes.bfloat16)  # type: ignore[no-any-return]  # ml_dtypes has no types
 
 
 def numpy_dtype(datatype: str) -> np.dtype:

@@ -43,7 +43,7 @@ def shape_text(shape: list[int]) -> str:
 def check_numeric_size(what: str, datatype: str, shape: list[int], size: int,
                        field: str = "binary_data_size") -> None:
     """Binary numeric data must hold exactly prod(shape) elements."""
-    expected = prod(shape) * ELEMENT_SIZES[datatype]  # type: ignore[operator]
+    expected = prod(shape) * ELEMENT_SIZES[datatype]  # type: ignore[operator]  # a numeric datatype has a size
     if size != expected:
         raise fail(
             what,

@@ -17,7 +17,7 @@ from cartonstore.errors import InvalidInput
 from . import json_codec
 from .datatypes import BINARY_ONLY_DATATYPES, datatype_of
 from .elements import fail
-from .shm_params import BYTE_SIZE, OFFSET, REGION, RegionTooSmall, ShmSink
+from .shared_memory import BYTE_SIZE, OFFSET, REGION, RegionTooSmall, ShmSink
 from .tensors import json_value, to_binary
 
 

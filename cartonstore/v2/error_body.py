@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 
-def error_text(payload: bytes | bytearray) -> str:
+def error_text(payload: bytes | bytearray | memoryview) -> str:
     """The message of a runner's error answer: its {"error": ...}, else
     what the answer was instead."""
     if len(payload) <= 1 << 20:

@@ -25,7 +25,7 @@ from .elements import check_numeric_size, fail
 # Encoding (encode.py) and the numpy side of tensors (tensors.py) are
 # re-exported here so callers find the whole wire format in one place.
 from .encode import encode_infer_request, encode_infer_response
-from .shm_params import shm_ref
+from .shared_memory import shm_ref
 from .tensors import numpy_to_binary, numpy_to_json_data, tensor_to_numpy
 from .wire_types import InferRequest, RequestedOutput, WireTensor
 
@@ -73,10 +73,7 @@ def _load_json(raw: bytes | bytearray, what: str) -> tuple[dict[str, Any], froze
 
 
 def _is_dims(shape: list[Any]) -> bool:
-    for dim in shape:
-        if type(dim) is not int or dim < 0:
-            return False
-    return True
+    return all(type(dim) is int and dim >= 0 for dim in shape)
 
 
 def _named_entry(entry: Any, index: int, role: str) -> tuple[str, dict[str, Any]]:

@@ -22,7 +22,7 @@ from cartonstore.errors import InvalidInput
 
 from .datatypes import ELEMENT_SIZES, check_datatype, numpy_dtype
 from .elements import fail
-from .shm_params import REGION, shm_ref
+from .shared_memory import REGION, shm_ref
 from .tensors import frame_bytes
 from .wire_types import InferRequest, RequestedOutput, WireTensor
 

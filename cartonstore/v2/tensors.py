@@ -58,7 +58,7 @@ def to_binary(what: str, a: np.ndarray, datatype: str | None) -> bytes | memoryv
             raise fail(what, f"numpy dtype {a.dtype} cannot be sent as {datatype}")
         a = a.astype(target)
     a = np.ascontiguousarray(a).reshape(-1)
-    return memoryview(a.view(np.uint8))
+    return a.view(np.uint8).data
 
 
 def frame_bytes(what: str, elements: list[Any]) -> bytes:

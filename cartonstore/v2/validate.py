@@ -31,7 +31,7 @@ from .framing import (
     WireTensor,
     parse_raw_binary_request,
 )
-from .shm_params import BYTE_SIZE
+from .shared_memory import BYTE_SIZE
 
 # A spec dimension or whole shape that matches anything.
 ANY = "*"
@@ -135,7 +135,7 @@ def check_tensor_data(tensor: WireTensor) -> None:
                                            numbers_only=tensor.json_numbers)
     elif datatype == "BYTES":
         check_bytes_framing(tensor.what, tensor.shape, data)
-    elif len(data) != prod(tensor.shape) * ELEMENT_SIZES[datatype]:  # type: ignore[operator]
+    elif len(data) != prod(tensor.shape) * ELEMENT_SIZES[datatype]:  # type: ignore[operator]  # a numeric datatype has a size; shape checked ints
         check_numeric_size(tensor.what, datatype, tensor.shape, len(data))
 
 
@@ -172,7 +172,7 @@ def _check_shape(tensor: WireTensor, spec: TensorSpec, bindings: dict[str, tuple
                     f"expects {want} ({_spec_text(declared)})",
                 )
         elif want != ANY and bind:
-            _bind(tensor, want, dim, bindings, index)
+            _bind(tensor, want, dim, bindings, index)  # type: ignore[arg-type]  # not an int: a symbol
 
 
 def _bind(

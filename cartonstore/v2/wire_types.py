@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .shm_params import ShmRef
+from .shared_memory import ShmRef
 
 
 @dataclass(slots=True)

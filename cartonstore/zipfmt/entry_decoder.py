@@ -8,7 +8,7 @@ CRC-32 must match the central directory.
 from __future__ import annotations
 
 import zlib
-from typing import Iterator
+from collections.abc import Iterator
 
 from cartonstore.errors import InvalidCarton
 

@@ -22,7 +22,6 @@ from cartonstore.errors import InvalidCarton
 from .central import (
     LOCAL_HEADER_FIXED,
     ZipEntry,
-    ZipLimits,
     check_entry_limits,
     check_no_overlap,
     local_header_length,
@@ -37,6 +36,7 @@ from .end_records import (
     locate_central_directory,
 )
 from .entry_decoder import EntryDecoder
+from .limits import ZipLimits
 
 READ_CHUNK = 1 << 20
 
@@ -82,7 +82,7 @@ class ZipReader:
         self.limits = limits or ZipLimits()
         self._file: BinaryIO
         if isinstance(source, (str, os.PathLike)):
-            self._file, self._owned = open(source, "rb"), True  # noqa: SIM115
+            self._file, self._owned = open(source, "rb"), True  # noqa: SIM115 - owned: closed by close()
         else:
             self._file, self._owned = source, False
         try:
@@ -206,7 +206,7 @@ class EntryStream(io.RawIOBase):
             chunks.append(chunk)
         return b"".join(chunks)
 
-    def readinto(self, buffer: bytearray | memoryview) -> int:  # type: ignore[override]
+    def readinto(self, buffer: bytearray | memoryview) -> int:  # type: ignore[override]  # RawIOBase takes any writable buffer; this one takes these
         data = self.read(len(buffer))
         memoryview(buffer).cast("B")[: len(data)] = data
         return len(data)

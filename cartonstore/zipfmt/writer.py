@@ -112,7 +112,7 @@ class ZipWriter:
     ) -> None:
         self._file: BinaryIO
         if isinstance(target, (str, os.PathLike)):
-            self._file, self._owned = open(target, "wb"), True  # noqa: SIM115
+            self._file, self._owned = open(target, "wb"), True  # noqa: SIM115 - owned: closed by close()
         else:
             self._file, self._owned = target, False
         self._zstd_level = zstd_level

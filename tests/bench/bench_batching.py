@@ -43,10 +43,10 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1]))
 sys.path.insert(0, str(HERE.parent))
 
-from kit.daemonkit import DaemonProcess, call  # noqa: E402
-from kit.runnerkit import carton_toml  # noqa: E402
+from kit.daemonkit import DaemonProcess, call
+from kit.runnerkit import carton_toml
 
-from cartonstore.v2.encode import encode_infer_request  # noqa: E402
+from cartonstore.v2.encode import encode_infer_request
 
 WIDTH, OUT = 256, 16
 

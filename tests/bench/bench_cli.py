@@ -41,8 +41,8 @@ HERE = Path(__file__).resolve()
 REPO = HERE.parents[2]
 sys.path.insert(0, str(REPO))
 
-from cartonstore.store import Store  # noqa: E402
-from cartonstore.store.materialize import remove_tree  # noqa: E402
+from cartonstore.store import Store
+from cartonstore.store.materialize.tree import remove_tree
 
 TOML = b'spec_version = 1\nmodel_name = "m"\n[runner]\nrunner_name = "x"\nrequired_framework_version = "1"\n'
 TARGET_MS = 100.0

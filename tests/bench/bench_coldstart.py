@@ -54,18 +54,18 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1]))
 sys.path.insert(0, str(HERE.parent))
 
-from fetch_origin import Origin  # noqa: E402
-from kit.daemonkit import DaemonProcess  # noqa: E402
-from kit.runnerkit import carton_toml, unix_request  # noqa: E402
+from fetch_origin import Origin
+from kit.daemonkit import DaemonProcess
+from kit.runnerkit import carton_toml, unix_request
 
-from cartonstore.carton.pack import pack_directory  # noqa: E402
-from cartonstore.v2.encode import encode_infer_request  # noqa: E402
+from cartonstore.carton.pack import pack_directory
+from cartonstore.v2.encode import encode_infer_request
 
 DIM = 1024
 SPARE_WARMUP = 3.0   # seconds for a pre-warmed runner to import onnxruntime
 LOAD_AND_INFER = ("import numpy as np, onnxruntime as ort; "
                   "s = ort.InferenceSession({path!r}, providers=['CPUExecutionProvider']); "
-                  "s.run(None, {{'x': np.ones((1, %d), np.float32)}})" % DIM)
+                  "s.run(None, {{'x': np.ones((1, " + str(DIM) + "), np.float32)}})")
 
 
 def chain_model(path: Path, mib: int) -> None:
@@ -86,8 +86,8 @@ def chain_model(path: Path, mib: int) -> None:
 
 
 TORCH_LOAD_AND_INFER = ("import torch; m = torch.jit.load({path!r}, map_location={device!r}); "
-                        "m(torch.ones((1, %d), device={device!r})); torch.cuda.synchronize() "
-                        "if {device!r}.startswith('cuda') else None" % DIM)
+                        "m(torch.ones((1, " + str(DIM) + "), device={device!r})); torch.cuda.synchronize() "
+                        "if {device!r}.startswith('cuda') else None")
 
 
 def chain_torchscript(path: Path, mib: int) -> None:

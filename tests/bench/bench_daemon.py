@@ -51,8 +51,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 HERE = Path(__file__).resolve()
 REPO = HERE.parents[2]
@@ -486,7 +486,7 @@ def main() -> None:
     sys.path.insert(0, str(HERE.parents[1]))
     import aiohttp
 
-    from cartonstore.store.materialize import remove_tree
+    from cartonstore.store.materialize.tree import remove_tree
 
     cpus = sorted(os.sched_getaffinity(0))
     modes = ["shared"] if a.no_pinned or len(cpus) < 2 else ["shared", "pinned"]

@@ -68,7 +68,7 @@ PROJECT = HERE.parents[2]
 sys.path.insert(0, str(PROJECT))
 sys.path.insert(0, str(HERE.parent))
 
-from fetch_origin import Origin  # noqa: E402
+from fetch_origin import Origin
 
 MiB = 1 << 20
 TOML = ('spec_version = 1\nmodel_name = "{name}"\n[runner]\nrunner_name = "x"\n'
@@ -119,7 +119,7 @@ def carton_dir(work: Path, name: str, blobs: list[Blob]) -> Path:
     return src
 
 
-def pack(src: Path, out: Path, **kw) -> Path:  # noqa: ANN003
+def pack(src: Path, out: Path, **kw) -> Path:
     from cartonstore.carton.pack import pack_directory
 
     pack_directory(src, out, **kw)
@@ -137,7 +137,7 @@ class Run:
     stdout: str
 
 
-def child_run(cmd: list[str], *, check: bool = True, **kw) -> Run:  # noqa: ANN003
+def child_run(cmd: list[str], *, check: bool = True, **kw) -> Run:
     """Wall seconds, peak RSS and CPU of one child process."""
     os.sync()  # writeback of earlier work is not charged to this command
     t0 = time.perf_counter()
@@ -158,7 +158,7 @@ def show(cmd: list[str], limit: int = 4) -> str:
     urls = [i for i, w in enumerate(cmd) if w.startswith("http://")]
     if len(urls) > limit:
         cut = urls[limit - 1] + 1
-        words = words[:cut] + [f"... ({len(urls)} URLs in all)"]
+        words = [*words[:cut], f"... ({len(urls)} URLs in all)"]
     return " ".join(words)
 
 
@@ -171,7 +171,7 @@ def add_cmd(url: str, root: Path) -> list[str]:
 
 
 def ours(url: str, root: Path) -> tuple[Run, dict]:
-    from cartonstore.store.materialize import remove_tree
+    from cartonstore.store.materialize.tree import remove_tree
 
     remove_tree(root)
     run = child_run(add_cmd(url, root), env=cli_env())
@@ -183,7 +183,7 @@ def ours(url: str, root: Path) -> tuple[Run, dict]:
 
 def curl_cmd(urls: list[str], outs: list[Path]) -> list[str]:
     cmd = ["curl", "--parallel", "--parallel-max", "8", "-s", "-S", "--no-progress-meter", "--fail", "--noproxy", "*"]
-    for url, out in zip(urls, outs):
+    for url, out in zip(urls, outs, strict=True):
         cmd += ["-o", str(out), url]
     return cmd
 
@@ -195,7 +195,7 @@ def fresh_dir(path: Path) -> Path:
 
 
 def check_sizes(files: list[Path], blobs: list[Blob]) -> None:
-    for f, b in zip(files, blobs):
+    for f, b in zip(files, blobs, strict=True):
         if f.stat().st_size != b.size:
             raise SystemExit(f"baseline produced {f} with {f.stat().st_size} bytes, expected {b.size}")
 
@@ -236,16 +236,16 @@ class Report:
         widths = [max(len(r[i]) for r in [head, *self.rows]) for i in range(4)]
         line = "  ".join("-" * w for w in widths)
         print("\n== summary ==")
-        print("  ".join(h.ljust(w) for h, w in zip(head, widths)).rstrip())
+        print("  ".join(h.ljust(w) for h, w in zip(head, widths, strict=True)).rstrip())
         print(line)
         for r in self.rows:
-            print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
+            print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
 
 
 # -- phases -------------------------------------------------------------------------
 
 
-def phase_identity(a, work: Path, origin: Origin, blobs: list[Blob], carton_url: str, rep: Report) -> Path:  # noqa: ANN001
+def phase_identity(a, work: Path, origin: Origin, blobs: list[Blob], carton_url: str, rep: Report) -> Path:
     total = sum(b.size for b in blobs)
     header(f"1. cold LINKS pull, identity: {len(blobs)} blobs, {total / MiB:.0f} MiB")
     urls = [origin.url(f"/blobs/{b.sha}") for b in blobs]
@@ -288,7 +288,7 @@ def phase_identity(a, work: Path, origin: Origin, blobs: list[Blob], carton_url:
     return root  # holds carton A, for phase 3
 
 
-def phase_zstd(a, work: Path, origin: Origin, blobs: list[Blob], carton_url: str, rep: Report) -> None:  # noqa: ANN001
+def phase_zstd(a, work: Path, origin: Origin, blobs: list[Blob], carton_url: str, rep: Report) -> None:
     total = sum(b.size for b in blobs)
     encoded = sum((origin_dir(work) / f"{b.sha}.zst").stat().st_size for b in blobs)
     header(f"2. cold LINKS pull, Content-Encoding: zstd: {total / MiB:.0f} MiB decoded, "
@@ -356,13 +356,13 @@ def disk_floor_script(outs: list[Path], blobs: list[Blob]) -> str:
     """Write each blob's size of zeros to its file and fsync it, all at once:
     what the disk alone takes to make these bytes durable."""
     jobs = [f"dd if=/dev/zero of={shlex.quote(str(o))} bs=1M count={b.size} iflag=count_bytes conv=fsync status=none "
-            for o, b in zip(outs, blobs)]
+            for o, b in zip(outs, blobs, strict=True)]
     return parallel_script(jobs)
 
 
 def pipeline_script(urls: list[str], outs: list[Path]) -> str:
     jobs = [f"(set -o pipefail; curl -s -S --fail --noproxy '*' {shlex.quote(u)} "
-            f"| zstd -d -q -f -o {shlex.quote(str(o))})" for u, o in zip(urls, outs)]
+            f"| zstd -d -q -f -o {shlex.quote(str(o))})" for u, o in zip(urls, outs, strict=True)]
     return parallel_script(jobs)
 
 
@@ -393,7 +393,7 @@ def dedup_check(origin: Origin, url: str, root: Path, carton_bytes: int, label: 
             f"<= {limit / MiB:.1f} MiB", sent <= limit and result["complete"])
 
 
-def phase_dedup(a, work: Path, origin: Origin, blobs: list[Blob], new: list[Blob], urls: dict[str, str],  # noqa: ANN001
+def phase_dedup(a, work: Path, origin: Origin, blobs: list[Blob], new: list[Blob], urls: dict[str, str],
                 root_a: Path | None, rep: Report) -> None:
     shared = blobs[:-1]
     b_blobs = shared + new
@@ -421,7 +421,7 @@ def phase_dedup(a, work: Path, origin: Origin, blobs: list[Blob], new: list[Blob
     remove_tree_quiet(root)
 
 
-def phase_concurrent(a, work: Path, origin: Origin, blobs: list[Blob], url: str, rep: Report) -> None:  # noqa: ANN001
+def phase_concurrent(a, work: Path, origin: Origin, blobs: list[Blob], url: str, rep: Report) -> None:
     total = sum(b.size for b in blobs)
     header(f"4. {a.procs} concurrent adds of one cold LINKS carton ({len(blobs)} blobs, "
            f"{total / MiB:.0f} MiB) on one fresh root")
@@ -517,7 +517,7 @@ def origin_dir(work: Path) -> Path:
 
 
 def remove_tree_quiet(path: Path) -> None:
-    from cartonstore.store.materialize import remove_tree
+    from cartonstore.store.materialize.tree import remove_tree
 
     remove_tree(path)
 

@@ -31,9 +31,9 @@ from pathlib import Path
 HERE = Path(__file__).resolve()
 sys.path.insert(0, str(HERE.parents[1]))
 
-from kit.daemonkit import DaemonProcess, call  # noqa: E402
-from kit.floodkit import DAEMON_CONFIG, PER_CHILD, Probe, issue_flood  # noqa: E402
-from kit.inferkit import echo_carton  # noqa: E402
+from kit.daemonkit import DaemonProcess, call
+from kit.floodkit import DAEMON_CONFIG, PER_CHILD, Probe, issue_flood
+from kit.inferkit import echo_carton
 
 
 def figures(latencies: list[float]) -> tuple[float, float, float]:
@@ -46,7 +46,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=18.0)
     args = parser.parse_args()
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if hard < PER_CHILD + 1000:
         sys.exit(f"the hard descriptor limit is {hard}; flooding needs {PER_CHILD + 1000}")
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
@@ -73,7 +73,7 @@ def main() -> None:
                 statuses[status] = statuses.get(status, 0) + 1
             print(f"  {label:8} {len(results):5d} requests  p50 {p50:6.2f} ms  p99 {p99:6.2f} ms  max {most:7.2f} ms  "
                   f"statuses {statuses}")
-        ratios = [b / a for a, b in zip(*(figures([s for _, s in r]) for _, r in rows))]
+        ratios = [b / a for a, b in zip(*(figures([s for _, s in r]) for _, r in rows), strict=True)]
         print(f"  [ratio] flooded/alone: p50 {ratios[0]:.2f}x  p99 {ratios[1]:.2f}x  max {ratios[2]:.2f}x")
         for name, got in outcome.items():
             print(f"  flood {name:10} ends {dict(got['ends'])}  late {got['late']}  still open {got['still_open']}")

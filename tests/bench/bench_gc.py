@@ -35,10 +35,10 @@ HERE = Path(__file__).resolve()
 sys.path.insert(0, str(HERE.parents[2]))
 sys.path.insert(0, str(HERE.parents[1]))
 
-from bench_daemon import rss_mib  # noqa: E402  (this script's directory is on sys.path)
+from bench_daemon import rss_mib  # this script's directory is on sys.path
 
-from cartonstore.store import Store  # noqa: E402
-from cartonstore.store.materialize import remove_tree  # noqa: E402
+from cartonstore.store import Store
+from cartonstore.store.materialize.tree import remove_tree
 
 TOML = b'spec_version = 1\nmodel_name = "m"\n[runner]\nrunner_name = "x"\nrequired_framework_version = "1"\n'
 
@@ -156,7 +156,7 @@ def run(work: Path, a: argparse.Namespace, via: str) -> None:
     cmd = [sys.executable, "-m", "cartonstore.cli", "gc", "--root", str(root), "--json", "--socket", str(sock),
            "--max-size", str(int(stored * 0.75))] + (["--local"] if via == "local" else [])
     if via == "local":
-        dry, rss_dry, _ = child(cmd + ["--dry-run"])
+        dry, rss_dry, _ = child([*cmd, "--dry-run"])
         print(f"gc --dry-run: {dry:.2f} s, peak RSS {rss_dry / 1024:.0f} MiB")
 
     from kit.daemonkit import DaemonProcess

@@ -7,7 +7,7 @@ pageable copies, in the same run (needs torch with a CUDA device).
 1. Host to device, in this process, of a --mib float32 numpy array (the
    form a runner holds an input in). Baseline: ``torch.from_numpy(a).to(
    "cuda")``, a pageable copy, what a runner without staging does. Ours:
-   the torchscript runner's TensorStaging (runner/torch_staging.py): one
+   the torchscript runner's TensorStaging (runner/backends/torch_staging.py): one
    memcpy into a reused page-locked buffer, then an asynchronous copy.
    Floor: the asynchronous copy alone from a pinned tensor already filled
    (no host copy: the bus's speed). Each is synchronized and timed, the
@@ -42,7 +42,7 @@ class Total(torch.nn.Module):
 '''
 
 
-def _median_seconds(fn, repeats: int) -> float:  # noqa: ANN001
+def _median_seconds(fn, repeats: int) -> float:
     for _ in range(2):
         fn()
     times = []
@@ -53,8 +53,8 @@ def _median_seconds(fn, repeats: int) -> float:  # noqa: ANN001
     return statistics.median(times)
 
 
-def in_process(torch, array: np.ndarray, repeats: int) -> None:  # noqa: ANN001
-    from cartonstore.runner.torch_staging import TensorStaging
+def in_process(torch, array: np.ndarray, repeats: int) -> None:
+    from cartonstore.runner.backends.torch_staging import TensorStaging
 
     gib = array.nbytes / (1 << 30)
     staging = TensorStaging(torch, "cuda:0", pinned=True)
@@ -81,7 +81,7 @@ def in_process(torch, array: np.ndarray, repeats: int) -> None:  # noqa: ANN001
     print(f"   pinned DMA alone     {dma * 1e3:8.1f} ms  {gib / dma:6.1f} GiB/s   (the floor)")
 
 
-def through_a_runner(torch, array: np.ndarray, repeats: int) -> None:  # noqa: ANN001
+def through_a_runner(torch, array: np.ndarray, repeats: int) -> None:
     from kit.runnerkit import carton_toml, runner_infer, save_scripted, start_runner, stop_runner, wait_ready
 
     with tempfile.TemporaryDirectory(prefix="cs-gpu-") as tmp:
@@ -96,7 +96,7 @@ def through_a_runner(torch, array: np.ndarray, repeats: int) -> None:  # noqa: A
                 wait_ready(sock, proc=proc, timeout=120)
 
                 def one() -> None:
-                    status, answer = runner_infer(sock, {"x": array})
+                    status, answer = runner_infer(sock, {"x": array})  # noqa: B023 - timed within this round
                     assert status == 200, answer
                 results[pinned] = _median_seconds(one, repeats)
             finally:

@@ -21,7 +21,7 @@ daemon's log lines from the runner.
 
 --check-cost times, in this process, what checking an honest answer
 against the model's declared outputs costs the daemon per answer
-(server/runners/answer_check.py), against what checking the request of
+(server/runner_processes/answer_check.py), against what checking the request of
 the same shape costs (parse and validate_request), in the same run.
 
 A sandbox other than none needs root and a Python the runner user may
@@ -43,9 +43,9 @@ from pathlib import Path
 HERE = Path(__file__).resolve()
 sys.path.insert(0, str(HERE.parents[1]))
 
-from kit.daemonkit import DaemonProcess, call  # noqa: E402
-from kit.hostile_answers import hostile_answers_carton  # noqa: E402
-from kit.inferkit import echo_carton  # noqa: E402
+from kit.daemonkit import DaemonProcess, call
+from kit.hostile_answers import hostile_answers_carton
+from kit.inferkit import echo_carton
 
 ATTACKS = ["length:4294967296", "chunks:", "tiny:", "eof:", "headers:40000", "undeclared:", "gzip:256", "escaped:4",
            "stderr:100"]
@@ -110,8 +110,8 @@ def check_cost() -> None:
     import numpy as np
 
     from cartonstore.format.carton_toml import TensorSpec
-    from cartonstore.server.runners.answer_check import checked_answer
-    from cartonstore.server.runners.settings import RunnerResponse
+    from cartonstore.server.runner_processes.answer_check import checked_answer
+    from cartonstore.server.runner_processes.settings import RunnerResponse
     from cartonstore.v2.framing import (
         HEADER_LENGTH,
         encode_infer_request,
@@ -127,16 +127,18 @@ def check_cost() -> None:
         array = np.ones(shape, np.float32)
         spec = [TensorSpec("y", "float32", ("n", shape[1]))]
         parts, length = encode_infer_response(model_name="m", model_version=None, request_id=None,
-                                              outputs={"y": array}, binary=lambda _: binary)
+                                              outputs={"y": array}, binary=lambda _: binary)  # noqa: B023 - called here
         response = RunnerResponse(200, {HEADER_LENGTH: str(length)} if length else {},
                                   b"".join(bytes(p) for p in parts))
         request_parts, request_length = encode_infer_request({"y": array}, binary=binary)
         request = b"".join(bytes(p) for p in request_parts)
         rounds = 2000 if array.size < 10_000 else 20
-        answer_us = min(timeit.repeat(lambda: checked_answer(response, spec, "runner for m"), number=rounds,
+        answer_us = min(timeit.repeat(lambda: checked_answer(response, spec, "runner for m"),  # noqa: B023 - timed here
+                                      number=rounds,
                                       repeat=5)) / rounds * 1e6
-        request_us = min(timeit.repeat(lambda: validate_request(parse_infer_request(request, request_length), spec,
-                                                                None), number=rounds, repeat=5)) / rounds * 1e6
+        request_us = min(timeit.repeat(
+            lambda: validate_request(parse_infer_request(request, request_length), spec, None),  # noqa: B023 - timed here
+            number=rounds, repeat=5)) / rounds * 1e6
         print(f"  {label:32} answer {answer_us:9.1f} us  request {request_us:9.1f} us  "
               f"[ratio] {answer_us / request_us:.2f}x")
 
@@ -176,7 +178,7 @@ def main() -> None:
                 p50, p99, most = figures(took)
                 print(f"  {label:9} {len(took):6d} infers  p50 {p50:6.2f} ms  p99 {p99:6.2f} ms  max {most:7.2f} ms  "
                       f"statuses {statuses}")
-            ratios = [b / a for a, b in zip(figures(alone), figures(attacked))]
+            ratios = [b / a for a, b in zip(figures(alone), figures(attacked), strict=True)]
             print(f"  [ratio] attacked/alone: p50 {ratios[0]:.2f}x  p99 {ratios[1]:.2f}x  max {ratios[2]:.2f}x")
             print(f"  attacks answered: { {a: sorted(set(s)) for a, s in outcomes.items()} } "
                   f"({sum(len(s) for s in outcomes.values())} in all)")

@@ -41,9 +41,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Self
+from typing import Self
 
 HERE = Path(__file__).resolve()
 REPO = HERE.parents[2]
@@ -361,7 +362,7 @@ def main() -> None:
     from kit.inferkit import echo_carton, runner_pids
 
     from cartonstore.server.http.event_loop import loop_name
-    from cartonstore.store.materialize import remove_tree
+    from cartonstore.store.materialize.tree import remove_tree
 
     if a.workdir:  # a --workdir that does not exist yet is created
         Path(a.workdir).mkdir(parents=True, exist_ok=True)
@@ -465,7 +466,7 @@ def main() -> None:
                                           "import mlserver; print(mlserver.__version__)"],
                                          capture_output=True, text=True, check=False).stdout.strip()
                 mlserver, ml_address, _ = start_mlserver(exe, work, a.mlserver_workers)
-                ml_pids = [mlserver.pid] + children(mlserver.pid)
+                ml_pids = [mlserver.pid, *children(mlserver.pid)]
                 why_not_binary = mlserver_accepts_binary(ml_address)
                 binary = why_not_binary is None
                 wire = "binary tensor data extension" if binary else "JSON"

@@ -39,8 +39,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve()
 sys.path.insert(0, str(HERE.parents[2]))
 
-from cartonstore.carton.pack import pack_directory  # noqa: E402
-from cartonstore.store.materialize import remove_tree  # noqa: E402
+from cartonstore.carton.pack import pack_directory
+from cartonstore.store.materialize.tree import remove_tree
 
 GiB = 1 << 30
 
@@ -69,7 +69,7 @@ def make_carton(work: Path, size_mib: int, files: int) -> Path:
     return out
 
 
-def child_run(cmd: list[str], **kw) -> Run:  # noqa: ANN003
+def child_run(cmd: list[str], **kw) -> Run:
     os.sync()
     t0 = time.perf_counter()
     pid = subprocess.Popen(cmd, **kw).pid

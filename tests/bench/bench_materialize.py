@@ -21,8 +21,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve()
 sys.path.insert(0, str(HERE.parents[2]))
 
-from cartonstore.store import Store  # noqa: E402
-from cartonstore.store.materialize import remove_tree  # noqa: E402
+from cartonstore.store import Store
+from cartonstore.store.materialize.tree import remove_tree
 
 TOML = b'spec_version = 1\nmodel_name = "m"\n[runner]\nrunner_name = "x"\nrequired_framework_version = "1"\n'
 
@@ -48,7 +48,7 @@ def big_dir(work: Path, mib: int) -> Path:
     return src
 
 
-def timed(fn) -> float:  # noqa: ANN001
+def timed(fn) -> float:
     t0 = time.perf_counter()
     fn()
     return time.perf_counter() - t0

@@ -34,8 +34,8 @@ sys.path.insert(0, str(HERE.parents[2]))
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE.parents[1]))
 
-from bench_fetch import BlobMaker, MiB, carton_dir, child_run, cli_env, rounds_of  # noqa: E402
-from kit.registrykit import BINARY, Registry  # noqa: E402
+from bench_fetch import BlobMaker, MiB, carton_dir, child_run, cli_env, rounds_of
+from kit.registrykit import BINARY, Registry
 
 
 def cli(*argv: str) -> list[str]:

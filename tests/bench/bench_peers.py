@@ -36,18 +36,18 @@ sys.path.insert(0, str(HERE.parents[2]))
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE.parents[1]))
 
-from bench_fetch import BlobMaker, MiB, carton_dir, pack  # noqa: E402
-from fetch_origin import Origin as OriginProcess  # noqa: E402
-from kit.peerkit import fleet, metric  # noqa: E402
+from bench_fetch import BlobMaker, MiB, carton_dir, pack
+from fetch_origin import Origin as OriginProcess
+from kit.peerkit import fleet, metric
 
-from cartonstore.client.leases import Client  # noqa: E402
+from cartonstore.client.leases import Client
 
 
-def lease_everywhere(nodes, url: str) -> float:  # noqa: ANN001
+def lease_everywhere(nodes, url: str) -> float:
     """Lease url on every node at once; seconds until the last one holds it."""
     errors: list[BaseException] = []
 
-    def one(node) -> None:  # noqa: ANN001
+    def one(node) -> None:
         try:
             Client(node.socket_path, timeout=600).acquire(url, ttl=3600)
         except BaseException as e:  # noqa: BLE001 - reported below

@@ -53,7 +53,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1]))
 sys.path.insert(0, str(HERE.parent))
 
-from kit.daemonkit import DaemonProcess, call  # noqa: E402
+from kit.daemonkit import DaemonProcess, call
 
 # Both fronts' app: the handler `infer` on the infer route, served on uvloop at the port argv[2] names.
 APP = r'''
@@ -97,7 +97,7 @@ async def infer(request):
 SPLIT_FRONT = r'''
 import sys, uvloop
 from aiohttp import web
-from cartonstore.server.runners.wire import RunnerClient
+from cartonstore.server.runner_processes.wire import RunnerClient
 
 client = RunnerClient(sys.argv[1])
 
@@ -209,7 +209,7 @@ def our_runner(d: DaemonProcess, socket_path: Path) -> subprocess.Popen:
     daemon runs its first one, on a socket of its own, once it listens."""
     model_dir = subprocess.run([sys.executable, "-m", "cartonstore.cli", "path", "rf", "--root", str(d.root)],
                                check=True, capture_output=True, text=True).stdout.strip()
-    argv = [sys.executable, "-m", "cartonstore.runner.onnx", "--model-dir", model_dir, "--socket", str(socket_path),
+    argv = [sys.executable, "-m", "cartonstore.runner.backends.onnx", "--model-dir", model_dir, "--socket", str(socket_path),
             "--name", "rf", "--version", Path(model_dir).name, "--opts", json.dumps({"intra_op_num_threads": 1}),
             "--devices", "cpu"]
     log = socket_path.with_suffix(".log")

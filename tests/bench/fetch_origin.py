@@ -22,6 +22,8 @@ import sys
 import urllib.request
 from pathlib import Path
 
+from aiohttp.abc import AbstractStreamWriter
+
 HERE = Path(__file__).resolve()
 
 
@@ -52,7 +54,7 @@ def serve(directory: str, port: int, parent_pid: int | None) -> None:
             super().__init__(path, headers=headers)
             self.entry = entry
 
-        async def prepare(self, request: web.BaseRequest):  # noqa: ANN201
+        async def prepare(self, request: web.BaseRequest) -> AbstractStreamWriter | None:
             try:
                 return await super().prepare(request)
             except BaseException:

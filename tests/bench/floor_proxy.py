@@ -27,7 +27,7 @@ class _Side(asyncio.Protocol):
         self.early: list[bytes] = []
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
+        self.transport = transport  # type: ignore[assignment]  # a stream connection makes a stream transport
 
     def data_received(self, data: bytes) -> None:
         if self.peer is not None and self.peer.transport is not None:
@@ -52,7 +52,7 @@ async def serve(listen: str, runner: str) -> None:
             for data in client.early:
                 upstream.transport.write(data)
             client.early.clear()
-        loop.create_task(connect())
+        loop.create_task(connect())  # noqa: RUF006 - its connection's transport holds it
         return client
 
     server = await loop.create_unix_server(accepted, listen)

@@ -20,6 +20,7 @@ import statistics
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from bench_daemon import cpu_seconds
@@ -35,7 +36,7 @@ def _grpc_modules():  # noqa: ANN202 - imported here: the other sections never n
     return grpc, service_pb2, service_pb2_grpc
 
 
-def grpc_request(values: np.ndarray, model: str = "echo"):  # noqa: ANN201
+def grpc_request(values: np.ndarray, model: str = "echo") -> Any:
     _, pb, _ = _grpc_modules()
     req = pb.ModelInferRequest(model_name=model)
     req.inputs.add(name="x_float32", datatype="FP32", shape=[1, values.size])
@@ -85,11 +86,12 @@ class HttpClient:
         await self.conn.close()
 
 
-async def _make(kind: str, where: object, payload: tuple[np.ndarray, bytes, dict[str, str]]):  # noqa: ANN202
+async def _make(kind: str, where: object,
+                payload: tuple[np.ndarray, bytes, dict[str, str]]) -> GrpcClient | HttpClient:
     values, body, headers = payload
     if kind == "grpc":
-        return GrpcClient(where, values)   # type: ignore[arg-type]
-    return await HttpClient(where, body, headers, values.nbytes).open()   # type: ignore[arg-type]
+        return GrpcClient(where, values)   # type: ignore[arg-type]  # a gRPC side is named by its target string
+    return await HttpClient(where, body, headers, values.nbytes).open()   # type: ignore[arg-type]  # by its Address
 
 
 async def _latency(kind: str, where: object, payload: tuple, n: int, warmup: int) -> list[float]:
@@ -116,7 +118,7 @@ async def _throughput(kind: str, where: object, payload: tuple, clients: int, se
         done = 0
         deadline = time.perf_counter() + seconds
 
-        async def loop(c) -> None:  # noqa: ANN001
+        async def loop(c) -> None:
             nonlocal done
             while time.perf_counter() < deadline:
                 await c.once()
@@ -129,7 +131,7 @@ async def _throughput(kind: str, where: object, payload: tuple, clients: int, se
             await c.close()
 
 
-def compare(sides: dict[str, tuple[str, object]], small: tuple, big: tuple, a, clients: list[int],  # noqa: ANN001
+def compare(sides: dict[str, tuple[str, object]], small: tuple, big: tuple, a, clients: list[int],
             title: str, server_pid: int | None = None, cpu: dict[str, float] | None = None,
             ) -> tuple[dict[str, float], dict[tuple[str, int], float]]:
     """p50 (ms) and best 4 MiB req/s of each side, rounds alternating the order;
@@ -166,7 +168,7 @@ def compare(sides: dict[str, tuple[str, object]], small: tuple, big: tuple, a, c
     return p50, rps
 
 
-def floor(small: tuple, big: tuple, a, clients: list[int],  # noqa: ANN001
+def floor(small: tuple, big: tuple, a, clients: list[int],
           cpu: dict[str, float]) -> tuple[dict[str, float], dict]:
     """The bare grpcio echo server (grpc_floor.py), same client: what grpcio
     costs alone (its CPU per 16-float request into ``cpu``)."""
@@ -185,7 +187,7 @@ def floor(small: tuple, big: tuple, a, clients: list[int],  # noqa: ANN001
         proc.wait()
 
 
-def run(d, work: Path, small_bin, big_bin, a, clients: list[int], verdict: Callable,  # noqa: ANN001
+def run(d, work: Path, small_bin, big_bin, a, clients: list[int], verdict: Callable,
         mlserver: Callable[[], tuple[object, str] | None]) -> None:
     """``d``: a daemon serving echo with --grpc-listen; ``mlserver``: starts
     MLServer, giving (its process, its gRPC target) or None."""
@@ -230,7 +232,7 @@ def run(d, work: Path, small_bin, big_bin, a, clients: list[int], verdict: Calla
     if started is None:
         print("8. MLServer gRPC: skipped\n")
         return
-    proc, target = started
+    _, target = started   # the caller stops it
     ours = "cartonstore gRPC (tcp)"
     p50, rps = compare({ours: ("grpc", d.grpc_host_port), "MLServer gRPC (tcp)": ("grpc", target)}, small, big, a,
                        clients, "8. cartonstore gRPC vs MLServer 1.7 gRPC, echo model, TCP:")

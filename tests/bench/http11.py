@@ -3,7 +3,7 @@ on a Unix socket or TCP.
 
 Why not aiohttp's client by default: at ~0.1-0.3 ms per request its own
 overhead is as large as the proxy overhead being measured. "raw" is the
-daemon's own runner client (cartonstore.server.runners.wire); "aiohttp" the
+daemon's own runner client (cartonstore.server.runner_processes.wire); "aiohttp" the
 stock one. The same class talks to every server a bench compares, so
 differences are the servers'.
 """
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from cartonstore.server.runners.wire import RunnerClient
+from cartonstore.server.runner_processes.wire import RunnerClient
 
 ANSWER_LIMIT = 1 << 30   # a bench reads whatever the server under test answers, as a client would
 
@@ -30,7 +30,7 @@ class Address:
 
 
 class Http11Connection:
-    """The daemon's own lean client (cartonstore.server.runners.wire), with
+    """The daemon's own lean client (cartonstore.server.runner_processes.wire), with
     one keep-alive connection: the same code the daemon uses to reach its
     runners, so what it costs is known and small."""
 
@@ -72,12 +72,12 @@ class AiohttpConnection:
 
     async def request(self, method: str, path: str, body: bytes = b"",
                       headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], bytes]:
-        async with self.session.request(method, self.base + path, data=body, headers=headers) as r:  # type: ignore[attr-defined]
+        async with self.session.request(method, self.base + path, data=body, headers=headers) as r:  # type: ignore[attr-defined]  # opened: the session is set
             data = await r.read()
             return r.status, {k.lower(): v for k, v in r.headers.items()}, data
 
     async def close(self) -> None:
-        await self.session.close()  # type: ignore[attr-defined]
+        await self.session.close()  # type: ignore[attr-defined]  # opened: the session is set
 
 
 CLIENTS = {"raw": Http11Connection, "aiohttp": AiohttpConnection}

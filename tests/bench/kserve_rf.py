@@ -35,7 +35,7 @@ class Forest(Model):
                 response_headers: dict | None = None) -> InferResponse:
         feed = {i.name: i.as_numpy() for i in payload.inputs}
         outputs = []
-        for name, value in zip(self.names, self.session.run(self.names, feed)):
+        for name, value in zip(self.names, self.session.run(self.names, feed), strict=True):
             out = InferOutput(name=name, shape=list(value.shape), datatype=_DATATYPES[value.dtype.name])
             out.set_data_from_numpy(value, binary_data=True)
             outputs.append(out)

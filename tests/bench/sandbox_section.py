@@ -16,8 +16,8 @@ import pwd
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from http11 import CLIENTS, Address
 
@@ -25,7 +25,7 @@ ROUNDS = 6
 
 
 def why_not() -> str | None:
-    from cartonstore.server.runners.sandbox import unreachable
+    from cartonstore.server.runner_processes.sandbox import unreachable
 
     if os.geteuid() != 0:
         return None   # runners keep the daemon's uid: nothing more to check

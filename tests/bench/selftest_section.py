@@ -86,7 +86,7 @@ async def _direct_run(address: Address, model: str, tensors: list[np.ndarray]) -
         await conn.close()
 
 
-def run(sock: Path, work: Path, repeats: int, load, runner_of, verdict) -> None:  # noqa: ANN001
+def run(sock: Path, work: Path, repeats: int, load, runner_of, verdict) -> None:
     source, tensors = carton(work / "selftest-carton")
     t = time.perf_counter()
     load(sock, "st", source)

@@ -54,7 +54,7 @@ def bare_copy_ms(src: np.ndarray, repeats: int) -> list[float]:
 
 
 async def _timed(address: Address, requests: list[tuple[str, bytes, dict]], repeats: int,
-                 check) -> list[float]:  # noqa: ANN001
+                 check) -> list[float]:
     conn = await CLIENTS["raw"].open(address)
     out = []
     try:
@@ -74,7 +74,7 @@ async def _timed(address: Address, requests: list[tuple[str, bytes, dict]], repe
     return out
 
 
-def run(sock: Path, model: str, repeats: int, verdict) -> None:  # noqa: ANN001
+def run(sock: Path, model: str, repeats: int, verdict) -> None:
     address = Address(unix=str(sock))
     x = (np.arange(COUNT) % 1000 * 0.25).astype(np.float32)
     keys = (f"/cs-bench-{os.getpid()}-in", f"/cs-bench-{os.getpid()}-out")
@@ -84,7 +84,7 @@ def run(sock: Path, model: str, repeats: int, verdict) -> None:  # noqa: ANN001
         a_in[:] = x
         reg = [("POST", f"/v2/systemsharedmemory/region/bench-{io}/register",
                 json.dumps({"key": key, "offset": 0, "byte_size": SIZE}).encode())
-               for io, key in zip(("in", "out"), keys)]
+               for io, key in zip(("in", "out"), keys, strict=True)]
 
         async def register() -> None:
             conn = await CLIENTS["raw"].open(address)

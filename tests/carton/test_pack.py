@@ -6,6 +6,7 @@ import json
 import os
 import zipfile
 from pathlib import Path
+from typing import BinaryIO
 
 import pytest
 import tomli
@@ -40,7 +41,7 @@ def test_pack_writes_each_compression(model_dir: Path, tmp_path: Path, compressi
         methods = {e.name: e.method for e in z.entries}
     assert methods["model/big.bin"] == method
     assert methods["MANIFEST"] == 0
-    assert list(methods)[0] == "carton.toml"
+    assert next(iter(methods)) == "carton.toml"
     if compression != "zstd":  # Python's zipfile reads what we write
         with zipfile.ZipFile(out) as zf:
             assert zf.read("model/big.bin") == (model_dir / "model" / "big.bin").read_bytes()
@@ -112,7 +113,7 @@ def _zip_names(path: Path) -> list[str]:
         return [e.name for e in z.entries]
 
 
-def test_pack_refuses_top_level_entries_outside_the_format(model_dir: Path, tmp_path: Path, capsys) -> None:  # noqa: ANN001
+def test_pack_refuses_top_level_entries_outside_the_format(model_dir: Path, tmp_path: Path, capsys) -> None:
     from cartonstore.cli.commands import main
 
     (model_dir / "notes.txt").write_text("mine")
@@ -164,7 +165,7 @@ def _output_through_a_file_symlink(src: Path, tmp_path: Path) -> Path:
     _symlinked_output,                                        # through a symlink to the directory
     _output_through_a_file_symlink,                           # -o is a symlink into the directory
 ], ids=["inside", "nested", "dotdot", "symlinked-dir", "symlink-file"])
-def test_pack_never_packs_its_own_output(model_dir: Path, tmp_path: Path, capsys, where) -> None:  # noqa: ANN001
+def test_pack_never_packs_its_own_output(model_dir: Path, tmp_path: Path, capsys, where) -> None:
     """Packing twice to the same -o gives the same carton: the first run's
     output (and a crashed run's temporary file beside it) is never packed."""
     from cartonstore.cli.commands import main
@@ -189,7 +190,7 @@ def _files_without_outputs(d: Path) -> list[str]:
     return [p for p in _files(d) if not p.endswith((".carton", ".tmp"))]
 
 
-def test_add_refuses_a_carton_with_entries_outside_the_format(tmp_path: Path, make_carton, capsys) -> None:  # noqa: ANN001
+def test_add_refuses_a_carton_with_entries_outside_the_format(tmp_path: Path, make_carton, capsys) -> None:
     """The spec lists what a carton holds; a zip or directory with more (here
     a stale out.carton listed in its MANIFEST) is refused, store unchanged."""
     from conftest import snapshot
@@ -218,7 +219,7 @@ def test_add_refuses_a_carton_with_entries_outside_the_format(tmp_path: Path, ma
         assert snapshot(root) == before
 
 
-def test_a_carton_already_stored_is_not_checked_for_its_top_level_again(make_carton) -> None:  # noqa: ANN001
+def test_a_carton_already_stored_is_not_checked_for_its_top_level_again(make_carton) -> None:
     """Export and the refetch of evicted blobs re-read cartons the store
     accepted before the top level was checked: they must keep working."""
     from cartonstore.carton.checks import check_carton
@@ -250,7 +251,7 @@ def test_entries_outside_the_format_are_refused_before_any_file_is_read(tmp_path
     opened: list[str] = []
     original = DirCartonView.open
 
-    def counting(self: DirCartonView, path: str):  # noqa: ANN202
+    def counting(self: DirCartonView, path: str) -> BinaryIO:
         opened.append(path)
         return original(self, path)
 

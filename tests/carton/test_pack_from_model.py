@@ -22,14 +22,14 @@ def affine(tmp_path: Path) -> Path:
     return onnx_model_dir(tmp_path / "src", name="affine", ids=False) / "model" / "model.onnx"
 
 
-def _inspect(path: Path, capsys) -> dict:  # noqa: ANN001
+def _inspect(path: Path, capsys) -> dict:
     capsys.readouterr()
     assert main(["inspect", str(path), "--json"]) == 0
     return json.loads(capsys.readouterr().out)
 
 
 def test_a_carton_from_an_onnx_file_round_trips_and_self_tests(affine: Path, tmp_path: Path, short_tmp: Path,
-                                                               capsys) -> None:  # noqa: ANN001
+                                                               capsys) -> None:
     x = np.arange(8, dtype=np.float32).reshape(2, 4)
     np.save(tmp_path / "x.npy", x)
     out = tmp_path / "affine.carton"
@@ -49,7 +49,7 @@ def test_a_carton_from_an_onnx_file_round_trips_and_self_tests(affine: Path, tmp
     assert report["passed"] and [t["outcome"] for t in report["tests"]] == ["passed"]
 
 
-def test_dims_are_renamed_or_fixed_and_a_directory_works(affine: Path, tmp_path: Path, capsys) -> None:  # noqa: ANN001
+def test_dims_are_renamed_or_fixed_and_a_directory_works(affine: Path, tmp_path: Path, capsys) -> None:
     out = tmp_path / "a.carton"
     assert main(["pack", str(affine), "-o", str(out), "--dim", "N=batch"]) == 0
     assert _inspect(out, capsys)["inputs"][0]["shape"] == ["batch", 4]
@@ -80,13 +80,13 @@ def _zipmap_file(dest: Path) -> Path:
     (["--self-test", "z=nowhere.npy"], "the model's inputs are x; not inputs: z; missing: x"),
     (["--self-test", "x=nowhere.npy"], "not a .npy file numpy reads"),
 ])
-def test_bad_arguments_are_refused_naming_them(affine: Path, tmp_path: Path, capsys, extra, words) -> None:  # noqa: ANN001
+def test_bad_arguments_are_refused_naming_them(affine: Path, tmp_path: Path, capsys, extra, words) -> None:
     out = tmp_path / "a.carton"
     assert main(["pack", str(affine), "-o", str(out), *extra]) == 4
     assert words in capsys.readouterr().err and not out.exists()
 
 
-def test_a_zipmap_classifier_and_other_mistakes_are_refused(tmp_path: Path, capsys) -> None:  # noqa: ANN001
+def test_a_zipmap_classifier_and_other_mistakes_are_refused(tmp_path: Path, capsys) -> None:
     out = tmp_path / "z.carton"
     assert main(["pack", str(_zipmap_file(tmp_path / "zip.onnx")), "-o", str(out)]) == 4
     err = capsys.readouterr().err
@@ -127,7 +127,7 @@ def _python_model(tmp_path: Path) -> Path:
     return tmp_path / "py" / "entry.py"
 
 
-def test_a_carton_from_a_python_model_records_its_run(tmp_path: Path, short_tmp: Path, capsys) -> None:  # noqa: ANN001
+def test_a_carton_from_a_python_model_records_its_run(tmp_path: Path, short_tmp: Path, capsys) -> None:
     entry = _python_model(tmp_path)
     np.save(tmp_path / "x.npy", np.ones((2, 3), np.float32))
     out = tmp_path / "py.carton"
@@ -145,7 +145,7 @@ def test_a_carton_from_a_python_model_records_its_run(tmp_path: Path, short_tmp:
     assert json.loads(capsys.readouterr().out)["passed"]
 
 
-def test_a_python_model_that_fails_or_is_misnamed_is_refused(tmp_path: Path, capsys) -> None:  # noqa: ANN001
+def test_a_python_model_that_fails_or_is_misnamed_is_refused(tmp_path: Path, capsys) -> None:
     entry = _python_model(tmp_path)
     np.save(tmp_path / "neg.npy", -np.ones((1, 3), np.float32))
     out = tmp_path / "py.carton"
@@ -178,7 +178,7 @@ def get_model():
 
 
 def test_python_models_that_print_and_share_names_pack_and_self_test(tmp_path: Path, short_tmp: Path,
-                                                                      capsys) -> None:  # noqa: ANN001
+                                                                      capsys) -> None:
     (tmp_path / "odd").mkdir()
     (tmp_path / "odd" / "main.py").write_text(ODD)
     np.save(tmp_path / "x.npy", np.ones((4, 3), np.float32))
@@ -195,7 +195,7 @@ def test_python_models_that_print_and_share_names_pack_and_self_test(tmp_path: P
     assert json.loads(capsys.readouterr().out)["passed"]
 
 
-def test_an_onnx_output_of_unknown_shape_is_declared_any_shape(tmp_path: Path, short_tmp: Path, capsys) -> None:  # noqa: ANN001
+def test_an_onnx_output_of_unknown_shape_is_declared_any_shape(tmp_path: Path, short_tmp: Path, capsys) -> None:
     import onnx
     from onnx import TensorProto, helper
 
@@ -224,7 +224,7 @@ def test_an_onnx_output_of_unknown_shape_is_declared_any_shape(tmp_path: Path, s
     ("return [tensors['x']]", "the model returned list, not a dict of output name to tensor"),
     ("return {1: tensors['x']}", "output names must be strings"),
 ], ids=["exits", "non-utf8-stderr", "a-list", "int-names"])
-def test_a_python_model_that_misbehaves_on_its_examples_is_refused(tmp_path: Path, capsys, body: str,  # noqa: ANN001
+def test_a_python_model_that_misbehaves_on_its_examples_is_refused(tmp_path: Path, capsys, body: str,
                                                                     words: str) -> None:
     (tmp_path / "bad").mkdir()
     (tmp_path / "bad" / "main.py").write_text(

@@ -39,13 +39,13 @@ def _scripted(tmp_path: Path) -> Path:
     return save_scripted(SCRIPTED, "Scorer", tmp_path / "scorer.pt")
 
 
-def _inspect(path: Path, capsys) -> dict:  # noqa: ANN001
+def _inspect(path: Path, capsys) -> dict:
     capsys.readouterr()
     assert main(["inspect", str(path), "--json"]) == 0
     return json.loads(capsys.readouterr().out)
 
 
-def _selftest_passes(carton: Path, root: Path, capsys) -> None:  # noqa: ANN001
+def _selftest_passes(carton: Path, root: Path, capsys) -> None:
     capsys.readouterr()
     assert main(["selftest", str(carton), "--root", str(root), "--json"]) == 0, capsys.readouterr().err
     report = json.loads(capsys.readouterr().out)
@@ -53,7 +53,7 @@ def _selftest_passes(carton: Path, root: Path, capsys) -> None:  # noqa: ANN001
 
 
 @pytest.mark.slow
-def test_a_traced_model_packs_from_its_file_and_example(tmp_path: Path, short_tmp: Path, capsys) -> None:  # noqa: ANN001
+def test_a_traced_model_packs_from_its_file_and_example(tmp_path: Path, short_tmp: Path, capsys) -> None:
     model = _traced_mlp(tmp_path / "mlp.pt")
     x = np.random.default_rng(0).standard_normal((5, 4)).astype(np.float32)
     np.save(tmp_path / "x.npy", x)
@@ -79,7 +79,7 @@ def test_a_traced_model_packs_from_its_file_and_example(tmp_path: Path, short_tm
 
 @pytest.mark.slow
 def test_a_scripted_model_records_its_arguments_and_every_result(tmp_path: Path, short_tmp: Path,
-                                                                  capsys) -> None:  # noqa: ANN001
+                                                                  capsys) -> None:
     model = _scripted(tmp_path)
     np.save(tmp_path / "f.npy", np.ones((3, 2), np.float64))
     np.save(tmp_path / "ids.npy", np.arange(3, dtype=np.int64))
@@ -96,7 +96,7 @@ def test_a_scripted_model_records_its_arguments_and_every_result(tmp_path: Path,
 
 
 @pytest.mark.slow
-def test_mistakes_are_refused_naming_them(tmp_path: Path, capsys) -> None:  # noqa: ANN001
+def test_mistakes_are_refused_naming_them(tmp_path: Path, capsys) -> None:
     model = _scripted(tmp_path)
     np.save(tmp_path / "f.npy", np.ones((3, 2), np.float32))
     np.save(tmp_path / "ids.npy", np.arange(3, dtype=np.int64))
@@ -121,7 +121,7 @@ def test_mistakes_are_refused_naming_them(tmp_path: Path, capsys) -> None:  # no
     assert not out.exists()
 
 
-def test_example_is_refused_for_an_onnx_file(tmp_path: Path, capsys) -> None:  # noqa: ANN001
+def test_example_is_refused_for_an_onnx_file(tmp_path: Path, capsys) -> None:
     from kit.runnerkit import onnx_model_dir
 
     model = onnx_model_dir(tmp_path / "src", name="affine", ids=False) / "model" / "model.onnx"
@@ -141,7 +141,7 @@ class Lengths(torch.nn.Module):
 
 @pytest.mark.slow
 def test_a_model_taking_strings_packs_from_a_numpy_string_array(tmp_path: Path, short_tmp: Path,
-                                                                 capsys) -> None:  # noqa: ANN001
+                                                                 capsys) -> None:
     model = save_scripted(WORDS, "Lengths", tmp_path / "lengths.pt")
     np.save(tmp_path / "w.npy", np.array(["a", "héllo", ""]))   # numpy's fixed-width str, as users save them
     out = tmp_path / "lengths.carton"

@@ -17,11 +17,12 @@ torch = pytest.importorskip("torch", reason="torch is not installed in this envi
 
 
 class Masked(torch.nn.Module):
-    def forward(self, features, mask):  # noqa: ANN001, ANN201 - traced: torch reads the names, not the types
+    def forward(self, features, mask):  # noqa: ANN201 - traced: torch reads the names, not the types
         return features * mask
 
 
-def test_a_traced_modules_examples_are_named_as_forwards_parameters(tmp_path: Path, capsys) -> None:  # noqa: ANN001
+@pytest.mark.slow
+def test_a_traced_modules_examples_are_named_as_forwards_parameters(tmp_path: Path, capsys) -> None:
     model = tmp_path / "masked.pt"
     torch.jit.trace(Masked(), (torch.ones(2, 3), torch.ones(2, 3))).save(str(model))
     np.save(tmp_path / "f.npy", np.ones((2, 3), np.float32))

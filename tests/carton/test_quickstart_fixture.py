@@ -24,7 +24,7 @@ def test_the_committed_carton_is_what_the_script_writes(tmp_path: Path) -> None:
     assert (tmp_path / "quickstart.carton").read_bytes() == (FIXTURES / "quickstart.carton").read_bytes()
 
 
-def test_its_self_test_passes(short_tmp: Path, capsys) -> None:  # noqa: ANN001
+def test_its_self_test_passes(short_tmp: Path, capsys) -> None:
     root = short_tmp / "root"
     assert main(["selftest", str(FIXTURES / "quickstart.carton"), "--root", str(root), "--json"]) == 0, \
         capsys.readouterr().err

@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -123,12 +124,12 @@ def load(d: DaemonProcess, name: str, source: Path) -> tuple[int, dict]:
 
 
 def index(d: DaemonProcess) -> dict[str, dict]:
-    status, rows = post(d, "/v2/repository/index", {})
+    _status, rows = post(d, "/v2/repository/index", {})
     return {row["name"]: row for row in rows}
 
 
 @pytest.fixture(scope="module")
-def served():
+def served() -> Iterator[tuple[DaemonProcess, Path]]:
     with short_dir() as base:
         d = DaemonProcess(base / "root", listen=None).start()
         try:
@@ -138,7 +139,7 @@ def served():
         assert wait_for(lambda: not runner_pids(d.root), 10), runner_pids(d.root)
 
 
-def test_a_model_that_passes_loads_and_selftest_reports_each_test(served) -> None:  # noqa: ANN001
+def test_a_model_that_passes_loads_and_selftest_reports_each_test(served) -> None:
     d, base = served
     status, answer = load(d, "good", doubler_carton(base / "good", tests=2))
     assert status == 200, answer
@@ -159,7 +160,7 @@ def test_a_model_that_passes_loads_and_selftest_reports_each_test(served) -> Non
     assert status == 404 and "Request for unknown model: 'nope' is not found" in answer["error"]
 
 
-def test_a_model_that_fails_never_becomes_ready(served) -> None:  # noqa: ANN001
+def test_a_model_that_fails_never_becomes_ready(served) -> None:
     d, base = served
     wrong = X * 2
     wrong[1, 2] += 0.5
@@ -178,7 +179,7 @@ def test_a_model_that_fails_never_becomes_ready(served) -> None:  # noqa: ANN001
     assert status == 400 and "not ready" in answer["error"]
 
 
-def test_a_reload_to_a_failing_version_keeps_the_old_one_serving(served) -> None:  # noqa: ANN001
+def test_a_reload_to_a_failing_version_keeps_the_old_one_serving(served) -> None:
     d, base = served
     assert load(d, "switch", doubler_carton(base / "v1"))[0] == 200
     old = index(d)["switch"]["version"]
@@ -190,7 +191,7 @@ def test_a_reload_to_a_failing_version_keeps_the_old_one_serving(served) -> None
     assert post(d, "/v2/models/switch/selftest", {})[1]["passed"] is True
 
 
-def test_a_carton_without_self_tests_says_so(served) -> None:  # noqa: ANN001
+def test_a_carton_without_self_tests_says_so(served) -> None:
     d, base = served
     assert load(d, "none", doubler_carton(base / "none", tests=0))[0] == 200
     status, report = post(d, "/v2/models/none/selftest", {})

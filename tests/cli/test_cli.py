@@ -25,7 +25,7 @@ def test_every_command_is_documented_with_an_example() -> None:
         assert f"cartonstore {name}" in sp.epilog, name
 
 
-def test_add_and_path_print_the_thing_last(tmp_path: Path, capsys) -> None:  # noqa: ANN001
+def test_add_and_path_print_the_thing_last(tmp_path: Path, capsys) -> None:
     root = str(tmp_path / "root")
     code, out, _ = run(capsys, "add", str(FIXTURE_CARTON), "--root", root)
     assert code == 0 and out.splitlines()[-1] == FIXTURE_DIGEST
@@ -33,7 +33,7 @@ def test_add_and_path_print_the_thing_last(tmp_path: Path, capsys) -> None:  # n
     assert code == 0 and out.splitlines()[-1] == str(Path(root) / "models" / FIXTURE_DIGEST)
 
 
-def test_json_output_names(tmp_path: Path, capsys) -> None:  # noqa: ANN001
+def test_json_output_names(tmp_path: Path, capsys) -> None:
     root = str(tmp_path / "root")
     code, out, _ = run(capsys, "add", str(FIXTURE_CARTON), "--root", root, "--json", "--name", "demo")
     assert json.loads(out)["manifest_sha256"] == FIXTURE_DIGEST
@@ -56,7 +56,7 @@ def test_json_output_names(tmp_path: Path, capsys) -> None:  # noqa: ANN001
     assert json.loads(out) == []
 
 
-def test_inspect_text_lists_tensors_and_ends_with_the_hash(tmp_path: Path, capsys) -> None:  # noqa: ANN001
+def test_inspect_text_lists_tensors_and_ends_with_the_hash(tmp_path: Path, capsys) -> None:
     code, out, _ = run(capsys, "inspect", str(FIXTURE_CARTON), "--root", str(tmp_path / "r"))
     assert code == 0
     assert "runner:    python" in out
@@ -71,14 +71,14 @@ def test_inspect_text_lists_tensors_and_ends_with_the_hash(tmp_path: Path, capsy
     (["export", "nothing", "-o", "/tmp/never.carton"], 3, "no carton matches"),
     (["add", "--name", " padded", str(FIXTURE_CARTON)], 4, "invalid name"),
 ])
-def test_errors_go_to_stderr_with_a_category_exit(tmp_path: Path, capsys, argv, code, pattern) -> None:  # noqa: ANN001
+def test_errors_go_to_stderr_with_a_category_exit(tmp_path: Path, capsys, argv, code, pattern) -> None:
     got, out, err = run(capsys, *argv, "--root", str(tmp_path / "root"))
     assert got == code
     assert out == ""
     assert pattern in err and err.startswith(f"cartonstore {argv[0]}: error:")
 
 
-def test_verify_fails_with_exit_5_on_corruption(tmp_path: Path, capsys) -> None:  # noqa: ANN001
+def test_verify_fails_with_exit_5_on_corruption(tmp_path: Path, capsys) -> None:
     root = tmp_path / "root"
     run(capsys, "add", str(FIXTURE_CARTON), "--root", str(root))
     blob = next(p for p in (root / "blobs").rglob("*") if p.is_file())
@@ -94,15 +94,15 @@ def test_root_from_environment_and_console_script(tmp_path: Path) -> None:
     env = {**os.environ, "CARTONSTORE_ROOT": str(tmp_path / "envroot")}
     exe = Path(sys.executable).with_name("cartonstore")
     cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "cartonstore.cli"]
-    p = subprocess.run(cmd + ["add", str(FIXTURE_CARTON)], env=env, capture_output=True, text=True, timeout=60)
+    p = subprocess.run([*cmd, "add", str(FIXTURE_CARTON)], env=env, capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stderr
     assert p.stdout.splitlines()[-1] == FIXTURE_DIGEST
     assert (tmp_path / "envroot" / "index.db").exists()
-    p = subprocess.run(cmd + ["path", "nope"], env=env, capture_output=True, text=True, timeout=60)
+    p = subprocess.run([*cmd, "path", "nope"], env=env, capture_output=True, text=True, timeout=60)
     assert p.returncode == 3 and "no carton matches" in p.stderr
 
 
-def test_settings_file_environment_and_flags(tmp_path: Path, capsys) -> None:  # noqa: ANN001
+def test_settings_file_environment_and_flags(tmp_path: Path, capsys) -> None:
     cfg = tmp_path / "cs.toml"
     cfg.write_text('[server]\nlisten = "127.0.0.1:7000"\n[fetch]\nretries = 2\n')
     code, out, err = run(capsys, "serve", "--config", str(cfg), "--root", str(tmp_path / "r"), "--print-config")
@@ -119,7 +119,7 @@ def test_settings_file_environment_and_flags(tmp_path: Path, capsys) -> None:  #
     assert code == 4 and "server.listen" in err
 
 
-def test_ls_and_inspect_show_the_size_of_files_that_came_through_links(tmp_path: Path, capsys, origin) -> None:  # noqa: ANN001
+def test_ls_and_inspect_show_the_size_of_files_that_came_through_links(tmp_path: Path, capsys, origin) -> None:
     """A LINKS file has no size until it is fetched: the carton is listed as
     '?' (null) while lazy, then with its whole size once complete."""
     from conftest import MINIMAL_TOML
@@ -160,7 +160,7 @@ def test_ls_and_inspect_show_the_size_of_files_that_came_through_links(tmp_path:
     assert {f["path"]: f["size"] for f in info["files"]}["model/w.bin"] == len(payload)
 
 
-def test_a_carton_added_complete_through_links_has_its_size_at_once(tmp_path: Path, capsys, origin) -> None:  # noqa: ANN001
+def test_a_carton_added_complete_through_links_has_its_size_at_once(tmp_path: Path, capsys, origin) -> None:
     from conftest import MINIMAL_TOML
     from kit.fetchkit import linked_carton
 
@@ -171,7 +171,7 @@ def test_a_carton_added_complete_through_links_has_its_size_at_once(tmp_path: Pa
     assert json.loads(out)[0]["size"] == 120_000 + len(MINIMAL_TOML)
 
 
-def test_sizes_already_fetched_are_learned_by_an_older_store(tmp_path: Path, capsys, origin) -> None:  # noqa: ANN001
+def test_sizes_already_fetched_are_learned_by_an_older_store(tmp_path: Path, capsys, origin) -> None:
     """A store written before sizes were learned (entries and total NULL
     although the blobs are there) learns them once, when it is opened."""
     import sqlite3

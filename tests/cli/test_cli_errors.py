@@ -54,7 +54,7 @@ def tampered(tmp_path: Path, which: str) -> Path:
 
 @pytest.mark.parametrize("which", ["model/w.bin", "carton.toml"])
 def test_a_file_that_does_not_match_its_manifest_line_exits_5(which: str, root: Path, tmp_path: Path,
-                                                               capsys) -> None:  # noqa: ANN001
+                                                               capsys) -> None:
     bad = tampered(tmp_path, which)
     before = snapshot(root)
     code, out, err = run(capsys, "add", str(bad), "--root", str(root), "--progress", "none")
@@ -64,7 +64,7 @@ def test_a_file_that_does_not_match_its_manifest_line_exits_5(which: str, root: 
 
 
 def test_a_remote_file_that_does_not_match_its_manifest_line_exits_5(root: Path, tmp_path: Path, origin,
-                                                                      fast: Path, capsys) -> None:  # noqa: ANN001
+                                                                      fast: Path, capsys) -> None:
     origin.put("/tampered.carton", tampered(tmp_path, "model/w.bin").read_bytes())
     before = snapshot(root)
     code, _, err = run(capsys, "add", origin.url("/tampered.carton"), "--root", str(root), "--config", str(fast),
@@ -77,7 +77,7 @@ def test_a_remote_file_that_does_not_match_its_manifest_line_exits_5(root: Path,
 # -- fetching: 404 is not found, a refused connection says so plainly ----------
 
 
-def test_a_carton_url_that_answers_404_exits_3(root: Path, origin, fast: Path, capsys) -> None:  # noqa: ANN001
+def test_a_carton_url_that_answers_404_exits_3(root: Path, origin, fast: Path, capsys) -> None:
     before = snapshot(root)
     code, out, err = run(capsys, "add", origin.url("/gone.carton"), "--root", str(root), "--config", str(fast),
                          "--progress", "none")
@@ -87,7 +87,7 @@ def test_a_carton_url_that_answers_404_exits_3(root: Path, origin, fast: Path, c
     assert out == "" and snapshot(root) == before
 
 
-def test_a_refused_connection_exits_6_in_plain_words(root: Path, fast: Path, capsys) -> None:  # noqa: ANN001
+def test_a_refused_connection_exits_6_in_plain_words(root: Path, fast: Path, capsys) -> None:
     with socket.socket() as s:  # a port nobody listens on: bound, then closed
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -100,8 +100,8 @@ def test_a_refused_connection_exits_6_in_plain_words(root: Path, fast: Path, cap
     assert snapshot(root) == before
 
 
-def test_tls_to_a_plain_http_server_says_the_handshake_failed(root: Path, fast: Path, origin,  # noqa: ANN001
-                                                               capsys) -> None:  # noqa: ANN001
+def test_tls_to_a_plain_http_server_says_the_handshake_failed(root: Path, fast: Path, origin,
+                                                               capsys) -> None:
     origin.put("/m.carton", FIXTURE_CARTON.read_bytes())
     url = origin.url("/m.carton").replace("http://", "https://", 1)
     before = snapshot(root)
@@ -114,7 +114,7 @@ def test_tls_to_a_plain_http_server_says_the_handshake_failed(root: Path, fast: 
 # -- rm says who holds a carton -------------------------------------------------
 
 
-def test_rm_of_a_leased_carton_names_the_leases_and_their_expiry(root: Path, capsys) -> None:  # noqa: ANN001
+def test_rm_of_a_leased_carton_names_the_leases_and_their_expiry(root: Path, capsys) -> None:
     with Store(root) as s:
         lease = s.index.create_lease(FIXTURE_DIGEST, 600, holder="loader-7")
     before = snapshot(root)
@@ -126,12 +126,11 @@ def test_rm_of_a_leased_carton_names_the_leases_and_their_expiry(root: Path, cap
 
 
 async def _post(sock: Path, path: str) -> tuple[int, str]:
-    async with unix_session(sock) as session:
-        async with session.post(path, data=b"") as r:
-            return r.status, await r.text()
+    async with unix_session(sock) as session, session.post(path, data=b"") as r:
+        return r.status, await r.text()
 
 
-def test_rm_of_a_loaded_model_says_how_to_unload_it(daemon: DaemonProcess, capsys) -> None:  # noqa: ANN001
+def test_rm_of_a_loaded_model_says_how_to_unload_it(daemon: DaemonProcess, capsys) -> None:
     with Store(daemon.root) as s:
         s.add(FIXTURE_CARTON, name="tiny2")
     status, text = asyncio.run(_post(daemon.socket_path, "/v2/repository/models/tiny2/load"))
@@ -179,7 +178,7 @@ def test_argv_is_arranged(argv: list[str], arranged: list[str]) -> None:
     assert arrange_argv(build_parser(), argv) == arranged
 
 
-def test_global_options_before_the_command(root: Path, tmp_path: Path, capsys) -> None:  # noqa: ANN001
+def test_global_options_before_the_command(root: Path, tmp_path: Path, capsys) -> None:
     code, out, err = run(capsys, "--root", str(root), "ls")
     assert code == 0 and "tiny" in out, err
     code, out, _ = run(capsys, "--json", f"--root={root}", "ls")
@@ -193,7 +192,7 @@ def test_global_options_before_the_command(root: Path, tmp_path: Path, capsys) -
     assert code == 0 and json.loads(out)["ran_in"] == "this process"
 
 
-def test_an_option_the_command_does_not_take_is_refused_wherever_it_is(root: Path, capsys) -> None:  # noqa: ANN001
+def test_an_option_the_command_does_not_take_is_refused_wherever_it_is(root: Path, capsys) -> None:
     for argv in (["--progress", "none", "ls", "--root", str(root)], ["ls", "--progress", "none", "--root", str(root)]):
         with pytest.raises(SystemExit) as exit_:
             main(argv)
@@ -211,14 +210,14 @@ def test_an_option_the_command_does_not_take_is_refused_wherever_it_is(root: Pat
     (["path", "f1ca"], 3, "no carton matches 'f1ca' (not a known manifest hash, hash prefix or name; "
                           "a hash prefix needs at least 8 hex digits)"),
 ])
-def test_bad_values_are_named(argv: list[str], code: int, message: str, root: Path, capsys) -> None:  # noqa: ANN001
+def test_bad_values_are_named(argv: list[str], code: int, message: str, root: Path, capsys) -> None:
     before = snapshot(root)
     got, out, err = run(capsys, *argv, "--root", str(root))
     assert got == code and err.startswith(f"cartonstore {argv[0]}: error: {message}") and out == "", err
     assert snapshot(root) == before
 
 
-def test_a_truncated_carton_is_named(root: Path, tmp_path: Path, capsys) -> None:  # noqa: ANN001
+def test_a_truncated_carton_is_named(root: Path, tmp_path: Path, capsys) -> None:
     half = tmp_path / "half.carton"
     half.write_bytes(FIXTURE_CARTON.read_bytes()[: FIXTURE_CARTON.stat().st_size // 2])
     before = snapshot(root)
@@ -233,7 +232,7 @@ def test_a_truncated_carton_is_named(root: Path, tmp_path: Path, capsys) -> None
     (".", "it is a directory"),
 ])
 def test_export_to_a_path_that_cannot_be_written_exits_4(where: str, problem: str, root: Path, tmp_path: Path,
-                                                         capsys) -> None:  # noqa: ANN001
+                                                         capsys) -> None:
     (tmp_path / "afile").write_bytes(b"")
     out_path = tmp_path / where
     code, _, err = run(capsys, "export", "tiny", "-o", str(out_path), "--root", str(root))
@@ -254,9 +253,8 @@ def test_a_second_serve_on_a_live_socket_prints_only_the_conflict(daemon: Daemon
     assert second.stdout == ""
 
     async def live() -> int:
-        async with unix_session(daemon.socket_path) as session:
-            async with session.get("/v2/health/live") as r:
-                return r.status
+        async with unix_session(daemon.socket_path) as session, session.get("/v2/health/live") as r:
+            return r.status
     assert asyncio.run(live()) == 200, "the first daemon still serves"
 
 
@@ -290,7 +288,7 @@ def test_one_commands_parser_reads_argv_as_the_whole_parser_does(argv: list[str]
 
 
 @pytest.mark.parametrize("columns", ["0", "-5", "wide"])
-def test_a_columns_value_that_is_no_width_is_ignored_as_shutil_does(monkeypatch, columns: str) -> None:  # noqa: ANN001
+def test_a_columns_value_that_is_no_width_is_ignored_as_shutil_does(monkeypatch, columns: str) -> None:
     monkeypatch.setenv("COLUMNS", "80")
     expected = subparsers(build_parser(only="path"))["path"].format_help()
     monkeypatch.setenv("COLUMNS", columns)
@@ -316,7 +314,7 @@ def test_one_commands_help_is_the_whole_parsers() -> None:
         assert subparsers(build_parser(only=name))[name].format_help() == sp.format_help(), name
 
 
-def test_a_mistyped_command_is_named_by_the_whole_parser(capsys) -> None:  # noqa: ANN001
+def test_a_mistyped_command_is_named_by_the_whole_parser(capsys) -> None:
     with pytest.raises(SystemExit) as stop:
         main(["pth", "m"])
     err = capsys.readouterr().err

@@ -32,7 +32,7 @@ from cartonstore.store import Store
 
 NOT_WANTED = ("aiohttp", "asyncio", "numpy", "sqlite_utils")
 NOT_WANTED_TO_READ = (*NOT_WANTED, "json", "zstandard", "zlib", "hashlib", "ctypes", "shutil", "cartonstore.zipfmt.reader",
-                      "cartonstore.format.manifest", "cartonstore.store.materialize")
+                      "cartonstore.format.manifest", "cartonstore.store.materialize.tree")
 _LINE = re.compile(r"import time:\s+\d+ \|\s+\d+ \|( *)(\S+)")
 
 
@@ -87,7 +87,7 @@ def test_path_of_a_built_model_imports_no_fetcher_and_no_numpy(built: Path, tmp_
     p, imports = run_cli("path", "demo", "--root", str(built), cwd=tmp_path)
     assert p.returncode == 0, p.stderr
     assert p.stdout == f"{built / 'models' / FIXTURE_DIGEST}\n"
-    assert {"cartonstore.store.index", "cartonstore.store.store"} <= {n for _, n in imports}
+    assert {"cartonstore.store.metadata.index", "cartonstore.store.store"} <= {n for _, n in imports}
     assert_lean(imports, NOT_WANTED_TO_READ)
 
 

@@ -33,12 +33,12 @@ def daemon() -> Iterator[DaemonProcess]:
             yield d
 
 
-def cli(d: DaemonProcess, capsys, *argv: str) -> tuple[int, str, str]:  # noqa: ANN001
+def cli(d: DaemonProcess, capsys, *argv: str) -> tuple[int, str, str]:
     """argv on the daemon's store, whose socket is the store's default one."""
     return run(capsys, *argv, "--root", str(d.root))
 
 
-def test_without_a_daemon_load_and_unload_exit_6_naming_the_socket(tmp_path: Path, capsys) -> None:  # noqa: ANN001
+def test_without_a_daemon_load_and_unload_exit_6_naming_the_socket(tmp_path: Path, capsys) -> None:
     for argv in (["load", "tiny"], ["unload", "tiny"]):
         code, out, err = run(capsys, *argv, "--root", str(tmp_path), "--socket", str(tmp_path / "none.sock"))
         assert (code, out) == (6, ""), err
@@ -59,7 +59,7 @@ def test_without_a_daemon_load_and_unload_exit_6_naming_the_socket(tmp_path: Pat
      "cartonstore load: error: failed to load 'tiny': config: 'max_batch_size' must be an integer in [0, 1048576], "
      "not -3"),
 ])
-def test_each_mistake_gets_its_line_and_status(daemon: DaemonProcess, capsys, argv: list[str], code: int,  # noqa: ANN001
+def test_each_mistake_gets_its_line_and_status(daemon: DaemonProcess, capsys, argv: list[str], code: int,
                                                line: str) -> None:
     got, out, err = cli(daemon, capsys, *argv)
     assert (got, out) == (code, ""), err
@@ -67,7 +67,7 @@ def test_each_mistake_gets_its_line_and_status(daemon: DaemonProcess, capsys, ar
     assert call(daemon, "GET", f"/v2/models/{argv[1]}/ready")[0] == 400   # nothing loaded by a mistake
 
 
-def test_load_then_unload(daemon: DaemonProcess, capsys) -> None:  # noqa: ANN001
+def test_load_then_unload(daemon: DaemonProcess, capsys) -> None:
     code, out, err = cli(daemon, capsys, "load", "tiny")
     assert code == 0, err
     assert out.splitlines() == [f"loaded tiny: version {FIXTURE_DIGEST[:12]} is ready", FIXTURE_DIGEST]
@@ -94,7 +94,7 @@ def test_load_then_unload(daemon: DaemonProcess, capsys) -> None:  # noqa: ANN00
     assert call(daemon, "GET", "/v2/models/tiny/ready")[0] == 400
 
 
-def test_load_wait_waits_for_a_daemon_that_is_starting(capsys) -> None:  # noqa: ANN001
+def test_load_wait_waits_for_a_daemon_that_is_starting(capsys) -> None:
     with short_dir() as base:
         with Store(base / "root") as s:
             s.add(QUICK, name="quick")

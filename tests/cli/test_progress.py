@@ -13,7 +13,7 @@ from kit.together import all_at_once
 from cartonstore.cli import progress as progress_mod
 from cartonstore.cli.progress import Progress
 from cartonstore.errors import FetchError
-from cartonstore.fetch.stats import Tally, TransferStats, retry_reason
+from cartonstore.fetch.transfer.stats import Tally, TransferStats, retry_reason
 
 
 class FakeTTY(io.StringIO):
@@ -80,7 +80,7 @@ def test_none_prints_nothing() -> None:
     assert out.getvalue() == ""
 
 
-def test_updates_are_throttled_however_often_bytes_arrive(monkeypatch) -> None:  # noqa: ANN001
+def test_updates_are_throttled_however_often_bytes_arrive(monkeypatch) -> None:
     monkeypatch.setattr(progress_mod, "JSON_INTERVAL", 0.1)
     out = io.StringIO()
     p = Progress("json", out)
@@ -142,7 +142,7 @@ def test_retry_reasons_are_the_systems_words() -> None:
     def chained(cause: BaseException, message: str) -> FetchError:
         try:
             raise cause
-        except BaseException as e:  # noqa: BLE001
+        except BaseException as e:  # noqa: BLE001 - whatever is raised is the cause under test
             try:
                 raise FetchError(message, subject="http://h:1/x") from e
             except FetchError as f:

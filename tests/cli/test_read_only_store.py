@@ -21,7 +21,7 @@ import pytest
 from conftest import FIXTURE_CARTON, FIXTURE_DIGEST, FIXTURES, short_dir, snapshot
 from kit.daemonkit import DaemonProcess, call
 
-from cartonstore.server.runners.sandbox import unreachable
+from cartonstore.server.runner_processes.sandbox import unreachable
 from cartonstore.store import Store
 
 NOBODY = 65534
@@ -34,7 +34,7 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root: a root st
 def share_with_group(root: Path) -> None:
     """As systemd's UMask=0027 with Group= leaves a store: directories 0750,
     files 0640 (blobs 0444), all in the store's group."""
-    for dirpath, dirnames, filenames in os.walk(root):
+    for dirpath, _dirnames, filenames in os.walk(root):
         os.chown(dirpath, 0, STORE_GID)
         os.chmod(dirpath, 0o750)
         for name in filenames:

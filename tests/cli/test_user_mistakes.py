@@ -52,7 +52,7 @@ def test_adding_a_file_this_user_may_not_read_names_its_owner_and_mode(short_tmp
 
 
 @pytest.mark.parametrize("suffix", [".onnx", ".pt"])
-def test_adding_a_model_file_says_to_pack_it_first(root: Path, tmp_path: Path, capsys, suffix: str) -> None:  # noqa: ANN001
+def test_adding_a_model_file_says_to_pack_it_first(root: Path, tmp_path: Path, capsys, suffix: str) -> None:
     if suffix == ".onnx":
         model = onnx_model_dir(tmp_path / "src", ids=False) / "model" / "model.onnx"
     else:   # a TorchScript file is a zip, though not a carton's
@@ -80,7 +80,7 @@ def test_adding_a_model_file_says_to_pack_it_first(root: Path, tmp_path: Path, c
      "cartonstore inspect: error: https://example.invalid/m.carton is a URL, not a carton in the store: add it "
      "first (cartonstore add https://example.invalid/m.carton), then name it by its name or hash"),
 ])
-def test_what_is_not_there_is_named_as_what_it_looks_like(root: Path, tmp_path: Path, monkeypatch, capsys,  # noqa: ANN001
+def test_what_is_not_there_is_named_as_what_it_looks_like(root: Path, tmp_path: Path, monkeypatch, capsys,
                                                           argv: list[str], line: str) -> None:
     monkeypatch.chdir(tmp_path)
     before = snapshot(root)
@@ -89,7 +89,7 @@ def test_what_is_not_there_is_named_as_what_it_looks_like(root: Path, tmp_path: 
     assert snapshot(root) == before and not (tmp_path / "out.carton").exists()
 
 
-def test_inspecting_a_carton_file_reads_it_where_it_is(tmp_path: Path, capsys) -> None:  # noqa: ANN001
+def test_inspecting_a_carton_file_reads_it_where_it_is(tmp_path: Path, capsys) -> None:
     import json
 
     root = tmp_path / "root"

@@ -16,7 +16,9 @@ import logging
 import socket
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any, NoReturn
 
 import pytest
 from aiohttp import web
@@ -149,7 +151,7 @@ class FakeDaemon:
 
 
 @pytest.fixture
-def daemon(short_tmp: Path):
+def daemon(short_tmp: Path) -> Iterator[FakeDaemon]:
     with FakeDaemon(short_tmp) as d:
         yield d
 
@@ -168,11 +170,11 @@ def digest_of(model: str) -> str:
     return hashlib.sha256(model.encode()).hexdigest()
 
 
-def run(coro):
+def run(coro) -> Any:
     return asyncio.run(coro)
 
 
-async def with_async(daemon: FakeDaemon, fn, **kw):
+async def with_async(daemon: FakeDaemon, fn, **kw) -> Any:
     async with cs.AsyncClient(daemon.socket_path, **kw) as c:
         return await fn(c)
 
@@ -184,7 +186,7 @@ def lease_threads() -> list[threading.Thread]:
 # ---- acquire / renew / release -------------------------------------------------------
 
 
-def test_sync_acquire_renew_release(daemon: FakeDaemon):
+def test_sync_acquire_renew_release(daemon: FakeDaemon) -> None:
     c = cs.Client(daemon.socket_path)
     lease = c.acquire("resnet", ttl=30, holder="worker-1")
     assert lease == cs.Lease(lease.id, daemon.root / "models" / digest_of("resnet"), digest_of("resnet"),
@@ -199,8 +201,8 @@ def test_sync_acquire_renew_release(daemon: FakeDaemon):
         c.release(lease.id)
 
 
-def test_async_acquire_renew_release(daemon: FakeDaemon):
-    async def go(c: cs.AsyncClient):
+def test_async_acquire_renew_release(daemon: FakeDaemon) -> None:
+    async def go(c: cs.AsyncClient) -> tuple[cs.Lease, cs.Lease]:
         lease = await c.acquire("resnet")
         renewed = await c.renew(lease.id, 100)
         await c.release(lease.id)
@@ -213,7 +215,7 @@ def test_async_acquire_renew_release(daemon: FakeDaemon):
     assert daemon.live() == set()
 
 
-def test_ready(daemon: FakeDaemon, stale_socket: Path):
+def test_ready(daemon: FakeDaemon, stale_socket: Path) -> None:
     assert cs.Client(daemon.socket_path).ready() is True
     assert run(with_async(daemon, lambda c: c.ready())) is True
     daemon.is_ready = False
@@ -221,7 +223,7 @@ def test_ready(daemon: FakeDaemon, stale_socket: Path):
     assert run(with_async(daemon, lambda c: c.ready())) is False
     assert cs.Client(stale_socket).ready() is False
 
-    async def stale():
+    async def stale() -> bool:
         async with cs.AsyncClient(stale_socket) as c:
             return await c.ready()
 
@@ -229,7 +231,7 @@ def test_ready(daemon: FakeDaemon, stale_socket: Path):
 
 
 @pytest.mark.parametrize("ttl", [0, -1, True])
-def test_bad_ttl_is_refused_before_asking(daemon: FakeDaemon, ttl):
+def test_bad_ttl_is_refused_before_asking(daemon: FakeDaemon, ttl) -> None:
     with pytest.raises(InvalidInput, match="ttl"):
         cs.Client(daemon.socket_path).acquire("m", ttl=ttl)
     assert daemon.calls == []
@@ -241,7 +243,7 @@ ERRORS = [(400, InvalidInput), (404, NotFound), (409, Conflict), (503, Unavailab
 
 
 @pytest.mark.parametrize(("status", "cls"), ERRORS)
-def test_sync_error_mapping(daemon: FakeDaemon, status: int, cls: type):
+def test_sync_error_mapping(daemon: FakeDaemon, status: int, cls: type) -> None:
     with pytest.raises(cls) as info:
         cs.Client(daemon.socket_path).acquire(f"fail-{status}")
     assert type(info.value) is cls
@@ -250,8 +252,8 @@ def test_sync_error_mapping(daemon: FakeDaemon, status: int, cls: type):
 
 
 @pytest.mark.parametrize(("status", "cls"), ERRORS)
-def test_async_error_mapping(daemon: FakeDaemon, status: int, cls: type):
-    async def go(c):
+def test_async_error_mapping(daemon: FakeDaemon, status: int, cls: type) -> None:
+    async def go(c) -> BaseException:
         with pytest.raises(cls) as info:
             await c.acquire(f"fail-{status}")
         return info.value
@@ -260,12 +262,12 @@ def test_async_error_mapping(daemon: FakeDaemon, status: int, cls: type):
     assert type(e) is cls and str(e) == f"fail-{status} failed as asked"
 
 
-def test_non_json_error_body(daemon: FakeDaemon):
+def test_non_json_error_body(daemon: FakeDaemon) -> None:
     with pytest.raises(CartonStoreError, match="HTTP 502.*bad gateway"):
         cs.Client(daemon.socket_path).acquire("fail-502")
 
 
-def test_lease_errors_name_the_lease(daemon: FakeDaemon):
+def test_lease_errors_name_the_lease(daemon: FakeDaemon) -> None:
     # "/" in an id is quoted, so it reaches the renew route whole
     with pytest.raises(NotFound) as info:
         cs.Client(daemon.socket_path).renew("no/such", 5)
@@ -276,7 +278,7 @@ def test_lease_errors_name_the_lease(daemon: FakeDaemon):
 # ---- no daemon -------------------------------------------------------------------------
 
 
-def test_sync_daemon_not_running(short_tmp: Path, stale_socket: Path):
+def test_sync_daemon_not_running(short_tmp: Path, stale_socket: Path) -> None:
     for path in (short_tmp / "missing.sock", stale_socket):
         with pytest.raises(cs.DaemonUnavailable) as info:
             cs.Client(path).acquire("m")
@@ -284,8 +286,8 @@ def test_sync_daemon_not_running(short_tmp: Path, stale_socket: Path):
         assert isinstance(info.value, Unavailable) and info.value.subject == str(path)
 
 
-def test_async_daemon_not_running(short_tmp: Path, stale_socket: Path):
-    async def go(path):
+def test_async_daemon_not_running(short_tmp: Path, stale_socket: Path) -> None:
+    async def go(path) -> str:
         async with cs.AsyncClient(path) as c:
             with pytest.raises(cs.DaemonUnavailable) as info:
                 await c.acquire("m")
@@ -295,7 +297,7 @@ def test_async_daemon_not_running(short_tmp: Path, stale_socket: Path):
         assert run(go(path)) == f"no cartonstore daemon at {path}: is `cartonstore serve` running?"
 
 
-def test_tcp_nobody_listening():
+def test_tcp_nobody_listening() -> None:
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
     url = f"http://127.0.0.1:{s.getsockname()[1]}"
@@ -303,7 +305,7 @@ def test_tcp_nobody_listening():
     with pytest.raises(cs.DaemonUnavailable, match="no cartonstore daemon at http://127.0.0.1"):
         cs.Client(base_url=url).acquire("m")
 
-    async def go():
+    async def go() -> None:
         async with cs.AsyncClient(base_url=url) as c:
             await c.acquire("m")
 
@@ -314,12 +316,12 @@ def test_tcp_nobody_listening():
 # ---- addresses --------------------------------------------------------------------------
 
 
-def test_base_url_tcp(daemon: FakeDaemon):
+def test_base_url_tcp(daemon: FakeDaemon) -> None:
     url = f"http://127.0.0.1:{daemon.port}/"
     lease = cs.Client(base_url=url).acquire("over-tcp")
     assert lease.manifest_sha256 == digest_of("over-tcp")
 
-    async def go():
+    async def go() -> None:
         async with cs.AsyncClient(base_url=url) as c:
             await c.release(lease.id)
 
@@ -327,13 +329,13 @@ def test_base_url_tcp(daemon: FakeDaemon):
     assert daemon.live() == set()
 
 
-def test_socket_from_env(daemon: FakeDaemon, monkeypatch: pytest.MonkeyPatch):
+def test_socket_from_env(daemon: FakeDaemon, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CARTONSTORE_SOCKET", str(daemon.socket_path))
     assert cs.default_socket_path() == daemon.socket_path
     assert cs.Client().where == str(daemon.socket_path)
     lease = cs.Client().acquire("from-env")
 
-    async def go():
+    async def go() -> None:
         async with cs.AsyncClient() as c:
             await c.release(lease.id)
 
@@ -341,7 +343,7 @@ def test_socket_from_env(daemon: FakeDaemon, monkeypatch: pytest.MonkeyPatch):
     assert daemon.live() == set()
 
 
-def test_socket_defaults_to_store_root(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
+def test_socket_defaults_to_store_root(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.delenv("CARTONSTORE_SOCKET", raising=False)
     monkeypatch.setenv("CARTONSTORE_ROOT", str(tmp_path))
     assert cs.Client().where == str(tmp_path / "cartonstore.sock")
@@ -350,7 +352,7 @@ def test_socket_defaults_to_store_root(monkeypatch: pytest.MonkeyPatch, tmp_path
 
 @pytest.mark.parametrize("kw", [{"socket_path": "/x.sock", "base_url": "http://h:1"},
                                 {"base_url": "https://h:1"}, {"base_url": "unix:///x"}])
-def test_bad_addresses(kw):
+def test_bad_addresses(kw) -> None:
     with pytest.raises(ValueError):
         cs.Client(**kw)
 
@@ -358,7 +360,7 @@ def test_bad_addresses(kw):
 # ---- keeping a lease ----------------------------------------------------------------------
 
 
-def test_sync_lease_renews_and_releases(daemon: FakeDaemon):
+def test_sync_lease_renews_and_releases(daemon: FakeDaemon) -> None:
     with cs.model_path("resnet", ttl=TTL, socket_path=daemon.socket_path, holder="h") as d:
         assert d == daemon.root / "models" / digest_of("resnet")
         (lease_id,) = daemon.live()
@@ -369,14 +371,14 @@ def test_sync_lease_renews_and_releases(daemon: FakeDaemon):
     assert lease_threads() == []
 
 
-def test_sync_lease_releases_on_exception(daemon: FakeDaemon):
+def test_sync_lease_releases_on_exception(daemon: FakeDaemon) -> NoReturn:
     with pytest.raises(RuntimeError, match="loader failed"), cs.Client(daemon.socket_path).lease("m", ttl=TTL):
         assert len(daemon.live()) == 1
         raise RuntimeError("loader failed")
     assert daemon.live() == set() and lease_threads() == []
 
 
-def test_sync_lease_survives_failures_and_loss(daemon: FakeDaemon, caplog: pytest.LogCaptureFixture):
+def test_sync_lease_survives_failures_and_loss(daemon: FakeDaemon, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger="cartonstore.client")
     with cs.Client(daemon.socket_path).lease("bert", ttl=TTL) as d:
         (first,) = daemon.live()
@@ -394,7 +396,7 @@ def test_sync_lease_survives_failures_and_loss(daemon: FakeDaemon, caplog: pytes
     assert f"lease {first} on {digest_of('bert')} is gone" in text and "re-acquired" in text
 
 
-def test_sync_lease_exit_without_daemon_does_not_raise(short_tmp: Path, caplog):
+def test_sync_lease_exit_without_daemon_does_not_raise(short_tmp: Path, caplog) -> None:
     d = FakeDaemon(short_tmp).__enter__()
     try:
         cm = cs.Client(d.socket_path).lease("m", ttl=TTL)
@@ -405,8 +407,8 @@ def test_sync_lease_exit_without_daemon_does_not_raise(short_tmp: Path, caplog):
     assert "could not release" in caplog.text and lease_threads() == []
 
 
-def test_async_lease_renews_and_releases(daemon: FakeDaemon):
-    async def go():
+def test_async_lease_renews_and_releases(daemon: FakeDaemon) -> None:
+    async def go() -> set[asyncio.Task[Any]]:
         async with cs.AsyncClient(daemon.socket_path) as c:
             async with c.lease("resnet", ttl=TTL) as d:
                 assert d == daemon.root / "models" / digest_of("resnet")
@@ -418,8 +420,8 @@ def test_async_lease_renews_and_releases(daemon: FakeDaemon):
     assert daemon.live() == set() and daemon.count("DELETE") == 1
 
 
-def test_async_lease_releases_on_exception(daemon: FakeDaemon):
-    async def go():
+def test_async_lease_releases_on_exception(daemon: FakeDaemon) -> None:
+    async def go() -> set[asyncio.Task[Any]]:
         async with cs.AsyncClient(daemon.socket_path) as c:
             with pytest.raises(KeyError):
                 async with c.lease("m", ttl=TTL):
@@ -430,15 +432,15 @@ def test_async_lease_releases_on_exception(daemon: FakeDaemon):
     assert daemon.live() == set()
 
 
-def test_async_lease_releases_on_cancellation(daemon: FakeDaemon):
+def test_async_lease_releases_on_cancellation(daemon: FakeDaemon) -> None:
     entered = []
 
-    async def body(c):
+    async def body(c) -> None:
         async with c.lease("m", ttl=TTL):
             entered.append(True)
             await asyncio.sleep(30)
 
-    async def go():
+    async def go() -> Any:
         async with cs.AsyncClient(daemon.socket_path) as c:
             task = asyncio.create_task(body(c))
             assert await wait_for_async(lambda: entered and daemon.count("POST", "/renew") >= 1)
@@ -453,8 +455,8 @@ def test_async_lease_releases_on_cancellation(daemon: FakeDaemon):
     assert daemon.live() == set() and daemon.count("DELETE") == 1
 
 
-def test_async_lease_reacquires_lost_lease(daemon: FakeDaemon):
-    async def go():
+def test_async_lease_reacquires_lost_lease(daemon: FakeDaemon) -> None:
+    async def go() -> Any:
         async with cs.AsyncClient(daemon.socket_path) as c:
             async with c.lease("bert", ttl=TTL):
                 (first,) = daemon.live()

@@ -34,9 +34,9 @@ from cartonstore.config.load import (
     size_text as format_size,
 )
 from cartonstore.errors import InvalidInput
-from cartonstore.fetch.config import FetchConfig
-from cartonstore.fetch.encoding import DEFAULT_ACCEPT_ENCODING
-from cartonstore.fetch.policy import UrlPolicy
+from cartonstore.fetch.http.config import FetchConfig
+from cartonstore.fetch.http.content_encoding import DEFAULT_ACCEPT_ENCODING
+from cartonstore.fetch.http.policy import UrlPolicy
 from cartonstore.format.units import parse_duration
 from cartonstore.zipfmt import ZipLimits
 
@@ -216,9 +216,9 @@ def test_process_environment_is_the_default_env(monkeypatch: pytest.MonkeyPatch)
 def test_settings_are_frozen() -> None:
     config = load_config(env={})
     with pytest.raises(dataclasses.FrozenInstanceError):
-        config.server.listen = "127.0.0.1:1"  # type: ignore[misc]
+        config.server.listen = "127.0.0.1:1"  # type: ignore[misc]  # a frozen field, written on purpose
     with pytest.raises(dataclasses.FrozenInstanceError):
-        config.gc = None  # type: ignore[misc]
+        config.gc = None  # type: ignore[misc]  # a frozen field, written on purpose
 
 
 # -- values from a file -------------------------------------------------------------------
@@ -481,7 +481,7 @@ PRECEDENCE_KEYS = [
 
 @pytest.mark.parametrize("layers", list(itertools.product([False, True], repeat=3)),
                          ids=lambda layers: "+".join(name for name, on in
-                                                     zip(("file", "env", "cli"), layers) if on) or "none")
+                                                     zip(("file", "env", "cli"), layers, strict=True) if on) or "none")
 @pytest.mark.parametrize("case", PRECEDENCE_KEYS, ids=[case[0] for case in PRECEDENCE_KEYS])
 def test_precedence_overrides_env_file_defaults(tmp_path: Path, case: tuple,
                                                 layers: tuple[bool, bool, bool]) -> None:
@@ -997,7 +997,7 @@ def read_unit(name: str) -> dict[str, list[tuple[str, str]]]:
     """Sections of a unit file as (key, value) lists: keys may repeat."""
     path = UNITS / name
     parser = configparser.ConfigParser(strict=False, interpolation=None)
-    parser.optionxform = str  # type: ignore[assignment, method-assign]
+    parser.optionxform = str  # type: ignore[assignment, method-assign]  # keys kept as written, configparser's own hook
     parser.read_string(path.read_text())  # must parse as INI
     sections: dict[str, list[tuple[str, str]]] = {}
     current: list[tuple[str, str]] | None = None

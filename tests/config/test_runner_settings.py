@@ -7,11 +7,12 @@ from pathlib import Path
 import pytest
 import tomli_w
 
+from cartonstore.config import Config
 from cartonstore.config.load import load_config
 from cartonstore.errors import InvalidInput
 
 
-def config_with(tmp_path: Path, text: str):  # noqa: ANN201
+def config_with(tmp_path: Path, text: str) -> Config:
     path = tmp_path / "cartonstore.toml"
     path.write_text(text)
     return load_config(path, env={})
@@ -63,6 +64,6 @@ def test_prewarm_only_names_builtin_runners_that_run(tmp_path: Path, text: str, 
 
 def test_the_kinds_that_may_be_pre_warmed_are_the_built_in_runners() -> None:
     from cartonstore.config.runners import PREWARM_KINDS
-    from cartonstore.runner.builtin import BUILTIN_RUNNERS
+    from cartonstore.runner.builtin_runners import BUILTIN_RUNNERS
 
     assert sorted(PREWARM_KINDS) == sorted(BUILTIN_RUNNERS)

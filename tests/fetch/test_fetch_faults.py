@@ -17,24 +17,24 @@ from kit.fetchkit import URLS_ONLY, blob_files, fast_config, linked_carton, mate
 from kit.origin import Fault
 
 from cartonstore.errors import CartonStoreError, FetchError
-from cartonstore.fetch.policy import UrlPolicy
+from cartonstore.fetch.http.policy import UrlPolicy
 from cartonstore.store import Store
 
 PAYLOAD = os.urandom(700_000)
 
 
 @pytest.fixture(autouse=True, params=["aiohttp", "socket"])
-def body_path(request, monkeypatch) -> str:  # noqa: ANN001
+def body_path(request, monkeypatch) -> str:
     """Every test twice: bodies received through aiohttp, and read from
     their socket by the stream's thread (socket_body.py; there only for
     bodies of DIRECT_MIN or more, so here for every body with a length)."""
     if request.param == "socket":
-        monkeypatch.setattr("cartonstore.fetch.socket_body.DIRECT_MIN", 1)
+        monkeypatch.setattr("cartonstore.fetch.http.socket_body.DIRECT_MIN", 1)
     return request.param
 
 
 @pytest.fixture
-def served(tmp_path: Path, origin):  # noqa: ANN001, ANN201
+def served(tmp_path: Path, origin) -> tuple[Path, str]:
     carton, shas = linked_carton(tmp_path, origin, {"model/w.bin": PAYLOAD})
     return carton, shas["model/w.bin"]
 
@@ -57,7 +57,7 @@ TRANSIENT = {
 
 
 @pytest.mark.parametrize("case", sorted(TRANSIENT))
-def test_transient_faults_are_survived(case: str, store: Store, origin, served) -> None:  # noqa: ANN001
+def test_transient_faults_are_survived(case: str, store: Store, origin, served) -> None:
     carton, digest = served
     origin.set_fault(f"/blobs/{digest}", TRANSIENT[case])
     r = pull(store, str(carton))
@@ -66,7 +66,7 @@ def test_transient_faults_are_survived(case: str, store: Store, origin, served) 
     assert tmp_files(store) == []
 
 
-def test_reset_resumes_from_the_bytes_already_hashed(store: Store, origin, served) -> None:  # noqa: ANN001
+def test_reset_resumes_from_the_bytes_already_hashed(store: Store, origin, served) -> None:
     carton, digest = served
     origin.set_fault(f"/blobs/{digest}", Fault(reset_at=250_000, times=1))
     pull(store, str(carton))
@@ -80,7 +80,7 @@ def test_reset_resumes_from_the_bytes_already_hashed(store: Store, origin, serve
     assert origin.bytes_sent_for(f"/blobs/{digest}") == len(PAYLOAD) + 250_000 - resumed_at
 
 
-def test_ignored_range_on_resume_starts_over(store: Store, origin, served) -> None:  # noqa: ANN001
+def test_ignored_range_on_resume_starts_over(store: Store, origin, served) -> None:
     carton, digest = served
     origin.set_fault(f"/blobs/{digest}", Fault(reset_at=250_000, times=1, ignore_range=True))
     pull(store, str(carton))
@@ -102,7 +102,7 @@ PERSISTENT = {
 
 
 @pytest.mark.parametrize("case", sorted(PERSISTENT))
-def test_persistent_faults_fail_cleanly_then_recover(case: str, store: Store, origin, served) -> None:  # noqa: ANN001
+def test_persistent_faults_fail_cleanly_then_recover(case: str, store: Store, origin, served) -> None:
     carton, digest = served
     fault, pattern = PERSISTENT[case]
     origin.set_fault(f"/blobs/{digest}", fault)
@@ -117,7 +117,7 @@ def test_persistent_faults_fail_cleanly_then_recover(case: str, store: Store, or
     assert store.blobs.path(digest).read_bytes() == PAYLOAD
 
 
-def test_every_url_is_tried_and_each_failure_listed(store: Store, tmp_path: Path, origin) -> None:  # noqa: ANN001
+def test_every_url_is_tried_and_each_failure_listed(store: Store, tmp_path: Path, origin) -> None:
     from conftest import sha
 
     digest = sha(PAYLOAD)
@@ -134,7 +134,7 @@ def test_every_url_is_tried_and_each_failure_listed(store: Store, tmp_path: Path
     assert digest not in blob_files(store)
 
 
-def test_second_url_serves_when_the_first_lies(store: Store, tmp_path: Path, origin) -> None:  # noqa: ANN001
+def test_second_url_serves_when_the_first_lies(store: Store, tmp_path: Path, origin) -> None:
     from conftest import sha
 
     origin.put("/bad", os.urandom(len(PAYLOAD)))
@@ -145,7 +145,7 @@ def test_second_url_serves_when_the_first_lies(store: Store, tmp_path: Path, ori
     assert store.blobs.has(sha(PAYLOAD))
 
 
-def test_mirror_is_tried_after_links(store: Store, tmp_path: Path, origin) -> None:  # noqa: ANN001
+def test_mirror_is_tried_after_links(store: Store, tmp_path: Path, origin) -> None:
     from conftest import sha
 
     digest = sha(PAYLOAD)
@@ -156,7 +156,7 @@ def test_mirror_is_tried_after_links(store: Store, tmp_path: Path, origin) -> No
     assert origin.count(f"/mirror/{digest}") == 1
 
 
-def test_redirects_are_followed_and_rechecked(store: Store, tmp_path: Path, origin) -> None:  # noqa: ANN001
+def test_redirects_are_followed_and_rechecked(store: Store, tmp_path: Path, origin) -> None:
     carton, digest = linked_carton(tmp_path, origin, {"model/w.bin": PAYLOAD},
                                    urls={"model/w.bin": [origin.url("/hop")]})
     digest = digest["model/w.bin"]
@@ -171,7 +171,7 @@ def test_redirects_are_followed_and_rechecked(store: Store, tmp_path: Path, orig
     assert digest not in blob_files(store)
 
 
-def test_lazy_add_then_path_fetches(store: Store, origin, served) -> None:  # noqa: ANN001
+def test_lazy_add_then_path_fetches(store: Store, origin, served) -> None:
     carton, digest = served
     r = pull(store, str(carton), lazy=True)
     assert not r.complete and origin.count(f"/blobs/{digest}") == 0
@@ -180,7 +180,7 @@ def test_lazy_add_then_path_fetches(store: Store, origin, served) -> None:  # no
     assert origin.count(f"/blobs/{digest}") == 1
 
 
-def test_an_evicted_blob_is_fetched_again_from_the_url_map(store: Store, origin, served) -> None:  # noqa: ANN001
+def test_an_evicted_blob_is_fetched_again_from_the_url_map(store: Store, origin, served) -> None:
     carton, digest = served
     d = pull(store, str(carton)).digest
     os.unlink(store.blobs.path(digest))
@@ -190,7 +190,7 @@ def test_an_evicted_blob_is_fetched_again_from_the_url_map(store: Store, origin,
     assert (model / "model" / "w.bin").read_bytes() == PAYLOAD
 
 
-PARTS = dict(parallel_threshold=100_000, parallel_parts=4)
+PARTS = {"parallel_threshold": 100_000, "parallel_parts": 4}
 
 
 @pytest.mark.parametrize("fault,requests", [
@@ -198,7 +198,7 @@ PARTS = dict(parallel_threshold=100_000, parallel_parts=4)
     (Fault(reset_at=50_000, times=1), 5),           # part 0 resumes with a Range
     (Fault(stall_at=10_000, stall_seconds=5, times=1), 5),  # a stalled part is asked again
 ])
-def test_large_blobs_come_in_parallel_parts(store: Store, origin, served, fault, requests: int) -> None:  # noqa: ANN001
+def test_large_blobs_come_in_parallel_parts(store: Store, origin, served, fault, requests: int) -> None:
     carton, digest = served
     origin.set_fault(f"/blobs/{digest}", fault)
     assert pull(store, str(carton), fast_config(**PARTS)).complete
@@ -208,14 +208,14 @@ def test_large_blobs_come_in_parallel_parts(store: Store, origin, served, fault,
     assert {r.range for r in gets if r.range} >= {"bytes=175000-349999", "bytes=350000-524999", "bytes=525000-699999"}
 
 
-def test_parts_fall_back_to_one_stream_when_ranges_are_ignored(store: Store, origin, served) -> None:  # noqa: ANN001
+def test_parts_fall_back_to_one_stream_when_ranges_are_ignored(store: Store, origin, served) -> None:
     carton, digest = served
     origin.set_fault(f"/blobs/{digest}", Fault(ignore_range=True))
     assert pull(store, str(carton), fast_config(**PARTS)).complete
     assert store.blobs.path(digest).read_bytes() == PAYLOAD
 
 
-def test_parts_that_keep_failing_fail_cleanly(store: Store, origin, served) -> None:  # noqa: ANN001
+def test_parts_that_keep_failing_fail_cleanly(store: Store, origin, served) -> None:
     """Every response breaks off: the add fails naming the URL, with the
     hasher that was following the parts stopped, and nothing left behind."""
     import threading
@@ -231,7 +231,7 @@ def test_parts_that_keep_failing_fail_cleanly(store: Store, origin, served) -> N
     assert store.blobs.path(digest).read_bytes() == PAYLOAD
 
 
-def test_parts_with_wrong_bytes_are_rejected(store: Store, origin, served) -> None:  # noqa: ANN001
+def test_parts_with_wrong_bytes_are_rejected(store: Store, origin, served) -> None:
     carton, digest = served
     origin.set_fault(f"/blobs/{digest}", Fault(wrong_bytes=True))
     with pytest.raises(FetchError, match="hash"):
@@ -239,7 +239,7 @@ def test_parts_with_wrong_bytes_are_rejected(store: Store, origin, served) -> No
     assert digest not in blob_files(store) and tmp_files(store) == []
 
 
-def test_verify_repair_refetches_a_corrupt_blob(store: Store, origin, served, capsys) -> None:  # noqa: ANN001
+def test_verify_repair_refetches_a_corrupt_blob(store: Store, origin, served, capsys) -> None:
     from cartonstore.cli.commands import main
 
     carton, digest = served
@@ -257,7 +257,7 @@ def test_verify_repair_refetches_a_corrupt_blob(store: Store, origin, served, ca
 
 
 @pytest.mark.parametrize("config", [{}, PARTS], ids=["one-stream", "parts"])
-def test_a_body_over_max_blob_size_is_refused(store: Store, origin, served, config: dict) -> None:  # noqa: ANN001
+def test_a_body_over_max_blob_size_is_refused(store: Store, origin, served, config: dict) -> None:
     """The limit holds whether the body comes whole or in parts, and no space
     is reserved for a size the store will not take."""
     carton, digest = served
@@ -266,7 +266,7 @@ def test_a_body_over_max_blob_size_is_refused(store: Store, origin, served, conf
     assert digest not in blob_files(store) and tmp_files(store) == []
 
 
-def test_a_pull_cancelled_while_parts_arrive_leaves_nothing(store: Store, origin, served) -> None:  # noqa: ANN001
+def test_a_pull_cancelled_while_parts_arrive_leaves_nothing(store: Store, origin, served) -> None:
     """Cancelled mid-way (a stalled part keeps it busy): every stream's
     thread and the hasher end, and tmp/ is empty."""
     import asyncio
@@ -291,7 +291,7 @@ def test_a_pull_cancelled_while_parts_arrive_leaves_nothing(store: Store, origin
     assert digest not in blob_files(store) and tmp_files(store) == []
 
 
-def test_a_redirect_to_the_cloud_metadata_address_is_refused(store: Store, tmp_path: Path, origin) -> None:  # noqa: ANN001
+def test_a_redirect_to_the_cloud_metadata_address_is_refused(store: Store, tmp_path: Path, origin) -> None:
     """A LINKS URL on an origin the policy allows, redirecting to
     169.254.169.254 (where a cloud node's credentials are served): refused
     at the redirect, before any connection, and nothing is stored."""

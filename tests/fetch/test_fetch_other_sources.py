@@ -16,7 +16,7 @@ from kit.fetchkit import blob_files, fast_config, pull, tmp_files
 from kit.origin import Fault
 
 from cartonstore.errors import InvalidCarton, ManifestMismatch
-from cartonstore.fetch.config import FetchConfig
+from cartonstore.fetch.http.config import FetchConfig
 from cartonstore.format.links import build_links
 from cartonstore.store import Store
 
@@ -47,7 +47,7 @@ def bad_zip(tmp_path: Path, links: dict[str, list[str]] | None = None) -> Path:
 
 @pytest.mark.parametrize("path,wrong", [("model/w.bin", b"evil bytes " * 1000),   # an entry read when staged
                                         ("carton.toml", MINIMAL_TOML + b"\n# not what MANIFEST lists\n")])  # read first
-def test_a_file_with_wrong_bytes_comes_from_its_links_url(store: Store, tmp_path: Path, origin,  # noqa: ANN001
+def test_a_file_with_wrong_bytes_comes_from_its_links_url(store: Store, tmp_path: Path, origin,
                                                           path: str, wrong: bytes) -> None:
     digest = sha(GOOD[path])
     origin.put(f"/blobs/{digest}", GOOD[path])
@@ -60,7 +60,7 @@ def test_a_file_with_wrong_bytes_comes_from_its_links_url(store: Store, tmp_path
     assert store.verify().ok and tmp_files(store) == []
 
 
-def test_an_entry_with_wrong_bytes_comes_from_a_mirror(store: Store, tmp_path: Path, origin) -> None:  # noqa: ANN001
+def test_an_entry_with_wrong_bytes_comes_from_a_mirror(store: Store, tmp_path: Path, origin) -> None:
     origin.put(f"/mirror/{W}", GOOD["model/w.bin"])
     origin.put_file("/bad.carton", bad_zip(tmp_path))
     r = pull(store, origin.url("/bad.carton"), fast_config(mirrors=(origin.url("/mirror"),)))
@@ -70,7 +70,7 @@ def test_an_entry_with_wrong_bytes_comes_from_a_mirror(store: Store, tmp_path: P
     assert store.verify().ok and tmp_files(store) == []
 
 
-def test_every_source_failing_is_named_with_its_reason(store: Store, tmp_path: Path, origin) -> None:  # noqa: ANN001
+def test_every_source_failing_is_named_with_its_reason(store: Store, tmp_path: Path, origin) -> None:
     origin.put(f"/mirror/{W}", b"also wrong")
     origin.put(f"/gone/{W}", b"x", fault=Fault(status_sequence=[404] * 10))
     origin.put_file("/bad.carton", bad_zip(tmp_path, {W: [origin.url(f"/gone/{W}")]}))
@@ -87,7 +87,7 @@ def test_every_source_failing_is_named_with_its_reason(store: Store, tmp_path: P
     assert snapshot(store.root) == before and blob_files(store) == [] and tmp_files(store) == []
 
 
-def test_with_no_other_source_the_error_names_the_carton_url(store: Store, tmp_path: Path, origin) -> None:  # noqa: ANN001
+def test_with_no_other_source_the_error_names_the_carton_url(store: Store, tmp_path: Path, origin) -> None:
     origin.put_file("/bad.carton", bad_zip(tmp_path))
     message = refused_unchanged(store, origin.url("/bad.carton"))
     assert message.startswith(f"model/w.bin: does not match MANIFEST: {origin.url('/bad.carton')}: "
@@ -113,7 +113,7 @@ def corrupt_zip(tmp_path: Path, links: dict[str, list[str]] | None = None, *,
 
 
 @pytest.mark.parametrize("method", [zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED])
-def test_an_entry_corrupt_on_the_way_comes_from_its_links_url(store: Store, tmp_path: Path, origin,  # noqa: ANN001
+def test_an_entry_corrupt_on_the_way_comes_from_its_links_url(store: Store, tmp_path: Path, origin,
                                                              method: int) -> None:
     origin.put(f"/blobs/{W}", GOOD["model/w.bin"])
     origin.put_file("/corrupt.carton", corrupt_zip(tmp_path, {W: [origin.url(f"/blobs/{W}")]}, method=method))
@@ -124,7 +124,7 @@ def test_an_entry_corrupt_on_the_way_comes_from_its_links_url(store: Store, tmp_
     assert store.verify().ok and tmp_files(store) == []
 
 
-def test_a_corrupt_entry_with_no_other_source_names_what_was_wrong(store: Store, tmp_path: Path,  # noqa: ANN001
+def test_a_corrupt_entry_with_no_other_source_names_what_was_wrong(store: Store, tmp_path: Path,
                                                                    origin) -> None:
     origin.put_file("/corrupt.carton", corrupt_zip(tmp_path))
     message = refused_unchanged(store, origin.url("/corrupt.carton"))
@@ -141,14 +141,14 @@ def wrong_toml_zip(tmp_path: Path) -> Path:
 
 
 def test_a_small_file_with_wrong_bytes_and_no_other_source_fails_naming_it(
-        store: Store, tmp_path: Path, origin) -> None:  # noqa: ANN001
+        store: Store, tmp_path: Path, origin) -> None:
     origin.put_file("/toml.carton", wrong_toml_zip(tmp_path))
     message = refused_unchanged(store, origin.url("/toml.carton"))
     assert message.startswith(f"carton.toml: does not match MANIFEST: {origin.url('/toml.carton')}: "
                               f"bytes hash to sha256 {sha(WRONG_TOML)}"), message
 
 
-def test_a_small_file_from_another_source_is_recorded_at_its_own_size(store: Store, tmp_path: Path,  # noqa: ANN001
+def test_a_small_file_from_another_source_is_recorded_at_its_own_size(store: Store, tmp_path: Path,
                                                                       origin) -> None:
     origin.put(f"/blobs/{sha(MINIMAL_TOML)}", MINIMAL_TOML)
     origin.put_file("/bad.carton", zip_with(tmp_path, "bad.carton", {"carton.toml": WRONG_TOML},
@@ -158,7 +158,7 @@ def test_a_small_file_from_another_source_is_recorded_at_its_own_size(store: Sto
     assert entry.size == len(MINIMAL_TOML) != len(WRONG_TOML)
 
 
-def test_another_source_may_not_make_a_small_file_big(store: Store, tmp_path: Path, origin) -> None:  # noqa: ANN001
+def test_another_source_may_not_make_a_small_file_big(store: Store, tmp_path: Path, origin) -> None:
     big = b"x" * (16 << 20)   # what MANIFEST says carton.toml is, served at its LINKS URL
     origin.put(f"/blobs/{sha(big)}", big)
     path = write_zip(tmp_path / "big.carton", carton_entries(
@@ -186,7 +186,7 @@ def symlink_zip(path: Path) -> Path:
     return path
 
 
-def test_a_symlink_is_not_taken_for_a_file_with_wrong_bytes(store: Store, tmp_path: Path, origin) -> None:  # noqa: ANN001
+def test_a_symlink_is_not_taken_for_a_file_with_wrong_bytes(store: Store, tmp_path: Path, origin) -> None:
     origin.put(f"/mirror/{W}", GOOD["model/w.bin"])
     origin.put_file("/s.carton", symlink_zip(tmp_path / "s.carton"))
     r = pull(store, origin.url("/s.carton"), fast_config(mirrors=(origin.url("/mirror"),)))
@@ -196,7 +196,7 @@ def test_a_symlink_is_not_taken_for_a_file_with_wrong_bytes(store: Store, tmp_pa
 
 
 @pytest.mark.slow
-def test_an_entry_that_decodes_to_much_more_is_not_held_in_memory(store: Store, tmp_path: Path,  # noqa: ANN001
+def test_an_entry_that_decodes_to_much_more_is_not_held_in_memory(store: Store, tmp_path: Path,
                                                                   origin) -> None:
     # Mostly zeros, one byte in 8001 not: deflates ~670:1 (under the zip bomb limit of 1000:1), so a
     # network chunk of it decodes to tens of MiB, and the whole entry to 128 MiB.
@@ -214,7 +214,7 @@ def test_an_entry_that_decodes_to_much_more_is_not_held_in_memory(store: Store, 
     assert r.complete and peak < 32 << 20, f"peak {peak >> 20} MiB traced while adding"
 
 
-def test_a_small_file_corrupt_on_the_way_comes_from_its_links_url(store: Store, tmp_path: Path,  # noqa: ANN001
+def test_a_small_file_corrupt_on_the_way_comes_from_its_links_url(store: Store, tmp_path: Path,
                                                                  origin) -> None:
     t = sha(GOOD["carton.toml"])
     origin.put(f"/blobs/{t}", GOOD["carton.toml"])
@@ -226,7 +226,7 @@ def test_a_small_file_corrupt_on_the_way_comes_from_its_links_url(store: Store, 
 
 
 @pytest.mark.parametrize("damaged,error", [("carton.toml", ManifestMismatch), ("MANIFEST", InvalidCarton)])
-def test_a_corrupt_small_file_with_nothing_to_replace_it_names_the_damage(store: Store, tmp_path: Path,  # noqa: ANN001
+def test_a_corrupt_small_file_with_nothing_to_replace_it_names_the_damage(store: Store, tmp_path: Path,
                                                                          origin, damaged: str, error: type) -> None:
     origin.put_file("/corrupt.carton", corrupt_zip(tmp_path, damaged=damaged))
     message = refused_unchanged(store, origin.url("/corrupt.carton"), error=error)
@@ -253,7 +253,7 @@ def bad_header_zip(tmp_path: Path, how: str, links: dict[str, list[str]] | None 
 @pytest.mark.parametrize("how", ["signature", "name"])
 @pytest.mark.parametrize("damaged", ["model/w.bin", "carton.toml"])   # an entry staged; a small file read first
 def test_an_entry_whose_local_header_does_not_read_comes_from_its_links_url(
-        store: Store, tmp_path: Path, origin, how: str, damaged: str) -> None:  # noqa: ANN001
+        store: Store, tmp_path: Path, origin, how: str, damaged: str) -> None:
     """Where its data starts is unknown: the entry is broken, the others in
     the same span are still read (it failed the whole add, exit 4)."""
     digest = sha(GOOD[damaged])
@@ -268,7 +268,7 @@ def test_an_entry_whose_local_header_does_not_read_comes_from_its_links_url(
 
 @pytest.mark.parametrize("how,problem", [("signature", "no local file header at offset"),
                                          ("name", "unlike the central directory")])
-def test_a_local_header_that_does_not_read_with_no_other_source_is_named(store: Store, tmp_path: Path, origin,  # noqa: ANN001
+def test_a_local_header_that_does_not_read_with_no_other_source_is_named(store: Store, tmp_path: Path, origin,
                                                                          how: str, problem: str) -> None:
     origin.put_file("/header.carton", bad_header_zip(tmp_path, how))
     message = refused_unchanged(store, origin.url("/header.carton"))
@@ -284,7 +284,7 @@ NEXT = {**GOOD, "model/x.bin": b"next entry " * 1000}   # read in the same span,
     ("extra", 6000, "extra field (6000 bytes) runs its data past the next entry"),
     ("name", 0xFFFF, "local header gives a 65535-byte name, the central directory a 11-byte one"),
 ])
-def test_a_local_header_whose_lengths_do_not_fit_breaks_only_its_entry(store: Store, tmp_path: Path, origin,  # noqa: ANN001
+def test_a_local_header_whose_lengths_do_not_fit_breaks_only_its_entry(store: Store, tmp_path: Path, origin,
                                                                        field: str, value: int, problem: str) -> None:
     """A damaged name or extra length would have the parser take the next
     entry's bytes for this one's (the next was then named broken, or the

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cartonstore.errors import FetchError, InvalidInput
-from cartonstore.fetch.policy import UrlPolicy, describe, redirect_target
+from cartonstore.fetch.http.policy import UrlPolicy, describe, redirect_target
 
 OPEN = UrlPolicy()
 
@@ -183,10 +183,10 @@ def test_bad_patterns_are_refused_when_the_policy_is_made(pattern: str) -> None:
 
 def test_policy_fields_are_validated_and_normalized() -> None:
     with pytest.raises(InvalidInput, match="not a string"):
-        UrlPolicy(allow_hosts="models.example.com")  # type: ignore[arg-type]
+        UrlPolicy(allow_hosts="models.example.com")  # type: ignore[arg-type]  # a wrong type on purpose
     with pytest.raises(InvalidInput, match="max_redirects"):
         UrlPolicy(max_redirects=-1)
-    policy = UrlPolicy(allow_hosts=["a.example"])  # type: ignore[arg-type]
+    policy = UrlPolicy(allow_hosts=["a.example"])  # type: ignore[arg-type]  # a list, normalized to a tuple: what is tested
     assert policy.allow_hosts == ("a.example",)
     assert hash(policy) == hash(UrlPolicy(allow_hosts=("a.example",)))
     assert UrlPolicy().max_redirects == 5
@@ -301,7 +301,7 @@ def test_a_name_resolving_to_a_metadata_address_is_refused_by_the_resolver() -> 
     is refused, unless allow_hosts names it."""
     import asyncio
 
-    from cartonstore.fetch.resolver import GuardedResolver
+    from cartonstore.fetch.http.resolver import GuardedResolver
 
     async def resolve(host: str, policy: UrlPolicy) -> list:
         resolver = GuardedResolver(policy)

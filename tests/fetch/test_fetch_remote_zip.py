@@ -16,7 +16,7 @@ from kit.origin import Fault
 from cartonstore.carton.pack import pack_directory
 from cartonstore.errors import CartonStoreError, FetchError, ManifestMismatch
 from cartonstore.fetch.puller import Puller
-from cartonstore.fetch.remote_zip import plan_requests
+from cartonstore.fetch.sources.remote_zip import plan_requests
 from cartonstore.store import Store
 
 
@@ -26,7 +26,7 @@ def test_plan_requests_merges_close_spans() -> None:
     assert plan_requests([], gap=10) == []
 
 
-def test_fixture_by_url(store: Store, origin) -> None:  # noqa: ANN001
+def test_fixture_by_url(store: Store, origin) -> None:
     origin.put("/m.carton", FIXTURE_CARTON.read_bytes())
     r = pull(store, origin.url("/m.carton"))
     assert r.digest == FIXTURE_DIGEST and r.complete
@@ -45,7 +45,7 @@ def make_model(tmp_path: Path, name: str, shared: bytes, own: bytes) -> Path:
 
 
 @pytest.mark.parametrize("compression", ["stored", "deflate", "zstd"])
-def test_second_carton_transfers_only_what_is_new(store: Store, tmp_path: Path, origin, compression: str) -> None:  # noqa: ANN001
+def test_second_carton_transfers_only_what_is_new(store: Store, tmp_path: Path, origin, compression: str) -> None:
     shared = os.urandom(4 << 20)
     a = pack_directory(make_model(tmp_path, "a", shared, os.urandom(1000)), tmp_path / "a.carton",
                        compression=compression)
@@ -63,7 +63,7 @@ def test_second_carton_transfers_only_what_is_new(store: Store, tmp_path: Path, 
     assert (asyncio.run(_materialize(store, "b")) / "model" / "shared.bin").read_bytes() == shared
 
 
-def test_an_evicted_blob_comes_back_when_the_server_stopped_taking_range(store: Store, origin) -> None:  # noqa: ANN001
+def test_an_evicted_blob_comes_back_when_the_server_stopped_taking_range(store: Store, origin) -> None:
     victim = _pulled_then_evicted(store, origin, "misc/model_architecture.png")
     origin.set_fault("/m.carton", Fault(ignore_range=True))  # now one whole download is the only way
     model = asyncio.run(_materialize(store, FIXTURE_DIGEST))
@@ -71,7 +71,7 @@ def test_an_evicted_blob_comes_back_when_the_server_stopped_taking_range(store: 
     assert store.verify().ok and tmp_files(store) == []
 
 
-def _pulled_then_evicted(store: Store, origin, path: str):  # noqa: ANN001, ANN202
+def _pulled_then_evicted(store: Store, origin, path: str) -> str:
     """The fixture added from the origin by URL, then one entry's blob gone (as gc evicts)."""
     origin.put("/m.carton", FIXTURE_CARTON.read_bytes())
     pull(store, origin.url("/m.carton"))
@@ -86,7 +86,7 @@ async def _materialize(store: Store, ref: str) -> Path:
         return await p.materialize(ref)
 
 
-def test_server_that_ignores_range_gets_one_whole_download(store: Store, origin) -> None:  # noqa: ANN001
+def test_server_that_ignores_range_gets_one_whole_download(store: Store, origin) -> None:
     origin.put("/m.carton", FIXTURE_CARTON.read_bytes(), fault=Fault(ignore_range=True))
     r = pull(store, origin.url("/m.carton"))
     assert r.digest == FIXTURE_DIGEST and r.complete
@@ -94,14 +94,14 @@ def test_server_that_ignores_range_gets_one_whole_download(store: Store, origin)
     assert tmp_files(store) == []
 
 
-def test_wrong_content_range_is_an_error(store: Store, origin) -> None:  # noqa: ANN001
+def test_wrong_content_range_is_an_error(store: Store, origin) -> None:
     origin.put("/m.carton", FIXTURE_CARTON.read_bytes(), fault=Fault(wrong_content_range=True))
     with pytest.raises(FetchError, match="Content-Range"):
         pull(store, origin.url("/m.carton"))
     assert blob_files(store) == [] and tmp_files(store) == []
 
 
-def test_remote_carton_with_wrong_bytes_is_rejected(store: Store, tmp_path: Path, origin) -> None:  # noqa: ANN001
+def test_remote_carton_with_wrong_bytes_is_rejected(store: Store, tmp_path: Path, origin) -> None:
     from conftest import carton_entries, manifest_for, write_zip
 
     files = {"carton.toml": MINIMAL_TOML, "model/w.bin": b"good bytes"}
@@ -114,20 +114,20 @@ def test_remote_carton_with_wrong_bytes_is_rejected(store: Store, tmp_path: Path
     assert carton_entries  # helper imported for symmetry with other tests
 
 
-def test_remote_carton_transient_faults(store: Store, origin) -> None:  # noqa: ANN001
+def test_remote_carton_transient_faults(store: Store, origin) -> None:
     origin.put("/m.carton", FIXTURE_CARTON.read_bytes(), fault=Fault(status_sequence=[503, 500], reset_at=5000, times=1))
     assert pull(store, origin.url("/m.carton")).digest == FIXTURE_DIGEST
     assert store.verify().ok
 
 
-def test_truncated_remote_zip(store: Store, origin) -> None:  # noqa: ANN001
+def test_truncated_remote_zip(store: Store, origin) -> None:
     origin.put("/m.carton", FIXTURE_CARTON.read_bytes()[:-5000])
     with pytest.raises(CartonStoreError, match="zip|central|end"):
         pull(store, origin.url("/m.carton"))
     assert blob_files(store) == []
 
 
-def test_in_process_callers_share_one_download(store: Store, tmp_path: Path, origin) -> None:  # noqa: ANN001
+def test_in_process_callers_share_one_download(store: Store, tmp_path: Path, origin) -> None:
     blobs = {f"model/{i}.bin": os.urandom(200_000) for i in range(3)}
     carton, shas = linked_carton(tmp_path, origin, blobs)
     origin.put_file("/c.carton", carton)
@@ -142,7 +142,7 @@ def test_in_process_callers_share_one_download(store: Store, tmp_path: Path, ori
         assert origin.count(f"/blobs/{digest}") == 1
 
 
-def test_processes_share_one_download(tmp_path: Path, origin) -> None:  # noqa: ANN001
+def test_processes_share_one_download(tmp_path: Path, origin) -> None:
     blobs = {f"model/{i}.bin": os.urandom(300_000) for i in range(3)}
     carton, shas = linked_carton(tmp_path, origin, blobs)
     origin.put_file("/c.carton", carton)
@@ -161,7 +161,7 @@ def test_processes_share_one_download(tmp_path: Path, origin) -> None:  # noqa: 
         assert s.verify().ok
 
 
-def test_cli_add_url_and_path(tmp_path: Path, origin, capsys) -> None:  # noqa: ANN001
+def test_cli_add_url_and_path(tmp_path: Path, origin, capsys) -> None:
     from cartonstore.cli.commands import main
 
     origin.put("/m.carton", FIXTURE_CARTON.read_bytes())
@@ -176,7 +176,7 @@ def test_cli_add_url_and_path(tmp_path: Path, origin, capsys) -> None:  # noqa: 
     assert code == 4 and "'ftp' is not allowed" in capsys.readouterr().err
 
 
-def test_an_evicted_in_zip_blob_comes_back_from_the_zip(store: Store, origin) -> None:  # noqa: ANN001
+def test_an_evicted_in_zip_blob_comes_back_from_the_zip(store: Store, origin) -> None:
     victim = _pulled_then_evicted(store, origin, "misc/model_architecture.png")
     origin.reset_counts()
     model = asyncio.run(_materialize(store, FIXTURE_DIGEST))

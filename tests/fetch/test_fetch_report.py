@@ -22,7 +22,7 @@ from cartonstore.cli.progress import JSON_INTERVAL
 STALL = 1.2  # longer than any progress interval: an update falls inside every stall
 
 
-def cli(capsys, *argv: str) -> tuple[int, str, str]:  # noqa: ANN001
+def cli(capsys, *argv: str) -> tuple[int, str, str]:
     code = main(list(argv))
     out, err = capsys.readouterr()
     return code, out, err
@@ -52,7 +52,7 @@ def packed(tmp_path: Path, files: dict[str, bytes]) -> Path:
 
 
 @pytest.mark.slow
-def test_a_carton_by_url_shows_bytes_and_total_as_they_arrive(tmp_path: Path, origin, capsys) -> None:  # noqa: ANN001
+def test_a_carton_by_url_shows_bytes_and_total_as_they_arrive(tmp_path: Path, origin, capsys) -> None:
     origin.put_file("/m.carton", packed(tmp_path, {"w.bin": os.urandom(6 << 20)}),
                     fault=Fault(stall_at=3 << 20, stall_seconds=STALL))
     code, out, err = cli(capsys, "add", origin.url("/m.carton"), "--root", str(tmp_path / "r"),
@@ -69,7 +69,7 @@ def test_a_carton_by_url_shows_bytes_and_total_as_they_arrive(tmp_path: Path, or
 
 
 @pytest.mark.parametrize("mode", ["json", "plain", "bar"])
-def test_a_blob_in_parallel_range_parts_shows_progress_in_every_mode(tmp_path: Path, origin, capsys,  # noqa: ANN001
+def test_a_blob_in_parallel_range_parts_shows_progress_in_every_mode(tmp_path: Path, origin, capsys,
                                                                      mode: str) -> None:
     payload = os.urandom(4 << 20)
     carton, shas = linked_carton(tmp_path, origin, {"model/w.bin": payload})
@@ -104,7 +104,7 @@ def _refused_url() -> str:
     return f"http://127.0.0.1:{port}/m.carton"
 
 
-def test_each_retry_is_shown_without_library_internals(tmp_path: Path, capsys) -> None:  # noqa: ANN001
+def test_each_retry_is_shown_without_library_internals(tmp_path: Path, capsys) -> None:
     url = _refused_url()
     cfg = settings(tmp_path, retries=2, backoff_base="10ms", backoff_max="20ms")
     code, _, err = cli(capsys, "add", url, "--config", cfg, "--root", str(tmp_path / "r"), "--progress", "json")
@@ -120,7 +120,7 @@ def test_each_retry_is_shown_without_library_internals(tmp_path: Path, capsys) -
     assert "ssl" not in "".join(lines) and "Connect call" not in "".join(lines)
 
 
-def test_retries_of_a_pull_that_succeeds_are_shown_and_counted(tmp_path: Path, origin, capsys) -> None:  # noqa: ANN001
+def test_retries_of_a_pull_that_succeeds_are_shown_and_counted(tmp_path: Path, origin, capsys) -> None:
     origin.put("/m.carton", FIXTURE_CARTON.read_bytes(), fault=Fault(status_sequence=[503, 503]))
     cfg = settings(tmp_path, retries=3, backoff_base="10ms", backoff_max="20ms")
     code, out, err = cli(capsys, "add", origin.url("/m.carton"), "--config", cfg, "--root", str(tmp_path / "r"),
@@ -137,10 +137,10 @@ def test_retries_of_a_pull_that_succeeds_are_shown_and_counted(tmp_path: Path, o
     assert r["retries"] == 2 and r["requests"] == len(origin.requests) - before, "the refused requests count too"
 
 
-def test_add_by_url_reports_the_blobs_bytes_and_requests_it_took(tmp_path: Path, origin, capsys) -> None:  # noqa: ANN001
+def test_add_by_url_reports_the_blobs_bytes_and_requests_it_took(tmp_path: Path, origin, capsys) -> None:
     origin.put_file("/m.carton", packed(tmp_path, {f"w{i}.bin": os.urandom(300_000) for i in range(4)}))
     root = tmp_path / "r"
-    code, out, _ = cli(capsys, "add", origin.url("/m.carton"), "--root", str(root), "--json", "--progress", "none")
+    _code, out, _ = cli(capsys, "add", origin.url("/m.carton"), "--root", str(root), "--json", "--progress", "none")
     r = json.loads(out)
     assert r["blobs_fetched"] == blob_count(root) == 6  # 4 files, carton.toml, MANIFEST
     assert r["bytes_received"] == origin.bytes_sent and r["requests"] == len(origin.requests)
@@ -148,12 +148,12 @@ def test_add_by_url_reports_the_blobs_bytes_and_requests_it_took(tmp_path: Path,
                             "registry": {"bytes": 0, "blobs": 0}, "peer": {"bytes": 0, "blobs": 0},
                             "url": {"bytes": r["bytes_received"], "blobs": 6}}
     assert r["bytes_read"] == 0 and r["retries"] == 0
-    code, out, _ = cli(capsys, "add", origin.url("/m.carton"), "--root", str(root), "--progress", "none")
+    _code, out, _ = cli(capsys, "add", origin.url("/m.carton"), "--root", str(root), "--progress", "none")
     line = out.splitlines()[0]
     assert re.search(r"; received [\d.]+ KiB in \d request\(s\), 0 new blob\(s\), 1\.1 MiB already stored$", line), line
 
 
-def test_add_says_which_bytes_came_from_which_source(tmp_path: Path, origin, capsys) -> None:  # noqa: ANN001
+def test_add_says_which_bytes_came_from_which_source(tmp_path: Path, origin, capsys) -> None:
     a, b = os.urandom(300_000), os.urandom(200_000)
     carton, shas = linked_carton(tmp_path, origin, {"model/a.bin": a, "model/b.bin": b},
                                  urls={"model/b.bin": [origin.url("/gone/b.bin")]})
@@ -173,16 +173,16 @@ def test_add_says_which_bytes_came_from_which_source(tmp_path: Path, origin, cap
     assert "received 488.3 KiB in 3 request(s) (url 293.0 KiB, mirror 195.3 KiB)" in out.splitlines()[0], out
 
 
-def test_a_local_add_says_what_it_read_and_what_was_already_stored(tmp_path: Path, capsys) -> None:  # noqa: ANN001
+def test_a_local_add_says_what_it_read_and_what_was_already_stored(tmp_path: Path, capsys) -> None:
     root = tmp_path / "r"
-    code, out, _ = cli(capsys, "add", str(FIXTURE_CARTON), "--root", str(root))
+    _code, out, _ = cli(capsys, "add", str(FIXTURE_CARTON), "--root", str(root))
     line = out.splitlines()[0]
     m = re.search(r"; read ([\d.]+ [KM]iB) from disk, (\d+) new blob\(s\), 0 B already stored$", line)
     assert m and int(m.group(2)) == blob_count(root), line
     assert "request" not in line and "transferred" not in line
-    code, out, _ = cli(capsys, "add", str(FIXTURE_CARTON), "--root", str(root))
+    _code, out, _ = cli(capsys, "add", str(FIXTURE_CARTON), "--root", str(root))
     assert re.search(r"; read 0 B from disk, 0 new blob\(s\), [\d.]+ [KM]iB already stored$", out.splitlines()[0])
-    code, out, _ = cli(capsys, "add", str(FIXTURE_CARTON), "--root", str(root), "--json")
+    _code, out, _ = cli(capsys, "add", str(FIXTURE_CARTON), "--root", str(root), "--json")
     r = json.loads(out)
     assert (r["bytes_read"], r["blobs_fetched"], r["requests"], r["bytes_received"]) == (0, 0, 0, 0)
     assert r["bytes_reused"] > 0

@@ -1,5 +1,5 @@
 """Big plain-HTTP bodies are read from their socket by the stream's own
-thread (cartonstore/fetch/socket_body.py), not received on the event loop.
+thread (cartonstore/fetch/http/socket_body.py), not received on the event loop.
 
 Every fault of test_fetch_faults.py runs on this path too (its body_path
 fixture); here: which bodies take it and which do not, what it leaves open,
@@ -21,22 +21,22 @@ from kit.daemonkit import wait_for, wait_for_async
 from kit.fetchkit import URLS_ONLY, fast_config, linked_carton, pull, tmp_files
 from kit.origin import Fault, Origin
 
-from cartonstore.fetch import socket_body
-from cartonstore.fetch.config import RegistryConfig
-from cartonstore.fetch.puller import Puller
+from cartonstore.fetch.http import socket_body
+from cartonstore.fetch.http.config import RegistryConfig
+from cartonstore.fetch.puller import Puller, PullResult
 from cartonstore.store import Store
 
 BIG = os.urandom(socket_body.DIRECT_MIN + (1 << 20) + 12_345)
 
 
 @pytest.fixture
-def direct_reads(monkeypatch) -> list[int | str]:  # noqa: ANN001
+def direct_reads(monkeypatch) -> list[int | str]:
     """What each direct read did (socket_body.receive, called through): the
     bytes it handed over, or the name of the error it raised."""
     seen: list[int | str] = []
     real = socket_body.receive
 
-    def counting(*args, **kw):  # noqa: ANN002, ANN003, ANN202
+    def counting(*args, **kw) -> int:
         try:
             got = real(*args, **kw)
         except Exception as e:
@@ -72,9 +72,9 @@ def fetch_threads() -> list[str]:
     return [t.name for t in threading.enumerate() if t.name.startswith("cartonstore-")]
 
 
-def pull_on(loop: str, store: Store, source: str):  # noqa: ANN201
+def pull_on(loop: str, store: Store, source: str) -> PullResult:
     """fetchkit.pull on asyncio's loop or on uvloop's (the daemon's)."""
-    async def run():  # noqa: ANN202
+    async def run() -> PullResult:
         async with Puller(store, fast_config(), sources=URLS_ONLY) as p:
             return await p.add(source)
 
@@ -93,7 +93,7 @@ def warm(loop: str) -> None:
 @pytest.mark.parametrize(("encoding", "loop"), [(None, "asyncio"), ("zstd", "asyncio"), ("gzip", "asyncio"),
                                                 (None, "uvloop"), ("zstd", "uvloop")])
 def test_a_big_body_is_read_from_its_socket(store: Store, tmp_path: Path, origin, direct_reads,
-                                           encoding: str | None, loop: str) -> None:  # noqa: ANN001
+                                           encoding: str | None, loop: str) -> None:
     carton, shas = linked_carton(tmp_path, origin, {"model/w.bin": BIG})
     if encoding:  # random bytes: the encoded body is as big
         origin.set_fault(f"/blobs/{shas['model/w.bin']}", Fault(encoding=encoding))
@@ -107,15 +107,15 @@ def test_a_big_body_is_read_from_its_socket(store: Store, tmp_path: Path, origin
 
 
 def test_small_bodies_keep_aiohttp_and_their_connection(store: Store, tmp_path: Path, origin,
-                                                      direct_reads) -> None:  # noqa: ANN001
-    carton, shas = linked_carton(tmp_path, origin, {"model/a.bin": os.urandom(300_000),
+                                                      direct_reads) -> None:
+    carton, _ = linked_carton(tmp_path, origin, {"model/a.bin": os.urandom(300_000),
                                                     "model/b.bin": os.urandom(200_000)})
     assert pull(store, str(carton)).complete
     assert direct_reads == []
 
 
 def test_parts_of_a_big_body_are_each_read_from_their_socket(store: Store, tmp_path: Path, origin,
-                                                             direct_reads) -> None:  # noqa: ANN001
+                                                             direct_reads) -> None:
     payload = os.urandom(4 * socket_body.DIRECT_MIN)
     carton, shas = linked_carton(tmp_path, origin, {"model/w.bin": payload})
     digest = shas["model/w.bin"]
@@ -144,7 +144,7 @@ def test_tls_bodies_stay_with_aiohttp(store: Store, tmp_path: Path, direct_reads
 
 
 def test_a_stalled_direct_read_times_out_and_resumes(store: Store, tmp_path: Path, origin,
-                                                     direct_reads) -> None:  # noqa: ANN001
+                                                     direct_reads) -> None:
     """The retry says why as the aiohttp path does ("timed out", not the
     EAGAIN of the last read), and resumes after the bytes received."""
     carton, shas = linked_carton(tmp_path, origin, {"model/w.bin": BIG})
@@ -152,7 +152,7 @@ def test_a_stalled_direct_read_times_out_and_resumes(store: Store, tmp_path: Pat
     origin.set_fault(f"/blobs/{digest}", Fault(stall_at=len(BIG) // 2, stall_seconds=5, times=1))
     events: list[dict] = []
 
-    async def run():  # noqa: ANN202
+    async def run() -> PullResult:
         async with Puller(store, fast_config(), sources=URLS_ONLY, on_event=events.append) as p:   # stall_timeout 0.5 s
             return await p.add(str(carton))
 
@@ -166,7 +166,7 @@ def test_a_stalled_direct_read_times_out_and_resumes(store: Store, tmp_path: Pat
 
 
 def test_a_pull_cancelled_in_a_direct_read_stops_its_thread(store: Store, tmp_path: Path, origin,
-                                                           direct_reads) -> None:  # noqa: ANN001
+                                                           direct_reads) -> None:
     """Cancelled while the socket stalls (the stall timeout is far off): the
     thread is woken, not waited out, and leaves no file, fd or thread."""
     carton, shas = linked_carton(tmp_path, origin, {"model/w.bin": BIG})
@@ -231,7 +231,7 @@ class TricklingServer:
 
 @pytest.mark.slow
 def test_a_slow_body_is_not_taken_for_a_stalled_one(store: Store, tmp_path: Path, origin,
-                                                    direct_reads) -> None:  # noqa: ANN001
+                                                    direct_reads) -> None:
     """Bytes keep coming, under LOW_WATER per stall_timeout (0.5 s): poll does
     not wake for them, but the quiet socket is read anyway, and the body is
     received in one request, as through aiohttp."""
@@ -248,7 +248,7 @@ def test_a_slow_body_is_not_taken_for_a_stalled_one(store: Store, tmp_path: Path
 
 
 def test_a_remote_zips_big_span_is_read_from_its_socket(store: Store, tmp_path: Path, origin,
-                                                        direct_reads) -> None:  # noqa: ANN001
+                                                        direct_reads) -> None:
     """The entries a remote carton lacks come in Range requests over its
     zip: a big one is read directly too, and parsed in that thread."""
     import zipfile

@@ -20,6 +20,8 @@ import time
 import urllib.error
 import urllib.request
 import zlib
+from collections.abc import Iterator
+from typing import Any
 
 import aiohttp
 import brotli
@@ -31,7 +33,7 @@ DATA = bytes((i * 7 + i // 251) & 0xFF for i in range(300_000))  # not periodic 
 
 
 @pytest.fixture
-def origin():
+def origin() -> Iterator[Origin]:
     with Origin() as o:
         yield o
 
@@ -39,7 +41,7 @@ def origin():
 # ---------------------------------------------------------------- helpers
 
 
-def fetch(origin, path, method="GET", headers=None, timeout=5):
+def fetch(origin, path, method="GET", headers=None, timeout=5) -> tuple[int, dict[str, str], bytes]:
     """(status, headers with lower-case keys, body) via http.client."""
     conn = http.client.HTTPConnection("127.0.0.1", origin.port, timeout=timeout)
     try:
@@ -51,7 +53,7 @@ def fetch(origin, path, method="GET", headers=None, timeout=5):
         conn.close()
 
 
-def raw_get(origin, path, headers="", timeout=5):
+def raw_get(origin, path, headers="", timeout=5) -> tuple[str, bytes, OSError | None]:
     """Raw socket GET: (head text, body bytes, error raised by recv or None).
     Reads until EOF/error, so it sees exactly what was put on the wire."""
     s = socket.create_connection(("127.0.0.1", origin.port), timeout=timeout)
@@ -72,11 +74,11 @@ def raw_get(origin, path, headers="", timeout=5):
     return head.decode("latin-1"), body, err
 
 
-def aio_get(url, *, timeout=None, **kw):
+def aio_get(url, *, timeout=None, **kw) -> tuple[Any, ...]:
     """GET with a real aiohttp client: ("ok", status, headers, body) or
     ("exc", exception)."""
 
-    async def go():
+    async def go() -> tuple[Any, ...]:
         t = aiohttp.ClientTimeout(**(timeout or {"total": 10}))
         async with aiohttp.ClientSession(timeout=t) as s:
             try:
@@ -91,7 +93,7 @@ def aio_get(url, *, timeout=None, **kw):
 # ---------------------------------------------------------------- basics
 
 
-def test_lifecycle_url_and_clean_stop():
+def test_lifecycle_url_and_clean_stop() -> None:
     o = Origin()
     o.put("/x", b"abc")  # allowed before start
     with o:
@@ -110,7 +112,7 @@ def test_lifecycle_url_and_clean_stop():
         o.start()
 
 
-def test_get_head_headers_and_404(origin):
+def test_get_head_headers_and_404(origin) -> None:
     origin.put("/blob", DATA)
     status, h, body = fetch(origin, "/blob")
     assert status == 200 and body == DATA
@@ -150,7 +152,7 @@ def test_get_head_headers_and_404(origin):
         ("bytes=abc", 200),
     ],
 )
-def test_range_math(origin, spec, expect):
+def test_range_math(origin, spec, expect) -> None:
     origin.put("/r", DATA)
     status, h, body = fetch(origin, "/r", headers={"Range": spec})
     if expect == 416:
@@ -166,14 +168,14 @@ def test_range_math(origin, spec, expect):
     assert origin.requests[-1].range == spec
 
 
-def test_range_on_empty_body_is_416(origin):
+def test_range_on_empty_body_is_416(origin) -> None:
     origin.put("/e", b"")
     assert fetch(origin, "/e")[0:3:2] == (200, b"")
     status, h, _ = fetch(origin, "/e", headers={"Range": "bytes=0-"})
     assert status == 416 and h["content-range"] == "bytes */0"
 
 
-def test_if_range(origin):
+def test_if_range(origin) -> None:
     origin.put("/r", DATA)
     _, h, _ = fetch(origin, "/r", "HEAD")
     rng = {"Range": "bytes=5-9"}
@@ -183,7 +185,7 @@ def test_if_range(origin):
     assert status == 200 and body == DATA
 
 
-def test_requests_counts_and_bytes(origin):
+def test_requests_counts_and_bytes(origin) -> None:
     origin.put("/a", DATA)
     origin.put("b", b"12345")  # leading slash added
     fetch(origin, "/a?x=1", headers={"X-Test": "yes", "Range": "bytes=0-99"})
@@ -207,7 +209,7 @@ def test_requests_counts_and_bytes(origin):
     assert origin.requests == [] and origin.bytes_sent == 0 and origin.count("/a") == 0
 
 
-def test_put_file_streams_from_disk(origin, tmp_path):
+def test_put_file_streams_from_disk(origin, tmp_path) -> None:
     f = tmp_path / "big.bin"
     f.write_bytes(DATA * 10)  # 3 MB: several 256 KiB chunks
     origin.put_file("/f", f)
@@ -219,7 +221,7 @@ def test_put_file_streams_from_disk(origin, tmp_path):
     assert origin.bytes_sent_for("/f") == 3_000_010
 
 
-def test_put_file_huge_sparse_range(origin, tmp_path):
+def test_put_file_huge_sparse_range(origin, tmp_path) -> None:
     f = tmp_path / "sparse.bin"
     with open(f, "wb") as fh:
         fh.truncate(5 << 30)  # 5 GiB, no disk, never read whole
@@ -233,7 +235,7 @@ def test_put_file_huge_sparse_range(origin, tmp_path):
     assert fetch(origin, "/huge", "HEAD")[1]["content-length"] == str(5 << 30)
 
 
-def test_cli_subprocess_is_served(origin):
+def test_cli_subprocess_is_served(origin) -> None:
     origin.put("/cli", DATA)
     code = "import sys,urllib.request;sys.stdout.write(str(len(urllib.request.urlopen(sys.argv[1]).read())))"
     out = subprocess.run([sys.executable, "-c", code, origin.url("/cli")],
@@ -241,13 +243,13 @@ def test_cli_subprocess_is_served(origin):
     assert out == str(len(DATA))
 
 
-def test_concurrent_aiohttp_requests(origin):
+def test_concurrent_aiohttp_requests(origin) -> None:
     for i in range(8):
         origin.put(f"/c{i}", DATA[i:])
 
-    async def go():
+    async def go() -> list[bytes]:
         async with aiohttp.ClientSession() as s:
-            async def one(i):
+            async def one(i) -> bytes:
                 async with s.get(origin.url(f"/c{i}")) as r:
                     return await r.read()
             return await asyncio.gather(*(one(i) for i in range(8)))
@@ -258,7 +260,7 @@ def test_concurrent_aiohttp_requests(origin):
 # ---------------------------------------------------------------- faults
 
 
-def test_status_sequence_then_normal_with_retry_after(origin):
+def test_status_sequence_then_normal_with_retry_after(origin) -> None:
     origin.put("/s", DATA, fault=Fault(status_sequence=[500, 503], retry_after="7"))
     for expected in (500, 503):
         with pytest.raises(urllib.error.HTTPError) as ei:
@@ -273,7 +275,7 @@ def test_status_sequence_then_normal_with_retry_after(origin):
     assert fetch(origin, "/s")[0] == 429 and fetch(origin, "/s")[0] == 200
 
 
-def test_times_counts_after_status_sequence(origin):
+def test_times_counts_after_status_sequence(origin) -> None:
     origin.put("/t", DATA, fault=Fault(status_sequence=[503], truncate_at=10, times=1))
     assert fetch(origin, "/t")[0] == 503
     with pytest.raises(http.client.IncompleteRead) as ei:
@@ -283,14 +285,14 @@ def test_times_counts_after_status_sequence(origin):
     assert fetch(origin, "/t")[2] == DATA
 
 
-def test_methods_filter(origin):
+def test_methods_filter(origin) -> None:
     origin.put("/m", DATA, fault=Fault(status_sequence=[503], methods=("GET",)))
     assert fetch(origin, "/m", "HEAD")[0] == 200  # does not consume the 503
     assert fetch(origin, "/m")[0] == 503
     assert fetch(origin, "/m")[0] == 200
 
 
-def test_set_fault_none_clears_and_unknown_path(origin):
+def test_set_fault_none_clears_and_unknown_path(origin) -> None:
     origin.put("/c", DATA, fault=Fault(status_sequence=[500] * 5))
     assert fetch(origin, "/c")[0] == 500
     origin.set_fault("/c", None)
@@ -299,16 +301,16 @@ def test_set_fault_none_clears_and_unknown_path(origin):
         origin.set_fault("/unknown", Fault())
 
 
-def test_wrong_bytes(origin):
+def test_wrong_bytes(origin) -> None:
     origin.put("/w", DATA, fault=Fault(wrong_bytes=True, times=1))
     status, h, body = fetch(origin, "/w")
     assert status == 200 and len(body) == len(DATA) == int(h["content-length"])
-    assert all(x != y for x, y in zip(body, DATA))
+    assert all(x != y for x, y in zip(body, DATA, strict=True))
     status, _, body = fetch(origin, "/w", headers={"Range": "bytes=10-19"})
     assert status == 206 and body == DATA[10:20]  # times=1 used up
 
 
-def test_truncate_raw_and_aiohttp(origin):
+def test_truncate_raw_and_aiohttp(origin) -> None:
     origin.put("/t", DATA, fault=Fault(truncate_at=1000))
     head, body, err = raw_get(origin, "/t")
     assert f"Content-Length: {len(DATA)}" in head and len(body) == 1000 and err is None
@@ -319,7 +321,7 @@ def test_truncate_raw_and_aiohttp(origin):
     assert origin.bytes_sent_for("/t") == 2000
 
 
-def test_truncate_at_zero_and_first_time_only(origin):
+def test_truncate_at_zero_and_first_time_only(origin) -> None:
     origin.put("/t", DATA, fault=Fault(truncate_at=0, times=1))
     with pytest.raises(http.client.IncompleteRead) as ei:
         fetch(origin, "/t")
@@ -327,7 +329,7 @@ def test_truncate_at_zero_and_first_time_only(origin):
     assert fetch(origin, "/t")[2] == DATA
 
 
-def test_extra_bytes(origin):
+def test_extra_bytes(origin) -> None:
     origin.put("/x", DATA, fault=Fault(extra_bytes=b"TRAILING-GARBAGE", times=3))
     # the connection is closed after the garbage, and announced as such
     _, h, body = fetch(origin, "/x")  # http.client reads Content-Length bytes only
@@ -344,7 +346,7 @@ def test_extra_bytes(origin):
     assert body == DATA and "connection" not in h
 
 
-def test_reset(origin):
+def test_reset(origin) -> None:
     origin.put("/r", DATA, fault=Fault(reset_at=200_000))
     head, body, err = raw_get(origin, "/r")
     assert isinstance(err, ConnectionResetError)
@@ -358,7 +360,7 @@ def test_reset(origin):
     assert raw_get(origin, "/r")[1] == DATA
 
 
-def test_stall_then_continue(origin):
+def test_stall_then_continue(origin) -> None:
     origin.put("/s", DATA, fault=Fault(stall_at=100, stall_seconds=0.5))
     s = socket.create_connection(("127.0.0.1", origin.port), timeout=5)
     try:
@@ -384,7 +386,7 @@ def test_stall_then_continue(origin):
     assert buf.endswith(DATA)
 
 
-def test_stall_aiohttp_read_timeout(origin):
+def test_stall_aiohttp_read_timeout(origin) -> None:
     origin.put("/s", DATA, fault=Fault(stall_at=10))  # forever
     res = aio_get(origin.url("/s"), timeout={"sock_read": 0.2})
     assert res[0] == "exc" and isinstance(res[1], aiohttp.SocketTimeoutError)
@@ -393,7 +395,7 @@ def test_stall_aiohttp_read_timeout(origin):
     assert res[0] == "exc" and type(res[1]) is TimeoutError  # bare asyncio timeout
 
 
-def test_stop_with_a_stalled_connection_is_prompt():
+def test_stop_with_a_stalled_connection_is_prompt() -> None:
     o = Origin().start()
     o.put("/s", DATA, fault=Fault(stall_at=0))
     s = socket.create_connection(("127.0.0.1", o.port), timeout=5)
@@ -411,7 +413,7 @@ def test_stop_with_a_stalled_connection_is_prompt():
         s.close()
 
 
-def test_delay(origin):
+def test_delay(origin) -> None:
     origin.put("/d", b"x", fault=Fault(delay=0.4, times=1))
     t0 = time.monotonic()
     assert fetch(origin, "/d")[2] == b"x"
@@ -424,7 +426,7 @@ def test_delay(origin):
     assert res[0] == "exc" and isinstance(res[1], aiohttp.SocketTimeoutError)
 
 
-def test_ignore_range_and_no_accept_ranges(origin):
+def test_ignore_range_and_no_accept_ranges(origin) -> None:
     origin.put("/i", DATA, fault=Fault(ignore_range=True))
     status, h, body = fetch(origin, "/i", headers={"Range": "bytes=5-9"})
     assert status == 200 and body == DATA and h["accept-ranges"] == "bytes"
@@ -434,7 +436,7 @@ def test_ignore_range_and_no_accept_ranges(origin):
     assert status == 200 and body == DATA and "accept-ranges" not in h
 
 
-def test_wrong_content_range(origin):
+def test_wrong_content_range(origin) -> None:
     origin.put("/w", DATA, fault=Fault(wrong_content_range=True))
     n = len(DATA)
     for asked, (a, b) in [("bytes=10-19", (11, 20)), ("bytes=-10", (n - 11, n - 2)),
@@ -456,7 +458,7 @@ DECODE = {
 
 
 @pytest.mark.parametrize("enc", ["gzip", "deflate", "deflate-raw", "br", "zstd"])
-def test_encodings_on_the_wire(origin, enc):
+def test_encodings_on_the_wire(origin, enc) -> None:
     origin.put("/e", DATA, fault=Fault(encoding=enc))
     status, h, body = fetch(origin, "/e")
     assert status == 200
@@ -470,7 +472,7 @@ def test_encodings_on_the_wire(origin, enc):
     assert h["content-range"] == f"bytes 3-12/{len(body)}"
 
 
-def test_aiohttp_view_of_encodings(origin):
+def test_aiohttp_view_of_encodings(origin) -> None:
     origin.put("/e", DATA)
     for enc in ("gzip", "deflate", "deflate-raw", "br"):  # decoded transparently
         origin.set_fault("/e", Fault(encoding=enc))
@@ -486,7 +488,7 @@ def test_aiohttp_view_of_encodings(origin):
         assert res[3] == DATA
     # auto_decompress=False hands over the raw encoded bytes
 
-    async def raw():
+    async def raw() -> tuple[str, bytes]:
         async with aiohttp.ClientSession(auto_decompress=False) as s, s.get(origin.url("/e")) as r:
             return r.headers["Content-Encoding"], await r.read()
 
@@ -494,7 +496,7 @@ def test_aiohttp_view_of_encodings(origin):
     assert coding == "zstd" and DECODE["zstd"](body) == DATA
 
 
-def test_put_encoding_is_permanent_and_fault_overrides(origin):
+def test_put_encoding_is_permanent_and_fault_overrides(origin) -> None:
     origin.put("/p", DATA, encoding="br")
     for _ in range(2):
         _, h, body = fetch(origin, "/p")
@@ -508,7 +510,7 @@ def test_put_encoding_is_permanent_and_fault_overrides(origin):
     assert res[0] == "exc" and isinstance(res[1], aiohttp.ClientPayloadError)
 
 
-def test_double_encoding(origin):
+def test_double_encoding(origin) -> None:
     origin.put("/d", DATA, fault=Fault(double_encoding=("gzip", "zstd")))
     status, h, body = fetch(origin, "/d")
     assert status == 200 and h["content-encoding"] == "gzip, zstd"
@@ -523,7 +525,7 @@ def test_double_encoding(origin):
     assert brotli.decompress(gzip.decompress(body)) == DATA
 
 
-def test_claimed_encoding(origin):
+def test_claimed_encoding(origin) -> None:
     origin.put("/c", DATA, fault=Fault(claimed_encoding="bogus"))
     _, h, body = fetch(origin, "/c")
     assert h["content-encoding"] == "bogus" and body == DATA
@@ -536,12 +538,12 @@ def test_claimed_encoding(origin):
 
 
 @pytest.mark.parametrize("n", [0, 1, 1000, 1 << 20, (1 << 20) * 3 + 12345])
-def test_gzip_bomb_bytes_are_exact(n):
+def test_gzip_bomb_bytes_are_exact(n) -> None:
     assert gzip.decompress(gzip_bomb_bytes(n)) == bytes(n)
     assert _crc32_zeros(n) == zlib.crc32(bytes(n))
 
 
-def test_gzip_bomb_over_the_wire(origin):
+def test_gzip_bomb_over_the_wire(origin) -> None:
     t0 = time.monotonic()
     big = gzip_bomb_bytes(10 << 30)  # 10 GiB of zeros
     assert time.monotonic() - t0 < 2 and len(big) < 11 << 20
@@ -555,7 +557,7 @@ def test_gzip_bomb_over_the_wire(origin):
     # a 64 MiB bomb, streamed by aiohttp (which inflates it) end to end
     origin.set_fault("/b", Fault(gzip_bomb=64 << 20))
 
-    async def go():
+    async def go() -> int:
         total = 0
         async with aiohttp.ClientSession() as s, s.get(origin.url("/b")) as r:
             async for chunk in r.content.iter_chunked(1 << 20):
@@ -574,7 +576,7 @@ def test_gzip_bomb_over_the_wire(origin):
     assert d.eof and out == 64 << 20
 
 
-def test_redirects(origin):
+def test_redirects(origin) -> None:
     origin.put("/final", DATA)
     origin.put("/abs", b"", fault=Fault(redirect_to=origin.url("/final")))
     origin.put("/rel", b"", fault=Fault(redirect_to="/final", redirect_status=307))
@@ -587,7 +589,7 @@ def test_redirects(origin):
     assert res[0] == "ok" and res[3] == DATA
 
 
-def test_redirect_loops(origin):
+def test_redirect_loops(origin) -> None:
     origin.put("/loop", b"", fault=Fault(redirect_loop=True))
     status, h, _ = fetch(origin, "/loop")
     assert status == 302 and h["location"] == "/loop"
@@ -603,7 +605,7 @@ def test_redirect_loops(origin):
     assert res[0] == "exc" and isinstance(res[1], aiohttp.TooManyRedirects)
 
 
-def test_fault_validation():
+def test_fault_validation() -> None:
     with pytest.raises(ValueError):
         Fault(encoding="lzma")
     with pytest.raises(ValueError):

@@ -21,7 +21,7 @@ from kit.prockit import live_pids
 from kit.registrykit import Registry, needs_registry
 
 from cartonstore.client.leases import Client
-from cartonstore.fetch.peers import outranks, rendezvous
+from cartonstore.fetch.sources.peers import outranks, rendezvous
 from cartonstore.format.links import build_links
 
 pytestmark = pytest.mark.xdist_group("daemons")
@@ -47,27 +47,27 @@ def linked_cartons(tmp, origin: Origin, count: int, pool: list[bytes]) -> list[s
     return urls
 
 
-def verify(node) -> dict:  # noqa: ANN001
+def verify(node) -> dict:
     out = subprocess.run([sys.executable, "-m", "cartonstore.cli", "verify", "--root", str(node.root), "--json"],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stdout + out.stderr
     return json.loads(out.stdout)
 
 
-def test_rendezvous_order_is_shared_and_spread():
+def test_rendezvous_order_is_shared_and_spread() -> None:
     peers = [f"http://10.0.0.{i}:7070" for i in range(1, 6)]
     digests = [sha(str(i).encode()) for i in range(500)]
     firsts = [rendezvous(d, peers)[0] for d in digests]
-    assert all(rendezvous(d, reversed(peers))[0] == f for d, f in zip(digests, firsts))  # same on every node
+    assert all(rendezvous(d, reversed(peers))[0] == f for d, f in zip(digests, firsts, strict=True))  # same on every node
     assert min(firsts.count(p) for p in peers) > 500 / 5 / 2  # each peer is first for its share
     # Dropping a peer moves only the blobs it was first for.
-    moved = sum(rendezvous(d, peers[1:])[0] != f for d, f in zip(digests, firsts) if f != peers[0])
+    moved = sum(rendezvous(d, peers[1:])[0] != f for d, f in zip(digests, firsts, strict=True) if f != peers[0])
     assert moved == 0
     assert outranks(digests[0], "a", "b") != outranks(digests[0], "b", "a")
 
 
 @pytest.mark.slow
-def test_fleet_fetches_each_blob_from_the_origin_once(tmp_path):
+def test_fleet_fetches_each_blob_from_the_origin_once(tmp_path) -> None:
     """3 daemons, 5 cartons sharing blobs, each node leasing all 5 in its
     own order at the same time: the origin serves each blob once, peers the
     rest, and every node's store verifies."""
@@ -77,7 +77,7 @@ def test_fleet_fetches_each_blob_from_the_origin_once(tmp_path):
         orders = [urls, urls[::-1], urls[2:] + urls[:2]]
         errors: list[BaseException] = []
 
-        def lease_all(node, order) -> None:  # noqa: ANN001
+        def lease_all(node, order) -> None:
             try:
                 client = Client(node.socket_path, timeout=60)
                 for url in order:
@@ -86,7 +86,7 @@ def test_fleet_fetches_each_blob_from_the_origin_once(tmp_path):
             except BaseException as e:  # noqa: BLE001 - raised below
                 errors.append(e)
 
-        threads = [threading.Thread(target=lease_all, args=(n, o)) for n, o in zip(nodes, orders)]
+        threads = [threading.Thread(target=lease_all, args=(n, o)) for n, o in zip(nodes, orders, strict=True)]
         for t in threads:
             t.start()
         for t in threads:
@@ -104,7 +104,7 @@ def test_fleet_fetches_each_blob_from_the_origin_once(tmp_path):
 
 
 @pytest.mark.slow
-def test_peer_without_the_blob_is_skipped_and_a_dead_one_marked_down(tmp_path):
+def test_peer_without_the_blob_is_skipped_and_a_dead_one_marked_down(tmp_path) -> None:
     """One peer is up and lacks the blob (404 at once), one port has nothing
     listening, one accepts connections and never answers: the node asks,
     gives up on the silent one within the timeout, marks the dead ones down,
@@ -136,7 +136,7 @@ def test_peer_without_the_blob_is_skipped_and_a_dead_one_marked_down(tmp_path):
     assert all(origin.count(f"/blobs/{sha(d)}") == 1 for d in pool)
 
 
-def test_blobs_over_tcp_need_the_peer_token(tmp_path):
+def test_blobs_over_tcp_need_the_peer_token(tmp_path) -> None:
     pool = [os.urandom(1000)]
     with Origin() as origin, short_dir() as base, fleet(base, 1) as (node,):
         (url,) = linked_cartons(tmp_path, origin, 1, pool)
@@ -164,7 +164,7 @@ def test_blobs_over_tcp_need_the_peer_token(tmp_path):
         assert http.client  # imported for the connection class's base
 
 
-def test_a_node_with_the_wrong_token_fetches_from_the_origin(tmp_path):
+def test_a_node_with_the_wrong_token_fetches_from_the_origin(tmp_path) -> None:
     """A peer that refuses this node's token is marked down (and logged as
     such); the blob still comes, from the origin."""
     pool = [os.urandom(BLOB)]
@@ -181,7 +181,7 @@ def test_a_node_with_the_wrong_token_fetches_from_the_origin(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_zip_entry_comes_from_a_peer_not_the_origin(tmp_path):
+def test_a_zip_entry_comes_from_a_peer_not_the_origin(tmp_path) -> None:
     """A carton whose big file is inside its zip: the second node reads the
     zip's directory from the origin, and the file from the first node."""
     big = os.urandom(2 << 20)
@@ -200,7 +200,7 @@ def test_a_zip_entry_comes_from_a_peer_not_the_origin(tmp_path):
 
 
 @pytest.mark.slow
-def test_peers_over_mutual_tls(tmp_path):
+def test_peers_over_mutual_tls(tmp_path) -> None:
     """https listeners asking for a client certificate, peers showing theirs:
     the blob comes from the peer; /v1/blobs refuses a client without a
     certificate from the fleet's CA, and a stranger's cannot connect."""
@@ -234,7 +234,7 @@ def test_peers_over_mutual_tls(tmp_path):
         assert not live_pids(str(base))
 
 
-def metric_tls(node, pki, name: str, labels: str) -> float:  # noqa: ANN001
+def metric_tls(node, pki, name: str, labels: str) -> float:
     """Over the node's Unix socket: over TCP a fleet certificate opens /v1/blobs alone."""
     from kit.daemonkit import call
 
@@ -243,7 +243,7 @@ def metric_tls(node, pki, name: str, labels: str) -> float:  # noqa: ANN001
     return next(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(f"{name}{{{labels}}} "))
 
 
-def test_a_fleet_certificate_opens_blobs_alone(tmp_path):  # noqa: ANN001
+def test_a_fleet_certificate_opens_blobs_alone(tmp_path) -> None:
     """mTLS between peers: the fleet's certificate fetches blobs but loads
     nothing (a peer must not be able to load code on its neighbours)."""
     import ssl
@@ -260,7 +260,7 @@ def test_a_fleet_certificate_opens_blobs_alone(tmp_path):  # noqa: ANN001
         assert e.value.code == 403 and "authorizes /v1/blobs only" in json.loads(e.value.read())["error"]
 
 
-def test_a_probe_names_a_bad_wait_and_answers_at_once_for_what_it_has_or_lacks(tmp_path):
+def test_a_probe_names_a_bad_wait_and_answers_at_once_for_what_it_has_or_lacks(tmp_path) -> None:
     pool = [os.urandom(1000)]
     with Origin() as origin, short_dir() as base:
         with fleet(base, 1) as (node,):
@@ -285,13 +285,13 @@ def test_a_probe_names_a_bad_wait_and_answers_at_once_for_what_it_has_or_lacks(t
 
 
 @needs_registry
-def test_a_registry_carton_takes_its_blobs_from_a_peer(tmp_path, make_carton, monkeypatch):
+def test_a_registry_carton_takes_its_blobs_from_a_peer(tmp_path, make_carton, monkeypatch) -> None:
     """A node adds an OCI carton; a second one (in this process) adding it
     takes every layer from the first node and only the manifest from the registry."""
     from kit.fetchkit import fast_config
     from kit.ocikit import FILES, pull
 
-    from cartonstore.fetch.config import PeerConfig
+    from cartonstore.fetch.http.config import PeerConfig
     from cartonstore.store import Store
 
     monkeypatch.setenv("DOCKER_CONFIG", str(tmp_path / "no-docker-config"))
@@ -312,7 +312,7 @@ def test_a_registry_carton_takes_its_blobs_from_a_peer(tmp_path, make_carton, mo
 
 
 @pytest.mark.slow
-def test_nodes_adding_one_zip_carton_at_once_share_its_entries(tmp_path):
+def test_nodes_adding_one_zip_carton_at_once_share_its_entries(tmp_path) -> None:
     """Three nodes add the same carton (its files inside its zip) at the same
     moment. Each blob ranks a different node first, and a carton's blobs
     commit together, so each node waits on others for some blobs while they
@@ -327,7 +327,7 @@ def test_nodes_adding_one_zip_carton_at_once_share_its_entries(tmp_path):
         with fleet(base, 3) as nodes:
             errors: list[BaseException] = []
 
-            def lease(node) -> None:  # noqa: ANN001
+            def lease(node) -> None:
                 try:
                     Client(node.socket_path, timeout=60).acquire(origin.url("/six.carton"), ttl=600)
                 except BaseException as e:  # noqa: BLE001 - raised below
@@ -348,7 +348,7 @@ def test_nodes_adding_one_zip_carton_at_once_share_its_entries(tmp_path):
 
 
 @pytest.mark.slow
-def test_when_the_fetching_node_fails_the_nodes_waiting_on_it_are_told(tmp_path):
+def test_when_the_fetching_node_fails_the_nodes_waiting_on_it_are_told(tmp_path) -> None:
     """The blob is gone from the origin. The node that goes there fails, and
     the probes it holds are answered "absent" at once (not when the 30 s
     wait runs out): every node then tries the origin itself and fails,
@@ -360,7 +360,7 @@ def test_when_the_fetching_node_fails_the_nodes_waiting_on_it_are_told(tmp_path)
         with fleet(base, 3, wait="30s") as nodes:
             failures: list[str] = []
 
-            def lease(node) -> None:  # noqa: ANN001
+            def lease(node) -> None:
                 try:
                     Client(node.socket_path, timeout=120).acquire(url, ttl=600)
                 except Exception as e:  # noqa: BLE001 - each node must fail
@@ -379,7 +379,7 @@ def test_when_the_fetching_node_fails_the_nodes_waiting_on_it_are_told(tmp_path)
 
 
 @pytest.mark.slow
-def test_a_peer_that_answers_not_yet_for_ever_is_waited_for_peers_wait_in_all(tmp_path):
+def test_a_peer_that_answers_not_yet_for_ever_is_waited_for_peers_wait_in_all(tmp_path) -> None:
     """A peer whose own fetch is stuck answers 202 to every probe (holding
     each a little): the node stops asking it once peers.wait has passed in
     all, not per answer, and takes the blob from its origin."""
@@ -388,14 +388,14 @@ def test_a_peer_that_answers_not_yet_for_ever_is_waited_for_peers_wait_in_all(tm
     probes = []
 
     class Stuck(http.server.BaseHTTPRequestHandler):
-        def do_HEAD(self) -> None:  # noqa: N802 - http.server's name
+        def do_HEAD(self) -> None:  # http.server's name
             probes.append(float(self.headers.get("Carton-Wait", "0")))
             time.sleep(0.2)
             self.send_response(202)
             self.send_header("Content-Length", "0")
             self.end_headers()
 
-        def log_message(self, *args) -> None:  # noqa: ANN002
+        def log_message(self, *args) -> None:
             pass
 
     stuck = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Stuck)

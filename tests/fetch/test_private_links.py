@@ -15,9 +15,11 @@ import dataclasses
 import ipaddress
 import socket
 import threading
+from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from socketserver import TCPServer
+from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
@@ -26,13 +28,13 @@ from kit.fetchkit import URLS_ONLY, fast_config, materialize, pull
 
 from cartonstore.config.pulling import standard_sources
 from cartonstore.errors import CartonStoreError, InvalidInput
-from cartonstore.fetch.addresses import address_class, host_class
-from cartonstore.fetch.policy import RefusedByPolicy, UrlPolicy
-from cartonstore.fetch.registry_mirrors import pulled_from
-from cartonstore.fetch.source_kinds import SourceKinds
+from cartonstore.fetch.http.addresses import address_class, host_class
+from cartonstore.fetch.http.policy import RefusedByPolicy, UrlPolicy
+from cartonstore.fetch.http.source_kinds import SourceKinds
+from cartonstore.fetch.sources.registry_mirrors import pulled_from
 from cartonstore.format.links import build_links
 from cartonstore.store import Store
-from cartonstore.store.gc import GcPolicy
+from cartonstore.store.gc.plan import GcPolicy
 
 PAYLOAD = b"weights " * 5000
 DIGEST = sha(PAYLOAD)
@@ -54,7 +56,7 @@ class Listener:
         self._servers: list[ThreadingHTTPServer] = []
         self._threads: list[threading.Thread] = []
 
-    def __enter__(self) -> "Listener":
+    def __enter__(self) -> Listener:
         for _ in range(20):   # ::1 on the port 127.0.0.1 got; another test may hold it there
             v4 = _CountingServer(self, "127.0.0.1", 0, socket.AF_INET)
             try:
@@ -109,7 +111,7 @@ class _CountingServer(ThreadingHTTPServer):
         TCPServer.server_bind(self)   # HTTPServer's looks its own name up in DNS
         self.server_name, self.server_port = self.host, self.server_address[1]
 
-    def get_request(self):  # noqa: ANN201 - (socket, address), as socketserver's
+    def get_request(self) -> tuple[socket.socket, Any]:
         accepted = super().get_request()
         self.owner.count(self.host)
         return accepted
@@ -118,8 +120,8 @@ class _CountingServer(ThreadingHTTPServer):
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
 
-    def do_GET(self) -> None:  # noqa: N802 - http.server's name
-        owner: Listener = self.server.owner  # type: ignore[attr-defined]
+    def do_GET(self) -> None:
+        owner: Listener = self.server.owner  # type: ignore[attr-defined]  # set by _CountingServer
         path = urlsplit(self.path).path   # as a proxy, an absolute URL
         if path in owner.redirects:
             self._answer(302, b"", Location=owner.redirects[path])
@@ -142,7 +144,7 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 @pytest.fixture
-def listener():  # noqa: ANN201
+def listener() -> Iterator[Listener]:
     with Listener() as served:
         served.bodies[f"/blobs/{DIGEST}"] = PAYLOAD
         yield served
@@ -156,7 +158,7 @@ def linking(tmp_path: Path, *urls: str, name: str = "linked.carton") -> Path:
 
 
 def refused(store: Store, carton: Path, policy: UrlPolicy = STRICT, *, sources: SourceKinds = URLS_ONLY,
-            **config) -> str:  # noqa: ANN003
+            **config) -> str:
     with pytest.raises(CartonStoreError) as caught:
         pull(store, str(carton), fast_config(policy=policy, **config), sources=sources)
     message = caught.value.message
@@ -193,7 +195,7 @@ def test_a_link_to_a_non_global_address_in_any_form_is_refused_by_policy(host: s
     assert _outcome(ALLOWING.check_link, f"http://{host}:6379/x") == _outcome(ALLOWING.check, f"http://{host}:6379/x")
 
 
-def _outcome(check, url: str) -> str:  # noqa: ANN001
+def _outcome(check, url: str) -> str:
     try:
         return check(url)
     except InvalidInput as e:
@@ -348,7 +350,7 @@ def test_through_a_proxy_links_are_refused_by_name_and_by_what_the_name_resolves
 
 
 def test_blobs_of_a_carton_pulled_from_a_loopback_registry_come_back_without_the_setting(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, make_carton) -> None:  # noqa: ANN001
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, make_carton) -> None:
     from kit.ocikit import FILES, config, materialize, pull, push
     from kit.registrykit import BINARY, Registry
 

@@ -16,8 +16,8 @@ from kit.proxykit import TinyProxy, needs_tinyproxy
 from kit.registrykit import Registry, needs_registry
 
 from cartonstore.errors import FetchError, InvalidInput
-from cartonstore.fetch.config import FetchConfig, RegistryConfig
-from cartonstore.fetch.proxies import check_no_proxy, proxy_for
+from cartonstore.fetch.http.config import FetchConfig, RegistryConfig
+from cartonstore.fetch.http.proxies import check_no_proxy, proxy_for
 from cartonstore.store import Store
 
 PROXY = "http://proxy.lab:3128"
@@ -37,7 +37,7 @@ PROXY = "http://proxy.lab:3128"
     (("::1",), "http://[::1]:5000/v2/", False),
     (("127.0.0.1",), "http://127.0.0.1:5000/v2/", False),
 ])
-def test_no_proxy_entries(no_proxy, url, proxied) -> None:  # noqa: ANN001
+def test_no_proxy_entries(no_proxy, url, proxied) -> None:
     check_no_proxy(no_proxy)
     config = FetchConfig(proxy=PROXY, no_proxy=no_proxy)
     assert (proxy_for(config, url, "url") == PROXY) is proxied
@@ -60,7 +60,7 @@ def test_bad_no_proxy_entries_are_named(entry: str) -> None:
 
 
 @needs_tinyproxy
-def test_origin_requests_go_through_the_proxy(tmp_path) -> None:  # noqa: ANN001
+def test_origin_requests_go_through_the_proxy(tmp_path) -> None:
     blobs = {f"model/w{i}.bin": os.urandom(100_000) for i in range(3)}
     with Origin() as origin, TinyProxy(tmp_path / "proxy") as proxy, Store(tmp_path / "s") as store:
         url = linked_cartons_for_proxy(tmp_path, origin, blobs)
@@ -76,7 +76,7 @@ def test_origin_requests_go_through_the_proxy(tmp_path) -> None:  # noqa: ANN001
 
 
 @needs_tinyproxy
-def test_no_proxy_and_other_kinds_go_direct(tmp_path) -> None:  # noqa: ANN001
+def test_no_proxy_and_other_kinds_go_direct(tmp_path) -> None:
     blobs = {"model/w.bin": os.urandom(50_000)}
     with Origin() as origin, TinyProxy(tmp_path / "proxy") as proxy:
         url = linked_cartons_for_proxy(tmp_path, origin, blobs)
@@ -90,7 +90,7 @@ def test_no_proxy_and_other_kinds_go_direct(tmp_path) -> None:  # noqa: ANN001
 
 
 @needs_tinyproxy
-def test_a_proxy_that_is_down_is_named_and_nothing_is_stored(tmp_path) -> None:  # noqa: ANN001
+def test_a_proxy_that_is_down_is_named_and_nothing_is_stored(tmp_path) -> None:
     blobs = {"model/w.bin": os.urandom(50_000)}
     with Origin() as origin, Store(tmp_path / "s") as store:
         url = linked_cartons_for_proxy(tmp_path, origin, blobs)
@@ -103,7 +103,7 @@ def test_a_proxy_that_is_down_is_named_and_nothing_is_stored(tmp_path) -> None: 
 @needs_tinyproxy
 @needs_registry
 @pytest.mark.parametrize("tls", [False, True], ids=["http", "https-connect"])
-def test_registry_requests_go_through_the_registries_proxy(tmp_path, make_carton, monkeypatch, tls) -> None:  # noqa: ANN001
+def test_registry_requests_go_through_the_registries_proxy(tmp_path, make_carton, monkeypatch, tls) -> None:
     """Push and add through registries.proxy: plain requests forwarded as
     they are, https tunnelled with CONNECT (and still verified with the CA)."""
     from kit.ocikit import FILES, make_cert, pull, push

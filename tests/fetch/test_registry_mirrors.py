@@ -1,8 +1,8 @@
-"""The pure rule for asking a registry's mirrors (fetch/registry_mirrors.py)."""
+"""The pure rule for asking a registry's mirrors (fetch/sources/registry_mirrors.py)."""
 
 from __future__ import annotations
 
-from cartonstore.fetch.registry_mirrors import mirror_url, mirrored_blob_urls, registry_of
+from cartonstore.fetch.sources.registry_mirrors import mirror_url, mirrored_blob_urls, registry_of
 
 D = "sha256:" + "ab" * 32
 MIRRORS = {"registry.example.com": ("http://mirror-a:5000", "https://mirror-b/"),

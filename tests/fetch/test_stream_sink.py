@@ -6,12 +6,12 @@ import asyncio
 import contextlib
 import threading
 import time
-from typing import Iterator
+from collections.abc import Iterator
 
 import pytest
 from kit.daemonkit import wait_for
 
-from cartonstore.fetch.sink import StreamSink, in_own_thread
+from cartonstore.fetch.http.sink import StreamSink, in_own_thread
 
 
 def test_chunks_are_worked_in_order_in_one_other_thread() -> None:
@@ -122,7 +122,7 @@ def threads_linger_after(function_name: str, seconds: float = 0.3) -> Iterator[N
     """New threads pause for ``seconds`` as ``function_name`` returns in
     them: after the job handed its result to the loop, before the thread
     ends (threading.setprofile sees the return)."""
-    def profile(frame, event, arg):  # noqa: ANN001, ANN202
+    def profile(frame, event, arg) -> None:
         if event == "return" and frame.f_code.co_name == function_name:
             time.sleep(seconds)
     threading.setprofile(profile)

@@ -58,7 +58,7 @@ async def _get(sock: Path, path: str) -> tuple[int, dict]:
     (INPUT, [{"name": "x", "datatype": "FP32", "shape": [-1, 4]}], []),
     (OUTPUT, [], [{"name": "y", "datatype": "INT64", "shape": [-1]}]),
 ], ids=["inputs-only", "outputs-only"])
-def test_model_metadata_lists_what_is_given(daemon: DaemonProcess, tmp_path: Path, capsys, extra: bytes,  # noqa: ANN001
+def test_model_metadata_lists_what_is_given(daemon: DaemonProcess, tmp_path: Path, capsys, extra: bytes,
                                             inputs: list, outputs: list) -> None:
     carton = write_zip(tmp_path / "one.carton", carton_entries({"carton.toml": MINIMAL_TOML + extra,
                                                                 "model/w.bin": b"w"}))

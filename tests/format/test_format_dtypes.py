@@ -109,4 +109,4 @@ def test_every_safetensors_dtype_has_a_v2_answer() -> None:
     ],
 )
 def test_shape_to_v2_dims(shape: object, dims: list[int]) -> None:
-    assert shape_to_v2_dims(shape) == dims  # type: ignore[arg-type]
+    assert shape_to_v2_dims(shape) == dims  # type: ignore[arg-type]  # shapes of every kind, on purpose

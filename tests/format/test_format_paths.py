@@ -77,7 +77,7 @@ def test_error_without_a_file_is_about_the_path_and_printable() -> None:
 def test_rejects_non_strings() -> None:
     assert not is_valid_carton_path(None)
     with pytest.raises(InvalidCarton, match="is not a string"):
-        validate_carton_path(3)  # type: ignore[arg-type]
+        validate_carton_path(3)  # type: ignore[arg-type]  # a wrong type on purpose
 
 
 @pytest.mark.parametrize(

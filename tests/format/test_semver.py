@@ -45,7 +45,7 @@ TABLE = [
 
 
 @pytest.mark.parametrize(("requirement", "version", "expected"), TABLE)
-def test_version_satisfies(requirement, version, expected):
+def test_version_satisfies(requirement, version, expected) -> None:
     assert version_satisfies(version, requirement) is expected
 
 
@@ -58,12 +58,12 @@ def test_version_satisfies(requirement, version, expected):
      ("1.0.0.post1", Version(1, 0, 0)), ("2.1.0a0+git1234", Version(2, 1, 0, ("a0",))),
      ("1.5.0b2.post1", Version(1, 5, 0, ("b2",))), (" 1.2.3 ", Version(1, 2, 3))],
 )
-def test_parse_version(text, expected):
+def test_parse_version(text, expected) -> None:
     assert parse_version(text) == expected
 
 
 @pytest.mark.parametrize("text", ["", "abc", "x1.2", "1.2.3-", "1.2.3 beta", None])
-def test_bad_versions(text):
+def test_bad_versions(text) -> None:
     with pytest.raises(InvalidInput):
         parse_version(text)
 
@@ -76,7 +76,7 @@ def test_bad_versions(text):
      ("1.2.*-rc1", "has a pre-release without a full version"), ("01.2", "has a leading zero"),
      ("latest", "is not a comparator"), (">= 1.2.3.4", "is not a comparator"), (3, "must be a string")],
 )
-def test_bad_requirements(text, message):
+def test_bad_requirements(text, message) -> None:
     with pytest.raises(InvalidInput) as info:
         parse_requirement(text)
     assert message in str(info.value)
@@ -84,7 +84,7 @@ def test_bad_requirements(text, message):
         assert repr(text.strip()) in str(info.value) or repr(text) in str(info.value)
 
 
-def test_parse_requirement_keeps_comparators():
+def test_parse_requirement_keeps_comparators() -> None:
     req = parse_requirement(">=1.16, <2.0.0")
     assert [(c.op, c.major, c.minor, c.patch) for c in req.comparators] == [(">=", 1, 16, None), ("<", 2, 0, 0)]
     assert str(req) == ">=1.16, <2.0.0"

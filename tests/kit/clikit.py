@@ -12,7 +12,7 @@ from cartonstore.cli.commands import main
 from cartonstore.store import Store
 
 
-def run(capsys, *argv: str) -> tuple[int, str, str]:  # noqa: ANN001 - pytest's CaptureFixture
+def run(capsys, *argv: str) -> tuple[int, str, str]:  # pytest's CaptureFixture
     """(exit status, stdout, stderr) of ``cartonstore ARGV``."""
     code = main(list(argv))
     out, err = capsys.readouterr()

@@ -20,11 +20,12 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from conftest import MINIMAL_TOML, manifest_for, sha
 
 from cartonstore.store import Store, VerifyReport
-from cartonstore.store.gc import TMP_MIN_AGE, GcPolicy
+from cartonstore.store.gc.plan import TMP_MIN_AGE, GcPolicy
 
 PY = sys.executable
 
@@ -112,7 +113,7 @@ def spawn_and_kill(argv: list[str], delay: float) -> KillOutcome:
     return KillOutcome(delay, alive, proc.returncode, err or "")
 
 
-def timed(fn, *a, **kw):  # noqa: ANN001, ANN002, ANN003, ANN201
+def timed(fn, *a, **kw) -> tuple[Any, float]:
     t0 = time.monotonic()
     result = fn(*a, **kw)
     return result, time.monotonic() - t0

@@ -48,7 +48,7 @@ class DaemonProcess:
             args += ["--listen", self.listen]
         return args + self.extra_args
 
-    def start(self, timeout: float = 30.0) -> "DaemonProcess":
+    def start(self, timeout: float = 30.0) -> DaemonProcess:
         self.root.mkdir(parents=True, exist_ok=True)
         notify_dir = tempfile.mkdtemp(dir="/tmp", prefix="cs-notify-")
         notify_path = os.path.join(notify_dir, "notify.sock")
@@ -57,7 +57,7 @@ class DaemonProcess:
             notify.bind(notify_path)
             notify.settimeout(0.2)
             env = {**os.environ, "NOTIFY_SOCKET": notify_path, **self.env}
-            stderr = open(self.log_file, "a") if self.log_file is not None else subprocess.PIPE  # noqa: SIM115
+            stderr = open(self.log_file, "a") if self.log_file is not None else subprocess.PIPE  # noqa: SIM115 - the daemon's stderr, closed by stop()
             try:
                 self.proc = subprocess.Popen(self.argv(), env=env, stdout=subprocess.PIPE, stderr=stderr, text=True,
                                              pass_fds=self.pass_fds)
@@ -68,7 +68,7 @@ class DaemonProcess:
             while True:
                 try:
                     msg = notify.recv(4096).decode()
-                except socket.timeout:
+                except TimeoutError:
                     if self.proc.poll() is not None:  # it exited: no need to wait out the timeout
                         raise RuntimeError(f"daemon exited before ready: {self.stop_and_read()}") from None
                     if time.monotonic() > deadline:
@@ -107,12 +107,12 @@ class DaemonProcess:
     def stop_and_read(self) -> str:
         if self.proc and self.proc.poll() is None:
             self.proc.kill()
-        out, err = self.proc.communicate(timeout=10) if self.proc else ("", "")
+        _out, err = self.proc.communicate(timeout=10) if self.proc else ("", "")
         if self.log_file is not None:
             err = self.log_file.read_text(errors="replace")
         return f"exit {self.proc.returncode if self.proc else None}; stderr: {err[-3000:]}"
 
-    def __enter__(self) -> "DaemonProcess":
+    def __enter__(self) -> DaemonProcess:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
@@ -125,7 +125,7 @@ def unix_session(path: Path) -> aiohttp.ClientSession:
                                  base_url="http://cartonstore")
 
 
-def wait_for(predicate, timeout: float = 10.0, interval: float = 0.05) -> bool:  # noqa: ANN001
+def wait_for(predicate, timeout: float = 10.0, interval: float = 0.05) -> bool:
     """True as soon as ``predicate()`` is, False after ``timeout`` seconds:
     how tests wait for a condition (a fixed sleep is too short on a busy
     machine and too long on an idle one)."""
@@ -137,7 +137,7 @@ def wait_for(predicate, timeout: float = 10.0, interval: float = 0.05) -> bool: 
     return False
 
 
-async def wait_for_async(predicate, timeout: float = 10.0, interval: float = 0.02) -> bool:  # noqa: ANN001
+async def wait_for_async(predicate, timeout: float = 10.0, interval: float = 0.02) -> bool:
     """wait_for inside an event loop: ``predicate()`` may return a bool or
     an awaitable of one; the loop runs on between the checks."""
     deadline = time.monotonic() + timeout
@@ -154,15 +154,14 @@ async def wait_for_async(predicate, timeout: float = 10.0, interval: float = 0.0
 __all__ = ["DaemonProcess", "signal", "unix_session", "wait_for", "wait_for_async"]
 
 
-async def call_socket(sock: Path, method: str, path: str, **kw) -> tuple[int, object]:  # noqa: ANN003
-    async with unix_session(sock) as s:
-        async with s.request(method, path, **kw) as r:
-            text = await r.text()
-            try:
-                return r.status, json.loads(text) if text else None
-            except json.JSONDecodeError:
-                return r.status, text
+async def call_socket(sock: Path, method: str, path: str, **kw) -> tuple[int, object]:
+    async with unix_session(sock) as s, s.request(method, path, **kw) as r:
+        text = await r.text()
+        try:
+            return r.status, json.loads(text) if text else None
+        except json.JSONDecodeError:
+            return r.status, text
 
 
-def call(d: DaemonProcess, method: str, path: str, **kw) -> tuple[int, object]:  # noqa: ANN003
+def call(d: DaemonProcess, method: str, path: str, **kw) -> tuple[int, object]:
     return asyncio.run(call_socket(d.socket_path, method, path, **kw))

@@ -7,14 +7,14 @@ from pathlib import Path
 
 from conftest import MINIMAL_TOML, carton_entries, sha, work_in_tmp, write_zip
 
-from cartonstore.fetch.config import FetchConfig
-from cartonstore.fetch.policy import UrlPolicy
-from cartonstore.fetch.puller import CARTON_URL, Puller
-from cartonstore.fetch.source_kinds import SourceKinds
+from cartonstore.fetch.http.config import FetchConfig
+from cartonstore.fetch.http.policy import UrlPolicy
+from cartonstore.fetch.http.source_kinds import SourceKinds
+from cartonstore.fetch.puller import CARTON_URL, Puller, PullResult
 from cartonstore.format.links import build_links
 from cartonstore.store import Store
 
-FAST = dict(retries=3, backoff_base=0.01, backoff_max=0.05, stall_timeout=0.5, connect_timeout=2.0)
+FAST = {"retries": 3, "backoff_base": 0.01, "backoff_max": 0.05, "stall_timeout": 0.5, "connect_timeout": 2.0}
 
 
 # Tests serve the blobs a carton's LINKS name from origins on 127.0.0.1, which
@@ -26,7 +26,7 @@ TEST_POLICY = UrlPolicy(allow_private_links=True)
 URLS_ONLY = SourceKinds((CARTON_URL,))
 
 
-def fast_config(**kw) -> FetchConfig:  # noqa: ANN003
+def fast_config(**kw) -> FetchConfig:
     policy = kw.pop("policy", TEST_POLICY)
     return FetchConfig(**{**FAST, **kw}, policy=policy)
 
@@ -45,9 +45,9 @@ def linked_carton(tmp_path: Path, origin, blobs: dict[str, bytes], *, urls: dict
     return path, shas
 
 
-def pull(store: Store, source: str, config: FetchConfig | None = None, *,  # noqa: ANN201
-         sources: SourceKinds = URLS_ONLY, **kw):  # noqa: ANN003
-    async def run():  # noqa: ANN202
+def pull(store: Store, source: str, config: FetchConfig | None = None, *,
+         sources: SourceKinds = URLS_ONLY, **kw) -> PullResult:
+    async def run() -> PullResult:
         async with Puller(store, config or fast_config(), sources=sources) as p:
             return await p.add(source, **kw)
     return asyncio.run(run())

@@ -129,7 +129,7 @@ class Flood:
         """Mark the connections still open DEADLINE + SLACK after their
         connect: those the daemon has not closed (no end-of-stream from it
         waits in the kernel), save those the kernel held back (resent)."""
-        while self.connected and self.connected[0].connected_at + DEADLINE + SLACK <= now:   # type: ignore[operator]
+        while self.connected and self.connected[0].connected_at + DEADLINE + SLACK <= now:   # type: ignore[operator]  # connected: it has its time
             f = self.connected.popleft()
             if f.closed_at is not None:
                 continue
@@ -141,11 +141,11 @@ class Flood:
     def _resent(self, f: Flooder) -> bool:
         if f.family == socket.AF_UNIX:   # (a full Unix backlog refuses the connect itself)
             return False
-        info = f.sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 104)   # type: ignore[union-attr]
+        info = f.sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 104)   # type: ignore[union-attr]  # a flooder in the epoll has its socket
         return struct.unpack_from("I", info, 100)[0] > 0   # tcpi_total_retrans
 
     def _connected(self, fd: int, f: Flooder) -> None:
-        if f.sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR):   # type: ignore[union-attr]
+        if f.sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR):   # type: ignore[union-attr]  # a flooder in the epoll has its socket
             self._closed(f)   # refused outright: counted as closed at once
             return
         f.connected_at = time.monotonic()
@@ -156,7 +156,7 @@ class Flood:
 
     def _send(self, f: Flooder, data: bytes) -> None:
         try:
-            f.sock.send(data)   # type: ignore[union-attr]
+            f.sock.send(data)   # type: ignore[union-attr]  # a flooder in the epoll has its socket
         except BlockingIOError:
             pass
         except OSError:
@@ -168,7 +168,7 @@ class Flood:
 
     def _read(self, fd: int, f: Flooder) -> None:
         try:
-            data = f.sock.recv(65536)   # type: ignore[union-attr]
+            data = f.sock.recv(65536)   # type: ignore[union-attr]  # a flooder in the epoll has its socket
         except BlockingIOError:
             return
         except OSError:
@@ -181,9 +181,9 @@ class Flood:
     def _closed(self, f: Flooder) -> None:
         f.closed_at = time.monotonic()
         f.resent = self._resent(f)
-        fd = f.sock.fileno()   # type: ignore[union-attr]
+        fd = f.sock.fileno()   # type: ignore[union-attr]  # a flooder in the epoll has its socket
         self.epoll.unregister(fd)
-        f.sock.close()   # type: ignore[union-attr]
+        f.sock.close()   # type: ignore[union-attr]  # a flooder in the epoll has its socket
         del self.open[fd]
 
     def close(self) -> None:
@@ -265,7 +265,7 @@ class Floods:
     def outcome(self) -> dict[str, dict[str, object]]:
         got: dict[str, dict[str, object]] = {}
         try:
-            for child, pipe in self.children:
+            for _child, pipe in self.children:
                 assert pipe.poll(self.seconds + 30), "a flooding process did not report"
                 got.update(pipe.recv())
         finally:

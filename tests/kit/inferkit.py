@@ -18,7 +18,7 @@ from kit.prockit import live_pids
 from kit.runnerkit import onnx_model_dir
 
 NUMERIC = ["float32", "float64", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64"]
-DTYPES = NUMERIC + ["string"]
+DTYPES = [*NUMERIC, "string"]
 
 ECHO_MAIN = '''
 import os
@@ -60,7 +60,7 @@ def echo_carton(dest: Path, *, label: str = "v1", startup: str = "pass", **toml:
     """An unpacked python-runner carton that echoes x_<dtype> to y_<dtype>.
     label changes its bytes (a new version); startup runs in get_model()."""
     (dest / "model").mkdir(parents=True, exist_ok=True)
-    (dest / "carton.toml").write_text(echo_toml(**toml))  # type: ignore[arg-type]
+    (dest / "carton.toml").write_text(echo_toml(**toml))  # type: ignore[arg-type]  # echo_toml's keywords
     (dest / "model" / "main.py").write_text(ECHO_MAIN.replace("{startup}", startup) + f"\nLABEL = {label!r}\n")
     return dest
 

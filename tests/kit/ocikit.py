@@ -11,8 +11,9 @@ import pytest
 from conftest import MINIMAL_TOML
 
 from cartonstore.config.pulling import standard_puller, standard_sources
-from cartonstore.fetch.config import RegistryConfig
-from cartonstore.oci.push import push_carton
+from cartonstore.fetch.http.config import RegistryConfig
+from cartonstore.fetch.puller import PullResult
+from cartonstore.oci.push import PushResult, push_carton
 from cartonstore.store import Store
 from kit import fetchkit
 from kit.fetchkit import fast_config
@@ -22,7 +23,7 @@ FILES = {"carton.toml": MINIMAL_TOML, "model/weights.bin": BIG, "model/vocab.txt
          "model/copy.txt": b"a\nb\nc\n"}
 
 
-def config(**registries) -> object:  # noqa: ANN003
+def config(**registries) -> object:
     """Fast fetch settings for a real registry process, but for the stall
     timeout: no OCI test is about stalls, and a registry on a loaded CI
     machine took longer than fast_config's 0.5 s to answer an upload."""
@@ -30,17 +31,17 @@ def config(**registries) -> object:  # noqa: ANN003
     return fast_config(stall_timeout=10.0, registries=RegistryConfig(**registries))
 
 
-def pull(store: Store, source: str, cfg=None, **kw):  # noqa: ANN001, ANN003, ANN201
+def pull(store: Store, source: str, cfg=None, **kw) -> PullResult:
     """fetchkit's pull by a Puller that reads oci:// (the standard set)."""
     return fetchkit.pull(store, source, cfg, sources=standard_sources(), **kw)
 
 
-def materialize(store: Store, ref: str, cfg=None) -> Path:  # noqa: ANN001
+def materialize(store: Store, ref: str, cfg=None) -> Path:
     return fetchkit.materialize(store, ref, cfg, sources=standard_sources())
 
 
-def push(store: Store, ref: str, target: str, cfg) -> object:  # noqa: ANN001
-    async def run():  # noqa: ANN202
+def push(store: Store, ref: str, target: str, cfg) -> PushResult:
+    async def run() -> PushResult:
         async with standard_puller(store, cfg) as p:
             return await push_carton(p, ref, target)
     return asyncio.run(run())

@@ -98,9 +98,10 @@ import tempfile
 import threading
 import time
 import zlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import brotli
 import zstandard
@@ -125,19 +126,19 @@ class HeaderDict(dict):
     """A plain ``dict`` of request headers with case-insensitive lookup
     (keys are stored lower-cased)."""
 
-    def __init__(self, items=()):
+    def __init__(self, items=()) -> None:
         super().__init__()
         for k, v in items:
             k = k.lower()
             super().__setitem__(k, v if k not in self else f"{self[k]}, {v}")
 
-    def __getitem__(self, key):
+    def __getitem__(self, key) -> str:
         return super().__getitem__(key.lower())
 
-    def __contains__(self, key):
+    def __contains__(self, key) -> bool:
         return isinstance(key, str) and super().__contains__(key.lower())
 
-    def get(self, key, default=None):
+    def get(self, key, default=None) -> Any:
         return super().get(key.lower(), default)
 
 
@@ -273,7 +274,7 @@ class Fault:
     times: int | None = None
     methods: Sequence[str] = ("GET", "HEAD")
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         object.__setattr__(self, "status_sequence", tuple(int(s) for s in self.status_sequence))
         object.__setattr__(self, "methods", tuple(m.upper() for m in self.methods))
         if self.double_encoding is not None:
@@ -307,22 +308,22 @@ class _Body:
 
 
 class _BytesBody(_Body):
-    def __init__(self, data: bytes):
+    def __init__(self, data: bytes) -> None:
         self.data = bytes(data)
         self.size = len(self.data)
 
-    def chunks(self, start, end, chunk_size):
+    def chunks(self, start, end, chunk_size) -> Iterator[bytes]:
         view = memoryview(self.data)
         for off in range(start, end, chunk_size):
             yield bytes(view[off:min(off + chunk_size, end)])
 
 
 class _FileBody(_Body):
-    def __init__(self, path: Path, size: int | None = None):
+    def __init__(self, path: Path, size: int | None = None) -> None:
         self.path = Path(path)
         self.size = self.path.stat().st_size if size is None else size
 
-    def chunks(self, start, end, chunk_size):
+    def chunks(self, start, end, chunk_size) -> Iterator[bytes]:
         fd = os.open(self.path, os.O_RDONLY)
         try:
             off = start
@@ -336,7 +337,7 @@ class _FileBody(_Body):
             os.close(fd)
 
 
-def _compressor(name: str):
+def _compressor(name: str) -> tuple[Callable[[bytes], bytes], Callable[[], bytes]]:
     """(feed, finish) for a real streaming compressor."""
     if name == "identity":
         return (lambda b: b), (lambda: b"")
@@ -375,7 +376,7 @@ def encode(data: bytes, *chain: str) -> bytes:
 def _crc32_zeros(n: int) -> int:
     """zlib.crc32(bytes(n)) in O(log n), by GF(2) matrix powers."""
 
-    def times(mat, vec):
+    def times(mat, vec) -> int:
         s, i = 0, 0
         while vec:
             if vec & 1:
@@ -384,7 +385,7 @@ def _crc32_zeros(n: int) -> int:
             i += 1
         return s
 
-    def square(mat):
+    def square(mat) -> list[int]:
         return [times(mat, m) for m in mat]
 
     op = [0xEDB88320] + [1 << i for i in range(31)]  # one zero bit
@@ -444,7 +445,7 @@ class _Entry:
     reps: dict = field(default_factory=dict)  # coding chain -> _Body
 
 
-def _parse_range(value: str, size: int):
+def _parse_range(value: str, size: int) -> tuple[int, int] | str | None:
     """None: ignore the header; "416": unsatisfiable; else (start, end_incl)."""
     value = value.strip()
     unit, sep, spec = value.partition("=")
@@ -482,7 +483,7 @@ class Origin:
     work before and after start, from any thread."""
 
     def __init__(self, *, chunk_size: int = CHUNK_SIZE, shutdown_timeout: float = 2.0,
-                 ssl_context: ssl.SSLContext | None = None):
+                 ssl_context: ssl.SSLContext | None = None) -> None:
         self.chunk_size = chunk_size
         self.shutdown_timeout = shutdown_timeout
         self._ssl_context = ssl_context   # https where given
@@ -512,7 +513,7 @@ class Origin:
         loop = asyncio.new_event_loop()
         self._loop = loop
 
-        def run():
+        def run() -> None:
             asyncio.set_event_loop(loop)
             try:
                 loop.run_until_complete(self._astart())
@@ -547,7 +548,7 @@ class Origin:
             raise error[0]
         return self
 
-    async def _astart(self):
+    async def _astart(self) -> None:
         self._stopping = asyncio.Event()
         app = web.Application(client_max_size=1 << 20)
         app.router.add_route("*", "/{tail:.*}", self._handle)
@@ -559,7 +560,7 @@ class Origin:
         await site.start()
         self._port = self._runner.addresses[0][1]
 
-    async def _astop(self):
+    async def _astop(self) -> None:
         self._stopping.set()
         for tr in list(self._live):
             tr.abort()
@@ -577,7 +578,7 @@ class Origin:
             shutil.rmtree(self._tmpdir, ignore_errors=True)
             self._tmpdir = None
 
-    def __enter__(self) -> Origin:  # noqa: PYI034 - not subclassed
+    def __enter__(self) -> Origin:  # not subclassed
         return self.start()
 
     def __exit__(self, *exc) -> None:
@@ -626,7 +627,7 @@ class Origin:
             etag = h.hexdigest()
         return self._install(path, body, etag, st.st_mtime, fault, encoding)
 
-    def _install(self, path, body, sha, mtime, fault, encoding):
+    def _install(self, path, body, sha, mtime, fault, encoding) -> _Entry:
         path = _norm(path)
         if encoding is not None and encoding not in ENCODINGS:
             raise ValueError(f"unknown encoding {encoding!r}")
@@ -773,7 +774,7 @@ class Origin:
         finally:
             self._live.discard(transport)
 
-    async def _respond(self, request, path, entry: _Entry, fault: Fault | None, status: int | None):
+    async def _respond(self, request, path, entry: _Entry, fault: Fault | None, status: int | None) -> web.StreamResponse:
         transport = request.transport
         head = request.method == "HEAD"
         if fault is not None and fault.delay and not await self._wait(fault.delay, transport):
@@ -853,7 +854,7 @@ class Origin:
         await self._send_body(request, resp, path, body, start, end, fault)
         return resp
 
-    async def _send_body(self, request, resp, path, body: _Body, start, end, fault):
+    async def _send_body(self, request, resp, path, body: _Body, start, end, fault) -> None:
         transport = request.transport
         total = end - start
         stall_at = truncate_at = reset_at = None
@@ -935,7 +936,7 @@ def _norm(path: str) -> str:
     return path if path.startswith("/") else "/" + path
 
 
-def _gone(transport):
+def _gone(transport) -> web.Response:
     if transport is not None and not transport.is_closing():
         transport.abort()
     return web.Response(status=499)

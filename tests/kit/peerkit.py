@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 import socket
 import urllib.request
+from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
-from typing import Iterator
 
 from kit.daemonkit import DaemonProcess
 
@@ -30,7 +30,7 @@ def node_config(path: Path, peers: list[str], *, token: str = TOKEN, extra: str 
 
 
 @contextmanager
-def fleet(base: Path, count: int, *, scheme: str = "http", peers_of=None,  # noqa: ANN001
+def fleet(base: Path, count: int, *, scheme: str = "http", peers_of=None,
           **config: str) -> Iterator[list[DaemonProcess]]:
     """``count`` daemons, each listing the others (or ``peers_of(i, urls)``)
     as peers; ``config`` goes to node_config (token, extra, peer_extra, wait)."""
@@ -38,7 +38,7 @@ def fleet(base: Path, count: int, *, scheme: str = "http", peers_of=None,  # noq
         yield _start_fleet(stack, base, count, scheme, peers_of, config)
 
 
-def _start_fleet(stack: ExitStack, base: Path, count: int, scheme: str, peers_of,  # noqa: ANN001
+def _start_fleet(stack: ExitStack, base: Path, count: int, scheme: str, peers_of,
                  config: dict[str, str]) -> list[DaemonProcess]:
     # Each node's config names the others' ports, so they are picked before any
     # daemon binds; another test may take one meanwhile: then the fleet starts again.

@@ -76,7 +76,7 @@ def _is_gone(pid: int) -> bool:
         return True
 
 
-def stop_process(proc, timeout: float = 10.0) -> None:  # noqa: ANN001 - a subprocess.Popen
+def stop_process(proc, timeout: float = 10.0) -> None:  # a subprocess.Popen
     """SIGTERM, then SIGKILL after ``timeout``; reaped either way."""
     import subprocess
 

@@ -29,7 +29,7 @@ class TinyProxy:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self) -> "TinyProxy":
+    def start(self) -> TinyProxy:
         assert BINARY is not None
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.log_path = self.workdir / "tinyproxy.log"
@@ -67,7 +67,7 @@ class TinyProxy:
         if self.proc is not None:
             stop_process(self.proc)
 
-    def __enter__(self) -> "TinyProxy":
+    def __enter__(self) -> TinyProxy:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

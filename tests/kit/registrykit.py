@@ -14,6 +14,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -49,7 +50,7 @@ class Registry:
     def ref(self, repo_and_tag: str) -> str:
         return f"oci://{self.authority}/{repo_and_tag}"
 
-    def start(self) -> "Registry":
+    def start(self) -> Registry:
         assert BINARY is not None
         self.workdir.mkdir(parents=True, exist_ok=True)
         config = [
@@ -63,7 +64,7 @@ class Registry:
             (self.workdir / "htpasswd").write_text(HTPASSWD)
             config += ["auth:", "  htpasswd:", "    realm: test-registry", f"    path: {self.workdir / 'htpasswd'}"]
         (self.workdir / "config.yml").write_text("\n".join(config) + "\n")
-        self.log = open(self.workdir / "registry.log", "wb")
+        self.log = open(self.workdir / "registry.log", "wb")  # noqa: SIM115 - the registry's stdout, closed by stop()
         self.proc = subprocess.Popen([BINARY, "serve", str(self.workdir / "config.yml")], stdout=self.log,
                                      stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + 20
@@ -85,7 +86,7 @@ class Registry:
             self.log.close()
         self.proc = None
 
-    def __enter__(self) -> "Registry":
+    def __enter__(self) -> Registry:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
@@ -93,7 +94,7 @@ class Registry:
 
     # -- reading the registry directly, as a second client would ----------------------
 
-    def _open(self, method: str, path: str, data: bytes | None = None, headers: dict | None = None):  # noqa: ANN202
+    def _open(self, method: str, path: str, data: bytes | None = None, headers: dict | None = None) -> Any:
         request = urllib.request.Request(f"http://{self.authority}{path}", data=data, method=method,
                                          headers=headers or {})
         if self.htpasswd:

@@ -26,14 +26,15 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import aiohttp
 
 from cartonstore.carton.pack import pack_directory
 from cartonstore.client.wire import UnixHTTPConnection
-from cartonstore.runner.builtin import BUILTIN_RUNNERS
+from cartonstore.runner.builtin_runners import BUILTIN_RUNNERS
 from kit.prockit import live_pids, wait_gone  # noqa: F401 - wait_gone is used by the tests through this kit
 
 PY = sys.executable
@@ -210,7 +211,7 @@ def save_scripted(source: str, class_name: str, dest: Path) -> Path:
     module_file.write_text(source)
     spec = importlib.util.spec_from_file_location(module_file.stem, module_file)
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    spec.loader.exec_module(module)  # type: ignore[union-attr]  # a file path always has its loader
     torch.jit.script(getattr(module, class_name)()).save(str(dest))
     module_file.unlink()   # not part of the carton
     return dest

@@ -7,7 +7,7 @@ import pwd
 import subprocess
 import sys
 
-from cartonstore.server.runners.sandbox import unreachable
+from cartonstore.server.runner_processes.sandbox import unreachable
 
 
 def runner_user() -> pwd.struct_passwd | None:

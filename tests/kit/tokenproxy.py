@@ -78,20 +78,20 @@ class TokenProxy:
         headers["Host"] = self.authority     # the registry builds its Locations from it
         if request.content_length is not None:
             headers["Content-Length"] = str(request.content_length)
-        async with aiohttp.ClientSession(auto_decompress=False) as session:
-            async with session.request(request.method, f"http://{self.upstream}{request.path_qs}", headers=headers,
-                                       data=request.content if request.can_read_body else None,
-                                       allow_redirects=False) as r:
-                out = web.StreamResponse(status=r.status, headers={k: v for k, v in r.headers.items()
-                                                                   if k.lower() not in ("transfer-encoding",
-                                                                                        "connection")})
-                await out.prepare(request)
-                async for chunk in r.content.iter_chunked(1 << 16):
-                    await out.write(chunk)
-                await out.write_eof()
-                return out
+        async with (aiohttp.ClientSession(auto_decompress=False) as session,
+                    session.request(request.method, f"http://{self.upstream}{request.path_qs}", headers=headers,
+                                    data=request.content if request.can_read_body else None,
+                                    allow_redirects=False) as r):
+            out = web.StreamResponse(status=r.status, headers={k: v for k, v in r.headers.items()
+                                                               if k.lower() not in ("transfer-encoding",
+                                                                                    "connection")})
+            await out.prepare(request)
+            async for chunk in r.content.iter_chunked(1 << 16):
+                await out.write(chunk)
+            await out.write_eof()
+            return out
 
-    def __enter__(self) -> "TokenProxy":
+    def __enter__(self) -> TokenProxy:
         def run() -> None:
             self._loop = asyncio.new_event_loop()
             app = web.Application(client_max_size=1 << 30)

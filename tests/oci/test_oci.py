@@ -10,7 +10,9 @@ import asyncio
 import base64
 import hashlib
 import json
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import sha, snapshot
@@ -20,19 +22,19 @@ from kit.registrykit import PASSWORD, USER, Registry, needs_registry
 from cartonstore.errors import FetchError, InvalidInput
 from cartonstore.oci.artifact import ARTIFACT_TYPE, TITLE
 from cartonstore.store import Store
-from cartonstore.store.gc import GcPolicy
+from cartonstore.store.gc.plan import GcPolicy
 
 pytestmark = needs_registry
 
 @pytest.fixture
-def registry(tmp_path: Path, monkeypatch):  # noqa: ANN001, ANN201
+def registry(tmp_path: Path, monkeypatch) -> Iterator[Registry]:
     monkeypatch.setenv("DOCKER_CONFIG", str(tmp_path / "no-docker-config"))
     with Registry(tmp_path / "registry") as r:
         yield r
 
 
 @pytest.fixture
-def pushed(tmp_path: Path, registry: Registry, make_carton):  # noqa: ANN001, ANN201
+def pushed(tmp_path: Path, registry: Registry, make_carton) -> Iterator[tuple[Path, str, Any]]:
     source = Store(tmp_path / "source")
     digest = source.add(make_carton(FILES), name="m").digest
     result = push(source, "m", registry.ref("models/m:v1"), config())
@@ -40,8 +42,8 @@ def pushed(tmp_path: Path, registry: Registry, make_carton):  # noqa: ANN001, AN
     source.close()
 
 
-def test_push_then_add_by_tag_and_by_digest(tmp_path: Path, registry: Registry, pushed) -> None:  # noqa: ANN001
-    source, digest, result = pushed
+def test_push_then_add_by_tag_and_by_digest(tmp_path: Path, registry: Registry, pushed) -> None:
+    _source, digest, result = pushed
     assert result.carton == digest and result.uploaded == 5 and result.present == 0   # 4 blobs + config
     assert result.bytes_uploaded == result.bytes_total
     manifest = json.loads(registry.manifest("models/m", "v1"))
@@ -64,7 +66,7 @@ def test_push_then_add_by_tag_and_by_digest(tmp_path: Path, registry: Registry, 
                     config()).digest == digest
 
 
-def test_a_puller_reads_oci_only_when_built_with_that_kind(tmp_path: Path, registry: Registry, pushed) -> None:  # noqa: ANN001
+def test_a_puller_reads_oci_only_when_built_with_that_kind(tmp_path: Path, registry: Registry, pushed) -> None:
     """The kinds a Puller reads are the ones it is built with: one with
     fetch's own (carton URLs) refuses a reference it could otherwise reach,
     naming the scheme; the standard one (the CLI's, the daemon's: their own
@@ -81,7 +83,7 @@ def test_a_puller_reads_oci_only_when_built_with_that_kind(tmp_path: Path, regis
 
 
 def test_a_second_push_sends_nothing_and_a_shared_carton_sends_only_what_is_new(
-        tmp_path: Path, registry: Registry, pushed, make_carton) -> None:  # noqa: ANN001
+        tmp_path: Path, registry: Registry, pushed, make_carton) -> None:
     source, _digest, _ = pushed
     again = push(source, "m", registry.ref("models/m:v2"), config())
     assert again.uploaded == 0 and again.present == 5 and again.bytes_uploaded == 0
@@ -92,14 +94,14 @@ def test_a_second_push_sends_nothing_and_a_shared_carton_sends_only_what_is_new(
 
 
 def test_push_to_another_repository_mounts_instead_of_uploading(tmp_path: Path, registry: Registry,
-                                                                 pushed) -> None:  # noqa: ANN001
+                                                                 pushed) -> None:
     source, _digest, _ = pushed
     other = push(source, "m", registry.ref("team/other:v1"), config())
     assert other.mounted == 4 and other.bytes_uploaded < 10   # only the 2-byte config was not known from here
     assert registry.has_blob("team/other", sha(BIG))
 
 
-def test_evicted_blobs_come_back_from_the_registry(tmp_path: Path, registry: Registry, pushed) -> None:  # noqa: ANN001
+def test_evicted_blobs_come_back_from_the_registry(tmp_path: Path, registry: Registry, pushed) -> None:
     _source, digest, _ = pushed
     with Store(tmp_path / "a") as a:
         pull(a, registry.ref("models/m:v1"), config(), name="x")
@@ -110,7 +112,7 @@ def test_evicted_blobs_come_back_from_the_registry(tmp_path: Path, registry: Reg
         assert (model / "model/weights.bin").read_bytes() == BIG and a.verify().ok
 
 
-def test_a_big_blob_is_pushed_in_chunks(tmp_path: Path, registry: Registry, pushed) -> None:  # noqa: ANN001
+def test_a_big_blob_is_pushed_in_chunks(tmp_path: Path, registry: Registry, pushed) -> None:
     # 3 MiB at 1 MiB chunks went as PATCHes; the registry holds exactly the bytes.
     assert registry.has_blob("models/m", sha(BIG))
     with Store(tmp_path / "a") as a:
@@ -122,7 +124,7 @@ def test_a_big_blob_is_pushed_in_chunks(tmp_path: Path, registry: Registry, push
 
 
 @pytest.fixture
-def locked(tmp_path: Path, monkeypatch):  # noqa: ANN001, ANN201
+def locked(tmp_path: Path, monkeypatch) -> Iterator[Registry]:
     monkeypatch.setenv("DOCKER_CONFIG", str(tmp_path / "docker"))
     with Registry(tmp_path / "registry", htpasswd=True) as r:
         yield r
@@ -135,7 +137,7 @@ def docker_config(path: Path, authority: str, user: str = USER, password: str = 
     return path / "config.json"
 
 
-def test_basic_auth_credentials_from_docker_config(tmp_path: Path, locked: Registry, make_carton) -> None:  # noqa: ANN001
+def test_basic_auth_credentials_from_docker_config(tmp_path: Path, locked: Registry, make_carton) -> None:
     docker_config(tmp_path / "docker", locked.authority)
     with Store(tmp_path / "s") as s:
         digest = s.add(make_carton(FILES), name="m").digest
@@ -145,7 +147,7 @@ def test_basic_auth_credentials_from_docker_config(tmp_path: Path, locked: Regis
 
 
 def test_basic_auth_credentials_from_the_auth_file_setting(tmp_path: Path, locked: Registry,
-                                                           make_carton) -> None:  # noqa: ANN001
+                                                           make_carton) -> None:
     auth_file = docker_config(tmp_path / "cartonstore", f"https://{locked.authority}/v1/")
     with Store(tmp_path / "s") as s:
         s.add(make_carton(FILES), name="m")
@@ -153,7 +155,7 @@ def test_basic_auth_credentials_from_the_auth_file_setting(tmp_path: Path, locke
 
 
 def test_no_credentials_and_wrong_credentials_are_named_and_store_nothing(
-        tmp_path: Path, locked: Registry, make_carton) -> None:  # noqa: ANN001
+        tmp_path: Path, locked: Registry, make_carton) -> None:
     docker_config(tmp_path / "docker", locked.authority)
     with Store(tmp_path / "s") as s:
         s.add(make_carton(FILES), name="m")
@@ -173,7 +175,7 @@ def test_no_credentials_and_wrong_credentials_are_named_and_store_nothing(
 # -- the Bearer token flow -------------------------------------------------------------------
 
 
-def test_bearer_tokens_anonymous_are_asked_once_per_scope(tmp_path: Path, registry: Registry, make_carton) -> None:  # noqa: ANN001
+def test_bearer_tokens_anonymous_are_asked_once_per_scope(tmp_path: Path, registry: Registry, make_carton) -> None:
     from kit.tokenproxy import TokenProxy
 
     with TokenProxy(registry.authority) as proxy, Store(tmp_path / "s") as s:
@@ -188,7 +190,7 @@ def test_bearer_tokens_anonymous_are_asked_once_per_scope(tmp_path: Path, regist
                                         for r in proxy.token_requests)
 
 
-def test_bearer_tokens_with_credentials(tmp_path: Path, registry: Registry, make_carton) -> None:  # noqa: ANN001
+def test_bearer_tokens_with_credentials(tmp_path: Path, registry: Registry, make_carton) -> None:
     from kit.tokenproxy import TokenProxy
 
     with TokenProxy(registry.authority, require_user=True) as proxy, Store(tmp_path / "s") as s:
@@ -206,7 +208,7 @@ def test_bearer_tokens_with_credentials(tmp_path: Path, registry: Registry, make
 
 
 def test_cli_push_and_add_and_a_daemon_load_by_oci_source(tmp_path: Path, registry: Registry, daemon,
-                                                          capsys) -> None:  # noqa: ANN001
+                                                          capsys) -> None:
     from conftest import FIXTURE_CARTON, FIXTURE_DIGEST
     from kit.daemonkit import call
 
@@ -234,7 +236,7 @@ def test_cli_push_and_add_and_a_daemon_load_by_oci_source(tmp_path: Path, regist
 
 
 def test_a_chunk_cut_off_is_resumed_from_where_the_registry_stands(tmp_path: Path, registry: Registry,
-                                                                    make_carton) -> None:  # noqa: ANN001
+                                                                    make_carton) -> None:
     from kit.tokenproxy import TokenProxy
 
     with TokenProxy(registry.authority, tokens=False, break_patches=2) as proxy, Store(tmp_path / "s") as s:
@@ -247,7 +249,7 @@ def test_a_chunk_cut_off_is_resumed_from_where_the_registry_stands(tmp_path: Pat
 
 
 def test_a_blob_that_cannot_be_sent_fails_the_push_and_puts_no_manifest(tmp_path: Path, registry: Registry,
-                                                                       make_carton) -> None:  # noqa: ANN001
+                                                                       make_carton) -> None:
     """Every chunk of the big blob is cut off: the push fails naming the
     upload, the other blobs' uploads are stopped, and the tag names nothing."""
     import urllib.error
@@ -267,7 +269,7 @@ def test_a_blob_that_cannot_be_sent_fails_the_push_and_puts_no_manifest(tmp_path
 # -- TLS -----------------------------------------------------------------------------------
 
 
-def test_https_registry_is_verified_with_the_configured_ca(tmp_path: Path, make_carton, monkeypatch) -> None:  # noqa: ANN001
+def test_https_registry_is_verified_with_the_configured_ca(tmp_path: Path, make_carton, monkeypatch) -> None:
     monkeypatch.setenv("DOCKER_CONFIG", str(tmp_path / "docker"))
     cert, key = make_cert(tmp_path / "tls")
     with Registry(tmp_path / "registry", tls=(cert, key)) as registry, Store(tmp_path / "s") as s:
@@ -279,7 +281,7 @@ def test_https_registry_is_verified_with_the_configured_ca(tmp_path: Path, make_
             assert pull(a, registry.ref("models/m:v1"), config(ca_file=cert)).digest == digest
 
 
-def test_credentials_from_a_credential_helper(tmp_path: Path, locked: Registry, make_carton, monkeypatch) -> None:  # noqa: ANN001
+def test_credentials_from_a_credential_helper(tmp_path: Path, locked: Registry, make_carton, monkeypatch) -> None:
     helpers = tmp_path / "bin"
     helpers.mkdir()
     helper = helpers / "docker-credential-fake"

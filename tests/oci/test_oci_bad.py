@@ -19,6 +19,7 @@ from kit.origin import Fault
 from kit.registrykit import Registry, needs_registry
 
 from cartonstore.errors import CartonStoreError, FetchError, InvalidCarton, InvalidInput
+from cartonstore.fetch.puller import PullResult
 from cartonstore.store import Store
 
 WEIGHTS = FILES["model/weights.bin"]
@@ -30,7 +31,7 @@ def descriptor(path: str, data: bytes, *, size: int | None = None, media: str = 
             "annotations": {"org.opencontainers.image.title": path}}
 
 
-def manifest(layers: list[dict], **top) -> bytes:  # noqa: ANN003
+def manifest(layers: list[dict], **top) -> bytes:
     doc = {"schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
            "artifactType": "application/vnd.carton.v1",
            "config": {"mediaType": "application/vnd.oci.empty.v1+json", "digest": f"sha256:{sha(b'{}')}", "size": 2},
@@ -38,7 +39,7 @@ def manifest(layers: list[dict], **top) -> bytes:  # noqa: ANN003
     return json.dumps(doc).encode()
 
 
-def fake_registry(origin, files: dict[str, bytes], layers: list[dict] | None = None,  # noqa: ANN001
+def fake_registry(origin, files: dict[str, bytes], layers: list[dict] | None = None,
                   faults: dict[str, Fault] | None = None, raw: bytes | None = None) -> str:
     """origin serving a repository "r" with tag "t"; returns the reference."""
     origin.put("/v2/", b"{}")
@@ -55,31 +56,31 @@ def refused(store: Store, ref: str, error: type, match: str) -> None:
     assert snapshot(store.root) == before
 
 
-def test_a_fake_registry_that_behaves_is_read(store: Store, origin) -> None:  # noqa: ANN001
+def test_a_fake_registry_that_behaves_is_read(store: Store, origin) -> None:
     r = pull(store, fake_registry(origin, FILES), fast_config())
     assert r.complete and r.digest == sha(manifest_for(FILES))   # MANIFEST rebuilt from titles and digests
 
 
-def test_a_blob_whose_bytes_do_not_match_its_digest(store: Store, origin) -> None:  # noqa: ANN001
+def test_a_blob_whose_bytes_do_not_match_its_digest(store: Store, origin) -> None:
     ref = fake_registry(origin, FILES, faults={sha(WEIGHTS): Fault(wrong_bytes=True)})
     refused(store, ref, CartonStoreError, f"(?s)could not fetch blob {sha(WEIGHTS)}.*bytes hash to sha256")
 
 
-def test_a_registry_that_lies_about_sizes(store: Store, origin) -> None:  # noqa: ANN001
+def test_a_registry_that_lies_about_sizes(store: Store, origin) -> None:
     smaller = [descriptor(p, d, size=len(d) - 10 if p == "model/weights.bin" else None) for p, d in FILES.items()]
     refused(store, fake_registry(origin, FILES, smaller), CartonStoreError, "the manifest says")
     toml_bigger = [descriptor(p, d, size=len(d) + 5 if p == "carton.toml" else None) for p, d in FILES.items()]
     refused(store, fake_registry(origin, FILES, toml_bigger), CartonStoreError, "sent .* bytes, its manifest says")
 
 
-def test_a_path_escaping_the_carton(store: Store, origin) -> None:  # noqa: ANN001
+def test_a_path_escaping_the_carton(store: Store, origin) -> None:
     layers = [descriptor(p, d) for p, d in FILES.items()] + [descriptor("../../etc/evil", b"x")]
     refused(store, fake_registry(origin, {**FILES, "x": b"x"}, layers), InvalidCarton, r"\.\./\.\./etc/evil")
     absolute = [descriptor(p, d) for p, d in FILES.items()] + [descriptor("/etc/evil", b"x")]
     refused(store, fake_registry(origin, {**FILES, "x": b"x"}, absolute), InvalidCarton, "absolute")
 
 
-def test_another_artifact_type_an_image_and_an_index(store: Store, origin) -> None:  # noqa: ANN001
+def test_another_artifact_type_an_image_and_an_index(store: Store, origin) -> None:
     layers = [descriptor(p, d) for p, d in FILES.items()]
     refused(store, fake_registry(origin, FILES, raw=manifest(layers, artifactType="application/vnd.other+type")),
             InvalidInput, "artifact of type 'application/vnd.other\\+type', not a carton")
@@ -91,7 +92,7 @@ def test_another_artifact_type_an_image_and_an_index(store: Store, origin) -> No
     refused(store, fake_registry(origin, FILES, raw=json.dumps(index).encode()), InvalidInput, "image index")
 
 
-def test_layers_that_disagree_with_manifest_or_lack_a_title(store: Store, origin) -> None:  # noqa: ANN001
+def test_layers_that_disagree_with_manifest_or_lack_a_title(store: Store, origin) -> None:
     listed = manifest_for({**FILES, "model/weights.bin": b"other"})
     files = {**FILES, "MANIFEST": listed}
     refused(store, fake_registry(origin, files), CartonStoreError, "model/weights.bin")
@@ -102,7 +103,7 @@ def test_layers_that_disagree_with_manifest_or_lack_a_title(store: Store, origin
     refused(store, fake_registry(origin, no_toml), InvalidCarton, "carton.toml")
 
 
-def test_401_without_a_usable_challenge(store: Store, origin) -> None:  # noqa: ANN001
+def test_401_without_a_usable_challenge(store: Store, origin) -> None:
     ref = fake_registry(origin, FILES)
     origin.set_fault("/v2/r/manifests/t", Fault(status_sequence=[401] * 10))
     refused(store, ref, FetchError, "401 Unauthorized without a usable challenge")
@@ -123,7 +124,7 @@ needs_skopeo = pytest.mark.skipif(SKOPEO is None, reason="skopeo (Debian package
 
 @needs_registry
 @needs_skopeo
-def test_skopeo_copies_what_cartonstore_pushed(tmp_path: Path, make_carton, monkeypatch) -> None:  # noqa: ANN001
+def test_skopeo_copies_what_cartonstore_pushed(tmp_path: Path, make_carton, monkeypatch) -> None:
     monkeypatch.setenv("DOCKER_CONFIG", str(tmp_path / "docker"))
     with Registry(tmp_path / "registry") as registry, Store(tmp_path / "s") as s:
         s.add(make_carton(FILES), name="m")
@@ -138,7 +139,7 @@ def test_skopeo_copies_what_cartonstore_pushed(tmp_path: Path, make_carton, monk
 
 @needs_registry
 @needs_skopeo
-def test_an_artifact_skopeo_pushed_is_added(tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
+def test_an_artifact_skopeo_pushed_is_added(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv("DOCKER_CONFIG", str(tmp_path / "docker"))
     layout = tmp_path / "layout"
     layout.mkdir()
@@ -157,14 +158,14 @@ def test_an_artifact_skopeo_pushed_is_added(tmp_path: Path, monkeypatch) -> None
 # -- concurrent callers and adding again ------------------------------------------------------
 
 
-def test_concurrent_adds_of_one_reference_share_one_fetch(store: Store, origin) -> None:  # noqa: ANN001
+def test_concurrent_adds_of_one_reference_share_one_fetch(store: Store, origin) -> None:
     import asyncio
 
     from cartonstore.config.pulling import standard_puller
 
     ref = fake_registry(origin, FILES)
 
-    async def run():  # noqa: ANN202
+    async def run() -> list[PullResult]:
         async with standard_puller(store, fast_config()) as p:
             return await asyncio.gather(*(p.add(ref) for _ in range(4)))
 
@@ -175,7 +176,7 @@ def test_concurrent_adds_of_one_reference_share_one_fetch(store: Store, origin) 
         assert origin.count(f"/v2/r/blobs/sha256:{sha(data)}") == 1
 
 
-def test_adding_again_fetches_no_blob(store: Store, origin) -> None:  # noqa: ANN001
+def test_adding_again_fetches_no_blob(store: Store, origin) -> None:
     ref = fake_registry(origin, FILES)
     first = pull(store, ref, fast_config())
     origin.reset_counts()

@@ -9,6 +9,7 @@ comes back from the mirrors of the registry it was pulled from."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,13 +18,13 @@ from kit.ocikit import FILES, config, materialize, pull, push
 from kit.registrykit import Registry, free_port, needs_registry
 
 from cartonstore.store import Store
-from cartonstore.store.gc import GcPolicy
+from cartonstore.store.gc.plan import GcPolicy
 
 pytestmark = needs_registry
 
 
 @pytest.fixture
-def two(tmp_path: Path, monkeypatch):  # noqa: ANN001, ANN201
+def two(tmp_path: Path, monkeypatch) -> Iterator[tuple[Registry, Registry]]:
     """(upstream, mirror): the same carton pushed to both as models/m:v1;
     the pushed manifest's digest."""
     monkeypatch.setenv("DOCKER_CONFIG", str(tmp_path / "no-docker-config"))
@@ -31,7 +32,7 @@ def two(tmp_path: Path, monkeypatch):  # noqa: ANN001, ANN201
         yield upstream, mirror
 
 
-def _pushed(tmp_path: Path, make_carton, *registries: Registry) -> tuple[str, str]:  # noqa: ANN001
+def _pushed(tmp_path: Path, make_carton, *registries: Registry) -> tuple[str, str]:
     with Store(tmp_path / "source") as source:
         digest = source.add(make_carton(FILES), name="m").digest
         references = [push(source, "m", r.ref("models/m:v1"), config()).reference for r in registries]
@@ -42,7 +43,7 @@ def _mirrors(upstream: Registry, *endpoints: str) -> object:
     return config(mirrors={upstream.authority: endpoints})
 
 
-def test_a_pull_by_digest_comes_from_the_mirror_with_the_registry_down(tmp_path: Path, two, make_carton) -> None:  # noqa: ANN001
+def test_a_pull_by_digest_comes_from_the_mirror_with_the_registry_down(tmp_path: Path, two, make_carton) -> None:
     upstream, mirror = two
     digest, manifest = _pushed(tmp_path, make_carton, upstream, mirror)
     upstream.stop()
@@ -57,7 +58,7 @@ def test_a_pull_by_digest_comes_from_the_mirror_with_the_registry_down(tmp_path:
 
 
 def test_a_tag_resolves_at_the_registry_and_its_blobs_come_from_the_mirror(tmp_path: Path, two,
-                                                                           make_carton) -> None:  # noqa: ANN001
+                                                                           make_carton) -> None:
     upstream, mirror = two
     digest, _ = _pushed(tmp_path, make_carton, upstream, mirror)
     weights = sha(FILES["model/weights.bin"])
@@ -72,7 +73,7 @@ def test_a_tag_resolves_at_the_registry_and_its_blobs_come_from_the_mirror(tmp_p
         pull(plain, upstream.ref("models/m:v1"), config())
 
 
-def test_mirrors_that_lack_it_or_are_down_are_passed_over(tmp_path: Path, two, make_carton) -> None:  # noqa: ANN001
+def test_mirrors_that_lack_it_or_are_down_are_passed_over(tmp_path: Path, two, make_carton) -> None:
     upstream, empty = two   # the second registry has nothing pushed: a mirror that lacks the carton
     digest, manifest = _pushed(tmp_path, make_carton, upstream)
     dead = f"http://127.0.0.1:{free_port()}"
@@ -83,7 +84,7 @@ def test_mirrors_that_lack_it_or_are_down_are_passed_over(tmp_path: Path, two, m
         assert {p: (materialize(node, "m") / p).read_bytes() for p in FILES} == FILES
 
 
-def test_a_mirror_serving_other_bytes_is_not_believed(tmp_path: Path, two, make_carton) -> None:  # noqa: ANN001
+def test_a_mirror_serving_other_bytes_is_not_believed(tmp_path: Path, two, make_carton) -> None:
     """A mirror (a real HTTP server, lying on purpose) answers every manifest
     and blob with bytes of its own. By digest, the manifest it serves hashes
     otherwise than the digest asked: it is passed over for the whole pull,
@@ -95,7 +96,7 @@ def test_a_mirror_serving_other_bytes_is_not_believed(tmp_path: Path, two, make_
     asked = []
 
     class Liar(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        def do_GET(self) -> None:
             asked.append(self.path)
             body = b'{"schemaVersion": 2, "layers": []}'
             self.send_response(200)
@@ -104,7 +105,7 @@ def test_a_mirror_serving_other_bytes_is_not_believed(tmp_path: Path, two, make_
             self.end_headers()
             self.wfile.write(body)
 
-        def log_message(self, *args) -> None:  # noqa: ANN002
+        def log_message(self, *args) -> None:
             pass
 
     liar = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Liar)
@@ -141,13 +142,13 @@ class _Failing:
         asked = self.asked = []
 
         class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            def do_GET(self) -> None:
                 asked.append(self.path)
                 self.send_response(status)
                 self.send_header("Content-Length", "0")
                 self.end_headers()
 
-            def log_message(self, *args) -> None:  # noqa: ANN002
+            def log_message(self, *args) -> None:
                 pass
 
         self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
@@ -163,7 +164,7 @@ class _Failing:
 
 
 def test_a_failing_mirror_is_asked_once_per_pull_one_that_lacks_a_blob_each_time(tmp_path: Path, two,
-                                                                                  make_carton) -> None:  # noqa: ANN001
+                                                                                  make_carton) -> None:
     """A mirror that errs (HTTP 500 here; unreachable alike) is passed over
     for the rest of the pull after its first failure, so a pull of many
     blobs pays for a dead mirror once; one that only lacks things (404) is
@@ -180,7 +181,7 @@ def test_a_failing_mirror_is_asked_once_per_pull_one_that_lacks_a_blob_each_time
         assert r.sources["registry"]["blobs"] == r.blobs_fetched and r.sources["mirror"]["blobs"] == 0
 
 
-def test_bytes_from_a_mirror_are_counted_as_the_mirrors(tmp_path: Path, two, make_carton) -> None:  # noqa: ANN001
+def test_bytes_from_a_mirror_are_counted_as_the_mirrors(tmp_path: Path, two, make_carton) -> None:
     upstream, mirror = two
     _, manifest = _pushed(tmp_path, make_carton, upstream, mirror)
     with Store(tmp_path / "node") as node:
@@ -191,7 +192,7 @@ def test_bytes_from_a_mirror_are_counted_as_the_mirrors(tmp_path: Path, two, mak
         assert r.sources["mirror"]["bytes"] >= len(FILES["model/weights.bin"])
 
 
-def test_an_evicted_blob_comes_back_from_the_registrys_mirror(tmp_path: Path, two, make_carton) -> None:  # noqa: ANN001
+def test_an_evicted_blob_comes_back_from_the_registrys_mirror(tmp_path: Path, two, make_carton) -> None:
     """A blob pulled from the registry, evicted, is fetched again from its
     recorded registry URL's mirrors first: with the registry down, the
     mirror brings it back; without mirrors configured, nothing can."""
@@ -207,7 +208,7 @@ def test_an_evicted_blob_comes_back_from_the_registrys_mirror(tmp_path: Path, tw
         assert {p: (model / p).read_bytes() for p in FILES} == FILES and node.verify().ok
 
 
-def test_blobs_a_mirror_lacks_fail_naming_a_registry_that_is_not_one(tmp_path: Path, two, make_carton) -> None:  # noqa: ANN001
+def test_blobs_a_mirror_lacks_fail_naming_a_registry_that_is_not_one(tmp_path: Path, two, make_carton) -> None:
     """The mirror has the manifest but lacks two blobs, and what stands at
     the registry's address is no registry (a real server answering 404):
     the first missing blob falls back to the registry, and the pull fails
@@ -230,13 +231,13 @@ def test_blobs_a_mirror_lacks_fail_naming_a_registry_that_is_not_one(tmp_path: P
 
 
 def test_a_mirrors_blobs_are_reached_as_the_registrys_not_through_fetch_proxy(tmp_path: Path, two,
-                                                                                make_carton) -> None:  # noqa: ANN001
+                                                                                make_carton) -> None:
     """A registry's mirror is registry traffic: its blobs go as its manifests
     do (registries.proxy, here none), not through fetch.proxy (here a dead
     port), though they count as "mirror"."""
     from kit.fetchkit import fast_config
 
-    from cartonstore.fetch.config import RegistryConfig
+    from cartonstore.fetch.http.config import RegistryConfig
 
     upstream, mirror = two
     digest, manifest = _pushed(tmp_path, make_carton, upstream, mirror)
@@ -253,13 +254,13 @@ def _one_at_a_time(upstream: Registry, *endpoints: str, **registries: object) ->
     often a mirror is asked does not depend on timing)."""
     from kit.fetchkit import fast_config
 
-    from cartonstore.fetch.config import RegistryConfig
+    from cartonstore.fetch.http.config import RegistryConfig
 
     return fast_config(max_concurrency=1, stall_timeout=10.0, registries=RegistryConfig(
-        chunk_size=1 << 20, mirrors={upstream.authority: endpoints}, **registries))  # type: ignore[arg-type]
+        chunk_size=1 << 20, mirrors={upstream.authority: endpoints}, **registries))  # type: ignore[arg-type]  # RegistryConfig's keys
 
 
-def test_a_mirror_that_errs_on_a_blob_is_asked_for_no_other(tmp_path: Path, two, make_carton) -> None:  # noqa: ANN001
+def test_a_mirror_that_errs_on_a_blob_is_asked_for_no_other(tmp_path: Path, two, make_carton) -> None:
     """By tag (the manifest from the registry), a mirror answering 500 is
     asked for one blob in the pull; the next mirror serves them all."""
     upstream, mirror = two
@@ -272,7 +273,7 @@ def test_a_mirror_that_errs_on_a_blob_is_asked_for_no_other(tmp_path: Path, two,
 
 
 def test_how_long_a_failing_mirror_is_passed_over_is_registries_mirror_down_for(tmp_path: Path, two,
-                                                                                make_carton) -> None:  # noqa: ANN001
+                                                                                make_carton) -> None:
     """registries.mirror_down_for = 0: a mirror answering 500 is asked
     again for each blob of the pull (the next mirror still serves them)."""
     upstream, mirror = two
@@ -284,7 +285,7 @@ def test_how_long_a_failing_mirror_is_passed_over_is_registries_mirror_down_for(
         assert len(broken.asked) == r.blobs_fetched and all("/blobs/sha256:" in path for path in broken.asked)
 
 
-def test_evicted_blobs_fetched_again_pass_a_failing_mirror_over(tmp_path: Path, two, make_carton) -> None:  # noqa: ANN001
+def test_evicted_blobs_fetched_again_pass_a_failing_mirror_over(tmp_path: Path, two, make_carton) -> None:
     """Fetching evicted blobs again asks a mirror that answers 500 once, not
     once per blob, and the next mirror brings them back."""
     upstream, mirror = two
@@ -301,7 +302,7 @@ def test_evicted_blobs_fetched_again_pass_a_failing_mirror_over(tmp_path: Path, 
 
 
 def test_a_failing_mirror_is_passed_over_by_the_whole_node_not_each_pull(tmp_path: Path, two,
-                                                                           make_carton) -> None:  # noqa: ANN001
+                                                                           make_carton) -> None:
     """One puller (a daemon's): a mirror that answered 500 in a pull is not
     asked again when the same node fetches evicted blobs back right after."""
     import asyncio

@@ -58,7 +58,7 @@ def test_manifests_round_trip() -> None:
     assert parse_manifest(raw, "here") == layers
 
 
-def doc(**changes) -> bytes:  # noqa: ANN003
+def doc(**changes) -> bytes:
     base = json.loads(build_manifest([Layer("carton.toml", "22" * 32, 3)]))
     base.update(changes)
     return json.dumps(base).encode()
@@ -92,7 +92,7 @@ def test_bad_manifests(raw: bytes, error: type, why: str) -> None:
 # -- credentials files -------------------------------------------------------------------------
 
 
-def test_credentials_keys_entries_and_order(tmp_path) -> None:  # noqa: ANN001
+def test_credentials_keys_entries_and_order(tmp_path) -> None:
     import base64
 
     from cartonstore.oci.credentials import Credentials, find_credentials
@@ -118,7 +118,7 @@ def test_credentials_keys_entries_and_order(tmp_path) -> None:  # noqa: ANN001
     ('{"credHelpers": {"h": "surely-not-installed"}}', "docker-credential-surely-not-installed .* is not installed"),
     ('{"credsStore": "surely-not-installed"}', "is not installed"),
 ])
-def test_bad_credentials_files(tmp_path, doc: str, why: str) -> None:  # noqa: ANN001
+def test_bad_credentials_files(tmp_path, doc: str, why: str) -> None:
     from cartonstore.oci.credentials import find_credentials
 
     path = tmp_path / "config.json"
@@ -127,7 +127,7 @@ def test_bad_credentials_files(tmp_path, doc: str, why: str) -> None:  # noqa: A
         find_credentials("h", [path])
 
 
-def test_a_failing_credential_helper_is_named(tmp_path, monkeypatch) -> None:  # noqa: ANN001
+def test_a_failing_credential_helper_is_named(tmp_path, monkeypatch) -> None:
     from cartonstore.oci.credentials import find_credentials
 
     helper = tmp_path / "docker-credential-broken"

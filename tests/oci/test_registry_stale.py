@@ -10,7 +10,7 @@ import asyncio
 
 from kit.fetchkit import fast_config
 
-from cartonstore.fetch.http import HttpClient
+from cartonstore.fetch.http.client import HttpClient
 from cartonstore.oci.reference import parse_reference
 from cartonstore.oci.registry import Registry
 

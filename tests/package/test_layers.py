@@ -23,11 +23,20 @@ LAYERS = [
     ["format", "zipfmt"],
     ["v2", "sources"],
     ["carton", "runner"],
+    ["runner.backends"],
+    ["store.root"],
+    ["store.content"],
+    ["store.metadata"],
+    ["store.materialize"],
+    ["store.gc"],
     ["store"],
+    ["fetch.http"],
+    ["fetch.transfer"],
+    ["fetch.sources"],
     ["fetch", "client"],
     ["oci", "config"],
-    ["server.tensors"],
-    ["server.runners"],
+    ["server.tensors", "server.checks"],
+    ["server.runner_processes"],
     ["server.models"],
     ["server.calls"],
     ["server.inference"],
@@ -41,7 +50,7 @@ DOORS = {"server.api", "server.rpc", "server.http"}
 # What the core and what lies below the doors never import: a door's wire library.
 WIRE_LIBRARIES = {"aiohttp", "grpc"}
 TOP_ALLOWED = {"__init__.py", "errors.py"}
-MAX_LINES = 400
+MAX_LINES = 600
 
 
 def module_name(path: Path) -> tuple[str, bool]:
@@ -76,7 +85,7 @@ def facade_names(tree: ast.Module, package: str, is_package: bool) -> dict[str, 
             if isinstance(table, ast.Name):  # a module-level constant
                 table = next(n.value for n in tree.body if isinstance(n, ast.Assign)
                              and any(getattr(t, "id", None) == table.id for t in n.targets))
-            for key, value in zip(table.keys, table.values):
+            for key, value in zip(table.keys, table.values, strict=True):
                 for name in ast.literal_eval(value).split():
                     names[name] = f"{package}.{ast.literal_eval(key)}"
     return names
@@ -151,11 +160,11 @@ def circles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
-def test_no_import_circles_between_modules():
+def test_no_import_circles_between_modules() -> None:
     assert circles(import_graph()) == []
 
 
-def test_no_import_circles_between_layers():
+def test_no_import_circles_between_layers() -> None:
     graph = import_graph()
     folders: dict[str, set[str]] = {}
     for module, deps in graph.items():
@@ -165,14 +174,14 @@ def test_no_import_circles_between_layers():
     assert circles(folders) == []
 
 
-def test_imports_only_go_down():
+def test_imports_only_go_down() -> None:
     upward = [f"{module} ({layer_of(module)}) imports {dep} ({layer_of(dep)})"
               for module, deps in sorted(import_graph().items()) for dep in sorted(deps)
               if RANK[layer_of(dep)] > RANK[layer_of(module)]]
     assert upward == []
 
 
-def test_no_door_imports_another_door():
+def test_no_door_imports_another_door() -> None:
     crossing = [f"{module} ({layer_of(module)}) imports {dep} ({layer_of(dep)})"
                 for module, deps in sorted(import_graph().items()) for dep in sorted(deps)
                 if layer_of(module) in DOORS and layer_of(dep) in DOORS and layer_of(dep) != layer_of(module)]
@@ -190,7 +199,7 @@ def third_party_imports(tree: ast.Module) -> set[str]:
     return names
 
 
-def test_the_inference_core_and_what_the_doors_share_import_no_wire_library():
+def test_the_inference_core_and_what_the_doors_share_import_no_wire_library() -> None:
     """tritonclient.grpc counts as grpc: its package imports grpcio."""
     found = {}
     for name, (tree, _) in read_modules().items():
@@ -204,30 +213,30 @@ def test_the_inference_core_and_what_the_doors_share_import_no_wire_library():
     assert found == {}
 
 
-def test_every_module_is_in_a_known_layer():
+def test_every_module_is_in_a_known_layer() -> None:
     unknown = sorted(m for m in import_graph() if layer_of(m) not in RANK)
     assert unknown == []
 
 
-def test_only_init_and_errors_at_the_package_top():
+def test_only_init_and_errors_at_the_package_top() -> None:
     assert {p.name for p in PACKAGE.glob("*.py")} == TOP_ALLOWED
     assert {p.name for p in (PACKAGE / "server").glob("*.py")} == {"__init__.py", "daemon.py"}
 
 
-def test_every_folder_is_a_package_that_says_what_it_is():
+def test_every_folder_is_a_package_that_says_what_it_is() -> None:
     for folder in [PACKAGE, *(d for d in PACKAGE.rglob("*") if d.is_dir() and d.name != "__pycache__")]:
         init = folder / "__init__.py"
         assert init.is_file(), f"{folder} has no __init__.py"
         assert ast.get_docstring(ast.parse(init.read_text())), f"{init} opens with no docstring"
 
 
-def test_modules_stay_small():
+def test_modules_stay_small() -> None:
     long = {str(p.relative_to(PACKAGE)): n for p in PACKAGE.rglob("*.py")
             if (n := len(p.read_text().splitlines())) > MAX_LINES}
     assert long == {}
 
 
-def test_the_checker_sees_a_circle_and_an_upward_import():
+def test_the_checker_sees_a_circle_and_an_upward_import() -> None:
     """The checks above would pass on a graph they could not read; these
     graphs prove they can fail."""
     assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]

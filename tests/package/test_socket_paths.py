@@ -20,7 +20,7 @@ TESTS = Path(__file__).resolve().parents[1]
 INNER = '''
 import asyncio
 
-from cartonstore.server.runners import daemon_run_dir, instance_socket_path
+from cartonstore.server.runner_processes import daemon_run_dir, instance_socket_path
 from kit.daemonkit import unix_session
 
 

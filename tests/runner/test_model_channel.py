@@ -8,6 +8,7 @@ import os
 import socket
 import struct
 import threading
+from collections.abc import Iterator
 
 import pytest
 
@@ -16,14 +17,14 @@ from cartonstore.runner.protocol import MODEL_CHANNEL_MAX_MESSAGE
 
 
 @pytest.fixture()
-def pair():  # noqa: ANN201
+def pair() -> Iterator[tuple[socket.socket, socket.socket]]:
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     yield ours, theirs
     ours.close()
     theirs.close()
 
 
-def test_the_arguments_and_a_descriptor_arrive(pair, tmp_path) -> None:  # noqa: ANN001
+def test_the_arguments_and_a_descriptor_arrive(pair, tmp_path) -> None:
     ours, theirs = pair
     path = tmp_path / "arena"
     path.write_bytes(b"arena bytes")
@@ -41,19 +42,19 @@ def test_the_arguments_and_a_descriptor_arrive(pair, tmp_path) -> None:  # noqa:
         os.close(got.fds["arena"])
 
 
-def test_no_arguments_means_the_runners_own(pair) -> None:  # noqa: ANN001
+def test_no_arguments_means_the_runners_own(pair) -> None:
     ours, theirs = pair
     asyncio.run(send_model(ours, ModelMessage()))
     assert receive_model(theirs) == ModelMessage(None, {})
 
 
-def test_a_closed_channel_means_not_wanted(pair) -> None:  # noqa: ANN001
+def test_a_closed_channel_means_not_wanted(pair) -> None:
     ours, theirs = pair
     ours.close()
     assert receive_model(theirs) is None
 
 
-def test_a_message_in_pieces_is_read_whole(pair) -> None:  # noqa: ANN001
+def test_a_message_in_pieces_is_read_whole(pair) -> None:
     ours, theirs = pair
     payload = b'{"argv": ["' + b"x" * 300_000 + b'"], "fds": []}'
 
@@ -78,7 +79,7 @@ def test_a_message_in_pieces_is_read_whole(pair) -> None:  # noqa: ANN001
     (struct.pack(">I", 27) + b'{"argv": null, "fds": [[]]}', "not a model message"),
     (struct.pack(">I", 100) + b'{"argv"', "closed 7 bytes into a 100-byte message"),
 ])
-def test_a_malformed_message_is_refused_by_name(pair, raw: bytes, problem: str) -> None:  # noqa: ANN001
+def test_a_malformed_message_is_refused_by_name(pair, raw: bytes, problem: str) -> None:
     ours, theirs = pair
     ours.sendall(raw)
     ours.close()
@@ -86,7 +87,7 @@ def test_a_malformed_message_is_refused_by_name(pair, raw: bytes, problem: str) 
         receive_model(theirs)
 
 
-def test_passed_descriptors_of_a_refused_message_are_closed(pair, tmp_path) -> None:  # noqa: ANN001
+def test_passed_descriptors_of_a_refused_message_are_closed(pair, tmp_path) -> None:
     ours, theirs = pair
     fd = os.open(tmp_path, os.O_RDONLY)
     import array
@@ -99,13 +100,13 @@ def test_passed_descriptors_of_a_refused_message_are_closed(pair, tmp_path) -> N
     assert set(os.listdir("/proc/self/fd")) <= before
 
 
-def test_arguments_too_big_are_refused_before_sending(pair) -> None:  # noqa: ANN001
-    ours, theirs = pair
+def test_arguments_too_big_are_refused_before_sending(pair) -> None:
+    ours, _theirs = pair
     with pytest.raises(ChannelError, match="at most"):
         asyncio.run(send_model(ours, ModelMessage(["x" * (MODEL_CHANNEL_MAX_MESSAGE + 1)])))
 
 
-def test_a_big_message_to_a_runner_still_warming_up_does_not_hold_the_loop(pair) -> None:  # noqa: ANN001
+def test_a_big_message_to_a_runner_still_warming_up_does_not_hold_the_loop(pair) -> None:
     """A message past the socket's buffer waits for the runner to read it
     (only once it has warmed up): the daemon's event loop goes on meanwhile."""
     ours, theirs = pair

@@ -1,4 +1,4 @@
-"""A model's plain list or Python number as an output (runner/infer.py):
+"""A model's plain list or Python number as an output (runner/model_call.py):
 it takes the declared dtype only when its values are of that kind and fit
 it; otherwise it stays as numpy reads it, for output_problem to refuse by
 name at every infer (tests/server/test_model_checks.py, end to end)."""
@@ -10,7 +10,7 @@ import pytest
 
 from cartonstore.format.carton_toml import TensorSpec
 from cartonstore.runner.declared import output_problem
-from cartonstore.runner.infer import _plain_array
+from cartonstore.runner.model_call import _plain_array
 
 
 def _spec(dtype: str) -> TensorSpec:

@@ -10,6 +10,7 @@ import json
 import socket
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -150,7 +151,7 @@ def test_a_malformed_timing_header_is_not_believed(text: str | None) -> None:
 
 
 @pytest.fixture(scope="module")
-def served():
+def served() -> Iterator[tuple[DaemonProcess, Path]]:
     with short_dir() as base:
         config = third_party_config(base, "plain", THIRD_PARTY_RUNNER, STANDARD_ARGV)
         for name, opts in (("scaled", {"scale": 3}), ("refusing", {"refuse": "no such accelerator here"})):
@@ -168,7 +169,7 @@ def _load(d: DaemonProcess, base: Path, name: str) -> tuple[int, object]:
     return call(d, "POST", f"/v2/repository/models/{name}/load", json={"parameters": {"source": str(base / name)}})
 
 
-def test_a_third_party_runner_answers_infers_through_the_daemon(served) -> None:  # noqa: ANN001
+def test_a_third_party_runner_answers_infers_through_the_daemon(served) -> None:
     """Started with the standard argv and its opts, ready by READY_PATH,
     sent every infer in the binary form (JSON data converted, a big tensor
     over its socket since it maps no arena), its timing header counted in
@@ -196,7 +197,7 @@ def test_a_third_party_runner_answers_infers_through_the_daemon(served) -> None:
     assert wait_for(lambda: not set(pids) & set(runner_pids(d.root)), 10)
 
 
-def test_a_runner_that_cannot_load_exits_with_the_load_failed_status(served) -> None:  # noqa: ANN001
+def test_a_runner_that_cannot_load_exits_with_the_load_failed_status(served) -> None:
     d, base = served
     status, body = _load(d, base, "refusing")
     assert status == 400, body

@@ -9,6 +9,7 @@ import asyncio
 import importlib.util
 import json
 import platform
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +38,7 @@ from kit.runnerkit import (
 )
 
 from cartonstore.config.runner_command import fill_argv
-from cartonstore.runner.builtin import BUILTIN_RUNNERS, FRAMEWORK_VERSION_PROBES
+from cartonstore.runner.builtin_runners import BUILTIN_RUNNERS, FRAMEWORK_VERSION_PROBES
 from cartonstore.runner.protocol import EXIT_LOAD_FAILED
 
 HCL = "Inference-Header-Content-Length"
@@ -45,7 +46,7 @@ HAVE_TORCH = importlib.util.find_spec("torch") is not None
 
 
 @pytest.fixture(scope="module")
-def base():  # noqa: ANN201
+def base() -> Iterator[Path]:
     """The models and the runners' sockets (hence short: see conftest.short_dir)."""
     with short_dir() as path:
         yield path
@@ -62,12 +63,12 @@ def assert_none_left(marker: str, keep: tuple[str, ...] = ()) -> None:
 
 
 @pytest.fixture(autouse=True)
-def no_runner_left(base: Path):
+def no_runner_left(base: Path) -> Iterator[None]:
     yield
     assert_none_left(str(base), keep=SHARED)
 
 
-def _serve(kind: str, model_dir: Path, sock: Path, **kw: Any):
+def _serve(kind: str, model_dir: Path, sock: Path, **kw: Any) -> Iterator[Path]:
     proc = start_runner(kind, model_dir, sock, **kw)
     try:
         wait_ready(sock, proc=proc, timeout=30)
@@ -78,20 +79,20 @@ def _serve(kind: str, model_dir: Path, sock: Path, **kw: Any):
 
 
 @pytest.fixture(scope="module")
-def echo(base: Path):
+def echo(base: Path) -> Iterator[Path]:
     """The python echo model, no declared tensors (magic inputs allowed)."""
     yield from _serve("python", python_echo_model_dir(base), base / "echo.sock")
 
 
 @pytest.fixture(scope="module")
-def typed(base: Path):
+def typed(base: Path) -> Iterator[Path]:
     """The python echo model declaring one input per carton dtype."""
     yield from _serve("python", python_echo_model_dir(base, name="typed", declare=all_dtype_decls()),
                       base / "typed.sock")
 
 
 @pytest.fixture(scope="module")
-def onnx_runner(base: Path):
+def onnx_runner(base: Path) -> Iterator[Path]:
     yield from _serve("onnx", onnx_model_dir(base), base / "onnx.sock", opts={"intra_op_num_threads": 1})
 
 
@@ -133,7 +134,7 @@ def test_python_echoes_v2_only_dtypes(echo: Path) -> None:
 
     inputs = {"b": np.array([True, False, True]), "h": np.array([1.5, -0.25], np.float16),
               "bf": np.array([1.0, 2.5], ml_dtypes.bfloat16), "scalar": np.array(7, np.int32)}
-    status, (doc, out) = infer(echo, inputs)
+    status, (_doc, out) = infer(echo, inputs)
     assert status == 200
     for name, array in inputs.items():
         assert out[name].dtype == array.dtype and out[name].tolist() == array.tolist(), name
@@ -145,7 +146,7 @@ def test_python_requested_outputs_only(echo: Path) -> None:
 
 
 def _triton_inputs(binary: bool) -> tuple[list[triton.InferInput], dict[str, np.ndarray]]:
-    words = np.array([b"alpha", "beta".encode(), b"gamma"], dtype=object)
+    words = np.array([b"alpha", b"beta", b"gamma"], dtype=object)
     arrays = {"f": np.arange(6, dtype=np.float32).reshape(2, 3), "i": np.array([-1, 2**40], np.int64),
               "flag": np.array([True, False]), "words": words}
     inputs = []
@@ -157,14 +158,13 @@ def _triton_inputs(binary: bool) -> tuple[list[triton.InferInput], dict[str, np.
     return inputs, arrays
 
 
-async def _post_tritonclient_body(sock: Path, body: bytes, json_size: int | None):  # noqa: ANN202
+async def _post_tritonclient_body(sock: Path, body: bytes, json_size: int | None) -> Any:
     """POST a body tritonclient built to the runner; tritonclient parses the answer."""
     headers = {HCL: str(json_size)} if json_size is not None else {}
-    async with runner_session(sock) as session:
-        async with session.post("http://runner/v2/models/m/infer", data=body, headers=headers) as resp:
-            assert resp.status == 200, await resp.text()
-            raw = await resp.read()
-            length = resp.headers.get(HCL)
+    async with runner_session(sock) as session, session.post("http://runner/v2/models/m/infer", data=body, headers=headers) as resp:
+        assert resp.status == 200, await resp.text()
+        raw = await resp.read()
+        length = resp.headers.get(HCL)
     return triton.InferenceServerClient.parse_response_body(raw, header_length=int(length) if length else None)
 
 
@@ -209,7 +209,7 @@ def test_python_model_that_crashes_takes_its_runner_down(base: Path) -> None:
     sock = base / "crash.sock"
     proc = start_runner("python", python_echo_model_dir(base, name="crashy", on_infer="crash"), sock)
     wait_ready(sock, proc=proc)
-    with pytest.raises(Exception):
+    with pytest.raises(Exception):  # noqa: B017 - the runner dies mid-request: whatever the call raises
         infer(sock, {"x": np.ones(1)})
     rc, err = stop_runner(proc, sig=0)
     assert rc == 17 and "crashing on request" in err
@@ -258,7 +258,7 @@ def test_python_model_that_never_gets_ready(base: Path) -> None:
 def test_onnx_infer(onnx_runner: Path, binary: bool) -> None:
     x = np.arange(12, dtype=np.float32).reshape(3, 4)
     ids = np.array([7, -8, 2**50], np.int64)
-    status, (doc, out) = infer(onnx_runner, {"x": x, "ids": ids}, binary=binary, binary_outputs=binary)
+    status, (_doc, out) = infer(onnx_runner, {"x": x, "ids": ids}, binary=binary, binary_outputs=binary)
     assert status == 200
     np.testing.assert_array_equal(out["y"], x * 2 + 1)
     np.testing.assert_array_equal(out["ids_out"], ids)
@@ -294,8 +294,8 @@ def test_onnx_model_file_option_and_missing_file(base: Path) -> None:
 def test_onnx_prepacking_option_reaches_the_session(base: Path, prepacking: bool | str) -> None:
     """[runner.opts] prepacking = false (Triton's string parameters too)
     disables onnxruntime's weight prepacking; the model answers the same."""
-    from cartonstore.runner import onnx as onnx_runner
     from cartonstore.runner.args import parse_runner_args
+    from cartonstore.runner.backends import onnx as onnx_runner
 
     model = onnx_model_dir(base, name=f"pre-{prepacking}")
     ctx = parse_runner_args(["--model-dir", str(model), "--socket", str(base / "unused.sock"), "--name", "m",
@@ -352,7 +352,7 @@ def test_builtin_commands_and_framework_versions() -> None:
     assert set(BUILTIN_RUNNERS) == {"python", "onnx", "torchscript"}
     argv = fill_argv(BUILTIN_RUNNERS["onnx"], model_dir="/m", socket="/s.sock", name="n", version="v",
                      opts="{}", devices="cpu", python="/py")
-    assert argv[1:3] == ["-m", "cartonstore.runner.onnx"] and "/s.sock" in argv
+    assert argv[1:3] == ["-m", "cartonstore.runner.backends.onnx"] and "/s.sock" in argv
     assert FRAMEWORK_VERSION_PROBES["python"]() == platform.python_version()
     assert FRAMEWORK_VERSION_PROBES["onnx"]() == onnxruntime.__version__
     if HAVE_TORCH:

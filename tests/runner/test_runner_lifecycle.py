@@ -12,6 +12,7 @@ import signal
 import socket
 import subprocess
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +36,7 @@ doubler_dir = pytest.fixture(scope="module", name="doubler_dir")(doubler_root)
 
 
 @pytest.fixture(autouse=True)
-def no_runner_left(doubler_dir: Path):
+def no_runner_left(doubler_dir: Path) -> Iterator[None]:
     yield
     assert_none_left(str(doubler_dir))
 
@@ -135,8 +136,8 @@ def test_bad_arguments_and_sockets(doubler_dir: Path) -> None:
     script = str(doubler_dir / "doubler.py")
     missing = subprocess.run([PY, script, "--model-dir", str(doubler_dir)], capture_output=True, text=True, timeout=20)
     assert missing.returncode == 2 and "--socket" in missing.stderr
-    bad_opts = subprocess.run(runner_argv(script, doubler_dir / "carton", doubler_dir / "x.sock")[:-4]
-                              + ["--opts", "[1]"], capture_output=True, text=True, timeout=20)
+    bad_opts = subprocess.run([*runner_argv(script, doubler_dir / "carton", doubler_dir / "x.sock")[:-4],
+                               "--opts", "[1]"], capture_output=True, text=True, timeout=20)
     assert bad_opts.returncode == 2 and "JSON object" in bad_opts.stderr
 
     no_dir = start_runner(script, doubler_dir / "absent", doubler_dir / "x.sock")

@@ -12,6 +12,7 @@ import stat
 import subprocess
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,22 +30,22 @@ from kit.runnerkit import (
 )
 
 from cartonstore.runner.args import parse_runner_args
+from cartonstore.runner.backends.requirements import unmet_requirements
 from cartonstore.runner.context import cuda_ordinal
-from cartonstore.runner.requirements import unmet_requirements
 from cartonstore.v2.framing import encode_infer_request, parse_infer_response
 
 doubler_dir = pytest.fixture(scope="module", name="doubler_dir")(doubler_root)
 
 
 @pytest.fixture(autouse=True)
-def no_runner_left(doubler_dir: Path):
+def no_runner_left(doubler_dir: Path) -> Iterator[None]:
     yield
     # The module's shared runner lives on until the module ends.
     assert_none_left(str(doubler_dir), but="shared.sock")
 
 
 @pytest.fixture(scope="module")
-def runner(doubler_dir: Path):
+def runner(doubler_dir: Path) -> Iterator[Path]:
     proc, sock = start(doubler_dir, "shared", name="dbl", version="7")
     try:
         wait_ready(sock, proc=proc)
@@ -85,7 +86,7 @@ def test_binary_infer_echoes_id_and_answers_binary(runner: Path) -> None:
 
 
 def test_json_in_json_out_and_only_requested_outputs(runner: Path) -> None:
-    doc, out = infer(runner, {"x": np.array([1.5, 2.5], np.float32)}, binary=False, binary_outputs=False,
+    doc, _out = infer(runner, {"x": np.array([1.5, 2.5], np.float32)}, binary=False, binary_outputs=False,
                      outputs=["y"], path="/v2/models/dbl/versions/7/infer")
     assert [o["name"] for o in doc["outputs"]] == ["y"]
     assert doc["outputs"][0]["data"] == [3.0, 5.0]
@@ -313,7 +314,7 @@ def test_a_runner_never_imports_aiohttp() -> None:
     (http_server.py): aiohttp, about 0.2 s to import, is not loaded at all."""
     import sys
 
-    code = ("import sys, cartonstore.runner.onnx, cartonstore.runner.python, cartonstore.runner.torchscript, "
+    code = ("import sys, cartonstore.runner.backends.onnx, cartonstore.runner.backends.python, cartonstore.runner.backends.torchscript, "
             "cartonstore.runner.serving, cartonstore.runner.rest; print('aiohttp' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert out.stdout.strip() == "False"

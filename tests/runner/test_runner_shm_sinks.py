@@ -14,7 +14,7 @@ import pytest
 
 from cartonstore.errors import InvalidInput
 from cartonstore.runner.shm import FdSink, MappedRegions
-from cartonstore.v2.shm_params import RegionShrunk, ShmRef
+from cartonstore.v2.shared_memory import RegionShrunk, ShmRef
 
 SIZE = 1 << 20
 
@@ -41,7 +41,7 @@ def region_of() -> Iterator[Callable[..., tuple[MappedRegions, Path]]]:
 
 @pytest.mark.parametrize("foreign", [False, True])
 @pytest.mark.parametrize("offset", [0, 4096 + 100])
-def test_an_output_lands_where_the_reference_says(region_of, foreign: bool, offset: int) -> None:  # noqa: ANN001
+def test_an_output_lands_where_the_reference_says(region_of, foreign: bool, offset: int) -> None:
     regions, path = region_of(foreign, offset)
     data = np.arange(1000, dtype=np.float32)
     sink = regions.sink(ShmRef("out", 512, data.nbytes), "requested output 'y'")
@@ -56,7 +56,7 @@ def test_an_output_lands_where_the_reference_says(region_of, foreign: bool, offs
     assert stored.count(0) == len(stored) - data.nbytes + data.tobytes().count(0)   # nothing else written
 
 
-def test_a_region_truncated_before_its_output_is_written_is_refused(region_of) -> None:  # noqa: ANN001
+def test_a_region_truncated_before_its_output_is_written_is_refused(region_of) -> None:
     """The size is checked as the sink is made, after the model ran: a
     400, not a SIGBUS in the runner."""
     regions, path = region_of(False)
@@ -65,7 +65,7 @@ def test_a_region_truncated_before_its_output_is_written_is_refused(region_of) -
         regions.sink(ShmRef("out", 0, 8192), "requested output 'y'")
 
 
-def test_a_region_truncated_after_its_sink_was_made_is_refused_at_the_copy(region_of) -> None:  # noqa: ANN001
+def test_a_region_truncated_after_its_sink_was_made_is_refused_at_the_copy(region_of) -> None:
     """Outputs encoded before this one may take a while: the size is looked
     at again right before the copy, which would otherwise be SIGBUS here."""
     regions, path = region_of(False)
@@ -91,11 +91,11 @@ def test_an_object_of_the_daemons_uid_others_may_write_is_treated_as_theirs(tmp_
 
 
 @pytest.mark.parametrize("foreign", [False, True])
-def test_a_float_output_is_measured_in_bytes_not_items(region_of, foreign: bool) -> None:  # noqa: ANN001
+def test_a_float_output_is_measured_in_bytes_not_items(region_of, foreign: bool) -> None:
     """1,000 float32 fit a 1,000-byte reference by items, not by bytes:
     a 400 naming both sizes, nothing written (FdSink wrote past the region)."""
     from cartonstore.v2.encode import _write_to_shm
-    from cartonstore.v2.shm_params import RegionTooSmall
+    from cartonstore.v2.shared_memory import RegionTooSmall
 
     regions, path = region_of(foreign)
     data = np.arange(1, 1001, dtype=np.float32)

@@ -9,7 +9,9 @@ file also runs on a GPU machine that has torch and little else."""
 
 from __future__ import annotations
 
+import subprocess
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -44,7 +46,7 @@ class Model(torch.nn.Module):
 
 
 @pytest.fixture(scope="module")
-def base():  # noqa: ANN201
+def base() -> Iterator[Path]:
     with short_dir() as path:
         yield path
 
@@ -65,7 +67,7 @@ def _bf16(values: list[float]) -> np.ndarray:
     return np.array(values, dtype=ml_dtypes.bfloat16)
 
 
-def _serving(model_dir: Path, sock: Path, device: str, **opts: object):  # noqa: ANN202
+def _serving(model_dir: Path, sock: Path, device: str, **opts: object) -> subprocess.Popen[bytes]:
     proc = start_runner("torchscript", model_dir, sock, devices=device, opts={"num_threads": 2, **opts})
     wait_ready(sock, proc=proc, timeout=120)
     return proc

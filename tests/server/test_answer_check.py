@@ -1,5 +1,5 @@
 """A runner's infer answer is checked against the model's declared outputs
-before a client sees it (server/runners/answer_check.py, over
+before a client sees it (server/runner_processes/answer_check.py, over
 v2/validate.validate_answer): what passes comes with the daemon's own
 headers; what does not is a BadUpstream (502) naming the runner and the
 fault. Pure: answers made with the v2 codec, then broken on purpose."""
@@ -7,6 +7,8 @@ fault. Pure: answers made with the v2 codec, then broken on purpose."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import pytest
@@ -14,8 +16,8 @@ import pytest
 from cartonstore.errors import BadUpstream, http_status_for
 from cartonstore.format.carton_toml import TensorSpec
 from cartonstore.server.models.model_config import answer_limit
-from cartonstore.server.runners.answer_check import MAX_ERROR_TEXT, checked_answer, walks_little
-from cartonstore.server.runners.settings import RunnerResponse
+from cartonstore.server.runner_processes.answer_check import MAX_ERROR_TEXT, checked_answer, walks_little
+from cartonstore.server.runner_processes.settings import RunnerResponse
 from cartonstore.v2.framing import HEADER_LENGTH, encode_infer_response
 
 OUTPUTS = [TensorSpec("y", "float32", ("batch", 2)), TensorSpec("names", "string", ("batch",))]
@@ -51,7 +53,7 @@ def test_a_declared_answer_passes_with_the_daemons_headers_alone(binary: bool) -
     assert checked_answer(answer(good(names=None)), OUTPUTS, LABEL).status == 200   # a subset, as requested
 
 
-def _tampered(doc_change, binary: bytes | None = None) -> RunnerResponse:  # noqa: ANN001
+def _tampered(doc_change, binary: bytes | None = None) -> RunnerResponse:
     sent = answer(good())
     length = int(sent.headers[HEADER_LENGTH])
     doc = json.loads(sent.body[:length])
@@ -61,7 +63,7 @@ def _tampered(doc_change, binary: bytes | None = None) -> RunnerResponse:  # noq
     return RunnerResponse(200, {HEADER_LENGTH: str(len(header))}, body)
 
 
-def _set(path: tuple, value: object):  # noqa: ANN202
+def _set(path: tuple, value: object) -> Callable[[dict[str, Any]], None]:
     def change(doc: dict) -> None:
         target = doc
         for key in path[:-1]:
@@ -160,7 +162,7 @@ def test_bytes_outputs_in_the_arena_are_a_502() -> None:
     from cartonstore.runner.protocol import ARENA_REGION
     from cartonstore.server.tensors.arena import TensorArena
     from cartonstore.server.tensors.arena_wire import ArenaForward
-    from cartonstore.v2.shm_params import BYTE_SIZE, OFFSET, REGION
+    from cartonstore.v2.shared_memory import BYTE_SIZE, OFFSET, REGION
 
     arena = TensorArena(1 << 20)
     try:

@@ -10,9 +10,10 @@ import asyncio
 import json
 import os
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -22,7 +23,7 @@ from kit.prockit import script_leaving_no_process
 from cartonstore.config.runners import RunnerSettings
 from cartonstore.errors import Unavailable
 from cartonstore.runner.protocol import ARENA_OUTPUTS, ARENA_REGION
-from cartonstore.server.runners import InstanceSpec, ModelRunners
+from cartonstore.server.runner_processes import InstanceSpec, ModelRunners
 from cartonstore.server.tensors.arena import TRIM_KEEP, TensorArena
 from cartonstore.server.tensors.arena_wire import ArenaForward
 from cartonstore.v2.framing import parse_infer_request
@@ -31,7 +32,7 @@ MIB = 1 << 20
 PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
-def run(coro):  # noqa: ANN001, ANN201
+def run(coro) -> Any:
     return asyncio.run(asyncio.wait_for(coro, 40))
 
 
@@ -110,7 +111,7 @@ def test_pages_past_the_kept_ones_are_given_back_when_idle() -> None:
 # -- the forms on the wire ------------------------------------------------------------------
 
 
-def _forward(arena: TensorArena, inputs: dict[str, np.ndarray], **extra: object):  # noqa: ANN202
+def _forward(arena: TensorArena, inputs: dict[str, np.ndarray], **extra: object) -> tuple[ArenaForward, bytes]:
     entries, chunks = [], []
     for name, array in inputs.items():
         entries.append({"name": name, "datatype": "FP32" if array.dtype == np.float32 else "INT64",
@@ -179,7 +180,7 @@ def test_an_answer_pointing_outside_its_span_is_refused(offset: object, size: in
     arena = TensorArena(MIB)
     try:
         forward, _ = _forward(arena, {"a": np.zeros(64, np.float32)})
-        spot = {"end": forward.out_offset + forward.out_size, "start": forward.out_offset}.get(offset, offset)  # type: ignore[arg-type]
+        spot = {"end": forward.out_offset + forward.out_size, "start": forward.out_offset}.get(offset, offset)  # type: ignore[arg-type]  # offset: a name or a number, on purpose
         doc = {"outputs": [{"name": "p", "datatype": "UINT8", "shape": [8],
                             "parameters": {"shared_memory_region": ARENA_REGION, "shared_memory_offset": spot,
                                            "shared_memory_byte_size": size}}]}
@@ -241,7 +242,7 @@ web.run_app(app, path=sock, print=None)
 
 
 @pytest.fixture
-def script(short_tmp: Path):  # noqa: ANN201
+def script(short_tmp: Path) -> Iterator[Path]:
     with script_leaving_no_process(short_tmp / "arena_runner.py", RUNNER) as path:
         yield path
 

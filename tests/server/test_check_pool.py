@@ -1,5 +1,5 @@
 """Check workers: real processes that parse and check big JSON infer
-requests for the daemon (server/tensors/check_pool.py, server/tensors/check_worker.py).
+requests for the daemon (server/checks/pool.py, server/checks/worker.py).
 The pool alone, then through real daemons: what they answer, what reaches
 the runner, and that no worker outlives its daemon, even one SIGKILLed."""
 
@@ -13,6 +13,7 @@ import sys
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -25,10 +26,10 @@ from test_infer_api import _load, raw_post, runner_count
 
 from cartonstore.errors import InvalidInput
 from cartonstore.format.carton_toml import TensorSpec
-from cartonstore.server.tensors.check_pool import START_FAILURES, CheckPool
+from cartonstore.server.checks.pool import START_FAILURES, CheckPool
 from cartonstore.v2.framing import parse_infer_request, parse_infer_response, tensor_to_numpy
 
-WORKER = "cartonstore.server.tensors.check_worker"
+WORKER = "cartonstore.server.checks.worker"
 SPECS = [TensorSpec("x", "float32", ["n"])]
 
 
@@ -42,7 +43,7 @@ def big_json(count: int = 100_000) -> bytes:
                                    "data": (np.arange(count) * 0.5).tolist()}]}).encode()
 
 
-def run(coro):  # noqa: ANN001, ANN201
+def run(coro) -> Any:
     return asyncio.run(coro)
 
 
@@ -122,7 +123,7 @@ def test_a_worker_killed_while_idle_is_replaced() -> None:
 SILENT_FIRST = r'''
 import os, runpy, struct, sys
 if os.path.exists(sys.argv[1]):
-    runpy.run_module("cartonstore.server.tensors.check_worker", run_name="__main__")
+    runpy.run_module("cartonstore.server.checks.worker", run_name="__main__")
     sys.exit()
 meta_size, body_size = struct.unpack("<IQ", sys.stdin.buffer.read(12))
 sys.stdin.buffer.read(meta_size + body_size)
@@ -178,7 +179,7 @@ def echo_served_with(server_toml: str, stop: int = signal.SIGTERM) -> Iterator[t
 
 
 def _infer(d: DaemonProcess, body: bytes) -> tuple[int, dict]:
-    status, headers, answer = raw_post(d, "/v2/models/echo/infer", body, {})
+    status, _headers, answer = raw_post(d, "/v2/models/echo/infer", body, {})
     return status, (parse_infer_response(answer, None)[1] if status == 200 else json.loads(answer))
 
 
@@ -263,7 +264,7 @@ def test_a_task_cancelled_while_reading_its_answer_is_paused_lets_close_end(
 
     def feed_then_cancel(reader: asyncio.StreamReader, data: bytes) -> None:
         feed(reader, data)
-        if reader._paused and cancelled and not cancelled[0].done():   # noqa: SLF001 - the moment to hit
+        if reader._paused and cancelled and not cancelled[0].done():  # the moment to hit
             cancelled[0].cancel()
     monkeypatch.setattr(asyncio.StreamReader, "feed_data", feed_then_cancel)
 
@@ -290,7 +291,7 @@ def test_workers_that_cannot_start_are_not_tried_for_a_while() -> None:
 def test_a_fault_in_the_worker_is_said_and_the_worker_lives_on() -> None:
     async def go() -> None:
         async with pool_of(1) as pool:
-            assert await pool.check("not a list of specs", None, big_json()) is None   # type: ignore[arg-type]
+            assert await pool.check("not a list of specs", None, big_json()) is None   # type: ignore[arg-type]  # a wrong type on purpose
             (pid,) = worker_pids(os.getpid())
             assert await pool.check(SPECS, None, big_json()) is not None
             assert worker_pids(os.getpid()) == [pid] and pool.failed == 0

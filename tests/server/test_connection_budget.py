@@ -103,7 +103,7 @@ def assert_all_closed_in_time(outcome: dict[str, dict[str, object]]) -> None:
 
 
 @pytest.mark.slow
-def test_a_flood_of_stalled_and_dripping_connections_leaves_the_unix_socket_answering(served) -> None:  # noqa: ANN001
+def test_a_flood_of_stalled_and_dripping_connections_leaves_the_unix_socket_answering(served) -> None:
     """20,000 TCP connections (HTTP stalled after its request line or
     dripping a header line every 0.5 s, gRPC sending its preface and nothing
     more) and 5,000 to the gRPC Unix socket, from 40 addresses, none with a
@@ -138,7 +138,7 @@ def test_a_flood_of_stalled_and_dripping_connections_leaves_the_unix_socket_answ
         assert b"server.head_timeout" in outcome[name]["samples"][b"HTTP/1.1 408 Request Timeout"]
 
 
-def test_one_address_gets_max_connections_per_peer_and_silent_ones_go_at_head_timeout(served) -> None:  # noqa: ANN001
+def test_one_address_gets_max_connections_per_peer_and_silent_ones_go_at_head_timeout(served) -> None:
     """300 connections from one address to each TCP listener, sending
     nothing, opened at once (the last long before the first taken could
     go): 256 are taken, the rest refused at once; those taken are closed
@@ -162,14 +162,14 @@ def test_one_address_gets_max_connections_per_peer_and_silent_ones_go_at_head_ti
     assert (len(refused_http), len(taken_http)) == (300 - 256, 256), {f.received[:120] for f in http}
     assert (len(refused_grpc), len(taken_grpc)) == (300 - 256, 256), {f.received[:12] for f in grpc}
     for f in taken_http + taken_grpc:   # (seen_late: the kernel had the daemon's close DEADLINE + SLACK on, or not)
-        assert f.closed_at - f.connected_at >= DEADLINE * 0.8 and not f.seen_late   # type: ignore[operator]
+        assert f.closed_at - f.connected_at >= DEADLINE * 0.8 and not f.seen_late   # type: ignore[operator]  # taken: connected and closed
 
 
 class LowLimitDaemon(DaemonProcess):
     """A daemon whose hard descriptor limit is ``hard`` (set, then exec'd)."""
 
     def __init__(self, *args: object, hard: int, **kwargs: object) -> None:
-        super().__init__(*args, **kwargs)   # type: ignore[arg-type]
+        super().__init__(*args, **kwargs)   # type: ignore[arg-type]  # the base's own arguments
         self.hard = hard
 
     def argv(self) -> list[str]:
@@ -250,7 +250,7 @@ def replies(conns: list[socket.socket], enough: Callable[[list[Reply]], bool]) -
         while not enough(got) and time.monotonic() < deadline:
             for key, _ in waiting.select(0.1):
                 try:
-                    data = key.fileobj.recv(65536)   # type: ignore[union-attr]
+                    data = key.fileobj.recv(65536)   # type: ignore[union-attr]  # a socket was registered
                 except OSError:
                     data = b""
                 key.data.data += data
@@ -288,7 +288,7 @@ class Dripping:
 
 
 @pytest.mark.slow
-def test_bodies_claiming_more_than_max_buffered_are_refused_and_their_memory_comes_back(served) -> None:  # noqa: ANN001
+def test_bodies_claiming_more_than_max_buffered_are_refused_and_their_memory_comes_back(served) -> None:
     d, _ = served
     pid = d.proc.pid
     before = rss(pid)
@@ -297,7 +297,7 @@ def test_bodies_claiming_more_than_max_buffered_are_refused_and_their_memory_com
     try:
         got = replies(conns, lambda got: sum(bool(r.data) for r in got) >= 63)
         refused = [r.data for r in got if r.data.startswith(b"HTTP/1.1 503")]
-        held = [s for s, r in zip(conns, got) if not r.data and not r.closed]
+        held = [s for s, r in zip(conns, got, strict=True) if not r.data and not r.closed]
         assert len(refused) == 63 and len(held) == 1, [r for r in got if not r.data.startswith(b"HTTP/1.1 503")]
         dripping.keep(held)
         assert b"server.max_buffered" in refused[0] and b"Retry-After: 1" in refused[0]

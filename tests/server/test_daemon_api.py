@@ -7,6 +7,7 @@ import asyncio
 import base64
 import json
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -21,7 +22,7 @@ from cartonstore.store import Store
 
 
 @pytest.fixture
-def served(daemon: DaemonProcess, capsys) -> DaemonProcess:  # noqa: ANN001
+def served(daemon: DaemonProcess, capsys) -> DaemonProcess:
     assert main(["add", str(FIXTURE_CARTON), "--name", "fx", "--root", str(daemon.root), "--progress", "none"]) == 0
     capsys.readouterr()
     return daemon
@@ -143,7 +144,7 @@ BAD_REQUESTS = [
 
 
 @pytest.fixture(scope="module")
-def shared_daemon():  # noqa: ANN201
+def shared_daemon() -> Iterator[DaemonProcess]:
     """One daemon for the requests that change nothing."""
     with short_dir() as base, DaemonProcess(base / "root") as d:
         assert main(["add", str(FIXTURE_CARTON), "--name", "fx", "--root", str(d.root), "--progress", "none"]) == 0
@@ -151,7 +152,7 @@ def shared_daemon():  # noqa: ANN201
 
 
 @pytest.mark.parametrize("method,path,kw,status,pattern", BAD_REQUESTS)
-def test_bad_requests_get_clear_errors(shared_daemon: DaemonProcess, method, path, kw, status, pattern) -> None:  # noqa: ANN001
+def test_bad_requests_get_clear_errors(shared_daemon: DaemonProcess, method, path, kw, status, pattern) -> None:
     import re
 
     got, body = call(shared_daemon, method, path, **kw)
@@ -167,7 +168,7 @@ def test_empty_bodies_and_no_content_type(served: DaemonProcess) -> None:
     assert call(served, "POST", "/v2/repository/models/fx/unload")[0] == 200
 
 
-def test_load_by_source_url_and_path(daemon: DaemonProcess, origin) -> None:  # noqa: ANN001
+def test_load_by_source_url_and_path(daemon: DaemonProcess, origin) -> None:
     origin.put("/m.carton", FIXTURE_CARTON.read_bytes())
     status, _ = call(daemon, "POST", "/v2/repository/models/byurl/load",
                      json={"parameters": {"source": origin.url("/m.carton")}})
@@ -183,7 +184,7 @@ def test_load_by_source_url_and_path(daemon: DaemonProcess, origin) -> None:  # 
     assert saved > 1_000_000, "the second load of the same carton stored nothing new"
 
 
-def test_concurrent_leases_share_one_fetch(daemon: DaemonProcess, tmp_path: Path, origin) -> None:  # noqa: ANN001
+def test_concurrent_leases_share_one_fetch(daemon: DaemonProcess, tmp_path: Path, origin) -> None:
     import os
 
     from kit.fetchkit import linked_carton
@@ -220,9 +221,8 @@ def test_blobs_for_peers(served: DaemonProcess) -> None:
     path = f"/v1/blobs/{entry.digest}"
 
     async def fetch(headers: dict) -> tuple[int, dict, bytes]:
-        async with unix_session(served.socket_path) as sess:
-            async with sess.get(path, headers=headers, auto_decompress=False) as r:
-                return r.status, {k.lower(): v for k, v in r.headers.items()}, await r.read()
+        async with unix_session(served.socket_path) as sess, sess.get(path, headers=headers, auto_decompress=False) as r:
+            return r.status, {k.lower(): v for k, v in r.headers.items()}, await r.read()
 
     status, headers, body = asyncio.run(fetch({"Accept-Encoding": "identity"}))
     assert status == 200 and body == data and headers["etag"]

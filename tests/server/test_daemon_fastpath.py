@@ -19,8 +19,8 @@ from kit.daemonkit import DaemonProcess, unix_session, wait_for_async
 from cartonstore.cli.commands import main
 from cartonstore.errors import NotFound
 from cartonstore.store import Store
-from cartonstore.store.locks import HeldLock
-from cartonstore.store.sqlite_ops import WOULD_WAIT, ImmediateWriter
+from cartonstore.store.metadata.sqlite_ops import WOULD_WAIT, ImmediateWriter
+from cartonstore.store.root.locks import HeldLock
 
 
 def lease_count(root: Path) -> int:
@@ -77,7 +77,7 @@ def test_immediate_writer_rolls_back_a_bug_and_raises_it(store: Store) -> None:
     writer.close()
 
 
-def test_immediate_writer_says_when_a_checkpoint_is_due(store: Store, monkeypatch) -> None:  # noqa: ANN001
+def test_immediate_writer_says_when_a_checkpoint_is_due(store: Store, monkeypatch) -> None:
     monkeypatch.setattr(ImmediateWriter, "CHECKPOINT_EVERY", 3)
     writer = ImmediateWriter(store.layout.index_db)
     for _ in range(3):
@@ -106,7 +106,7 @@ def test_held_lock_try_acquire_never_waits(store: Store) -> None:
 
 
 @pytest.fixture
-def served(daemon: DaemonProcess, capsys) -> DaemonProcess:  # noqa: ANN001
+def served(daemon: DaemonProcess, capsys) -> DaemonProcess:
     assert main(["add", str(FIXTURE_CARTON), "--name", "fx", "--root", str(daemon.root), "--progress", "none"]) == 0
     capsys.readouterr()
     return daemon
@@ -119,7 +119,7 @@ async def _take(sock: Path, model: str = "fx") -> tuple[int, dict, float]:
             return r.status, await r.json(), time.monotonic() - t0
 
 
-def _hold_in_background(enter, leave, seconds: float) -> threading.Thread:  # noqa: ANN001
+def _hold_in_background(enter, leave, seconds: float) -> threading.Thread:
     held = threading.Event()
 
     def run() -> None:
@@ -151,16 +151,15 @@ def test_a_lease_waits_for_a_collection_turn(served: DaemonProcess) -> None:
     with Store(served.root) as store:
         lock = store.lock()
         t = _hold_in_background(lock.acquire, lock.release, 0.6)
-        status, lease, took = asyncio.run(_take(served.socket_path))
+        status, _lease, took = asyncio.run(_take(served.socket_path))
         t.join()
     assert status == 200 and took >= 0.4 and lease_count(served.root) == 2
 
 
 def test_errors_come_back_the_same_either_way(served: DaemonProcess) -> None:
     async def release(lease: str) -> tuple[int, dict]:
-        async with unix_session(served.socket_path) as s:
-            async with s.delete(f"/v1/leases/{lease}") as r:
-                return r.status, await r.json()
+        async with unix_session(served.socket_path) as s, s.delete(f"/v1/leases/{lease}") as r:
+            return r.status, await r.json()
 
     fast = asyncio.run(release("nope"))
     other = sqlite3.connect(served.root / "index.db", isolation_level=None, check_same_thread=False)
@@ -192,13 +191,13 @@ def test_the_wal_is_checkpointed_while_leases_are_written_on_the_loop(served: Da
     assert lease_count(served.root) == 0
 
 
-def slowed(monkeypatch, store: Store, method: str, seconds: float) -> threading.Event:  # noqa: ANN001
+def slowed(monkeypatch, store: Store, method: str, seconds: float) -> threading.Event:
     """Make the index's ``method`` take ``seconds`` longer (in its thread);
     the event is set when a call starts."""
     started = threading.Event()
     real = getattr(type(store.index), method)
 
-    def slow(index) -> None:  # noqa: ANN001
+    def slow(index) -> None:
         started.set()
         time.sleep(seconds)
         real(index)
@@ -211,7 +210,7 @@ def insert(lease_id: str):  # noqa: ANN201 - a group-commit operation
     return lambda conn: conn.execute("INSERT INTO leases VALUES (?, 'c', NULL, 0, 1)", (lease_id,)).rowcount
 
 
-def test_leases_are_written_on_the_loop_while_the_wal_is_synced(store: Store, monkeypatch) -> None:  # noqa: ANN001
+def test_leases_are_written_on_the_loop_while_the_wal_is_synced(store: Store, monkeypatch) -> None:
     """A checkpoint's long part, the WAL's fsync, runs while the loop goes on
     writing leases the fast way; only the checkpoint proper makes them wait.
     The sync is slowed (0.5 s) to make the window wide enough to write in."""
@@ -230,8 +229,8 @@ def test_leases_are_written_on_the_loop_while_the_wal_is_synced(store: Store, mo
             t0 = time.monotonic()
             assert await group.run(insert("during")) == 1
             took = time.monotonic() - t0
-            assert await wait_for_async(lambda: group._checkpoint_task is None)  # noqa: SLF001 - the checkpoint ends
-            assert not group._immediate.checkpoint_due  # noqa: SLF001
+            assert await wait_for_async(lambda: group._checkpoint_task is None)  # the checkpoint ends
+            assert not group._immediate.checkpoint_due
             return took
         finally:
             await group.close()
@@ -242,7 +241,7 @@ def test_leases_are_written_on_the_loop_while_the_wal_is_synced(store: Store, mo
 
 
 
-def test_leases_written_during_the_checkpoint_proper_wait_for_it_then_commit(store: Store, monkeypatch) -> None:  # noqa: ANN001
+def test_leases_written_during_the_checkpoint_proper_wait_for_it_then_commit(store: Store, monkeypatch) -> None:
     """While the checkpoint proper runs (slowed to 0.4 s here), writes wait
     for it, none is lost, and they commit the fast way once it ends: the WAL
     can then start over."""
@@ -259,7 +258,7 @@ def test_leases_written_during_the_checkpoint_proper_wait_for_it_then_commit(sto
             t0 = time.monotonic()
             results = await asyncio.gather(*(group.run(insert(f"during-{n}")) for n in range(5)))
             assert results == [1] * 5
-            return [time.monotonic() - t0, group._immediate._commits]  # noqa: SLF001 - 1: one batch, on the loop
+            return [time.monotonic() - t0, group._immediate._commits]  # 1: one batch, on the loop
         finally:
             await group.close()
 
@@ -269,7 +268,7 @@ def test_leases_written_during_the_checkpoint_proper_wait_for_it_then_commit(sto
     assert lease_count(store.root) == 6
 
 
-def test_a_failing_checkpoint_is_tried_again_after_as_many_commits_not_at_each_write(store: Store,  # noqa: ANN001
+def test_a_failing_checkpoint_is_tried_again_after_as_many_commits_not_at_each_write(store: Store,
                                                                                        monkeypatch) -> None:
     """A checkpoint that fails (the WAL cannot be synced) is logged, and the
     next is due only after CHECKPOINT_EVERY more commits; writes go on."""
@@ -279,7 +278,7 @@ def test_a_failing_checkpoint_is_tried_again_after_as_many_commits_not_at_each_w
     monkeypatch.setattr(ImmediateWriter, "CHECKPOINT_EVERY", 5)
     attempts = []
 
-    def failing(_index) -> None:  # noqa: ANN001
+    def failing(_index) -> None:
         attempts.append(1)
         raise Unavailable("cannot sync the WAL: injected")
 
@@ -291,7 +290,7 @@ def test_a_failing_checkpoint_is_tried_again_after_as_many_commits_not_at_each_w
             for n in range(100):
                 assert await group.run(insert(f"l{n}")) == 1
                 await asyncio.sleep(0)   # the checkpoint task, when one is due, runs
-            assert await wait_for_async(lambda: group._checkpoint_task is None)  # noqa: SLF001
+            assert await wait_for_async(lambda: group._checkpoint_task is None)
         finally:
             await group.close()
 
@@ -300,7 +299,7 @@ def test_a_failing_checkpoint_is_tried_again_after_as_many_commits_not_at_each_w
     assert lease_count(store.root) == 100
 
 
-def test_close_lets_a_checkpoint_end_and_the_writes_waiting_for_it_commit(store: Store, monkeypatch) -> None:  # noqa: ANN001
+def test_close_lets_a_checkpoint_end_and_the_writes_waiting_for_it_commit(store: Store, monkeypatch) -> None:
     """Shutting down while the checkpoint proper runs: it ends, and the
     writes that waited for it commit before the thread, the locks and the
     connection go (before, close() let go of them under the checkpoint, and

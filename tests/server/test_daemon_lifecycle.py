@@ -32,17 +32,16 @@ def test_notify_ready_then_sigterm_stops_cleanly(short_tmp: Path) -> None:
 
 
 @pytest.mark.slow
-def test_sigterm_waits_for_an_in_flight_request(short_tmp: Path, origin) -> None:  # noqa: ANN001
+def test_sigterm_waits_for_an_in_flight_request(short_tmp: Path, origin) -> None:
     from kit.origin import Fault
 
     origin.put("/slow.carton", FIXTURE_CARTON.read_bytes(), fault=Fault(delay=1.0, times=2))
     d = DaemonProcess(short_tmp / "root").start()
 
     async def load() -> int:
-        async with unix_session(d.socket_path) as s:
-            async with s.post("/v2/repository/models/slow/load",
-                              json={"parameters": {"source": origin.url("/slow.carton")}}) as r:
-                return r.status
+        async with unix_session(d.socket_path) as s, s.post("/v2/repository/models/slow/load",
+                                                             json={"parameters": {"source": origin.url("/slow.carton")}}) as r:
+            return r.status
 
     async def scenario() -> int:
         task = asyncio.ensure_future(load())
@@ -60,7 +59,7 @@ def test_sigterm_waits_for_an_in_flight_request(short_tmp: Path, origin) -> None
 
 
 @pytest.mark.slow
-def test_a_client_that_disconnects_mid_load_leaves_nothing_half_done(short_tmp: Path, origin) -> None:  # noqa: ANN001
+def test_a_client_that_disconnects_mid_load_leaves_nothing_half_done(short_tmp: Path, origin) -> None:
     from kit.origin import Fault
 
     origin.put("/slow.carton", FIXTURE_CARTON.read_bytes(), fault=Fault(delay=0.5, times=3))
@@ -105,9 +104,8 @@ def test_a_live_socket_is_never_hijacked(short_tmp: Path) -> None:
 
 
 async def _health(sock: Path) -> None:
-    async with unix_session(sock) as s:
-        async with s.get("/v2/health/live") as r:
-            assert r.status == 200
+    async with unix_session(sock) as s, s.get("/v2/health/live") as r:
+        assert r.status == 200
 
 
 @pytest.mark.parametrize("make,code,pattern", [
@@ -115,7 +113,7 @@ async def _health(sock: Path) -> None:
     (lambda t: (t / "file.txt", (t / "file.txt").write_text("x"))[0], 4, "not a socket"),
     (lambda t: t / ("x" * 120 + ".sock"), 4, "longer than"),
 ])
-def test_bad_socket_paths(short_tmp: Path, make, code: int, pattern: str) -> None:  # noqa: ANN001
+def test_bad_socket_paths(short_tmp: Path, make, code: int, pattern: str) -> None:
     path = make(short_tmp)
     p = subprocess.run([sys.executable, "-m", "cartonstore.cli", "serve", "--root", str(short_tmp / "root"),
                         "--socket", str(path)], capture_output=True, text=True, timeout=30)
@@ -167,20 +165,18 @@ def test_listen_port_zero_is_logged_and_served(short_tmp: Path) -> None:
 
 
 @pytest.mark.slow
-def test_leases_are_visible_to_every_process(short_tmp: Path, capsys) -> None:  # noqa: ANN001
+def test_leases_are_visible_to_every_process(short_tmp: Path, capsys) -> None:
     root = short_tmp / "root"
     main(["add", str(FIXTURE_CARTON), "--name", "fx", "--root", str(root), "--progress", "none"])
     capsys.readouterr()
     with DaemonProcess(root, listen=None, socket_path=short_tmp / "a.sock") as a, \
             DaemonProcess(root, listen=None, socket_path=short_tmp / "b.sock") as b:
         async def lease_on_a_release_on_b() -> tuple[int, int]:
-            async with unix_session(a.socket_path) as s:
-                async with s.post("/v1/leases", json={"model": "fx", "ttl": 30}) as r:
-                    lease = (await r.json())["lease"]
-            async with unix_session(b.socket_path) as s:
-                async with s.post(f"/v1/leases/{lease}/renew", json={"ttl": 30}) as r1:
-                    async with s.delete(f"/v1/leases/{lease}") as r2:
-                        return r1.status, r2.status
+            async with unix_session(a.socket_path) as s, s.post("/v1/leases", json={"model": "fx", "ttl": 30}) as r:
+                lease = (await r.json())["lease"]
+            async with (unix_session(b.socket_path) as s, s.post(f"/v1/leases/{lease}/renew", json={"ttl": 30}) as r1,
+                        s.delete(f"/v1/leases/{lease}") as r2):
+                return r1.status, r2.status
 
         assert asyncio.run(lease_on_a_release_on_b()) == (200, 200)
     assert main(["rm", "fx", "--root", str(root)]) == 0

@@ -14,6 +14,7 @@ import functools
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -72,7 +73,7 @@ def _infer(port: str, name: str, x: np.ndarray, *, binary: bool = True, request_
         c.close()
 
 
-def _concurrently(count: int, fn):  # noqa: ANN001, ANN202
+def _concurrently(count: int, fn) -> list[Any]:
     return all_at_once([functools.partial(fn, i) for i in range(count)])
 
 

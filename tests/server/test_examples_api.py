@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -37,7 +38,7 @@ def nested_carton(dest: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def served():
+def served() -> Iterator[DaemonProcess]:
     """The fixture loaded as files only (no built-in runners): its python
     runner and its (broken) self-test are not what is tested here."""
     with short_dir() as base:

@@ -13,6 +13,7 @@ import random
 import signal
 import socket
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -31,7 +32,7 @@ NOISE = random.Random(7).randbytes(300_000)
 
 
 @pytest.fixture(scope="module")
-def served():
+def served() -> Iterator[DaemonProcess]:
     with short_dir() as base:
         config = base / "cartonstore.toml"
         config.write_text('[server]\nmax_request_size = "1MiB"\n')
@@ -96,7 +97,7 @@ class Conn:
     def closed_by_peer(self) -> bool:
         try:
             return not self.buf and self.sock.recv(1) == b""
-        except (ConnectionResetError, socket.timeout):
+        except (TimeoutError, ConnectionResetError):
             return False
 
     def close(self) -> None:
@@ -251,7 +252,7 @@ def test_a_bad_head_is_named_without_echoing_a_header_value(served: DaemonProces
         c.send(raw)
         status, _, body = c.answer()
     assert status == 400 and SECRET.encode() not in body, body
-    log = served.log_file.read_text()   # type: ignore[union-attr]
+    log = served.log_file.read_text()   # type: ignore[union-attr]  # served with a log file
     assert str(refused.value) in log and SECRET not in log
 
 
@@ -399,7 +400,7 @@ def test_a_head_request_keeps_its_connection(served: DaemonProcess) -> None:
     """A HEAD answer says Content-Length but has no body: the relay must
     not wait for one, and the connection goes on."""
     with Conn(served.socket_path) as c:
-        c.send("HEAD /v2/models/echo HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+        c.send(b"HEAD /v2/models/echo HTTP/1.1\r\nHost: x\r\n\r\n")
         while b"\r\n\r\n" not in c.buf:
             assert c._fill()
         head, c.buf = c.buf.split(b"\r\n\r\n", 1)

@@ -11,8 +11,9 @@ import asyncio
 import json
 import os
 import queue
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import numpy as np
@@ -275,7 +276,7 @@ def test_asyncio_client_repository_statistics_and_config(served: DaemonProcess) 
             out = await c.infer("affine", [_x(x)])
             np.testing.assert_array_equal(out.as_numpy("y"), x * 2 + 1)
 
-            async def requests():
+            async def requests() -> AsyncIterator[dict[str, Any]]:
                 for i in range(5):
                     yield {"model_name": "affine", "inputs": [_x(np.full((1, 4), i, np.float32))],
                            "request_id": str(i)}
@@ -355,7 +356,7 @@ def test_another_uid_on_the_unix_socket_sees_and_takes_none_of_its_regions(short
     import subprocess
     import sys
 
-    from cartonstore.server.runners.sandbox import unreachable
+    from cartonstore.server.runner_processes.sandbox import unreachable
 
     try:
         other = pwd.getpwnam("cartonstore-runner")
@@ -415,7 +416,7 @@ def test_a_caller_going_around_the_relay_is_refused(served: DaemonProcess) -> No
                 and int(f[3], 16) & 0x10000]   # __SO_ACCEPTCON: a listening socket
 
 
-def test_a_killed_daemons_private_directory_is_swept_at_the_next_start(short_tmp: Path, monkeypatch) -> None:  # noqa: ANN001
+def test_a_killed_daemons_private_directory_is_swept_at_the_next_start(short_tmp: Path, monkeypatch) -> None:
     """The private directory is removed at stop; one a SIGKILLed daemon left
     is removed by the next daemon of that uid (its pid is in the name), one
     of a live process is not."""

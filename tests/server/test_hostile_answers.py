@@ -74,7 +74,7 @@ class Neighbour:
             time.sleep(0.005)
         conn.close()
 
-    def __enter__(self) -> "Neighbour":
+    def __enter__(self) -> Neighbour:
         self.thread.start()
         return self
 

@@ -8,6 +8,7 @@ import asyncio
 import gzip
 import json
 import zlib
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -24,7 +25,7 @@ V2 = {"float32": "FP32", "float64": "FP64", "int8": "INT8", "int16": "INT16", "i
 
 
 @pytest.fixture(scope="module")
-def served():
+def served() -> Iterator[DaemonProcess]:
     """One daemon with the echo (python) and affine (onnx) models loaded."""
     with short_dir() as base:
         config = base / "cartonstore.toml"
@@ -244,7 +245,7 @@ def test_a_compression_bomb_is_refused_without_growing_the_daemon(served: Daemon
             assert r.status == 413
             assert (await s.get("/v2/health/live")).status == 200
     asyncio.run(go())
-    rss_kib = int(next(line.split()[1] for line in open(f"/proc/{served.proc.pid}/status")
+    rss_kib = int(next(line.split()[1] for line in Path(f"/proc/{served.proc.pid}/status").read_text().splitlines()
                        if line.startswith("VmHWM:")))
     assert rss_kib < 420 * 1024, f"daemon peaked at {rss_kib // 1024} MiB"  # the 64 MiB limit and change
 

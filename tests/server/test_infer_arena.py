@@ -67,7 +67,7 @@ def grow_carton(dest: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def served():
+def served() -> Iterator[DaemonProcess]:
     with short_dir() as base:
         config = base / "cartonstore.toml"
         config.write_text('[runners]\nrequest_timeout = "3s"\n')
@@ -121,7 +121,7 @@ def test_concurrent_big_requests_each_get_their_own_answer(served: DaemonProcess
         try:
             xs = [np.full((1, 300_000), k, dtype=np.float32) for k in range(6)]
             ns = [np.full((1, 8), k, dtype=np.int64) for k in range(6)]
-            results = await asyncio.gather(*(c.infer("echo", _inputs(x, n)) for x, n in zip(xs, ns)))
+            results = await asyncio.gather(*(c.infer("echo", _inputs(x, n)) for x, n in zip(xs, ns, strict=True)))
             for k, result in enumerate(results):
                 assert np.array_equal(result.as_numpy("y_float32"), xs[k])
                 assert np.array_equal(result.as_numpy("y_int64"), ns[k])
@@ -160,7 +160,7 @@ def test_a_big_raw_binary_request(served: DaemonProcess) -> None:
     before = forwarded(served)
     status, headers, body = raw_post(served, "/v2/models/grow/infer", x.tobytes(), {HL: "0"})
     assert status == 200, body[:300]
-    doc, arrays = parse_infer_response(body, int(headers[HL]))
+    _doc, arrays = parse_infer_response(body, int(headers[HL]))
     assert np.array_equal(arrays["same"], x) and np.array_equal(arrays["triple"], np.tile(x, 3))
     assert arrays["label"].tolist() == [b"grown"]
     assert forwarded(served) == before + 1

@@ -6,6 +6,7 @@ answers with exactly what it received, and end to end with tritonclient."""
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -49,7 +50,7 @@ runner_compat_version = 1
 
 
 @pytest.fixture(scope="module")
-def served():
+def served() -> Iterator[DaemonProcess]:
     with short_dir() as base:
         config = third_party_config(base, "recorder", RECORDER, ["{socket}"])
         (base / "rec").mkdir()

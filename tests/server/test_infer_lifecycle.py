@@ -9,7 +9,9 @@ import json
 import signal
 import sqlite3
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -31,7 +33,7 @@ max_inflight = 4
 
 
 @pytest.fixture
-def daemon(short_tmp: Path):
+def daemon(short_tmp: Path) -> Iterator[DaemonProcess]:
     config = short_tmp / "cartonstore.toml"
     config.write_text(FAST)
     d = DaemonProcess(short_tmp / "root", extra_args=["--config", str(config)]).start()
@@ -48,18 +50,18 @@ def echo_body(value: float) -> bytes:
 SMALL = {"dtypes": ["float32"]}
 
 
-async def load(s, name: str, source: Path | None = None, **params: str):  # noqa: ANN001, ANN201
+async def load(s, name: str, source: Path | None = None, **params: str) -> tuple[int, Any]:
     body = {"parameters": {**({"source": str(source)} if source else {}), **params}}
     r = await s.post(f"/v2/repository/models/{name}/load", json=body)
     return r.status, await r.json()
 
 
-async def index(s) -> dict[str, dict]:  # noqa: ANN001
+async def index(s) -> dict[str, dict]:
     r = await s.post("/v2/repository/index", json={})
     return {row["name"]: row for row in await r.json()}
 
 
-async def infer(s, name: str, value: float = 1.0) -> tuple[int, dict]:  # noqa: ANN001
+async def infer(s, name: str, value: float = 1.0) -> tuple[int, dict]:
     r = await s.post(f"/v2/models/{name}/infer", data=echo_body(value))
     return r.status, await r.json()
 
@@ -325,7 +327,7 @@ def test_no_runner_outlives_the_daemon(short_tmp: Path, sig: int) -> None:
             d2.stop()
 
 
-def test_infer_cli_through_the_daemon_and_without_one(daemon: DaemonProcess, short_tmp: Path, capsys) -> None:  # noqa: ANN001
+def test_infer_cli_through_the_daemon_and_without_one(daemon: DaemonProcess, short_tmp: Path, capsys) -> None:
     from cartonstore.cli.commands import main
 
     src = echo_carton(short_tmp / "m", **SMALL)
@@ -355,7 +357,7 @@ def test_infer_cli_through_the_daemon_and_without_one(daemon: DaemonProcess, sho
     assert "has no input 'nope'" in capsys.readouterr().err
 
 
-def test_a_runners_stderr_reaches_clients_as_lines(daemon: DaemonProcess, short_tmp: Path, capsys) -> None:  # noqa: ANN001
+def test_a_runners_stderr_reaches_clients_as_lines(daemon: DaemonProcess, short_tmp: Path, capsys) -> None:
     from cartonstore.cli.commands import main
 
     startup = ("import sys; print('first line', file=sys.stderr); print('second | line', file=sys.stderr); "
@@ -440,7 +442,7 @@ def test_metrics_while_models_come_and_go(daemon: DaemonProcess, tmp_path: Path)
     ("x_float32=missing.npy", "cannot read missing.npy"),
     ("x_float32", "expected NAME=FILE.npy or NAME=JSON"),
 ])
-def test_infer_cli_names_a_bad_input(daemon: DaemonProcess, tmp_path: Path, capsys, arg: str,  # noqa: ANN001
+def test_infer_cli_names_a_bad_input(daemon: DaemonProcess, tmp_path: Path, capsys, arg: str,
                                      fragment: str) -> None:
     from cartonstore.cli.commands import main
 

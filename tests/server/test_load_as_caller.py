@@ -13,8 +13,9 @@ import subprocess
 import sys
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 import tritonclient.grpc as tg
@@ -22,9 +23,9 @@ from conftest import short_dir
 from kit.daemonkit import DaemonProcess, call
 
 from cartonstore.carton.pack import pack_directory
-from cartonstore.server.runners.sandbox import unreachable
+from cartonstore.server.runner_processes.sandbox import unreachable
 from cartonstore.store import Store
-from cartonstore.store.names import is_valid_name
+from cartonstore.store.metadata.names import is_valid_name
 
 NOBODY = 65534
 DATA_GID = 45362   # a group by number alone: the kernel needs no name for it
@@ -154,10 +155,10 @@ def test_a_caller_cannot_load_lease_or_list_what_it_cannot_read(served: tuple[Da
                         lease(src.hidden), lease(src.secret), lease(src.root_only),
                         ("GRPC-LOAD", "m4", str(src.hidden)), ("GRPC-LOAD", "m5", str(src.secret)))
     named = [src.hidden, src.secret, src.root_only] * 2
-    for answer, path in zip(answers[:6], named):
+    for answer, path in zip(answers[:6], named, strict=True):
         assert answer["status"] == 403, answer
         assert f"permission denied: {path} (as uid {NOBODY})" in answer["body"]["error"]
-    for answer, path in zip(answers[6:], [src.hidden, src.secret]):
+    for answer, path in zip(answers[6:], [src.hidden, src.secret], strict=True):
         assert answer["code"] == "PERMISSION_DENIED" and f"permission denied: {path} (as uid {NOBODY})" in \
             answer["error"], answer
     told = json.dumps(answers)

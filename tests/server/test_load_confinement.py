@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,7 @@ from cartonstore.store import Store
 
 
 @pytest.fixture
-def served(short_tmp: Path):  # noqa: ANN201
+def served(short_tmp: Path) -> Iterator[DaemonProcess]:
     with DaemonProcess(short_tmp / "root") as d:
         yield d
 

@@ -86,8 +86,8 @@ def test_a_graph_that_matches_loads_and_serves(daemon: DaemonProcess, tmp_path: 
     ([("X", "float32", ["N", 5])], RIGHT, False, ["input 'X' dimension 1 is 4 in the graph but 5 in carton.toml"]),
     ([("X", "float32", ["N"])], RIGHT, False, ["input 'X' has rank 2 in the graph (['N', 4]) but 1 in carton.toml"]),
 ], ids=["zipmap", "renamed-outputs", "int32-label", "renamed-input", "fixed-dim", "rank"])
-def test_every_mismatch_refuses_the_load_naming_it(daemon: DaemonProcess, tmp_path: Path, inputs, outputs,  # noqa: ANN001
-                                                   zipmap, words) -> None:  # noqa: ANN001
+def test_every_mismatch_refuses_the_load_naming_it(daemon: DaemonProcess, tmp_path: Path, inputs, outputs,
+                                                   zipmap, words) -> None:
     status, body = _load(daemon, "m", _classifier(tmp_path / "m", zipmap=zipmap, inputs=inputs, outputs=outputs))
     assert status == 400, body
     assert body["error"].startswith("failed to load 'm': runner for m failed to start: ")
@@ -184,8 +184,8 @@ def test_a_torchscript_model_that_matches_loads_and_names_its_results(daemon: Da
      ["forward returns 2 value(s) (Tuple[Tensor, Tensor]) but carton.toml declares 1 output(s): 'doubled'"]),
 ], ids=["renamed-input", "string-input", "one-output"])
 @pytest.mark.slow
-def test_a_torchscript_mismatch_refuses_the_load_naming_it(daemon: DaemonProcess, tmp_path: Path, inputs, outputs,  # noqa: ANN001
-                                                           words) -> None:  # noqa: ANN001
+def test_a_torchscript_mismatch_refuses_the_load_naming_it(daemon: DaemonProcess, tmp_path: Path, inputs, outputs,
+                                                           words) -> None:
     status, body = _load(daemon, "tsm", _torchscript(tmp_path / "tsm", inputs, outputs))
     assert status == 400, body
     assert "model.pt does not match carton.toml: " in body["error"]

@@ -40,7 +40,7 @@ def _states(d: DaemonProcess) -> dict[str, tuple[str, str]]:
     return {r["name"]: (r["state"], r.get("reason", "")) for r in rows}
 
 
-def test_a_killed_daemon_serves_its_loaded_models_again(short_tmp: Path, capsys) -> None:  # noqa: ANN001
+def test_a_killed_daemon_serves_its_loaded_models_again(short_tmp: Path, capsys) -> None:
     root, marker = short_tmp / "root", short_tmp / "broken"
     src = short_tmp / "src"
     sources = {"a": echo_carton(src / "a", dtypes=["float32"]),
@@ -107,7 +107,7 @@ def test_a_killed_daemon_serves_its_loaded_models_again(short_tmp: Path, capsys)
     assert not runner_pids(root)
 
 
-def test_a_callers_load_or_cli_command_during_a_restore_is_not_undone(short_tmp: Path, capsys) -> None:  # noqa: ANN001
+def test_a_callers_load_or_cli_command_during_a_restore_is_not_undone(short_tmp: Path, capsys) -> None:
     """What a caller asks while the daemon is still loading models again
     stands: a load with another config is not replaced by the restore's,
     and `infer --unload-after` neither loads nor unloads a model the

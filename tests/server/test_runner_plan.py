@@ -21,12 +21,12 @@ def carton(runner: str = "python", requirement: str = ">=3.8", opts: str = "") -
 
 
 def settings(**kw: object) -> RunnerSettings:
-    return RunnerSettings(**kw)  # type: ignore[arg-type]
+    return RunnerSettings(**kw)  # type: ignore[arg-type]  # each test's fields, of their types
 
 
 def test_builtin_runner_and_its_framework_version() -> None:
     plan = plan_runner(carton(), settings())
-    assert plan is not None and plan.command[:3] == (sys.executable, "-m", "cartonstore.runner.python")
+    assert plan is not None and plan.command[:3] == (sys.executable, "-m", "cartonstore.runner.backends.python")
     assert plan.framework_version == ".".join(map(str, sys.version_info[:3]))
 
 

@@ -1,4 +1,4 @@
-"""The daemon's runner supervisor (cartonstore.server.runners) against real
+"""The daemon's runner supervisor (cartonstore.server.runner_processes) against real
 runner processes: tiny aiohttp servers on Unix sockets that these tests
 write themselves, each able to misbehave on demand (crash, hang, answer
 garbage, fail to start, never get ready). Every test checks that no process
@@ -16,6 +16,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +26,7 @@ from kit.prockit import live_pids, script_leaving_no_process, wait_gone
 
 from cartonstore.config.runners import RunnerSettings
 from cartonstore.errors import BadUpstream, CartonStoreError, InvalidInput, Unavailable
-from cartonstore.server.runners import (
+from cartonstore.server.runner_processes import (
     InstanceSpec,
     ModelRunners,
     RunnersBusy,
@@ -36,7 +37,7 @@ from cartonstore.server.runners import (
     instance_socket_path,
     template_placeholders,
 )
-from cartonstore.store.owner import owner_token
+from cartonstore.store.root.owner import owner_token
 
 PY = sys.executable
 INFER = "/v2/models/m/infer"
@@ -117,7 +118,7 @@ PARENT = r'''
 import asyncio, sys
 from pathlib import Path
 from cartonstore.config.runners import RunnerSettings
-from cartonstore.server.runners import InstanceSpec, ModelRunners
+from cartonstore.server.runner_processes import InstanceSpec, ModelRunners
 
 async def main():
     script, sock = sys.argv[1], sys.argv[2]
@@ -131,13 +132,13 @@ asyncio.run(main())
 '''
 
 @pytest.fixture
-def script(short_tmp: Path):  # noqa: ANN201
+def script(short_tmp: Path) -> Iterator[Path]:
     """The fake runner, written for this test; no process running it may be left after."""
     with script_leaving_no_process(short_tmp / "fake_runner.py", RUNNER) as path:
         yield path
 
 
-FAST = dict(ready_timeout=20.0, request_timeout=10.0, stop_grace=5.0, restart_backoff=0.05, max_restarts=3)
+FAST = {"ready_timeout": 20.0, "request_timeout": 10.0, "stop_grace": 5.0, "restart_backoff": 0.05, "max_restarts": 3}
 
 
 def spec(script: Path, short_tmp: Path, i: int = 0, *extra: str, device: str = "cpu",
@@ -225,7 +226,7 @@ def test_a_gpu_is_named_as_the_daemons_own_cuda_visible_devices_names_it(script:
 
 
 def test_physical_gpu_follows_the_inherited_list() -> None:
-    from cartonstore.server.runners.settings import physical_gpu
+    from cartonstore.server.runner_processes.settings import physical_gpu
 
     assert physical_gpu("cuda:3", None) == "3"
     assert physical_gpu("cuda:0", "2,3") == "2" and physical_gpu("cuda:1", " 2 , 3 ") == "3"
@@ -259,7 +260,7 @@ def test_a_runner_flooding_stderr_is_logged_at_a_rate_and_its_last_words_kept(sc
         assert str(e.value).endswith("  noise\n  fatal: the last words"), str(e.value)[-300:]
         assert e.value.details["stderr"][-1] == "fatal: the last words" and len(e.value.details["stderr"]) == 20
 
-    with caplog.at_level(logging.INFO, logger="cartonstore.server.runners"):
+    with caplog.at_level(logging.INFO, logger="cartonstore.server.runner_processes"):
         run(go())
     logged = [r for r in caplog.records if r.getMessage().startswith("[m#0] noise")]
     assert 100 <= len(logged) <= 210, len(logged)   # 200 at once (and 20 a second), of 50,000
@@ -557,11 +558,11 @@ def test_instance_socket_path(short_tmp: Path) -> None:
 
 
 def test_fill_argv() -> None:
-    template = ["{python}", "-m", "cartonstore.runner.onnx", "--model-dir", "{model_dir}", "--socket={socket}",
+    template = ["{python}", "-m", "cartonstore.runner.backends.onnx", "--model-dir", "{model_dir}", "--socket={socket}",
                 "--opts", "{opts}", "{{literal}}"]
     assert template_placeholders(template) == {"python", "model_dir", "socket", "opts"}
     assert fill_argv(template, python="/py", model_dir="/m {x}", socket="/s", opts='{"a": 1}', name="unused") == [
-        "/py", "-m", "cartonstore.runner.onnx", "--model-dir", "/m {x}", "--socket=/s", "--opts", '{"a": 1}',
+        "/py", "-m", "cartonstore.runner.backends.onnx", "--model-dir", "/m {x}", "--socket=/s", "--opts", '{"a": 1}',
         "{literal}"]
     with pytest.raises(InvalidInput, match=r"unknown placeholder \{model_path\}"):
         fill_argv(["run", "{model_path}"], model_dir="/m")

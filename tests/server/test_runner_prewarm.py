@@ -16,8 +16,10 @@ import json
 import os
 import signal
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import short_dir
@@ -94,7 +96,7 @@ def left_behind(root: Path) -> tuple[list[int], list[str]]:
 
 
 @pytest.fixture(params=["none", "bwrap"])
-def node(request):  # noqa: ANN001, ANN201
+def node(request) -> Iterator[tuple[Any, Path, str]]:
     """(daemon factory, base dir): daemons whose runners run unsandboxed or
     under bubblewrap as the runner user (root only)."""
     mode = request.param
@@ -119,7 +121,7 @@ def node(request):  # noqa: ANN001, ANN201
             assert left_behind(d.root) == ([], []), f"left behind by {d.root}"
 
 
-def test_a_load_takes_the_prewarmed_spare_and_another_starts(node) -> None:  # noqa: ANN001
+def test_a_load_takes_the_prewarmed_spare_and_another_starts(node) -> None:
     daemon, base, mode = node
     d = daemon('prewarm = ["python"]\n')
     assert wait_for(lambda: spare_ready(d), timeout=30), "no spare"
@@ -140,7 +142,7 @@ def test_a_load_takes_the_prewarmed_spare_and_another_starts(node) -> None:  # n
     assert left_behind(d.root) == ([], [])
 
 
-def test_a_taken_spare_is_replaced_once_the_load_that_took_it_is_ready(node) -> None:  # noqa: ANN001
+def test_a_taken_spare_is_replaced_once_the_load_that_took_it_is_ready(node) -> None:
     """The replacement is not started while the load that took the spare
     still loads its model: its imports would take CPU from that load."""
     daemon, base, _ = node
@@ -163,20 +165,20 @@ def test_a_taken_spare_is_replaced_once_the_load_that_took_it_is_ready(node) -> 
         ready_since_boot - started_since_boot(pid) for pid in new])
 
 
-def test_a_daemon_stopped_as_a_refill_starts_leaves_nothing(node) -> None:  # noqa: ANN001
+def test_a_daemon_stopped_as_a_refill_starts_leaves_nothing(node) -> None:
     """The replacement spare starts the moment a load that took one is
     ready: a daemon stopped right then ends it and removes its slot."""
     daemon, base, _ = node
     for round_ in range(3):
         d = daemon('prewarm = ["python"]\n')
-        assert wait_for(lambda: spare_ready(d), timeout=30), "no spare"
+        assert wait_for(lambda: spare_ready(d), timeout=30), "no spare"  # noqa: B023 - called within this round
         status, body = load(d, "m", started_carton(base / f"m{round_}"))
         assert status == 200, body
         d.stop()
         assert left_behind(d.root) == ([], []), f"round {round_}"
 
 
-def test_loading_again_what_already_serves_starts_no_runner(node) -> None:  # noqa: ANN001
+def test_loading_again_what_already_serves_starts_no_runner(node) -> None:
     """The same source and config again: the version serves as asked, so
     neither the spare nor a runner started early is taken and thrown away."""
     daemon, base, _ = node
@@ -197,7 +199,7 @@ def test_loading_again_what_already_serves_starts_no_runner(node) -> None:  # no
     assert spare_ready(d)
 
 
-def test_an_onnx_model_loads_into_an_onnx_spare(node) -> None:  # noqa: ANN001
+def test_an_onnx_model_loads_into_an_onnx_spare(node) -> None:
     """The onnx kind's spare has imported onnxruntime while it waited
     (onnx.warm); the model's runner is that process."""
     pytest.importorskip("onnxruntime")
@@ -213,7 +215,7 @@ def test_an_onnx_model_loads_into_an_onnx_spare(node) -> None:  # noqa: ANN001
     assert status == 200 and body["outputs"][0]["data"] == [3, 5, 7, 9], body
 
 
-def test_a_spare_that_dies_is_replaced(node) -> None:  # noqa: ANN001
+def test_a_spare_that_dies_is_replaced(node) -> None:
     daemon, base, _ = node
     d = daemon('prewarm = ["python"]\nrestart_backoff = "100ms"\n')
     assert wait_for(lambda: spares(d) == 1, timeout=30)
@@ -229,7 +231,7 @@ def test_a_spare_that_dies_is_replaced(node) -> None:  # noqa: ANN001
     assert started_at(d, "m") > 0
 
 
-def test_a_model_that_fails_in_a_spare_fails_its_load_by_name(node) -> None:  # noqa: ANN001
+def test_a_model_that_fails_in_a_spare_fails_its_load_by_name(node) -> None:
     daemon, base, _ = node
     d = daemon('prewarm = ["python"]\n')
     assert wait_for(lambda: spares(d) == 1, timeout=30)
@@ -255,7 +257,7 @@ def links_carton(base: Path, origin: Origin, *, startup: str = "pass") -> tuple[
     return origin.url("/m.carton"), f"/blobs/{digest}"
 
 
-def test_a_load_by_url_starts_its_runner_while_the_blobs_come(node) -> None:  # noqa: ANN001
+def test_a_load_by_url_starts_its_runner_while_the_blobs_come(node) -> None:
     daemon, base, _ = node
     d = daemon()
     with Origin() as origin:
@@ -269,7 +271,7 @@ def test_a_load_by_url_starts_its_runner_while_the_blobs_come(node) -> None:  # 
     assert started_at(d, "m") - before < 1.5, (started_at(d, "m") - before, took)
 
 
-def test_a_load_whose_blobs_fail_ends_the_runner_it_started(node) -> None:  # noqa: ANN001
+def test_a_load_whose_blobs_fail_ends_the_runner_it_started(node) -> None:
     daemon, base, _ = node
     d = daemon()
     with Origin() as origin:
@@ -286,7 +288,7 @@ def test_a_load_whose_blobs_fail_ends_the_runner_it_started(node) -> None:  # no
     assert index.get("m", {}).get("state") != "READY"
 
 
-def test_concurrent_loads_share_out_one_spare(node) -> None:  # noqa: ANN001
+def test_concurrent_loads_share_out_one_spare(node) -> None:
     """Three loads at once and one spare: one takes it, the others start
     runners of their own; each serves its own model, and nothing is left."""
     daemon, base, _ = node
@@ -310,7 +312,7 @@ def test_slots_of_a_daemon_that_is_gone_are_removed_and_a_live_ones_kept(tmp_pat
     flock, and a starting one removes only those whose owner is gone."""
     import fcntl
 
-    from cartonstore.server.runners.waiting import Slots, slots_dir
+    from cartonstore.server.runner_processes.waiting import Slots, slots_dir
 
     run_dir, tmp_dir = tmp_path / "run" / "runners", tmp_path / "tmp"
     run_dir.mkdir(parents=True)

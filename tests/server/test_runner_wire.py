@@ -1,5 +1,5 @@
 """The lean HTTP/1.1 client the daemon uses to talk to its runners
-(cartonstore.server.runners.wire), against a real Unix-socket server that
+(cartonstore.server.runner_processes.wire), against a real Unix-socket server that
 answers with canned bytes: every framing a runner may use, and the ways a
 runner may break HTTP."""
 
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from cartonstore.errors import InvalidInput
-from cartonstore.server.runners.wire import BadResponse, RunnerClient
+from cartonstore.server.runner_processes.wire import BadResponse, RunnerClient
 
 CLOSE = b"<close>"
 
@@ -151,7 +151,7 @@ def test_broken_answers(short_tmp: Path, answer: bytes | None, message: str) -> 
 
 def test_bad_request_inputs(short_tmp: Path) -> None:
     server = CannedServer([OK])
-    injected, no_slash, fine = talk(short_tmp, server, ("POST", "/x", {"X-Evil": "a\r\nHost: b"}, [b""]),
+    injected, no_slash, _fine = talk(short_tmp, server, ("POST", "/x", {"X-Evil": "a\r\nHost: b"}, [b""]),
                                     ("POST", "x", {}, [b""]), ("POST", "/m a", {}, [b""]))
     assert isinstance(injected, InvalidInput) and "X-Evil" in str(injected)
     assert isinstance(no_slash, InvalidInput) and "must start with '/'" in str(no_slash)
@@ -166,7 +166,7 @@ def test_unreachable_socket(short_tmp: Path) -> None:
     asyncio.run(go())
 
 
-def stalled_answer(short_tmp: Path, head: bytes, limit: int, measure=lambda: 0) -> tuple[object, object, object]:  # noqa: ANN001
+def stalled_answer(short_tmp: Path, head: bytes, limit: int, measure=lambda: 0) -> tuple[object, object, object]:
     """A server that answers with ``head`` (and what follows it), then
     holds the connection; the client is closed while it waits for the rest.
     (measure() before the request, measure() while it waits, the outcome)."""

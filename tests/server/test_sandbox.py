@@ -21,7 +21,9 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -30,7 +32,10 @@ from kit.hostile import hostile_carton
 from kit.inferkit import echo_carton, spares_run
 from kit.sandboxkit import runner_user, why_not
 
-pytestmark = pytest.mark.slow   # hostile models in every sandbox, each test its daemons and runners
+# hostile models in every sandbox, each test its daemons and runners. One
+# worker: each xdist worker that ran one of these tests would start its own
+# root daemon, sandboxed runners and spares for every sandbox of `node`.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("sandbox")]
 
 SECRET = "s3cret-peer-token"
 # Run as the daemon's argv: a session keyring of its own holding a key (as a host's login session may hold
@@ -98,7 +103,7 @@ class Steady:
             self.statuses.append(echo_once(self.d))
             time.sleep(0.02)
 
-    def __enter__(self) -> "Steady":
+    def __enter__(self) -> Steady:
         self.thread.start()
         return self
 
@@ -108,7 +113,7 @@ class Steady:
 
 
 @pytest.fixture(scope="module", params=["bwrap", "landlock", "bwrap, prewarmed", "landlock, prewarmed"])
-def node(request, tmp_path_factory):  # noqa: ANN001, ANN201
+def node(request, tmp_path_factory) -> Iterator[Any]:
     """A root daemon whose runners are sandboxed by ``request.param``, with
     a hostile model, a well-behaved one and a victim model loaded. Prewarmed:
     the hostile model is loaded first, into a pre-warmed spare (a runner
@@ -152,7 +157,7 @@ def node(request, tmp_path_factory):  # noqa: ANN001, ANN201
             assert d.proc.poll() is None, "the daemon died"
 
 
-def test_every_escape_fails_and_the_neighbour_keeps_answering(node) -> None:  # noqa: ANN001
+def test_every_escape_fails_and_the_neighbour_keeps_answering(node) -> None:
     mode, d, digests, secret = node
     root = d.root
     (root / "index.db").chmod(0o666)   # writable by anyone: only the sandbox keeps the model from it
@@ -207,7 +212,7 @@ def runner_statuses(d: DaemonProcess, digests: dict[str, str]) -> dict[int, dict
     return statuses
 
 
-def test_no_kernel_object_is_shared_and_the_syscalls_it_needs_not_are_denied(node) -> None:  # noqa: ANN001
+def test_no_kernel_object_is_shared_and_the_syscalls_it_needs_not_are_denied(node) -> None:
     """The seccomp filter, the emptied capability sets and a session keyring
     of its own, in every runner (a pre-warmed spare's too): the daemon's key
     is out of reach, a runner can add no key for another to read, make no
@@ -242,7 +247,7 @@ def test_no_kernel_object_is_shared_and_the_syscalls_it_needs_not_are_denied(nod
         assert (status["Seccomp"], status["CapBnd"], status["CapAmb"]) == ("2", "0" * 16, "0" * 16), (pid, status)
 
 
-def test_sockets_are_the_ones_its_sandbox_needs(node) -> None:  # noqa: ANN001
+def test_sockets_are_the_ones_its_sandbox_needs(node) -> None:
     """No raw, packet or non-route netlink socket anywhere; under Landlock
     alone, with no network namespace, nothing but AF_UNIX: no UDP to the
     host, no netlink listing of its interfaces."""
@@ -276,7 +281,7 @@ def test_sockets_are_the_ones_its_sandbox_needs(node) -> None:  # noqa: ANN001
         assert said.startswith("ok" if mode == "landlock" else "denied"), said
 
 
-def test_each_runner_maps_its_own_models_arena_and_no_other(node) -> None:  # noqa: ANN001
+def test_each_runner_maps_its_own_models_arena_and_no_other(node) -> None:
     """One tensor arena per model: the sandboxed runner is handed its own
     (a big binary request goes through it), and cannot reach another
     runner's (its /proc/PID/fd: another PID namespace, or another Landlock
@@ -309,7 +314,7 @@ def arena_requests(d: DaemonProcess) -> float:
                 if line.startswith("cartonstore_arena_requests_total "))
 
 
-def test_system_shared_memory_reaches_a_sandboxed_runner_as_fds(node) -> None:  # noqa: ANN001
+def test_system_shared_memory_reaches_a_sandboxed_runner_as_fds(node) -> None:
     """Triton's system shared memory through a sandboxed runner: it sees no
     /dev/shm, so the daemon hands it each region's fd; inputs are read from
     the client's object and outputs written into it."""
@@ -338,8 +343,8 @@ def test_system_shared_memory_reaches_a_sandboxed_runner_as_fds(node) -> None:  
             path.unlink(missing_ok=True)
 
 
-def test_a_fork_bomb_stops_at_max_processes(node) -> None:  # noqa: ANN001
-    mode, d, _, _ = node
+def test_a_fork_bomb_stops_at_max_processes(node) -> None:
+    _mode, d, _, _ = node
     with Steady(d) as steady:
         status, said = order(d, "fork:2000")
     assert status == 200 and said.startswith("denied") and "failed after" in said, said
@@ -349,8 +354,8 @@ def test_a_fork_bomb_stops_at_max_processes(node) -> None:  # noqa: ANN001
     assert order(d, "list:.")[1].startswith("ok")   # the bomber itself still serves
 
 
-def test_a_model_over_its_memory_limit_fails_alone(node) -> None:  # noqa: ANN001
-    mode, d, _, _ = node
+def test_a_model_over_its_memory_limit_fails_alone(node) -> None:
+    _mode, d, _, _ = node
     with Steady(d) as steady:
         status, said = order(d, "mem:6")   # 6 GiB at most, whatever happens: the limit is 1 GiB
         assert status != 200 or said.startswith("denied"), said
@@ -360,7 +365,7 @@ def test_a_model_over_its_memory_limit_fails_alone(node) -> None:  # noqa: ANN00
     assert d.proc.poll() is None
 
 
-def test_the_index_and_metrics_say_which_layers_hold(node) -> None:  # noqa: ANN001
+def test_the_index_and_metrics_say_which_layers_hold(node) -> None:
     mode, d, _, _ = node
     rows = {row["name"]: row for row in call(d, "POST", "/v2/repository/index", json={})[1]}
     layers = rows["hostile"]["sandbox"].split("+")
@@ -370,11 +375,11 @@ def test_the_index_and_metrics_say_which_layers_hold(node) -> None:  # noqa: ANN
     assert started.endswith("no capabilities, a seccomp filter, a session keyring each"), started
     if mode == "bwrap":
         assert "landlock" in layers
-    status, text = call(d, "GET", "/metrics")
+    _status, text = call(d, "GET", "/metrics")
     assert f'cartonstore_runner_sandbox{{layers="{rows["hostile"]["sandbox"]}",model="hostile"' in text
 
 
-def test_an_unloaded_runner_leaves_no_process_tmp_or_cgroup(node) -> None:  # noqa: ANN001
+def test_an_unloaded_runner_leaves_no_process_tmp_or_cgroup(node) -> None:
     """Last of the module's tests: it unloads the hostile model. A child it
     put in a session of its own (out of killpg's reach) dies with its cgroup,
     and the tmp it filled with a private directory is removed (as the runner
@@ -391,7 +396,7 @@ def test_an_unloaded_runner_leaves_no_process_tmp_or_cgroup(node) -> None:  # no
     # (a slot is <owner token>-<label>-<random>)
     label = os.path.basename(hostile).split("-", 1)[1].rsplit("-", 1)[0] + "-" if "/run/slots/" in hostile \
         else "hostile"
-    tmps = [p for p in Path("/tmp").glob(f"cartonstore-runner-{d.proc.pid}-{label}*")]
+    tmps = list(Path("/tmp").glob(f"cartonstore-runner-{d.proc.pid}-{label}*"))
     assert (mode == "landlock") == bool(tmps), tmps   # bubblewrap's /tmp is a tmpfs of its own
     # the runner's own cgroups (named for its label: a spare's, when it took one), as its /proc says
     running = {Path("/sys/fs/cgroup", controllers.split(",")[0] if controllers else "", path.lstrip("/"))

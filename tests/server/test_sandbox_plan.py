@@ -1,4 +1,4 @@
-"""How a runner's sandbox is planned (server/runners/sandbox.py), and the
+"""How a runner's sandbox is planned (server/runner_processes/sandbox.py), and the
 loads it refuses: never silently unsandboxed."""
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from kit.daemonkit import DaemonProcess, call
 from kit.inferkit import echo_carton, runner_sockets
 
 from cartonstore.errors import InvalidInput
-from cartonstore.server.runners.sandbox import SandboxPolicy, _isolated, confine, python_paths, runner_identity
+from cartonstore.server.runner_processes.sandbox import SandboxPolicy, _isolated, confine, python_paths, runner_identity
 
-ARGV = [sys.executable, "-m", "cartonstore.runner.python", "--socket", "/x.sock"]
+ARGV = [sys.executable, "-m", "cartonstore.runner.backends.python", "--socket", "/x.sock"]
 
 
 def last_launcher(argv: list[str]) -> int:
@@ -25,7 +25,7 @@ def last_launcher(argv: list[str]) -> int:
     return len(argv) - 1 - argv[::-1].index("cartonstore.system.confine")
 
 
-def test_no_bubblewrap_where_it_is_asked_for_fails_naming_how_to_get_one(tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
+def test_no_bubblewrap_where_it_is_asked_for_fails_naming_how_to_get_one(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv("PATH", str(tmp_path))   # bwrap and setpriv are found on PATH: here, nowhere
     with pytest.raises(InvalidInput) as caught:
         confine(SandboxPolicy(mode="bwrap", user="nobody"), ARGV, model_dir=tmp_path, model="m", device="cpu",
@@ -71,7 +71,7 @@ def test_isolation_is_added_once_and_only_to_this_python() -> None:
     assert _isolated(["/opt/serve", "--socket", "x"]) == ["/opt/serve", "--socket", "x"]
 
 
-def test_what_a_runner_may_read_is_python_not_the_working_directory(tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
+def test_what_a_runner_may_read_is_python_not_the_working_directory(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path))
     paths = python_paths()
@@ -118,12 +118,12 @@ def test_cgroups_a_killed_daemon_left_are_removed_and_live_ones_kept() -> None:
         live.remove()
 
 
-def test_landlock_alone_is_refused_for_a_runner_of_the_daemons_own_user(tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
+def test_landlock_alone_is_refused_for_a_runner_of_the_daemons_own_user(tmp_path: Path, monkeypatch) -> None:
     """Landlock stops no chmod and no connect() to a socket by path: a
     runner keeping the daemon's uid could chmod the store's blobs and use
     its API socket. Without bubblewrap, only a runner of another uid may
     run under Landlock alone."""
-    from cartonstore.server.runners.sandbox import mechanisms
+    from cartonstore.server.runner_processes.sandbox import mechanisms
     from cartonstore.system.landlock import abi_version
 
     if abi_version() < 1:
@@ -264,7 +264,7 @@ def test_inet_sockets_and_sysv_ipc_are_planned_for_bubblewrap_and_networked_mode
 
 
 def test_a_layer_the_kernel_cannot_give_is_named_in_the_start_line() -> None:
-    from cartonstore.server.runners.sandbox import Host
+    from cartonstore.server.runner_processes.sandbox import Host
 
     policy = SandboxPolicy(user="cartonstore-runner")
     full = Host((999, 999), "/usr/bin/bwrap", True, 7)

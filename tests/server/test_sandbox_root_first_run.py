@@ -18,6 +18,7 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -93,7 +94,7 @@ def start_line(d: DaemonProcess) -> str:
 
 
 @pytest.fixture(scope="module")
-def hidden():  # noqa: ANN201
+def hidden() -> Iterator[tuple[Path, Path]]:
     """A base directory of mode 0700 holding a Python and its virtualenv."""
     if (why := why_not_here()) is not None:
         pytest.skip(why)
@@ -115,7 +116,7 @@ def load(d: DaemonProcess, name: str, source: Path) -> tuple[int, object]:
 
 
 @pytest.mark.parametrize("user", ["named", "transient"])
-def test_a_python_and_an_onnx_model_load_under_bubblewrap_from_a_0700_directory(hidden, user: str) -> None:  # noqa: ANN001
+def test_a_python_and_an_onnx_model_load_under_bubblewrap_from_a_0700_directory(hidden, user: str) -> None:
     base, python = hidden
     setting = f'user = "{runner_user().pw_name}"' if user == "named" else 'user = ""'
     d = daemon_in(base, python, f"bwrap-{user}", f'sandbox = "bwrap"\n{setting}\nmemory_limit = "1G"',
@@ -169,7 +170,7 @@ def runner_uid(pid: int) -> int:
     return int(status["Uid"].split()[0])
 
 
-def test_landlock_alone_names_at_start_what_the_runner_uid_cannot_reach(hidden) -> None:  # noqa: ANN001
+def test_landlock_alone_names_at_start_what_the_runner_uid_cannot_reach(hidden) -> None:
     from cartonstore.system.landlock import abi_version
 
     if abi_version() < 6:

@@ -10,7 +10,9 @@ import json
 import os
 import socket
 import struct
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -48,7 +50,7 @@ def slow_carton(dest: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def served():
+def served() -> Iterator[DaemonProcess]:
     """A daemon that allows shared memory over TCP (tritonclient.http has no
     Unix socket), on a socket any uid can reach (the per-uid tests)."""
     with short_dir() as base, short_dir(prefix="cs-shm-") as sock_dir:
@@ -67,7 +69,7 @@ def served():
 
 
 @pytest.fixture
-def client(served: DaemonProcess):
+def client(served: DaemonProcess) -> Iterator[triton.InferenceServerClient]:
     c = triton.InferenceServerClient(served.host_port)
     yield c
     c.unregister_system_shared_memory()
@@ -75,11 +77,11 @@ def client(served: DaemonProcess):
 
 
 @pytest.fixture
-def regions():
+def regions() -> Iterator[Callable[[str, int], Any]]:
     """Shared memory objects made by tritonclient, destroyed (unlinked) after."""
     made: list = []
 
-    def make(name: str, size: int):  # noqa: ANN202
+    def make(name: str, size: int) -> Any:
         handle = shm.create_shared_memory_region(name, f"/cs-test-{os.getpid()}-{name}", size)
         made.append(handle)
         return handle
@@ -109,7 +111,7 @@ def get(d: DaemonProcess, path: str) -> tuple[int, object]:
 
 
 def test_python_runner_inputs_and_outputs_in_shared_memory(client: triton.InferenceServerClient,
-                                                           regions) -> None:  # noqa: ANN001
+                                                           regions) -> None:
     assert "system_shared_memory" in client.get_server_metadata()["extensions"]
     x = np.arange(12, dtype=np.float32).reshape(3, 4)
     s = np.array([b"one", b"\xc3\xa9t\xc3\xa9", b""], dtype=object).reshape(3, 1)
@@ -144,7 +146,7 @@ def test_python_runner_inputs_and_outputs_in_shared_memory(client: triton.Infere
         client.infer("echo", [xi, si], outputs=[yo])
 
 
-def test_onnx_runner_reads_and_writes_shared_memory(client: triton.InferenceServerClient, regions) -> None:  # noqa: ANN001
+def test_onnx_runner_reads_and_writes_shared_memory(client: triton.InferenceServerClient, regions) -> None:
     x = np.random.default_rng(3).standard_normal((256, 4)).astype(np.float32)
     inp, out = regions("onnx-in", x.nbytes), regions("onnx-out", x.nbytes + 64)
     shm.set_shared_memory_region(inp, [x])
@@ -160,7 +162,7 @@ def test_onnx_runner_reads_and_writes_shared_memory(client: triton.InferenceServ
     assert result.get_output("y")["parameters"]["shared_memory_region"] == "onnx-out"
 
 
-def test_an_output_too_big_for_its_region(client: triton.InferenceServerClient, regions) -> None:  # noqa: ANN001
+def test_an_output_too_big_for_its_region(client: triton.InferenceServerClient, regions) -> None:
     x = np.ones((8, 4), np.float32)
     inp, _ = regions("small-in", x.nbytes), regions("small-out", 16)
     shm.set_shared_memory_region(inp, [x])
@@ -184,7 +186,7 @@ def _make_object(name: str, size: int, mode: int = 0o600) -> str:
 
 
 @pytest.fixture
-def objects():
+def objects() -> Iterator[Callable[[str, int], str]]:
     keys: list[str] = []
 
     def make(name: str, size: int) -> str:
@@ -195,7 +197,7 @@ def objects():
         Path(SHM + key).unlink(missing_ok=True)
 
 
-def test_bad_registrations_name_the_problem(served: DaemonProcess, objects, tmp_path: Path) -> None:  # noqa: ANN001
+def test_bad_registrations_name_the_problem(served: DaemonProcess, objects, tmp_path: Path) -> None:
     key = objects("reg", 4096)
     link = Path(f"{SHM}/cs-test-{os.getpid()}-link")
     link.symlink_to(tmp_path / "elsewhere")
@@ -243,7 +245,7 @@ def _shm_request(region: str, byte_size: int, offset: int = 0, out: str | None =
     return doc
 
 
-def test_requests_that_misuse_a_region_never_reach_the_runner(served: DaemonProcess, objects) -> None:  # noqa: ANN001
+def test_requests_that_misuse_a_region_never_reach_the_runner(served: DaemonProcess, objects) -> None:
     key = objects("use", 64)
     assert post(served, "/v2/systemsharedmemory/region/use/register", {"key": key, "byte_size": 48, "offset": 16})[0] == 200
     before = runner_count(served, "affine")
@@ -263,7 +265,7 @@ def test_requests_that_misuse_a_region_never_reach_the_runner(served: DaemonProc
     assert post(served, "/v2/systemsharedmemory/unregister", None)[0] == 200
 
 
-def test_a_region_truncated_or_unlinked_under_the_daemon(served: DaemonProcess, objects) -> None:  # noqa: ANN001
+def test_a_region_truncated_or_unlinked_under_the_daemon(served: DaemonProcess, objects) -> None:
     key = objects("gone", 4096)
     for name in ("trunc", "unlinked"):
         assert post(served, f"/v2/systemsharedmemory/region/{name}/register", {"key": key, "byte_size": 4096})[0] == 200
@@ -281,7 +283,7 @@ def test_a_region_truncated_or_unlinked_under_the_daemon(served: DaemonProcess, 
     assert post(served, "/v2/systemsharedmemory/unregister", None)[0] == 200
 
 
-def test_unregister_unmaps_the_region_in_the_runner(served: DaemonProcess, objects) -> None:  # noqa: ANN001
+def test_unregister_unmaps_the_region_in_the_runner(served: DaemonProcess, objects) -> None:
     key = objects("unmap", 64)
     assert post(served, "/v2/systemsharedmemory/region/unmap/register", {"key": key, "byte_size": 64})[0] == 200
     assert post(served, "/v2/models/affine/infer", _shm_request("unmap", 32, out="unmap"))[0] == 200
@@ -299,7 +301,7 @@ def test_unregister_unmaps_the_region_in_the_runner(served: DaemonProcess, objec
 
 
 @pytest.mark.slow
-def test_shared_memory_is_refused_over_tcp_by_default(short_tmp: Path, objects) -> None:  # noqa: ANN001
+def test_shared_memory_is_refused_over_tcp_by_default(short_tmp: Path, objects) -> None:
     key = objects("tcp", 64)
     with DaemonProcess(short_tmp / "root") as d:
         c = triton.InferenceServerClient(d.host_port)
@@ -358,7 +360,7 @@ def _as_nobody(path: str, key_mine: str, key_root: str) -> dict:
         os.unlink(SHM + key_mine)
 
 
-def run_as(uid: int, fn, *args: object) -> object:  # noqa: ANN001
+def run_as(uid: int, fn, *args: object) -> object:
     """fn(*args) in a forked child running as ``uid``; its JSON result."""
     read_end, write_end = os.pipe()
     pid = os.fork()
@@ -382,7 +384,7 @@ def run_as(uid: int, fn, *args: object) -> object:  # noqa: ANN001
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run a client as another uid")
-def test_each_uid_sees_and_uses_only_its_own_regions(served: DaemonProcess, objects) -> None:  # noqa: ANN001
+def test_each_uid_sees_and_uses_only_its_own_regions(served: DaemonProcess, objects) -> None:
     key_root = objects("root", 64)
     assert post(served, "/v2/systemsharedmemory/region/root-only/register", {"key": key_root, "byte_size": 64})[0] == 200
     key_mine = f"/cs-test-{os.getpid()}-nobody"
@@ -401,7 +403,7 @@ def test_each_uid_sees_and_uses_only_its_own_regions(served: DaemonProcess, obje
     assert post(served, "/v2/systemsharedmemory/unregister", None)[0] == 200
 
 
-def test_the_daemon_never_maps_a_region(served: DaemonProcess, objects) -> None:  # noqa: ANN001
+def test_the_daemon_never_maps_a_region(served: DaemonProcess, objects) -> None:
     key = objects("nomap", 64)
     assert post(served, "/v2/systemsharedmemory/region/nomap/register", {"key": key, "byte_size": 64})[0] == 200
     assert post(served, "/v2/models/affine/infer", _shm_request("nomap", 32, out="nomap"))[0] == 200
@@ -410,7 +412,7 @@ def test_the_daemon_never_maps_a_region(served: DaemonProcess, objects) -> None:
     assert post(served, "/v2/systemsharedmemory/unregister", None)[0] == 200
 
 
-def test_a_region_truncated_while_the_model_reads_it(served: DaemonProcess, objects) -> None:  # noqa: ANN001
+def test_a_region_truncated_while_the_model_reads_it(served: DaemonProcess, objects) -> None:
     """The one crash a client can cause: SIGBUS in the runner that maps its
     region. The daemon (which never maps) answers 503 saying so, and the
     runner is restarted."""
@@ -440,7 +442,7 @@ def test_a_region_truncated_while_the_model_reads_it(served: DaemonProcess, obje
     assert post(served, "/v2/systemsharedmemory/unregister", None)[0] == 200
 
 
-def test_bytes_in_shared_memory_are_bounded_before_they_are_read(served: DaemonProcess, objects) -> None:  # noqa: ANN001
+def test_bytes_in_shared_memory_are_bounded_before_they_are_read(served: DaemonProcess, objects) -> None:
     key = objects("huge", 300 << 20)   # sparse: no memory behind it
     assert post(served, "/v2/systemsharedmemory/region/huge/register", {"key": key, "byte_size": 300 << 20})[0] == 200
     x = {"name": "x_float32", "datatype": "FP32", "shape": [1, 1], "data": [1.0]}
@@ -457,7 +459,7 @@ def test_bytes_in_shared_memory_are_bounded_before_they_are_read(served: DaemonP
     assert post(served, "/v2/systemsharedmemory/unregister", None)[0] == 200
 
 
-def test_bytes_outputs_written_into_shared_memory(client: triton.InferenceServerClient, regions) -> None:  # noqa: ANN001
+def test_bytes_outputs_written_into_shared_memory(client: triton.InferenceServerClient, regions) -> None:
     s = np.array([b"alpha", b"", "\u00e9t\u00e9".encode()], dtype=object).reshape(3, 1)
     x = np.zeros((3, 1), np.float32)
     out = regions("bytes-out", 256)
@@ -475,7 +477,7 @@ def test_bytes_outputs_written_into_shared_memory(client: triton.InferenceServer
     assert list(got.reshape(-1)) == list(s.reshape(-1))
 
 
-def test_concurrent_first_uses_of_a_region_map_it_once(served: DaemonProcess, objects) -> None:  # noqa: ANN001
+def test_concurrent_first_uses_of_a_region_map_it_once(served: DaemonProcess, objects) -> None:
     """Eight requests race to be the first to use a region on a runner: one
     registration is made, every request waits for it, none fails."""
     key = objects("race-first", 64)
@@ -505,7 +507,7 @@ def _runner_call(d: DaemonProcess, method: str, path: str, doc: object = None) -
     return asyncio.run(go())
 
 
-def test_a_runner_registers_only_the_object_the_daemon_checked(served: DaemonProcess, objects) -> None:  # noqa: ANN001
+def test_a_runner_registers_only_the_object_the_daemon_checked(served: DaemonProcess, objects) -> None:
     """The runner's side of registration, spoken to directly: a repeat of
     the same registration is fine, a different one under the name is not,
     and an object replaced under its key since the daemon's check is refused."""

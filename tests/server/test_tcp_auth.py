@@ -15,6 +15,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -37,7 +38,7 @@ BEARER = {"Authorization": f"Bearer {API}"}
 
 
 @pytest.fixture(scope="module")
-def guarded(tmp_path_factory):  # noqa: ANN001, ANN201
+def guarded(tmp_path_factory) -> Iterator[DaemonProcess]:
     """A daemon whose TCP listeners (HTTP and gRPC) want server.token (from
     a file), with the echo carton loaded over the Unix socket (which asks
     for nothing)."""

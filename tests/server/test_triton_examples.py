@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -42,7 +43,7 @@ def simple_carton(dest: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
     base = tmp_path_factory.mktemp("examples")
     root = base / "root"
     carton = simple_carton(base / "simple")

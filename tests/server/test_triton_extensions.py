@@ -22,7 +22,7 @@ from tritonclient.utils import InferenceServerException
 from cartonstore.cli.commands import main
 
 
-def _add(daemon: DaemonProcess, src: Path, name: str, capsys) -> str:  # noqa: ANN001
+def _add(daemon: DaemonProcess, src: Path, name: str, capsys) -> str:
     assert main(["add", str(src), "--name", name, "--root", str(daemon.root), "--progress", "none", "--json"]) == 0
     return json.loads(capsys.readouterr().out)["manifest_sha256"]
 
@@ -34,7 +34,7 @@ def _infer(c: triton.InferenceServerClient, name: str, x: np.ndarray) -> triton.
 
 
 @pytest.fixture
-def affine(daemon: DaemonProcess, tmp_path: Path, capsys) -> tuple[DaemonProcess, str]:  # noqa: ANN001
+def affine(daemon: DaemonProcess, tmp_path: Path, capsys) -> tuple[DaemonProcess, str]:
     return daemon, _add(daemon, onnx_carton(tmp_path / "affine"), "affine", capsys)
 
 
@@ -137,7 +137,7 @@ def test_model_config_reflects_the_load_and_refuses_what_it_cannot_honour(affine
     c.close()
 
 
-def test_a_batch_dimension_is_needed_for_max_batch_size(daemon: DaemonProcess, tmp_path: Path, capsys) -> None:  # noqa: ANN001
+def test_a_batch_dimension_is_needed_for_max_batch_size(daemon: DaemonProcess, tmp_path: Path, capsys) -> None:
     src = onnx_carton(tmp_path / "fixed")
     toml = src / "carton.toml"
     toml.write_text(toml.read_text().replace('shape = ["N", 4]', "shape = [1, 4]"))
@@ -149,7 +149,7 @@ def test_a_batch_dimension_is_needed_for_max_batch_size(daemon: DaemonProcess, t
     c.close()
 
 
-def test_triton_error_texts(daemon: DaemonProcess, tmp_path: Path, capsys) -> None:  # noqa: ANN001
+def test_triton_error_texts(daemon: DaemonProcess, tmp_path: Path, capsys) -> None:
     _add(daemon, echo_carton(tmp_path / "crash", startup="raise SystemExit(3)"), "crash", capsys)
     c = triton.InferenceServerClient(daemon.host_port)
     with pytest.raises(InferenceServerException, match="^\\[400\\] failed to load 'crash': runner for crash failed"):

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from cartonstore.errors import InvalidCarton, PermissionDenied
-from cartonstore.server.runners.sandbox import unreachable
+from cartonstore.server.runner_processes.sandbox import unreachable
 from cartonstore.sources import open_local
 from cartonstore.system.callers import MAX_PEER_GROUPS, CallerRights, Credentials, peer_credentials
 

@@ -11,7 +11,9 @@ import json
 import os
 import struct
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import FIXTURE_CARTON, MINIMAL_TOML, carton_entries, manifest_for, sha, snapshot, write_zip
@@ -84,7 +86,7 @@ def truncated(path: Path, keep: float) -> Path:
     return _write(path, data[: int(len(data) * keep)])
 
 
-def corrupted(method: int):  # noqa: ANN201
+def corrupted(method: int) -> Callable[[Path], Path]:
     """A carton of fresh bytes (the store cannot skip them as present)
     with its compressed data damaged in the middle."""
     def build(path: Path) -> Path:
@@ -104,11 +106,11 @@ def corrupted(method: int):  # noqa: ANN201
     return build
 
 
-def zip_of(entries):  # noqa: ANN001, ANN201
+def zip_of(entries) -> Callable[[Path], Any]:
     return lambda p: write_zip(p, entries)
 
 
-def carton_of(files, **kw):  # noqa: ANN001, ANN201
+def carton_of(files, **kw) -> Callable[[Path], Any]:
     return lambda p: write_zip(p, carton_entries(files, **kw))
 
 
@@ -124,12 +126,12 @@ SAFETENSORS_CASES = {
 }
 
 CASES = {
-    "entry with ..": (zip_of(carton_entries(GOOD) + [("model/../../evil", b"x")]), r"\.\."),
-    "absolute entry": (zip_of(carton_entries(GOOD) + [("/etc/passwd", b"x")]), "absolute"),
-    "backslash entry": (zip_of(carton_entries(GOOD) + [("model\\evil.bin", b"x")]), "backslash"),
-    "drive letter entry": (zip_of(carton_entries(GOOD) + [("C:/evil.bin", b"x")]), "drive"),
-    "duplicate entry": (zip_of(carton_entries(GOOD) + [("model/w.bin", b"weights")]), "more than once"),
-    "entry not in MANIFEST": (zip_of(carton_entries(GOOD) + [("model/extra.bin", b"x")]), "not listed in MANIFEST"),
+    "entry with ..": (zip_of([*carton_entries(GOOD), ("model/../../evil", b"x")]), r"\.\."),
+    "absolute entry": (zip_of([*carton_entries(GOOD), ("/etc/passwd", b"x")]), "absolute"),
+    "backslash entry": (zip_of([*carton_entries(GOOD), ("model\\evil.bin", b"x")]), "backslash"),
+    "drive letter entry": (zip_of([*carton_entries(GOOD), ("C:/evil.bin", b"x")]), "drive"),
+    "duplicate entry": (zip_of([*carton_entries(GOOD), ("model/w.bin", b"weights")]), "more than once"),
+    "entry not in MANIFEST": (zip_of([*carton_entries(GOOD), ("model/extra.bin", b"x")]), "not listed in MANIFEST"),
     "MANIFEST line without entry or link": (carton_of(GOOD, omit=("model/w.bin",)), "neither in the carton nor in LINKS"),
     "bytes do not match MANIFEST": (zip_of([("carton.toml", MINIMAL_TOML), ("model/w.bin", b"tampered"),
                                             ("MANIFEST", manifest_for(GOOD))]), "model/w.bin.*MANIFEST"),
@@ -187,10 +189,10 @@ def test_bad_carton_is_rejected_and_changes_nothing(case: str, populated_root: P
 
 
 @pytest.mark.parametrize("limits,make,pattern", [
-    (dict(max_entries=5), lambda files: files, "entries"),
-    (dict(max_ratio=10, ratio_floor=1000), lambda files: {**files, "model/zeros.bin": b"\0" * 200_000}, "ratio"),
+    ({"max_entries": 5}, lambda files: files, "entries"),
+    ({"max_ratio": 10, "ratio_floor": 1000}, lambda files: {**files, "model/zeros.bin": b"\0" * 200_000}, "ratio"),
 ])
-def test_zip_limits_of_the_store_apply(tmp_path: Path, limits: dict, make, pattern: str) -> None:  # noqa: ANN001
+def test_zip_limits_of_the_store_apply(tmp_path: Path, limits: dict, make, pattern: str) -> None:
     from cartonstore.errors import InvalidCarton
     from cartonstore.store import Store
     from cartonstore.zipfmt import ZipLimits

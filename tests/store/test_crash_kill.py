@@ -30,9 +30,9 @@ import subprocess
 import textwrap
 import zipfile
 from collections import Counter
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import pytest
 from conftest import carton_entries, sha, write_zip
@@ -55,8 +55,8 @@ from kit.origin import Fault, Origin
 
 from cartonstore.format.links import build_links
 from cartonstore.store import Store
-from cartonstore.store.gc import GcPolicy
-from cartonstore.store.materialize import remove_tree
+from cartonstore.store.gc.plan import GcPolicy
+from cartonstore.store.materialize.tree import remove_tree
 
 # With `pytest -n N --dist loadgroup` (README, .ci/run) the suite's long,
 # process-heavy tests (this module, test_stress.py) run one after another on
@@ -113,7 +113,7 @@ def _linked(tmp: Path, origin: Origin, name: str, blobs: dict[str, bytes],
 
 
 @pytest.fixture(scope="module")
-def origin():
+def origin() -> Iterator[Origin]:
     with Origin() as o:
         yield o
 
@@ -368,12 +368,12 @@ class CrashPoint:
 
 CRASH_POINTS = [
     # a LINKS blob was renamed into blobs/ but its index row not committed yet
-    CrashPoint("fetch: blob renamed, row not written", "cartonstore.store.index", "Index.record_blobs",
+    CrashPoint("fetch: blob renamed, row not written", "cartonstore.store.metadata.index", "Index.record_blobs",
                "before", "add-links", "unindexed"),
-    CrashPoint("fetch: blob renamed, row not written (path)", "cartonstore.store.index", "Index.record_blobs",
+    CrashPoint("fetch: blob renamed, row not written (path)", "cartonstore.store.metadata.index", "Index.record_blobs",
                "before", "path-links", "unindexed"),
     # gc: rows of evicted blobs dropped, files not yet deleted
-    CrashPoint("gc: rows forgotten, files still there", "cartonstore.store.index", "Index.forget_blobs",
+    CrashPoint("gc: rows forgotten, files still there", "cartonstore.store.metadata.index", "Index.forget_blobs",
                "after", "gc", "unindexed"),
     # gc: killed while deleting a model directory (after 100 unlinks)
     CrashPoint("gc: half-deleted model directory", "os", "unlink", "call100", "gc"),

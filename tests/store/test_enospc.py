@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import os
 import subprocess
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -20,7 +21,7 @@ from cartonstore.store import Store
 
 
 @pytest.fixture
-def small_fs(tmp_path: Path):
+def small_fs(tmp_path: Path) -> Iterator[Callable[..., Path]]:
     mnt = tmp_path / "small"
     mnt.mkdir()
 
@@ -46,7 +47,7 @@ def _big_dir(tmp_path: Path, size: int) -> Path:
     return src
 
 
-def test_add_on_a_full_disk(small_fs, tmp_path: Path) -> None:  # noqa: ANN001
+def test_add_on_a_full_disk(small_fs, tmp_path: Path) -> None:
     root = small_fs("4m") / "root"
     with Store(root) as store:
         assert store.add(FIXTURE_CARTON).digest == FIXTURE_DIGEST
@@ -59,7 +60,7 @@ def test_add_on_a_full_disk(small_fs, tmp_path: Path) -> None:  # noqa: ANN001
         assert (store.materialize(FIXTURE_DIGEST) / "model" / "main.py").is_file()
 
 
-def test_fetch_on_a_full_disk(small_fs, tmp_path: Path, origin) -> None:  # noqa: ANN001
+def test_fetch_on_a_full_disk(small_fs, tmp_path: Path, origin) -> None:
     from kit.fetchkit import linked_carton, pull
 
     root = small_fs("3m") / "root"
@@ -72,7 +73,7 @@ def test_fetch_on_a_full_disk(small_fs, tmp_path: Path, origin) -> None:  # noqa
         assert store.verify().ok
 
 
-def test_materialize_out_of_inodes(small_fs, tmp_path: Path) -> None:  # noqa: ANN001
+def test_materialize_out_of_inodes(small_fs, tmp_path: Path) -> None:
     root = small_fs("8m", inodes=400) / "root"
     with Store(root) as store:
         d = store.add(FIXTURE_CARTON).digest
@@ -93,7 +94,7 @@ def test_materialize_out_of_inodes(small_fs, tmp_path: Path) -> None:  # noqa: A
         assert store.verify().ok
 
 
-def test_daemon_keeps_serving_on_a_full_disk(small_fs, tmp_path: Path, short_tmp: Path, capsys) -> None:  # noqa: ANN001
+def test_daemon_keeps_serving_on_a_full_disk(small_fs, tmp_path: Path, short_tmp: Path, capsys) -> None:
     from kit.daemonkit import DaemonProcess, unix_session
 
     from cartonstore.cli.commands import main

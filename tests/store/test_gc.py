@@ -17,7 +17,7 @@ from kit.prockit import descriptors_of
 
 from cartonstore.cli.commands import main
 from cartonstore.store import Store
-from cartonstore.store.gc import CartonUse, GcPolicy, Snapshot, plan_collection
+from cartonstore.store.gc.plan import CartonUse, GcPolicy, Snapshot, plan_collection
 
 NOW = 1_000_000.0
 
@@ -120,10 +120,10 @@ def test_budget_eviction_keeps_cartons_known_and_leased_ones(store: Store, tmp_p
     assert store.verify().ok
 
 
-def test_a_lease_taken_between_turns_keeps_its_blobs(store: Store, tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
+def test_a_lease_taken_between_turns_keeps_its_blobs(store: Store, tmp_path: Path, monkeypatch) -> None:
     """gc applies its plan in turns, releasing the store lock between them; a
     carton leased after the first turn keeps every blob the plan had doomed."""
-    import cartonstore.store.collection as collection
+    import cartonstore.store.gc.collect as collection
 
     monkeypatch.setattr(collection, "GC_TURN_SECONDS", 0.0)  # one chunk a turn
     monkeypatch.setattr(collection, "GC_CHUNK", 1)
@@ -179,7 +179,7 @@ def test_tmp_leftovers_of_dead_processes_only(store: Store, tmp_path: Path) -> N
         assert mine.tmp_path.exists()
 
 
-def test_cli_gc_runs_in_the_daemon_when_one_serves(daemon, tmp_path: Path, capsys) -> None:  # noqa: ANN001
+def test_cli_gc_runs_in_the_daemon_when_one_serves(daemon, tmp_path: Path, capsys) -> None:
     assert main(["add", str(_carton(tmp_path, "a", {"model/w": b"x" * 100})), "--root", str(daemon.root),
                  "--progress", "none"]) == 0
     capsys.readouterr()
@@ -194,7 +194,7 @@ def test_cli_gc_runs_in_the_daemon_when_one_serves(daemon, tmp_path: Path, capsy
     assert json.loads(capsys.readouterr().out)["ran_in"] == "this process"
 
 
-def test_cli_gc_counts_the_models_it_made_partial(tmp_path: Path, capsys) -> None:  # noqa: ANN001
+def test_cli_gc_counts_the_models_it_made_partial(tmp_path: Path, capsys) -> None:
     """Models never materialized lose their blobs too: the report names them
     (not "evicted: 0 model(s)")."""
     root = str(tmp_path / "root")
@@ -221,7 +221,7 @@ def test_cli_gc_counts_the_models_it_made_partial(tmp_path: Path, capsys) -> Non
     assert "evicted 0 blob(s) (0 B)\n" in capsys.readouterr().out
 
 
-def test_the_daemon_collects_on_its_own_over_budget(short_tmp: Path, capsys) -> None:  # noqa: ANN001
+def test_the_daemon_collects_on_its_own_over_budget(short_tmp: Path, capsys) -> None:
     from kit.daemonkit import DaemonProcess, wait_for
 
     root = short_tmp / "root"
@@ -236,7 +236,7 @@ def test_the_daemon_collects_on_its_own_over_budget(short_tmp: Path, capsys) -> 
         assert s.verify().ok and s.info(s.resolve("a")).missing_blobs
 
 
-def test_evicted_linked_blobs_come_back_on_lease(short_tmp: Path, origin) -> None:  # noqa: ANN001
+def test_evicted_linked_blobs_come_back_on_lease(short_tmp: Path, origin) -> None:
     from kit.daemonkit import DaemonProcess, unix_session
     from kit.fetchkit import linked_carton
 
@@ -247,10 +247,9 @@ def test_evicted_linked_blobs_come_back_on_lease(short_tmp: Path, origin) -> Non
         import asyncio
 
         async def lease() -> dict:
-            async with unix_session(d.socket_path) as s:
-                async with s.post("/v1/leases", json={"model": str(carton), "ttl": 0.5}) as r:
-                    assert r.status == 200, await r.text()
-                    return await r.json()
+            async with unix_session(d.socket_path) as s, s.post("/v1/leases", json={"model": str(carton), "ttl": 0.5}) as r:
+                assert r.status == 200, await r.text()
+                return await r.json()
 
         first = asyncio.run(lease())
         time.sleep(0.6)   # the clock is the subject: the lease's 0.5 s pass
@@ -269,7 +268,7 @@ def test_work_in_tmp_helper_ignores_owner_locks(store: Store) -> None:
     assert work_in_tmp(store.root) == [] and sha(b"x")
 
 
-# -- the daemon's collections run in a child process (server/models/collector.py) ------
+# -- the daemon's collections run in a child process (server/models/gc_child.py) ------
 
 
 @pytest.mark.parametrize("returncode, out, err, expected", [
@@ -285,7 +284,7 @@ def test_work_in_tmp_helper_ignores_owner_locks(store: Store) -> None:
 def test_the_childs_answer_becomes_a_report_or_the_same_kind_of_error(
         returncode: int, out: str, err: str, expected: str) -> None:
     from cartonstore.errors import CartonStoreError
-    from cartonstore.server.models.collector import report_from_child
+    from cartonstore.server.models.gc_child import report_from_child
 
     if expected == "report":
         report = report_from_child(returncode, out, err)
@@ -302,7 +301,7 @@ def test_the_childs_answer_becomes_a_report_or_the_same_kind_of_error(
 def test_a_collection_in_a_child_process_frees_and_reports(store: Store, tmp_path: Path) -> None:
     import asyncio
 
-    from cartonstore.server.models.collector import collect_in_child
+    from cartonstore.server.models.gc_child import collect_in_child
 
     store.add(_carton(tmp_path, "a", {"model/w": b"w" * 1000}), name="a")
     dry = asyncio.run(collect_in_child(store.root, GcPolicy(max_size=0, dry_run=True)))
@@ -316,7 +315,7 @@ def test_a_collection_that_cannot_open_the_store_says_why(tmp_path: Path) -> Non
     import asyncio
 
     from cartonstore.errors import InvalidInput
-    from cartonstore.server.models.collector import collect_in_child
+    from cartonstore.server.models.gc_child import collect_in_child
 
     not_a_dir = tmp_path / "file"
     not_a_dir.write_text("x")
@@ -341,7 +340,7 @@ def _children() -> list[int]:
 def test_a_cancelled_collection_stops_its_child_and_changes_nothing(store: Store, tmp_path: Path) -> None:
     import asyncio
 
-    from cartonstore.server.models.collector import collect_in_child
+    from cartonstore.server.models.gc_child import collect_in_child
 
     store.add(_carton(tmp_path, "a", {"model/w": b"w" * 1000}), name="a")
     before = snapshot(store.root)

@@ -16,13 +16,14 @@ import os
 import shutil
 import zipfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import carton_entries, sha, write_zip
 
 from cartonstore.cli.commands import main
 from cartonstore.store import Store
-from cartonstore.store.gc import CartonUse, GcPolicy, Snapshot, plan_collection
+from cartonstore.store.gc.plan import CartonUse, GcPolicy, Snapshot, plan_collection
 
 NOW = 1_000_000.0
 TOML = b'spec_version = 1\nmodel_name = "%s"\n[runner]\nrunner_name = "tensorflow"\nrequired_framework_version = "*"\n'
@@ -95,7 +96,7 @@ def _dir(tmp_path: Path, name: str) -> tuple[Path, dict[str, bytes]]:
     return tmp_path / "src" / name, files
 
 
-def cli(capsys, *argv: str) -> tuple[int, str, str]:  # noqa: ANN001
+def cli(capsys, *argv: str) -> tuple[int, str, str]:
     capsys.readouterr()
     code = main([*argv])
     captured = capsys.readouterr()
@@ -122,13 +123,12 @@ async def _lease(socket: Path, model: str) -> dict:
 async def _post(socket: Path, path: str, body: dict) -> tuple[int, dict]:
     from kit.daemonkit import unix_session
 
-    async with unix_session(socket) as s:
-        async with s.post(path, json=body) as r:
-            return r.status, await r.json(content_type=None)
+    async with unix_session(socket) as s, s.post(path, json=body) as r:
+        return r.status, await r.json(content_type=None)
 
 
 @pytest.mark.slow
-def test_every_kind_of_source_comes_back_by_path_lease_and_load(short_tmp: Path, origin, capsys) -> None:  # noqa: ANN001
+def test_every_kind_of_source_comes_back_by_path_lease_and_load(short_tmp: Path, origin, capsys) -> None:
     from kit.daemonkit import DaemonProcess
     from kit.fetchkit import linked_carton
 
@@ -194,7 +194,7 @@ def sha_of(data: bytes) -> str:
 
 
 @pytest.mark.slow
-def test_an_upload_has_no_lasting_source_so_gc_keeps_it_or_forgets_it(daemon, tmp_path: Path, capsys) -> None:  # noqa: ANN001
+def test_an_upload_has_no_lasting_source_so_gc_keeps_it_or_forgets_it(daemon, tmp_path: Path, capsys) -> None:
     files = _files("up")
     carton = write_zip(tmp_path / "up.carton", carton_entries(files))
     params = {"file:1/model.carton": base64.b64encode(carton.read_bytes()).decode()}
@@ -226,7 +226,7 @@ def test_an_upload_has_no_lasting_source_so_gc_keeps_it_or_forgets_it(daemon, tm
         assert s.verify().ok and not any(s.blobs.iter_digests())
 
 
-def test_a_source_moved_away_before_gc_keeps_its_blobs(tmp_path: Path, capsys) -> None:  # noqa: ANN001
+def test_a_source_moved_away_before_gc_keeps_its_blobs(tmp_path: Path, capsys) -> None:
     root = str(tmp_path / "root")
     moved, files = _zip(tmp_path, "moved", zipfile.ZIP_DEFLATED)
     kept_dir, _ = _dir(tmp_path, "unpacked")
@@ -253,7 +253,7 @@ def test_a_source_moved_away_before_gc_keeps_its_blobs(tmp_path: Path, capsys) -
 
 
 @pytest.mark.parametrize("change", ["moved", "modified", "same size and mtime", "same size and mtime (dir)"])
-def test_a_source_changed_after_eviction_is_skipped_with_its_reason(tmp_path: Path, capsys, change: str) -> None:  # noqa: ANN001
+def test_a_source_changed_after_eviction_is_skipped_with_its_reason(tmp_path: Path, capsys, change: str) -> None:
     root = str(tmp_path / "root")
     if change.endswith("(dir)"):
         top, files = _dir(tmp_path, "m")
@@ -286,7 +286,7 @@ def test_a_model_directory_of_the_store_is_no_source(tmp_path: Path) -> None:
     """Adding ROOT/models/<hash> (what `path` printed) must not record the
     store's own hardlinks as a source: gc would evict the blob and the
     directory with it, and nothing could bring it back."""
-    src, files = _zip(tmp_path, "self")
+    src, _files = _zip(tmp_path, "self")
     with Store(tmp_path / "root") as store:
         d = store.add(src).digest
         src.unlink()  # the only lasting source is gone
@@ -301,7 +301,7 @@ def test_a_carton_added_again_during_a_collection_is_not_forgotten(tmp_path: Pat
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """--forget-unrecoverable plans from a snapshot; a carton added again
     (with a live source) before the plan is applied is no longer unrecoverable."""
-    import cartonstore.store.collection as collection
+    import cartonstore.store.gc.collect as collection
 
     src, _ = _zip(tmp_path, "again")
     away = tmp_path / "away.carton"
@@ -310,7 +310,7 @@ def test_a_carton_added_again_during_a_collection_is_not_forgotten(tmp_path: Pat
         src.rename(away)
         planned = collection.plan_collection
 
-        def plan_then_add_again(snap, policy):  # noqa: ANN001, ANN202
+        def plan_then_add_again(snap, policy) -> Any:
             plan = planned(snap, policy)
             assert d in plan.forgotten
             away.rename(src)

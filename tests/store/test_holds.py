@@ -19,7 +19,7 @@ from test_gc import _carton
 from cartonstore.fetch.holds import holding
 from cartonstore.fetch.puller import Puller
 from cartonstore.store import Store
-from cartonstore.store.gc import GcPolicy
+from cartonstore.store.gc.plan import GcPolicy
 
 
 def _weights(store: Store, digest: str) -> list[str]:
@@ -159,8 +159,8 @@ def test_a_request_cancelled_while_its_hold_is_taken_leaves_no_hold(store: Store
 PIN_THEN_SLEEP = """
 import sys, time
 from cartonstore.store import Store
-from cartonstore.store.names import PIN_PREFIX, SWITCH_PREFIX
-from cartonstore.store.owner import owner_token
+from cartonstore.store.metadata.names import PIN_PREFIX, SWITCH_PREFIX
+from cartonstore.store.root.owner import owner_token
 
 with Store(sys.argv[1]) as store:
     owner = owner_token(store.layout.tmp_dir)   # a daemon's pins are named by its owner token

@@ -9,9 +9,10 @@ import threading
 from pathlib import Path
 
 import pytest
+
 from cartonstore.store import Store
-from cartonstore.store.index import Index
-from cartonstore.store.schema import SCHEMA_VERSION
+from cartonstore.store.metadata.index import Index
+from cartonstore.store.metadata.schema import SCHEMA_VERSION
 
 V1_LEASES = """
 CREATE TABLE leases (

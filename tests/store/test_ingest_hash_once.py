@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import MINIMAL_TOML, snapshot, work_in_tmp
@@ -33,7 +34,7 @@ def opens(monkeypatch: pytest.MonkeyPatch) -> Counter:
     counts: Counter = Counter()
     original = DirCartonView.open
 
-    def counting(self: DirCartonView, path: str):  # noqa: ANN202
+    def counting(self: DirCartonView, path: str) -> Any:
         counts[path] += 1
         return original(self, path)
 
@@ -82,7 +83,7 @@ def test_a_file_changed_after_it_was_hashed_is_caught(store: Store, tmp_path: Pa
     original = DirCartonView.open
     seen: Counter = Counter()
 
-    def changing(self: DirCartonView, path: str):  # noqa: ANN202
+    def changing(self: DirCartonView, path: str) -> Any:
         seen[path] += 1
         if path == "carton.toml" and seen[path] == 2:
             (src / "carton.toml").write_bytes(MINIMAL_TOML.replace(b'"tiny"', b'"other"'))
@@ -100,7 +101,7 @@ def test_a_file_that_grows_while_it_is_added_is_an_error(store: Store, tmp_path:
     src = unpacked(tmp_path)
     original = DirCartonView.open
 
-    def growing(self: DirCartonView, path: str):  # noqa: ANN202
+    def growing(self: DirCartonView, path: str) -> Any:
         if path == "model/a.bin":
             with open(src / path, "ab") as f:
                 f.write(b"more")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import threading
 import zipfile
+from typing import Any
 
 import pytest
 from conftest import MINIMAL_TOML, manifest_for, sha, snapshot, work_in_tmp
@@ -25,7 +26,7 @@ def workers(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> 
 
 
 @pytest.mark.parametrize("method", [zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED], ids=["stored", "deflated"])
-def test_files_staged_at_once_are_the_files(store: Store, make_carton, workers: int, method: int) -> None:  # noqa: ANN001
+def test_files_staged_at_once_are_the_files(store: Store, make_carton, workers: int, method: int) -> None:
     carton = make_carton(dict(FILES), method=method)
     digest = store.add(carton).digest
     model = store.materialize(digest)
@@ -35,12 +36,12 @@ def test_files_staged_at_once_are_the_files(store: Store, make_carton, workers: 
     assert store.verify().ok and work_in_tmp(store.layout.root) == []
 
 
-def test_the_copies_run_in_several_threads(store: Store, make_carton, workers: int,  # noqa: ANN001
+def test_the_copies_run_in_several_threads(store: Store, make_carton, workers: int,
                                            monkeypatch: pytest.MonkeyPatch) -> None:
     seen: set[str] = set()
     original = ZipCartonView.raw_span
 
-    def recording(self: ZipCartonView, path: str):  # noqa: ANN202
+    def recording(self: ZipCartonView, path: str) -> Any:
         seen.add(threading.current_thread().name)
         return original(self, path)
 
@@ -50,7 +51,7 @@ def test_the_copies_run_in_several_threads(store: Store, make_carton, workers: i
     assert all(name.startswith("cartonstore-ingest") for name in seen) == (workers > 1)
 
 
-def test_a_bad_file_among_many_changes_nothing_and_is_named(store: Store, make_carton, workers: int) -> None:  # noqa: ANN001
+def test_a_bad_file_among_many_changes_nothing_and_is_named(store: Store, make_carton, workers: int) -> None:
     store.add(make_carton({"carton.toml": MINIMAL_TOML, "model/kept.bin": b"k" * 1000}, name="kept.carton"))
     before = snapshot(store.layout.root)
     files = {"carton.toml": MINIMAL_TOML, **FILES}

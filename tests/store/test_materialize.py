@@ -13,7 +13,7 @@ from conftest import FIXTURE_CARTON, FIXTURE_DIGEST, work_in_tmp
 from cartonstore.errors import NotFound
 from cartonstore.format.entry import EntryRow
 from cartonstore.store import Store
-from cartonstore.store.materialize import build_tree, link_or_copy, plan_tree
+from cartonstore.store.materialize.tree import build_tree, link_or_copy, plan_tree
 
 
 def test_plan_lists_parents_first_and_manifest() -> None:
@@ -120,10 +120,10 @@ def test_a_use_within_touch_after_takes_no_write_lock(tmp_path: Path) -> None:
 
 
 def test_link_tree_lays_a_model_out_again_by_hardlinks_read_only(tmp_path: Path) -> None:
-    """What a runner started before its model reads (server/runners/waiting.py):
+    """What a runner started before its model reads (server/runner_processes/waiting.py):
     the same files (the same inodes), directories nested, symlinks as they
     were (a symlinked directory not followed), every directory read-only."""
-    from cartonstore.store.materialize import link_tree
+    from cartonstore.store.materialize.tree import link_tree
 
     src = tmp_path / "model"
     (src / "model" / "shards").mkdir(parents=True)

@@ -21,7 +21,7 @@ from tritonclient.utils import InferenceServerException
 from cartonstore.cli.commands import main
 from cartonstore.errors import Conflict, InvalidInput
 from cartonstore.store import Store, validate_name
-from cartonstore.store.names import pin_lease_id
+from cartonstore.store.metadata.names import pin_lease_id
 
 TINY_TOML = b'spec_version = 1\nmodel_name = "tiny"\n[runner]\nrunner_name = "none"\nrequired_framework_version = "*"\n'
 
@@ -34,7 +34,7 @@ def unpacked(tmp_path: Path, label: str, model_name: str = "tiny") -> Path:
     return d
 
 
-def cli(capsys, *argv: str) -> tuple[int, str, str]:  # noqa: ANN001
+def cli(capsys, *argv: str) -> tuple[int, str, str]:
     code = main([*argv, "--progress", "none"] if argv[0] in ("add", "path") else list(argv))
     out, err = capsys.readouterr()
     return code, out, err
@@ -45,7 +45,7 @@ def names(root: Path) -> dict[str, str]:
         return {n: c.row.digest for c in s.list() for n in c.names}
 
 
-def test_a_default_name_never_takes_an_explicit_one(tmp_path: Path, capsys) -> None:  # noqa: ANN001
+def test_a_default_name_never_takes_an_explicit_one(tmp_path: Path, capsys) -> None:
     root = str(tmp_path / "root")
     assert cli(capsys, "add", str(FIXTURE_CARTON), "--name", "tiny", "--root", root)[0] == 0
     code, out, err = cli(capsys, "path", str(unpacked(tmp_path, "d")), "--root", root)
@@ -60,27 +60,27 @@ def test_a_default_name_never_takes_an_explicit_one(tmp_path: Path, capsys) -> N
     assert "is kept by" in err and names(Path(root))["tiny"] == FIXTURE_DIGEST
 
 
-def test_a_default_name_is_applied_when_free_and_kept_by_the_first(tmp_path: Path, capsys) -> None:  # noqa: ANN001
+def test_a_default_name_is_applied_when_free_and_kept_by_the_first(tmp_path: Path, capsys) -> None:
     root = str(tmp_path / "root")
-    code, out, err = cli(capsys, "add", str(unpacked(tmp_path, "a")), "--root", root, "--json")
+    _code, out, err = cli(capsys, "add", str(unpacked(tmp_path, "a")), "--root", root, "--json")
     first = json.loads(out)
     assert first["name"] == "tiny" and err == ""
-    code, out, _ = cli(capsys, "add", str(unpacked(tmp_path, "b")), "--root", root, "--json")
+    _code, out, _ = cli(capsys, "add", str(unpacked(tmp_path, "b")), "--root", root, "--json")
     assert json.loads(out)["name"] is None
     assert names(Path(root)) == {"tiny": first["manifest_sha256"]}
     # Re-adding the carton that holds the name changes nothing and says nothing.
-    code, out, err = cli(capsys, "add", str(unpacked(tmp_path, "a")), "--root", root, "--json")
+    _code, out, err = cli(capsys, "add", str(unpacked(tmp_path, "a")), "--root", root, "--json")
     assert json.loads(out)["name"] == "tiny" and "kept" not in err
 
 
-def test_a_model_name_that_cannot_be_a_name_stays_unnamed(tmp_path: Path, capsys) -> None:  # noqa: ANN001
+def test_a_model_name_that_cannot_be_a_name_stays_unnamed(tmp_path: Path, capsys) -> None:
     root = str(tmp_path / "root")
     code, out, _ = cli(capsys, "add", str(unpacked(tmp_path, "a", model_name="has space/slash")), "--root", root,
                        "--json")
     assert code == 0 and json.loads(out)["name"] is None and names(Path(root)) == {}
 
 
-def test_an_explicit_name_moves_and_says_what_it_moved(tmp_path: Path, capsys) -> None:  # noqa: ANN001
+def test_an_explicit_name_moves_and_says_what_it_moved(tmp_path: Path, capsys) -> None:
     root = str(tmp_path / "root")
     cli(capsys, "add", str(FIXTURE_CARTON), "--name", "tiny", "--root", root)
     code, out, err = cli(capsys, "add", str(unpacked(tmp_path, "d")), "--name", "tiny", "--root", root)
@@ -95,7 +95,7 @@ def test_an_explicit_name_moves_and_says_what_it_moved(tmp_path: Path, capsys) -
 
 @pytest.mark.parametrize("bad", ["bad name/with slash", ".hidden", "", "a" * 256, "tab\there", "caf\u00e9",
                                  "deadbeef00", "x?y", "%2e%2e"])
-def test_names_follow_tritons_rules(tmp_path: Path, capsys, bad: str) -> None:  # noqa: ANN001
+def test_names_follow_tritons_rules(tmp_path: Path, capsys, bad: str) -> None:
     root = tmp_path / "root"
     cli(capsys, "add", str(FIXTURE_CARTON), "--name", "keep", "--root", str(root))
     before = snapshot(root)
@@ -120,7 +120,7 @@ def pin(root: Path, name: str, digest: str, ttl: float = 60) -> None:
         s.index.create_lease(digest, ttl, f"loaded:{name}", pin_lease_id("a1b2c3d4e5f6", name))
 
 
-def test_moving_a_loaded_name_is_a_conflict_unless_forced(tmp_path: Path, capsys) -> None:  # noqa: ANN001
+def test_moving_a_loaded_name_is_a_conflict_unless_forced(tmp_path: Path, capsys) -> None:
     root = tmp_path / "root"
     cli(capsys, "add", str(FIXTURE_CARTON), "--name", "tiny", "--root", str(root))
     pin(root, "tiny", FIXTURE_DIGEST)
@@ -140,7 +140,7 @@ def test_moving_a_loaded_name_is_a_conflict_unless_forced(tmp_path: Path, capsys
         assert s.index.lease(lease.id).carton == FIXTURE_DIGEST
 
 
-def test_an_expired_pin_does_not_hold_the_name(tmp_path: Path, capsys) -> None:  # noqa: ANN001
+def test_an_expired_pin_does_not_hold_the_name(tmp_path: Path, capsys) -> None:
     root = tmp_path / "root"
     cli(capsys, "add", str(FIXTURE_CARTON), "--name", "tiny", "--root", str(root))
     pin(root, "tiny", FIXTURE_DIGEST, ttl=0.01)
@@ -159,7 +159,7 @@ def test_library_conflict_leaves_the_store_as_it_was(tmp_path: Path) -> None:
     assert snapshot(root) == before
 
 
-def test_daemon_uploads_do_not_take_names_by_default(daemon: DaemonProcess, tmp_path: Path, capsys) -> None:  # noqa: ANN001
+def test_daemon_uploads_do_not_take_names_by_default(daemon: DaemonProcess, tmp_path: Path, capsys) -> None:
     assert cli(capsys, "add", str(FIXTURE_CARTON), "--name", "tiny", "--root", str(daemon.root))[0] == 0
     d = unpacked(tmp_path, "up")
     files = {f"file:1/{p.relative_to(d)}": p.read_bytes() for p in d.rglob("*") if p.is_file()}
@@ -178,7 +178,7 @@ def test_daemon_uploads_do_not_take_names_by_default(daemon: DaemonProcess, tmp_
 
 
 def test_every_door_holds_names_and_versions_to_one_grammar(daemon: DaemonProcess, tmp_path: Path,
-                                                            capsys) -> None:  # noqa: ANN001
+                                                            capsys) -> None:
     """A name starting with '-' (which a runner's command line would read
     as an option) or '.' is a 400 naming the rule at every door, before any
     lookup: each HTTP route that names a model, the daemon's own infer

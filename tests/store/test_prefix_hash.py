@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from cartonstore.errors import Unavailable
-from cartonstore.store.blobs import BlobWriter
-from cartonstore.store.layout import StoreLayout
-from cartonstore.store.prefix_hash import HashingStopped, PrefixHasher
+from cartonstore.store.content.blobs import BlobWriter
+from cartonstore.store.content.prefix_hash import HashingStopped, PrefixHasher
+from cartonstore.store.root.layout import StoreLayout
 
 
 def _writer(root: Path) -> BlobWriter:

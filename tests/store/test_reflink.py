@@ -15,8 +15,9 @@ import itertools
 import os
 import shutil
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
+from typing import Any
 
 import pytest
 from conftest import MINIMAL_TOML, carton_entries, manifest_for, sha, snapshot, write_zip
@@ -24,7 +25,7 @@ from kit.daemonkit import wait_for
 
 from cartonstore.errors import ManifestMismatch
 from cartonstore.store import Store
-from cartonstore.store.filespace import clone_range
+from cartonstore.store.content.filespace import clone_range
 from cartonstore.zipfmt import STORED, ZipWriter
 
 ENTRY = 32 << 20
@@ -70,7 +71,7 @@ def freed_within(path: Path, before: int, wanted: int, *, seconds: float) -> boo
     """Whether free space grows by ``wanted`` bytes within ``seconds``: XFS
     inactivates unlinked inodes in the background, so their blocks come back
     a little after the unlink, and statfs does not wait for them."""
-    from cartonstore.store.gc import disk_free
+    from cartonstore.store.gc.plan import disk_free
 
     polls = itertools.count()
 
@@ -158,7 +159,7 @@ def test_clone_range_says_no_where_blocks_cannot_be_shared(tmp_path: Path) -> No
 
 
 @pytest.mark.parametrize(("refusal", "fails"), [(errno.EAGAIN, False), (errno.EIO, False), (errno.ENOSPC, True)])
-def test_a_refused_clone_is_copied_and_only_no_space_fails(xfs: Path, monkeypatch, refusal: int,  # noqa: ANN001
+def test_a_refused_clone_is_copied_and_only_no_space_fails(xfs: Path, monkeypatch, refusal: int,
                                                            fails: bool) -> None:
     """The kernel's answer to FICLONERANGE is injected (no local filesystem
     gives EAGAIN as OpenZFS 2.2 does): any refusal but ENOSPC is copied
@@ -166,9 +167,9 @@ def test_a_refused_clone_is_copied_and_only_no_space_fails(xfs: Path, monkeypatc
     import fcntl as real_fcntl
 
     from cartonstore.errors import Unavailable
-    from cartonstore.store import filespace
+    from cartonstore.store.content import filespace
 
-    def ioctl(fd, request, *args):  # noqa: ANN001, ANN202
+    def ioctl(fd, request, *args) -> Any:
         if request == filespace.FICLONERANGE:
             raise OSError(refusal, os.strerror(refusal))
         return real_fcntl.ioctl(fd, request, *args)
@@ -193,7 +194,7 @@ def test_min_free_does_not_evict_blobs_whose_blocks_their_zips_still_hold(xfs: P
     short of free space leaves their cartons alone (before, each run
     evicted another one, freeing nothing); once a zip is gone, its blob's
     blocks are its own, and removing it frees them."""
-    from cartonstore.store.gc import GcPolicy, disk_free
+    from cartonstore.store.gc.plan import GcPolicy, disk_free
 
     weights = [os.urandom(ENTRY) for _ in range(3)]
     cartons = [pack(xfs / f"gc{i}.carton", {"carton.toml": MINIMAL_TOML.replace(b'"tiny"', f'"g{i}"'.encode()),

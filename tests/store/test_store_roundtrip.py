@@ -103,7 +103,7 @@ def test_ambiguous_prefix_is_a_conflict(store: Store, make_carton) -> None:
     for d in digests:
         by_first.setdefault(d[0], []).append(d)
     pair = next(v for v in by_first.values() if len(v) > 1)
-    common = os.path.commonprefix(pair)
+    common = os.path.commonprefix(pair)  # noqa: RUF071 - digests are strings: a prefix of characters is meant
     # A prefix shorter than 8 is never a prefix; pad the test to what makes sense.
     if len(common) >= 8:
         with pytest.raises(Conflict, match="ambiguous"):

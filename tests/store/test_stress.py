@@ -37,7 +37,7 @@ from cartonstore.client.leases import Client
 from cartonstore.errors import CartonStoreError
 from cartonstore.format.links import build_links
 from cartonstore.store import Store
-from cartonstore.store.gc import GcPolicy
+from cartonstore.store.gc.plan import GcPolicy
 
 # With `pytest -n N --dist loadgroup` (README, .ci/run) the suite's long,
 # process-heavy tests (this module, test_crash_kill.py) run one after another
@@ -79,7 +79,7 @@ class StressCarton:
     add_source: str          # what `add` takes
 
 
-def build_cartons(tmp: Path, origin, rng: random.Random) -> list[StressCarton]:  # noqa: ANN001
+def build_cartons(tmp: Path, origin, rng: random.Random) -> list[StressCarton]:
     out = []
     shared = rng.randbytes(50 * KB)  # listed by two cartons: a blob stored once, freed when both go
 
@@ -336,7 +336,7 @@ class Worker:
 # -- the test ----------------------------------------------------------------------------
 
 
-def test_two_daemons_cli_and_gc_on_one_store(tmp_path: Path, short_tmp: Path, origin) -> None:  # noqa: ANN001
+def test_two_daemons_cli_and_gc_on_one_store(tmp_path: Path, short_tmp: Path, origin) -> None:
     rng = random.Random(f"{SEED}:setup")
     cartons = build_cartons(tmp_path, origin, rng)
     total = sum(sc.carton.size for sc in cartons)

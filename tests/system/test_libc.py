@@ -12,7 +12,7 @@ from pathlib import Path
 
 PROBE = """
 import os, sys
-from cartonstore.store import filespace
+from cartonstore.store.content import filespace
 from cartonstore.system.malloc_tuning import keep_big_buffers
 fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o644)
 filespace.reserve(fd, 1 << 20)

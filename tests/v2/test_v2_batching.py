@@ -11,10 +11,11 @@ from cartonstore.v2.batching import answers_for, batch_key, joined_request, rows
 from cartonstore.v2.encode import encode_infer_request
 from cartonstore.v2.framing import parse_infer_request, parse_infer_response, tensor_to_numpy
 from cartonstore.v2.validate import validate_request
+from cartonstore.v2.wire_types import InferRequest
 
 
 def _request(inputs: dict, *, binary: bool = True, outputs: list[str] | None = None, binary_outputs: bool = True,
-             request_id: str | None = None, parameters: dict | None = None):  # noqa: ANN202
+             request_id: str | None = None, parameters: dict | None = None) -> InferRequest:
     parts, length = encode_infer_request(inputs, binary=binary, outputs=outputs, binary_outputs=binary_outputs,
                                          request_id=request_id, parameters=parameters)
     req = parse_infer_request(b"".join(bytes(p) for p in parts), length)

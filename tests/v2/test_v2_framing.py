@@ -34,7 +34,7 @@ from cartonstore.v2.framing import (
     parse_raw_binary_request,
     tensor_to_numpy,
 )
-from cartonstore.v2.shm_params import RegionTooSmall, ShmRef, ShmSink
+from cartonstore.v2.shared_memory import RegionTooSmall, ShmRef, ShmSink
 
 NUMERIC = {
     "BOOL": np.bool_,
@@ -90,7 +90,7 @@ def assert_same(got: np.ndarray, want: np.ndarray, *, exact: bool = True) -> Non
     [("BOOL", 1, np.bool_), ("INT64", 8, np.int64), ("FP16", 2, np.float16), ("BF16", 2, ml_dtypes.bfloat16),
      ("UINT32", 4, np.uint32), ("BYTES", None, object)],
 )
-def test_datatype_table(datatype, size, dtype):
+def test_datatype_table(datatype, size, dtype) -> None:
     assert element_size(datatype) == size
     assert numpy_dtype(datatype) == np.dtype(dtype)
 
@@ -101,11 +101,11 @@ def test_datatype_table(datatype, size, dtype):
      (np.array(["a"]), "BYTES"), (np.array([b"a"]), "BYTES"), (np.array([b"a"], dtype=object), "BYTES"),
      (np.zeros(2, ml_dtypes.bfloat16), "BF16"), (np.zeros(2, np.uint64), "UINT64")],
 )
-def test_datatype_of(array, datatype):
+def test_datatype_of(array, datatype) -> None:
     assert datatype_of(array) == datatype
 
 
-def test_datatype_of_refuses_complex():
+def test_datatype_of_refuses_complex() -> None:
     with pytest.raises(InvalidInput, match="complex64"):
         datatype_of(np.zeros(2, np.complex64))
     with pytest.raises(InvalidInput, match="input 'c': numpy dtype complex64 has no KServe v2 datatype"):
@@ -113,13 +113,13 @@ def test_datatype_of_refuses_complex():
 
 
 @pytest.mark.parametrize(("carton", "v2"), [("float32", "FP32"), ("string", "BYTES"), ("uint64", "UINT64")])
-def test_carton_mapping(carton, v2):
+def test_carton_mapping(carton, v2) -> None:
     assert carton_dtype_to_v2(carton) == v2
     assert v2_to_carton_dtype(v2) == carton
 
 
 @pytest.mark.parametrize("bad", ["FP16", "BF16", "BOOL", "fp32"])
-def test_v2_to_carton_refuses_unmapped(bad):
+def test_v2_to_carton_refuses_unmapped(bad) -> None:
     with pytest.raises(InvalidInput, match=bad):
         v2_to_carton_dtype(bad)
 
@@ -127,7 +127,7 @@ def test_v2_to_carton_refuses_unmapped(bad):
 # ---------------------------------------------------------------- round trips
 
 
-def arrays_for(datatype: str):
+def arrays_for(datatype: str) -> st.SearchStrategy[np.ndarray]:
     if datatype == "BYTES":
         element = st.binary(max_size=20)
         return hnp.arrays(object, hnp.array_shapes(min_dims=0, max_dims=3, min_side=0, max_side=4), elements=element)
@@ -138,10 +138,10 @@ def arrays_for(datatype: str):
 
 
 @pytest.mark.parametrize("datatype", ALL_DATATYPES)
-def test_round_trip_every_datatype(datatype):
+def test_round_trip_every_datatype(datatype) -> None:
     @settings(max_examples=40, deadline=None)
     @given(array=arrays_for(datatype), binary=st.booleans())
-    def check(array, binary):
+    def check(array, binary) -> None:
         if datatype == "BYTES" and not binary:
             array = np.vectorize(lambda b: b.decode("latin-1").encode("utf-8"), otypes=[object])(array) \
                 if array.size else array
@@ -163,19 +163,19 @@ def test_round_trip_every_datatype(datatype):
     check()
 
 
-def test_json_request_needs_no_header_length():
+def test_json_request_needs_no_header_length() -> None:
     parts, header_length = encode_infer_request({"x": np.ones(3, np.int32)}, binary=False)
     assert header_length is None and len(parts) == 1
     assert json.loads(parts[0])["inputs"][0]["data"] == [1, 1, 1]
 
 
-def test_fp16_goes_binary_even_when_json_is_asked():
+def test_fp16_goes_binary_even_when_json_is_asked() -> None:
     parts, header_length = encode_infer_request({"h": np.ones(2, np.float16)}, binary=False)
     assert header_length == len(parts[0])
     assert json.loads(parts[0])["inputs"][0]["parameters"] == {"binary_data_size": 4}
 
 
-def test_requested_outputs_and_wants_binary():
+def test_requested_outputs_and_wants_binary() -> None:
     parts, header_length = encode_infer_request(
         {"x": np.ones(1, np.float32)}, outputs=["a", "b"], binary_outputs=False, parameters={"k": 1}
     )
@@ -193,7 +193,7 @@ def test_requested_outputs_and_wants_binary():
     assert parse_infer_request(b'{"inputs":[],"outputs":[]}', None).outputs is None
 
 
-def test_spec_example_request():
+def test_spec_example_request() -> None:
     header = json.dumps({
         "model_name": "mymodel",
         "inputs": [
@@ -209,7 +209,7 @@ def test_spec_example_request():
     assert request.wants_binary("output0")
 
 
-def test_nested_json_data_is_row_major():
+def test_nested_json_data_is_row_major() -> None:
     doc = {"inputs": [{"name": "x", "shape": [2, 2], "datatype": "INT32", "data": [[1, 2], [3, 4]]}]}
     request = parse_infer_request(json.dumps(doc).encode(), None)
     assert tensor_to_numpy(request.inputs[0]).tolist() == [[1, 2], [3, 4]]
@@ -220,7 +220,7 @@ def test_nested_json_data_is_row_major():
 
 @pytest.mark.parametrize("binary", [True, False])
 @pytest.mark.parametrize("datatype", ALL_DATATYPES)
-def test_tritonclient_request_parses(datatype, binary):
+def test_tritonclient_request_parses(datatype, binary) -> None:
     if not binary and datatype in ("BF16",):
         pytest.skip("tritonclient itself refuses BF16 as JSON")
     array = sample(datatype)
@@ -245,7 +245,7 @@ def test_tritonclient_request_parses(datatype, binary):
     assert_same(tensor_to_numpy(request.inputs[0]), array)
 
 
-def test_tritonclient_request_without_outputs_asks_binary():
+def test_tritonclient_request_without_outputs_asks_binary() -> None:
     infer_input = triton_http.InferInput("x", [1], "FP32").set_data_from_numpy(np.ones(1, np.float32))
     body, header_length = triton_http.InferenceServerClient.generate_request_body([infer_input])
     assert parse_infer_request(body, header_length).wants_binary("anything")
@@ -253,7 +253,7 @@ def test_tritonclient_request_without_outputs_asks_binary():
 
 @pytest.mark.parametrize("binary", [True, False])
 @pytest.mark.parametrize("datatype", ALL_DATATYPES)
-def test_response_decodes_with_tritonclient(datatype, binary):
+def test_response_decodes_with_tritonclient(datatype, binary) -> None:
     array = sample(datatype)
     parts, header_length = encode_infer_response(
         model_name="m", model_version="3", request_id=None,
@@ -270,7 +270,7 @@ def test_response_decodes_with_tritonclient(datatype, binary):
     assert result.get_response()["model_version"] == "3"
 
 
-def test_empty_binary_tensor_with_tritonclient():
+def test_empty_binary_tensor_with_tritonclient() -> None:
     parts, header_length = encode_infer_response(
         model_name="m", model_version=None, request_id=None,
         outputs={"e": np.zeros((0, 3), np.float32), "s": np.zeros(0, object)}, binary=lambda _: True,
@@ -283,7 +283,7 @@ def test_empty_binary_tensor_with_tritonclient():
 # ---------------------------------------------------------------- raw binary
 
 
-def test_raw_binary_deduces_the_variable_dimension():
+def test_raw_binary_deduces_the_variable_dimension() -> None:
     body = np.arange(12, dtype=np.float32).tobytes()
     request = parse_raw_binary_request(body, input_name="x", datatype="FP32", dims=[-1, 3])
     assert isinstance(request, InferRequest) and request.binary_data_output
@@ -291,7 +291,7 @@ def test_raw_binary_deduces_the_variable_dimension():
     assert tensor_to_numpy(request.inputs[0]).shape == (4, 3)
 
 
-def test_raw_binary_bytes_gets_its_length_prefix():
+def test_raw_binary_bytes_gets_its_length_prefix() -> None:
     request = parse_raw_binary_request(b"hello\x00", input_name="s", datatype="BYTES", dims=[1])
     assert tensor_to_numpy(request.inputs[0]).tolist() == [b"hello\x00"]
 
@@ -308,7 +308,7 @@ def test_raw_binary_bytes_gets_its_length_prefix():
         (b"ab", "FP99", [1], "unknown datatype 'FP99'"),
     ],
 )
-def test_raw_binary_errors(body, datatype, dims, message):
+def test_raw_binary_errors(body, datatype, dims, message) -> None:
     with pytest.raises(InvalidInput, match=r"input 'x'.*") as info:
         parse_raw_binary_request(body, input_name="x", datatype=datatype, dims=dims)
     assert message in str(info.value)
@@ -317,7 +317,7 @@ def test_raw_binary_errors(body, datatype, dims, message):
 # ---------------------------------------------------------------- zero copy
 
 
-def test_binary_tensors_are_not_copied():
+def test_binary_tensors_are_not_copied() -> None:
     big = np.arange(1 << 20, dtype=np.float32)
     chunk = numpy_to_binary(big)
     assert isinstance(chunk, memoryview) and np.shares_memory(np.frombuffer(chunk, np.uint8), big)
@@ -329,7 +329,7 @@ def test_binary_tensors_are_not_copied():
     assert not array.flags.writeable
 
 
-def test_numpy_to_binary_converts_byte_order_and_casts_same_kind():
+def test_numpy_to_binary_converts_byte_order_and_casts_same_kind() -> None:
     assert bytes(numpy_to_binary(np.array([1.0], ">f4"))) == struct.pack("<f", 1.0)
     assert bytes(numpy_to_binary(np.array([1.0]), "FP32")) == struct.pack("<f", 1.0)
     with pytest.raises(InvalidInput, match="float64 cannot be sent as INT32"):
@@ -341,7 +341,7 @@ def test_numpy_to_binary_converts_byte_order_and_casts_same_kind():
     [(np.array([[1, 2]], np.int8), None, [1, 2]), (np.array([True]), None, [True]),
      (np.array([b"a", "b"], object), None, ["a", "b"]), (np.array([1.5], np.float64), "FP32", [1.5])],
 )
-def test_numpy_to_json_data(array, datatype, expected):
+def test_numpy_to_json_data(array, datatype, expected) -> None:
     assert numpy_to_json_data(array, datatype) == expected
 
 
@@ -350,7 +350,7 @@ def test_numpy_to_json_data(array, datatype, expected):
     [(np.array([b"\xff"], object), "not valid UTF-8"), (np.ones(1, np.float16), "FP16 data cannot be sent as JSON"),
      (np.ones(1, ml_dtypes.bfloat16), "BF16"), (np.array(["a", 1], object), "element 1 is int")],
 )
-def test_numpy_to_json_data_errors(array, message):
+def test_numpy_to_json_data_errors(array, message) -> None:
     with pytest.raises(InvalidInput, match=message):
         numpy_to_json_data(array)
 
@@ -363,7 +363,7 @@ def body_of(inputs: list, binary: bytes = b"", **extra) -> tuple[bytes, int | No
     return header + binary, (len(header) if binary else None)
 
 
-def fp32(name="x", size=None, shape=(2,), **more):
+def fp32(name="x", size=None, shape=(2,), **more) -> dict[str, object]:
     entry = {"name": name, "datatype": "FP32", "shape": list(shape), **more}
     if size is not None:
         entry["parameters"] = {"binary_data_size": size}
@@ -416,7 +416,7 @@ BAD_REQUESTS = [
 
 
 @pytest.mark.parametrize(("request_body", "message"), BAD_REQUESTS)
-def test_malformed_requests(request_body, message):
+def test_malformed_requests(request_body, message) -> None:
     body, header_length = request_body
     if message is None:
         parse_infer_request(body, header_length)
@@ -428,7 +428,7 @@ def test_malformed_requests(request_body, message):
 
 @pytest.mark.parametrize(("header_length", "message"), [(0, "must be a positive integer"), (-3, "must be a positive"),
                                                         (999, "larger than the")])
-def test_bad_header_length(header_length, message):
+def test_bad_header_length(header_length, message) -> None:
     with pytest.raises(InvalidInput, match=message):
         parse_infer_request(b'{"inputs": []}', header_length)
 
@@ -456,7 +456,7 @@ BAD_TENSORS = [
 
 
 @pytest.mark.parametrize(("entry", "binary", "message"), BAD_TENSORS)
-def test_bad_tensor_data_is_refused_by_tensor_to_numpy(entry, binary, message):
+def test_bad_tensor_data_is_refused_by_tensor_to_numpy(entry, binary, message) -> None:
     body, header_length = body_of([entry], binary)
     request = parse_infer_request(body, header_length)
     with pytest.raises(InvalidInput) as info:
@@ -470,13 +470,13 @@ def test_bad_tensor_data_is_refused_by_tensor_to_numpy(entry, binary, message):
     (b'{"outputs": [{"name": "o", "datatype": "INT8", "shape": [2], "parameters": {"binary_data_size": 2}}]}',
      None, "output 'o': binary_data_size 2 given but the body is all JSON"),
 ])
-def test_bad_responses(body, header_length, message):
+def test_bad_responses(body, header_length, message) -> None:
     with pytest.raises(InvalidInput) as info:
         parse_infer_response(body, header_length)
     assert message in str(info.value)
 
 
-def test_element_sizes_cover_every_datatype():
+def test_element_sizes_cover_every_datatype() -> None:
     assert set(ELEMENT_SIZES) == set(ALL_DATATYPES)
 
 
@@ -488,7 +488,7 @@ def test_a_repeated_key_is_refused_not_resolved() -> None:
         parse_infer_request(body, None)
 
 
-def test_shared_memory_tensors_are_parsed_without_data():
+def test_shared_memory_tensors_are_parsed_without_data() -> None:
     body = json.dumps({"inputs": [fp32(shape=(4,), parameters={"shared_memory_region": "in", "shared_memory_byte_size": 16,
                                                              "shared_memory_offset": 64})],
                        "outputs": [{"name": "y", "parameters": {"shared_memory_region": "out",
@@ -501,7 +501,7 @@ def test_shared_memory_tensors_are_parsed_without_data():
     assert req.shm_outputs() == {"y": ShmRef("out", 0, 32)}
 
 
-def test_outputs_written_into_shared_memory_and_a_region_too_small():
+def test_outputs_written_into_shared_memory_and_a_region_too_small() -> None:
     region = bytearray(32)
     parts, header_length = encode_infer_response(
         model_name="m", model_version="1", request_id=None,
@@ -516,5 +516,5 @@ def test_outputs_written_into_shared_memory_and_a_region_too_small():
         encode_infer_response(model_name="m", model_version=None, request_id=None,
                               outputs={"y": np.arange(4, dtype=np.float32)}, binary=lambda _: True,
                               sinks={"y": ShmSink("out", memoryview(region)[:8])})
-    doc, arrays = parse_infer_response(b"".join(bytes(p) for p in parts), header_length)
+    _, arrays = parse_infer_response(b"".join(bytes(p) for p in parts), header_length)
     assert list(arrays) == ["z"]   # the shared-memory output is the caller's to read from its region

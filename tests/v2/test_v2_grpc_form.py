@@ -27,7 +27,7 @@ def _request() -> pb.ModelInferRequest:
     return req
 
 
-def test_raw_contents_become_tensor_views_and_the_runner_header_parses_as_http_would():
+def test_raw_contents_become_tensor_views_and_the_runner_header_parses_as_http_would() -> None:
     message = _request()
     req = request_of(message)
     x, s = req.inputs
@@ -48,14 +48,14 @@ def test_raw_contents_become_tensor_views_and_the_runner_header_parses_as_http_w
     (lambda r: setattr(r.inputs[0], "datatype", "FP31"), "unknown datatype 'FP31'"),
     (lambda r: r.outputs.add(name="y"), "is requested twice"),
 ])
-def test_a_malformed_message_is_refused_naming_its_problem(change, problem):
+def test_a_malformed_message_is_refused_naming_its_problem(change, problem) -> None:
     message = _request()
     change(message)
     with pytest.raises(InvalidInput, match=problem):
         request_of(message)
 
 
-def test_a_parsed_answer_becomes_a_response():
+def test_a_parsed_answer_becomes_a_response() -> None:
     values = np.array([1.5, 2.5], dtype=np.float32)
     head = json.dumps({"model_name": "m", "id": "r1", "outputs": [
         {"name": "y", "datatype": "FP32", "shape": [2], "parameters": {"binary_data_size": 8}},

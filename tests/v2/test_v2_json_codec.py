@@ -206,8 +206,8 @@ def test_nesting_a_request_may_need_is_read() -> None:
 
 def test_deep_data_or_parameters_are_a_400() -> None:
     deep_data = "[" * 300 + "1" + "]" * 300
-    for body in ('{"inputs": [{"name": "a", "datatype": "FP32", "shape": [1], "data": %s}]}' % deep_data,
-                 '{"inputs": [], "parameters": {"p": %s}}' % deep_data):
+    for body in ('{"inputs": [{"name": "a", "datatype": "FP32", "shape": [1], "data": ' + deep_data + '}]}',
+                 '{"inputs": [], "parameters": {"p": ' + deep_data + '}}'):
         with pytest.raises(InvalidInput, match="JSON is not valid: arrays and objects nested"):
             parse_infer_request(body.encode(), None)
 

@@ -11,6 +11,7 @@ from cartonstore.errors import InvalidInput
 from cartonstore.format.carton_toml import TensorSpec
 from cartonstore.v2.framing import encode_infer_request, parse_infer_request
 from cartonstore.v2.validate import validate_request
+from cartonstore.v2.wire_types import InferRequest
 
 SPECS = [
     TensorSpec("x", "float32", ("batch", 4)),
@@ -20,12 +21,12 @@ SPECS = [
 OUTPUTS = [TensorSpec("y", "float32", ("batch", 2))]
 
 
-def request(arrays: dict, *, binary: bool = True, outputs=None):
+def request(arrays: dict, *, binary: bool = True, outputs=None) -> InferRequest:
     parts, header_length = encode_infer_request(arrays, binary=binary, outputs=outputs)
     return parse_infer_request(b"".join(bytes(p) for p in parts), header_length)
 
 
-def good(batch: int = 2, **replace):
+def good(batch: int = 2, **replace) -> dict[str, np.ndarray]:
     arrays = {
         "x": np.zeros((batch, 4), np.float32),
         "mask": np.zeros((batch, 7), np.uint8),
@@ -35,7 +36,7 @@ def good(batch: int = 2, **replace):
     return {k: v for k, v in arrays.items() if v is not None}
 
 
-def raw_request(inputs: list, binary: bytes = b"", outputs=None):
+def raw_request(inputs: list, binary: bytes = b"", outputs=None) -> InferRequest:
     doc = {"inputs": inputs}
     if outputs is not None:
         doc["outputs"] = [{"name": n} for n in outputs]
@@ -44,7 +45,7 @@ def raw_request(inputs: list, binary: bytes = b"", outputs=None):
 
 
 @pytest.mark.parametrize("binary", [True, False])
-def test_valid_requests_pass(binary):
+def test_valid_requests_pass(binary) -> None:
     validate_request(request(good(), binary=binary), SPECS, OUTPUTS)
     validate_request(request(good(batch=5), binary=binary, outputs=["y"]), SPECS, OUTPUTS)
 
@@ -77,7 +78,7 @@ CASES = [
 
 
 @pytest.mark.parametrize(("arrays", "specs", "message"), CASES)
-def test_request_against_specs(arrays, specs, message):
+def test_request_against_specs(arrays, specs, message) -> None:
     req = request(arrays)
     if message is None:
         validate_request(req, specs, None)
@@ -87,7 +88,7 @@ def test_request_against_specs(arrays, specs, message):
     assert message in str(info.value)
 
 
-def test_unknown_requested_output():
+def test_unknown_requested_output() -> None:
     with pytest.raises(InvalidInput, match="requested output 'z' is not an output of this model \\(outputs: 'y'\\)"):
         validate_request(request(good(), outputs=["y", "z"]), SPECS, OUTPUTS)
     validate_request(request(good(), outputs=["y", "z"]), SPECS, None)  # outputs undeclared: anything goes
@@ -119,7 +120,7 @@ DATA_CASES = [
 
 
 @pytest.mark.parametrize(("inputs", "binary", "message"), DATA_CASES)
-def test_tensor_data_checks_without_specs(inputs, binary, message):
+def test_tensor_data_checks_without_specs(inputs, binary, message) -> None:
     if binary == b"" and any("parameters" in i for i in inputs):
         header = json.dumps({"inputs": inputs}).encode()
         req = parse_infer_request(header, len(header))

@@ -131,7 +131,7 @@ class _Unseekable(io.RawIOBase):
     def writable(self) -> bool:
         return True
 
-    def write(self, data: bytes) -> int:  # type: ignore[override]
+    def write(self, data: bytes) -> int:  # type: ignore[override]  # the writes zipfile makes
         return self._sink.write(data)
 
 
@@ -140,7 +140,7 @@ def test_reads_archives_written_by_python_zipfile(seekable: bool) -> None:
     files = {"a.txt": b"hello " * 1000, "dir/": b"", "b.bin": os.urandom(3000), "é.txt": b"x"}
     sink = io.BytesIO()
     target = sink if seekable else _Unseekable(sink)
-    with zipfile.ZipFile(target, "w") as archive:  # type: ignore[arg-type]
+    with zipfile.ZipFile(target, "w") as archive:  # type: ignore[arg-type]  # an unseekable file, on purpose
         for name, data in files.items():
             info = zipfile.ZipInfo(name)
             info.compress_type = (

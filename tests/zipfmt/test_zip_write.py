@@ -65,7 +65,7 @@ def test_python_zipfile_reads_stored_and_deflate(
         assert archive.read("naïve/ünïcode.txt") == b"text"
         info = archive.getinfo("model/w.bin")
     assert info.compress_type == method
-    assert info.CRC == zlib.crc32(CONTENT)
+    assert zlib.crc32(CONTENT) == info.CRC
     assert info.flag_bits & 0x800  # UTF-8 names
     assert info.flag_bits & 0x8 == 0  # sizes patched in place, no data descriptor
 
@@ -253,7 +253,7 @@ def test_big_stored_entries_start_block_aligned(tmp_path: Path) -> None:
         assert start % ALIGNMENT == 0 and data[start:start + length] == big, name
         extra = _local_extra(data, header)
         at = extra.index(struct.pack("<H", ALIGNMENT_EXTRA_ID))
-        ident, size, alignment = struct.unpack_from("<HHH", extra, at)
+        _ident, size, alignment = struct.unpack_from("<HHH", extra, at)
         assert alignment == ALIGNMENT and extra[at + 6:] == bytes(size - 2), name
     for name in ("a", "model/just-under.bin", "model/zstd.bin"):
         assert struct.pack("<H", ALIGNMENT_EXTRA_ID) not in _local_extra(data, spans[name][0]), name

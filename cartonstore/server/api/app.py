@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from aiohttp import web
 
@@ -20,12 +21,12 @@ from cartonstore.server.calls import leases as lease_api
 from cartonstore.server.calls.access import TcpAccess
 from cartonstore.server.calls.extensions import EXTENSIONS
 from cartonstore.server.calls.outcome import failure, record_request
+from cartonstore.server.models.loaded_self_tests import SelfTestFailed
 from cartonstore.server.models.metrics import CONTENT_TYPE, Metrics
-from cartonstore.server.models.selftest import SelfTestFailed
 from cartonstore.server.models.service import ModelService
 from cartonstore.server.tensors.shm_regions import peer_of
-from cartonstore.store.gc import GcPolicy
-from cartonstore.store.names import check_model_ref
+from cartonstore.store.gc.plan import GcPolicy
+from cartonstore.store.metadata.names import check_model_ref
 
 from . import cuda_shm, model_info
 from . import examples as examples_api
@@ -157,7 +158,7 @@ async def gc(request: web.Request) -> web.Response:
 
 
 def gc_policy_from(body: dict[str, Any]) -> GcPolicy:
-    def number(key: str, default):  # noqa: ANN001, ANN202
+    def number(key: str, default: float | None) -> Any:  # a JSON number, or default
         value = body.get(key, default)
         if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0):
             raise InvalidInput(f"'{key}' must be a number >= 0, got {value!r}")

@@ -22,7 +22,7 @@ import zstandard
 from aiohttp import web
 
 from cartonstore.errors import InvalidInput, NotFound
-from cartonstore.fetch.peers import NODE_HEADER, WAIT_HEADER, PeerSet
+from cartonstore.fetch.sources.peers import NODE_HEADER, WAIT_HEADER, PeerSet
 from cartonstore.format.digest import is_sha256
 from cartonstore.server.calls.bodies import pick_encoding
 from cartonstore.server.models.metrics import Metrics
@@ -31,7 +31,7 @@ from cartonstore.store import Store
 CHUNK = 1 << 20
 
 
-def _compressor(name: str):  # noqa: ANN202
+def _compressor(name: str) -> zstandard.ZstdCompressionObj | zlib._Compress:
     if name == "zstd":
         return zstandard.ZstdCompressor(level=3).compressobj()
     return zlib.compressobj(6, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
@@ -61,10 +61,10 @@ async def serve_blob(request: web.Request, store: Store, metrics: Metrics, peers
     if encoding is None:
         # FileResponse sets its own ETag (mtime-size) and answers If-None-Match / If-Range with it.
         response = web.FileResponse(path, headers=headers)
-        response.enable_compression = lambda *a, **k: None  # type: ignore[method-assign]
+        response.enable_compression = lambda *a, **k: None  # type: ignore[method-assign]  # bytes as stored
         metrics.served_bytes.inc(path.stat().st_size)
         return response
-    return await _stream(request, open(path, "rb"), headers, metrics, encoding)  # noqa: SIM115 - _stream closes it
+    return await _stream(request, open(path, "rb"), headers, metrics, encoding)
 
 
 def _open_staged(peers: PeerSet, digest: str) -> BinaryIO | None:
@@ -73,7 +73,7 @@ def _open_staged(peers: PeerSet, digest: str) -> BinaryIO | None:
     outlives the rename. None when there is none (or it was just committed)."""
     staged = peers.staged_path(digest)
     try:
-        return open(staged, "rb") if staged is not None else None  # noqa: SIM115 - closed by _stream
+        return open(staged, "rb") if staged is not None else None
     except FileNotFoundError:
         return None
 

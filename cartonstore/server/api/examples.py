@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 def _loaded(request: web.Request) -> tuple[LoadedModel, Path]:
     service = svc(request)
     model = ready_model(service, request.match_info["name"], request.match_info.get("version"))
-    return model, service.store.layout.model_path(model.digest)
+    return model, service.store.layout.model_path(model.digest)  # type: ignore[arg-type]  # READY: it has its digest
 
 
 def _base(request: web.Request) -> str:
@@ -117,7 +117,7 @@ async def examples(request: web.Request) -> web.Response:
 
     def listing() -> list[dict[str, Any]]:
         out = []
-        for example in model.carton.examples:
+        for example in model.carton.examples:  # type: ignore[union-attr]  # READY: it has its carton
             out.append({"name": example.name, "description": example.description,
                         "inputs": {k: _link(base, ref, model_dir) for k, ref in example.inputs.items()},
                         "sample_out": {k: _link(base, ref, model_dir) for k, ref in example.sample_out.items()}})
@@ -127,7 +127,7 @@ async def examples(request: web.Request) -> web.Response:
 
 
 async def misc_file(request: web.Request) -> web.StreamResponse:
-    model, model_dir = _loaded(request)
+    _model, model_dir = _loaded(request)
     rel = request.match_info["path"]
     try:
         validate_carton_path(f"misc/{rel}")

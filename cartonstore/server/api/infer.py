@@ -40,7 +40,7 @@ async def infer(request: web.Request) -> web.StreamResponse:
 
 
 async def _streamed(request: web.Request, status: int, headers: dict[str, str],
-                    payload: bytes | bytearray) -> web.StreamResponse:
+                    payload: bytes | bytearray | memoryview) -> web.StreamResponse:
     """A big answer sent without copies: aiohttp would join it with the
     headers (Python < 3.12 has no gathering writelines), and the transport
     keeps a copy of whatever the socket did not take at once."""

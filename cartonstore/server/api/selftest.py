@@ -1,6 +1,6 @@
 """POST /v2/models/{name}[/versions/{v}]/selftest (body optional:
 {"rtol": ..., "atol": ...}): a loaded model's self-tests on request
-(server/models/selftest.py runs them). A report that fails is still a 200
+(server/models/loaded_self_tests.py runs them). A report that fails is still a 200
 here; a load turns it into a 400 (SelfTestFailed)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from aiohttp import web
 
 from cartonstore.config.values import BadValue, tolerance
 from cartonstore.errors import InvalidInput
-from cartonstore.server.models.selftest import self_test
+from cartonstore.server.models.loaded_self_tests import self_test
 
 from .context import body_json, svc
 from .infer import serving_model
@@ -36,7 +36,7 @@ async def selftest(request: web.Request) -> web.Response:
     model = serving_model(service, name, version)
     devices = model.runners.devices if model.runners is not None else []
     rtol, atol = _tolerances(await body_json(request), service.runner_host.config.selftest_tolerances(devices))
-    report = await self_test(model, service.store.layout.model_path(model.digest), rtol, atol)
+    report = await self_test(model, service.store.layout.model_path(model.digest), rtol, atol)  # type: ignore[arg-type]  # READY
     return web.json_response({"model_name": name, "model_version": model.digest, **report.as_json()})
 
 

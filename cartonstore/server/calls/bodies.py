@@ -17,12 +17,14 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from typing import Any
+from typing import Any, TypeVar
 
 from cartonstore.errors import FetchError, InvalidInput, TooLarge, Unavailable
-from cartonstore.fetch.encoding import ContentDecoder, DecodedTooLarge
+from cartonstore.fetch.http.content_encoding import ContentDecoder, DecodedTooLarge
 from cartonstore.format.units import format_size
 from cartonstore.v2 import json_codec
+
+Body = TypeVar("Body", bound=bytes | bytearray | memoryview)
 
 IN_THREAD_FROM = 256 * 1024   # smaller bodies: decoding on the loop beats a thread hop
 ENCODINGS = ("gzip", "deflate")
@@ -80,13 +82,13 @@ class Reservation:
 
     def grow(self, size: int) -> None:
         if size:
-            self._budget._take(size)
+            self._budget._take(size)   # noqa: SLF001 - a reservation is a part of its budget
             self.size += size
 
     def release(self) -> None:
         size, self.size = self.size, 0
         if size:
-            self._budget._give_back(size)
+            self._budget._give_back(size)   # noqa: SLF001 - a reservation is a part of its budget
 
 
 def content_coding(header: str | None) -> str:
@@ -124,8 +126,7 @@ def too_large(size: int, limit: int) -> TooLarge:
     return TooLarge(f"request body of {size} bytes is larger than max_request_size ({limit} bytes)")
 
 
-async def decoded_body(raw: bytes | bytearray | memoryview, coding: str, limit: int,
-                       reservation: Reservation) -> bytes | bytearray | memoryview:
+async def decoded_body(raw: Body, coding: str, limit: int, reservation: Reservation) -> Body | bytearray:
     """raw decoded from ``coding``, at most ``limit`` bytes of it (TooLarge),
     what it decodes to reserved as it grows."""
     if coding == "identity":
@@ -140,7 +141,7 @@ def _decoded(raw: bytes | bytearray | memoryview, coding: str, limit: int, reser
     decoder = ContentDecoder(coding, url="the request body", max_output=limit)
     out = bytearray()
     try:
-        for piece in decoder.feed(raw):
+        for piece in decoder.feed(raw):   # type: ignore[arg-type]  # its decompressors read any buffer
             reservation.grow(len(piece))
             out += piece
         decoder.finish()
@@ -156,7 +157,8 @@ def json_object(raw: bytes | bytearray | memoryview) -> dict[str, Any]:
     if _blank(raw):
         return {}
     try:
-        data = json_codec.loads(raw)
+        # json_codec calls bytes' methods (decode, count), which a memoryview lacks
+        data = json_codec.loads(bytes(raw) if isinstance(raw, memoryview) else raw)
     except (ValueError, RecursionError) as e:   # JSONDecodeError and UnicodeDecodeError are ValueErrors
         raise InvalidInput(f"request body is not valid JSON: {e}") from None
     if not isinstance(data, dict):

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from cartonstore.errors import InvalidInput
 from cartonstore.fetch.puller import is_local_source
 from cartonstore.server.models.caller_paths import source_caller
-from cartonstore.store.names import HEX, is_valid_name
+from cartonstore.store.metadata.names import HEX, is_valid_name
 
 if TYPE_CHECKING:
     from cartonstore.server.models.service import ModelService

@@ -10,7 +10,7 @@ import time
 
 from cartonstore.errors import CartonStoreError, Unauthenticated, http_status_for
 from cartonstore.server.models.metrics import Metrics
-from cartonstore.server.runners.settings import RunnersBusy
+from cartonstore.server.runner_processes.settings import RunnersBusy
 
 from .access import REALM
 from .bodies import BuffersFull

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import os
-from typing import Any, Coroutine, TypeVar
+from collections.abc import Coroutine
+from typing import Any, TypeVar
 
 from cartonstore.errors import InvalidInput
 
@@ -29,7 +30,7 @@ def loop_name() -> str:
         raise InvalidInput(f"{ENV}={wanted!r}: use uvloop or asyncio")
     if wanted == "uvloop":
         try:
-            import uvloop  # noqa: F401
+            import uvloop  # noqa: F401 - imported to learn whether it is installed
         except ImportError:
             return "asyncio"
     return wanted

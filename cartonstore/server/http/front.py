@@ -88,32 +88,32 @@ class FrontConnection(AiohttpRequests, asyncio.BufferedProtocol):
     # -- protocol callbacks -------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
+        self.transport = transport  # type: ignore[assignment]  # a stream server makes stream transports
         self.peer = peer_of(transport)
         self.front.connections.add(self)
 
     def get_buffer(self, sizehint: int) -> memoryview:
         # One buffer for every connection: each buffer_updated copies out what it keeps before returning.
-        return self.body[self.body_got:] if self.mode == Mode.BODY else self.front.scratch  # type: ignore[index]
+        return self.body[self.body_got:] if self.mode == Mode.BODY else self.front.scratch  # type: ignore[index]  # Mode.BODY: body is set
 
     def buffer_updated(self, nbytes: int) -> None:
         self.last_active = time.monotonic()
         if self.mode == Mode.BODY:
             self.body_got += nbytes
-            if self.body_got == len(self.body):  # type: ignore[arg-type]
+            if self.body_got == len(self.body):  # type: ignore[arg-type]  # Mode.BODY: body is set
                 self.body, self.mode = None, Mode.BUSY
                 wake(self.body_waiter)
             return
         data = self.front.scratch[:nbytes]
         if self.mode == Mode.HANDED:
-            self.relayed.data_received(bytes(data))  # type: ignore[union-attr]
+            self.relayed.data_received(bytes(data))  # type: ignore[union-attr]  # Mode.HANDED: a handler is relayed to
             return
         if self.mode == Mode.RELAY_BODY:
             take = min(nbytes, self.relay_left)
             self.relay_left -= take
             if self.relay_left == 0:
                 self.mode = Mode.RELAY_WAIT
-            self.relayed.data_received(bytes(data[:take]))  # type: ignore[union-attr]
+            self.relayed.data_received(bytes(data[:take]))  # type: ignore[union-attr]  # Mode.RELAY_BODY: a handler is relayed to
             data = data[take:]
         elif self.mode == Mode.DISCARD:
             take = min(nbytes, self.discard_left)
@@ -192,7 +192,7 @@ class FrontConnection(AiohttpRequests, asyncio.BufferedProtocol):
         fault here must not leave the connection half-way: it is dropped."""
         try:
             self._start_next()
-        except Exception:  # noqa: BLE001 - a bug: logged, and this connection ends
+        except Exception:  # a bug: logged, and this connection ends
             log.exception("front connection failed starting a request")
             self._abort()
 
@@ -214,12 +214,12 @@ class FrontConnection(AiohttpRequests, asyncio.BufferedProtocol):
             self._relay(head, length)
             return
         self.mode = Mode.BUSY
-        if length > len(self.pending):
+        if length > len(self.pending):  # type: ignore[operator]  # a route: a length
             # Until _serve runs (the loop's next turn) reads would land in pending, to be
             # copied again into the body's buffer: up to MAX_PENDING of each big body.
             # _read_body resumes reading into that buffer.
             self.transport.pause_reading()
-        self.front.track(asyncio.get_running_loop().create_task(self._serve(head, length, route)))
+        self.front.track(asyncio.get_running_loop().create_task(self._serve(head, length, route)))  # type: ignore[arg-type]  # a length
 
     async def _serve(self, head: RequestHead, length: int, route: NativeRoute) -> None:
         slot: ArenaSlot | None = None
@@ -266,7 +266,7 @@ class FrontConnection(AiohttpRequests, asyncio.BufferedProtocol):
             record_request(self.front.metrics, self.front.access_log, route.label, head.method, head.target,
                            answer.status, answer.error_text, False, started)
             await self._answer(head, answer, unread)
-        except Exception:  # noqa: BLE001 - a bug: logged, and this connection ends
+        except Exception:  # a bug: logged, and this connection ends
             log.exception("front connection failed answering %s %s", head.method, head.target)
             self._abort()
         return slot
@@ -317,7 +317,7 @@ class FrontConnection(AiohttpRequests, asyncio.BufferedProtocol):
             self._close()
             return
         if self.write_paused:   # the client reads slower than it asks
-            await self.drained
+            await self.drained  # type: ignore[misc]  # write_paused: a future
             if self.mode == Mode.CLOSED:
                 return
         self._between_requests(unread)

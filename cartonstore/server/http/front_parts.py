@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from aiohttp import web
 
@@ -62,7 +62,7 @@ def with_length(answer: InferAnswer) -> list[tuple[str, str]]:
     return [*answer.headers.items(), ("Content-Length", str(answer.size))]
 
 
-def arena_slot(route: NativeRoute, model: object, head: RequestHead, coding: str, length: int) -> ArenaSlot | None:
+def arena_slot(route: NativeRoute, model: Any, head: RequestHead, coding: str, length: int) -> ArenaSlot | None:
     """A slot for a big binary infer body and its outputs (as many bytes
     again) in the model's own arena, when its runners map it and one is free."""
     if not route.arena or coding != "identity" or "inference-header-content-length" not in head.headers:

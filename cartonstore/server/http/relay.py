@@ -23,7 +23,8 @@ fail. FileResponse then writes the file in chunks, as on uvloop.
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from cartonstore.v2.http1 import (
     BadChunks,

@@ -80,8 +80,8 @@ def _nothing_first(service: ModelService) -> None:
     return None
 
 
-async def _take(service: ModelService, head: RequestHead, peer: Peer, _: Any, body: bytes | bytearray,
-                _slot: None) -> InferAnswer:
+async def _take(service: ModelService, head: RequestHead, peer: Peer, _: Any, body: bytes | bytearray | memoryview,
+                _slot: object) -> InferAnswer:
     return _json_answer(await take(service, await body_object(body), peer))
 
 
@@ -90,13 +90,13 @@ _TAKE = NativeRoute("/v1/leases", _nothing_first, _take)
 
 def _renew_route(lease_id: str) -> NativeRoute:
     async def produce(service: ModelService, head: RequestHead, peer: Peer, _: Any,
-                      body: bytes | bytearray, _slot: None) -> InferAnswer:
+                      body: bytes | bytearray | memoryview, _slot: object) -> InferAnswer:
         return _json_answer(await renew(service, lease_id, await body_object(body)))
     return NativeRoute("/v1/leases/{lease}/renew", _nothing_first, produce)
 
 
 def _release_route(lease_id: str) -> NativeRoute:
     async def produce(service: ModelService, head: RequestHead, peer: Peer, _: Any,
-                      body: bytes | bytearray, _slot: None) -> InferAnswer:
+                      body: bytes | bytearray | memoryview, _slot: object) -> InferAnswer:
         return _json_answer(await release(service, lease_id))
     return NativeRoute("/v1/leases/{lease}", _nothing_first, produce)

@@ -5,6 +5,7 @@ its own message), and how a big answer leaves a socket without copies."""
 
 from __future__ import annotations
 
+import asyncio
 import socket
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,13 +33,13 @@ class InferAnswer:
     def size(self) -> int:
         return len(self.payload) + sum(len(part) for part in self.tail)
 
-    def joined(self) -> bytes | bytearray:
-        return b"".join([self.payload, *self.tail]) if self.tail else self.payload  # type: ignore[return-value]
+    def joined(self) -> bytes | bytearray | memoryview:
+        return b"".join([self.payload, *self.tail]) if self.tail else self.payload
 
 
-def widen_send_buffer(transport: object) -> None:
+def widen_send_buffer(transport: asyncio.BaseTransport | None) -> None:
     """A big answer leaves a Unix socket in one send, not copied into the
     transport's buffer (TCP tunes its own buffers)."""
-    sock = transport.get_extra_info("socket") if transport is not None else None  # type: ignore[attr-defined]
+    sock = transport.get_extra_info("socket") if transport is not None else None
     if sock is not None and sock.family == socket.AF_UNIX:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, CLIENT_SEND_BUFFER)

@@ -14,18 +14,18 @@ from typing import TYPE_CHECKING
 from cartonstore.errors import InvalidInput
 from cartonstore.runner.protocol import ARENA_OUTPUTS
 from cartonstore.server.calls.bodies import IN_THREAD_FROM
-from cartonstore.server.runners.answer_check import BYTES
-from cartonstore.server.tensors.infer_check import checked_unless_shm
+from cartonstore.server.checks.request_check import checked_unless_shm
+from cartonstore.server.runner_processes.answer_check import BYTES
 from cartonstore.server.tensors.infer_shm import ShmUse, attach_regions, renamed_request
 from cartonstore.server.tensors.shm_regions import Peer, ShmRegions
 from cartonstore.v2.binary_form import encoded_doc, runner_doc
 from cartonstore.v2.framing import InferRequest, surely_plain
-from cartonstore.v2.shm_params import REGION
+from cartonstore.v2.shared_memory import REGION
 from cartonstore.v2.validate import parse_raw_binary_for, validate_request
 
 if TYPE_CHECKING:
+    from cartonstore.server.checks.pool import CheckPool
     from cartonstore.server.models.loaded_model import LoadedModel
-    from cartonstore.server.tensors.check_pool import CheckPool
 
 SHM_MARK = REGION.encode()
 
@@ -38,7 +38,7 @@ def checked_request(model: LoadedModel, body: bytes | bytearray | memoryview, he
     """Parse and validate; returns the request, what to forward (body
     parts, header length) and the shared memory regions it names, checked
     for the caller (``shm``: the registry and who is asking)."""
-    inputs, outputs = model.carton.inputs, model.carton.outputs
+    inputs, outputs = model.carton.inputs, model.carton.outputs  # type: ignore[union-attr]  # READY: it has its carton
     if header_length == 0:
         req = parse_raw_binary_for(body, inputs)
         validate_request(req, inputs, outputs)
@@ -53,8 +53,9 @@ def checked_request(model: LoadedModel, body: bytes | bytearray | memoryview, he
 
 def _framed(req: InferRequest) -> tuple[list, int]:
     tensor = req.inputs[0]
+    size = len(tensor.data)  # type: ignore[arg-type]  # a raw binary request: the body is its one input's data
     header = json.dumps({"inputs": [{"name": tensor.name, "datatype": tensor.datatype, "shape": tensor.shape,
-                                     "parameters": {"binary_data_size": len(tensor.data)}}],  # type: ignore[arg-type]
+                                     "parameters": {"binary_data_size": size}}],
                          "parameters": {"binary_data_output": True}}).encode()
     return [header, tensor.data], len(header)
 
@@ -67,7 +68,7 @@ def checked_tensors(model: LoadedModel, req: InferRequest, shm: tuple[ShmRegions
         raise InvalidInput(f"infer request: parameter {ARENA_OUTPUTS!r} is reserved for the daemon",
                            subject=ARENA_OUTPUTS)
     use = attach_regions(req, *shm) if any(t.shm is not None for t in req.inputs) or req.shm_outputs() else None
-    validate_request(req, model.carton.inputs, model.carton.outputs)
+    validate_request(req, model.carton.inputs, model.carton.outputs)  # type: ignore[union-attr]  # READY: a carton
     header = encoded_doc(runner_doc(req, use.runner_names() if use is not None else None))
     data = [t.data for t in req.inputs if t.shm is None and t.data is not None and len(t.data)]
     return req, [header, *data], len(header), use
@@ -83,7 +84,7 @@ async def checked_off_loop(model: LoadedModel, body: bytes | bytearray | memoryv
         return checked_request(model, body, header_length, shm)
     # the worker tells shm apart; a batched model's request is wanted back to count its batch
     if pool is not None and header_length is None and len(body) >= IN_THREAD_FROM and not model.max_batch_size:
-        forward = await pool.check(model.carton.inputs, model.carton.outputs, body)
+        forward = await pool.check(model.carton.inputs, model.carton.outputs, body)  # type: ignore[union-attr]  # READY
         if forward is not None:
             return None, *forward, None
     return await asyncio.to_thread(checked_request, model, body, header_length, shm)
@@ -115,7 +116,7 @@ def _walks_little(model: LoadedModel, body: bytes | bytearray | memoryview, head
     if header_length is None:
         return len(body) < IN_THREAD_FROM and surely_plain(body, SHM_MARK)   # type: ignore[arg-type]  # never a view
     if header_length == 0:
-        spec = model.carton.inputs
+        spec = model.carton.inputs  # type: ignore[union-attr]  # READY: it has its carton
         return len(body) < IN_THREAD_FROM or not (spec and len(spec) == 1 and spec[0].dtype == "string")
     if header_length > len(body):
         return True    # refused at once
@@ -132,12 +133,12 @@ def batch_size(model: LoadedModel, req: InferRequest | None) -> int:
     limit = model.max_batch_size
     if not limit or req is None or not req.inputs:
         return 1
-    batches = {tensor.shape[0] if tensor.shape else None for tensor in req.inputs}
-    if None in batches or len(batches) > 1:
+    firsts = [tensor.shape[0] for tensor in req.inputs if tensor.shape]
+    if len(firsts) < len(req.inputs) or len(set(firsts)) > 1:
         raise InvalidInput(f"model {model.name!r} takes a batch (max_batch_size {limit}): every input's first "
                            f"dimension is its batch size, one value for all inputs (got "
                            f"{', '.join(f'{t.name} {t.shape}' for t in req.inputs)})", subject=model.name)
-    batch = batches.pop()
+    batch = firsts[0]
     if batch > limit:
         raise InvalidInput(f"inference request batch-size must be <= {limit} for {model.name!r} (got {batch})",
                            subject=model.name)

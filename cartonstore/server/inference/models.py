@@ -10,7 +10,7 @@ from cartonstore.errors import InvalidInput, NotFound
 from cartonstore.server.models.loaded_model import triton_unknown_model
 from cartonstore.server.models.model_config import model_config
 from cartonstore.server.tensors.arena import ARENA_FROM, ArenaSlot
-from cartonstore.store.names import check_model_ref
+from cartonstore.store.metadata.names import check_model_ref
 from cartonstore.v2.statistics import InferStatistics, statistics_answer
 
 if TYPE_CHECKING:
@@ -63,7 +63,7 @@ def config_of(service: ModelService, name: str, version: str | None) -> dict[str
     """The model's configuration as Triton's model_configuration extension gives it."""
     model = ready_model(service, name, version)
     devices = model.runners.devices if model.runners is not None else []
-    return model_config(name, model.carton, model.config, devices)
+    return model_config(name, model.carton, model.config, devices)  # type: ignore[arg-type]  # READY: it has its carton
 
 
 def model_stats(model: LoadedModel) -> dict[str, Any]:

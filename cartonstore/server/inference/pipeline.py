@@ -21,12 +21,13 @@ from __future__ import annotations
 import asyncio
 import time
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from cartonstore.runner.protocol import ARENA_REGION, infer_path
 from cartonstore.server.calls.bodies import ENCODINGS, IN_THREAD_FROM, pick_encoding
-from cartonstore.server.runners.answer_check import (
+from cartonstore.server.runner_processes.answer_check import (
     ParsedAnswer,
     checked_answer_off_loop,
 )
@@ -38,7 +39,7 @@ from cartonstore.v2.binary_form import runner_doc
 from cartonstore.v2.error_body import error_text
 from cartonstore.v2.framing import HEADER_LENGTH, InferRequest
 from cartonstore.v2.framing import header_length as header_length_of
-from cartonstore.v2.shm_params import REGION, with_region
+from cartonstore.v2.shared_memory import REGION, with_region
 from cartonstore.v2.wire_types import WireTensor
 
 from .answer import InferAnswer
@@ -117,10 +118,12 @@ async def _run(service: ModelService, model: LoadedModel, call: InferCall, phase
         answer = await model.batcher.submit(req, parts, headers)   # never in the arena (arena_slot_for)
         phases.execution = 0   # its execution: counted by the batcher
     else:
-        answer = await model.runners.forward(infer_path(name), parts, headers, regions, arena)
+        answer = await model.runners.forward(  # type: ignore[union-attr]  # READY: it has its runners
+            infer_path(name), parts, headers, regions, arena)
     phases.answered, phases.runner_timing = time.monotonic_ns(), answer.timing
     label = f"runner for {name}"
-    answer, parsed = await checked_answer_off_loop(answer, model.carton.outputs, label)
+    outputs = model.carton.outputs  # type: ignore[union-attr]  # READY: it has its carton
+    answer, parsed = await checked_answer_off_loop(answer, outputs, label)
     if call.parsed and parsed is not None:
         return InferAnswer(200, answer.headers, answer.body, doc=parsed.doc,
                            outputs=_client_outputs(parsed, use, arena if answer.arena else None, label))
@@ -130,7 +133,7 @@ async def _run(service: ModelService, model: LoadedModel, call: InferCall, phase
     if use is not None:
         payload = renamed_answer(answer.status, out_headers, payload, use)
     elif answer.arena and answer.status == 200:
-        payload, tail = arena.client_answer(out_headers, payload, label)  # type: ignore[union-attr]
+        payload, tail = arena.client_answer(out_headers, payload, label)  # type: ignore[union-attr]  # sent through it
     if answer.status == 200 and call.accept_encoding:
         payload, tail = await _compressed(call.accept_encoding, out_headers, payload, tail)
     return InferAnswer(answer.status, out_headers, payload,
@@ -149,7 +152,8 @@ def _arena_forward(model: LoadedModel, call: InferCall, req: InferRequest | None
         return ArenaForward(slot, size, 0, call.request, runner_doc(call.request))
     if header_length is None or header_length > MAX_HEADER:
         return None
-    return ArenaForward(slot, len(call.body), header_length, req)  # type: ignore[arg-type]
+    # a binary body is checked in this process (check workers take JSON alone): req is set
+    return ArenaForward(slot, len(call.body), header_length, req)  # type: ignore[arg-type]  # req: see above
 
 
 def _client_outputs(parsed: ParsedAnswer, use: ShmUse | None, arena: ArenaForward | None,

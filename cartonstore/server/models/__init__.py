@@ -4,5 +4,5 @@
 runtime.py (``RunnerHost``: its runner processes), runner_plan.py (which
 runner, how many instances, which devices), load_params.py (a load's
 parameters), selftest.py (self-tests on load), metrics.py (the Prometheus
-registry), collector.py (gc in a child process).
+registry), server/models/gc_child.py (gc in a child process).
 """

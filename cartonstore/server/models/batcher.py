@@ -26,8 +26,8 @@ from typing import Any
 
 from cartonstore.errors import BadUpstream
 from cartonstore.runner.protocol import infer_path
-from cartonstore.server.runners import ModelRunners
-from cartonstore.server.runners.settings import RunnerResponse, RunnersBusy
+from cartonstore.server.runner_processes import ModelRunners
+from cartonstore.server.runner_processes.settings import RunnerResponse, RunnersBusy
 from cartonstore.v2.batching import answers_for, batch_key, joined_request, rows
 from cartonstore.v2.framing import HEADER_LENGTH, parse_infer_response
 from cartonstore.v2.statistics import RequestTiming
@@ -201,7 +201,7 @@ class DynamicBatcher:
                 for w, (parts, headers) in zip(batch, shares, strict=True)]
 
 
-def _cut(reqs: list[InferRequest], body: bytes | bytearray, length: str | None,
+def _cut(reqs: list[InferRequest], body: bytes | bytearray | memoryview, length: str | None,
          model_name: str) -> list[tuple[list[Any], dict[str, str]]]:
     doc, arrays = parse_infer_response(body, int(length) if length else None)
     out = []

@@ -4,7 +4,7 @@ A load by source learns which runner its carton needs as soon as the carton
 is in the index (Puller.add's on_committed), before the LINKS blobs are
 fetched. From there its runners start (RunnerHost.begin, early: the
 interpreter, the framework's import and the GPU context, in parallel with
-the download) and wait for their model (server/runners/waiting.py); the
+the download) and wait for their model (server/runner_processes/waiting.py); the
 load hands it to them once materialized. What cannot start early starts
 the usual way at its turn; what the load never uses is ended.
 """
@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from cartonstore.store import Store

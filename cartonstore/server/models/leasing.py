@@ -9,9 +9,12 @@ one materialization.
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
+import sqlite3
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from cartonstore.config.load import LeaseSettings
 from cartonstore.errors import CartonStoreError, InvalidInput, NotFound, Unavailable
@@ -19,13 +22,15 @@ from cartonstore.fetch.puller import Puller
 from cartonstore.format.digest import is_sha256
 from cartonstore.store import Store
 from cartonstore.store.group_commit import GroupCommit
-from cartonstore.store.names import carton_named, pin_lease_id
-from cartonstore.store.owner import owner_token
+from cartonstore.store.metadata.names import carton_named, pin_lease_id
+from cartonstore.store.root.owner import owner_token
 from cartonstore.system.callers import Credentials
-from cartonstore.system.flights import SingleFlight
+from cartonstore.system.single_flight import SingleFlight
 
 from .loaded_model import OWNED_LEASE_PREFIXES, Granted
 from .metrics import Metrics
+
+T = TypeVar("T")
 
 
 class Leasing:
@@ -35,7 +40,7 @@ class Leasing:
         self.leases = leases
         self.metrics = metrics
         # The store's owner token of this process names the leases it takes and its runners' sockets
-        # (store/owner.py); the caller made it off the event loop, so this only looks it up.
+        # (store/root/owner.py); the caller made it off the event loop, so this only looks it up.
         self.owner = owner_token(store.layout.tmp_dir)
         self._pins: dict[str, tuple[str, str]] = {}  # leases this daemon renews: id -> (carton, holder)
         self._flights = SingleFlight()
@@ -104,15 +109,16 @@ class Leasing:
             self.metrics.cache_hits.inc()
             return granted
         for _attempt in range(5):
-            digest, path = await self.model_dir(ref)
-            granted = await self._batch(lambda conn, d=digest: self._lease_cached(conn, d, ttl, holder, lease_id))
+            digest, _path = await self.model_dir(ref)
+            granted = await self._batch(functools.partial(self._lease_cached, ref=digest, ttl=ttl, holder=holder,
+                                                          lease_id=lease_id))
             if granted is not None:
                 return granted
             ref = digest
         raise Unavailable(f"model {ref} was collected again and again while being leased; the store is "
                           "under more pressure than its size budget allows", subject=ref)
 
-    def _lease_cached(self, conn, ref: str, ttl: float, holder: str | None,  # noqa: ANN001
+    def _lease_cached(self, conn: sqlite3.Connection, ref: str, ttl: float, holder: str | None,
                       lease_id: str | None) -> Granted | None:
         """In a batch (the shared store lock held): lease ref if it is a known
         name or manifest hash and its model directory is there. None sends
@@ -125,10 +131,10 @@ class Leasing:
             return None
         return Granted(self.store.index.insert_lease(conn, digest, ttl, holder, lease_id), where)
 
-    async def _batch(self, op):  # noqa: ANN001, ANN202
+    async def _batch(self, op: Callable[[sqlite3.Connection], T]) -> T:
         return await self._commits.run(op)
 
-    async def _db(self, fn, *args):  # noqa: ANN001, ANN002, ANN202
+    async def _db(self, fn: Callable[..., T], *args: Any) -> T:
         return await self._commits.on_db_thread(fn, *args)
 
     async def renew_lease(self, lease_id: str, ttl: float) -> Granted:
@@ -149,7 +155,7 @@ class Leasing:
             raise NotFound(f"no lease {lease_id!r} (never taken, already released, or expired)", subject=lease_id)
 
 
-def resolve_on(conn, ref: str) -> str | None:  # noqa: ANN001
+def resolve_on(conn: sqlite3.Connection, ref: str) -> str | None:
     """The manifest hash a name or hash stands for, read in the caller's
     transaction; None for anything else (Store.resolve handles prefixes)."""
     ref = ref.strip()

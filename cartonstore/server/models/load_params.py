@@ -26,7 +26,9 @@ def parse_triton_config(value: Any) -> dict | None:
     name, an unknown field refused with protobuf's words), answered as
     Triton writes a config (proto field names, set fields only, int64 as
     numbers). A max_batch_size of 0 given is kept (it turns off the
-    carton's own batching), though protobuf writes no field at 0."""
+    carton's own batching), and so is an instance group's count of 0 (it is
+    refused by name, not read as the default of one), though protobuf
+    writes no field at 0."""
     if value is None:
         return None
     if not isinstance(value, str):
@@ -46,6 +48,11 @@ def parse_triton_config(value: Any) -> dict | None:
                             ModelConfig.DESCRIPTOR)
     if "max_batch_size" in given or "maxBatchSize" in given:
         doc["max_batch_size"] = message.max_batch_size
+    groups = given.get("instance_group", given.get("instanceGroup"))
+    if isinstance(groups, list):
+        for i, (group, parsed) in enumerate(zip(groups, doc.get("instance_group", ()), strict=True)):
+            if isinstance(group, dict) and "count" in group:
+                parsed["count"] = message.instance_group[i].count
     return doc
 
 

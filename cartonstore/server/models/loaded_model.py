@@ -8,9 +8,9 @@ from pathlib import Path
 from typing import Any
 
 from cartonstore.format.carton_toml import CartonConfig
-from cartonstore.server.runners import ModelRunners
-from cartonstore.store.lease_rows import LeaseRow
-from cartonstore.store.names import PIN_PREFIX, SWITCH_PREFIX
+from cartonstore.server.runner_processes import ModelRunners
+from cartonstore.store.metadata.lease_rows import LeaseRow
+from cartonstore.store.metadata.names import PIN_PREFIX, SWITCH_PREFIX
 
 from .batcher import DynamicBatcher
 from .runtime import files_only_note
@@ -74,7 +74,7 @@ def switch_id(owner: str, name: str) -> str:
 
 def ready_reason(model: LoadedModel) -> str:
     """What the index says of a READY model: nothing, or that it runs no runner."""
-    return "" if model.runners is not None else files_only_note(model.carton.runner.runner_name)
+    return "" if model.runners is not None else files_only_note(model.carton.runner.runner_name)  # type: ignore[union-attr]  # READY: loaded
 
 
 def triton_load_failure(name: str, message: str) -> str:

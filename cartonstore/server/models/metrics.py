@@ -8,7 +8,8 @@ are true across every process sharing the store.
 from __future__ import annotations
 
 import collections
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, disable_created_metrics, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -21,7 +22,7 @@ disable_created_metrics()
 
 
 class _Live(Collector):
-    def __init__(self, read: Callable[[], dict[str, float]], inference: Callable[[], list]) -> None:
+    def __init__(self, read: Callable[[], dict[str, Any]], inference: Callable[[], list]) -> None:
         self.read = read
         self.inference = inference
 

@@ -22,7 +22,7 @@ from typing import Any
 from cartonstore.errors import InvalidInput
 from cartonstore.format.carton_toml import CartonConfig, TensorSpec
 from cartonstore.format.dtypes import carton_dtype_to_v2, shape_to_v2_dims
-from cartonstore.runner.builtin import triton_platform
+from cartonstore.runner.builtin_runners import triton_platform
 
 MAX_BATCH_LIMIT = 1 << 20
 HONOURED = ("max_batch_size", "dynamic_batching", "instance_group", "parameters")
@@ -126,9 +126,12 @@ def _declared_bound(outputs: Sequence[TensorSpec] | None) -> int:
     total = ANSWER_HEAD_ROOM
     for spec in outputs or ():
         shape, dtype = spec.shape, carton_dtype_to_v2(spec.dtype)
-        if dtype == "BYTES" or not isinstance(shape, tuple) or not all(type(d) is int for d in shape):
+        if dtype == "BYTES" or not isinstance(shape, tuple):
             return 0
-        total += prod(shape) * JSON_ELEMENT   # type: ignore[arg-type]
+        sizes = [d for d in shape if type(d) is int]
+        if len(sizes) != len(shape):   # a named (variable) dimension: no bound
+            return 0
+        total += prod(sizes) * JSON_ELEMENT
     return total
 
 
@@ -166,7 +169,8 @@ def check_against_carton(name: str, carton: CartonConfig, config: Mapping[str, A
 def _check_tensors(key: str, given: list[dict[str, Any]], specs: Sequence[TensorSpec], batch: int) -> None:
     declared = {s.name: s for s in specs}
     for entry in given:
-        spec = declared.get(entry.get("name"))
+        named = entry.get("name")
+        spec = declared.get(named) if isinstance(named, str) else None
         if spec is None:
             raise InvalidInput(f"config: {key} {entry.get('name')!r} is not one the carton declares "
                                f"({', '.join(declared) or 'none'})", subject=key)
@@ -195,7 +199,7 @@ def model_config(name: str, carton: CartonConfig, config: Mapping[str, Any] | No
     (one per instance)."""
     platform, backend = triton_platform(carton.runner.runner_name)
     batch = max_batch_size(carton, config)
-    groups = []
+    groups: list[dict[str, Any]] = []
     for device in dict.fromkeys(devices):
         count = sum(1 for d in devices if d == device)
         gpu = device.startswith("cuda:")

@@ -15,10 +15,11 @@ import asyncio
 import json
 import logging
 import time
-from typing import Any, Awaitable, Callable, Protocol
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
 
 from cartonstore.errors import CartonStoreError, NotFound
-from cartonstore.store import loaded_rows
+from cartonstore.store.metadata import loaded_rows
 
 from .loaded_model import LoadedModel
 
@@ -30,6 +31,7 @@ class ModelService(Protocol):
 
     daemon_id: str | None
     ready: bool
+    asked: set[str]
 
     async def _batch(self, op: Callable[[Any], Any]) -> Any: ...
 
@@ -42,13 +44,16 @@ async def remember_loaded(service: ModelService, model: LoadedModel | None) -> N
     if daemon is None or model is None or model.digest is None:
         return
     config = json.dumps(model.config, sort_keys=True) if model.config is not None else None
-    await service._batch(lambda conn: loaded_rows.remember_loaded(conn, daemon, model.name, model.digest, config))
+    digest = model.digest
+    await service._batch(  # noqa: SLF001 - a part of the model service, split out for its size
+        lambda conn: loaded_rows.remember_loaded(conn, daemon, model.name, digest, config))
 
 
 async def forget_loaded(service: ModelService, name: str) -> None:
     daemon = service.daemon_id
     if daemon is not None:
-        await service._batch(lambda conn: loaded_rows.forget_loaded(conn, daemon, name))
+        await service._batch(  # noqa: SLF001 - a part of the model service, split out for its size
+            lambda conn: loaded_rows.forget_loaded(conn, daemon, name))
 
 
 async def restore_loaded(service: ModelService) -> None:
@@ -62,7 +67,8 @@ async def restore_loaded(service: ModelService) -> None:
         daemon = service.daemon_id
         if daemon is None:
             return
-        rows = await service._batch(lambda conn: loaded_rows.loaded_by(conn, daemon))
+        rows = await service._batch(  # noqa: SLF001 - a part of the model service, split out for its size
+            lambda conn: loaded_rows.loaded_by(conn, daemon))
         if not rows:
             return
         started = time.monotonic()
@@ -87,6 +93,6 @@ async def _restore_one(service: ModelService, row: loaded_rows.LoadedRow) -> boo
         await forget_loaded(service, row.name)
     except CartonStoreError as e:   # UNAVAILABLE with the reason, as any failed load; tried again next start
         log.warning("could not restore model %s (version %s): %s", row.name, row.carton[:12], e)
-    except Exception:  # noqa: BLE001 - a bug: logged, and the other restores go on
+    except Exception:  # a bug: logged, and the other restores go on
         log.exception("could not restore model %s (version %s)", row.name, row.carton[:12])
     return False

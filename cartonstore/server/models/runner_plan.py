@@ -11,16 +11,17 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from cartonstore.config.runners import RunnerSettings
 from cartonstore.errors import InvalidInput
 from cartonstore.format.carton_toml import CartonConfig
 from cartonstore.format.semver import parse_version, version_satisfies
-from cartonstore.server.runners import InstanceSpec, fill_argv, instance_socket_path
-from cartonstore.server.runners.sandbox import SandboxPolicy
+from cartonstore.server.runner_processes import InstanceSpec, fill_argv, instance_socket_path
+from cartonstore.server.runner_processes.sandbox import SandboxPolicy
 
 MAX_INSTANCES = 64
 
@@ -51,13 +52,13 @@ def plan_runner(cfg: CartonConfig, settings: RunnerSettings) -> RunnerPlan | Non
 
 
 def _builtin_runners() -> Mapping[str, list[str]]:
-    from cartonstore.runner.builtin import BUILTIN_RUNNERS
+    from cartonstore.runner.builtin_runners import BUILTIN_RUNNERS
 
     return BUILTIN_RUNNERS
 
 
 def probe_framework(runner_name: str) -> str:
-    from cartonstore.runner.builtin import FRAMEWORK_VERSION_PROBES
+    from cartonstore.runner.builtin_runners import FRAMEWORK_VERSION_PROBES
 
     try:
         return FRAMEWORK_VERSION_PROBES[runner_name]()

@@ -12,30 +12,31 @@ import functools
 import itertools
 import logging
 import os
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from cartonstore.config.runners import RunnerSettings
 from cartonstore.errors import InvalidInput
 from cartonstore.format.carton_toml import CartonConfig
-from cartonstore.runner.builtin import program
-from cartonstore.server.runners import (
+from cartonstore.runner.builtin_runners import program
+from cartonstore.server.runner_processes import (
     InstanceSpec,
     ModelRunners,
     clean_stale_sockets,
     daemon_run_dir,
     ensure_run_dir,
 )
-from cartonstore.server.runners.instance import FirstProcess
-from cartonstore.server.runners.prewarm import PrewarmPool
-from cartonstore.server.runners.process import RunnerFailed, RunnerProcess
-from cartonstore.server.runners.sandbox import (
+from cartonstore.server.runner_processes.instance import FirstProcess
+from cartonstore.server.runner_processes.prewarm import PrewarmPool
+from cartonstore.server.runner_processes.process import RunnerFailed, RunnerProcess
+from cartonstore.server.runner_processes.sandbox import (
     CGROUP_PREFIX,
     SandboxPolicy,
     prerequisites,
 )
-from cartonstore.server.runners.settings import STDERR_LINES, physical_gpu
-from cartonstore.server.runners.waiting import (
+from cartonstore.server.runner_processes.settings import STDERR_LINES, physical_gpu
+from cartonstore.server.runner_processes.waiting import (
     Slots,
     WaitingRunner,
     hand_model,
@@ -44,8 +45,8 @@ from cartonstore.server.runners.waiting import (
     with_model_dir,
 )
 from cartonstore.server.tensors.arena import TensorArena
-from cartonstore.store.layout import StoreLayout
-from cartonstore.store.owner import owner_token
+from cartonstore.store.root.layout import StoreLayout
+from cartonstore.store.root.owner import owner_token
 from cartonstore.system.cgroups import remove_stale as remove_stale_cgroups
 from cartonstore.system.cgroups import take_delegation
 
@@ -157,7 +158,7 @@ class RunnerHost:
                 if self.prewarm is not None and (policy is None or name not in policy.network) else None
             if spare is not None:
                 starting.waiting[i] = _done(spare)
-                starting.when_closed.append(functools.partial(self.prewarm.settled, kind, spec.device, spare))
+                starting.when_closed.append(functools.partial(self.prewarm.settled, kind, spec.device, spare))  # type: ignore[union-attr]  # a spare: a pool
             elif early:
                 slotted = with_model_dir(spec, self.slots.new(spec.socket_path.stem))
                 starting.waiting[i] = asyncio.ensure_future(

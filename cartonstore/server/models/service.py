@@ -10,30 +10,33 @@ materialization.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
+import sqlite3
 import time
 import weakref
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from cartonstore.config.load import LeaseSettings
 from cartonstore.config.runners import RunnerSettings
 from cartonstore.errors import CartonStoreError, InvalidInput, NotFound
 from cartonstore.fetch.puller import Puller
 from cartonstore.format.dtypes import tensor_metadata
-from cartonstore.runner.builtin import metadata_platform
+from cartonstore.runner.builtin_runners import metadata_platform
+from cartonstore.server.checks.pool import CheckPool
 from cartonstore.server.tensors.arena import DEFAULT_SIZE as ARENA_SIZE
-from cartonstore.server.tensors.check_pool import CheckPool
 from cartonstore.server.tensors.shm_regions import Peer, ShmRegions
 from cartonstore.store import Store
-from cartonstore.store.gc import GcPolicy, GcReport
-from cartonstore.store.materialize import remove_tree
-from cartonstore.store.names import HEX, carton_named, restore_name, validate_name
-from cartonstore.store.owner import tmp_name
+from cartonstore.store.gc.plan import GcPolicy, GcReport
+from cartonstore.store.materialize.tree import remove_tree
+from cartonstore.store.metadata.names import HEX, carton_named, restore_name, validate_name
+from cartonstore.store.root.owner import tmp_name
 
 from .batcher import DynamicBatcher
 from .caller_paths import source_caller
-from .collector import collect_in_child, gc_summary
 from .early_start import EarlyStart
+from .gc_child import collect_in_child, gc_summary
 from .leasing import Leasing, resolve_on
 from .load_params import b64_parameter, parse_triton_config, write_tree
 from .loaded_model import (
@@ -45,12 +48,12 @@ from .loaded_model import (
     triton_load_failure,
     triton_unknown_model,
 )
+from .loaded_self_tests import self_tested_on_load
 from .metrics import Metrics
 from .model_config import batching_policy, check_against_carton, check_config_fields, max_batch_size
 from .restore import forget_loaded, remember_loaded
 from .runner_plan import instance_devices
 from .runtime import RunnerHost
-from .selftest import self_tested_on_load
 
 log = logging.getLogger("cartonstore.server")
 
@@ -146,7 +149,8 @@ class ModelService(Leasing):
                 serving.reason = ready_reason(serving)  # drops a "reload failed" left by an earlier load
                 return serving  # already loaded as asked: nothing to restart
             if serving is not None and serving.digest != digest:  # the old version stays pinned until stopped
-                await self._hold(switch_id(self.owner, name), serving.digest, f"switching:{name}")
+                await self._hold(switch_id(self.owner, name), serving.digest,  # type: ignore[arg-type]  # READY: a digest
+                                 f"switching:{name}")
             self._pins[self.pin_of(name)] = (digest, f"loaded:{name}")  # keep_pins renews the new version from now
             granted = await self.take_lease(digest, self.leases.pin_ttl, f"loaded:{name}", self.pin_of(name))
             model.digest = granted.lease.carton
@@ -201,7 +205,8 @@ class ModelService(Leasing):
         if serving is not None:
             serving.reason = f"reload failed, still serving this version: {reason}"
             self.models[name] = serving
-            await self._hold(self.pin_of(name), serving.digest, f"loaded:{name}")
+            await self._hold(self.pin_of(name), serving.digest,  # type: ignore[arg-type]  # serving: a digest
+                             f"loaded:{name}")
             await self._let_go(switch_id(self.owner, name))
             return
         model.state, model.reason = UNAVAILABLE, reason
@@ -336,7 +341,8 @@ class ModelService(Leasing):
             await asyncio.sleep(max(1.0, self.leases.pin_ttl / 3))
             for lease_id, (digest, holder) in list(self._pins.items()):
                 try:
-                    await self._batch(lambda conn, i=lease_id, d=digest, h=holder: self._renew_owned(conn, i, d, h))
+                    await self._batch(functools.partial(self._renew_owned, lease_id=lease_id, digest=digest,
+                                                        holder=holder))
                 except CartonStoreError as e:
                     log.warning("could not renew lease %s: %s", lease_id, e)
             try:
@@ -344,13 +350,13 @@ class ModelService(Leasing):
             except CartonStoreError as e:
                 log.warning("could not expire leases: %s", e)
 
-    def _renew_owned(self, conn, lease_id: str, digest: str, holder: str) -> None:  # noqa: ANN001
+    def _renew_owned(self, conn: sqlite3.Connection, lease_id: str, digest: str, holder: str) -> None:
         if self._pins.get(lease_id, (None, None))[0] == digest:
             self.store.index.insert_lease(conn, digest, self.leases.pin_ttl, holder, lease_id)
 
     async def collect(self, policy: GcPolicy) -> GcReport:
         """One collection at a time per daemon, in a child process (see
-        collector.py); the store lock orders it with every other process."""
+        server/models/gc_child.py); the store lock orders it with every other process."""
         async with self._gc_lock:
             started = time.monotonic()
             report = await collect_in_child(self.store.root, policy)
@@ -391,7 +397,8 @@ class ModelService(Leasing):
     def live_values(self) -> dict[str, float]:
         stats = self.puller.stats
         return {"store_bytes": self.store.index.stored_bytes(), "leases": self.store.index.count_live_leases(),
-                "loaded_models": sum(1 for m in tuple(self.models.values()) if m.serving_state == READY),  # see statuses()
+                # as statuses() counts them
+                "loaded_models": sum(1 for m in tuple(self.models.values()) if m.serving_state == READY),
                 "runners": self.runner_host.statuses(),
                 "fetched_bytes": stats.bytes_received, "fetch_requests": stats.requests,
                 "source_bytes": stats.snapshot()["source_bytes"],

@@ -29,7 +29,7 @@ from cartonstore.server.inference import StatusError, config_of, statistics, sta
 from cartonstore.server.models.metrics import Metrics
 from cartonstore.server.models.service import ModelService
 from cartonstore.server.tensors.shm_regions import Peer
-from cartonstore.store.names import check_model_ref
+from cartonstore.store.metadata.names import check_model_ref
 from cartonstore.v2.grpc_form import parameter_value
 
 from .infer import code_for, grpc_infer, stream_error
@@ -172,7 +172,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                 return pb.ModelStreamInferResponse(infer_response=answer)
             except CartonStoreError as e:
                 return stream_error(request, e)
-            except Exception:  # noqa: BLE001 - a bug answers this request, logged; the stream goes on
+            except Exception:  # a bug answers this request, logged; the stream goes on
                 log.exception("unexpected error in a gRPC stream's request")
                 return stream_error(request, InvalidInput("internal error (see the daemon's log)"))
 

@@ -136,9 +136,9 @@ class _Half(asyncio.Protocol):
         self.ended = ended
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
+        self.transport = transport  # type: ignore[assignment]  # a stream transport: create_connection made it
         if self.paused:
-            transport.pause_reading()  # type: ignore[attr-defined]
+            transport.pause_reading()  # type: ignore[attr-defined]  # a stream transport: create_connection made it
         sock = transport.get_extra_info("socket")
         if sock is not None:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, _BUFFER)
@@ -229,16 +229,16 @@ class GrpcRelay:
             client.other, server.other = server, client
             for half in (client, server):   # what either side sent before they were joined
                 for data in half.pending:
-                    half.other.transport.write(data)   # type: ignore[union-attr]
+                    half.other.transport.write(data)   # type: ignore[union-attr]  # joined: both halves are connected
                 half.pending.clear()
                 if half.eof and not half.pass_eof():
-                    half.transport.close()   # type: ignore[union-attr]
-            client.transport.resume_reading()   # type: ignore[union-attr]
+                    half.transport.close()   # type: ignore[union-attr]  # joined: both halves are connected
+            client.transport.resume_reading()   # type: ignore[union-attr]  # joined: both halves are connected
             await ended
         except OSError:
             pass   # the client left, or grpcio is gone: the connection ends
         finally:
-            for half in (client, server):
+            for half in (client, server):  # type: ignore[assignment]  # server: None until it connects
                 if half is not None and half.transport is not None:
                     half.transport.close()
             if client is None and conn.fileno() >= 0:

@@ -3,7 +3,5 @@ runners that receive them: arena.py (``TensorArena``, a memfd shared with
 runners, where big binary bodies are received in place) and arena_wire.py
 (its request and answer forms); shm_regions.py (``ShmRegions``, Triton's
 system shared-memory regions, per caller) and infer_shm.py (requests that
-name them); infer_check.py (a request checked against the carton before it
-is forwarded); check_pool.py (``CheckPool``) and check_worker.py (processes
-that parse and check big JSON bodies off the event loop).
+name them). Imports v2/, system/, format/ and errors.
 """

@@ -32,7 +32,7 @@ import fcntl
 import logging
 import mmap
 import os
-from typing import Awaitable
+from collections.abc import Awaitable
 
 from cartonstore.runner.protocol import ARENA_FD_ENV
 
@@ -66,7 +66,7 @@ class ArenaSlot:
         if self._released or self._held:
             return
         self._released = True
-        self.arena._free(self.offset)
+        self.arena._free(self.offset)  # noqa: SLF001 - a slot is a part of its arena
 
     def hold_until(self, exited: Awaitable[object]) -> None:
         """Keep the span until ``exited`` (a runner process's end): a runner
@@ -81,7 +81,7 @@ class ArenaSlot:
             finally:
                 self._held = False
                 self.release()
-        self.arena._track(asyncio.ensure_future(later()))
+        self.arena._track(asyncio.ensure_future(later()))  # noqa: SLF001 - a slot is a part of its arena
 
 
 class TensorArena:

@@ -19,7 +19,7 @@ from typing import Any
 from cartonstore.errors import BadUpstream
 from cartonstore.runner.protocol import ARENA_OUTPUTS, ARENA_REGION
 from cartonstore.v2.framing import HEADER_LENGTH, InferRequest
-from cartonstore.v2.shm_params import BYTE_SIZE, OFFSET, REGION
+from cartonstore.v2.shared_memory import BYTE_SIZE, OFFSET, REGION
 
 from .arena import ArenaSlot
 
@@ -68,11 +68,12 @@ class ArenaForward:
         if self.header_length:   # validated already: parsed again only to be rewritten
             return json.loads(bytes(self.slot.view[:self.header_length]))
         tensor = self.req.inputs[0]   # a raw binary request: its one input is the whole body
+        size = len(tensor.data)  # type: ignore[arg-type]  # the body is its data
         return {"inputs": [{"name": tensor.name, "datatype": tensor.datatype, "shape": tensor.shape,
-                            "parameters": {_BINARY: len(tensor.data)}}],  # type: ignore[arg-type]
+                            "parameters": {_BINARY: size}}],
                 "parameters": {"binary_data_output": True}}
 
-    def client_answer(self, headers: dict[str, str], payload: bytes | bytearray,
+    def client_answer(self, headers: dict[str, str], payload: bytes | bytearray | memoryview,
                       label: str) -> tuple[bytes, list[memoryview]]:
         """A runner's 200 answer as the client gets it: the JSON header and
         the binary parts after it, some views of the slot. ``headers`` is
@@ -127,7 +128,7 @@ class ArenaForward:
             raise BadUpstream(f"{label} put BYTES output {name!r} in the arena: BYTES outputs "
                               f"come in the answer's body")
         if not (type(offset) is int and type(size) is int and self.out_offset <= offset
-                and 0 <= size and offset + size <= self.out_offset + self.out_size):
+                and size >= 0 and offset + size <= self.out_offset + self.out_size):
             raise BadUpstream(f"{label} put output {name!r} at {offset!r}+{size!r} in the arena, "
                               f"outside the {self.out_size} bytes at {self.out_offset} it was given")
         start = offset - self.slot.offset

@@ -17,7 +17,7 @@ from typing import Any
 
 from cartonstore.v2.elements import fail
 from cartonstore.v2.framing import HEADER_LENGTH, InferRequest, WireTensor
-from cartonstore.v2.shm_params import REGION, with_region
+from cartonstore.v2.shared_memory import REGION, with_region
 
 from .shm_regions import Peer, Region, ShmRegions
 
@@ -38,7 +38,7 @@ class ShmUse:
 def _check_bytes_size(tensor: WireTensor, max_read: int) -> None:
     """BYTES in shared memory are read to be checked: not past the request
     size bound, and not before their size could hold the shape at all."""
-    size, least = tensor.shm.byte_size, 4 * prod(tensor.shape)   # type: ignore[union-attr]
+    size, least = tensor.shm.byte_size, 4 * prod(tensor.shape)   # type: ignore[union-attr]  # a tensor in shared memory has its reference
     if size < least:
         raise fail(tensor.what, f"shared_memory_byte_size {size} cannot hold {prod(tensor.shape)} BYTES elements "
                                 f"(each takes at least 4 bytes)")
@@ -91,7 +91,7 @@ def renamed_request(body: bytes | bytearray | memoryview, header_length: int | N
     return [header, view[end:]], len(header)
 
 
-def renamed_answer(status: int, headers: dict[str, str], payload: bytes | bytearray,
+def renamed_answer(status: int, headers: dict[str, str], payload: bytes | bytearray | memoryview,
                    use: ShmUse) -> bytes | bytearray:
     """The runner's answer naming regions by the caller's names again (its
     outputs' parameters; in an error, the message). ``headers`` gets the new

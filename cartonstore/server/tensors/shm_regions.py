@@ -34,7 +34,7 @@ from cartonstore.system.shm_objects import (
     register_fields,
     unlinked_problem,
 )
-from cartonstore.v2.shm_params import ShmRef, check_within, missing_region
+from cartonstore.v2.shared_memory import ShmRef, check_within, missing_region
 
 MAX_REGIONS = 4096     # per owner: each holds an fd
 _NO_GROUP = 65534      # the kernel's overflow gid
@@ -174,7 +174,8 @@ class ShmRegions:
                 os.close(region.fd)
         return gone
 
-    def check(self, peer: Peer, ref: ShmRef, what: str, *, read: bool = False) -> tuple[Region, bytes | None]:
+    def check(self, peer: Peer, ref: ShmRef, what: str, *,
+              read: bool = False) -> tuple[Region, bytes | bytearray | None]:
         """The region ``ref`` names, once the bytes it names lie inside it
         and its object is still the one registered, whole; with ``read``,
         also those bytes (read, not mapped). InvalidInput says what is wrong."""
