@@ -33,12 +33,12 @@ from dataclasses import dataclass
 
 from cartonstore.v2.http1 import (
     BadChunks,
-    BadHead,
     RequestHead,
     parse_request_head,
     response_head,
     take_head,
 )
+from cartonstore.v2.http1_faults import BadHead
 
 from .protocol import RUNNER_IDLE_LIMIT
 

@@ -45,7 +45,7 @@ def request_fault(raw: bytes, reason: str) -> BadHead:
             held = _NAME_START.match(name)
             return BadHead(400, f"bad header line {number}: the name {_shown(held[0] if held else b'')} is "
                                 "followed by a character a header name cannot hold")
-        if any(c < 0x20 and c != 0x09 or c == 0x7F for c in value):
+        if any((c < 0x20 and c != 0x09) or c == 0x7F for c in value):
             return BadHead(400, f"bad header value in {_shown(name)}")
         previous = name
         names.append(name.lower())

@@ -9,8 +9,8 @@ import json
 import socket
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 from kit.daemonkit import wait_for
@@ -272,7 +272,7 @@ def test_drain_answers_the_request_in_flight_then_closes_idle_connections(tmp_pa
     late_answers: list[int] = []
 
     def arrive_while_draining() -> None:   # on an open connection, and on a new one
-        assert wait_for(lambda: r.server._stopping, 5, 0.01)  # noqa: SLF001 - stop() was called
+        assert wait_for(lambda: r.server._stopping, 5, 0.01)  # stop() was called
         idle.sendall(request("GET", "/late"))
         late_answers.append(read_answer(idle, idle_pending)[0])
         newcomer = r.connect()

@@ -57,7 +57,7 @@ def test_any_chunked_body_cut_anywhere_decodes_whole_and_ends_where_it_ends(chun
     stream = sent + b"GET / HTTP/1.1\r\n"
     decoder = parse_request_head(CHUNKED).chunked_body()
     taken, at = None, 0
-    for cut in sorted({min(c, len(stream)) for c in cuts}) + [len(stream)]:
+    for cut in [*sorted({min(c, len(stream)) for c in cuts}), len(stream)]:
         if cut < at:
             continue
         taken = decoder.feed(stream[at:cut])

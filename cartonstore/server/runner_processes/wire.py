@@ -141,7 +141,7 @@ class _Connection(asyncio.BufferedProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.eof = True
         self.lost = exc or ConnectionAbortedError("connection closed")
-        # target stays: readexactly's next _more() sees eof and fails the cut-short answer
+        # target stays: readexactly's next more() sees eof and fails the cut-short answer
         wake(self.waiter)
         wake(self.drained)
 
@@ -175,7 +175,7 @@ class _Connection(asyncio.BufferedProtocol):
             if self.lost is not None:
                 raise ConnectionResetError("connection lost while sending")
 
-    async def _more(self) -> None:
+    async def more(self) -> None:
         """Wait until something arrives; _Eof when nothing more will."""
         if self.eof:
             raise _Eof(self.got_any)
@@ -200,7 +200,7 @@ class _Connection(asyncio.BufferedProtocol):
                 return data
             if len(self.pending) - self.start > limit:
                 raise BadResponse(f"response head longer than {limit} bytes", answered=True)
-            await self._more()
+            await self.more()
 
     async def readexactly(self, size: int) -> bytearray:
         """``size`` bytes in one bytearray: what is pending, then the rest
@@ -219,7 +219,7 @@ class _Connection(asyncio.BufferedProtocol):
             self.target, self.target_got = memoryview(out)[have:], 0
             try:
                 while self.target is not None:
-                    await self._more()
+                    await self.more()
             finally:
                 self.target = None
         return out
@@ -229,7 +229,7 @@ class _Connection(asyncio.BufferedProtocol):
             if len(self.pending) - self.start > limit:
                 raise BadResponse(f"answered more than {format_size(limit)} (its limit) before closing the "
                                   f"connection", answered=True)
-            await self._more()
+            await self.more()
         if len(self.pending) - self.start > limit:
             raise BadResponse(f"answered more than {format_size(limit)} (its limit)", answered=True)
         data = bytes(self.pending[self.start:])
@@ -347,7 +347,7 @@ async def _read_chunked(conn: _Connection, decoder: ChunkedBody, limit: int) -> 
         if taken is None:
             conn.pending.clear()
             conn.start = 0
-            await conn._more()
+            await conn.more()
             continue
         conn.start += taken
         if conn.start == len(conn.pending):
