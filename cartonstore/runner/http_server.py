@@ -12,8 +12,8 @@ as many cores as there are requests (rest.py bounds it: max_concurrency).
 
 What it serves is what its one client, the daemon (or someone testing a
 runner by hand), sends: Content-Length or chunked bodies, keep-alive,
-pipelined requests answered in order, HTTP/1.0 (one request). Heads are
-parsed by cartonstore.v2.http1, the daemon's parser.
+pipelined requests answered in order, HTTP/1.0 (one request). Heads and
+chunked bodies are read by cartonstore.v2.http1 (llhttp), as the daemon's are.
 """
 
 from __future__ import annotations
@@ -32,14 +32,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from cartonstore.v2.http1 import (
-    MAX_HEAD,
-    BadHead,
+    BadChunks,
     RequestHead,
-    chunk_size,
     parse_request_head,
     response_head,
     take_head,
 )
+from cartonstore.v2.http1_faults import BadHead
 
 from .protocol import RUNNER_IDLE_LIMIT
 
@@ -96,20 +95,11 @@ class _Reader:
             self._recv()
         return head
 
-    def line(self) -> bytes:
-        while (end := self.pending.find(b"\r\n")) < 0:
-            if len(self.pending) > MAX_HEAD:
-                raise BadHead(400, "chunk size line too long")
-            self._recv()
-        line = bytes(self.pending[:end])
-        del self.pending[:end + 2]
-        return line
-
     def exactly(self, size: int) -> bytearray:
         """``size`` bytes in one bytearray: what is pending, the rest received straight into it."""
         try:
             out = bytearray(size)
-        except (MemoryError, OverflowError):   # a chunk size of 2**63 or more overflows
+        except MemoryError:   # a Content-Length this host cannot hold
             raise BadHead(413, f"a body of {size} bytes does not fit in this runner's memory") from None
         have = min(size, len(self.pending))
         out[:have] = self.pending[:have]
@@ -129,25 +119,18 @@ class _Reader:
         length = head.content_length()
         if length is not None:
             return self.exactly(length)
-        coding = head.headers["transfer-encoding"].lower()
-        if coding != "chunked":
-            raise BadHead(501, f"Transfer-Encoding {coding!r} is not supported (only chunked)")
-        body = bytearray()
-        while True:
-            try:
-                size = chunk_size(self.line())
-            except ValueError as exc:
-                raise BadHead(400, str(exc)) from None
-            if size == 0:
-                while self.line():
-                    pass   # trailers: none that matter here
-                return body
-            try:
-                body += self.exactly(size)
-            except MemoryError:   # each chunk fitted, their sum does not
-                raise BadHead(413, f"a body of {len(body) + size} bytes does not fit in this runner's memory") from None
-            if self.exactly(2) != b"\r\n":
-                raise BadHead(400, "chunk not followed by CRLF")
+        decoder = head.chunked_body()
+        try:
+            while (taken := decoder.feed(self.pending)) is None:
+                self.pending.clear()
+                self._recv()
+        except BadChunks as exc:
+            raise BadHead(400, str(exc)) from None
+        except MemoryError:   # each piece fitted, their sum does not
+            raise BadHead(413, f"a body of {len(decoder.body)} bytes and more does not fit in this runner's "
+                               "memory") from None
+        del self.pending[:taken]
+        return decoder.body
 
 
 def _send(conn: socket.socket, *parts: bytes | bytearray | memoryview) -> None:

@@ -6,8 +6,10 @@ what is tested, not a client library's view of them."""
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import json
+import random
 import signal
 import socket
 import time
@@ -26,13 +28,18 @@ from cartonstore.v2.http1 import BadHead, for_one_request, parse_request_head, w
 HL = "Inference-Header-Content-Length"
 
 
+NOISE = random.Random(7).randbytes(300_000)
+
+
 @pytest.fixture(scope="module")
 def served() -> Iterator[DaemonProcess]:
     with short_dir() as base:
         config = base / "cartonstore.toml"
         config.write_text('[server]\nmax_request_size = "1MiB"\n')
         d = DaemonProcess(base / "root", extra_args=["--config", str(config)], log_file=base / "daemon.log").start()
-        _load(d, "echo", echo_carton(base / "echo", dtypes=["float32"]))
+        carton = echo_carton(base / "echo", dtypes=["float32"])
+        (carton / "model" / "noise.bin").write_bytes(NOISE)   # a blob that compresses to more than one chunk
+        _load(d, "echo", carton)
         yield d
         d.stop()
         assert wait_for(lambda: not runner_pids(d.root), 10), runner_pids(d.root)
@@ -277,6 +284,19 @@ def test_blobs_through_the_relay_then_an_infer(served: DaemonProcess) -> None:
             c.send(get(f"/v1/blobs/{digest}"))
             status, _, body = c.answer()
             assert status == 200 and body == main_py
+        c.send(infer_request([6]))
+        assert echoed(c.answer()) == [6]
+
+
+def test_a_chunked_answer_through_the_relay_keeps_the_connection(served: DaemonProcess) -> None:
+    """aiohttp's gzip answer of a blob is chunked: the relay sees its end
+    (the one chunked decoder), so the next request goes on the connection."""
+    with Conn(served.socket_path) as c:
+        for _ in range(2):
+            c.send(get(f"/v1/blobs/{hashlib.sha256(NOISE).hexdigest()}", "Accept-Encoding: gzip\r\n"))
+            status, headers, body = c.answer()
+            assert status == 200 and headers["transfer-encoding"] == "chunked" and len(body) > 256 << 10
+            assert gzip.decompress(body) == NOISE and "close" not in headers.get("connection", "")
         c.send(infer_request([6]))
         assert echoed(c.answer()) == [6]
 

@@ -29,7 +29,8 @@ from cartonstore.server.tensors.arena import ArenaSlot
 from cartonstore.server.tensors.shm_regions import Peer, peer_of
 from cartonstore.system.unfilled import unfilled_bytearray
 from cartonstore.system.waiters import fail, wake
-from cartonstore.v2.http1 import BadHead, RequestHead, parse_request_head, response_head, take_head
+from cartonstore.v2.http1 import RequestHead, parse_request_head, response_head, take_head
+from cartonstore.v2.http1_faults import BadHead
 
 from .front_parts import (
     LINGER,

@@ -26,7 +26,15 @@ import asyncio
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from cartonstore.v2.http1 import RequestHead, for_one_request, response_status, without_connection_close
+from cartonstore.v2.http1 import (
+    BadChunks,
+    ChunkedBody,
+    RequestHead,
+    ResponseHead,
+    for_one_request,
+    parse_response_head,
+    without_connection_close,
+)
 
 from .front_parts import Mode
 
@@ -101,8 +109,8 @@ class RelayTransport(asyncio.Transport):
         self._closed = False
         self.reusable = False           # the answer is complete and framed: the connection may go on
         self._body_left: int | None = None   # Content-Length bytes still to come
-        self._chunked = False
-        self._tail = b""                # the last bytes of a chunked body, to see its end
+        self._chunks: ChunkedBody | None = None   # a chunked body's decoder, to see where it ends
+        self._past_end = False          # bytes came after the answer's end, or it broke its framing
 
     @property
     def _sendfile_compatible(self) -> Any:
@@ -125,34 +133,32 @@ class RelayTransport(asyncio.Transport):
             if end < 0:
                 return
             head, rest = bytes(self._head[:end + 4]), self._head[end + 4:]
-            if response_status(head) in _INTERIM:   # 100 Continue: passed on, the real answer follows
+            try:
+                answer: ResponseHead | None = parse_response_head(head, keep_body=False)
+            except ValueError:   # not from aiohttp's writer: passed on, and the connection ends after it
+                answer = None
+            if answer is not None and answer.status in _INTERIM:   # 100 Continue: the real answer follows
                 self._client.write(head)
                 self._head = bytearray(rest)
                 continue
             self._head_done = True
             self._head = bytearray()
-            self.reusable = self._keep_alive and self._framing(head)
+            self.reusable = self._keep_alive and answer is not None and self._framing(answer)
             self._client.write(without_connection_close(head) if self.reusable else head)
             if rest:
                 self._count(rest)
                 self._client.write(bytes(rest))
 
-    def _framing(self, head: bytes) -> bool:
+    def _framing(self, answer: ResponseHead) -> bool:
         """Learn how the answer's body ends; False when only a close ends it."""
-        status = response_status(head)
-        lower = head.lower()
-        if status in (204, 304) or self._bodiless:
+        if answer.status in (204, 304) or self._bodiless:
             self._body_left = 0
             return True
-        if b"\r\ntransfer-encoding: chunked" in lower:
-            self._chunked = True
+        if answer.is_chunked:
+            self._chunks = answer.chunked_body()
             return True
-        start = lower.find(b"\r\ncontent-length:")
-        if start < 0:
-            return False
-        end = lower.find(b"\r\n", start + 2)
-        value = lower[start + 17:end].strip()
-        if not value.isdigit():
+        value = answer.headers.get("content-length")
+        if value is None:
             return False
         self._body_left = int(value)
         return True
@@ -160,13 +166,18 @@ class RelayTransport(asyncio.Transport):
     def _count(self, data: bytes | bytearray | memoryview) -> None:
         if self._body_left is not None:
             self._body_left -= len(data)
-        elif self._chunked:
-            self._tail = (self._tail + bytes(data[-5:]))[-5:]
+        elif self._chunks is not None and not self._past_end:
+            data = data if isinstance(data, (bytes, bytearray)) else bytes(data)
+            try:
+                taken = self._chunks.feed(data)
+            except BadChunks:   # not a chunked body after all: only a close can end it
+                taken = -1
+            self._past_end = taken is not None and taken != len(data)
 
     def _whole(self) -> bool:
         if self._body_left is not None:
             return self._body_left == 0
-        return self._chunked and self._tail == b"0\r\n\r\n"
+        return self._chunks is not None and self._chunks.ended and not self._past_end
 
     def writelines(self, list_of_data: Any) -> None:
         for data in list_of_data:

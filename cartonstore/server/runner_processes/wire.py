@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import itertools
 import socket
 import time
 from collections.abc import Mapping, Sequence
@@ -41,15 +40,17 @@ from cartonstore.format.units import format_size
 from cartonstore.runner.protocol import DAEMON_IDLE_LIMIT
 from cartonstore.system.unfilled import unfilled_bytearray
 from cartonstore.system.waiters import wake
-from cartonstore.v2.http1 import chunk_size
+from cartonstore.v2.http1 import (
+    BadChunks,
+    ChunkedBody,
+    parse_response_head,
+)
 
 MAX_HEAD = 64 << 10       # status line + headers of one response
-MAX_HEADERS = 100         # header lines of one response (a v2 answer needs three)
 MAX_INTERIM = 8           # 1xx answers before the real one
 CONTROL_ANSWER = 64 << 10  # health, server metadata, shared-memory registration: small JSON or nothing
 MIN_CHUNK = 1024          # a chunked answer's chunks, on average, at least: each costs the loop a few steps
 MAX_CHUNKS = 65536
-YIELD_EVERY = 256         # chunks read before the loop is let go (those in one read need no wait)
 SOCKET_BUFFER = 4 << 20   # a 4 MiB tensor goes out in one send (the kernel caps it at wmem_max)
 RECV_CHUNK = 1 << 16      # heads and chunked bodies are received this much at a time; smaller writes are joined
 _NO_BODY = (204, 304)
@@ -140,7 +141,7 @@ class _Connection(asyncio.BufferedProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.eof = True
         self.lost = exc or ConnectionAbortedError("connection closed")
-        # target stays: readexactly's next _more() sees eof and fails the cut-short answer
+        # target stays: readexactly's next more() sees eof and fails the cut-short answer
         wake(self.waiter)
         wake(self.drained)
 
@@ -174,7 +175,7 @@ class _Connection(asyncio.BufferedProtocol):
             if self.lost is not None:
                 raise ConnectionResetError("connection lost while sending")
 
-    async def _more(self) -> None:
+    async def more(self) -> None:
         """Wait until something arrives; _Eof when nothing more will."""
         if self.eof:
             raise _Eof(self.got_any)
@@ -199,7 +200,7 @@ class _Connection(asyncio.BufferedProtocol):
                 return data
             if len(self.pending) - self.start > limit:
                 raise BadResponse(f"response head longer than {limit} bytes", answered=True)
-            await self._more()
+            await self.more()
 
     async def readexactly(self, size: int) -> bytearray:
         """``size`` bytes in one bytearray: what is pending, then the rest
@@ -218,7 +219,7 @@ class _Connection(asyncio.BufferedProtocol):
             self.target, self.target_got = memoryview(out)[have:], 0
             try:
                 while self.target is not None:
-                    await self._more()
+                    await self.more()
             finally:
                 self.target = None
         return out
@@ -228,7 +229,7 @@ class _Connection(asyncio.BufferedProtocol):
             if len(self.pending) - self.start > limit:
                 raise BadResponse(f"answered more than {format_size(limit)} (its limit) before closing the "
                                   f"connection", answered=True)
-            await self._more()
+            await self.more()
         if len(self.pending) - self.start > limit:
             raise BadResponse(f"answered more than {format_size(limit)} (its limit)", answered=True)
         data = bytes(self.pending[self.start:])
@@ -307,22 +308,19 @@ async def _read_response(conn: _Connection, limit: int) -> tuple[int, dict[str, 
     """One response: (status, headers, body, whether the connection may be reused)."""
     try:
         for _ in range(MAX_INTERIM + 1):
-            head = await conn.readuntil(b"\r\n\r\n", MAX_HEAD)
-            status, version, headers = _parse_head(head)
-            if status >= 200 or status == 101:
+            head = parse_response_head(await conn.readuntil(b"\r\n\r\n", MAX_HEAD))
+            if head.status >= 200 or head.status == 101:
                 break   # 1xx interim answers carry nothing for us
         else:
             raise BadResponse(f"more than {MAX_INTERIM} interim (1xx) answers before its answer", answered=True)
-        connection = headers.get("connection", "").lower()
-        keep = "close" not in connection if version == "HTTP/1.1" else "keep-alive" in connection
+        status, headers, keep = head.status, head.headers, head.keep_alive
         if status in _NO_BODY:
             return status, headers, b"", keep
-        if "chunked" in headers.get("transfer-encoding", "").lower():
-            return status, headers, await _read_chunked(conn, limit), keep
+        if head.is_chunked:
+            most = max(16, min(limit // MIN_CHUNK, MAX_CHUNKS))
+            return status, headers, await _read_chunked(conn, head.chunked_body(limit, most), limit), keep
         length = headers.get("content-length")
         if length is not None:
-            if not (length.isascii() and length.isdigit()):
-                raise BadResponse(f"bad Content-Length {length[:40]!r}", answered=True)
             if int(length) > limit:
                 raise BadResponse(f"answered with Content-Length {length}, over its limit of "
                                   f"{format_size(limit)} ({limit} bytes)", answered=True)
@@ -331,52 +329,35 @@ async def _read_response(conn: _Connection, limit: int) -> tuple[int, dict[str, 
     except _Eof as e:
         what = "closed the connection mid-answer" if e.partial else "closed the connection without answering"
         raise BadResponse(what, answered=e.partial) from None
-    except (ConnectionResetError, BrokenPipeError, ValueError) as e:
+    except ValueError as e:   # a head llhttp refused, its fault named (v2/http1_faults.py)
+        raise BadResponse(str(e), answered=True) from None
+    except (ConnectionResetError, BrokenPipeError) as e:
         raise BadResponse(f"{type(e).__name__}: {e}", answered=conn.got_any) from None
 
 
-def _parse_head(head: bytes) -> tuple[int, str, dict[str, str]]:
-    lines = head[:-4].decode("latin-1").split("\r\n")
-    parts = lines[0].split(" ", 2)
-    if len(parts) < 2 or parts[0] not in ("HTTP/1.1", "HTTP/1.0") or not (len(parts[1]) == 3 and parts[1].isdigit()):
-        raise BadResponse(f"not an HTTP response: {lines[0][:80]!r}", answered=True)
-    if len(lines) > MAX_HEADERS + 1:
-        raise BadResponse(f"answered with {len(lines) - 1} header lines, over the {MAX_HEADERS} it may send",
-                          answered=True)
-    headers: dict[str, str] = {}
-    for line in lines[1:]:
-        name, sep, value = line.partition(":")
-        if not sep or not name or name != name.strip():
-            raise BadResponse(f"bad response header line {line[:80]!r}", answered=True)
-        headers[name.lower()] = value.strip()
-    return int(parts[1]), parts[0], headers
-
-
-async def _read_chunked(conn: _Connection, limit: int) -> bytearray:
-    """A chunked body, joined as it comes. Chunks cost loop time each, so
+async def _read_chunked(conn: _Connection, decoder: ChunkedBody, limit: int) -> bytearray:
+    """A chunked body, decoded as it comes. Chunks cost loop time each, so
     an answer has at most one per MIN_CHUNK bytes of its limit (and at most
-    MAX_CHUNKS), and the loop is let go every YIELD_EVERY of them."""
-    body = bytearray()
-    most = max(16, min(limit // MIN_CHUNK, MAX_CHUNKS))
-    for count in itertools.count(1):
-        if count > most:
-            raise BadResponse(f"answered in more than {most} chunks (chunks of {MIN_CHUNK} bytes or more, on "
-                              f"average, are what its limit of {format_size(limit)} allows)", answered=True)
-        if count % YIELD_EVERY == 0:
-            await asyncio.sleep(0)
+    MAX_CHUNKS): the decoder's ``max_chunks``."""
+    while True:
         try:
-            size = chunk_size(await conn.readuntil(b"\r\n", MAX_HEAD))
-        except ValueError as exc:
-            raise BadResponse(str(exc), answered=True) from None
-        if size == 0:
-            for _ in range(MAX_HEADERS + 1):   # trailers: none that matter to us
-                if await conn.readuntil(b"\r\n", MAX_HEAD) == b"\r\n":
-                    return body
-            raise BadResponse(f"answered more than {MAX_HEADERS} trailer lines", answered=True)
-        if len(body) + size > limit:
-            raise BadResponse(f"answered chunks of more than {format_size(limit)} in all, over its limit of "
-                              f"{limit} bytes", answered=True)
-        body += await conn.readexactly(size)
-        if await conn.readexactly(2) != b"\r\n":
-            raise BadResponse("chunk not followed by CRLF", answered=True)
-    raise AssertionError("unreachable")
+            taken = decoder.feed(conn.pending, conn.start)
+        except BadChunks as e:
+            raise BadResponse(_chunk_fault(e, decoder, limit), answered=True) from None
+        if taken is None:
+            conn.pending.clear()
+            conn.start = 0
+            await conn.more()
+            continue
+        conn.start += taken
+        if conn.start == len(conn.pending):
+            conn.pending.clear()
+            conn.start = 0
+        return decoder.body
+
+
+def _chunk_fault(e: BadChunks, decoder: ChunkedBody, limit: int) -> str:
+    if e.broken == "chunks":
+        return (f"answered in more than {decoder.max_chunks} chunks (chunks of {MIN_CHUNK} bytes or more, on "
+                f"average, are what its limit of {format_size(limit)} allows)")
+    return f"answered {e}" if e.broken != "framing" else str(e)
