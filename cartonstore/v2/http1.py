@@ -1,7 +1,7 @@
 """HTTP/1.1 messages, as the v2 REST protocol carries them: request heads
 read by the daemon's front connection (server/http/front.py) and by the
 runner SDK's server (runner/http_server.py), response heads read by the
-daemon's runner client (server/runners/wire.py) and its relay to aiohttp
+daemon's runner client (server/runner_processes/wire.py) and its relay to aiohttp
 (server/http/relay.py), and the one chunked decoder they all use. Pure:
 bytes in, values out; no sockets.
 

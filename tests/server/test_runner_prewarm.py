@@ -218,7 +218,7 @@ def test_an_onnx_model_loads_into_an_onnx_spare(node) -> None:
 def test_a_spare_that_dies_is_replaced(node) -> None:
     daemon, base, _ = node
     d = daemon('prewarm = ["python"]\nrestart_backoff = "100ms"\n')
-    assert wait_for(lambda: spares(d) == 1, timeout=30)
+    assert wait_for(lambda: spare_ready(d), timeout=30)   # counted once spawned; its processes a moment later
     first = live_pids(str(d.root / "run" / "slots"))
     assert first
     for pid in first:   # under bubblewrap: setpriv, bwrap and the runner; one's death may end the others first
