@@ -1,10 +1,11 @@
 """ModelService: what the daemon does, independent of HTTP.
 
-It loads and unloads models (Triton's repository API), hands out leases
-(leasing.py, the half it is built on), and keeps the pins of loaded models
-alive. Blocking store work runs in
-worker threads; concurrent requests for one model share one fetch and one
-materialization.
+It hands out model directories and the leases on them (written by the
+group commit under the shared store lock), loads and unloads models
+(Triton's repository API), and keeps the pins of loaded models alive: one
+class, since loads, leases and pins share their state (``_pins``). Blocking
+store work runs in worker threads; concurrent requests for one model share
+one fetch and one materialization.
 """
 
 from __future__ import annotations
@@ -12,16 +13,19 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import os
 import sqlite3
 import time
 import weakref
 from collections.abc import Callable
-from typing import Any
+from pathlib import Path
+from typing import Any, TypeVar
 
 from cartonstore.config.load import LeaseSettings
 from cartonstore.config.runners import RunnerSettings
-from cartonstore.errors import CartonStoreError, InvalidInput, NotFound
+from cartonstore.errors import CartonStoreError, InvalidInput, NotFound, Unavailable
 from cartonstore.fetch.puller import Puller
+from cartonstore.format.digest import is_sha256
 from cartonstore.format.dtypes import tensor_metadata
 from cartonstore.runner.builtin_runners import metadata_platform
 from cartonstore.server.checks.pool import CheckPool
@@ -29,19 +33,23 @@ from cartonstore.server.tensors.arena import DEFAULT_SIZE as ARENA_SIZE
 from cartonstore.server.tensors.shm_regions import Peer, ShmRegions
 from cartonstore.store import Store
 from cartonstore.store.gc.plan import GcPolicy, GcReport
+from cartonstore.store.group_commit import GroupCommit
 from cartonstore.store.materialize.tree import remove_tree
-from cartonstore.store.metadata.names import HEX, carton_named, restore_name, validate_name
-from cartonstore.store.root.owner import tmp_name
+from cartonstore.store.metadata.names import HEX, carton_named, pin_lease_id, restore_name, validate_name
+from cartonstore.store.root.owner import owner_token, tmp_name
+from cartonstore.system.callers import Credentials
+from cartonstore.system.single_flight import SingleFlight
 
 from .batcher import DynamicBatcher
 from .caller_paths import source_caller
 from .early_start import EarlyStart
 from .gc_child import collect_in_child, gc_summary
-from .leasing import Leasing, resolve_on
 from .load_params import b64_parameter, parse_triton_config, write_tree
 from .loaded_model import (
+    OWNED_LEASE_PREFIXES,
     READY,
     UNAVAILABLE,
+    Granted,
     LoadedModel,
     ready_reason,
     switch_id,
@@ -56,8 +64,9 @@ from .runner_plan import instance_devices
 from .runtime import RunnerHost
 
 log = logging.getLogger("cartonstore.server")
+T = TypeVar("T")
 
-class ModelService(Leasing):
+class ModelService:
     def __init__(self, store: Store, puller: Puller, leases: LeaseSettings, metrics: Metrics,
                  runners: RunnerSettings | None = None, *, shm_over_tcp: bool = False,
                  max_request_size: int = 256 << 20, arena_size: int = ARENA_SIZE, check_workers: int = 0,
@@ -65,7 +74,16 @@ class ModelService(Leasing):
         """daemon_id: who this daemon is in the index's loaded_models
         (server.id); None records nothing (restore.py). allow_tcp_local_sources:
         see caller_paths.py."""
-        super().__init__(store, puller, leases, metrics)
+        self.store = store
+        self.puller = puller
+        self.leases = leases
+        self.metrics = metrics
+        # The store's owner token of this process names the leases it takes and its runners' sockets
+        # (store/root/owner.py); the caller made it off the event loop, so this only looks it up.
+        self.owner = owner_token(store.layout.tmp_dir)
+        self._pins: dict[str, tuple[str, str]] = {}  # leases this daemon renews: id -> (carton, holder)
+        self._flights = SingleFlight()
+        self._commits = GroupCommit(store)
         self.daemon_id = daemon_id
         self.allow_tcp_local_sources = allow_tcp_local_sources
         self.shm_regions = ShmRegions(allow_tcp=shm_over_tcp, max_read=max_request_size)
@@ -80,6 +98,114 @@ class ModelService(Leasing):
         self.ready = True
         # names a caller loaded or unloaded while a restore runs (ready is false): it leaves them alone
         self.asked: set[str] = set()
+
+    def pin_of(self, name: str) -> str:
+        """The lease by which this daemon keeps the model it loaded as ``name``."""
+        return pin_lease_id(self.owner, name)
+
+    # -- materializing ---------------------------------------------------------
+
+    async def model_dir(self, ref: str) -> tuple[str, Path]:
+        """Resolve, fetch what is missing and materialize; shared by concurrent callers."""
+        digest = await asyncio.to_thread(self._resolve_fast, ref)
+        if digest is not None:
+            path = self.store.layout.model_path(digest)
+            if path.is_dir():
+                self.metrics.cache_hits.inc()
+                return digest, path
+        self.metrics.cache_misses.inc()
+        key = digest or ref
+        try:
+            # a path a caller names is added first, read as that caller (added_as), never here
+            path = await self._flights.run(key, lambda: self.puller.materialize(digest or ref, local=False))
+        except CartonStoreError:
+            self.metrics.fetch_errors.inc()
+            raise
+        return path.name, path
+
+    async def added_as(self, path: str, caller: Credentials | None) -> str:
+        """The digest of the carton at ``path`` (a path on this host), added
+        with ``caller``'s rights (None: the daemon's); concurrent callers of
+        one identity share one add."""
+        key = f"{path}\n{caller}"
+        try:
+            result = await self._flights.run(key, lambda: self.puller.add(path, confined=True, caller=caller))
+        except CartonStoreError:
+            self.metrics.fetch_errors.inc()
+            raise
+        return result.digest
+
+    def _resolve_fast(self, ref: str) -> str | None:
+        try:
+            return self.store.resolve(ref)
+        except NotFound:
+            return None
+
+    # -- leases ------------------------------------------------------------------
+
+    def ttl(self, value: Any, *, field_name: str = "ttl") -> float:
+        if value is None:
+            return self.leases.default_ttl
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= self.leases.max_ttl:
+            raise InvalidInput(f"{field_name} must be a number of seconds in (0, {self.leases.max_ttl:g}], "
+                               f"got {value!r}")
+        return float(value)
+
+    async def take_lease(self, ref: str, ttl: float, holder: str | None, lease_id: str | None = None) -> Granted:
+        """Materialize (fetching what is missing) and lease. The lease is
+        written under the shared store lock after checking the directory is
+        still there, so a collection either sees the lease or ran before it
+        (and then the directory is built again). A cached model costs one
+        worker-thread hop: resolve, check and write together."""
+        granted = await self._batch(lambda conn: self._lease_cached(conn, ref, ttl, holder, lease_id))
+        if granted is not None:
+            self.metrics.cache_hits.inc()
+            return granted
+        for _attempt in range(5):
+            digest, _path = await self.model_dir(ref)
+            granted = await self._batch(functools.partial(self._lease_cached, ref=digest, ttl=ttl, holder=holder,
+                                                          lease_id=lease_id))
+            if granted is not None:
+                return granted
+            ref = digest
+        raise Unavailable(f"model {ref} was collected again and again while being leased; the store is "
+                          "under more pressure than its size budget allows", subject=ref)
+
+    def _lease_cached(self, conn: sqlite3.Connection, ref: str, ttl: float, holder: str | None,
+                      lease_id: str | None) -> Granted | None:
+        """In a batch (the shared store lock held): lease ref if it is a known
+        name or manifest hash and its model directory is there. None sends
+        the caller the long way (prefixes, sources, missing directories)."""
+        digest = resolve_on(conn, ref)
+        if digest is None:
+            return None
+        where = self.store.layout.model_dir_str(digest)
+        if not os.path.isdir(where):
+            return None
+        return Granted(self.store.index.insert_lease(conn, digest, ttl, holder, lease_id), where)
+
+    async def _batch(self, op: Callable[[sqlite3.Connection], T]) -> T:
+        return await self._commits.run(op)
+
+    async def _db(self, fn: Callable[..., T], *args: Any) -> T:
+        return await self._commits.on_db_thread(fn, *args)
+
+    async def renew_lease(self, lease_id: str, ttl: float) -> Granted:
+        # A short ttl on a pin (this daemon's or another's on the store) would let gc take a serving model's
+        # files. One of that name that does not exist is unknown like any other lease.
+        if lease_id.startswith(OWNED_LEASE_PREFIXES) and (
+                lease_id in self._pins or await self._db(self.store.index.lease, lease_id) is not None):
+            raise InvalidInput(f"lease {lease_id!r} is a daemon's own (a loaded model's pin or a version "
+                               "switch): it renews it itself")
+        row = await self._batch(lambda conn: self.store.index.extend_lease(conn, lease_id, ttl))
+        return Granted(row, self.store.layout.model_dir_str(row.carton))
+
+    async def release_lease(self, lease_id: str) -> None:
+        if lease_id.startswith(OWNED_LEASE_PREFIXES):
+            raise InvalidInput(f"lease {lease_id!r} is a daemon's own (a loaded model's pin or a version "
+                               "switch): pins of loaded models are released by unloading the model")
+        if not await self._batch(lambda conn: self.store.index.drop_lease(conn, lease_id)):
+            raise NotFound(f"no lease {lease_id!r} (never taken, already released, or expired)", subject=lease_id)
 
     # -- Triton repository ---------------------------------------------------------
 
@@ -405,3 +531,12 @@ class ModelService(Leasing):
                 "arena": self.runner_host.arena_stats(),
                 "spares": self.runner_host.prewarm.status() if self.runner_host.prewarm is not None else None,
                 "check_workers": self.check_pool.stats() if self.check_pool is not None else None}
+
+
+def resolve_on(conn: sqlite3.Connection, ref: str) -> str | None:
+    """The manifest hash a name or hash stands for, read in the caller's
+    transaction; None for anything else (Store.resolve handles prefixes)."""
+    ref = ref.strip()
+    if is_sha256(ref):
+        return ref if conn.execute("SELECT 1 FROM cartons WHERE digest=?", (ref,)).fetchone() else None
+    return carton_named(conn, ref)
