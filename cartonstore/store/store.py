@@ -21,7 +21,6 @@ from typing import TYPE_CHECKING
 from cartonstore.errors import Conflict, InvalidInput, NotFound, PermissionDenied
 from cartonstore.format.digest import is_sha256
 from cartonstore.store.content.blobs import BlobStore
-from cartonstore.store.gc.parts import StoreParts
 from cartonstore.store.metadata.index import CartonRow, Index
 from cartonstore.store.metadata.names import (
     HEX,
@@ -35,6 +34,7 @@ from cartonstore.store.metadata.names import (
 )
 from cartonstore.store.root.layout import StoreLayout
 from cartonstore.store.root.locks import FileLock
+from cartonstore.store.root.owner import tmp_name
 from cartonstore.system.file_access import WRITE, denial
 from cartonstore.zipfmt import ZipLimits
 
@@ -72,7 +72,11 @@ class RemoveResult:
     bytes_freed: int
 
 
-class Store(StoreParts):
+class Store:
+    """The store at a root: its layout, blob files, index and lock, and the
+    operations a user calls. Collection, holds and verification take it as
+    the StoreParts they need (store/gc/parts.py), so they never import it."""
+
     def __init__(self, root: Path | str, *, zip_limits: ZipLimits | None = None, read_only: bool = False) -> None:
         """``read_only``: open an existing store without writing to it (see
         for_reading); its writes raise PermissionDenied."""
@@ -87,7 +91,9 @@ class Store(StoreParts):
                                        f"{denial(e.filename or root, WRITE) or e.strerror}", subject=str(root)) from e
             except OSError as e:
                 raise InvalidInput(f"cannot create store at {root}: {e.strerror}", subject=str(root)) from e
-        super().__init__(layout, BlobStore(layout), Index(layout.index_db, read_only=read_only))
+        self.layout = layout
+        self.blobs = BlobStore(layout)
+        self.index = Index(layout.index_db, read_only=read_only)
 
     @classmethod
     def for_reading(cls, root: Path | str, *, zip_limits: ZipLimits | None = None) -> Store:
@@ -95,6 +101,24 @@ class Store(StoreParts):
         the path of a built model): read-only where this process may read
         but not write it (a member of the store's group), else as Store()."""
         return cls(root, zip_limits=zip_limits, read_only=not _may_write(Path(root)))
+
+    @property
+    def root(self) -> Path:
+        return self.layout.root
+
+    def lock(self, *, shared: bool = False) -> FileLock:
+        return FileLock(self.layout.locks_dir / "store.lock", shared=shared)
+
+    def take_model_away(self, digest: str) -> Path | None:
+        """Rename a model directory into tmp/ (owned by this process) so it
+        disappears whole: deleting it in place could leave, after a crash, a
+        half-empty directory that the next `path` would serve as it is."""
+        model = self.layout.model_path(digest)
+        if not model.is_dir():
+            return None
+        away = tmp_name(self.layout.tmp_dir, "model")
+        os.rename(model, away)
+        return away
 
     def close(self) -> None:
         self.index.close()
