@@ -1,4 +1,4 @@
-"""What collection, holds and verification operate on: the root's layout,
+"""What collection, holds and verification operate on: the root and its layout,
 the blob files, the index, the store lock, and taking a model directory
 away whole. ``Store`` (store/store.py) is what they are handed; they name
 this protocol instead, so that they never import the facade that calls
@@ -19,6 +19,9 @@ class StoreParts(Protocol):
     layout: StoreLayout
     blobs: BlobStore
     index: Index
+
+    @property
+    def root(self) -> Path: ...
 
     def lock(self, *, shared: bool = False) -> FileLock: ...
 
