@@ -16,18 +16,17 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import io
 from pathlib import Path
-from typing import TYPE_CHECKING, BinaryIO
+from typing import TYPE_CHECKING
 
 from cartonstore.carton.checks import check_carton
+from cartonstore.carton.from_files import ListedCartonView, ListedFile
 from cartonstore.errors import IntegrityError, InvalidCarton, ManifestMismatch
 from cartonstore.fetch.sources.mirrors import stage_from_mirrors
 from cartonstore.fetch.sources.peers import Claim, offer
 from cartonstore.fetch.sources.remote_zip import read_whole_limit
 from cartonstore.fetch.transfer.download import fetch_blob
 from cartonstore.format.manifest import build_manifest
-from cartonstore.sources.view import SourceFile
 from cartonstore.sources.zip_source import METADATA_NAMES
 from cartonstore.store.content.blobs import StagedBlob
 from cartonstore.store.ingest import IngestResult, Staging, check_staged_safetensors
@@ -40,25 +39,6 @@ from .registry import Registry
 if TYPE_CHECKING:
     from cartonstore.fetch.puller import Puller
 
-
-
-class OciCartonView:
-    """A CartonView of an artifact's layers whose small files were read."""
-
-    def __init__(self, label: str, layers: list[Layer], small: dict[str, bytes]) -> None:
-        self.label = label
-        self._small = small
-        self.files = {layer.path: SourceFile(layer.path, "file", layer.size)
-                      for layer in layers if layer.path not in METADATA_NAMES}
-
-    def read_metadata(self, name: str) -> bytes | None:
-        return self._small.get(name)
-
-    def open(self, path: str) -> BinaryIO:
-        return io.BytesIO(self._small[path])
-
-    def close(self) -> None:
-        pass
 
 
 class _Blobs:
@@ -162,7 +142,9 @@ async def _add_layers(puller: Puller, registry: Registry, ref: OciReference, man
         if "MANIFEST" not in small:  # pushed file by file by another tool: the titles and digests say it all
             small["MANIFEST"] = build_manifest({layer.path: layer.digest for layer in layers
                                                 if layer.path not in METADATA_NAMES})
-        checked = await asyncio.to_thread(check_carton, OciCartonView(str(ref), layers, small), links_raw=b"")
+        view = ListedCartonView(str(ref), {layer.path: ListedFile(layer.digest, layer.size) for layer in layers}, small,
+                                frozenset(METADATA_NAMES))
+        checked = await asyncio.to_thread(check_carton, view, links_raw=b"")
         check_layers(layers, checked.manifest.as_dict())
         urls: dict[str, tuple[str, ...]] = {layer.digest: (registry.source_url(layer.digest),) for layer in layers
                 if layer.path not in METADATA_NAMES}
