@@ -101,7 +101,7 @@ def cmd_add(store: Store, args: argparse.Namespace, out: Output) -> None:
 def cmd_push(store: Store, args: argparse.Namespace, out: Output) -> None:
     from cartonstore.oci.push import push_carton
 
-    r = with_puller(store, args, lambda p: push_carton(p, args.ref, args.target))
+    r = with_puller(store, args, lambda p: push_carton(p, args.ref, args.target, args.format))
     out.emit(r.as_json(), [r.summary(), r.reference])
 
 

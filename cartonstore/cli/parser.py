@@ -101,9 +101,16 @@ def _selftest(sp: argparse.ArgumentParser) -> None:
     sp.add_argument("--unload-after", action="store_true", help=UNLOAD_AFTER_HELP)
 
 
+# oci.push.PUSH_FORMATS (a test holds them equal): importing it here would
+# load the fetch stack for every --help.
+PUSH_FORMATS = ("carton", "modelpack")
+
+
 def _push(sp: argparse.ArgumentParser) -> None:
     sp.add_argument("ref", help="the carton: a name, a manifest hash or a unique prefix of one")
     sp.add_argument("target", help="where to push it: oci://HOST[:PORT]/REPO:TAG")
+    sp.add_argument("--format", choices=PUSH_FORMATS, default="carton",
+                    help="the artifact written: a carton (default), or a CNCF ModelPack that modctl and KitOps read")
 
 
 # zipfmt.COMPRESSION_METHODS's names (a test holds them equal): importing the

@@ -3,7 +3,8 @@
 reference.py and artifact.py are pure (names and manifests); challenge.py
 and credentials.py read auth challenges and docker's credentials; auth.py
 answers challenges; registry.py speaks the distribution API; pull.py and
-push.py move cartons between a registry and the store.
+push.py move cartons between a registry and the store; modelpack.py (pure)
+lays a carton out as a CNCF ModelPack artifact for ``push --format modelpack``.
 
 Entry points: ``push_carton`` (push.py); ``OCI_REFERENCE``, the source
 kind a ``cartonstore.fetch.puller.Puller`` built with it reads ``oci://``

@@ -83,7 +83,7 @@ async def _where_upload_stands(registry: Registry, location: str) -> tuple[int, 
 
 
 async def upload_bytes(registry: Registry, data: bytes, digest: str, location: str) -> int:
-    """A small blob held in memory (the empty config), in one PUT."""
+    """A small blob held in memory (an artifact's config), in one PUT."""
     answer = await registry.request("PUT", _with_digest(location, digest), push=True,
                                     headers={"Content-Type": OCTETS, "Content-Length": str(len(data))},
                                     body=lambda: data)
