@@ -40,10 +40,10 @@ def materialize(store: Store, ref: str, cfg=None) -> Path:
     return fetchkit.materialize(store, ref, cfg, sources=standard_sources())
 
 
-def push(store: Store, ref: str, target: str, cfg) -> PushResult:
+def push(store: Store, ref: str, target: str, cfg, fmt: str = "carton") -> PushResult:
     async def run() -> PushResult:
         async with standard_puller(store, cfg) as p:
-            return await push_carton(p, ref, target)
+            return await push_carton(p, ref, target, fmt)
     return asyncio.run(run())
 
 

@@ -117,6 +117,11 @@ class Registry:
                         headers={"Accept": "application/vnd.oci.image.manifest.v1+json"}) as r:
             return r.read()
 
+    def blob(self, repo: str, digest: str) -> bytes:
+        """A blob's bytes (digest: 64 hex digits)."""
+        with self._open("GET", f"/v2/{repo}/blobs/sha256:{digest}") as r:
+            return r.read()
+
     def put_blob(self, repo: str, data: bytes) -> str:
         """Upload bytes as a blob, whatever they hash to; returns its sha256 hex."""
         import hashlib
