@@ -1,4 +1,4 @@
-"""The daemon's front connection (cartonstore/server/http/front.py): inference
+"""The daemon's front connection (cartonstore/server/http/connection.py): inference
 answered by the front itself, every other request by aiohttp, on one
 keep-alive connection. A real daemon and runner; requests written byte for
 byte on a real Unix socket, so framing, pipelining and connection reuse are
