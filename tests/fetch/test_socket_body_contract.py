@@ -125,7 +125,7 @@ def test_a_plain_tcp_response_shows_its_socket(server: BodyServer, loop: str) ->
     fileno() and type (SOCK_STREAM) are the connection's."""
     async def main() -> None:
         async with aiohttp.ClientSession() as session, session.get(server.url + "/big") as raw:
-            transport, protocol = raw.connection.transport, raw.connection.protocol  # type: ignore[union-attr]
+            transport, protocol = raw.connection.transport, raw.connection.protocol
             assert transport is not None and protocol is not None and not transport.is_closing()
             assert transport.get_extra_info("sslcontext") is None and transport.get_extra_info("ssl_object") is None
             sock = transport.get_extra_info("socket")

@@ -83,7 +83,7 @@ def app_behind_the_front(file_path: Path) -> web.Application:
         piece, unsent = b"b" * PIECE, app[BIG_WRITES]
         for _ in range(BIG // PIECE):
             await answer.write(piece)
-            unsent.append(request.transport.get_write_buffer_size())   # type: ignore[union-attr]  # answering: a transport
+            unsent.append(request.transport.get_write_buffer_size())
         return answer
 
     app.router.add_get("/plain", plain)
@@ -103,7 +103,7 @@ class Served:
 
 def new_loop(kind: str) -> asyncio.AbstractEventLoop:
     if kind == "uvloop":
-        return pytest.importorskip("uvloop").new_event_loop()  # type: ignore[no-any-return]
+        return pytest.importorskip("uvloop").new_event_loop()
     return asyncio.new_event_loop()
 
 
@@ -123,7 +123,7 @@ def served(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
         await runner.setup()
         assert runner.server is not None
         # No request here is one the front answers itself: the model service is never reached.
-        front = FrontServer(None, TcpAccess(), Metrics(), runner.server,  # type: ignore[arg-type]
+        front = FrontServer(None, TcpAccess(), Metrics(), runner.server,
                             access_log=False, max_request_size=1 << 20, budget=BodyBudget(8 << 20),
                             head_timeout=10, idle_timeout=10)
         sock = socket.create_server(("127.0.0.1", 0))
