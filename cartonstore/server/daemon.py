@@ -34,7 +34,7 @@ from cartonstore.server.api.context import ACCESS_LOG, METRICS, TCP_ACCESS
 from cartonstore.server.calls.access import TcpAccess
 from cartonstore.server.calls.bodies import BodyBudget
 from cartonstore.server.http.event_loop import loop_name, run_loop
-from cartonstore.server.http.front_server import FrontServer
+from cartonstore.server.http.listeners import FrontServer
 from cartonstore.server.models.metrics import Metrics
 from cartonstore.server.models.restore import restore_loaded
 from cartonstore.server.models.service import ModelService
@@ -309,7 +309,7 @@ class Daemon:
     async def _serve(self, app: web.Application, service: ModelService, socks: list[socket.socket],
                      caps: list[int], grpc_server: GrpcServer | None) -> None:
         # auto_decompress off: request bodies are decoded by the handlers, bounded (calls/bodies.decoded_body).
-        # aiohttp's keep-alive applies only to connections handed to it whole (a chunked request: front.py),
+        # aiohttp's keep-alive applies only to connections handed to it whole (a chunked request: http/connection.py),
         # and closes one whose next head is not whole in time, however it drips: head_timeout's rule.
         runner = web.AppRunner(app, handle_signals=False, access_log=None, auto_decompress=False,
                                shutdown_timeout=self.settings.shutdown_timeout,

@@ -1,5 +1,5 @@
 """HTTP/1.1 messages, as the v2 REST protocol carries them: request heads
-read by the daemon's front connection (server/http/front.py) and by the
+read by the daemon's front connection (server/http/connection.py) and by the
 runner SDK's server (runner/http_server.py), response heads read by the
 daemon's runner client (server/runner_processes/wire.py) and its relay to aiohttp
 (server/http/relay.py), and the one chunked decoder they all use. Pure:

@@ -1,4 +1,4 @@
-"""The daemon's front connection (cartonstore/server/http/front.py): inference
+"""The daemon's front connection (cartonstore/server/http/connection.py): inference
 answered by the front itself, every other request by aiohttp, on one
 keep-alive connection. A real daemon and runner; requests written byte for
 byte on a real Unix socket, so framing, pipelining and connection reuse are
@@ -6,10 +6,7 @@ what is tested, not a client library's view of them."""
 
 from __future__ import annotations
 
-import gzip
-import hashlib
 import json
-import random
 import signal
 import socket
 import time
@@ -28,18 +25,13 @@ from cartonstore.v2.http1 import BadHead, for_one_request, parse_request_head, w
 HL = "Inference-Header-Content-Length"
 
 
-NOISE = random.Random(7).randbytes(300_000)
-
-
 @pytest.fixture(scope="module")
 def served() -> Iterator[DaemonProcess]:
     with short_dir() as base:
         config = base / "cartonstore.toml"
         config.write_text('[server]\nmax_request_size = "1MiB"\n')
         d = DaemonProcess(base / "root", extra_args=["--config", str(config)], log_file=base / "daemon.log").start()
-        carton = echo_carton(base / "echo", dtypes=["float32"])
-        (carton / "model" / "noise.bin").write_bytes(NOISE)   # a blob that compresses to more than one chunk
-        _load(d, "echo", carton)
+        _load(d, "echo", echo_carton(base / "echo", dtypes=["float32"]))
         yield d
         d.stop()
         assert wait_for(lambda: not runner_pids(d.root), 10), runner_pids(d.root)
@@ -48,10 +40,12 @@ def served() -> Iterator[DaemonProcess]:
 class Conn:
     """One raw HTTP/1.1 connection, answers read by their framing."""
 
-    def __init__(self, path: Path) -> None:
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    def __init__(self, address: Path | tuple[str, int]) -> None:
+        """address: a Unix socket's path, or a TCP (host, port)."""
+        family = socket.AF_INET if isinstance(address, tuple) else socket.AF_UNIX
+        self.sock = socket.socket(family, socket.SOCK_STREAM)
         self.sock.settimeout(20)
-        self.sock.connect(str(path))
+        self.sock.connect(address if isinstance(address, tuple) else str(address))
         self.buf = b""
 
     def send(self, data: bytes) -> None:
@@ -256,12 +250,11 @@ def test_a_bad_head_is_named_without_echoing_a_header_value(served: DaemonProces
     assert str(refused.value) in log and SECRET not in log
 
 
-def test_connection_close_is_honoured_on_infer_and_relayed_requests(served: DaemonProcess) -> None:
-    for request in (infer_request([1], extra=b"Connection: close\r\n"), get("/v2/health/live", "Connection: close\r\n")):
-        with Conn(served.socket_path) as c:
-            c.send(request)
-            status, headers, _ = c.answer()
-            assert status == 200 and headers["connection"] == "close" and c.closed_by_peer()
+def test_connection_close_is_honoured_on_infer(served: DaemonProcess) -> None:
+    with Conn(served.socket_path) as c:
+        c.send(infer_request([1], extra=b"Connection: close\r\n"))
+        status, headers, _ = c.answer()
+        assert status == 200 and headers["connection"] == "close" and c.closed_by_peer()
 
 
 def test_a_client_gone_mid_body_never_reaches_the_runner(served: DaemonProcess) -> None:
@@ -274,31 +267,6 @@ def test_a_client_gone_mid_body_never_reaches_the_runner(served: DaemonProcess) 
         c.send(infer_request([5]))
         assert echoed(c.answer()) == [5]
     assert runner_count(served, "echo") == before + 1
-
-
-def test_blobs_through_the_relay_then_an_infer(served: DaemonProcess) -> None:
-    main_py = next((served.root / "models").glob("*/model/main.py")).read_bytes()
-    digest = hashlib.sha256(main_py).hexdigest()
-    with Conn(served.socket_path) as c:
-        for _ in range(3):   # asyncio's native sendfile broke the second one through a relay
-            c.send(get(f"/v1/blobs/{digest}"))
-            status, _, body = c.answer()
-            assert status == 200 and body == main_py
-        c.send(infer_request([6]))
-        assert echoed(c.answer()) == [6]
-
-
-def test_a_chunked_answer_through_the_relay_keeps_the_connection(served: DaemonProcess) -> None:
-    """aiohttp's gzip answer of a blob is chunked: the relay sees its end
-    (the one chunked decoder), so the next request goes on the connection."""
-    with Conn(served.socket_path) as c:
-        for _ in range(2):
-            c.send(get(f"/v1/blobs/{hashlib.sha256(NOISE).hexdigest()}", "Accept-Encoding: gzip\r\n"))
-            status, headers, body = c.answer()
-            assert status == 200 and headers["transfer-encoding"] == "chunked" and len(body) > 256 << 10
-            assert gzip.decompress(body) == NOISE and "close" not in headers.get("connection", "")
-        c.send(infer_request([6]))
-        assert echoed(c.answer()) == [6]
 
 
 def test_heads_parse_and_rewrite() -> None:
@@ -319,13 +287,13 @@ def test_heads_parse_and_rewrite() -> None:
             parse_request_head(bad)
 
 
-def test_on_asyncios_loop_too_blobs_and_infers_share_a_connection(short_tmp: Path) -> None:
-    """asyncio's loop has a native sendfile, which the relay must refuse
-    (it re-registers the transport it is given; the relay lives for one request)."""
+def test_on_asyncios_loop_too_infers_and_relayed_requests_share_a_connection(short_tmp: Path) -> None:
+    """The daemon serves on asyncio's loop when told (what the relay needs
+    of that loop, no native sendfile, is pinned in test_relay_contract.py)."""
     d = DaemonProcess(short_tmp / "root", env={"CARTONSTORE_EVENT_LOOP": "asyncio"}).start()
     try:
         _load(d, "echo", echo_carton(short_tmp / "echo", dtypes=["float32"]))
-        test_blobs_through_the_relay_then_an_infer(d)
+        test_infer_and_other_requests_share_one_keep_alive_connection(d)
         test_pipelined_requests_are_answered_in_order(d)
     finally:
         d.stop()

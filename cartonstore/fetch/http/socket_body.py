@@ -21,6 +21,9 @@ connection is nothing.
 Not taken: TLS (the bytes on the socket are still encrypted), chunked or
 length-less bodies, small bodies, and transports that do not expose their
 socket. Those go through aiohttp and StreamSink as before (sink.py).
+
+What this takes from under aiohttp's client is pinned, test by test, in
+tests/fetch/test_socket_body_contract.py.
 """
 
 from __future__ import annotations

@@ -1,13 +1,15 @@
 """One request of a front connection, answered by aiohttp.
 
-The front (front.py) answers inference itself and gives every other
+The front (connection.py) answers inference itself and gives every other
 request to the daemon's aiohttp application, one request at a time: it
 feeds a fresh aiohttp RequestHandler the request (its head rewritten to
 "Connection: close") through a RelayTransport. aiohttp's answer goes
 straight to the client's socket; its closing the relay is how the front
 learns that the answer is complete, and the client's connection stays open
 for the next request (the "Connection: close" aiohttp wrote is taken out of
-the answer's head again). AiohttpRequests is the connection's side of it.
+the answer's head again). FrontConnection._relay is the connection's side
+of it; tests/server/test_relay_contract.py pins what this relies on of
+aiohttp's server.
 
 The connection is kept only when the answer is provably whole: a
 Content-Length body fully written, or a chunked body's last chunk. An
@@ -24,74 +26,17 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from cartonstore.v2.http1 import (
     BadChunks,
     ChunkedBody,
-    RequestHead,
     ResponseHead,
-    for_one_request,
     parse_response_head,
     without_connection_close,
 )
 
-from .front_parts import Mode
-
-if TYPE_CHECKING:
-    from aiohttp.web_protocol import RequestHandler
-
 _INTERIM = range(100, 200)
-
-
-class AiohttpRequests:
-    """A front connection's side of the requests it gives aiohttp, mixed
-    into FrontConnection (front.py), whose state it reads and sets: its
-    server (front), transport, pending bytes, mode, the handler relayed to
-    (relayed, relay_left, relay_paused), write_paused and peer_eof."""
-
-    __slots__ = ()
-
-    def _relay(self, head: RequestHead, length: int | None) -> None:
-        handler = self.front.aiohttp_server()
-        self.relayed = handler
-        if length is None or "upgrade" in head.headers:
-            # A chunked body (or a protocol switch) aiohttp frames itself: the
-            # connection is its own from here on (its keep-alive timeout is
-            # head_timeout: daemon.py).
-            self.mode = Mode.HANDED
-            handler.connection_made(self.transport)
-            data, self.pending = bytes(self.pending), bytearray()
-            handler.data_received(head.raw + data)
-            return
-        if self.write_paused:
-            self.relay_paused = True
-            handler.pause_writing()
-        take = min(length, len(self.pending))
-        first = for_one_request(head) + bytes(self.pending[:take])
-        del self.pending[:take]
-        self.relay_left = length - take
-        self.mode = Mode.RELAY_BODY if self.relay_left else Mode.RELAY_WAIT
-        keep_alive = head.keep_alive and not self.front.closing
-        handler.connection_made(RelayTransport(self.transport, self._relay_done, keep_alive=keep_alive,
-                                               bodiless=head.method == "HEAD"))
-        handler.data_received(first)
-
-    def _relay_done(self, reusable: bool) -> None:
-        # Called from inside aiohttp's own close; it finishes before we go on.
-        asyncio.get_running_loop().call_soon(self._after_relay, self.relayed, reusable)
-
-    def _after_relay(self, handler: RequestHandler | None, reusable: bool) -> None:
-        if handler is not None and handler is self.relayed:
-            self.relayed, self.relay_paused = None, False
-            handler.connection_lost(None)
-        if self.mode == Mode.CLOSED:
-            return
-        unread, self.relay_left = self.relay_left, 0
-        if not reusable or self.front.closing or self.peer_eof or unread > self.front.max_request_size:
-            self._close()
-            return
-        self._between_requests(unread)
 
 
 class RelayTransport(asyncio.Transport):

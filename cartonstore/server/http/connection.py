@@ -1,6 +1,6 @@
-"""The daemon's listening sockets: HTTP/1.1 connections whose inference
-and lease requests are answered here (routes.py), and every other
-request by aiohttp.
+"""One client connection of the daemon's HTTP/1.1 front (FrontServer,
+listeners.py, accepts it): its requests one at a time, in order, each
+answered here or by aiohttp.
 
 Why inference does not go through aiohttp: its request and response
 machinery costs ~0.25 ms of CPU per request on a 2-core VM, as much as the
@@ -17,46 +17,113 @@ keep-alive connection, with every request taking its own path.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol
+
+from aiohttp import web
 
 from cartonstore.errors import CartonStoreError
-from cartonstore.server.calls.bodies import Reservation, content_coding, decoded_body, too_large
+from cartonstore.server.calls.access import TcpAccess
+from cartonstore.server.calls.bodies import BodyBudget, Reservation, content_coding, decoded_body, too_large
 from cartonstore.server.calls.outcome import failure, record_request
-from cartonstore.server.inference import STREAM_ANSWER, InferAnswer, widen_send_buffer
+from cartonstore.server.inference import STREAM_ANSWER, InferAnswer, arena_slot_for, widen_send_buffer
 from cartonstore.server.tensors.arena import ArenaSlot
 from cartonstore.server.tensors.shm_regions import Peer, peer_of
 from cartonstore.system.unfilled import unfilled_bytearray
 from cartonstore.system.waiters import fail, wake
-from cartonstore.v2.http1 import RequestHead, parse_request_head, response_head, take_head
+from cartonstore.v2.http1 import RequestHead, for_one_request, parse_request_head, response_head, take_head
 from cartonstore.v2.http1_faults import BadHead
 
-from .front_parts import (
-    LINGER,
-    MAX_PENDING,
-    ClientGone,
-    Front,
-    Mode,
-    arena_slot,
-    error_answer,
-    release_when_sent,
-    with_length,
-)
-from .relay import AiohttpRequests
+from .relay import RelayTransport
 from .routes import NativeRoute, native_route
 
 if TYPE_CHECKING:
     from aiohttp.web_protocol import RequestHandler
 
+    from cartonstore.server.models.metrics import Metrics
+    from cartonstore.server.models.service import ModelService
     from cartonstore.system.connection_gate import Admission
 
 log = logging.getLogger("cartonstore.server")
 
+LINGER = 5.0    # after refusing a body too big to take: seconds spent dropping it, so the client reads the 413
+MAX_PENDING = 256 * 1024   # pipelined bytes held while a request is answered; reading pauses past it
 
-class FrontConnection(AiohttpRequests, asyncio.BufferedProtocol):
-    """One client connection: requests one at a time, in order (those
-    aiohttp answers: AiohttpRequests, relay.py)."""
+
+class Mode:
+    """What a connection is doing; each mode says where received bytes go.
+    Plain ints, compared on every read."""
+
+    HEAD, BODY, BUSY, RELAY_BODY, RELAY_WAIT, DISCARD, HANDED, CLOSED = range(8)
+
+
+class ClientGone(Exception):
+    """The client closed its connection before its request was whole."""
+
+
+class Front(Protocol):
+    """What a connection uses of the server that accepted it (FrontServer)."""
+
+    service: ModelService
+    access: TcpAccess
+    metrics: Metrics
+    access_log: bool
+    aiohttp_server: web.Server
+    max_request_size: int
+    budget: BodyBudget
+    scratch: memoryview
+    connections: set
+    closing: bool
+
+    def track(self, task: asyncio.Task[None]) -> None: ...
+
+
+def with_length(answer: InferAnswer) -> list[tuple[str, str]]:
+    # Headers come whitelisted (a runner's, runners.settings.FORWARDED_RESPONSE_HEADERS) or are the daemon's own.
+    return [*answer.headers.items(), ("Content-Length", str(answer.size))]
+
+
+def arena_slot(route: NativeRoute, model: Any, head: RequestHead, coding: str, length: int) -> ArenaSlot | None:
+    """A slot for a big binary infer body and its outputs (as many bytes
+    again) in the model's own arena, when its runners map it and one is free."""
+    if not route.arena or coding != "identity" or "inference-header-content-length" not in head.headers:
+        return None
+    return arena_slot_for(model, length)
+
+
+def release_when_sent(slot: ArenaSlot, transport: asyncio.Transport, gone: Callable[[], bool],
+                      track: Callable[[asyncio.Task[None]], None]) -> None:
+    """Release ``slot`` once ``transport`` holds none of its bytes: at once
+    when the socket took the whole answer (or the connection is ``gone``),
+    else when it drains."""
+    if gone() or not transport.get_write_buffer_size():
+        slot.release()
+        return
+
+    async def when_drained() -> None:
+        delay = 0.001
+        try:
+            while not gone() and transport.get_write_buffer_size():
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 0.05)
+        finally:
+            slot.release()
+    track(asyncio.get_running_loop().create_task(when_drained()))
+
+
+def error_answer(status: int, message: str, extra: dict[str, str] | None = None,
+                 details: dict | None = None) -> InferAnswer:
+    """{"error": message, **details}, as every error answer of the API is shaped."""
+    return InferAnswer(status, {"Content-Type": "application/json; charset=utf-8", **(extra or {})},
+                       json.dumps({**(details or {}), "error": message}).encode(), message)
+
+
+
+class FrontConnection(asyncio.BufferedProtocol):
+    """One client connection: requests one at a time, in order."""
 
     # Thousands live at once in a flood: no __dict__ each for the cyclic collector to walk.
     __slots__ = ("_big_send_buffer", "admission", "body", "body_got", "body_waiter", "close_after_discard",
@@ -321,6 +388,51 @@ class FrontConnection(AiohttpRequests, asyncio.BufferedProtocol):
             await self.drained  # type: ignore[misc]  # write_paused: a future
             if self.mode == Mode.CLOSED:
                 return
+        self._between_requests(unread)
+
+    # -- requests aiohttp answers (relay.py) -------------------------------------------
+
+    def _relay(self, head: RequestHead, length: int | None) -> None:
+        """Hand this request to a fresh aiohttp handler; its answer goes
+        straight to the client, and its closing the relay ends the request."""
+        handler = self.front.aiohttp_server()
+        self.relayed = handler
+        if length is None or "upgrade" in head.headers:
+            # A chunked body (or a protocol switch) aiohttp frames itself: the
+            # connection is its own from here on (its keep-alive timeout is
+            # head_timeout: daemon.py).
+            self.mode = Mode.HANDED
+            handler.connection_made(self.transport)
+            data, self.pending = bytes(self.pending), bytearray()
+            handler.data_received(head.raw + data)
+            return
+        if self.write_paused:
+            self.relay_paused = True
+            handler.pause_writing()
+        take = min(length, len(self.pending))
+        first = for_one_request(head) + bytes(self.pending[:take])
+        del self.pending[:take]
+        self.relay_left = length - take
+        self.mode = Mode.RELAY_BODY if self.relay_left else Mode.RELAY_WAIT
+        keep_alive = head.keep_alive and not self.front.closing
+        handler.connection_made(RelayTransport(self.transport, self._relay_done, keep_alive=keep_alive,
+                                               bodiless=head.method == "HEAD"))
+        handler.data_received(first)
+
+    def _relay_done(self, reusable: bool) -> None:
+        # Called from inside aiohttp's own close; it finishes before we go on.
+        asyncio.get_running_loop().call_soon(self._after_relay, self.relayed, reusable)
+
+    def _after_relay(self, handler: RequestHandler | None, reusable: bool) -> None:
+        if handler is not None and handler is self.relayed:
+            self.relayed, self.relay_paused = None, False
+            handler.connection_lost(None)
+        if self.mode == Mode.CLOSED:
+            return
+        unread, self.relay_left = self.relay_left, 0
+        if not reusable or self.front.closing or self.peer_eof or unread > self.front.max_request_size:
+            self._close()
+            return
         self._between_requests(unread)
 
     def _linger(self, unread: int) -> None:

@@ -1,4 +1,4 @@
-"""The daemon's listening sockets and their connections (front.py): how
+"""The daemon's listening sockets and their connections (connection.py): how
 they are accepted (within each listener's limits), which close when they
 are too slow or idle, and how they end at shutdown."""
 
@@ -19,9 +19,9 @@ from cartonstore.system.connection_gate import Admission, ConnectionGate
 from cartonstore.system.sockets import describe_socket
 from cartonstore.v2.http1 import response_head
 
-from .front import FrontConnection
-from .front_parts import RECV_CHUNK, Mode, error_answer, with_length
+from .connection import FrontConnection, Mode, error_answer, with_length
 
+RECV_CHUNK = 256 * 1024   # what one read of any connection takes at most (the scratch buffer's size)
 SWEEP_BATCH = 64   # connections the sweep closes between two turns of the loop
 
 
@@ -51,7 +51,7 @@ class FrontServer:
         self.budget = budget
         self.head_timeout = head_timeout
         self.keepalive_timeout = idle_timeout
-        # What every connection receives into (front.py copies out what it keeps at once), and its requests.
+        # What every connection receives into (connection.py copies out what it keeps at once), and its requests.
         self.scratch = memoryview(bytearray(RECV_CHUNK))
         self._tasks: set[asyncio.Task[None]] = set()
         self._handshakes: set[asyncio.Task[None]] = set()
