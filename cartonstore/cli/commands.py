@@ -231,6 +231,8 @@ def cmd_path(store: Store, args: argparse.Namespace, out: Output) -> None:
 
 
 def cmd_ls(store: Store, args: argparse.Namespace, out: Output) -> None:
+    if args.sources:
+        return ls_sources(store, out)
     infos = store.list()
     rows: list[dict[str, Any]] = [{"manifest_sha256": i.row.digest, "names": i.names, "model_name": i.row.model_name,
              "runner": i.row.runner_name, "files": i.row.file_count, "size": i.row.total_size,
@@ -242,6 +244,19 @@ def cmd_ls(store: Store, args: argparse.Namespace, out: Output) -> None:
         print_json(rows)
     else:
         print("\n".join(lines) if lines else "(the store holds no cartons)")
+
+
+def ls_sources(store: Store, out: Output) -> None:
+    """Per kind of source, the bytes fetched into the store and those not
+    fetched because the store had them, as every process counted them."""
+    figures = store.source_bytes()
+    if out.as_json:
+        print_json({f.kind: f.as_json() for f in figures})
+        return
+    lines = [f"{'source':8}  {'fetched':>10}  {'blobs':>6}  {'reused':>10}  {'blobs':>6}"]
+    lines += [f"{f.kind:8}  {format_size(f.fetched_bytes):>10}  {f.fetched_blobs:>6}  "
+              f"{format_size(f.reused_bytes):>10}  {f.reused_blobs:>6}" for f in figures]
+    print("\n".join(lines))
 
 
 def cmd_inspect(store: Store, args: argparse.Namespace, out: Output) -> None:

@@ -197,8 +197,10 @@ def _verify(sp: argparse.ArgumentParser) -> None:
                     help="quarantine corrupt blobs and rebuild damaged model directories")
 
 
-def _nothing(sp: argparse.ArgumentParser) -> None:
-    pass
+def _ls(sp: argparse.ArgumentParser) -> None:
+    sp.add_argument("--sources", action="store_true",
+                    help="instead of the cartons: per kind of source (url, oci, hf, peer, mirror, adopted), the "
+                         "bytes and blobs fetched into the store and those not fetched because it had them")
 
 
 # name: (help, example, takes the fetching options, adds its own options)
@@ -213,7 +215,7 @@ COMMANDS: dict[str, tuple[str, str, bool, Callable[[argparse.ArgumentParser], No
     "selftest": ("run a carton's [[self_test]]s through its runner (in the daemon, loading the model if needed; "
                  "with no daemon serving, a runner started here); exit 8 if one fails",
                  "cartonstore selftest resnet --rtol 1e-4 --json", False, _selftest),
-    "ls": ("list the cartons in the store", "cartonstore ls --json", False, _nothing),
+    "ls": ("list the cartons in the store", "cartonstore ls --json", False, _ls),
     "inspect": ("show a carton's metadata, files and tensors", "cartonstore inspect my-model", False, _ref),
     "push": ("push a carton to an OCI registry as an artifact; prints its reference with the manifest digest",
              "cartonstore push resnet oci://registry.example.com/models/resnet:v1", True, _push),

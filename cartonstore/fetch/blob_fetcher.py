@@ -27,6 +27,7 @@ from cartonstore.fetch.transfer.download import SourcesFailed, fetch_blob
 from cartonstore.fetch.transfer.stats import TransferStats
 from cartonstore.store import Store
 from cartonstore.store.content.blobs import StagedBlob
+from cartonstore.store.metadata.source_bytes import SourceBytes
 from cartonstore.store.root.locks import async_file_lock
 from cartonstore.system.pass_over import PassOver
 from cartonstore.system.single_flight import SingleFlight
@@ -167,8 +168,12 @@ class BlobFetcher:
                 check_safetensors(path, lambda: open(staged.tmp_path, "rb"), staged.size)  # noqa: SIM115 - the check closes it
 
     def commit(self, staged: StagedBlob) -> None:
+        """Rename one blob into place and record it; one fetched (with an
+        origin) counts in the store's figures in the same transaction."""
+        figures = [SourceBytes(staged.origin, staged.size, 1)] if staged.origin is not None else []
         with self.store.lock():
             self.store.blobs.commit(staged)
             self.store.blobs.sync_dirs({staged.digest})
-            self.store.index.record_blobs([(staged.digest, os.stat(self.store.blobs.path(staged.digest)).st_size)])
+            self.store.index.record_blobs([(staged.digest, os.stat(self.store.blobs.path(staged.digest)).st_size)],
+                                          figures=figures)
 

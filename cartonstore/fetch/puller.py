@@ -36,7 +36,7 @@ from cartonstore.fetch.transfer.stats import SOURCE_KINDS, TransferStats
 from cartonstore.format.units import format_size
 from cartonstore.store import Store
 from cartonstore.store.content.blobs import BlobWriter
-from cartonstore.store.ingest import IngestResult, Staging, check_staged_safetensors
+from cartonstore.store.ingest import IngestResult, Provenance, Staging, check_staged_safetensors
 from cartonstore.store.metadata.names import NameOutcome, validate_name
 from cartonstore.store.root.locks import async_file_lock
 from cartonstore.system.single_flight import SingleFlight, all_or_none
@@ -199,7 +199,8 @@ class Puller:
         self.on_event({"event": "whole-download", "url": describe(url)})
         with self.store.blobs.writer(label="carton") as w:
             await download(self.client, url, w, self.config, stats=self.stats)
-            result = await asyncio.to_thread(self.store.add, w.tmp_path, name=name, source_label=url, force=force)
+            result = await asyncio.to_thread(self.store.add, w.tmp_path, name=name, source_label=url, force=force,
+                                             provenance=Provenance("url", whole=True))
             self.stats.blobs("url", result.blobs_added)
             return result
 
@@ -210,7 +211,7 @@ class Puller:
         async with self.fetcher.peers.claiming(checked.files_by_digest()) as claims:
             staging, elsewhere = await self._stage_remote(checked, view, claims)
             result = await asyncio.to_thread(self.store.commit_checked, checked, staging, name=name,
-                                             source=url, force=force)
+                                             source=url, force=force, provenance=Provenance("url"))
         self.stats.blobs("url", result.blobs_added - elsewhere)
         return result
 

@@ -29,7 +29,7 @@ from cartonstore.fetch.transfer.download import fetch_blob
 from cartonstore.format.manifest import build_manifest
 from cartonstore.sources.zip_source import METADATA_NAMES
 from cartonstore.store.content.blobs import StagedBlob
-from cartonstore.store.ingest import IngestResult, Staging, check_staged_safetensors
+from cartonstore.store.ingest import IngestResult, Provenance, Staging, check_staged_safetensors
 from cartonstore.system.single_flight import all_or_none
 
 from .artifact import Layer, parse_manifest
@@ -155,8 +155,10 @@ async def _add_layers(puller: Puller, registry: Registry, ref: OciReference, man
             lambda: [d for d in urls if d not in staging.staged and not puller.store.blobs.has(d)])
         await all_or_none(blobs.stage(d) for d in missing)
         await asyncio.to_thread(check_staged_safetensors, checked, staging)
+        made_here = frozenset() if "MANIFEST" in by_path else frozenset({checked.digest})
         return await asyncio.to_thread(puller.store.commit_checked, checked, staging, name=name,
-                                       source=str(ref.with_digest(manifest_digest)), force=force)
+                                       source=str(ref.with_digest(manifest_digest)), force=force,
+                                       provenance=Provenance("oci", made_here))
     except BaseException:
         staging.discard()
         raise

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +30,7 @@ from cartonstore.sources.view import CartonView
 from cartonstore.store.content.blobs import BlobStore, StagedBlob
 from cartonstore.store.metadata.index import CartonRecord, CartonRow, Index
 from cartonstore.store.metadata.names import NameOutcome, default_name
+from cartonstore.store.metadata.source_bytes import SourceBytes
 from cartonstore.store.metadata.source_rows import LocalSource
 
 if TYPE_CHECKING:
@@ -46,6 +47,46 @@ class IngestResult:
     bytes_added: int
     bytes_reused: int
     naming: NameOutcome | None = None
+
+
+@dataclass(frozen=True)
+class Provenance:
+    """What a source tells its commit for the store's figures by kind of
+    source (store/metadata/source_bytes.py). ``kind``: the source being
+    added, one of SOURCE_KINDS ("url" and "oci" here; "hf" and "adopted"
+    for the sources of those names): its staged blobs with no origin of
+    their own came from it, and the blobs the store already had count as
+    reused by it. ``made_here``: digests of files the source generated
+    rather than fetched (a MANIFEST or carton.toml written from a file
+    list), counted neither way. ``whole``: the source sent every file,
+    those the store had too (a server that ignores Range sends the whole
+    zip), so nothing was reused."""
+
+    kind: str
+    made_here: frozenset[str] = frozenset()
+    whole: bool = False
+
+
+def source_figures(provenance: Provenance, fresh: Mapping[str, StagedBlob],
+                   present: Mapping[str, int]) -> list[SourceBytes]:
+    """What one commit adds to the figures (pure): the ``fresh`` blobs it
+    renamed into place, by the kind each came from, as fetched; the others
+    of ``present`` (digest -> size: the carton's blobs the store holds once
+    it is committed) as reused by the source's kind."""
+    counts: dict[str, list[int]] = {}   # kind -> [fetched bytes, blobs, reused bytes, blobs]
+
+    def count(kind: str, size: int, column: int) -> None:
+        row = counts.setdefault(kind, [0, 0, 0, 0])
+        row[column] += size
+        row[column + 1] += 1
+
+    for digest, staged in fresh.items():
+        if digest not in provenance.made_here:
+            count(staged.origin or provenance.kind, staged.size, 0)
+    for digest, size in present.items():
+        if digest not in fresh and digest not in provenance.made_here:
+            count(provenance.kind, size, 0 if provenance.whole else 2)
+    return [SourceBytes(kind, *row) for kind, row in counts.items()]
 
 
 STAGE_WORKERS = max(1, min(8, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1))
@@ -192,10 +233,11 @@ def check_staged_safetensors(checked: CheckedCarton, staging: Staging) -> None:
 
 def commit_carton(checked: CheckedCarton, staging: Staging, index: Index, blobs: BlobStore,
                   *, name: str | None, source: str | None, force: bool = False,
-                  local_sources: Sequence[LocalSource] = ()) -> IngestResult:
+                  local_sources: Sequence[LocalSource] = (), provenance: Provenance | None = None) -> IngestResult:
     """Rename staged blobs into place, then record the carton (and the local
-    sources of its blobs, in the same transaction). The caller holds the
-    store lock so a collection cannot interleave."""
+    sources of its blobs, and with ``provenance`` what it adds to the
+    figures by kind of source, in the same transaction). The caller holds
+    the store lock so a collection cannot interleave."""
     fresh: dict[str, int] = {}
     for digest, staged in staging.staged.items():
         blobs.commit(staged)
@@ -210,8 +252,9 @@ def commit_carton(checked: CheckedCarton, staging: Staging, index: Index, blobs:
     row = CartonRow(checked.digest, checked.config.model_name, checked.config.runner.runner_name,
                     len(checked.entries), total, source, now, now)
     record = CartonRecord(row, checked.entries, checked.links, local_sources)
+    figures = source_figures(provenance, staging.staged, dict(present)) if provenance is not None else []
     naming = index.record_carton(record, blobs=present, name=name,
-                                 default_name=default_name(checked.config.model_name), force=force)
+                                 default_name=default_name(checked.config.model_name), force=force, figures=figures)
     present_set = {d for d, _ in present}
     complete = all(e.digest in present_set for e in checked.entries)
     added = sum(fresh.values())

@@ -46,10 +46,11 @@ if TYPE_CHECKING:
     from cartonstore.carton.writer import WrittenCarton
     from cartonstore.format.carton_toml import CartonConfig
     from cartonstore.store.gc.plan import GcPolicy, GcReport
+    from cartonstore.store.metadata.source_bytes import SourceBytes
     from cartonstore.store.metadata.source_rows import LocalSource
     from cartonstore.system.callers import Credentials
 
-    from .ingest import IngestResult, Staging
+    from .ingest import IngestResult, Provenance, Staging
     from .verification import VerifyReport
 
 
@@ -132,7 +133,8 @@ class Store:
     # -- adding --------------------------------------------------------------
 
     def add(self, source: str | Path, *, name: str | None = None, source_label: str | None = None,
-            force: bool = False, confined: bool = False, caller: Credentials | None = None) -> IngestResult:
+            force: bool = False, confined: bool = False, caller: Credentials | None = None,
+            provenance: Provenance | None = None) -> IngestResult:
         """Ingest a local .carton file or carton directory. Returns once the
         carton is known; raises InvalidCarton (store unchanged) when it is bad.
         An explicit name may move from another carton (result.naming says so)
@@ -144,7 +146,10 @@ class Store:
         ``caller``: the source is read with these credentials, not this
         process's (PermissionDenied naming the path and uid for what they
         may not read); its files are then not recorded as local sources, which
-        this process would read again later with its own rights."""
+        this process would read again later with its own rights.
+        ``provenance``: of a carton file fetched whole before this add reads
+        it, where it came from (commit_checked); a local add counts in no
+        figures."""
         text = str(source)
         if "://" in text:
             raise InvalidInput(f"cannot add {text!r} here: URLs are fetched by cartonstore.fetch.Puller "
@@ -175,7 +180,7 @@ class Store:
             finally:
                 view.close()
         return self.commit_checked(checked, staging, name=name, source=source_label or os.path.abspath(text),
-                                   force=force, local_sources=local)
+                                   force=force, local_sources=local, provenance=provenance)
 
     def name_carton(self, digest: str, name: str | None, *, force: bool = False) -> NameOutcome:
         """Name a carton already known (its model_name when name is None),
@@ -188,10 +193,14 @@ class Store:
             return assign_name(conn, digest, explicit=name, default=default, force=force)
 
     def commit_checked(self, checked: CheckedCarton, staging: Staging, *, name: str | None,
-                       source: str | None, force: bool = False,
-                       local_sources: Sequence[LocalSource] = ()) -> IngestResult:
+                       source: str | None, force: bool = False, local_sources: Sequence[LocalSource] = (),
+                       provenance: Provenance | None = None) -> IngestResult:
         """Commit a validated carton and its staged blobs (always discards
-        what is left of the staging)."""
+        what is left of the staging). A source that fetched them passes its
+        ``provenance`` (ingest.Provenance: its kind, what it made itself):
+        the store's figures by kind of source (source_bytes()) grow in the
+        commit's own transaction by the bytes fetched and those the store
+        already had."""
         from cartonstore.store.materialize.tree import remove_tree
 
         from .ingest import commit_carton
@@ -206,7 +215,7 @@ class Store:
                 if name is not None:  # before any blob moves: a refusal leaves the store as it was
                     self.index.read(lambda conn: check_move(conn, name, checked.digest, force=force))
                 return commit_carton(checked, staging, self.index, self.blobs, name=name, source=source,
-                                     force=force, local_sources=local_sources)
+                                     force=force, local_sources=local_sources, provenance=provenance)
         finally:
             staging.discard()
             if stale is not None:
@@ -261,6 +270,12 @@ class Store:
             except NotFound:
                 continue
         return infos
+
+    def source_bytes(self) -> builtins.list[SourceBytes]:
+        """Per kind of source, the bytes fetched into the store and those
+        not fetched because it had them (store/metadata/source_bytes.py),
+        as every process adding to this store counted them."""
+        return self.index.source_bytes()
 
     # -- materializing -------------------------------------------------------
 

@@ -14,7 +14,7 @@ import urllib.error
 import urllib.request
 
 import pytest
-from conftest import MINIMAL_TOML, carton_entries, sha, short_dir, write_zip
+from conftest import MINIMAL_TOML, carton_entries, manifest_for, sha, short_dir, write_zip
 from kit.origin import Origin
 from kit.peerkit import TOKEN, fleet, free_port, make_pki, metric
 from kit.prockit import live_pids
@@ -418,3 +418,37 @@ def test_a_peer_that_answers_not_yet_for_ever_is_waited_for_peers_wait_in_all(tm
     assert min(probes) < 1.9   # a probe after the first offers the peer what is left of the wait, not a new one
     assert "was still fetching" in log and "after peers.wait (2s in all)" in log, log[-2000:]
     assert all(origin.count(f"/blobs/{sha(d)}") == 1 for d in pool)
+
+
+def test_the_source_figures_are_the_stores_whoever_adds(tmp_path) -> None:
+    """A node takes a carton's big file from a peer: its /metrics counts it
+    as the peer's; a CLI process adding to the same store counts into the
+    figures the daemon shows, and `ls --sources` reads the same."""
+    big = os.urandom(BLOB)
+    small = {"carton.toml": MINIMAL_TOML}
+    other = {**small, "model/o.bin": b"o" * 3000}
+    with Origin() as origin, short_dir() as base:
+        url = origin.put_file("/big.carton", write_zip(tmp_path / "big.carton",
+                                                       carton_entries({**small, "model/big.bin": big})))
+        other_url = origin.put_file("/other.carton", write_zip(tmp_path / "other.carton", carton_entries(other)))
+        with fleet(base, 2) as nodes:
+            Client(nodes[0].socket_path, timeout=60).acquire(url, ttl=600)
+            Client(nodes[1].socket_path, timeout=60).acquire(url, ttl=600)
+
+            def figure(kind: str, outcome: str = "fetched") -> float:
+                return metric(nodes[1], "cartonstore_source_bytes_total", f'kind="{kind}",outcome="{outcome}"')
+
+            assert figure("peer") == len(big)
+            from_url = len(MINIMAL_TOML) + len(manifest_for({**small, "model/big.bin": big}))
+            assert figure("url") == from_url
+            added = subprocess.run([sys.executable, "-m", "cartonstore.cli", "add", other_url, "--root",
+                                    str(nodes[1].root), "--progress", "none"], capture_output=True, text=True,
+                                   timeout=60)
+            assert added.returncode == 0, added.stderr
+            assert figure("url") == from_url + len(other["model/o.bin"]) + len(manifest_for(other))
+            assert figure("url", "reused") == len(MINIMAL_TOML)   # the carton.toml both cartons have
+            listed = subprocess.run([sys.executable, "-m", "cartonstore.cli", "ls", "--sources", "--json", "--root",
+                                     str(nodes[1].root)], capture_output=True, text=True, timeout=60)
+            assert json.loads(listed.stdout)["peer"] == {"fetched_bytes": len(big), "fetched_blobs": 1,
+                                                         "reused_bytes": 0, "reused_blobs": 0}
+        assert not live_pids(str(base))

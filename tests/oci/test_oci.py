@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import sha, snapshot
+from conftest import manifest_for, sha, snapshot
 from kit.ocikit import BIG, FILES, config, make_cert, materialize, pull, push
 from kit.registrykit import PASSWORD, USER, Registry, needs_registry
 
@@ -64,6 +64,23 @@ def test_push_then_add_by_tag_and_by_digest(tmp_path: Path, registry: Registry, 
     with Store(tmp_path / "b") as b:
         assert pull(b, result.reference.split(":v1")[0] + "@" + result.reference.split("@")[1],
                     config()).digest == digest
+
+
+def test_an_add_from_a_registry_counts_oci_bytes_and_what_the_store_had(tmp_path: Path, registry: Registry,
+                                                                        pushed, make_carton) -> None:
+    """The store holds the artifact's big file already (a local add, which
+    counts in no figures): the pull fetches the rest from the registry and
+    counts the big file as reused."""
+    _source, _digest, result = pushed
+    toml = FILES["carton.toml"].replace(b'"tiny"', b'"other"')
+    with Store(tmp_path / "a") as a:
+        a.add(make_carton({"carton.toml": toml, "model/weights.bin": BIG}))
+        assert not any(f.fetched_blobs or f.reused_blobs for f in a.source_bytes())
+        pull(a, result.reference, config())
+        oci = next(f for f in a.source_bytes() if f.kind == "oci")
+        assert (oci.fetched_bytes, oci.fetched_blobs) == (len(FILES["carton.toml"]) + len(FILES["model/vocab.txt"])
+                                                          + len(manifest_for(FILES)), 3)
+        assert (oci.reused_bytes, oci.reused_blobs) == (len(BIG), 1)
 
 
 def test_a_puller_reads_oci_only_when_built_with_that_kind(tmp_path: Path, registry: Registry, pushed) -> None:

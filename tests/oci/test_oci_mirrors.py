@@ -190,6 +190,8 @@ def test_bytes_from_a_mirror_are_counted_as_the_mirrors(tmp_path: Path, two, mak
         assert r.sources["mirror"]["blobs"] == r.blobs_fetched >= 3
         assert r.sources["registry"] == {"bytes": 0, "blobs": 0}
         assert r.sources["mirror"]["bytes"] >= len(FILES["model/weights.bin"])
+        figures = {f.kind: f for f in node.source_bytes()}   # the store's, as `ls --sources` shows them
+        assert figures["mirror"].fetched_blobs == r.blobs_fetched and figures["oci"].fetched_blobs == 0
 
 
 def test_an_evicted_blob_comes_back_from_the_registrys_mirror(tmp_path: Path, two, make_carton) -> None:
@@ -200,12 +202,14 @@ def test_an_evicted_blob_comes_back_from_the_registrys_mirror(tmp_path: Path, tw
     digest, _ = _pushed(tmp_path, make_carton, upstream, mirror)
     with Store(tmp_path / "node") as node:
         pull(node, upstream.ref("models/m:v1"), config(), name="m")
-        assert node.collect(GcPolicy(max_size=1, grace=0.0)).evicted_blobs and node.missing_blobs(digest)
+        evicted = node.collect(GcPolicy(max_size=1, grace=0.0)).evicted_blobs
+        assert evicted and node.missing_blobs(digest)
         upstream.stop()
         with pytest.raises(Exception, match="could not fetch blob"):
             materialize(node, "m", config())
         model = materialize(node, "m", _mirrors(upstream, f"http://{mirror.authority}"))
         assert {p: (model / p).read_bytes() for p in FILES} == FILES and node.verify().ok
+        assert {f.kind: f.fetched_blobs for f in node.source_bytes()}["mirror"] == evicted   # fetched again
 
 
 def test_blobs_a_mirror_lacks_fail_naming_a_registry_that_is_not_one(tmp_path: Path, two, make_carton) -> None:

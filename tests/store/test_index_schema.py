@@ -1,6 +1,7 @@
 """The index's schema: version 2's leases table (keyed by id alone, so a
 lease's commit writes one page, not three) and the migration of a
-version 1 store, which keeps every lease."""
+version 1 store, which keeps every lease; version 3's figures by kind of
+source, which an older store gains at zero."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import pytest
 from cartonstore.store import Store
 from cartonstore.store.metadata.index import Index
 from cartonstore.store.metadata.schema import SCHEMA_VERSION
+from cartonstore.store.metadata.source_bytes import SOURCE_KINDS, SourceBytes
 
 V1_LEASES = """
 CREATE TABLE leases (
@@ -63,7 +65,7 @@ def test_a_new_store_keys_leases_by_id_alone(tmp_path: Path) -> None:
     sql, indexes, version = leases_table(root / "index.db")
     assert "WITHOUT ROWID" in sql
     assert indexes == []
-    assert version == str(SCHEMA_VERSION) == "2"
+    assert version == str(SCHEMA_VERSION) == "3"
 
 
 def test_a_version_1_store_is_migrated_with_its_leases(tmp_path: Path) -> None:
@@ -78,7 +80,7 @@ def test_a_version_1_store_is_migrated_with_its_leases(tmp_path: Path) -> None:
         assert s.index.expire_leases(200.0) == 1   # lease-c
         assert [r[0] for r in s.index._rows("SELECT id FROM leases")] == ["lease-a"]
     sql, indexes, version = leases_table(root / "index.db")
-    assert "WITHOUT ROWID" in sql and indexes == [] and version == "2"
+    assert "WITHOUT ROWID" in sql and indexes == [] and version == str(SCHEMA_VERSION)
 
 
 def test_the_index_an_older_cartonstore_makes_again_is_dropped(tmp_path: Path) -> None:
@@ -111,6 +113,28 @@ def test_opening_a_migrated_store_again_changes_nothing(tmp_path: Path) -> None:
         assert sorted(s.index._rows("SELECT * FROM leases")) == ROWS
 
 
+def test_a_version_2_store_gains_the_figures_by_kind_of_source_at_zero(tmp_path: Path) -> None:
+    """Read before any version 3 opened it for writing (a reader of the
+    store's group), its figures are zero; opened for writing, it is
+    version 3 and its adds count."""
+    root = tmp_path / "root"
+    Store(root).close()
+    conn = sqlite3.connect(root / "index.db", isolation_level=None)
+    conn.execute("DROP TABLE source_bytes")
+    conn.execute("UPDATE meta SET value='2' WHERE key='schema_version'")
+    conn.close()
+    reader = Index(root / "index.db", read_only=True)
+    try:
+        assert [(f.kind, f.fetched_bytes, f.reused_bytes) for f in reader.source_bytes()] == [
+            (kind, 0, 0) for kind in SOURCE_KINDS]
+    finally:
+        reader.close()
+    with Store(root) as s:
+        s.index.record_blobs([("a" * 64, 10)], figures=[SourceBytes("oci", 10, 1)])
+        assert s.source_bytes()[SOURCE_KINDS.index("oci")] == SourceBytes("oci", 10, 1)
+    assert leases_table(root / "index.db")[2] == str(SCHEMA_VERSION)
+
+
 def test_a_version_1_lease_without_an_id_is_not_carried_over(tmp_path: Path) -> None:
     """A rowid table's TEXT PRIMARY KEY allows NULL, a WITHOUT ROWID key
     does not: copying such a row would fail every open of the store."""
@@ -126,7 +150,7 @@ def test_a_version_1_lease_without_an_id_is_not_carried_over(tmp_path: Path) -> 
 
 def test_stores_opening_a_version_1_store_at_once_migrate_it_once(tmp_path: Path) -> None:
     """Each open migrates in its own write transaction: the first migrates,
-    the others find schema 2 (a daemon and CLIs starting together)."""
+    the others find it migrated (a daemon and CLIs starting together)."""
     import threading
 
     root = version_1_store(tmp_path)
@@ -147,7 +171,7 @@ def test_stores_opening_a_version_1_store_at_once_migrate_it_once(tmp_path: Path
         t.join(30)
     assert not errors and not any(t.is_alive() for t in threads)
     sql, indexes, version = leases_table(root / "index.db")
-    assert "WITHOUT ROWID" in sql and indexes == [] and version == "2"
+    assert "WITHOUT ROWID" in sql and indexes == [] and version == str(SCHEMA_VERSION)
     with Store(root) as s:
         assert sorted(s.index._rows("SELECT * FROM leases")) == ROWS
 

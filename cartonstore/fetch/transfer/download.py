@@ -10,6 +10,7 @@ run in the stream's own thread (sink.py), overlapped with receiving.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Callable, Collection, Sequence
 
 from cartonstore.errors import CartonStoreError, FetchError, FetchNotFound, IntegrityError, InvalidInput
@@ -21,7 +22,7 @@ from cartonstore.fetch.http.sink import StreamSink, in_own_thread
 from cartonstore.fetch.http.socket_body import receive_directly, take_socket
 from cartonstore.store.content.blobs import BlobStore, BlobWriter, StagedBlob
 
-from .stats import Tally, TransferStats, retry_hook
+from .stats import Tally, TransferStats, retry_hook, stored_kind
 
 __all__ = ["SourcesFailed", "TransferStats", "download", "fetch_blob", "pump"]
 
@@ -260,7 +261,8 @@ async def fetch_blob(client: HttpClient, blobs: BlobStore, digest: str, urls: Se
                      kind_of: Callable[[str], str] | None = None, expected_size: int | None = None,
                      route: str | None = None, carton_named: Collection[str] = ()) -> StagedBlob:
     """Try each URL until one delivers bytes that hash to digest (and are
-    ``expected_size`` long, when given); returns them staged. Raises
+    ``expected_size`` long, when given); returns them staged, their origin
+    the kind of the URL that delivered them (stored_kind). Raises
     FetchError listing what went wrong with every URL. ``kind_of(url)`` says
     what kind of source a URL is ("url", "mirror", "registry"); ``route``,
     whose proxy they go through when not their kind's (download);
@@ -279,7 +281,7 @@ async def fetch_blob(client: HttpClient, blobs: BlobStore, digest: str, urls: Se
                 staged = await _stage_to_the_end(writer, digest)
                 if stats is not None:
                     stats.blobs(kind)
-                return staged
+                return dataclasses.replace(staged, origin=stored_kind(kind))
         except IntegrityError as e:
             problems.append(f"{describe(url)}: {e.message}")
             errors.append(e)

@@ -29,6 +29,14 @@ from cartonstore.fetch.http.policy import describe
 SOURCE_KINDS = ("file", "url", "mirror", "registry", "peer")
 
 
+def stored_kind(kind: str) -> str:
+    """The kind of source a blob fetched from a source of ``kind`` counts
+    for in the store's figures (store/metadata/source_bytes.py): a
+    registry's is "oci" there, as its references are written; the other
+    kinds keep their names."""
+    return "oci" if kind == "registry" else kind
+
+
 @dataclass
 class TransferStats:
     bytes_received: int = 0      # on the wire (encoded)

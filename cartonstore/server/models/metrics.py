@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import collections
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, disable_created_metrics, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:
+    from cartonstore.store.metadata.source_bytes import SourceBytes
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -45,11 +48,31 @@ class _Live(Collector):
             if source != "file":   # read from local files, not fetched
                 by_source.add_metric([source], count)
         yield by_source
+        yield from _source_figure_families(values.get("source_figures", []))
         yield from _runner_families(values.get("runners", []))
         yield from _inference_families(self.inference())
         yield from _arena_families(values.get("arena"))
         yield from _spare_families(values.get("spares"))
         yield from _check_families(values.get("check_workers"))
+
+
+def _source_figure_families(figures: list[SourceBytes]) -> Iterator:
+    """The store's figures by kind of source (store/metadata/source_bytes.py):
+    read from its index, so they count every process's adds and survive
+    restarts."""
+    nbytes = CounterMetricFamily("cartonstore_source_bytes", "Bytes the store's adds fetched by kind of source "
+                                 "(url, oci, hf, peer, mirror, adopted), and bytes they did not fetch because the "
+                                 "store had them (outcome fetched, reused); counted by every process on the store",
+                                 labels=["kind", "outcome"])
+    blobs = CounterMetricFamily("cartonstore_source_blobs", "Blobs the store's adds fetched by kind of source, and "
+                                "blobs they did not fetch because the store had them (outcome fetched, reused)",
+                                labels=["kind", "outcome"])
+    for f in figures:
+        nbytes.add_metric([f.kind, "fetched"], f.fetched_bytes)
+        nbytes.add_metric([f.kind, "reused"], f.reused_bytes)
+        blobs.add_metric([f.kind, "fetched"], f.fetched_blobs)
+        blobs.add_metric([f.kind, "reused"], f.reused_blobs)
+    yield from (nbytes, blobs)
 
 
 def _inference_families(entries: list[tuple[str, str, dict]]) -> Iterator:

@@ -527,7 +527,7 @@ class ModelService:
                 "loaded_models": sum(1 for m in tuple(self.models.values()) if m.serving_state == READY),
                 "runners": self.runner_host.statuses(),
                 "fetched_bytes": stats.bytes_received, "fetch_requests": stats.requests,
-                "source_bytes": stats.snapshot()["source_bytes"],
+                "source_bytes": stats.snapshot()["source_bytes"], "source_figures": self.store.source_bytes(),
                 "arena": self.runner_host.arena_stats(),
                 "spares": self.runner_host.prewarm.status() if self.runner_host.prewarm is not None else None,
                 "check_workers": self.check_pool.stats() if self.check_pool is not None else None}

@@ -37,6 +37,10 @@ class StagedBlob:
     digest: str
     size: int
     tmp_path: Path
+    origin: str | None = None
+    """The kind of source its bytes were fetched from (the store's figures,
+    store/metadata/source_bytes.py); None: read from the source being added,
+    or made here."""
 
     def discard(self) -> None:
         _unlink_quietly(self.tmp_path)

@@ -27,8 +27,9 @@ from cartonstore.system.file_access import WRITE, denial
 
 from .lease_rows import TOUCH_AFTER, LeaseQueries, touch_carton
 from .names import NameOutcome, assign_name
-from .schema import SCHEMA, SCHEMA_VERSION, migrate_leases
+from .schema import SCHEMA, SCHEMA_VERSION, migrate_leases, migrate_source_bytes
 from .sizes import learn_all_sizes, learn_sizes
+from .source_bytes import SourceBytes, add_source_bytes, read_source_bytes
 from .source_rows import SourceQueries
 from .sqlite_ops import rollback, run_ops
 
@@ -97,6 +98,7 @@ class Index(LeaseQueries, SourceQueries):
                     conn.execute(stmt)
                 conn.execute("INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
                 migrate_leases(conn)
+                migrate_source_bytes(conn)
                 if conn.execute("INSERT OR IGNORE INTO meta VALUES ('sizes_learned', '1')").rowcount:
                     learn_all_sizes(conn)  # once: stores written before sizes were learned late
         except (sqlite3.Error, Unavailable) as e:
@@ -151,13 +153,15 @@ class Index(LeaseQueries, SourceQueries):
         conn.executemany("INSERT OR IGNORE INTO blobs(digest,size,added_at) VALUES (?,?,?)",
                          [(d, s, now) for d, s in blobs])
 
-    def record_blobs(self, blobs: Iterable[tuple[str, int]]) -> None:
+    def record_blobs(self, blobs: Iterable[tuple[str, int]], *, figures: Iterable[SourceBytes] = ()) -> None:
         """Rows for blobs now durable; the entries and cartons that list them
-        learn their sizes in the same transaction (see sizes.py)."""
+        learn their sizes, and the store's figures by kind of source grow by
+        ``figures``, in the same transaction (see sizes.py, source_bytes.py)."""
         blobs = list(blobs)
         with self.transaction() as conn:
             self.add_blobs(conn, blobs)
             learn_sizes(conn, (d for d, _ in blobs))
+            add_source_bytes(conn, figures)
 
     def forget_blob(self, digest: str) -> None:
         with self.transaction() as conn:
@@ -177,10 +181,12 @@ class Index(LeaseQueries, SourceQueries):
     # -- cartons -----------------------------------------------------------
 
     def record_carton(self, rec: CartonRecord, *, blobs: Iterable[tuple[str, int]], name: str | None,
-                      default_name: str | None = None, force: bool = False) -> NameOutcome:
+                      default_name: str | None = None, force: bool = False,
+                      figures: Iterable[SourceBytes] = ()) -> NameOutcome:
         """Make a carton known in one transaction: its row, entries, links,
-        the blobs just committed, and its name (see names.assign_name: an
-        explicit name may move, a default one only takes a free name)."""
+        the blobs just committed, what they add to the figures by kind of
+        source, and its name (see names.assign_name: an explicit name may
+        move, a default one only takes a free name)."""
         r = rec.row
         with self.transaction() as conn:
             self.add_blobs(conn, blobs)
@@ -202,6 +208,7 @@ class Index(LeaseQueries, SourceQueries):
             from .source_rows import record_local_sources
 
             record_local_sources(conn, rec.local_sources)
+            add_source_bytes(conn, figures)
             return assign_name(conn, r.digest, explicit=name, default=default_name, force=force)
 
     def carton(self, digest: str) -> CartonRow | None:
@@ -367,6 +374,10 @@ class Index(LeaseQueries, SourceQueries):
 
     def stored_bytes(self) -> int:
         return self._rows("SELECT coalesce(sum(size), 0) FROM blobs")[0][0]
+
+    def source_bytes(self) -> list[SourceBytes]:
+        """The store's figures by kind of source (source_bytes.py)."""
+        return self.read(read_source_bytes)
 
 
 

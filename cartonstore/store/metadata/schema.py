@@ -1,12 +1,13 @@
 """The index's tables (ROOT/index.db). Created if missing; SCHEMA_VERSION
 is recorded in meta. Version 2: leases is a WITHOUT ROWID table with no
-index by carton (migrate_leases). loaded_models (the models a daemon,
-known by its socket path, had loaded: loaded_rows.py) came later, a table
-an older cartonstore leaves alone."""
+index by carton (migrate_leases). Version 3: source_bytes, the bytes
+fetched and reused by kind of source (source_bytes.py; migrate_source_bytes).
+loaded_models (the models a daemon, known by its socket path, had loaded:
+loaded_rows.py) came later, a table an older cartonstore leaves alone."""
 
 import sqlite3
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -75,6 +76,13 @@ CREATE TABLE IF NOT EXISTS local_sources (
     added_at REAL NOT NULL,
     PRIMARY KEY (digest, path, member)
 );
+CREATE TABLE IF NOT EXISTS source_bytes (
+    kind TEXT PRIMARY KEY,
+    fetched_bytes INTEGER NOT NULL,
+    fetched_blobs INTEGER NOT NULL,
+    reused_bytes INTEGER NOT NULL,
+    reused_blobs INTEGER NOT NULL
+) WITHOUT ROWID;
 """
 
 # Why leases changed (version 2): a lease and its release are the daemon's
@@ -113,4 +121,13 @@ def migrate_leases(conn: sqlite3.Connection) -> None:
                  "WHERE id IS NOT NULL")
     conn.execute("DROP TABLE leases")
     conn.execute("ALTER TABLE leases_v2 RENAME TO leases")
-    conn.execute("UPDATE meta SET value=? WHERE key='schema_version'", (str(SCHEMA_VERSION),))
+
+
+def migrate_source_bytes(conn: sqlite3.Connection) -> None:
+    """In the caller's write transaction, after SCHEMA ran (which creates
+    source_bytes where it is missing): a store of an older version starts
+    its figures at zero, from its next add; its version becomes 3. An older
+    cartonstore sharing the store leaves the table alone, and its adds go
+    uncounted."""
+    conn.execute("UPDATE meta SET value=? WHERE key='schema_version' AND CAST(value AS INTEGER) < ?",
+                 (str(SCHEMA_VERSION), SCHEMA_VERSION))
