@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kit.modelfiles import gguf_file
 
 from cartonstore.errors import InvalidCarton
 from cartonstore.format.gguf import (
@@ -18,7 +19,6 @@ from cartonstore.format.gguf import (
     parse_gguf,
     parse_gguf_bytes,
 )
-from tests.kit.modelfiles import gguf_file
 
 FILE = "model/m.gguf"
 
