@@ -40,15 +40,18 @@ vocabularies take tens of MiB)."""
 ARRAY_VALUES_KEPT = 16
 MAX_DIMS = 4            # GGML_MAX_DIMS
 MAX_ARRAY_NESTING = 8
+MAX_NESTED_ARRAYS = 1 << 16
+"""Arrays of arrays (which llama.cpp does not write) hold at most this many."""
 DEFAULT_ALIGNMENT = 32
 _CHUNK = 1 << 20
+_U64 = struct.Struct("<Q")
 
 _SCALARS: dict[int, tuple[str, str]] = {
     0: ("uint8", "<B"), 1: ("int8", "<b"), 2: ("uint16", "<H"), 3: ("int16", "<h"),
     4: ("uint32", "<I"), 5: ("int32", "<i"), 6: ("float32", "<f"), 7: ("bool", "<B"),
     10: ("uint64", "<Q"), 11: ("int64", "<q"), 12: ("float64", "<d"),
 }
-_STRING, _ARRAY = 8, 9
+_BOOL, _STRING, _ARRAY = 7, 8, 9
 _MIN_VALUE_SIZE = {code: struct.calcsize(fmt) for code, (_, fmt) in _SCALARS.items()} | {_STRING: 8, _ARRAY: 12}
 
 GGML_TYPES = {
@@ -244,6 +247,26 @@ class _Cursor:
             raise self._short(size, where)
         self.offset += size
 
+    def skip_strings(self, count: int, where: str) -> None:
+        """Past ``count`` strings, reading only their lengths (from the
+        buffer while it holds them: a vocabulary is 100,000 strings)."""
+        for _ in range(count):
+            at = self.offset - self._buffer_at
+            if at + 8 <= len(self._buffer):
+                size = _U64.unpack_from(self._buffer, at)[0]
+                if 8 + size <= self._left():
+                    self.offset += 8 + size
+                    continue
+            self.skip(int.from_bytes(self.take(8, f"{where} length"), "little"), where)
+
+    def check_bools(self, count: int, where: str) -> None:
+        """Past ``count`` bools, a chunk at a time, each 0 or 1."""
+        while count:
+            chunk = self.take(min(count, _CHUNK), where)
+            if chunk.translate(None, b"\0\1"):
+                raise InvalidCarton(self.file, "a bool must be 0 or 1", field=where)
+            count -= len(chunk)
+
     def scalar(self, fmt: str, where: str) -> Any:
         value: Any = struct.unpack(fmt, self.take(struct.calcsize(fmt), where))[0]
         return value
@@ -284,12 +307,18 @@ class _Cursor:
         if code not in _MIN_VALUE_SIZE:
             raise InvalidCarton(self.file, f"element type {code} is not a GGUF type (0 to 12)", field=f"{where}.type")
         length = self.count(f"{where}.length", per_item=_MIN_VALUE_SIZE[code])
+        if code == _ARRAY and length > MAX_NESTED_ARRAYS:
+            raise InvalidCarton(self.file, f"holds {length} arrays, over {MAX_NESTED_ARRAYS}", field=f"{where}.length")
         element = _SCALARS[code][0] if code in _SCALARS else ("string" if code == _STRING else "array")
         kept = tuple(self.value(code, f"{where}[{i}]", depth + 1) for i in range(min(length, ARRAY_VALUES_KEPT)))
         rest = length - len(kept)
-        if code in _SCALARS and code != 7:
+        if code in _SCALARS and code != _BOOL:
             self.skip(rest * _MIN_VALUE_SIZE[code], where)
-        else:   # strings, bools (each checked) and arrays: each read, none kept
+        elif code == _STRING:   # a vocabulary: each length read and skipped, none decoded
+            self.skip_strings(rest, where)
+        elif code == _BOOL:
+            self.check_bools(rest, where)
+        else:
             for i in range(len(kept), length):
                 self.value(code, f"{where}[{i}]", depth + 1)
         return GGUFArray(element, length, kept)

@@ -15,6 +15,7 @@ from cartonstore.errors import InvalidCarton
 from cartonstore.format.gguf import (
     ARRAY_VALUES_KEPT,
     GGUF_HEADER_LIMIT,
+    MAX_NESTED_ARRAYS,
     GGUFArray,
     parse_gguf,
     parse_gguf_bytes,
@@ -159,3 +160,14 @@ def test_the_quantization_is_named_or_numbered() -> None:
     assert [quantization(c) for c in (0, 1, 2, 7, 15, 18, 32, 999)] == [
         "F32", "F16", "Q4_0", "Q8_0", "Q4_K_M", "Q6_K", "BF16", "file type 999"]
     assert parse_gguf_bytes(_gguf(), file=FILE).quantization is None
+
+
+def test_long_arrays_are_checked_past_the_values_kept() -> None:
+    n = 4_000_000
+    bools = _gguf([_kv("flags", 9, struct.pack("<IQ", 7, n) + b"\1" * (n - 1) + b"\2")])
+    _refused(bools, "metadata 'flags'", "a bool must be 0 or 1")
+    words = [_s("w") for _ in range(100)]
+    vocabulary = _gguf([_kv("tokens", 9, struct.pack("<IQ", 8, 101) + b"".join(words) + struct.pack("<Q", 2**40))])
+    _refused(vocabulary, "metadata 'tokens': needs 1099511627776 bytes", "past the end of the file")
+    nested = _gguf([_kv("k", 9, struct.pack("<IQ", 9, MAX_NESTED_ARRAYS + 1) + bytes(12 * (MAX_NESTED_ARRAYS + 1)))])
+    _refused(nested, "metadata 'k'.length", f"holds {MAX_NESTED_ARRAYS + 1} arrays")
