@@ -47,8 +47,17 @@ FORMAT_BY_SUFFIX = {
 }
 """The weight formats a file's suffix names; ``files`` where none of the
 files has one (a tokenizer, a dataset)."""
+RUNNERLESS_FORMATS = frozenset(FORMAT_BY_SUFFIX.values()) - {"onnx"} | {"files"}
+"""The runner_names a files carton gives that no cartonstore runner serves
+(the onnx runner serves .onnx graphs)."""
 ANY_VERSION = ">=0.0.0"
 """required_framework_version of a format no cartonstore runner serves: any."""
+
+
+def format_of_path(path: str) -> str | None:
+    """The weight format a file's suffix names; None for any other file."""
+    base = path.rsplit("/", 1)[-1]
+    return FORMAT_BY_SUFFIX.get(base[base.rfind("."):].lower()) if "." in base else None
 
 
 def format_of_files(sizes: Mapping[str, int]) -> str:
@@ -56,13 +65,17 @@ def format_of_files(sizes: Mapping[str, int]) -> str:
     not the tokenizer beside them); ``files`` when no suffix names one."""
     by_format: dict[str, int] = {}
     for path, size in sizes.items():
-        suffix = path[path.rfind("."):].lower() if "." in path.rsplit("/", 1)[-1] else ""
-        fmt = FORMAT_BY_SUFFIX.get(suffix)
+        fmt = format_of_path(path)
         if fmt is not None:
             by_format[fmt] = by_format.get(fmt, 0) + size
     if not by_format:
         return "files"
     return max(sorted(by_format), key=lambda fmt: by_format[fmt])
+
+
+def no_runner_serves(fmt: str) -> str:
+    """Why a carton of ``fmt`` files does not run, and how to use it."""
+    return f"no runner serves {fmt}; lease it with `cartonstore path` or POST /v1/leases"
 
 
 def model_file_path(path: str, *, origin: str) -> str:

@@ -94,12 +94,8 @@ def _declaration(arg: Any, role: str, dims: Mapping[str, str | int], used: set[s
     return entry
 
 
-def onnx_carton_dir(model: Path, work: Path, *, name: str | None = None, dims: Mapping[str, str | int] = {},
-                    self_tests: Mapping[str, Path] = {}) -> Path:
-    """An unpacked carton in ``work`` (made here) for the ONNX file ``model``."""
-    import tomli_w
-
-    session = _session(model)
+def _onnx_toml(session: Any, name: str, dims: Mapping[str, str | int] = {}) -> dict[str, Any]:
+    """carton.toml of the graph onnxruntime read: its inputs and outputs, the onnx runner."""
     used: set[str] = set()
     inputs = [_declaration(arg, "input", dims, used) for arg in session.get_inputs()]
     outputs = [_declaration(arg, "output", dims, used) for arg in session.get_outputs()]
@@ -107,15 +103,64 @@ def onnx_carton_dir(model: Path, work: Path, *, name: str | None = None, dims: M
     if unknown:
         raise InvalidInput(f"--dim names {', '.join(repr(u) for u in unknown)}, which the graph does not use "
                            f"(its symbols: {', '.join(sorted(used)) or 'none'})", subject=unknown[0])
-    toml: dict[str, Any] = {"spec_version": 1, "model_name": name or model.stem, "input": inputs, "output": outputs,
-                            "runner": {"runner_name": "onnx", "required_framework_version": ONNX_FRAMEWORK,
-                                       "runner_compat_version": 1}}
+    return {"spec_version": 1, "model_name": name, "input": inputs, "output": outputs,
+            "runner": {"runner_name": "onnx", "required_framework_version": ONNX_FRAMEWORK,
+                       "runner_compat_version": 1}}
+
+
+def onnx_carton_dir(model: Path, work: Path, *, name: str | None = None, dims: Mapping[str, str | int] = {},
+                    self_tests: Mapping[str, Path] = {}) -> Path:
+    """An unpacked carton in ``work`` (made here) for the ONNX file ``model``."""
+    import tomli_w
+
+    session = _session(model)
+    toml = _onnx_toml(session, name or model.stem, dims)
     (work / "model").mkdir(parents=True)
     place_file(model, work / "model" / "model.onnx")
     if self_tests:
         toml["self_test"] = [_record_self_test(session, work / "tensor_data", self_tests)]
     (work / "carton.toml").write_text(tomli_w.dumps(toml))
     return work
+
+
+def runnable_carton_toml(model_name: str, staged: Mapping[str, Path]) -> bytes | None:
+    """carton.toml that runs model files a source staged (its path -> the
+    staged file) where a runner serves them: one .onnx graph and no other
+    weights gets the onnx runner's declaration, as ``pack`` writes it. The
+    files stay where from_files puts them (``model/PATH``), so a graph not
+    named model.onnx is named by ``[runner.opts] model_file``, and external
+    data files keep their place beside it. None for any other files, and
+    where onnxruntime is not installed or cannot read the graph (the files
+    are then a carton of files, used through a lease)."""
+    import tomli_w
+
+    from .from_files import format_of_path
+
+    graphs = [path for path in staged if format_of_path(path) == "onnx"]
+    weights = [path for path in staged if format_of_path(path) not in (None, "onnx")]
+    if len(graphs) != 1 or weights:
+        return None
+    toml = _staged_onnx_toml(model_name, graphs[0], staged)
+    if toml is None:
+        return None
+    if graphs[0] != "model.onnx":
+        toml["runner"]["opts"] = {"model_file": graphs[0]}
+    return tomli_w.dumps(toml).encode()
+
+
+def _staged_onnx_toml(model_name: str, graph: str, staged: Mapping[str, Path]) -> dict[str, Any] | None:
+    """The declaration of the staged graph, read with every staged file
+    linked where its source put it (onnxruntime finds external data beside the graph)."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="cartonstore-onnx-") as tree:
+        for path, file in staged.items():
+            (Path(tree) / path).parent.mkdir(parents=True, exist_ok=True)
+            (Path(tree) / path).symlink_to(file.resolve())
+        try:
+            return _onnx_toml(_session(Path(tree) / graph), model_name)
+        except InvalidInput:
+            return None
 
 
 def place_file(src: Path, dest: Path) -> None:

@@ -94,10 +94,11 @@ def cmd_load(store: Store | None, args: argparse.Namespace, out: Output) -> None
     client = InferClient(args.settings.socket_path)
     if args.wait:
         _wait_for_daemon(client)
-    client.load(args.name, config=config)
+    reason = client.load(args.name, config=config)
     version = client.metadata(args.name)["versions"][0]
-    out.emit({"name": args.name, "manifest_sha256": version, "state": "READY"},
-             [f"loaded {args.name}: version {version[:12]} is ready", version])
+    noted = {"reason": reason} if reason else {}
+    out.emit({"name": args.name, "manifest_sha256": version, "state": "READY", **noted},
+             [f"loaded {args.name}: version {version[:12]} is ready" + (f" ({reason})" if reason else ""), version])
 
 
 def cmd_unload(store: Store | None, args: argparse.Namespace, out: Output) -> None:

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, BinaryIO
 
-from cartonstore.errors import NotFound
+from cartonstore.carton.from_files import MODEL_FOLDER, format_of_path
+from cartonstore.carton.model_files import HEADER_READERS, describe_model_file, header_text
+from cartonstore.errors import InvalidInput, NotFound
 from cartonstore.format.dtypes import carton_dtype_to_v2, shape_to_v2_dims
 from cartonstore.format.tensor_data import parse_tensor_index
 from cartonstore.format.units import format_size
@@ -68,14 +70,26 @@ def _described(digest: str, cfg: CartonConfig, entries: Sequence[EntryRow], pres
     }
 
 
+def _model_files(entries: Sequence[EntryRow], opener: Callable[[EntryRow], Callable[[], BinaryIO] | None]
+                 ) -> list[dict[str, Any]]:
+    """Each file under model/: its format and size, and its header's summary where it has one."""
+    return [describe_model_file(e.path, e.size or 0, opener(e))
+            for e in entries if e.kind == "file" and e.path.startswith(MODEL_FOLDER)]
+
+
 def describe_carton(store: Store, digest: str) -> dict[str, Any]:
     info = store.info(digest)
     entries = store.index.entries(digest)
+
+    def opener(e: EntryRow) -> Callable[[], BinaryIO] | None:
+        blob = store.blobs.path(e.digest)
+        return (lambda: blob.open("rb")) if store.blobs.has(e.digest) else None
     return _described(digest, store.config_of(digest), entries,
                       {e.path for e in entries if store.blobs.has(e.digest)},
                       names=info.names, complete=info.complete, missing_blobs=info.missing_blobs,
                       path=str(info.model_dir) if info.model_dir else None, size=info.row.total_size,
-                      tensor_data=_tensor_data(store, digest), safetensors=store.safetensors_of(digest))
+                      tensor_data=_tensor_data(store, digest), safetensors=store.safetensors_of(digest),
+                      model_files=_model_files(entries, opener))
 
 
 def describe_ref(store: Store, ref: str) -> dict[str, Any]:
@@ -86,7 +100,18 @@ def describe_ref(store: Store, ref: str) -> dict[str, Any]:
     except NotFound as e:
         if not os.path.exists(ref):
             raise no_such_source(ref) or e from None
+    if os.path.isfile(ref) and format_of_path(ref) in HEADER_READERS:
+        return describe_file(Path(ref))
     return describe_source(store, Path(ref))
+
+
+def describe_file(path: Path) -> dict[str, Any]:
+    """A model file outside the store (a .safetensors or .gguf file): its
+    header, read where it is; a broken header is refused, naming what is wrong."""
+    described = describe_model_file(str(path), path.stat().st_size, lambda: path.open("rb"))
+    if described["problem"]:
+        raise InvalidInput(described["problem"], subject=str(path))
+    return {"source": str(path), **described}
 
 
 def describe_source(store: Store, path: Path) -> dict[str, Any]:
@@ -105,6 +130,8 @@ def describe_source(store: Store, path: Path) -> dict[str, Any]:
         safetensors = {p: [{"name": t.name, "dtype": t.dtype, "shape": list(t.shape)} for t in
                            check_safetensors(p, functools.partial(view.open, p), e.size or 0).tensors]
                        for p, e in files.items() if is_safetensors(p)}
+        model_files = _model_files(checked.entries,
+                                   lambda e: functools.partial(view.open, e.path) if e.path in files else None)
     finally:
         view.close()
     digest = checked.digest
@@ -117,7 +144,7 @@ def describe_source(store: Store, path: Path) -> dict[str, Any]:
                       names=store.index.names_of(digest) if known else [], complete=not missing,
                       missing_blobs=missing, path=str(model) if known and model.is_dir() else None,
                       size=None if None in sizes else sum(sizes), tensor_data=_tensor_rows(checked.tensors),
-                      safetensors=safetensors, source=str(path), in_store=known)
+                      safetensors=safetensors, model_files=model_files, source=str(path), in_store=known)
 
 
 def _total(d: dict[str, Any]) -> str:
@@ -129,7 +156,16 @@ def _total(d: dict[str, Any]) -> str:
     return f"? ({format_size(known)} known; {len(unknown)} linked file(s) not fetched yet)"
 
 
+def _model_file_line(f: dict[str, Any]) -> str:
+    line = f"  {f['format'] or '-':12} {format_size(f['size']):>10}  {f['path']}"
+    summary = header_text(f)
+    return line + (f"  {summary}" if summary else "")
+
+
 def render_text(d: dict[str, Any]) -> str:
+    if "manifest_sha256" not in d:   # one model file, outside the store
+        return f"file:      {d['source']}\nformat:    {d['format']}\nsize:      {format_size(d['size'])}\n" \
+               f"header:    {header_text(d)}"
     state = "complete" if d["complete"] else f"{len(d['missing_blobs'])} blob(s) missing"
     if d["path"]:
         state += f", materialized at {d['path']}"
@@ -148,6 +184,9 @@ def render_text(d: dict[str, Any]) -> str:
                      + ("" if f["present"] else "  (not present)"))
     for t in d["tensor_data"]:
         lines.append(f"tensor_data  {t['name']}: {t['dtype']} {t['shape'] if t['shape'] is not None else t['inner']}")
+    if any(f["format"] for f in d["model_files"]):
+        lines.append("model files:")
+        lines += [_model_file_line(f) for f in d["model_files"]]
     for path, tensors in d["safetensors"].items():
         lines.append(f"safetensors {path} ({len(tensors)} tensors):")
         lines += [f"  {t['name']}: {t['dtype']} {t['shape']}" for t in tensors]

@@ -96,15 +96,17 @@ class InferClient:
                                          {"Content-Type": "application/json"})
         json_body(status, body, model)
 
-    def load(self, model: str, *, config: str | None = None) -> None:
-        """Load ``model`` (a name the store knows) and return once it is ready;
+    def load(self, model: str, *, config: str | None = None) -> str:
+        """Load ``model`` (a name the store knows) and return once it is ready,
+        with the daemon's note ("" or why it loaded as files only);
         ``config``: Triton's model config as JSON text. A load may fetch the
         model first: it is waited for up to DEFAULT_ACQUIRE_TIMEOUT."""
         body = {"parameters": {"config": config}} if config is not None else {}
         status, _, answer = self._exchange("POST", f"/v2/repository/models/{quote(model, safe='')}/load",
                                            json.dumps(body).encode(), {"Content-Type": "application/json"},
                                            timeout=max(self._timeout, DEFAULT_ACQUIRE_TIMEOUT))
-        json_body(status, answer, model)
+        reason = json_body(status, answer, model).get("reason", "")
+        return reason if isinstance(reason, str) else ""
 
     def _exchange(self, method: str, path: str, body: bytes | None, headers: dict[str, str],
                   timeout: float | None = None) -> tuple[int, dict[str, str], bytes]:

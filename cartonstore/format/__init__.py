@@ -19,6 +19,7 @@ _MODULE_NAMES = {
               "v2_to_carton_dtype",
     "links": "build_links parse_links",
     "digest": "is_sha256",
+    "gguf": "GGUFHeader parse_gguf parse_gguf_bytes",
     "manifest": "Manifest build_manifest parse_manifest",
     "paths": "carton_path_problem is_valid_carton_path is_within resolve_symlink_target validate_carton_path",
     "safetensors": "SAFETENSORS_HEADER_LIMIT SafetensorsHeader SafetensorsTensor parse_header_size "
@@ -52,6 +53,7 @@ if TYPE_CHECKING:  # what mypy sees; lazy_names imports these at run time
         shape_to_v2_dims,
         v2_to_carton_dtype,
     )
+    from .gguf import GGUFHeader, parse_gguf, parse_gguf_bytes
     from .links import build_links, parse_links
     from .manifest import Manifest, build_manifest, parse_manifest
     from .paths import (

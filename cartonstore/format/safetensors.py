@@ -57,6 +57,14 @@ class SafetensorsHeader:
         """File offset of the data buffer."""
         return _SIZE_FIELD + self.header_size
 
+    def summary(self) -> dict[str, Any]:
+        """What inspect shows of a file: its tensor count, parameter count and dtypes."""
+        dtypes: dict[str, int] = {}
+        for t in self.tensors:
+            dtypes[t.dtype] = dtypes.get(t.dtype, 0) + 1
+        return {"tensors": len(self.tensors), "parameters": sum(math.prod(t.shape) for t in self.tensors),
+                "dtypes": dict(sorted(dtypes.items()))}
+
 
 def parse_header_size(first8: bytes, file_size: int, *, file: str) -> int:
     """The header size N from a file's first 8 bytes (more are ignored).

@@ -294,6 +294,28 @@ def test_fuzz_safetensors_values(document: dict[str, Any], data_len: int) -> Non
     only_invalid_carton(_parse_safetensors, _safetensors(json.dumps(document).encode(), data_len))
 
 
+# -- GGUF headers ---------------------------------------------------------------
+
+def _gguf_seed() -> bytes:
+    def text(t: bytes) -> bytes:
+        return struct.pack("<Q", len(t)) + t
+
+    kvs = [text(b"general.architecture") + struct.pack("<I", 8) + text(b"llama"),
+           text(b"general.file_type") + struct.pack("<II", 4, 15),
+           text(b"tokens") + struct.pack("<IIQ", 9, 8, 20) + b"".join(text(b"t%d" % i) for i in range(20)),
+           text(b"flags") + struct.pack("<IIQ", 9, 7, 3) + b"\0\1\0"]
+    tensor = text(b"w") + struct.pack("<IQQIQ", 2, 4, 2, 0, 0)
+    return b"GGUF" + struct.pack("<IQQ", 3, 1, len(kvs)) + b"".join(kvs) + tensor + bytes(64)
+
+
+@FUZZ
+@given(any_bytes(_gguf_seed()))
+def test_fuzz_gguf_bytes(blob: bytes) -> None:
+    from cartonstore.format.gguf import parse_gguf_bytes
+
+    only_invalid_carton(lambda raw: parse_gguf_bytes(raw, file="model/m.gguf"), blob)
+
+
 # -- paths -------------------------------------------------------------------
 
 PATH_PARTS = [*"ab/.\\:\x00 é", "..", "\udc80"]

@@ -105,3 +105,13 @@ def test_instance_specs_fill_the_template_with_unique_sockets(short_tmp: Path) -
     argv = first[1].argv
     assert argv[argv.index("--opts") + 1] == '{"k": 1}' and argv[argv.index("--devices") + 1] == "cuda:0"
     assert str(short_tmp / "m") in argv and str(first[1].socket_path) in argv
+
+
+def test_a_configured_runner_serves_a_format_no_builtin_runner_serves() -> None:
+    from cartonstore.carton.from_files import files_carton_toml
+
+    weights = parse_carton_toml(files_carton_toml("org/llm", {"model.safetensors": 10}))
+    vllm = RunnerCommand(("/opt/vllm-runner", "{socket}"), MappingProxyType({}), "0.9.1")
+    plan = plan_runner(weights, settings(commands=MappingProxyType({"safetensors": vllm})))
+    assert plan is not None and plan.command[0] == "/opt/vllm-runner"
+    assert plan_runner(weights, settings()) is None

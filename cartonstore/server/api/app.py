@@ -104,12 +104,13 @@ async def load(request: web.Request) -> web.Response:
     peer = peer_of(request.transport)   # before an await: a connection gone meanwhile has no socket to ask
     params = parameters(await body_json(request))
     try:
-        await svc(request).load(request.match_info["name"], params, peer=peer)
+        model = await svc(request).load(request.match_info["name"], params, peer=peer)
     except SelfTestFailed as e:   # the report goes with the 400
         response = web.json_response({"error": str(e), "selftest": e.report.as_json()}, status=400)
         response[ERROR_TEXT] = str(e)
         return response
-    return web.json_response({})
+    # Triton answers {}; a model loaded as files only says why it runs no runner
+    return web.json_response({"reason": model.reason} if model is not None and model.reason else {})
 
 
 async def unload(request: web.Request) -> web.Response:

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 from cartonstore.errors import InvalidInput, NotFound
 from cartonstore.server.models.loaded_model import triton_unknown_model
 from cartonstore.server.models.model_config import model_config
+from cartonstore.server.models.runtime import no_runner_reason
 from cartonstore.server.tensors.arena import ARENA_FROM, ArenaSlot
 from cartonstore.store.metadata.names import check_model_ref
 from cartonstore.v2.statistics import InferStatistics, statistics_answer
@@ -41,8 +42,8 @@ def serving_model(service: ModelService, name: str, version: str | None) -> Load
     model = ready_model(service, name, version)
     if model.runners is None:
         runner = model.carton.runner.runner_name if model.carton else "?"
-        raise InvalidInput(f"model {name!r} is loaded as files only: no runner is configured for its "
-                           f"runner_name {runner!r}, so it cannot run inference", subject=name)
+        raise InvalidInput(f"model {name!r} is loaded as files only, so it cannot run inference: "
+                           f"{no_runner_reason(runner)}", subject=name)
     return model
 
 

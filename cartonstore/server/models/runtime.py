@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from cartonstore.carton.from_files import RUNNERLESS_FORMATS, no_runner_serves
 from cartonstore.config.runners import RunnerSettings
 from cartonstore.errors import InvalidInput
 from cartonstore.format.carton_toml import CartonConfig
@@ -65,7 +66,15 @@ log = logging.getLogger("cartonstore.server")
 
 
 def files_only_note(runner_name: str) -> str:
-    return (f"loaded as files only: no runner is configured for runner_name {runner_name!r} "
+    """Why a model loaded with no runner (a format no runner serves, or a
+    runner_name no [runners] table names), and what to do."""
+    return f"loaded as files only: {no_runner_reason(runner_name)}"
+
+
+def no_runner_reason(runner_name: str) -> str:
+    if runner_name in RUNNERLESS_FORMATS:
+        return no_runner_serves(runner_name)
+    return (f"no runner is configured for runner_name {runner_name!r} "
             f"(add a [runners.{runner_name}] table to run it)")
 
 

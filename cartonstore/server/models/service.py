@@ -305,7 +305,7 @@ class ModelService:
         model.reason = ready_reason(model)
         self.models[name] = model
         log.info("model %s version %s loaded%s", name, model.digest[:12],
-                 "" if model.runners is not None else " (files only: no runner configured)")
+                 "" if model.runners is not None else f" ({model.reason})")
         if serving is not None:
             try:
                 await self._drained(serving)
