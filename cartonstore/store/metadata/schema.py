@@ -1,8 +1,11 @@
 """The index's tables (ROOT/index.db). Created if missing; SCHEMA_VERSION
 is recorded in meta. Version 2: leases is a WITHOUT ROWID table with no
 index by carton (migrate_leases). loaded_models (the models a daemon,
-known by its socket path, had loaded: loaded_rows.py) came later, a table
-an older cartonstore leaves alone."""
+known by its socket path, had loaded: loaded_rows.py) and adopted_blobs
+(blobs that share their inode with a file another tool keeps:
+adopted_rows.py) came later, tables an older cartonstore leaves alone; an
+adopted blob's row goes with its blob row (ON DELETE CASCADE), whoever
+deletes that."""
 
 import sqlite3
 
@@ -74,6 +77,15 @@ CREATE TABLE IF NOT EXISTS local_sources (
     method INTEGER,
     added_at REAL NOT NULL,
     PRIMARY KEY (digest, path, member)
+);
+CREATE TABLE IF NOT EXISTS adopted_blobs (
+    digest TEXT PRIMARY KEY REFERENCES blobs(digest) ON DELETE CASCADE,
+    path TEXT NOT NULL,
+    size INTEGER NOT NULL,
+    mtime_ns INTEGER NOT NULL,
+    ino INTEGER NOT NULL,
+    dev INTEGER NOT NULL,
+    added_at REAL NOT NULL
 );
 """
 
