@@ -117,10 +117,13 @@ class _Staged:
         """Each distinct file staged once, several at a time; the first
         failure, in order, raised once every worker has ended."""
         unique = list({f.disk: f for f in files}.values())
-        with ThreadPoolExecutor(max_workers=max(1, min(STAGE_WORKERS, len(unique))),
-                                thread_name_prefix="cartonstore-adopt") as pool:
+        pool = ThreadPoolExecutor(max_workers=max(1, min(STAGE_WORKERS, len(unique))),
+                                  thread_name_prefix="cartonstore-adopt")
+        try:
             futures = [pool.submit(self._take, f) for f in unique]
             return {f.disk: future.result() for f, future in zip(unique, futures, strict=True)}
+        finally:   # after a failure, the files not started are not read at all
+            pool.shutdown(wait=True, cancel_futures=True)
 
     def _take(self, f: AdoptableFile) -> ListedFile:
         try:
@@ -140,15 +143,19 @@ class _Staged:
                     self.result.files_present += 1
                     self.result.bytes_present += st.st_size
             if not present:
-                staged = self._link(f, st, digest) if st.st_dev == self._tmp_dev else None
-                self._keep(staged or self._copy(f, fd, digest))
+                linked = self._link(f, st, digest) if st.st_dev == self._tmp_dev else None
+                if linked is not None:
+                    self._keep(*linked)
+                else:
+                    self._keep(self._copy(f, fd, digest))
             return ListedFile(digest, st.st_size)
         finally:
             os.close(fd)
 
-    def _link(self, f: AdoptableFile, st: os.stat_result, digest: str) -> LinkedBlob | None:
-        """The file hard-linked into tmp/ and made read-only; None where the
-        filesystem or the file's owner refuses either (it is copied then)."""
+    def _link(self, f: AdoptableFile, st: os.stat_result, digest: str) -> tuple[LinkedBlob, AdoptedBlob] | None:
+        """The file hard-linked into tmp/ and made read-only, and its row;
+        None where the filesystem or the file's owner refuses either (it is
+        copied then)."""
         tmp = Path(f"{tmp_name(self.store.layout.tmp_dir, 'ingest')}-adopt")
         try:
             os.link(f.disk, tmp, follow_symlinks=False)
@@ -166,11 +173,7 @@ class _Staged:
         if (after.st_ino, after.st_size, after.st_mtime_ns) != (st.st_ino, st.st_size, st.st_mtime_ns):
             linked.discard()
             raise IntegrityError(f"{f.path}: {f.disk} changed while it was being adopted", subject=str(f.disk))
-        with self._lock:
-            self.adopted[digest] = AdoptedBlob.of(digest, str(f.disk), after)
-            self.result.files_linked += 1
-            self.result.bytes_linked += st.st_size
-        return linked
+        return linked, AdoptedBlob.of(digest, str(f.disk), after)
 
     def _copy(self, f: AdoptableFile, fd: int, digest: str) -> StagedBlob:
         with self.store.blobs.writer(label="adopt") as w, os.fdopen(os.dup(fd), "rb") as src:
@@ -188,12 +191,18 @@ class _Staged:
             self.result.bytes_reflinked += reflinked
         return staged
 
-    def _keep(self, staged: StagedBlob) -> None:
+    def _keep(self, staged: StagedBlob, row: AdoptedBlob | None = None) -> None:
         with self._lock:
             if staged.digest in self.staging.staged:   # the same bytes under two names, staged by both at once
                 staged.discard()
-            else:
-                self.staging.add_staged(staged)
+                self.result.files_present += 1
+                self.result.bytes_present += staged.size
+                return
+            self.staging.add_staged(staged)
+            if row is not None:
+                self.adopted[row.digest] = row
+                self.result.files_linked += 1
+                self.result.bytes_linked += row.size
 
     def stage_small(self, checked: CheckedCarton, small: dict[str, bytes]) -> None:
         for digest, data in ((checked.digest, small["MANIFEST"]),

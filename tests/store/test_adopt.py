@@ -101,11 +101,13 @@ def test_a_plain_directory_through_the_cli_with_a_name_and_json(tmp_path: Path, 
     (plain / "sub").mkdir(parents=True)
     (plain / "model.safetensors").write_bytes(safetensors())
     (plain / "sub" / "notes.txt").write_bytes(b"notes")
+    (plain / "sub" / "same-notes.txt").write_bytes(b"notes")
     root = tmp_path / "root"
     code, out, err = run(capsys, "adopt", str(plain), "--name", "mine", "--root", str(root), "--json")
     assert code == 0, err
     said = json.loads(out)
-    assert (said["files_linked"], said["bytes_copied"], said["models"][0]["name"]) == (2, 0, "mine")
+    assert (said["files_linked"], said["files_present"], said["bytes_copied"]) == (2, 1, 0)
+    assert (said["models"][0]["name"], said["models"][0]["files"]) == ("mine", 3)
     code, out, err = run(capsys, "path", "mine", "--root", str(root))
     assert code == 0, err
     assert same_inode(Path(out.strip()) / "model" / "sub" / "notes.txt", plain / "sub" / "notes.txt")
