@@ -28,6 +28,7 @@ from cartonstore.format.units import format_size, parse_size
 from cartonstore.system.file_access import explained
 
 from . import parser as cli_parser
+from .adopt_command import cmd_adopt
 from .args import arrange_argv
 from .daemon_commands import cmd_gc, cmd_load, cmd_serve, cmd_unload
 from .output import Output, print_json
@@ -321,7 +322,7 @@ def cmd_verify(store: Store, args: argparse.Namespace, out: Output) -> int:
 # -- parser --------------------------------------------------------------------
 
 HANDLERS: dict[str, Callable[[Store, argparse.Namespace, Output], int | None]] = {
-    "add": cmd_add, "path": cmd_path, "infer": cmd_infer, "selftest": cmd_selftest, "ls": cmd_ls,
+    "add": cmd_add, "adopt": cmd_adopt, "path": cmd_path, "infer": cmd_infer, "selftest": cmd_selftest, "ls": cmd_ls,
     "inspect": cmd_inspect, "push": cmd_push, "export": cmd_export, "pack": cmd_pack, "rm": cmd_rm,
     "serve": cmd_serve, "gc": cmd_gc, "verify": cmd_verify, "load": cmd_load, "unload": cmd_unload,
 }

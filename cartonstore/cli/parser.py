@@ -75,6 +75,13 @@ def _add(sp: argparse.ArgumentParser) -> None:
                     help="only make the carton known; fetch LINKS blobs later, on path")
 
 
+def _adopt(sp: argparse.ArgumentParser) -> None:
+    sp.add_argument("source", metavar="PATH", help="a Hugging Face cache repository (~/.cache/huggingface/hub/"
+                    "models--ORG--NAME), an Ollama models directory (~/.ollama/models) or a directory of model files")
+    sp.add_argument("--name", help="name to refer to the carton by (default: ORG-NAME, name-tag or the directory's "
+                    "name, when no other carton has it); only where PATH holds one model")
+
+
 def _ref(sp: argparse.ArgumentParser) -> None:
     sp.add_argument("ref")
 
@@ -207,6 +214,9 @@ def _ls(sp: argparse.ArgumentParser) -> None:
 COMMANDS: dict[str, tuple[str, str, bool, Callable[[argparse.ArgumentParser], None]]] = {
     "add": ("add a carton (file, directory or URL); prints its manifest hash",
             "cartonstore add https://models.example.com/resnet.carton --name resnet", True, _add),
+    "adopt": ("store a Hugging Face cache repository, an Ollama models directory or a directory of model files "
+              "as cartons, hard-linking each verified file instead of copying it",
+              "cartonstore adopt ~/.cache/huggingface/hub/models--Qwen--Qwen2.5-0.5B", False, _adopt),
     "path": ("materialize a carton, fetching what is missing; prints its model directory",
              "cartonstore path my-model", True, _ref),
     "infer": ("run one inference request through the daemon (loading the model if needed; with no daemon "

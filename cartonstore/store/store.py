@@ -50,6 +50,7 @@ if TYPE_CHECKING:
     from cartonstore.store.metadata.source_rows import LocalSource
     from cartonstore.system.callers import Credentials
 
+    from .adoption import AdoptResult
     from .ingest import IngestResult, Provenance, Staging
     from .verification import VerifyReport
 
@@ -182,6 +183,14 @@ class Store:
         return self.commit_checked(checked, staging, name=name, source=source_label or os.path.abspath(text),
                                    force=force, local_sources=local, provenance=provenance)
 
+    def adopt(self, path: Path, *, name: str | None = None) -> AdoptResult:
+        """Store what a Hugging Face cache repository, an Ollama models
+        directory or a directory of model files holds, hard-linked, not
+        copied (store/adoption.py); the store is unchanged on any failure."""
+        from .adoption import adopt
+
+        return adopt(self, Path(path), name=name, commit=self.commit_checked)
+
     def name_carton(self, digest: str, name: str | None, *, force: bool = False) -> NameOutcome:
         """Name a carton already known (its model_name when name is None),
         by the rules of add."""
@@ -282,6 +291,7 @@ class Store:
     def materialize(self, ref: str) -> Path:
         """The carton's read-only model directory, built on first use."""
         digest = self.resolve_or_add(ref)
+        self.refuse_changed_adopted(digest)
         dest = self.layout.model_path(digest)
         if not dest.is_dir():
             with FileLock(self.layout.locks_dir / f"model-{digest}.lock"):
@@ -289,6 +299,14 @@ class Store:
                     self._build_model(digest, dest)
         self.index.touch(digest)
         return dest
+
+    def refuse_changed_adopted(self, digest: str) -> None:
+        """IntegrityError when a blob the carton lists was adopted from
+        another tool's file and changed through its path since (quarantined
+        then: store/adopted_check.py); one cheap look when nothing is adopted."""
+        from .adopted_check import refuse_changed
+
+        refuse_changed(self, digest)
 
     def materialized(self, digest: str) -> Path | None:
         """materialize() of a carton that needs nothing more: its model

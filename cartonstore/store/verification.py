@@ -104,12 +104,9 @@ def _confirm(store: StoreParts, report: VerifyReport) -> None:
 
 
 def _repair(store: StoreParts, report: VerifyReport, rebuild: Callable[[str], object]) -> None:
-    quarantine = store.layout.quarantine_dir
     with store.lock():
         for digest in report.corrupt_blobs:
-            quarantine.mkdir(exist_ok=True)
-            shutil.move(str(store.blobs.path(digest)), quarantine / f"{digest}.{int(time.time())}")
-            store.index.forget_blob(digest)
+            quarantine_blob(store, digest)
             report.repaired.append(f"quarantined corrupt blob {digest}")
         for digest in report.missing_blobs:
             store.index.forget_blob(digest)
@@ -123,3 +120,13 @@ def _repair(store: StoreParts, report: VerifyReport, rebuild: Callable[[str], ob
         if not store.index.missing_blobs(digest):
             rebuild(digest)
             report.repaired.append(f"rebuilt model directory {digest}")
+
+
+def quarantine_blob(store: StoreParts, digest: str) -> None:
+    """Move a blob whose bytes are not its name's out of blobs/ (kept in
+    quarantine/ to be looked at, never served) and forget its row. The
+    caller holds the store lock."""
+    quarantine = store.layout.quarantine_dir
+    quarantine.mkdir(exist_ok=True)
+    shutil.move(str(store.blobs.path(digest)), quarantine / f"{digest}.{int(time.time())}")
+    store.index.forget_blob(digest)

@@ -35,6 +35,7 @@ from cartonstore.store import Store
 from cartonstore.store.gc.plan import GcPolicy, GcReport
 from cartonstore.store.group_commit import GroupCommit
 from cartonstore.store.materialize.tree import remove_tree
+from cartonstore.store.metadata.adopted_rows import lists_adopted
 from cartonstore.store.metadata.names import HEX, carton_named, pin_lease_id, restore_name, validate_name
 from cartonstore.store.root.owner import owner_token, tmp_name
 from cartonstore.system.callers import Credentials
@@ -137,9 +138,11 @@ class ModelService:
 
     def _resolve_fast(self, ref: str) -> str | None:
         try:
-            return self.store.resolve(ref)
+            digest = self.store.resolve(ref)
         except NotFound:
             return None
+        self.store.refuse_changed_adopted(digest)   # a directory built earlier holds the blobs as they are now
+        return digest
 
     # -- leases ------------------------------------------------------------------
 
@@ -164,7 +167,7 @@ class ModelService:
         for _attempt in range(5):
             digest, _path = await self.model_dir(ref)
             granted = await self._batch(functools.partial(self._lease_cached, ref=digest, ttl=ttl, holder=holder,
-                                                          lease_id=lease_id))
+                                                          lease_id=lease_id, adopted_checked=True))
             if granted is not None:
                 return granted
             ref = digest
@@ -172,12 +175,14 @@ class ModelService:
                           "under more pressure than its size budget allows", subject=ref)
 
     def _lease_cached(self, conn: sqlite3.Connection, ref: str, ttl: float, holder: str | None,
-                      lease_id: str | None) -> Granted | None:
+                      lease_id: str | None, adopted_checked: bool = False) -> Granted | None:
         """In a batch (the shared store lock held): lease ref if it is a known
         name or manifest hash and its model directory is there. None sends
-        the caller the long way (prefixes, sources, missing directories)."""
+        the caller the long way (prefixes, sources, missing directories, and
+        blobs adopted from another tool's files, whose stat model_dir checks
+        first: ``adopted_checked``)."""
         digest = resolve_on(conn, ref)
-        if digest is None:
+        if digest is None or (not adopted_checked and lists_adopted(conn, digest)):
             return None
         where = self.store.layout.model_dir_str(digest)
         if not os.path.isdir(where):

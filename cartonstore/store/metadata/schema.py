@@ -3,7 +3,10 @@ is recorded in meta. Version 2: leases is a WITHOUT ROWID table with no
 index by carton (migrate_leases). Version 3: source_bytes, the bytes
 fetched and reused by kind of source (source_bytes.py; migrate_source_bytes).
 loaded_models (the models a daemon, known by its socket path, had loaded:
-loaded_rows.py) came later, a table an older cartonstore leaves alone."""
+loaded_rows.py) and adopted_blobs (blobs that share their inode with a file
+another tool keeps: adopted_rows.py) came later, tables an older cartonstore
+leaves alone; an adopted blob's row goes with its blob row (ON DELETE
+CASCADE), whoever deletes that."""
 
 import sqlite3
 
@@ -83,6 +86,15 @@ CREATE TABLE IF NOT EXISTS source_bytes (
     reused_bytes INTEGER NOT NULL,
     reused_blobs INTEGER NOT NULL
 ) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS adopted_blobs (
+    digest TEXT PRIMARY KEY REFERENCES blobs(digest) ON DELETE CASCADE,
+    path TEXT NOT NULL,
+    size INTEGER NOT NULL,
+    mtime_ns INTEGER NOT NULL,
+    ino INTEGER NOT NULL,
+    dev INTEGER NOT NULL,
+    added_at REAL NOT NULL
+);
 """
 
 # Why leases changed (version 2): a lease and its release are the daemon's

@@ -1,0 +1,231 @@
+"""``cartonstore adopt``: a Hugging Face cache repository, an Ollama models
+directory and a plain directory stored without a second copy of their
+bytes, each file verified; the other tool keeps working (the real
+huggingface_hub reads its cache offline); a file changed later through the
+other tool's path is never served; hostile trees are refused by name with
+the store unchanged.
+
+The Hugging Face cache is built in the layout huggingface_hub writes
+(kit/adoptkit.py): the Hub is not reachable from the tests."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import snapshot
+from kit.adoptkit import (
+    COMMIT,
+    GGUF,
+    HF_FILES,
+    PARAMS,
+    REPO,
+    TEMPLATE,
+    git_blob_sha1,
+    hf_cache,
+    ollama_dir,
+    safetensors,
+)
+from kit.clikit import run
+
+from cartonstore.errors import IntegrityError, InvalidInput, NotFound
+from cartonstore.store import Store
+
+NOBODY = 65534
+
+
+def same_inode(a: Path, b: Path) -> bool:
+    sa, sb = os.stat(a), os.stat(b)
+    return (sa.st_ino, sa.st_dev) == (sb.st_ino, sb.st_dev)
+
+
+# -- adopted in place -----------------------------------------------------------
+
+def test_a_hugging_face_cache_is_adopted_in_place_and_huggingface_hub_still_reads_it(store: Store,
+                                                                                        tmp_path: Path) -> None:
+    repo = hf_cache(tmp_path / "hub")
+    result = store.adopt(repo)
+    assert (result.files_linked, result.files_copied) == (3, 0)
+    (model,) = result.models
+    assert (model.model_name, model.naming.name if model.naming else None) == (REPO, "acme-tiny-model")
+    for blob in (repo / "blobs").iterdir():
+        assert same_inode(blob, store.blobs.path(hashlib.sha256(blob.read_bytes()).hexdigest()))
+    directory = store.materialize("acme-tiny-model")
+    for path, data in HF_FILES.items():
+        assert (directory / "model" / path).read_bytes() == data
+    assert store.config_of(model.digest).runner.runner_name == "safetensors"
+    assert store.info(model.digest).row.source == f"adopted:{repo}@{COMMIT}"
+    assert store.verify().ok
+    # huggingface_hub, offline, answers from its cache as before (blobs now read-only)
+    code = ("import sys; from huggingface_hub import hf_hub_download; "
+            f"print(hf_hub_download({REPO!r}, sys.argv[1], cache_dir=sys.argv[2]))")
+    for path, data in HF_FILES.items():
+        done = subprocess.run([sys.executable, "-c", code, path, str(tmp_path / "hub")], capture_output=True,
+                              text=True, timeout=120, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+        assert done.returncode == 0, done.stderr
+        assert Path(done.stdout.strip()).read_bytes() == data
+
+
+def test_a_snapshot_is_its_commit_of_the_repository_and_the_hub_directory_is_refused(store: Store,
+                                                                                         tmp_path: Path) -> None:
+    repo = hf_cache(tmp_path / "hub")
+    assert store.adopt(repo / "snapshots" / COMMIT).models[0].digest == store.adopt(repo).models[0].digest
+    with pytest.raises(InvalidInput, match=f"{tmp_path / 'hub'} holds Hugging Face cache repositories: adopt each"):
+        store.adopt(tmp_path / "hub")
+
+
+def test_an_ollama_directory_is_one_carton_per_manifest_with_its_layers_named(store: Store, tmp_path: Path) -> None:
+    models = ollama_dir(tmp_path)
+    result = store.adopt(models)
+    assert sorted(m.naming.name for m in result.models if m.naming) == ["tiny-latest", "tiny-q4"]
+    assert result.files_linked == 4   # config, gguf, template, params: each once for both tags
+    directory = store.materialize("tiny-q4")
+    assert (directory / "model" / "model.gguf").read_bytes() == GGUF
+    assert (directory / "model" / "template").read_bytes() == TEMPLATE
+    assert (directory / "model" / "params.json").read_bytes() == PARAMS
+    assert sorted(os.listdir(directory / "model")) == ["config.json", "model.gguf", "params.json", "template"]
+    gguf_digest = hashlib.sha256(GGUF).hexdigest()
+    assert same_inode(models / "blobs" / f"sha256-{gguf_digest}", store.blobs.path(gguf_digest))
+    assert store.config_of(result.models[0].digest).runner.runner_name == "gguf"
+    assert store.verify().ok
+
+
+def test_a_plain_directory_through_the_cli_with_a_name_and_json(tmp_path: Path, capsys) -> None:
+    plain = tmp_path / "weights"
+    (plain / "sub").mkdir(parents=True)
+    (plain / "model.safetensors").write_bytes(safetensors())
+    (plain / "sub" / "notes.txt").write_bytes(b"notes")
+    (plain / "sub" / "same-notes.txt").write_bytes(b"notes")
+    root = tmp_path / "root"
+    code, out, err = run(capsys, "adopt", str(plain), "--name", "mine", "--root", str(root), "--json")
+    assert code == 0, err
+    said = json.loads(out)
+    assert (said["files_linked"], said["files_present"], said["bytes_copied"]) == (2, 1, 0)
+    assert (said["models"][0]["name"], said["models"][0]["files"]) == ("mine", 3)
+    code, out, err = run(capsys, "path", "mine", "--root", str(root))
+    assert code == 0, err
+    assert same_inode(Path(out.strip()) / "model" / "sub" / "notes.txt", plain / "sub" / "notes.txt")
+
+
+def test_across_filesystems_the_bytes_are_copied_and_the_result_says_how_many(store: Store) -> None:
+    shm = Path("/dev/shm")
+    if not shm.is_dir() or os.stat(shm).st_dev == os.stat(store.layout.tmp_dir).st_dev:
+        pytest.skip("no second filesystem (/dev/shm) to adopt from")
+    top = Path(shm / f"cartonstore-adopt-{os.getpid()}")
+    try:
+        repo = hf_cache(top)
+        result = store.adopt(repo)
+        size = sum(len(d) for d in HF_FILES.values())
+        assert (result.files_linked, result.files_copied, result.bytes_copied + result.bytes_reflinked) == (0, 3, size)
+        assert store.verify().ok
+    finally:
+        shutil.rmtree(top)
+
+
+# -- changed later through the other tool's path --------------------------------
+
+def test_a_file_changed_through_the_other_path_is_caught_by_verify_and_never_served(store: Store,
+                                                                                       tmp_path: Path) -> None:
+    repo = hf_cache(tmp_path / "hub")
+    digest = store.adopt(repo).models[0].digest
+    store.materialize(digest)
+    lfs = repo / "blobs" / hashlib.sha256(HF_FILES["model.safetensors"]).hexdigest()
+    os.chmod(lfs, 0o644)   # the other tool's owner may make it writable again, and write in place
+    with open(lfs, "r+b") as f:
+        f.seek(100)
+        f.write(b"\xff" * 8)
+    assert store.verify().corrupt_blobs == [lfs.name]
+    with pytest.raises(IntegrityError, match=f"adopted from {lfs}, was changed"):
+        store.materialize(digest)
+    assert store.layout.model_path(digest).exists() is False
+    assert not store.blobs.has(lfs.name)   # quarantined: the carton now lacks it, as after verify --repair
+    with pytest.raises(NotFound, match="missing 1 blob"):
+        store.materialize(digest)
+
+
+def test_a_touched_file_with_its_bytes_intact_is_still_served(store: Store, tmp_path: Path) -> None:
+    repo = hf_cache(tmp_path / "hub")
+    digest = store.adopt(repo).models[0].digest
+    config = repo / "blobs" / git_blob_sha1(HF_FILES["config.json"])
+    os.utime(config, ns=(1, 1))
+    assert (store.materialize(digest) / "model" / "config.json").read_bytes() == HF_FILES["config.json"]
+
+
+# -- hostile trees: refused by name, store unchanged ----------------------------
+
+def _symlink_out(repo: Path, outside: Path) -> str:
+    outside.write_bytes(b"secret")
+    link = repo / "snapshots" / COMMIT / "config.json"
+    link.unlink()
+    link.symlink_to(outside)
+    return "config.json is a symlink out of"
+
+
+def _lfs_mismatch(repo: Path, outside: Path) -> str:
+    blob = repo / "blobs" / hashlib.sha256(HF_FILES["model.safetensors"]).hexdigest()
+    blob.write_bytes(safetensors(2048))
+    return f"model.safetensors: the bytes of {blob} do not match its name: named for sha256"
+
+
+def _git_mismatch(repo: Path, outside: Path) -> str:
+    blob = repo / "blobs" / git_blob_sha1(HF_FILES["tokenizer/vocab.txt"])
+    blob.write_bytes(b"x\ny\nz\n")
+    return f"tokenizer/vocab.txt: the bytes of {blob} do not match its name: named for git-sha1"
+
+
+@pytest.mark.parametrize("spoil", [_symlink_out, _lfs_mismatch, _git_mismatch])
+def test_a_hostile_hugging_face_cache_is_refused_by_name_and_nothing_changes(store: Store, tmp_path: Path,
+                                                                            spoil) -> None:
+    repo = hf_cache(tmp_path / "hub")
+    expected = spoil(repo, tmp_path / "outside")
+    modes = {p: os.stat(p).st_mode for p in (repo / "blobs").iterdir()}
+    before = snapshot(store.root)
+    with pytest.raises((InvalidInput, IntegrityError), match=expected):
+        store.adopt(repo)
+    assert snapshot(store.root) == before
+    assert {p: os.stat(p).st_mode for p in (repo / "blobs").iterdir()} == modes   # linked ones given back as they were
+
+
+def test_a_hostile_ollama_directory_is_refused_by_name_and_nothing_changes(store: Store, tmp_path: Path) -> None:
+    models = ollama_dir(tmp_path, tags=("latest",))
+    manifest = models / "manifests" / "registry.ollama.ai" / "library" / "tiny" / "latest"
+    before = snapshot(store.root)
+    doc = json.loads(manifest.read_text())
+    doc["layers"][1]["digest"] = "sha256:../../../etc/passwd"
+    manifest.write_text(json.dumps(doc))
+    with pytest.raises(InvalidInput, match=r"the digest of template, 'sha256:\.\./\.\./\.\./etc/passwd', is not "
+                                           r"sha256:<64 hex digits> \(a path with '\.\.' would leave blobs/\)"):
+        store.adopt(models)
+    doc["layers"][1]["digest"] = "sha256:" + hashlib.sha256(TEMPLATE).hexdigest()
+    manifest.write_text(json.dumps(doc))
+    gguf = models / "blobs" / f"sha256-{hashlib.sha256(GGUF).hexdigest()}"
+    gguf.write_bytes(GGUF[:-1] + b"\x02")
+    with pytest.raises(IntegrityError, match=f"model.gguf: the bytes of {gguf} do not match its name"):
+        store.adopt(models)
+    assert snapshot(store.root) == before
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root: a file only root may read, adopted by uid 65534")
+def test_a_file_the_caller_may_not_read_is_refused_by_name(short_tmp: Path) -> None:
+    os.chmod(short_tmp, 0o755)
+    repo = hf_cache(short_tmp / "hub")
+    for dirpath, _dirnames, _filenames in os.walk(short_tmp / "hub"):
+        os.chmod(dirpath, 0o755)
+    secret = repo / "blobs" / hashlib.sha256(HF_FILES["model.safetensors"]).hexdigest()
+    os.chmod(secret, 0o600)
+    theirs = short_tmp / "theirs"
+    theirs.mkdir()
+    os.chown(theirs, NOBODY, NOBODY)
+    done = subprocess.run([sys.executable, "-m", "cartonstore.cli", "adopt", str(repo), "--root", str(theirs / "root")],
+                          user=NOBODY, group=NOBODY, extra_groups=[], capture_output=True, text=True, timeout=60,
+                          cwd="/")
+    assert done.returncode == 9, done.stderr
+    assert f"model.safetensors: this user may not read {secret}" in done.stderr
+    with Store(theirs / "root", read_only=True) as s:
+        assert s.list() == [] and list(s.blobs.iter_digests()) == []
