@@ -72,7 +72,7 @@ def _add(sp: argparse.ArgumentParser) -> None:
     sp.add_argument("--force", action="store_true",
                     help="move --name even from a model the daemon has loaded (its leases stay valid)")
     sp.add_argument("--lazy", action="store_true",
-                    help="only make the carton known; fetch LINKS blobs later, on path")
+                    help="only make the carton known; fetch LINKS blobs (an OCI artifact's layers) later, on path")
 
 
 def _adopt(sp: argparse.ArgumentParser) -> None:

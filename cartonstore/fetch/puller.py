@@ -142,7 +142,7 @@ class Puller:
         before = self.stats.snapshot()
         read = [0, 0]   # bytes, blobs taken from a local source
         if is_url(source):
-            result = await self._add_kind(self.sources.claimed(source), source, name, force)
+            result = await self._add_kind(self.sources.claimed(source), source, name, force, lazy)
         else:
             result = await asyncio.to_thread(self.store.add, source, name=name, force=force, confined=confined,
                                              caller=caller)
@@ -164,14 +164,16 @@ class Puller:
                           bytes_read=sources["file"]["bytes"], retries=moved["retries"], sources=sources,
                           local=not is_url(source))
 
-    async def _add_kind(self, kind: SourceKind, text: str, name: str | None, force: bool) -> IngestResult:
+    async def _add_kind(self, kind: SourceKind, text: str, name: str | None, force: bool,
+                        lazy: bool) -> IngestResult:
         """A source of one of the kinds this puller reads, added once at a
         time across processes (one lock per canonical ref)."""
         ref = kind.canonical(self, text)
-        return await self._urls_in_flight.run(f"{ref}\n{name}\n{force}",
-                                              lambda: self._add_kind_once(kind, ref, name, force))
+        return await self._urls_in_flight.run(f"{ref}\n{name}\n{force}\n{lazy}",
+                                              lambda: self._add_kind_once(kind, ref, name, force, lazy))
 
-    async def _add_kind_once(self, kind: SourceKind, ref: str, name: str | None, force: bool) -> IngestResult:
+    async def _add_kind_once(self, kind: SourceKind, ref: str, name: str | None, force: bool,
+                             lazy: bool) -> IngestResult:
         started = time.time()
         lock = self.store.layout.locks_dir / f"url-{hashlib.sha256(ref.encode()).hexdigest()}.lock"
         async with async_file_lock(lock, timeout=self.config.lock_timeout):
@@ -181,11 +183,12 @@ class Puller:
                 naming = await asyncio.to_thread(self.store.name_carton, row.digest, name, force=force)
                 return IngestResult(row.digest, naming.name, True, 0, 0, 0, naming)
             self.on_event({"event": "carton", "url": describe(ref)})
-            return await kind.add(self, ref, name, force)
+            return await kind.add(self, ref, name, force, lazy)
 
-    async def add_from_url(self, url: str, name: str | None, force: bool) -> IngestResult:
+    async def add_from_url(self, url: str, name: str | None, force: bool, _lazy: bool = False) -> IngestResult:
         """A carton URL's add (CARTON_URL): its zip read by ranges, or
-        downloaded whole where the server ignores Range."""
+        downloaded whole where the server ignores Range (every blob the
+        store lacks comes from the zip: lazy or not, as reading it is one)."""
         rz = await open_remote_zip(self.client, url, self.config, self.store.zip_limits, self.stats)
         if rz is None:
             return await self._add_whole_download(url, name, force)

@@ -1,10 +1,14 @@
 """Cartons as OCI artifacts: pushed to and added from any OCI registry.
 
-reference.py and artifact.py are pure (names and manifests); challenge.py
-and credentials.py read auth challenges and docker's credentials; auth.py
-answers challenges; registry.py speaks the distribution API; pull.py and
-push.py move cartons between a registry and the store; modelpack.py (pure)
-lays a carton out as a CNCF ModelPack artifact for ``push --format modelpack``.
+reference.py, artifact.py and model_formats.py are pure (names, a
+carton's manifest, the model formats other tools push); challenge.py and
+credentials.py read auth challenges and docker's credentials; auth.py
+answers challenges; registry.py speaks the distribution API; pull.py,
+model_pull.py (with layer_blobs.py and unpack.py, tar layers unpacked as
+they stream) and push.py move cartons and models between a registry and
+the store;
+modelpack.py (pure) lays a carton out as a CNCF ModelPack artifact for
+``push --format modelpack``.
 
 Entry points: ``push_carton`` (push.py); ``OCI_REFERENCE``, the source
 kind a ``cartonstore.fetch.puller.Puller`` built with it reads ``oci://``
@@ -23,10 +27,10 @@ from cartonstore.fetch.http.source_kinds import SourceKind
 from .reference import SCHEME, is_oci_reference, parse_reference
 
 
-async def _add(puller: Any, ref: str, name: str | None, force: bool) -> Any:
+async def _add(puller: Any, ref: str, name: str | None, force: bool, lazy: bool) -> Any:
     from .pull import add_from_registry
 
-    return await add_from_registry(puller, parse_reference(ref), name, force)
+    return await add_from_registry(puller, parse_reference(ref), name, force, lazy)
 
 
 def registry_auth(client: Any) -> Any:
@@ -41,6 +45,6 @@ def registry_auth(client: Any) -> Any:
 
 OCI_REFERENCE = SourceKind("oci", (SCHEME.removesuffix("://"),), lambda _puller, text: str(parse_reference(text)),
                            _add)
-"""A carton in an OCI registry, ``oci://HOST/REPO:TAG`` (reference.py)."""
+"""A carton or a model in an OCI registry, ``oci://HOST/REPO:TAG`` (reference.py)."""
 
 __all__ = ["OCI_REFERENCE", "is_oci_reference", "parse_reference", "registry_auth"]

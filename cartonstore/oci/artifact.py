@@ -82,19 +82,25 @@ def build_manifest(layers: list[Layer], annotations: dict[str, str] | None = Non
     return json.dumps(manifest, separators=(",", ":"), ensure_ascii=False).encode()
 
 
-def parse_manifest(raw: bytes, where: str, media_type: str | None = None) -> list[Layer]:
-    """The layers of a carton's manifest; InvalidInput (or InvalidCarton for
-    a path) names what is wrong. ``media_type`` is the Content-Type the
-    registry served it with."""
-    if len(raw) > MAX_MANIFEST_SIZE:
-        raise InvalidInput(f"{where}: manifest is {len(raw)} bytes, more than the {MAX_MANIFEST_SIZE} "
-                           f"a registry serves", subject=where)
+def json_object(raw: bytes, what: str, where: str) -> dict[str, Any]:
+    """``raw`` as a JSON object; InvalidInput names ``what`` is not one."""
     try:
         doc = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as e:
-        raise InvalidInput(f"{where}: manifest is not JSON ({e})", subject=where) from None
+        raise InvalidInput(f"{where}: {what} is not JSON ({e})", subject=where) from None
     if not isinstance(doc, dict):
-        raise InvalidInput(f"{where}: manifest is not a JSON object", subject=where)
+        raise InvalidInput(f"{where}: {what} is not a JSON object", subject=where)
+    return doc
+
+
+def load_manifest(raw: bytes, where: str, media_type: str | None = None) -> dict[str, Any]:
+    """An image manifest's JSON, its shape checked (schemaVersion 2, config,
+    layers; an index refused); InvalidInput names what is wrong.
+    ``media_type`` is the Content-Type the registry served it with."""
+    if len(raw) > MAX_MANIFEST_SIZE:
+        raise InvalidInput(f"{where}: manifest is {len(raw)} bytes, more than the {MAX_MANIFEST_SIZE} "
+                           f"a registry serves", subject=where)
+    doc = json_object(raw, "manifest", where)
     kind = doc.get("mediaType") or media_type
     if kind in (OCI_INDEX, DOCKER_LIST) or "manifests" in doc:
         raise InvalidInput(f"{where}: is an image index (a list of manifests), not a carton; name the "
@@ -103,7 +109,24 @@ def parse_manifest(raw: bytes, where: str, media_type: str | None = None) -> lis
             or not isinstance(doc.get("layers"), list):
         raise InvalidInput(f"{where}: not an OCI image manifest (schemaVersion 2 with config and layers)",
                            subject=where)
-    artifact_type = doc.get("artifactType") or doc["config"].get("mediaType")
+    return doc
+
+
+def artifact_type_of(doc: dict[str, Any]) -> object:
+    """What an artifact says it is: ``artifactType``, else the config's media type."""
+    return doc.get("artifactType") or doc["config"].get("mediaType")
+
+
+def parse_manifest(raw: bytes, where: str, media_type: str | None = None) -> list[Layer]:
+    """The layers of a carton's manifest; InvalidInput (or InvalidCarton for
+    a path) names what is wrong. ``media_type`` is the Content-Type the
+    registry served it with."""
+    return carton_layers(load_manifest(raw, where, media_type), where)
+
+
+def carton_layers(doc: dict[str, Any], where: str) -> list[Layer]:
+    """The layers of a carton's manifest, loaded (load_manifest)."""
+    artifact_type = artifact_type_of(doc)
     if artifact_type != ARTIFACT_TYPE:
         what = "a container image" if artifact_type in IMAGE_CONFIG else f"an artifact of type {artifact_type!r}"
         raise InvalidInput(f"{where}: is {what}, not a carton (a carton's artifactType is {ARTIFACT_TYPE})",
@@ -119,7 +142,19 @@ def parse_manifest(raw: bytes, where: str, media_type: str | None = None) -> lis
     return layers
 
 
-def _layer(d: object, number: int, where: str) -> Layer:
+@dataclass(frozen=True)
+class Descriptor:
+    """A layer's (or config's) descriptor, its fields checked."""
+
+    number: int
+    digest: str     # 64 hex digits, without "sha256:"
+    size: int
+    media_type: str
+    annotations: dict[str, Any]
+
+
+def descriptor_of(d: object, number: int, where: str) -> Descriptor:
+    """Layer ``number``'s descriptor; InvalidInput names a bad field."""
     what = f"{where}: layer {number}"
     if not isinstance(d, dict):
         raise InvalidInput(f"{what} is not a descriptor (a JSON object)", subject=where)
@@ -133,8 +168,14 @@ def _layer(d: object, number: int, where: str) -> Layer:
     if not isinstance(media, str):
         raise InvalidInput(f"{what}: no mediaType", subject=where)
     annotations: dict[str, Any] = d["annotations"] if isinstance(d.get("annotations"), dict) else {}
-    path = annotations.get(TITLE)
-    if ORAS_UNPACK in annotations:
+    return Descriptor(number, digest[7:], size, media, annotations)
+
+
+def _layer(d: object, number: int, where: str) -> Layer:
+    what = f"{where}: layer {number}"
+    descriptor = descriptor_of(d, number, where)
+    path = descriptor.annotations.get(TITLE)
+    if ORAS_UNPACK in descriptor.annotations:
         raise InvalidInput(f"{what} ({path!r}) is a directory packed into one archive; push each file as its "
                            f"own layer", subject=where)
     if not isinstance(path, str) or not path:
@@ -143,4 +184,4 @@ def _layer(d: object, number: int, where: str) -> Layer:
     problem = carton_path_problem(path)
     if problem is not None:
         raise InvalidCarton(path, f"{where}: layer {number}: {problem}")
-    return Layer(path, digest[7:], size, media)
+    return Layer(path, descriptor.digest, descriptor.size, descriptor.media_type)

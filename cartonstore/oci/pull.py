@@ -1,6 +1,7 @@
-"""Adding a carton from an OCI registry.
+"""Adding a carton, or a model another tool pushed, from an OCI registry.
 
-The manifest is fetched and checked (artifact.py). The small files
+The manifest is fetched and checked (artifact.py); a carton artifact is
+read here, any other model format by model_pull.py. The small files
 check_carton reads whole (carton.toml, MANIFEST, tensor_data/*.toml) are
 taken from the store when it has them, else fetched; the carton is
 validated like any other; then every blob the store lacks is fetched. Every
@@ -16,23 +17,21 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from cartonstore.carton.checks import check_carton
 from cartonstore.carton.from_files import ListedCartonView, ListedFile
 from cartonstore.errors import IntegrityError, InvalidCarton, ManifestMismatch
-from cartonstore.fetch.sources.mirrors import stage_from_mirrors
-from cartonstore.fetch.sources.peers import Claim, offer
 from cartonstore.fetch.sources.remote_zip import read_whole_limit
-from cartonstore.fetch.transfer.download import fetch_blob
 from cartonstore.format.manifest import build_manifest
 from cartonstore.sources.zip_source import METADATA_NAMES
-from cartonstore.store.content.blobs import StagedBlob
 from cartonstore.store.ingest import IngestResult, Provenance, Staging, check_staged_safetensors
 from cartonstore.system.single_flight import all_or_none
 
-from .artifact import Layer, parse_manifest
+from .artifact import Layer, carton_layers, load_manifest
+from .layer_blobs import LayerBlobs
+from .model_formats import model_artifact, served_manifest_type
+from .model_pull import add_model_artifact
 from .reference import OciReference
 from .registry import Registry
 
@@ -40,58 +39,7 @@ if TYPE_CHECKING:
     from cartonstore.fetch.puller import Puller
 
 
-
-class _Blobs:
-    """One add's blobs: staged from the registry, or found in the store."""
-
-    def __init__(self, puller: Puller, registry: Registry, sizes: dict[str, int], staging: Staging,
-                 claims: dict[str, Claim]) -> None:
-        self.puller = puller
-        self.registry = registry
-        self.sizes = sizes
-        self.staging = staging
-        self.claims = claims
-        self.slots = asyncio.Semaphore(puller.config.max_concurrency)
-
-    async def stage(self, digest: str) -> Path:
-        """Fetch the blob into staging (once), from a peer that has it, else
-        the registry; returns its staged file."""
-        if digest not in self.staging.staged:
-            async with self.slots:
-                staged = await self.puller.fetcher.stage_from_peer(digest, self.claims.get(digest),
-                                                                   expected_size=self.sizes[digest])
-                if staged is None:
-                    staged = await self._from_mirrors(digest)
-                if staged is None:
-                    await self.registry.connect()   # once (a pull whose manifest a mirror served: now)
-                    staged = await fetch_blob(self.puller.client, self.puller.store.blobs, digest,
-                                              [self.registry.blob_url(digest)], self.puller.config,
-                                              stats=self.puller.stats, kind_of=lambda _u: "registry",
-                                              expected_size=self.sizes[digest])
-            self.staging.add_staged(staged)
-            offer(self.claims, digest, staged.tmp_path)
-        return self.staging.staged[digest].tmp_path
-
-    async def _from_mirrors(self, digest: str) -> StagedBlob | None:
-        """The blob from the registry's mirrors (fetch/sources/mirrors.py), or None."""
-        urls = [(endpoint, self.registry.mirror_url(endpoint, f"blobs/sha256:{digest}"))
-                for endpoint in self.registry.mirrors]
-        return await stage_from_mirrors(self.puller.client, self.puller.store.blobs, digest, urls,
-                                        self.puller.config, self.registry.passed_over,
-                                        registry=self.registry.ref.authority, stats=self.puller.stats,
-                                        expected_size=self.sizes[digest])
-
-    async def read(self, digest: str) -> bytes:
-        """A small blob's bytes: the store's copy, else the registry's."""
-        if digest not in self.staging.staged:
-            try:
-                return await asyncio.to_thread(self.puller.store.blobs.path(digest).read_bytes)
-            except FileNotFoundError:
-                pass
-        return await asyncio.to_thread((await self.stage(digest)).read_bytes)
-
-
-async def _read_small(blobs: _Blobs, by_path: dict[str, Layer]) -> dict[str, bytes]:
+async def _read_small(blobs: LayerBlobs, by_path: dict[str, Layer]) -> dict[str, bytes]:
     """The files check_carton reads whole, each within its size limit."""
     wanted = [p for p in by_path if read_whole_limit(p) is not None]
     for path in wanted:
@@ -120,21 +68,30 @@ def check_layers(layers: list[Layer], listed: dict[str, str]) -> None:
                                  f"and {layer.size})", subject=layer.digest)
 
 
-async def add_from_registry(puller: Puller, ref: OciReference, name: str | None, force: bool) -> IngestResult:
+async def add_from_registry(puller: Puller, ref: OciReference, name: str | None, force: bool,
+                            lazy: bool = False) -> IngestResult:
+    """The artifact ``ref`` names, added: a carton as it is, any other model
+    format as a carton of its files (model_pull.py). ``lazy``: the blobs
+    that are layers are fetched later (LINKS: their registry URLs)."""
     registry = Registry(puller.client, ref, puller.fetcher.mirrors_passed_over)
     raw, media_type, manifest_digest = await registry.get_manifest()
-    layers = parse_manifest(raw, str(ref), media_type)
+    doc = load_manifest(raw, str(ref), served_manifest_type(media_type))
+    artifact = model_artifact(doc, str(ref), served=media_type)
+    if artifact is not None:
+        return await add_model_artifact(puller, registry, ref, manifest_digest, artifact, name, force, lazy)
+    layers = carton_layers(doc, str(ref))
     by_path = {layer.path: layer for layer in layers}
     if "carton.toml" not in by_path:
         raise InvalidCarton("carton.toml", f"{ref}: the artifact has no layer titled carton.toml")
     sizes = {layer.digest: layer.size for layer in layers}   # one size per digest: checked below
     async with puller.fetcher.peers.claiming(sizes) as claims:  # until committed (peers.py)
-        return await _add_layers(puller, registry, ref, manifest_digest, layers, _Blobs(
-            puller, registry, sizes, Staging(puller.store.blobs), claims), name, force)
+        return await _add_layers(puller, registry, ref, manifest_digest, layers, LayerBlobs(
+            puller, registry, sizes, Staging(puller.store.blobs), claims), name, force, lazy)
 
 
 async def _add_layers(puller: Puller, registry: Registry, ref: OciReference, manifest_digest: str,
-                      layers: list[Layer], blobs: _Blobs, name: str | None, force: bool) -> IngestResult:
+                      layers: list[Layer], blobs: LayerBlobs, name: str | None, force: bool,
+                      lazy: bool) -> IngestResult:
     by_path = {layer.path: layer for layer in layers}
     staging = blobs.staging
     try:
@@ -151,9 +108,7 @@ async def _add_layers(puller: Puller, registry: Registry, ref: OciReference, man
         checked = dataclasses.replace(checked, links=urls)
         if "MANIFEST" not in by_path and not puller.store.blobs.has(checked.digest):
             await asyncio.to_thread(staging.add_bytes, small["MANIFEST"], checked.digest)
-        missing = await asyncio.to_thread(
-            lambda: [d for d in urls if d not in staging.staged and not puller.store.blobs.has(d)])
-        await all_or_none(blobs.stage(d) for d in missing)
+        await blobs.stage_missing(urls, lazy=lazy)
         await asyncio.to_thread(check_staged_safetensors, checked, staging)
         made_here = frozenset() if "MANIFEST" in by_path else frozenset({checked.digest})
         return await asyncio.to_thread(puller.store.commit_checked, checked, staging, name=name,

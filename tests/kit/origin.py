@@ -443,6 +443,7 @@ class _Entry:
     statuses_used: int = 0
     times_used: int = 0
     reps: dict = field(default_factory=dict)  # coding chain -> _Body
+    content_type: str = "application/octet-stream"
 
 
 def _parse_range(value: str, size: int) -> tuple[int, int] | str | None:
@@ -602,14 +603,15 @@ class Origin:
     # ---- content ---------------------------------------------------------
 
     def put(self, path: str, data: bytes, *, fault: Fault | None = None,
-            encoding: str | None = None, last_modified: float | None = None) -> str:
+            encoding: str | None = None, last_modified: float | None = None,
+            content_type: str = "application/octet-stream") -> str:
         """Serve ``data`` at ``path`` (GET and HEAD); returns its URL if
         started (else the path).  ``encoding`` encodes every response."""
         data = bytes(data)
         body = _BytesBody(data)
         sha = hashlib.sha256(data).hexdigest()
         return self._install(path, body, sha, time.time() if last_modified is None else last_modified,
-                             fault, encoding)
+                             fault, encoding, content_type)
 
     def put_file(self, path: str, file_path: str | os.PathLike, *, fault: Fault | None = None,
                  encoding: str | None = None, etag: str | None = None) -> str:
@@ -627,11 +629,12 @@ class Origin:
             etag = h.hexdigest()
         return self._install(path, body, etag, st.st_mtime, fault, encoding)
 
-    def _install(self, path, body, sha, mtime, fault, encoding) -> _Entry:
+    def _install(self, path, body, sha, mtime, fault, encoding,
+                 content_type: str = "application/octet-stream") -> _Entry:
         path = _norm(path)
         if encoding is not None and encoding not in ENCODINGS:
             raise ValueError(f"unknown encoding {encoding!r}")
-        entry = _Entry(body=body, sha=sha, encoding=encoding,
+        entry = _Entry(body=body, sha=sha, encoding=encoding, content_type=content_type,
                        last_modified=email.utils.formatdate(mtime, usegmt=True))
         if encoding is not None:
             self._prepare_rep(entry, (encoding,))
@@ -808,7 +811,7 @@ class Origin:
                 coding = None
             body = entry.reps[coding] if coding else entry.body
             etag = f'"{entry.sha[:32]}{"-" + "+".join(coding) if coding else ""}"'
-        headers = {"Content-Type": "application/octet-stream", "ETag": etag,
+        headers = {"Content-Type": entry.content_type, "ETag": etag,
                    "Last-Modified": entry.last_modified}
         header_coding = None
         if coding:

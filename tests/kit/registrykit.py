@@ -135,9 +135,9 @@ class Registry:
             pass
         return digest
 
-    def put_manifest(self, repo: str, tag: str, raw: bytes) -> None:
-        with self._open("PUT", f"/v2/{repo}/manifests/{tag}", raw,
-                        {"Content-Type": "application/vnd.oci.image.manifest.v1+json"}):
+    def put_manifest(self, repo: str, tag: str, raw: bytes,
+                     media_type: str = "application/vnd.oci.image.manifest.v1+json") -> None:
+        with self._open("PUT", f"/v2/{repo}/manifests/{tag}", raw, {"Content-Type": media_type}):
             pass
 
     def blob_files(self) -> int:

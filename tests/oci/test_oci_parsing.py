@@ -152,3 +152,92 @@ def test_what_a_registry_said_is_read_whatever_its_body(body: bytes, said: str) 
     from cartonstore.oci.registry import Answer, said_by_registry
 
     assert said_by_registry(Answer(500, {}, body, "http://r/v2/")) == said
+
+
+# -- the model formats other tools push (model_formats.py) ------------------------------------
+
+
+def _model(layers: list[dict], config_type: str = "application/vnd.oci.empty.v1+json", **top) -> dict:
+    return {"schemaVersion": 2, "config": {"mediaType": config_type, "digest": D, "size": 2}, "layers": layers, **top}
+
+
+def _layer(media: str, annotations: dict | None = None, digest: str = D) -> dict:
+    return {"mediaType": media, "digest": digest, "size": 5, **({"annotations": annotations} if annotations else {})}
+
+
+E = "sha256:" + "cd" * 32
+MP_RAW = "application/vnd.cncf.model.weight.v1.raw"
+
+
+@pytest.mark.parametrize(("doc", "fmt", "paths", "tars"), [
+    (_model([_layer(MP_RAW, {"org.cncf.model.filepath": "w.safetensors"}),
+             _layer("application/vnd.cncf.model.doc.v1.tar+zstd", digest=E)],
+            artifactType="application/vnd.cncf.model.manifest.v1+json"), "modelpack", ["w.safetensors"], ["zstd"]),
+    (_model([_layer("application/vnd.cnai.model.weight.v1.raw", {"org.cnai.model.filepath": "a/b.bin"})],
+            "application/vnd.cnai.model.config.v1+json"), "modelpack", ["a/b.bin"], []),
+    (_model([_layer("application/vnd.docker.ai.gguf.v3"), _layer("application/vnd.docker.ai.gguf.v3", digest=E),
+             _layer("application/vnd.docker.ai.license", digest="sha256:" + "ef" * 32)],
+            "application/vnd.docker.ai.model.config.v0.1+json"),
+     "docker-model", ["model-00001-of-00002.gguf", "model-00002-of-00002.gguf", "LICENSE"], []),
+    (_model([_layer("application/vnd.kitops.modelkit.model.v1.tar+gzip"),
+             _layer("application/vnd.kitops.modelkit.code.v1.tar", digest=E)],
+            "application/vnd.kitops.modelkit.config.v1+json"), "kitops", [], ["gzip", ""]),
+    (_model([_layer("application/vnd.oci.image.layer.v1.tar", {"org.opencontainers.image.title": "f.bin"}),
+             _layer("application/x-dir", {"org.opencontainers.image.title": "d", "io.deis.oras.content.unpack": "true"},
+                    digest=E)], artifactType="application/vnd.unknown.artifact.v1"), "oras", ["f.bin"], ["sniff"]),
+    (_model([_layer("application/vnd.ollama.image.model"), _layer("application/vnd.ollama.image.license", digest=E),
+             _layer("application/vnd.ollama.image.license", digest="sha256:" + "ef" * 32)],
+            "application/vnd.docker.container.image.v1+json"), "ollama", ["model.gguf", "LICENSE", "LICENSE-2"], []),
+])
+def test_model_formats_recognised(doc: dict, fmt: str, paths: list[str], tars: list[str]) -> None:
+    from cartonstore.oci.model_formats import model_artifact
+
+    artifact = model_artifact(doc, "here")
+    assert artifact is not None and artifact.format == fmt
+    assert [layer.path for layer in artifact.raw] == paths
+    assert [layer.compression for layer in artifact.tars] == tars
+    assert (artifact.config is not None) == (fmt in ("modelpack", "docker-model"))
+
+
+@pytest.mark.parametrize(("doc", "error", "why"), [
+    (_model([_layer("application/vnd.cncf.model.weight.v2.raw")], "application/vnd.cncf.model.config.v1+json"),
+     InvalidInput, "not a ModelPack v1 layer"),
+    (_model([_layer(MP_RAW)], "application/vnd.cncf.model.config.v1+json"), InvalidInput,
+     "names no file: no org.cncf.model.filepath"),
+    (_model([_layer(MP_RAW, {"org.cncf.model.filepath": "/etc/x"})], "application/vnd.cncf.model.config.v1+json"),
+     InvalidCarton, "is absolute"),
+    (_model([_layer("application/vnd.docker.ai.gguf.v3")], "application/vnd.docker.ai.model.config.v0.9+json"),
+     InvalidInput, "v0.9.* is not one read here"),
+    (_model([_layer("application/vnd.docker.ai.weird")], "application/vnd.docker.ai.model.config.v0.1+json"),
+     InvalidInput, "not a Docker model-spec layer"),
+    (_model([_layer("application/vnd.ollama.image.model"), _layer("application/vnd.ollama.image.odd", digest=E)]),
+     InvalidInput, "not an Ollama layer"),
+    (_model([_layer("application/vnd.oci.image.layer.v1.tar")], "application/vnd.oci.image.config.v1+json"),
+     InvalidInput, "container image"),
+    (_model([_layer(MP_RAW, {"org.cncf.model.filepath": "a"}), _layer(MP_RAW, {"org.cncf.model.filepath": "a"},
+                                                                      digest=E)],
+            "application/vnd.cncf.model.config.v1+json"), InvalidCarton, "layers 0 and 1 both have this path"),
+])
+def test_model_formats_refused(doc: dict, error: type, why: str) -> None:
+    from cartonstore.oci.model_formats import model_artifact
+
+    with pytest.raises(error, match=why):
+        model_artifact(doc, "here")
+
+
+def test_a_carton_is_left_to_the_carton_reader_unless_served_as_text() -> None:
+    from cartonstore.oci.model_formats import model_artifact
+
+    carton = _model([], artifactType=ARTIFACT_TYPE)
+    assert model_artifact(carton, "here") is None
+    with pytest.raises(InvalidInput, match="served the manifest as text/plain"):
+        model_artifact(carton, "here", served="text/plain")
+
+
+def test_model_config_format() -> None:
+    from cartonstore.oci.model_formats import weights_format
+
+    assert weights_format(b'{"config": {"format": "GGUF"}, "descriptor": {"description": "d"}}', "x") == ("gguf", "d")
+    assert weights_format(b'{"config": {"format": "no way"}}', "x") == (None, None)
+    with pytest.raises(InvalidInput, match="not JSON"):
+        weights_format(b"{", "x")

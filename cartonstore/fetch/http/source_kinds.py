@@ -37,9 +37,11 @@ class SourceKind:
     """``canonical(puller, text)``: the text as this kind writes it, checked
     (InvalidInput naming what is wrong): the key that concurrent adds of one
     carton share, and what its progress shows."""
-    add: Callable[[Any, str, str | None, bool], Awaitable[Any]]
-    """``await add(puller, ref, name, force)`` -> the store's IngestResult,
-    given the canonical ref, once at a time per ref across processes."""
+    add: Callable[[Any, str, str | None, bool, bool], Awaitable[Any]]
+    """``await add(puller, ref, name, force, lazy)`` -> the store's
+    IngestResult, given the canonical ref, once at a time per ref across
+    processes; ``lazy``: blobs the source can give again later may be left
+    for then (an InvalidInput names why a kind cannot)."""
 
     def claims(self, text: str) -> bool:
         return scheme_of(text) in self.schemes
