@@ -57,10 +57,12 @@ class BlobFetcher:
         policy.check_link: all but each mirror's and those of the registry
         repositories a caller pulled a carton of this blob from (the index
         keeps both kinds of URL alike, and a carton's LINKS may copy a
-        registry's shape). SQLite: in a thread."""
+        registry's shape), and those at the Hugging Face endpoint the
+        operator configured (fetch.hub). SQLite: in a thread."""
         mirrors = set(self._mirror_urls(digest))
         pulled = self.store.index.sources_of_blob(digest)
-        return frozenset(u for u in sources if u not in mirrors and not pulled_from(u, pulled))
+        return frozenset(u for u in sources if u not in mirrors and not pulled_from(u, pulled)
+                         and not self.config.hub.serves(u))
 
     def _mirror_urls(self, digest: str) -> list[str]:
         return [f"{m.rstrip('/')}/{digest}" for m in self.config.mirrors]

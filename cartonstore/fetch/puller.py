@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -142,7 +142,7 @@ class Puller:
         before = self.stats.snapshot()
         read = [0, 0]   # bytes, blobs taken from a local source
         if is_url(source):
-            result = await self._add_kind(self.sources.claimed(source), source, name, force)
+            result = await self._add_kind(self.sources.claimed(source), source, name, force, lazy)
         else:
             result = await asyncio.to_thread(self.store.add, source, name=name, force=force, confined=confined,
                                              caller=caller)
@@ -164,14 +164,17 @@ class Puller:
                           bytes_read=sources["file"]["bytes"], retries=moved["retries"], sources=sources,
                           local=not is_url(source))
 
-    async def _add_kind(self, kind: SourceKind, text: str, name: str | None, force: bool) -> IngestResult:
+    async def _add_kind(self, kind: SourceKind, text: str, name: str | None, force: bool,
+                        lazy: bool = False) -> IngestResult:
         """A source of one of the kinds this puller reads, added once at a
         time across processes (one lock per canonical ref)."""
         ref = kind.canonical(self, text)
-        return await self._urls_in_flight.run(f"{ref}\n{name}\n{force}",
-                                              lambda: self._add_kind_once(kind, ref, name, force))
+        add = kind.add_lazily if lazy and kind.add_lazily is not None else kind.add
+        return await self._urls_in_flight.run(f"{ref}\n{name}\n{force}\n{add is kind.add}",
+                                              lambda: self._add_kind_once(add, ref, name, force))
 
-    async def _add_kind_once(self, kind: SourceKind, ref: str, name: str | None, force: bool) -> IngestResult:
+    async def _add_kind_once(self, add: Callable[[Puller, str, str | None, bool], Awaitable[IngestResult]], ref: str,
+                             name: str | None, force: bool) -> IngestResult:
         started = time.time()
         lock = self.store.layout.locks_dir / f"url-{hashlib.sha256(ref.encode()).hexdigest()}.lock"
         async with async_file_lock(lock, timeout=self.config.lock_timeout):
@@ -181,7 +184,7 @@ class Puller:
                 naming = await asyncio.to_thread(self.store.name_carton, row.digest, name, force=force)
                 return IngestResult(row.digest, naming.name, True, 0, 0, 0, naming)
             self.on_event({"event": "carton", "url": describe(ref)})
-            return await kind.add(self, ref, name, force)
+            return await add(self, ref, name, force)
 
     async def add_from_url(self, url: str, name: str | None, force: bool) -> IngestResult:
         """A carton URL's add (CARTON_URL): its zip read by ranges, or

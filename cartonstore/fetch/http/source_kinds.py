@@ -40,6 +40,10 @@ class SourceKind:
     add: Callable[[Any, str, str | None, bool], Awaitable[Any]]
     """``await add(puller, ref, name, force)`` -> the store's IngestResult,
     given the canonical ref, once at a time per ref across processes."""
+    add_lazily: Callable[[Any, str, str | None, bool], Awaitable[Any]] | None = None
+    """The add of ``add --lazy``: the carton committed before the blobs it
+    lacks, each recorded with its URL (LINKS) to be fetched when asked for;
+    None: ``add`` whatever --lazy says."""
 
     def claims(self, text: str) -> bool:
         return scheme_of(text) in self.schemes
