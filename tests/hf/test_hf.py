@@ -49,8 +49,12 @@ def hub() -> Iterator[HubServer]:
 
 @pytest.fixture
 def env(hub: HubServer, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
-    """HF_ENDPOINT at the stand-in, no token; returns the store's root."""
+    """HF_ENDPOINT at the stand-in, no token, and private addresses refused
+    to URLs a carton names (production's default: the endpoint is the
+    operator's, so the Hub on 127.0.0.1 is reached all the same); returns
+    the store's root."""
     monkeypatch.setenv("HF_ENDPOINT", hub.endpoint)
+    monkeypatch.setenv("CARTONSTORE_ALLOW_PRIVATE_LINKS", "false")
     monkeypatch.delenv("HF_TOKEN", raising=False)
     return tmp_path / "root"
 
@@ -125,7 +129,7 @@ def test_each_refusal_is_named_and_the_store_is_unchanged(capsys, env: Path, hub
         assert store.list() == [] and blob_files(store) == [] and tmp_files(store) == []
 
 
-def test_lazy_then_path_fetches_from_the_recorded_resolve_urls(capsys, env: Path, hub: HubServer) -> None:
+def test_lazy_and_evicted_files_come_back_from_the_recorded_resolve_urls(capsys, env: Path, hub: HubServer) -> None:
     code, out = add(capsys, env, "hf://acme/tiny", "--lazy", "--name", "tiny", "--exclude", "extra/")
     assert code == 0 and not out["complete"] and out["blobs_fetched"] == 2, out   # the git files, hashed
     commit = hub.repos["acme/tiny"].refs["main"]
@@ -136,6 +140,11 @@ def test_lazy_then_path_fetches_from_the_recorded_resolve_urls(capsys, env: Path
         weights = hashlib.sha256(FILES["model.safetensors"]).hexdigest()
         assert missing == [weights]
         assert store.index.links_for(weights) == [f"{hub.endpoint}/acme/tiny/resolve/{commit}/model.safetensors"]
+    assert model_files(capsys, env, "tiny") == {p: d for p, d in FILES.items() if not p.startswith("extra/")}
+    code, _, err = run(capsys, "gc", "--max-size", "0", "--grace", "0s", "--root", str(env))   # evicts what has a source
+    assert code == 0, err
+    with Store(env) as store:
+        assert weights in store.missing_blobs(digest)
     assert model_files(capsys, env, "tiny") == {p: d for p, d in FILES.items() if not p.startswith("extra/")}
 
 
