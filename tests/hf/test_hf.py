@@ -165,3 +165,16 @@ def test_a_daemon_loads_an_hf_source_and_names_a_refusal(hub: HubServer, tmp_pat
         assert status == 403 and f"accept the license at {hub.endpoint}/acme/gated" in body["error"], body
     with Store(tmp_path / "root") as store:
         assert [i.names for i in store.list()] == [["tiny"]] and store.missing_blobs(store.resolve("tiny")) == []
+
+
+def test_a_file_that_breaks_off_resumes_with_a_range(capsys, env: Path, hub: HubServer) -> None:
+    from kit.origin import Fault
+
+    weights = safetensors(100_000)
+    hub.add_repo("acme/flaky", {"model.safetensors": weights})
+    path = f"/lfs/{hashlib.sha256(weights).hexdigest()}"
+    hub.cdn.set_fault(path, Fault(truncate_at=150_000, times=1))
+    code, out = add(capsys, env, "hf://acme/flaky", "--name", "flaky")
+    assert code == 0 and out["complete"] and out["retries"] == 1, out
+    assert [r.range for r in hub.cdn.requests if r.path == path] == [None, "bytes=150000-"]
+    assert model_files(capsys, env, "flaky") == {"model.safetensors": weights}
