@@ -88,8 +88,13 @@ def with_puller(store: Store, args: argparse.Namespace, work: Callable[[Puller],
 
 
 def cmd_add(store: Store, args: argparse.Namespace, out: Output) -> None:
+    source = args.source
+    if args.include or args.exclude:
+        from cartonstore.hf import with_patterns
+
+        source = with_patterns(source, args.include, args.exclude)
     try:
-        r = with_puller(store, args, lambda p: p.add(args.source, name=args.name, lazy=args.lazy, force=args.force))
+        r = with_puller(store, args, lambda p: p.add(source, name=args.name, lazy=args.lazy, force=args.force))
     except InvalidCarton as e:
         raise model_file_hint(args.source, e) or e from None
     data = {"manifest_sha256": r.digest, "name": r.name, "complete": r.complete,

@@ -65,14 +65,21 @@ def terminal_columns() -> int:
 # -- each command's options ----------------------------------------------------------
 
 def _add(sp: argparse.ArgumentParser) -> None:
-    sp.add_argument("source", help="a .carton file, an unpacked carton directory, an http(s) URL, or an OCI "
-                    "artifact: oci://HOST[:PORT]/REPO:TAG or oci://HOST/REPO@sha256:...")
+    sp.add_argument("source", help="a .carton file, an unpacked carton directory, an http(s) URL, an OCI "
+                    "artifact: oci://HOST[:PORT]/REPO:TAG or oci://HOST/REPO@sha256:..., or a Hugging Face "
+                    "repository: hf://ORG/NAME[@REVISION]")
     sp.add_argument("--name", help="name to refer to the carton by (default: its model_name, when no other "
                     "carton has that name); moves the name from another carton, and says so")
     sp.add_argument("--force", action="store_true",
                     help="move --name even from a model the daemon has loaded (its leases stay valid)")
     sp.add_argument("--lazy", action="store_true",
-                    help="only make the carton known; fetch LINKS blobs (an OCI artifact's layers) later, on path")
+                    help="only make the carton known; fetch LINKS blobs (an OCI artifact's raw layers, an hf:// "
+                    "repository's files) later, on path")
+    sp.add_argument("--include", action="append", default=[], metavar="GLOB",
+                    help="hf:// only: add the files matching GLOB (fnmatch, as huggingface_hub's allow_patterns; "
+                    "'dir/' is the whole folder); repeat for more (default: every file)")
+    sp.add_argument("--exclude", action="append", default=[], metavar="GLOB",
+                    help="hf:// only: leave out the files matching GLOB (as ignore_patterns); repeat for more")
 
 
 def _adopt(sp: argparse.ArgumentParser) -> None:

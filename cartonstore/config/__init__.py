@@ -4,8 +4,8 @@ before.
 
 load.py: ``load_config`` -> ``Config``; one module per section, each a
 frozen dataclass read from its table: server.py ([server]), fetch.py
-([fetch]), peers.py ([peers]), registries.py ([registries]), runners.py
-([runners]), with the value parsers they share in values.py and runner
+([fetch]), peers.py ([peers]), registries.py ([registries]), hf.py ([hf]),
+runners.py ([runners]), with the value parsers they share in values.py and runner
 command templates in runner_command.py. pulling.py builds the standard
 Puller (every kind of source cartonstore reads) for the daemon and the CLI.
 Names are imported on first use (`cartonstore --help` reads no settings).

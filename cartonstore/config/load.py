@@ -41,6 +41,7 @@ from cartonstore.zipfmt import ZipLimits
 
 from . import values as v
 from .fetch import POLICY_FIELDS, FetchSettings
+from .hf import HubSettings
 from .peers import PeerSettings
 from .registries import RegistrySettings
 from .runners import RUNNER_TABLES, RunnerSettings
@@ -60,6 +61,8 @@ ENV_VARS: Mapping[str, str] = MappingProxyType({
     "CARTONSTORE_ACCESS_LOG": "server.access_log",
     "CARTONSTORE_SANDBOX": "runners.sandbox",
     "CARTONSTORE_ALLOW_PRIVATE_LINKS": "fetch.allow_private_links",
+    "HF_ENDPOINT": "hf.endpoint",
+    "HF_TOKEN": "hf.token",
 })
 """Environment variable -> the setting it overrides. Empty variables are ignored."""
 
@@ -111,7 +114,8 @@ class GcSettings:
 
 _SECTIONS: Mapping[str, type] = MappingProxyType({
     "store": StoreSettings, "server": ServerSettings, "leases": LeaseSettings,
-    "fetch": FetchSettings, "registries": RegistrySettings, "limits": LimitSettings, "gc": GcSettings,
+    "fetch": FetchSettings, "registries": RegistrySettings, "hf": HubSettings, "limits": LimitSettings,
+    "gc": GcSettings,
     "peers": PeerSettings, "runners": RunnerSettings,
 })
 _PARSERS: Mapping[str, v.Parser] = MappingProxyType({
@@ -135,6 +139,7 @@ class Config:
     leases: LeaseSettings = field(default_factory=LeaseSettings)
     fetch: FetchSettings = field(default_factory=FetchSettings)
     registries: RegistrySettings = field(default_factory=RegistrySettings)
+    hf: HubSettings = field(default_factory=HubSettings)
     limits: LimitSettings = field(default_factory=LimitSettings)
     gc: GcSettings = field(default_factory=GcSettings)
     peers: PeerSettings = field(default_factory=PeerSettings)
@@ -159,7 +164,7 @@ class Config:
         values = {setting.name: getattr(self.fetch, setting.name) for setting in fields(self.fetch)
                   if setting.name not in POLICY_FIELDS}
         return FetchConfig(**values, policy=self.fetch.url_policy(), registries=self.registries.registry_config(),
-                           peers=self.peers.peer_config())
+                           peers=self.peers.peer_config(), hub=self.hf.hub_config())
 
     def zip_limits(self) -> ZipLimits:
         return ZipLimits(max_entries=self.limits.zip_max_entries,

@@ -58,20 +58,24 @@ class BlobFetcher:
         policy.check_link: all but each mirror's and those of the registry
         repositories a caller pulled a carton of this blob from (the index
         keeps both kinds of URL alike, and a carton's LINKS may copy a
-        registry's shape). SQLite: in a thread."""
+        registry's shape), and those at the Hugging Face endpoint the
+        operator configured (fetch.hub). SQLite: in a thread."""
         mirrors = set(self._mirror_urls(digest))
         pulled = self.store.index.sources_of_blob(digest)
-        return frozenset(u for u in sources if u not in mirrors and not pulled_from(u, pulled))
+        return frozenset(u for u in sources if u not in mirrors and not pulled_from(u, pulled)
+                         and not self.config.hub.serves(u))
 
     def _mirror_urls(self, digest: str) -> list[str]:
         return [f"{m.rstrip('/')}/{digest}" for m in self.config.mirrors]
 
     def kind_of(self, url: str) -> str:
         """"mirror" for <mirror>/<sha256>, "registry" for an OCI registry's
-        .../v2/<repo>/blobs/sha256:<hex>, "peer" for a peer's, else "url"
-        (a LINKS URL)."""
+        .../v2/<repo>/blobs/sha256:<hex>, "peer" for a peer's, "hf" for the
+        configured Hugging Face endpoint's, else "url" (a LINKS URL)."""
         if self.peers.is_peer_url(url):
             return "peer"
+        if self.config.hub.serves(url):
+            return "hf"
         head, _, tail = url.rpartition("/")
         mirrors = {m.rstrip("/") for m in self.config.mirrors}
         if head in mirrors and len(tail) == 64:

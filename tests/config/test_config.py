@@ -140,6 +140,9 @@ DEFAULTS = {
     "registries.proxy": None,
     "registries.mirrors": {},
     "registries.mirror_down_for": 60.0,
+    "hf.endpoint": "https://huggingface.co",
+    "hf.token": "",
+    "hf.token_file": None,
     "limits.zip_max_entries": 200_000,
     "limits.zip_max_ratio": 1000,
     "gc.max_size": None,
@@ -306,6 +309,9 @@ FILE_VALUES = [
     ("server.tls_client_ca", '"/etc/cartonstore/fleet-ca.pem"', Path("/etc/cartonstore/fleet-ca.pem")),
     ("server.token", '"api-s3cret"', "api-s3cret"),
     ("server.token_file", '"/etc/cartonstore/api-token"', Path("/etc/cartonstore/api-token")),
+    ("hf.endpoint", '"https://hub.lab/hf/"', "https://hub.lab/hf"),
+    ("hf.token", '"hf_abc"', "hf_abc"),
+    ("hf.token_file", '"/etc/cs/hf-token"', Path("/etc/cs/hf-token")),
     ("peers.urls", '["http://10.0.0.2:7070", "https://node3:7070/"]', ("http://10.0.0.2:7070", "https://node3:7070/")),
     ("peers.token", '"s3cret-token"', "s3cret-token"),
     ("peers.token_file", '"/etc/cartonstore/peer-token"', Path("/etc/cartonstore/peer-token")),
@@ -407,6 +413,8 @@ ENV_VALUES = [
     ("CARTONSTORE_ACCESS_LOG", "true", "server.access_log", True),
     ("CARTONSTORE_SANDBOX", "bwrap", "runners.sandbox", "bwrap"),
     ("CARTONSTORE_ALLOW_PRIVATE_LINKS", "true", "fetch.allow_private_links", True),
+    ("HF_ENDPOINT", "http://127.0.0.1:9/", "hf.endpoint", "http://127.0.0.1:9"),
+    ("HF_TOKEN", "hf_abc", "hf.token", "hf_abc"),
 ]
 
 
@@ -604,6 +612,9 @@ BAD_VALUES = [
     ("peers.urls", '["node2/x"]', "no scheme"),
     ("peers.urls", '["http://10.0.0.2:7070/v1/blobs"]', "with no path or query"),
     ("peers.token", '"two words"', "without spaces"),
+    ("hf.endpoint", '"ftp://hub.lab"', "scheme 'ftp' is not allowed"),
+    ("hf.token", '"two words"', "without spaces"),
+    ("hf.token_file", "1", "expected a path"),
     ("server.token", '"two words"', "without spaces"),
     ("server.token_file", "1", "expected a path"),
     ("peers.token", '"caf\u00e9"', "printable ASCII"),
@@ -879,7 +890,7 @@ def test_shipped_config_explains_every_setting() -> None:
 
 
 def test_fetch_settings_mirror_fetch_config() -> None:
-    fetch_fields = {f.name for f in dataclasses.fields(FetchConfig)} - {"policy", "registries", "peers"}
+    fetch_fields = {f.name for f in dataclasses.fields(FetchConfig)} - {"policy", "registries", "peers", "hub"}
     policy_fields = {f.name for f in dataclasses.fields(UrlPolicy)}
     assert {f.name for f in dataclasses.fields(FetchSettings)} == fetch_fields | policy_fields
 
@@ -962,7 +973,8 @@ zip_max_ratio = 13
 def test_as_dict_is_toml_that_loads_back(tmp_path: Path, overrides: dict) -> None:
     config = load_config(env={}, overrides=overrides)
     shown = config.as_dict()
-    assert list(shown) == ["store", "server", "leases", "fetch", "registries", "limits", "gc", "peers", "runners"]
+    assert list(shown) == ["store", "server", "leases", "fetch", "registries", "hf", "limits", "gc", "peers",
+                           "runners"]
     # [runners.<name>] tables are shown flattened into [runners]; [registries.mirrors] stays one table
     assert [f"{s}.{k}" for s, table in shown.items() for k in table] == \
         [key for key in setting_keys() if key != "runners.commands"]

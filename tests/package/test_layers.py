@@ -34,7 +34,7 @@ LAYERS = [
     ["fetch.transfer"],
     ["fetch.sources"],
     ["fetch", "client"],
-    ["oci", "config"],
+    ["oci", "hf", "config"],
     ["server.tensors", "server.checks"],
     ["server.runner_processes"],
     ["server.models"],

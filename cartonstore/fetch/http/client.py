@@ -259,6 +259,8 @@ class HttpClient:
     def authorization(self, url: str, *, push: bool = False, kind: str = "url") -> str | None:
         if kind == "peer":
             return f"Bearer {self.config.peers.token}" if self.config.peers.token else None
+        if (hub := self.config.hub.authorization_for(url)) is not None:   # each hop asks: none off the Hub
+            return hub
         return self._auth.header_for(url, push=push) if self._auth is not None else None
 
     async def __aexit__(self, *exc: object) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from .codings import DEFAULT_ACCEPT_ENCODING
 from .policy import UrlPolicy
@@ -41,6 +42,34 @@ class PeerConfig:
     ca_file: Path | None = None       # CA that signed the peers' server certificates
 
 
+def _origin(url: str) -> tuple[str, str, int | None]:
+    parts = urlsplit(url)
+    try:
+        port = parts.port or {"http": 80, "https": 443}.get(parts.scheme.lower())
+    except ValueError:   # a port that is no number: no origin matches it
+        return ("", "", None)
+    return parts.scheme.lower(), (parts.hostname or "").lower(), port
+
+
+@dataclass(frozen=True)
+class HubConfig:
+    """How the Hugging Face Hub is reached (the [hf] settings)."""
+
+    endpoint: str = "https://huggingface.co"   # the Hub, or a mirror that speaks its API
+    # Sent as a Bearer token to the endpoint only: a redirect to another host (the CDN that serves LFS
+    # files by signed URL) goes without it, as huggingface_hub sends it.
+    token: str = ""
+
+    def serves(self, url: str) -> bool:
+        """url is at the endpoint: its scheme, host and port, under its path."""
+        prefix = urlsplit(self.endpoint).path.rstrip("/")
+        return _origin(url) == _origin(self.endpoint) and (
+            urlsplit(url).path == prefix or urlsplit(url).path.startswith(prefix + "/"))
+
+    def authorization_for(self, url: str) -> str | None:
+        return f"Bearer {self.token}" if self.token and self.serves(url) else None
+
+
 @dataclass(frozen=True)
 class FetchConfig:
     accept_encoding: str = DEFAULT_ACCEPT_ENCODING
@@ -65,3 +94,4 @@ class FetchConfig:
     policy: UrlPolicy = field(default_factory=UrlPolicy)
     registries: RegistryConfig = field(default_factory=RegistryConfig)
     peers: PeerConfig = field(default_factory=PeerConfig)
+    hub: HubConfig = field(default_factory=HubConfig)

@@ -3,7 +3,7 @@
 TransferStats counts bytes received and expected, requests, retries, and
 bytes and blobs by kind of source ("url": a carton's own URL or a LINKS
 URL; "mirror": <mirror>/<sha256>, or a registry's mirror; "registry": an
-OCI registry's blob; "peer": another node's store (peers.py); "file": a
+OCI registry's blob; "hf": the Hugging Face endpoint's; "peer": another node's store (peers.py); "file": a
 local carton, added by the puller). Every kind but "peer" is an origin.
 Counting is two additions under a lock, cheap enough for every
 chunk; whoever shows progress reads the counters at its own pace.
@@ -26,7 +26,7 @@ from cartonstore.fetch.http.client import tls_reason
 from cartonstore.fetch.http.config import FetchConfig
 from cartonstore.fetch.http.policy import describe
 
-SOURCE_KINDS = ("file", "url", "mirror", "registry", "peer")
+SOURCE_KINDS = ("file", "url", "mirror", "registry", "peer", "hf")
 
 
 def stored_kind(kind: str) -> str:
