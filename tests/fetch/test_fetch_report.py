@@ -146,6 +146,7 @@ def test_add_by_url_reports_the_blobs_bytes_and_requests_it_took(tmp_path: Path,
     assert r["bytes_received"] == origin.bytes_sent and r["requests"] == len(origin.requests)
     assert r["sources"] == {"file": {"bytes": 0, "blobs": 0}, "mirror": {"bytes": 0, "blobs": 0},
                             "registry": {"bytes": 0, "blobs": 0}, "peer": {"bytes": 0, "blobs": 0},
+                            "hf": {"bytes": 0, "blobs": 0},
                             "url": {"bytes": r["bytes_received"], "blobs": 6}}
     assert r["bytes_read"] == 0 and r["retries"] == 0
     _code, out, _ = cli(capsys, "add", origin.url("/m.carton"), "--root", str(root), "--progress", "none")
