@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import errno
 import os
-import re
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -39,7 +38,7 @@ from cartonstore.store.content.blobs import BLOB_MODE, StagedBlob
 from cartonstore.store.content.filespace import shared_bytes
 from cartonstore.store.content.hashing import CHUNK, sha256
 from cartonstore.store.metadata.adopted_rows import AdoptedBlob, record_adopted
-from cartonstore.store.metadata.names import NameOutcome, assign_name, is_valid_name, validate_name
+from cartonstore.store.metadata.names import NameOutcome, validate_name
 from cartonstore.store.metadata.source_rows import LocalSource
 from cartonstore.store.root.owner import tmp_name
 
@@ -269,7 +268,7 @@ def adopt(store: StoreParts, path: Path, *, name: str | None, commit: Commit) ->
                        provenance=Provenance("adopted", generated),
                        local_sources=[staged.local[e.digest] for e in checked.entries if e.digest in staged.local])
             _record(store, checked, staged.adopted)
-            naming = r.naming if r.name is not None or name is not None else _name_by_default(store, model, r.digest)
+            naming = r.naming
             result.models.append(AdoptedModel(r.digest, model.model_name, model.origin, len(checked.entries) - 1,
                                               sum(e.size or 0 for e in checked.entries), naming))
     finally:
@@ -297,13 +296,3 @@ def _record(store: StoreParts, checked: CheckedCarton, adopted: dict[str, Adopte
     if rows:
         with store.index.transaction() as conn:
             record_adopted(conn, rows)
-
-
-def _name_by_default(store: StoreParts, model: AdoptableModel, digest: str) -> NameOutcome | None:
-    """ORG/NAME and name:tag as a store name (``ORG-NAME``, ``name-tag``),
-    given only while no other carton has it."""
-    candidate = re.sub(r"[^A-Za-z0-9_.-]+", "-", model.model_name).strip("-.")
-    if not is_valid_name(candidate):
-        return None
-    with store.lock(), store.index.transaction() as conn:
-        return assign_name(conn, digest, explicit=None, default=candidate, force=False)

@@ -21,7 +21,7 @@ from tritonclient.utils import InferenceServerException
 from cartonstore.cli.commands import main
 from cartonstore.errors import Conflict, InvalidInput
 from cartonstore.store import Store, validate_name
-from cartonstore.store.metadata.names import pin_lease_id
+from cartonstore.store.metadata.names import default_name, pin_lease_id
 
 TINY_TOML = b'spec_version = 1\nmodel_name = "tiny"\n[runner]\nrunner_name = "none"\nrequired_framework_version = "*"\n'
 
@@ -75,9 +75,11 @@ def test_a_default_name_is_applied_when_free_and_kept_by_the_first(tmp_path: Pat
 
 def test_a_model_name_that_cannot_be_a_name_stays_unnamed(tmp_path: Path, capsys) -> None:
     root = str(tmp_path / "root")
-    code, out, _ = cli(capsys, "add", str(unpacked(tmp_path, "a", model_name="has space/slash")), "--root", root,
-                       "--json")
+    code, out, _ = cli(capsys, "add", str(unpacked(tmp_path, "a", model_name="/ /")), "--root", root, "--json")
     assert code == 0 and json.loads(out)["name"] is None and names(Path(root)) == {}
+    code, out, _ = cli(capsys, "add", str(unpacked(tmp_path, "b", model_name="has space/slash")), "--root", root,
+                       "--json")
+    assert code == 0 and json.loads(out)["name"] == "has-space-slash"
 
 
 def test_an_explicit_name_moves_and_says_what_it_moved(tmp_path: Path, capsys) -> None:
@@ -209,3 +211,18 @@ def test_every_door_holds_names_and_versions_to_one_grammar(daemon: DaemonProces
         g.close()
     code, _, err = cli(capsys, "add", str(unpacked(tmp_path, "d")), "--name=-x", "--root", str(daemon.root))
     assert code == 4 and rule in err
+
+
+@pytest.mark.parametrize(("model_name", "name"), [
+    ("resnet", "resnet"),
+    ("acme/tiny", "acme-tiny"),                       # a Hugging Face repository
+    ("llama3.2:1b", "llama3.2-1b"),                   # an Ollama model
+    ("registry.example/ns/m:v1", "registry.example-ns-m-v1"),
+    ("a  b//c", "a-b-c"),                             # a run of refused characters is one dash
+    ("///", None),
+    ("deadbeefcafe", None),                           # would read as a hash prefix
+    (None, None),
+])
+def test_a_model_name_other_tools_write_is_a_default_name_with_dashes(model_name: str | None,
+                                                                       name: str | None) -> None:
+    assert default_name(model_name) == name

@@ -101,8 +101,17 @@ class NameOutcome:
 
 
 def default_name(model_name: str | None) -> str | None:
-    """A carton's model_name as a default name, or None when it cannot be one."""
-    return model_name if model_name is not None and is_valid_name(model_name) else None
+    """A carton's model_name as a default name, or None when it cannot be
+    one. A model_name written as other tools name models (``ORG/NAME``, a
+    Hugging Face repository; ``name:tag``, an Ollama model) becomes
+    ``ORG-NAME``, ``name-tag``: each run of characters a name may not hold
+    is one dash."""
+    if model_name is None:
+        return None
+    if is_valid_name(model_name):
+        return model_name
+    dashed = re.sub(r"[^A-Za-z0-9_.\-]+", "-", model_name).strip("-.")
+    return dashed if is_valid_name(dashed) else None
 
 
 def pin_lease_id(owner: str, name: str) -> str:
