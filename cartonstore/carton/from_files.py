@@ -145,6 +145,10 @@ class FilesCarton:
     def view(self, label: str) -> ListedCartonView:
         return ListedCartonView(label, self.files, self.small)
 
+    def model_files(self) -> dict[str, ListedFile]:
+        """The model's files by the paths their source gave them."""
+        return {path.removeprefix(MODEL_FOLDER): f for path, f in self.files.items() if path.startswith(MODEL_FOLDER)}
+
 
 def files_carton(model_name: str, files: Mapping[str, ListedFile], *, origin: str,
                  description: str | None = None, fmt: str | None = None,

@@ -19,12 +19,15 @@ from __future__ import annotations
 import os
 import re
 import shutil
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cartonstore.errors import InvalidInput
 from cartonstore.format.dtypes import ONNX_TO_CARTON, onnx_kind_text
+
+if TYPE_CHECKING:
+    from .from_files import FilesCarton
 
 ONNX_FRAMEWORK = ">=1.10"   # what the graphs onnxruntime 1.10 reads (opsets up to 15) need; newer ones say more
 _SYMBOL = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -195,3 +198,20 @@ def _record_self_test(session: Any, tensor_dir: Path, given: Mapping[str, Path])
         raise InvalidInput(f"--self-test: the model failed on the given inputs: {type(exc).__name__}: {exc}") from None
     outputs = {arg.name: value for arg, value in zip(session.get_outputs(), results, strict=True)}
     return recorded_self_test(tensor_dir, {arg.name: feed[arg.name] for arg in session.get_inputs()}, outputs)
+
+
+def runnable_files_carton(carton: FilesCarton, model_name: str, file_at: Callable[[str], Path], *,
+                          origin: str, description: str | None = None) -> FilesCarton:
+    """``carton`` (from_files.files_carton) declared for the runner that
+    serves its files where one does (runnable_carton_toml), else as it is.
+    ``file_at(sha256)``: where a file's bytes are now (staged or stored).
+    Reads the files: in a worker thread, once they are all staged."""
+    from .from_files import files_carton, format_of_path
+
+    files = carton.model_files()
+    if not any(format_of_path(path) == "onnx" for path in files):
+        return carton
+    toml = runnable_carton_toml(model_name, {path: file_at(f.digest) for path, f in files.items()})
+    if toml is None:
+        return carton
+    return files_carton(model_name, files, origin=origin, description=description, carton_toml=toml)

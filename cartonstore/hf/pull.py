@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 
 from cartonstore.carton.checks import check_carton
 from cartonstore.carton.from_files import ListedFile, files_carton
+from cartonstore.carton.from_model import runnable_files_carton
 from cartonstore.errors import CartonStoreError, FetchError, IntegrityError, InvalidInput
 from cartonstore.fetch.sources.peers import Claim, offer
 from cartonstore.fetch.transfer.download import SourcesFailed, download, fetch_blob
@@ -82,13 +83,19 @@ class _Add:
             links: dict[str, tuple[str, ...]] = {}
             for f in files:
                 links.setdefault(listed[f.path].digest, (self.url(f),))
-            checked = dataclasses.replace(checked, links=links)
-            await asyncio.to_thread(self._stage_small, carton.small)
             lfs = {} if lazy else {f.sha256: f for f in files if f.sha256 is not None}
             missing = await asyncio.to_thread(
                 lambda: [d for d in lfs if d not in staging.staged and not puller.store.blobs.has(d)])
             async with puller.fetcher.peers.claiming({d: lfs[d].size for d in missing}) as claims:  # until committed
                 await all_or_none(self.stage_lfs_file(lfs[d], claims) for d in missing)
+                if not lazy:   # every file is here to read: declared for its runner where one serves it
+                    runnable = await asyncio.to_thread(runnable_files_carton, carton, self.ref.repo, staging.path_of,
+                                                       origin=str(self.ref))
+                    if runnable is not carton:
+                        carton = runnable
+                        checked = await asyncio.to_thread(check_carton, carton.view(str(self.ref)))
+                checked = dataclasses.replace(checked, links=links)
+                await asyncio.to_thread(self._stage_small, carton.small)
                 await asyncio.to_thread(check_staged_safetensors, checked, staging)
                 made_here = frozenset({checked.digest, carton.files["carton.toml"].digest})
                 return await asyncio.to_thread(puller.store.commit_checked, checked, staging, name=name,

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 from cartonstore.carton.checks import check_carton
 from cartonstore.carton.from_files import ListedFile, files_carton
+from cartonstore.carton.from_model import runnable_files_carton
 from cartonstore.errors import IntegrityError, InvalidCarton, InvalidInput
 from cartonstore.fetch.transfer.download import download
 from cartonstore.store.content.blobs import StagedBlob
@@ -71,16 +72,22 @@ async def _add(puller: Puller, registry: Registry, ref: OciReference, manifest_d
     files = {layer.path: ListedFile(layer.digest, layer.size) for layer in artifact.raw if layer.path is not None}
     for layer in artifact.tars:
         _take_unpacked(files, await _unpack(puller, registry, layer), blobs.staging, layer, where)
-    carton = files_carton(ref.repository.rsplit("/", 1)[-1], files, origin=where, fmt=fmt,
-                          description=description)
+    carton_name = ref.repository.rsplit("/", 1)[-1]
+    carton = files_carton(carton_name, files, origin=where, fmt=fmt, description=description)
     checked = await asyncio.to_thread(check_carton, carton.view(where), links_raw=b"")
     urls: dict[str, tuple[str, ...]] = {layer.digest: (registry.source_url(layer.digest),) for layer in artifact.raw}
+    await blobs.stage_missing(urls, lazy=lazy)
+    if not lazy:   # every file is here to read: declared for its runner where one serves it
+        runnable = await asyncio.to_thread(runnable_files_carton, carton, carton_name, blobs.staging.path_of,
+                                           origin=where, description=description)
+        if runnable is not carton:
+            carton = runnable
+            checked = await asyncio.to_thread(check_carton, carton.view(where), links_raw=b"")
     checked = dataclasses.replace(checked, links=urls)
     for small_name, data in carton.small.items():
         digest = checked.digest if small_name == "MANIFEST" else carton.files[small_name].digest
         if digest not in blobs.staging.staged and not await asyncio.to_thread(puller.store.blobs.has, digest):
             await asyncio.to_thread(blobs.staging.add_bytes, data, digest)
-    await blobs.stage_missing(urls, lazy=lazy)
     await asyncio.to_thread(check_staged_safetensors, checked, blobs.staging)
     made_here = frozenset({checked.digest, carton.files["carton.toml"].digest})
     return await asyncio.to_thread(puller.store.commit_checked, checked, blobs.staging, name=name,

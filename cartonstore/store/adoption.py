@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING
 
 from cartonstore.carton.checks import CheckedCarton, check_carton
 from cartonstore.carton.from_files import ListedFile, files_carton
+from cartonstore.carton.from_model import runnable_files_carton
 from cartonstore.errors import IntegrityError, InvalidInput, PermissionDenied, Unavailable
 from cartonstore.sources.adoptable import AdoptableFile, AdoptableModel, read_adoptable
 from cartonstore.store.content.blobs import BLOB_MODE, StagedBlob
@@ -280,6 +281,8 @@ def _checked(model: AdoptableModel, listed: dict[Path, ListedFile],
              staged: _Staged) -> tuple[AdoptableModel, CheckedCarton]:
     carton = files_carton(model.model_name, {f.path: listed[f.disk] for f in model.files}, origin=model.origin,
                           description=model.description, fmt=model.fmt)
+    carton = runnable_files_carton(carton, model.model_name, staged.staging.path_of, origin=model.origin,
+                                   description=model.description)
     checked = check_carton(carton.view(model.origin), links_raw=b"")
     staged.stage_small(checked, carton.small)
     return model, checked

@@ -178,3 +178,21 @@ def test_a_file_that_breaks_off_resumes_with_a_range(capsys, env: Path, hub: Hub
     assert code == 0 and out["complete"] and out["retries"] == 1, out
     assert [r.range for r in hub.cdn.requests if r.path == path] == [None, "bytes=150000-"]
     assert model_files(capsys, env, "flaky") == {"model.safetensors": weights}
+
+
+def test_a_repository_of_one_onnx_graph_is_declared_for_the_onnx_runner(capsys, env: Path, hub: HubServer,
+                                                                        tmp_path: Path) -> None:
+    """The graph's inputs and outputs, as `pack` declares them, read once
+    every file is staged."""
+    from kit.runnerkit import onnx_model_dir
+
+    from cartonstore.format.carton_toml import parse_carton_toml
+
+    graph = (onnx_model_dir(tmp_path / "src", name="affine", ids=False) / "model" / "model.onnx").read_bytes()
+    hub.add_repo("acme/affine", {"model.onnx": graph, "README.md": b"y = 2x + 1\n"})
+    code, out = add(capsys, env, "hf://acme/affine", "--name", "affine")
+    assert code == 0, out
+    code, path, err = run(capsys, "path", "affine", "--root", str(env))
+    assert code == 0, err
+    declared = parse_carton_toml((Path(path.strip()) / "carton.toml").read_bytes())
+    assert (declared.runner.runner_name, [i.name for i in declared.inputs or ()]) == ("onnx", ["x"])

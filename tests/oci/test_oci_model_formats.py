@@ -204,3 +204,25 @@ def test_lazy_leaves_raw_layers_for_later_and_refuses_tar_layers(tmp_path: Path,
                                                r"\(application/vnd\.kitops\.modelkit\.model\.v1\.tar\) is a tar"):
             pull(s, tar, config(), lazy=True)
         assert snapshot(s.root) == before
+
+
+@needs_registry
+def test_an_onnx_graph_pushed_as_modelpack_comes_with_the_onnx_runners_declaration(tmp_path: Path,
+                                                                                    registry: Registry) -> None:
+    """A ModelPack of one .onnx graph (config.format onnx) is declared as
+    `pack` declares it: inputs, outputs, the graph named where it was put;
+    lazily (the graph not here to read) it stays a carton of files."""
+    from kit.runnerkit import onnx_model_dir
+
+    from cartonstore.format.carton_toml import parse_carton_toml
+
+    graph = (onnx_model_dir(tmp_path / "src", name="affine", ids=False) / "model" / "model.onnx").read_bytes()
+    ref = mk.push(registry, "onnx/affine", "v1", mk.modelpack({"onnx/affine.onnx": graph}, fmt="onnx"))
+    with Store(tmp_path / "root") as store:
+        model = materialize(store, pull(store, ref, config(), name="affine").digest, config())
+        declared = parse_carton_toml((model / "carton.toml").read_bytes())
+        assert declared.runner.runner_name == "onnx" and declared.runner.opts == {"model_file": "onnx/affine.onnx"}
+        assert [i.name for i in declared.inputs or ()] == ["x"] and declared.outputs
+    with Store(tmp_path / "lazy") as store:
+        model = materialize(store, pull(store, ref, config(), name="affine", lazy=True).digest, config())
+        assert parse_carton_toml((model / "carton.toml").read_bytes()).inputs is None

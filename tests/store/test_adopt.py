@@ -229,3 +229,21 @@ def test_a_file_the_caller_may_not_read_is_refused_by_name(short_tmp: Path) -> N
     assert f"model.safetensors: this user may not read {secret}" in done.stderr
     with Store(theirs / "root", read_only=True) as s:
         assert s.list() == [] and list(s.blobs.iter_digests()) == []
+
+
+def test_a_directory_of_one_onnx_graph_is_adopted_as_a_carton_the_onnx_runner_serves(store: Store,
+                                                                                      tmp_path: Path) -> None:
+    from kit.runnerkit import onnx_model_dir
+
+    from cartonstore.format.carton_toml import parse_carton_toml
+
+    graph = onnx_model_dir(tmp_path / "src", name="affine", ids=False) / "model" / "model.onnx"
+    top = tmp_path / "affine"
+    top.mkdir()
+    shutil.copyfile(graph, top / "model.onnx")
+    (model,) = store.adopt(top).models
+    (toml,) = [e.digest for e in store.index.entries(model.digest) if e.path == "carton.toml"]
+    declared = parse_carton_toml(store.blobs.path(toml).read_bytes())
+    assert (declared.runner.runner_name, [i.name for i in declared.inputs or ()]) == ("onnx", ["x"])
+    assert os.stat(top / "model.onnx").st_ino == os.stat(store.blobs.path(hashlib.sha256(
+        (top / "model.onnx").read_bytes()).hexdigest())).st_ino
