@@ -92,13 +92,20 @@ def model_file_path(path: str, *, origin: str) -> str:
 def files_carton_toml(model_name: str, sizes: Mapping[str, int], *, description: str | None = None,
                       fmt: str | None = None) -> bytes:
     """carton.toml for model files no runner is declared for: spec 1, the
-    name, and ``runner_name`` the files' format (``fmt`` or format_of_files)."""
+    name, and ``runner_name`` the files' format (``fmt`` or format_of_files)
+    where no runner serves it; ``files`` where one would (an .onnx graph
+    whose inputs were not read, a source's config naming a runner): a
+    runner is named only by a declaration made from the files themselves
+    (runnable_carton_toml), never by a name a source gave."""
     import tomli_w
 
     toml: dict[str, object] = {"spec_version": 1, "model_name": model_name}
     if description:
         toml["short_description"] = description
-    toml["runner"] = {"runner_name": fmt or format_of_files(sizes), "required_framework_version": ANY_VERSION}
+    runner_name = fmt or format_of_files(sizes)
+    if runner_name not in RUNNERLESS_FORMATS:
+        runner_name = "files"
+    toml["runner"] = {"runner_name": runner_name, "required_framework_version": ANY_VERSION}
     return tomli_w.dumps(toml).encode()
 
 

@@ -46,3 +46,13 @@ def test_a_path_that_escapes_or_is_not_a_path_is_refused_by_name(path: str) -> N
 def test_no_files_is_refused() -> None:
     with pytest.raises(InvalidCarton, match="holds no files"):
         files_carton("m", {}, origin="hf://o/m")
+
+
+@pytest.mark.parametrize(("files", "fmt"), [({"model.onnx": 10}, None), ({"w.bin": 10}, "onnx"),
+                                            ({"main.py": 10}, "python"), ({"m.safetensors": 1}, "torchscript")])
+def test_a_runner_is_never_named_by_a_source_or_an_unread_graph(files: dict[str, int], fmt: str | None) -> None:
+    """Only a declaration read from the files names a runner; an undeclared
+    graph or a config's word for one is a carton of files."""
+    listed = {path: _file(b"x" * size) for path, size in files.items()}
+    carton = files_carton("m", listed, origin="oci://r/m:1", fmt=fmt)
+    assert parse_carton_toml(carton.small["carton.toml"]).runner.runner_name == "files"
