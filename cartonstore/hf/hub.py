@@ -41,7 +41,7 @@ class Hub:
             raw = await with_retries(self.client.config, lambda _n: self._read(url))
         except FetchError as e:
             raise await self.refusal(url, ref, e) from None
-        return parse_revision(raw, ref)
+        return await asyncio.to_thread(parse_revision, raw, ref)   # up to MAX_LISTING_SIZE of JSON
 
     async def _read(self, url: str) -> bytes:
         parts, size = [], 0

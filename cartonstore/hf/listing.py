@@ -5,17 +5,18 @@ source is not fetched) or, for a file kept in git, its git object id."""
 
 from __future__ import annotations
 
-import hashlib
-import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeGuard
 
 from cartonstore.errors import InvalidInput
+from cartonstore.format import strict_json
+from cartonstore.format.paths import carton_path_problem
 
 from .reference import HubReference, is_commit
 
+_DECODE = strict_json.decoder()
 MAX_LISTING_SIZE = 64 << 20
 """A listing longer than this is refused (the Hub's largest repositories
 list some ten thousand files, a few MiB)."""
@@ -39,21 +40,18 @@ class Revision:
     files: tuple[HubFile, ...]
 
 
-def git_oid(data: bytes) -> str:
-    """The git object id of a file's bytes, as the Hub lists it."""
-    return hashlib.sha1(b"blob %d\0" % len(data) + data, usedforsecurity=False).hexdigest()
-
-
 def parse_revision(raw: bytes, ref: HubReference) -> Revision:
-    """InvalidInput naming the field that is wrong."""
+    """InvalidInput naming the field that is wrong, before any file is
+    fetched: a path a carton may not hold (absolute, ``..``), a path listed
+    twice, a key repeated in one object."""
     where = f"the Hub's listing of {ref}"
 
     def bad(problem: str) -> InvalidInput:
         return InvalidInput(f"{where}: {problem}", subject=str(ref))
 
     try:
-        doc = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as e:
+        doc = _DECODE(raw.decode())
+    except (ValueError, UnicodeDecodeError) as e:   # RepeatedKey is a ValueError
         raise bad(f"not JSON ({e})") from None
     if not isinstance(doc, dict):
         raise bad("not a JSON object")
@@ -63,12 +61,18 @@ def parse_revision(raw: bytes, ref: HubReference) -> Revision:
     siblings = doc.get("siblings")
     if not isinstance(siblings, list):
         raise bad("no 'siblings' list of files")
-    files = []
+    files: dict[str, HubFile] = {}
     for sibling in siblings:
         if not isinstance(sibling, dict) or not isinstance(sibling.get("rfilename"), str):
             raise bad(f"a sibling without an rfilename: {str(sibling)[:100]}")
-        files.append(_file(sibling, bad))
-    return Revision(commit, tuple(files))
+        path = sibling["rfilename"]
+        problem = carton_path_problem(path)
+        if problem is not None:
+            raise bad(f"file {path[:200]!r} is not a path a model's file may have: it {problem}")
+        if path in files:
+            raise bad(f"file {path[:200]!r} is listed twice")
+        files[path] = _file(sibling, bad)
+    return Revision(commit, tuple(files.values()))
 
 
 def _file(sibling: dict, bad: Callable[[str], InvalidInput]) -> HubFile:

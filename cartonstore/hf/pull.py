@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import hashlib
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from cartonstore.carton.checks import check_carton
@@ -30,11 +29,12 @@ from cartonstore.errors import CartonStoreError, FetchError, IntegrityError, Inv
 from cartonstore.fetch.sources.peers import Claim, offer
 from cartonstore.fetch.transfer.download import SourcesFailed, download, fetch_blob
 from cartonstore.store.content.blobs import StagedBlob
+from cartonstore.store.content.hashing import git_blob, hash_span
 from cartonstore.store.ingest import IngestResult, Provenance, Staging, check_staged_safetensors
 from cartonstore.system.single_flight import all_or_none
 
 from .hub import Hub
-from .listing import HubFile, git_oid
+from .listing import HubFile
 from .reference import HubReference
 
 if TYPE_CHECKING:
@@ -161,8 +161,12 @@ class _Add:
 
 
 def _check_git_oid(staged: StagedBlob, f: HubFile, url: str) -> None:
-    """A git file's bytes against the object id the listing gives it."""
-    got = git_oid(Path(staged.tmp_path).read_bytes())
+    """A git file's bytes against the object id the listing gives it, read
+    in steps (the listing's size is the Hub's word, not a bound)."""
+    h = git_blob(staged.size)
+    with open(staged.tmp_path, "rb", buffering=0) as file:
+        hash_span(file.fileno(), 0, staged.size, h, name=f.path)
+    got = h.hexdigest()
     if got != f.git_oid:
         raise IntegrityError(f"{url}: {f.path}: its bytes are git object {got}, the Hub lists {f.git_oid}; "
                              f"nothing was stored", subject=f.path)

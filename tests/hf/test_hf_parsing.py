@@ -7,12 +7,13 @@ import json
 from pathlib import Path
 
 import pytest
+from kit.hub_server import git_oid
 
 from cartonstore.config import load_config
 from cartonstore.errors import InvalidInput, NotFound, PermissionDenied
 from cartonstore.fetch.http.config import HubConfig
 from cartonstore.hf.hub import hub_error
-from cartonstore.hf.listing import git_oid, parse_revision
+from cartonstore.hf.listing import parse_revision
 from cartonstore.hf.reference import HubReference, parse_reference, with_patterns
 
 COMMIT = "a" * 40
@@ -78,6 +79,11 @@ def test_a_listing() -> None:
     (listing(siblings=[{"rfilename": "a", "lfs": {"sha256": "x", "size": 1}}]), "a: lfs.sha256 is 'x'"),
     (listing(siblings=[{"rfilename": "a", "lfs": {"sha256": SHA, "size": True}}]), "a: lfs.size is True"),
     (listing(siblings=[{"name": "a"}]), "a sibling without an rfilename"),
+    (listing(siblings=[{"rfilename": "../x", "size": 1}]), "file '../x' is not a path a model's file may have"),
+    (listing(siblings=[{"rfilename": "/etc/passwd", "size": 1}]), "file '/etc/passwd' is not a path"),
+    (listing(siblings=[{"rfilename": "a", "size": 1}, {"rfilename": "a", "size": 2}]), "file 'a' is listed twice"),
+    (b'{"sha": "' + COMMIT.encode() + b'", "sha": "' + COMMIT.encode() + b'", "siblings": []}',
+     "not JSON .*'sha' appears twice"),
 ])
 def test_bad_listings_are_named(raw: bytes, said: str) -> None:
     with pytest.raises(InvalidInput, match="the Hub's listing of hf://a/b@main: " + said):

@@ -21,6 +21,15 @@ def sha256() -> hashlib._Hash:  # hashlib imported on first use: opening a store
     return hashlib.sha256()
 
 
+def git_blob(size: int) -> hashlib._Hash:
+    """The hash whose digest is git's object id of a ``size``-byte file
+    (sha1 over "blob SIZE\\0" and the bytes): how the Hugging Face Hub and
+    its cache name the files kept in git."""
+    import hashlib
+
+    return hashlib.sha1(b"blob %d\0" % size, usedforsecurity=False)
+
+
 def hash_span(fd: int, start: int, end: int, h: hashlib._Hash, *, name: str, buf: bytearray | None = None) -> None:
     """Feed bytes [start, end) of fd to the hash ``h``, read in 1 MiB steps
     (into ``buf`` when given). Raises Unavailable if the file ends first."""
