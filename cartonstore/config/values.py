@@ -215,6 +215,15 @@ def token(value: object) -> str:
     return value
 
 
+SECRET_SHOWN = "(set; not shown)"
+
+
+def show_secret(value: str) -> str:
+    """A token as the settings are shown (--print-config, logs): whether it
+    is set, never its characters."""
+    return SECRET_SHOWN if value else ""
+
+
 def read_token(path: Path, key: str) -> str:
     """The one token in a file (a secret kept out of the settings file)."""
     try:

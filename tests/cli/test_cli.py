@@ -119,6 +119,20 @@ def test_settings_file_environment_and_flags(tmp_path: Path, capsys) -> None:
     assert code == 4 and "server.listen" in err
 
 
+def test_printed_settings_say_a_token_is_set_never_what_it_is(tmp_path: Path, capsys,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    from cartonstore.config import load_config
+
+    cfg = tmp_path / "cs.toml"
+    cfg.write_text('[peers]\ntoken = "peer-secret-1"\n')
+    monkeypatch.setenv("HF_TOKEN", "hf_secret_2")
+    code, out, _ = run(capsys, "serve", "--config", str(cfg), "--root", str(tmp_path / "r"), "--print-config")
+    assert code == 0 and out.count('token = "(set; not shown)"') == 2
+    assert "secret" not in out
+    fetch = load_config(cfg).fetch_config()
+    assert fetch.hub.token == "hf_secret_2" and "secret" not in repr(fetch)
+
+
 def test_ls_and_inspect_show_the_size_of_files_that_came_through_links(tmp_path: Path, capsys, origin) -> None:
     """A LINKS file has no size until it is fetched: the carton is listed as
     '?' (null) while lazy, then with its whole size once complete."""

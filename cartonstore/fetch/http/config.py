@@ -33,7 +33,7 @@ class PeerConfig:
     """Other nodes whose stores are asked for a blob before its origin (the [peers] settings)."""
 
     urls: tuple[str, ...] = ()        # their daemons' TCP listeners, http(s)://HOST:PORT
-    token: str = ""                   # sent as a Bearer token; a daemon with one refuses peers without it
+    token: str = field(default="", repr=False)   # sent as a Bearer token; a daemon with one refuses peers without it
     timeout: float = 2.0              # to connect, and for an answer beyond the wait below
     down_for: float = 30.0            # a peer that failed is not asked for this long
     wait: float = 10.0                # a peer fetching a blob holds a probe this long before "not yet"; in all per blob
@@ -58,7 +58,7 @@ class HubConfig:
     endpoint: str = "https://huggingface.co"   # the Hub, or a mirror that speaks its API
     # Sent as a Bearer token to the endpoint only: a redirect to another host (the CDN that serves LFS
     # files by signed URL) goes without it, as huggingface_hub sends it.
-    token: str = ""
+    token: str = field(default="", repr=False)
 
     def serves(self, url: str) -> bool:
         """url is at the endpoint: its scheme, host and port, under its path."""
