@@ -39,6 +39,13 @@ GGUF_HEADER_LIMIT = 256 << 20
 vocabularies take tens of MiB)."""
 ARRAY_VALUES_KEPT = 16
 MAX_DIMS = 4            # GGML_MAX_DIMS
+MAX_TENSORS = 1 << 18
+"""Tensor infos read at most (the largest published models have some
+thousands): each becomes a Python object, so the header limit alone would
+let a hostile file make millions of them."""
+MAX_METADATA_KEYS = 1 << 16
+"""Metadata keys read at most (llama.cpp's files have some dozens; a
+vocabulary is one key holding an array)."""
 MAX_ARRAY_NESTING = 8
 MAX_NESTED_ARRAYS = 1 << 16
 """Arrays of arrays (which llama.cpp does not write) hold at most this many."""
@@ -160,8 +167,8 @@ def parse_gguf(read_at: ReadAt, file_size: int, *, file: str) -> GGUFHeader:
         if version & 0xFFFF == 0 and int.from_bytes(version.to_bytes(4, "little"), "big") in GGUF_VERSIONS:
             raise InvalidCarton(file, "is a big-endian GGUF file; only little-endian files are read", field="version")
         raise InvalidCarton(file, f"is GGUF version {version}; versions 2 and 3 are read", field="version")
-    tensor_count = cursor.count("tensor_count", per_item=_TENSOR_INFO_MIN)
-    kv_count = cursor.count("metadata_kv_count", per_item=8 + 4)
+    tensor_count = cursor.count("tensor_count", per_item=_TENSOR_INFO_MIN, most=MAX_TENSORS)
+    kv_count = cursor.count("metadata_kv_count", per_item=8 + 4, most=MAX_METADATA_KEYS)
     metadata: dict[str, Any] = {}
     for i in range(kv_count):
         key = cursor.string(f"metadata[{i}].key")
@@ -271,9 +278,12 @@ class _Cursor:
         value: Any = struct.unpack(fmt, self.take(struct.calcsize(fmt), where))[0]
         return value
 
-    def count(self, where: str, *, per_item: int) -> int:
-        """A uint64 count of items taking at least ``per_item`` bytes each."""
+    def count(self, where: str, *, per_item: int, most: int | None = None) -> int:
+        """A uint64 count of items taking at least ``per_item`` bytes each,
+        and at most ``most`` of them."""
         n: int = self.scalar("<Q", where)
+        if most is not None and n > most:
+            raise InvalidCarton(self.file, f"{n} items are more than the {most} read", field=where)
         if n * per_item > self._left():
             raise InvalidCarton(self.file, f"{n} items of at least {per_item} bytes each do not fit in the "
                                 f"{self._left()} bytes left", field=where)
