@@ -98,7 +98,7 @@ async def _add(puller: Puller, registry: Registry, ref: OciReference, manifest_d
 async def _unpack(puller: Puller, registry: Registry, layer: ModelLayer) -> list[tuple[str, StagedBlob]]:
     await registry.connect()
     return await unpack_layer(puller.client, registry.blob_url(layer.digest), layer, puller.store.blobs,
-                              puller.config, stats=puller.stats)
+                              puller.config, puller.store.zip_limits, stats=puller.stats)
 
 
 def _take_unpacked(files: dict[str, ListedFile], unpacked: list[tuple[str, StagedBlob]], staging: Staging,

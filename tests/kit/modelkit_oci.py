@@ -70,7 +70,10 @@ def tar_of(members: list[tuple[str, bytes]] | list[tarfile.TarInfo | tuple[str, 
             info.size = len(data)
             info.mode = 0o644
             tar.addfile(info, io.BytesIO(data))
-    raw = out.getvalue()
+    return compressed(out.getvalue(), compression)
+
+
+def compressed(raw: bytes, compression: str) -> bytes:
     if compression == "gzip":
         return gzip.compress(raw, mtime=0)
     if compression == "zstd":
@@ -78,6 +81,22 @@ def tar_of(members: list[tuple[str, bytes]] | list[tarfile.TarInfo | tuple[str, 
 
         return zstandard.ZstdCompressor().compress(raw)
     return raw
+
+
+def header_claiming(kind: bytes, size: int, compression: str = "gzip") -> bytes:
+    """A tar whose first header is of type ``kind`` (a pax or GNU long-name
+    header) declaring ``size`` bytes, followed by a few KiB of zeros."""
+    info = tarfile.TarInfo("././@Header")
+    info.type = kind
+    info.size = size
+    return compressed(info.tobuf(format=tarfile.GNU_FORMAT) + bytes(4096), compression)
+
+
+def headers_ahead(kind: bytes, count: int, file: tuple[str, bytes]) -> bytes:
+    """A gzip tar of one file with ``count`` empty headers of type ``kind`` ahead of it."""
+    empty = tarfile.TarInfo("././@Header")
+    empty.type = kind
+    return compressed(empty.tobuf(format=tarfile.GNU_FORMAT) * count + tar_of([file]), "gzip")
 
 
 def special(name: str, kind: bytes, linkname: str = "") -> tarfile.TarInfo:

@@ -23,6 +23,7 @@ from kit.registrykit import Registry, needs_registry
 
 from cartonstore.errors import CartonStoreError, InvalidCarton, InvalidInput
 from cartonstore.store import Store
+from cartonstore.zipfmt import ZipLimits
 
 
 def safetensors(n: int, fill: int = 7) -> bytes:
@@ -176,6 +177,57 @@ def test_a_tar_layer_whose_bytes_do_not_match_its_digest(store: Store, origin) -
     with pytest.raises(CartonStoreError, match=rf"layer sha256:{sha(layer)}: its bytes hash to sha256:{sha(other)}"):
         pull(store, ref, fast_config(retries=1))
     assert snapshot(store.root) == before and not tmp_files(store)
+
+
+def refused_unchanged(store: Store, origin, layer: bytes, match: str) -> None:
+    ref = mk.serve(origin, mk.kitops([("model.v1.tar+gzip", layer)]))
+    before = snapshot(store.root)
+    with pytest.raises(InvalidInput, match=match):
+        pull(store, ref, fast_config(retries=1))
+    assert snapshot(store.root) == before and not tmp_files(store)
+
+
+EXTENDED = {
+    "pax": (lambda: mk.header_claiming(tarfile.XHDTYPE, 1 << 30),
+            rf"has an extended header \(tar type b'x'\) of {1 << 30} bytes; .* at most {1 << 20}"),
+    "gnu-longname": (lambda: mk.header_claiming(tarfile.GNUTYPE_LONGNAME, 1 << 30),
+                     rf"has an extended header \(tar type b'L'\) of {1 << 30} bytes; .* at most {1 << 20}"),
+    "pax-global": (lambda: mk.header_claiming(tarfile.XGLTYPE, 1 << 30),
+                   rf"has global pax headers of more than {1 << 20} bytes"),
+    "pax-chain": (lambda: mk.headers_ahead(tarfile.XHDTYPE, 17, ("a.txt", b"a")),
+                  r"has more than 16 extended headers ahead of one member"),
+}
+
+
+@pytest.mark.parametrize("kind", list(EXTENDED))
+def test_an_extended_header_past_the_bound_is_refused_before_it_is_read(store: Store, origin, kind: str) -> None:
+    """tarfile reads a pax or GNU long-name header whole, at the size it
+    declares (a few KiB of gzip may declare 1 GiB), and a chain of them by
+    recursion."""
+    build, why = EXTENDED[kind]
+    layer = build()
+    assert len(layer) < 4096
+    refused_unchanged(store, origin, layer, rf"layer sha256:{sha(layer)} {why}")
+
+
+def test_a_layer_that_decompresses_past_the_stores_ratio_is_refused(tmp_path: Path, origin) -> None:
+    layer = mk.tar_of([("zeros.bin", bytes(4 << 20))], "gzip")
+    with Store(tmp_path / "s", zip_limits=ZipLimits(max_ratio=10, ratio_floor=1 << 20)) as store:
+        refused_unchanged(store, origin, layer, rf"layer sha256:{sha(layer)} decompresses to more than {1 << 20} "
+                                                rf"bytes \(\[limits\] zip_max_ratio: 10 times its {len(layer)} "
+                                                rf"bytes.*refused as a decompression bomb")
+
+
+def test_a_layer_of_more_members_than_the_store_takes_is_refused(tmp_path: Path, origin) -> None:
+    layer = mk.tar_of([(f"f{i}.txt", b"x") for i in range(4)], "gzip")
+    with Store(tmp_path / "s", zip_limits=ZipLimits(max_entries=3)) as store:
+        refused_unchanged(store, origin, layer,
+                          rf"layer sha256:{sha(layer)} has more than 3 members \(\[limits\] zip_max_entries\)")
+
+
+def test_a_member_twice_in_one_layer_is_refused_by_name(store: Store, origin) -> None:
+    layer = mk.tar_of([("a.txt", b"one"), ("b.txt", b"b"), ("./a.txt", b"two")], "gzip")
+    refused_unchanged(store, origin, layer, rf"member 'a\.txt' appears twice in layer sha256:{sha(layer)}")
 
 
 def test_ollama_manifests_served_as_text_plain(store: Store, origin) -> None:
