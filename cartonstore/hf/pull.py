@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import hashlib
 from typing import TYPE_CHECKING
 
 from cartonstore.carton.checks import check_carton
@@ -95,7 +94,7 @@ class _Add:
                         carton = runnable
                         checked = await asyncio.to_thread(check_carton, carton.view(str(self.ref)))
                 checked = dataclasses.replace(checked, links=links)
-                await asyncio.to_thread(self._stage_small, carton.small)
+                await asyncio.to_thread(staging.add_small, carton.small)
                 await asyncio.to_thread(check_staged_safetensors, checked, staging)
                 made_here = frozenset({checked.digest, carton.files["carton.toml"].digest})
                 return await asyncio.to_thread(puller.store.commit_checked, checked, staging, name=name,
@@ -104,13 +103,6 @@ class _Add:
         except BaseException:
             staging.discard()
             raise
-
-    def _stage_small(self, small: dict[str, bytes]) -> None:
-        """carton.toml and MANIFEST, generated: staged unless the store has them."""
-        for data in small.values():
-            digest = hashlib.sha256(data).hexdigest()
-            if digest not in self.staging.staged and not self.puller.store.blobs.has(digest):
-                self.staging.add_bytes(data, digest)
 
     async def stage_git_file(self, f: HubFile) -> str:
         """A file kept in git, fetched and hashed as it comes; its sha256."""

@@ -84,10 +84,7 @@ async def _add(puller: Puller, registry: Registry, ref: OciReference, manifest_d
             carton = runnable
             checked = await asyncio.to_thread(check_carton, carton.view(where), links_raw=b"")
     checked = dataclasses.replace(checked, links=urls)
-    for small_name, data in carton.small.items():
-        digest = checked.digest if small_name == "MANIFEST" else carton.files[small_name].digest
-        if digest not in blobs.staging.staged and not await asyncio.to_thread(puller.store.blobs.has, digest):
-            await asyncio.to_thread(blobs.staging.add_bytes, data, digest)
+    await asyncio.to_thread(blobs.staging.add_small, carton.small)
     await asyncio.to_thread(check_staged_safetensors, checked, blobs.staging)
     made_here = frozenset({checked.digest, carton.files["carton.toml"].digest})
     return await asyncio.to_thread(puller.store.commit_checked, checked, blobs.staging, name=name,

@@ -9,6 +9,7 @@ carton that fails anywhere leaves the store exactly as it was.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import time
 from collections.abc import Mapping, Sequence
@@ -110,6 +111,15 @@ class Staging:
         with self.blobs.writer(label="meta") as w:
             w.write(data)
             self.staged[expected] = w.stage(expected_digest=expected, expected_size=len(data))
+
+    def add_small(self, files: Mapping[str, bytes]) -> None:
+        """Generated files (a carton's carton.toml and MANIFEST, by name)
+        staged unless this staging or the store holds their bytes. Blocking:
+        call it in a worker thread."""
+        for data in files.values():
+            digest = hashlib.sha256(data).hexdigest()
+            if digest not in self.staged and not self.blobs.has(digest):
+                self.add_bytes(data, digest)
 
     def add_staged(self, staged: StagedBlob) -> None:
         self.staged[staged.digest] = staged
