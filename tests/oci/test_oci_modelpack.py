@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from conftest import FIXTURE_CARTON, carton_entries, manifest_for, sha, snapshot, write_zip
 from kit.ocikit import config, materialize, pull, push
-from kit.registrykit import Registry, needs_registry
+from kit.registrykit import Registry, needs_registry, shared_registry
 
 from cartonstore.carton.from_files import ListedFile, files_carton
 from cartonstore.errors import InvalidCarton, InvalidInput, ManifestMismatch
@@ -89,10 +89,8 @@ def test_the_kind_of_a_file_is_modctls(path: str, size: int, kind: str) -> None:
 
 @pytest.fixture(scope="module")
 def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Registry]:
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("DOCKER_CONFIG", str(tmp_path_factory.mktemp("no-docker-config")))
-        with Registry(tmp_path_factory.mktemp("registry")) as r:
-            yield r
+    with shared_registry(tmp_path_factory) as r:
+        yield r
 
 
 @pytest.fixture(scope="module")
