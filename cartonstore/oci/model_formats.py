@@ -38,8 +38,10 @@ file's blob key) or a tar archive unpacked at add time (unpack.py):
   in OLLAMA_NAMES (``model.gguf``, ``template``, ``params.json``...).
 
 A carton (``application/vnd.carton.v1``) is not read here: pull.py takes
-it as a carton. Every path is checked as a carton path (no ``..``, not
-absolute) before anything is fetched.
+it as a carton, and so a carton pushed as a ModelPack artifact (``push
+--format modelpack`` keeps a runnable carton's own paths, carton.toml and
+MANIFEST at the top: pushed_carton_layers). Every path is checked as a
+carton path (no ``..``, not absolute) before anything is fetched.
 """
 
 from __future__ import annotations
@@ -57,6 +59,7 @@ from .artifact import (
     ORAS_UNPACK,
     TITLE,
     Descriptor,
+    Layer,
     artifact_type_of,
     descriptor_of,
     json_object,
@@ -167,6 +170,25 @@ def model_artifact(doc: dict[str, Any], where: str, *, served: str | None = None
                            f"registry does, and it is not an Ollama manifest (layers {OLLAMA_PREFIX}*)",
                            subject=where)
     return artifact
+
+
+def pushed_carton_layers(artifact: ModelArtifact, where: str) -> list[Layer] | None:
+    """The layers of a carton pushed as a ModelPack artifact, at the paths
+    their filepath annotations name; None for a model artifact read as files.
+    A carton.toml at the artifact's top is a carton's (a repository's own
+    files are pushed without one, modelpack.py), so the artifact is read as
+    the carton: its MANIFEST is required, every file a raw layer."""
+    if artifact.format != MODELPACK or not any(layer.path == "carton.toml" for layer in artifact.raw):
+        return None
+    if artifact.tars:
+        raise InvalidCarton("carton.toml", f"{where}: the ModelPack artifact has carton.toml at its top, so it is a "
+                                           f"carton, and {artifact.tars[0]} ({artifact.tars[0].media_type}) is a tar "
+                                           f"archive: a carton's files are raw layers, one per file")
+    if not any(layer.path == "MANIFEST" for layer in artifact.raw):
+        raise InvalidCarton("MANIFEST", f"missing: every carton must have one ({where}: the ModelPack artifact has "
+                                        f"carton.toml at its top, so it is a carton, and no layer at MANIFEST)")
+    return [Layer(layer.path, layer.digest, layer.size, layer.media_type) for layer in artifact.raw
+            if layer.path is not None]
 
 
 def _model_artifact(doc: dict[str, Any], where: str) -> ModelArtifact:

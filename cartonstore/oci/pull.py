@@ -1,14 +1,16 @@
 """Adding a carton, or a model another tool pushed, from an OCI registry.
 
 The manifest is fetched and checked (artifact.py); a carton artifact is
-read here, any other model format by model_pull.py. The small files
-check_carton reads whole (carton.toml, MANIFEST, tensor_data/*.toml) are
-taken from the store when it has them, else fetched; the carton is
-validated like any other; then every blob the store lacks is fetched. Every
-download goes through the fetch path (Range resume, parallel parts for big
-blobs, retries), is verified by hash and by the manifest's size as it is
-written, and is staged, so the carton and its blobs are committed together
-and a bad blob leaves the store as it was. Each blob's registry URL is
+read here, and so a ModelPack artifact that holds a carton (carton.toml and
+MANIFEST at its top, model_formats.pushed_carton_layers); any other model
+format by model_pull.py. The small files check_carton reads whole
+(carton.toml, MANIFEST, tensor_data/*.toml) are taken from the store when
+it has them, else fetched; the carton is validated like any other; then
+every blob the store lacks is fetched. Every download goes through the
+fetch path (Range resume, parallel parts for big blobs, retries), is
+verified by hash and by the manifest's size as it is written, and is
+staged, so the carton and its blobs are committed together and a bad blob
+leaves the store as it was. Each blob's registry URL is
 recorded as its source, so blobs a collection evicts come back from the
 registry.
 """
@@ -30,7 +32,7 @@ from cartonstore.system.single_flight import all_or_none
 
 from .artifact import Layer, carton_layers, load_manifest
 from .layer_blobs import LayerBlobs
-from .model_formats import model_artifact, served_manifest_type
+from .model_formats import model_artifact, pushed_carton_layers, served_manifest_type
 from .model_pull import add_model_artifact
 from .reference import OciReference
 from .registry import Registry
@@ -70,16 +72,21 @@ def check_layers(layers: list[Layer], listed: dict[str, str]) -> None:
 
 async def add_from_registry(puller: Puller, ref: OciReference, name: str | None, force: bool,
                             lazy: bool = False) -> IngestResult:
-    """The artifact ``ref`` names, added: a carton as it is, any other model
-    format as a carton of its files (model_pull.py). ``lazy``: the blobs
-    that are layers are fetched later (LINKS: their registry URLs)."""
+    """The artifact ``ref`` names, added: a carton as it is (a carton artifact,
+    or a ModelPack artifact that holds one), any other model format as a
+    carton of its files (model_pull.py). ``lazy``: the blobs that are layers
+    are fetched later (LINKS: their registry URLs)."""
     registry = Registry(puller.client, ref, puller.fetcher.mirrors_passed_over)
     raw, media_type, manifest_digest = await registry.get_manifest()
     doc = load_manifest(raw, str(ref), served_manifest_type(media_type))
     artifact = model_artifact(doc, str(ref), served=media_type)
-    if artifact is not None:
-        return await add_model_artifact(puller, registry, ref, manifest_digest, artifact, name, force, lazy)
-    layers = carton_layers(doc, str(ref))
+    if artifact is None:
+        layers = carton_layers(doc, str(ref))
+    else:
+        pushed_carton = pushed_carton_layers(artifact, str(ref))
+        if pushed_carton is None:
+            return await add_model_artifact(puller, registry, ref, manifest_digest, artifact, name, force, lazy)
+        layers = pushed_carton
     by_path = {layer.path: layer for layer in layers}
     if "carton.toml" not in by_path:
         raise InvalidCarton("carton.toml", f"{ref}: the artifact has no layer titled carton.toml")

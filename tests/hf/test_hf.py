@@ -3,7 +3,8 @@
 the real huggingface_hub client downloading the same repository from it:
 the files are byte-identical, the token stays on the Hub, each refusal of
 the Hub is named, and bytes that are not a file's LFS sha256 leave the
-store as it was."""
+store as it was. A cache the real client made is adopted in place and
+still read by it offline."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ import hashlib
 import json
 import os
 import struct
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -196,3 +199,48 @@ def test_a_repository_of_one_onnx_graph_is_declared_for_the_onnx_runner(capsys, 
     assert code == 0, err
     declared = parse_carton_toml((Path(path.strip()) / "carton.toml").read_bytes())
     assert (declared.runner.runner_name, [i.name for i in declared.inputs or ()]) == ("onnx", ["x"])
+
+
+def test_a_cache_huggingface_hub_made_is_adopted_in_place_and_hf_then_fetches_only_git_files(
+        capsys, env: Path, hub: HubServer, tmp_path: Path) -> None:
+    """The real client downloads into a fresh HF_HOME; adopted, its blobs are
+    the store's (one inode), huggingface_hub still answers offline from its
+    cache, and the same repository added by hf:// fetches none of the LFS
+    bytes the store now has (a file kept in git is named by its git object
+    id only, which the store does not index: it is fetched and hashed)."""
+    from huggingface_hub import snapshot_download
+
+    files = {"config.json": b'{"model_type": "cached"}', "model.safetensors": safetensors(60_000)}
+    hub.add_repo("acme/cached", files)
+    home = tmp_path / "hf-home"
+    snapshot = Path(snapshot_download("acme/cached", endpoint=hub.endpoint, cache_dir=home / "hub"))
+    repo = snapshot.parent.parent
+    assert repo.name == "models--acme--cached"
+
+    code, out, err = run(capsys, "adopt", str(repo), "--name", "cached", "--root", str(env), "--json")
+    assert code == 0, err
+    assert (json.loads(out)["files_linked"], json.loads(out)["bytes_copied"]) == (2, 0)
+    with Store(env) as store:
+        for blob in (repo / "blobs").iterdir():
+            stored = store.blobs.path(hashlib.sha256(blob.read_bytes()).hexdigest())
+            assert os.stat(blob).st_ino == os.stat(stored).st_ino
+    code, out, err = run(capsys, "verify", "--root", str(env), "--json")
+    assert code == 0 and json.loads(out)["ok"], out + err
+
+    ask = "import sys; from huggingface_hub import hf_hub_download; print(hf_hub_download('acme/cached', sys.argv[1]))"
+    offline = {**os.environ, "HF_HOME": str(home), "HF_HUB_OFFLINE": "1", "HF_ENDPOINT": "http://127.0.0.1:9"}
+    for path, data in files.items():
+        done = subprocess.run([sys.executable, "-c", ask, path], capture_output=True, text=True, timeout=120,
+                              env=offline)
+        assert done.returncode == 0, done.stderr
+        assert Path(done.stdout.strip()).read_bytes() == data
+
+    lfs_before = len(hub.cdn.requests)
+    code, added = add(capsys, env, "hf://acme/cached", "--name", "cached-hf")
+    assert code == 0 and added["complete"], added
+    assert added["bytes_received"] == len(files["config.json"]) and len(hub.cdn.requests) == lfs_before
+    code, out, err = run(capsys, "ls", "--sources", "--json", "--root", str(env))
+    assert code == 0, err
+    hf = json.loads(out)["hf"]
+    assert (hf["reused_bytes"], hf["reused_blobs"]) == (len(files["model.safetensors"]), 1)
+    assert model_files(capsys, env, "cached-hf") == model_files(capsys, env, "cached") == files

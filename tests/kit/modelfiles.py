@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import struct
 from collections.abc import Mapping
 from pathlib import Path
@@ -40,8 +41,10 @@ def gguf_file(path: Path, *, arch: str = "llama", name: str = "Tiny Llama", file
     return path
 
 
-def safetensors_file(path: Path, tensors: Mapping[str, tuple[str, tuple[int, ...]]]) -> Path:
-    """A safetensors file of zero-filled tensors (name -> dtype, shape)."""
+def safetensors_file(path: Path, tensors: Mapping[str, tuple[str, tuple[int, ...]]], *,
+                     random: bool = False) -> Path:
+    """A safetensors file of zero-filled tensors (name -> dtype, shape);
+    ``random``: of random bytes, which no filesystem stores in fewer blocks."""
     header: dict[str, object] = {}
     offset = 0
     for tensor_name, (dtype, shape) in tensors.items():
@@ -50,5 +53,5 @@ def safetensors_file(path: Path, tensors: Mapping[str, tuple[str, tuple[int, ...
         offset += size
     raw = json.dumps(header).encode()
     raw += b" " * (-len(raw) % 8)
-    path.write_bytes(struct.pack("<Q", len(raw)) + raw + bytes(offset))
+    path.write_bytes(struct.pack("<Q", len(raw)) + raw + (os.urandom(offset) if random else bytes(offset)))
     return path

@@ -6,6 +6,7 @@ Tests that need one skip, saying why, where the binary is missing.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
@@ -13,6 +14,7 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -151,3 +153,13 @@ def registry_env(tmp: Path) -> dict[str, str]:
     env = dict(os.environ)
     env["DOCKER_CONFIG"] = str(tmp / "docker-config")
     return env
+
+
+@contextlib.contextmanager
+def shared_registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Registry]:
+    """A registry for every test of a module (its fixture's scope), with
+    an empty docker config while it runs."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("DOCKER_CONFIG", str(tmp_path_factory.mktemp("no-docker-config")))
+        with Registry(tmp_path_factory.mktemp("registry")) as r:
+            yield r

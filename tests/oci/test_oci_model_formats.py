@@ -19,7 +19,7 @@ from kit import modelkit_oci as mk
 from kit.fetchkit import fast_config, tmp_files
 from kit.ocikit import config, materialize, pull
 from kit.origin import Fault
-from kit.registrykit import Registry, needs_registry
+from kit.registrykit import Registry, needs_registry, shared_registry
 
 from cartonstore.errors import CartonStoreError, InvalidCarton, InvalidInput
 from cartonstore.store import Store
@@ -37,11 +37,9 @@ TOKENIZER = b'{"vocab": ["a", "b"]}'
 
 
 @pytest.fixture(scope="module")
-def registry(tmp_path_factory) -> Iterator[Registry]:
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("DOCKER_CONFIG", str(tmp_path_factory.mktemp("no-docker-config")))
-        with Registry(tmp_path_factory.mktemp("registry")) as r:
-            yield r
+def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Registry]:
+    with shared_registry(tmp_path_factory) as r:
+        yield r
 
 
 def added(store: Store, ref: str, name: str, **kw) -> tuple[dict[str, bytes], str]:

@@ -3,7 +3,8 @@ modelpack) to a real distribution registry, read back with plain HTTP as
 modctl or KitOps would, and checked field by field against the ModelPack
 spec v1: media types, artifactType, the config and its descriptor, raw
 layers whose digests are the files' (and the diffIds), the filepath and
-file metadata annotations."""
+file metadata annotations. Added back: a carton of model files as the
+same files, a runnable carton as itself (same digest, it runs)."""
 
 from __future__ import annotations
 
@@ -14,12 +15,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import FIXTURE_CARTON, carton_entries, sha, write_zip
-from kit.ocikit import config, push
-from kit.registrykit import Registry, needs_registry
+from conftest import FIXTURE_CARTON, carton_entries, manifest_for, sha, snapshot, write_zip
+from kit.ocikit import config, materialize, pull, push
+from kit.registrykit import Registry, needs_registry, shared_registry
 
 from cartonstore.carton.from_files import ListedFile, files_carton
-from cartonstore.errors import InvalidInput
+from cartonstore.errors import InvalidCarton, InvalidInput, ManifestMismatch
 from cartonstore.oci.modelpack import layer_kind
 from cartonstore.store import Store
 
@@ -88,10 +89,8 @@ def test_the_kind_of_a_file_is_modctls(path: str, size: int, kind: str) -> None:
 
 @pytest.fixture(scope="module")
 def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Registry]:
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("DOCKER_CONFIG", str(tmp_path_factory.mktemp("no-docker-config")))
-        with Registry(tmp_path_factory.mktemp("registry")) as r:
-            yield r
+    with shared_registry(tmp_path_factory) as r:
+        yield r
 
 
 @pytest.fixture(scope="module")
@@ -224,3 +223,72 @@ def test_cli_push_format(tmp_path: Path, registry: Registry, capsys) -> None:
         push(store, "fx", registry.ref("mp/fx:v2"), config(), fmt="gguf")
     with pytest.raises(urllib.error.HTTPError):
         registry.manifest("mp/fx", "v2")
+
+
+# -- added back from the registry ------------------------------------------------
+
+
+def model_files(store: Store, digest: str) -> dict[str, bytes]:
+    model = materialize(store, digest, config())
+    return {str(p.relative_to(model)): p.read_bytes() for p in model.rglob("*")
+            if p.is_file() and p.parts[len(model.parts)] == "model"}
+
+
+@needs_registry
+def test_a_carton_of_model_files_comes_back_with_the_same_files(registry: Registry, source, tmp_path: Path) -> None:
+    store, _, digest = source
+    push(store, "tiny", registry.ref("back/tiny:v1"), config(), fmt="modelpack")
+    with Store(tmp_path / "back") as back:
+        again = pull(back, registry.ref("back/tiny:v1"), config(), name="tiny").digest
+        assert model_files(back, again) == model_files(store, digest) == {
+            f"model/{path}": data for path, (data, _) in REPOSITORY.items()}
+        assert back.index.carton(again).runner_name == store.index.carton(digest).runner_name == "safetensors"
+
+
+@pytest.fixture(scope="module")
+def affine(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A runnable onnx carton's directory: y = 2x + 1 on float32 [N, 4]."""
+    from kit.runnerkit import onnx_model_dir
+
+    return onnx_model_dir(tmp_path_factory.mktemp("affine"), name="affine", ids=False)
+
+
+@needs_registry
+def test_a_runnable_carton_comes_back_as_itself_and_runs(registry: Registry, source, affine: Path, short_tmp: Path,
+                                                         capsys) -> None:
+    from kit.clikit import run
+
+    store, _, _ = source
+    digest = store.add(affine, name="affine").digest
+    push(store, "affine", registry.ref("back/affine:v1"), config(), fmt="modelpack")
+    root = short_tmp / "root"   # short: the runner's socket lives under it
+    with Store(root) as back:
+        result = pull(back, registry.ref("back/affine:v1"), config(), name="affine")
+        assert result.digest == digest and result.complete
+        assert back.index.carton(digest).runner_name == "onnx"
+        assert model_files(back, digest) == model_files(store, digest)
+    code, out, err = run(capsys, "infer", "affine", "--input", "x=[[1, 2, 3, 4]]", "--root", str(root),
+                         "--socket", str(short_tmp / "no-daemon.sock"))
+    assert code == 0, err
+    assert "[[3. 5. 7. 9.]]" in out
+
+
+@needs_registry
+@pytest.mark.parametrize(("extra", "refused"), [
+    ({}, r"MANIFEST: missing: every carton must have one \(.*carton\.toml at its top"),
+    ({"MANIFEST": manifest_for({"carton.toml": ONNX_TOML, "model/model.onnx": b"another graph"})},
+     r"model/model\.onnx: does not match MANIFEST: its layer is sha256:\w+, MANIFEST says"),
+])
+def test_a_modelpack_artifact_with_a_carton_toml_on_top_is_checked_as_a_carton(registry: Registry, tmp_path: Path,
+                                                                                extra: dict, refused: str) -> None:
+    """No MANIFEST, or one that disagrees with the layers: refused by name,
+    as a carton would be, and not taken as files."""
+    from kit import modelkit_oci as mk
+
+    artifact = mk.modelpack({"carton.toml": ONNX_TOML, **extra, "model/model.onnx": b"graph" * 2000}, fmt="onnx")
+    ref = mk.push(registry, "back/hostile", f"v{len(extra)}", artifact)
+    with Store(tmp_path / "s") as s:
+        before = snapshot(s.root)
+        with pytest.raises((InvalidCarton, ManifestMismatch), match=refused):
+            pull(s, ref, config())
+        assert snapshot(s.root) == before

@@ -234,6 +234,48 @@ def test_a_carton_is_left_to_the_carton_reader_unless_served_as_text() -> None:
         model_artifact(carton, "here", served="text/plain")
 
 
+def _filed(path: str, digest: str = D, media: str = MP_RAW) -> dict:
+    return _layer(media, {"org.cncf.model.filepath": path}, digest)
+
+
+MP_CONFIG = "application/vnd.cncf.model.config.v1+json"
+F = "sha256:" + "ef" * 32
+
+
+def test_a_modelpack_artifact_with_a_carton_on_top_is_read_as_that_carton() -> None:
+    """carton.toml at the top: a carton push --format modelpack wrote; the
+    layers at their filepaths. Anywhere else, or another format: files."""
+    from cartonstore.oci.model_formats import model_artifact, pushed_carton_layers
+
+    def layers_of(doc: dict) -> list[Layer] | None:
+        artifact = model_artifact(doc, "here")
+        assert artifact is not None
+        return pushed_carton_layers(artifact, "here")
+
+    carton = _model([_filed("carton.toml"), _filed("MANIFEST", E), _filed("model/m.onnx", F)], MP_CONFIG)
+    assert layers_of(carton) == [Layer("carton.toml", D[7:], 5, MP_RAW), Layer("MANIFEST", E[7:], 5, MP_RAW),
+                                 Layer("model/m.onnx", F[7:], 5, MP_RAW)]
+    assert layers_of(_model([_filed("sub/carton.toml"), _filed("MANIFEST", E)], MP_CONFIG)) is None
+    docker = _model([_layer("application/vnd.docker.ai.safetensors", {"org.cncf.model.filepath": "carton.toml"})],
+                    "application/vnd.docker.ai.model.config.v0.2+json")
+    assert layers_of(docker) is None
+
+
+@pytest.mark.parametrize(("layers", "why"), [
+    ([_filed("carton.toml"), _filed("model/m.onnx", E)], r"MANIFEST: missing: every carton must have one \(here"),
+    ([_filed("carton.toml"), _filed("MANIFEST", E), _layer("application/vnd.cncf.model.weight.v1.tar", digest=F)],
+     r"carton.toml: here: .* layer sha256:(ef)+ \(application/vnd\.cncf\.model\.weight\.v1\.tar\) is a tar"),
+])
+def test_a_modelpack_artifact_with_a_carton_on_top_and_no_manifest_or_a_tar_is_refused(layers: list[dict],
+                                                                                       why: str) -> None:
+    from cartonstore.oci.model_formats import model_artifact, pushed_carton_layers
+
+    artifact = model_artifact(_model(layers, MP_CONFIG), "here")
+    assert artifact is not None
+    with pytest.raises(InvalidCarton, match=why):
+        pushed_carton_layers(artifact, "here")
+
+
 def test_model_config_format() -> None:
     from cartonstore.oci.model_formats import weights_format
 
