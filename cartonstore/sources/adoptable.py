@@ -15,7 +15,10 @@ claims, which the store checks while adopting it.
 - Any other directory: its files at their relative paths.
 
 A symlink may lead only to a file inside the directory adopted; anything
-but a regular file (a device, a pipe) is refused by name.
+but a regular file (a device, a pipe) is refused by name. Each file's
+(device, inode) is recorded as it is listed: the store reads only a file
+that is still that inode when it opens it, so a directory on the way
+swapped for a symlink afterwards cannot lead it outside the directory.
 """
 
 from __future__ import annotations
@@ -63,6 +66,8 @@ class AdoptableFile:
     path: str               # as the tool names it (a carton path under model/)
     disk: Path              # the file itself, symlinks resolved
     claim: Claim | None     # None: any bytes (a plain directory's file)
+    dev: int                # the file's device and inode when it was listed
+    ino: int
 
 
 @dataclass(frozen=True)
@@ -103,9 +108,8 @@ def _hf_repository(root: Path, commit: str | None = None) -> AdoptableModel:
     snapshot = root / "snapshots" / commit
     files = []
     for rel, full in _walk(snapshot):
-        disk = _inside(full, root, rel)
-        claim = _hf_claim(disk, root)
-        files.append(AdoptableFile(rel, disk, claim))
+        disk, st = _inside(full, root, rel)
+        files.append(AdoptableFile(rel, disk, _hf_claim(disk, root), st.st_dev, st.st_ino))
     return AdoptableModel(repo_id, tuple(files), f"{root}@{commit}",
                           _short(f"{repo_id} at commit {commit}, from the Hugging Face cache"))
 
@@ -150,7 +154,7 @@ def _ollama_models(root: Path) -> list[AdoptableModel]:
         if len(parts) != 4:
             raise InvalidInput(f"{full} is not where Ollama keeps a manifest "
                                "(manifests/<registry>/<namespace>/<model>/<tag>)", subject=str(full))
-        models.append(_ollama_model(root, _inside(full, root, rel), parts))
+        models.append(_ollama_model(root, _inside(full, root, rel)[0], parts))
     if not models:
         raise InvalidInput(f"{root / 'manifests'} holds no manifest: nothing to adopt", subject=str(root))
     return models
@@ -198,13 +202,17 @@ def _ollama_file(root: Path, manifest: Path, path: str, layer: dict) -> Adoptabl
     if not os.path.lexists(blob):
         raise NotFound(f"Ollama manifest {manifest} lists {path} as {digest}, but {blob} is not there",
                        subject=str(blob))
-    return AdoptableFile(path, _inside(str(blob), root, f"blobs/{blob.name}"), Claim("sha256", hexdigest))
+    disk, st = _inside(str(blob), root, f"blobs/{blob.name}")
+    return AdoptableFile(path, disk, Claim("sha256", hexdigest), st.st_dev, st.st_ino)
 
 
 # -- any directory -------------------------------------------------------------
 
 def _plain_files(root: Path) -> list[AdoptableFile]:
-    files = [AdoptableFile(rel, _inside(full, root, rel), None) for rel, full in _walk(root)]
+    files = []
+    for rel, full in _walk(root):
+        disk, st = _inside(full, root, rel)
+        files.append(AdoptableFile(rel, disk, None, st.st_dev, st.st_ino))
     if not files:
         raise InvalidInput(f"{root} holds no files: nothing to adopt", subject=str(root))
     return files
@@ -227,20 +235,20 @@ def _walk(top: Path) -> list[tuple[str, str]]:
     return out
 
 
-def _inside(full: str, root: Path, rel: str) -> Path:
-    """The regular file ``full`` is, symlinks resolved, refused unless it
-    stays inside ``root``."""
+def _inside(full: str, root: Path, rel: str) -> tuple[Path, os.stat_result]:
+    """The regular file ``full`` is, symlinks resolved, and its stat;
+    refused unless it stays inside ``root``."""
     disk = Path(os.path.realpath(full))
     if disk != root and root not in disk.parents:
         raise InvalidInput(f"{rel} is a symlink out of {root} (to {os.readlink(full)!r}): adopt takes only "
                            "files inside the directory it adopts", subject=full)
     try:
-        mode = os.stat(disk).st_mode
+        st = os.stat(disk)
     except FileNotFoundError:
         raise NotFound(f"{rel} is a dangling symlink (to {os.readlink(full)!r})", subject=full) from None
-    if not stat.S_ISREG(mode):
-        raise InvalidInput(f"{rel} is not a regular file ({_kind(mode)}): adopt takes files", subject=full)
-    return disk
+    if not stat.S_ISREG(st.st_mode):
+        raise InvalidInput(f"{rel} is not a regular file ({_kind(st.st_mode)}): adopt takes files", subject=full)
+    return disk, st
 
 
 def _kind(mode: int) -> str:

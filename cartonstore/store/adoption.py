@@ -54,20 +54,42 @@ LINK_REFUSED = frozenset({errno.EXDEV, errno.EMLINK, errno.EPERM, errno.ENOTSUP,
 """link() errors after which the file is copied instead (another mount, a
 link-count limit, protected_hardlinks, a filesystem without links)."""
 
+ADOPT_SUFFIX = "-adopt"
+"""How a file linked into tmp/ by adopt is named (after tmp_name's)."""
+
 
 @dataclass(frozen=True)
 class LinkedBlob(StagedBlob):
     """A file hard-linked into tmp/: discarding it unlinks the store's name
-    and gives the file back the mode it had."""
+    and gives the file back the mode it had, unless another store path
+    shares the inode (``blob_path``, where another adopt of the file
+    committed it, or another adopt's link in tmp/): the inode is a blob
+    then, and keeps the blob's mode."""
 
     mode: int = 0
+    blob_path: Path | None = None
 
     def discard(self) -> None:
         try:
-            os.chmod(self.tmp_path, self.mode)
+            st = os.lstat(self.tmp_path)
         except FileNotFoundError:
             return
+        if not self._shared_in_store(st):
+            os.chmod(self.tmp_path, self.mode)
         super().discard()
+
+    def _shared_in_store(self, st: os.stat_result) -> bool:
+        others = [self.blob_path] if self.blob_path is not None else []
+        others += [Path(e.path) for e in os.scandir(self.tmp_path.parent)
+                   if e.name.endswith(ADOPT_SUFFIX) and e.path != str(self.tmp_path)]
+        for other in others:
+            try:
+                o = os.lstat(other)
+            except FileNotFoundError:
+                continue
+            if (o.st_dev, o.st_ino) == (st.st_dev, st.st_ino):
+                return True
+        return False
 
 
 @dataclass(frozen=True)
@@ -135,6 +157,9 @@ class _Staged:
             raise Unavailable(f"{f.path}: cannot open {f.disk}: {e.strerror}", subject=str(f.disk)) from None
         try:
             st = os.fstat(fd)
+            if (st.st_dev, st.st_ino) != (f.dev, f.ino):   # a directory on the way swapped for a symlink, or the file
+                raise Unavailable(f"{f.path}: {f.disk} is not the file listed (it was replaced since): not read",
+                                  subject=str(f.disk))
             digest = _verified_digest(f, fd, st.st_size)
             with self._lock:
                 self.local[digest] = LocalSource(digest, str(f.disk), "", st.st_size, st.st_mtime_ns)
@@ -156,21 +181,26 @@ class _Staged:
         """The file hard-linked into tmp/ and made read-only, and its row;
         None where the filesystem or the file's owner refuses either (it is
         copied then)."""
-        tmp = Path(f"{tmp_name(self.store.layout.tmp_dir, 'ingest')}-adopt")
+        tmp = Path(f"{tmp_name(self.store.layout.tmp_dir, 'ingest')}{ADOPT_SUFFIX}")
         try:
             os.link(f.disk, tmp, follow_symlinks=False)
         except OSError as e:
             if e.errno in LINK_REFUSED:
                 return None
             raise Unavailable(f"cannot link {f.disk} into {tmp.parent}: {e.strerror}", subject=str(f.disk)) from e
-        linked = LinkedBlob(digest, st.st_size, tmp, mode=st.st_mode & 0o7777)
+        linked_st = os.lstat(tmp)
+        if (linked_st.st_dev, linked_st.st_ino) != (st.st_dev, st.st_ino):   # the path names another file now
+            os.unlink(tmp)   # never made read-only, nor kept: it is not what was hashed
+            raise IntegrityError(f"{f.path}: {f.disk} was replaced while it was being adopted", subject=str(f.disk))
         try:
             os.chmod(tmp, BLOB_MODE)
         except PermissionError:   # not the file's owner: its owner could change it at will
-            linked.discard()
+            os.unlink(tmp)
             return None
+        linked = LinkedBlob(digest, st.st_size, tmp, mode=st.st_mode & 0o7777,
+                            blob_path=self.store.blobs.path(digest))
         after = os.lstat(tmp)
-        if (after.st_ino, after.st_size, after.st_mtime_ns) != (st.st_ino, st.st_size, st.st_mtime_ns):
+        if (after.st_size, after.st_mtime_ns) != (st.st_size, st.st_mtime_ns):
             linked.discard()
             raise IntegrityError(f"{f.path}: {f.disk} changed while it was being adopted", subject=str(f.disk))
         return linked, AdoptedBlob.of(digest, str(f.disk), after)

@@ -14,6 +14,7 @@ import hashlib
 import json
 import os
 import shutil
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -34,8 +35,11 @@ from kit.adoptkit import (
 )
 from kit.clikit import run
 
-from cartonstore.errors import IntegrityError, InvalidInput, NotFound
+from cartonstore.errors import IntegrityError, InvalidInput, NotFound, Unavailable
+from cartonstore.sources.adoptable import AdoptableFile, read_adoptable
 from cartonstore.store import Store
+from cartonstore.store.adoption import AdoptResult, _Staged
+from cartonstore.store.content.blobs import BLOB_MODE
 
 NOBODY = 65534
 
@@ -110,7 +114,8 @@ def test_a_plain_directory_through_the_cli_with_a_name_and_json(tmp_path: Path, 
     assert (said["models"][0]["name"], said["models"][0]["files"]) == ("mine", 3)
     code, out, err = run(capsys, "path", "mine", "--root", str(root))
     assert code == 0, err
-    assert same_inode(Path(out.strip()) / "model" / "sub" / "notes.txt", plain / "sub" / "notes.txt")
+    served = Path(out.strip()) / "model" / "sub" / "notes.txt"   # one of the two files is the blob: whichever came first
+    assert same_inode(served, plain / "sub" / "notes.txt") or same_inode(served, plain / "sub" / "same-notes.txt")
 
 
 def test_across_filesystems_the_bytes_are_copied_and_the_result_says_how_many(store: Store) -> None:
@@ -247,3 +252,82 @@ def test_a_directory_of_one_onnx_graph_is_adopted_as_a_carton_the_onnx_runner_se
     assert (declared.runner.runner_name, [i.name for i in declared.inputs or ()]) == ("onnx", ["x"])
     assert os.stat(top / "model.onnx").st_ino == os.stat(store.blobs.path(hashlib.sha256(
         (top / "model.onnx").read_bytes()).hexdigest())).st_ino
+
+
+# -- one inode, two store paths; a file swapped between the steps ---------------
+
+def _one_file(tmp_path: Path, data: bytes = b"weights" * 100) -> tuple[AdoptableFile, str]:
+    plain = tmp_path / "weights"
+    plain.mkdir()
+    (plain / "w.bin").write_bytes(data)
+    os.chmod(plain / "w.bin", 0o644)
+    (f,) = read_adoptable(plain)[0].files
+    return f, hashlib.sha256(data).hexdigest()
+
+
+def test_a_second_link_of_one_file_dropped_leaves_the_blob_read_only(store: Store, tmp_path: Path) -> None:
+    """Two adopts of one file both link its inode into tmp/: the one that
+    drops its link (it failed, or found the blob committed) leaves the mode
+    alone, for the inode is the other's blob."""
+    f, digest = _one_file(tmp_path)
+    st = os.stat(f.disk)
+    first, second, third = (_Staged(store, AdoptResult())._link(f, st, digest) for _ in range(3))
+    second[0].discard()            # failed while the first is still to be committed
+    store.blobs.commit(first[0])
+    store.blobs.commit(third[0])   # found the first's blob there
+    assert stat.S_IMODE(os.stat(store.blobs.path(digest)).st_mode) == BLOB_MODE
+    assert [p.name for p in store.layout.tmp_dir.iterdir() if p.name.endswith("-adopt")] == []
+
+
+def test_a_file_replaced_between_its_hash_and_its_link_is_neither_linked_nor_chmodded(store: Store,
+                                                                                      tmp_path: Path) -> None:
+    f, digest = _one_file(tmp_path)
+    os.chmod(f.disk, 0o600)
+    hashed = os.stat(f.disk)
+    other = f.disk.with_name("other")
+    other.write_bytes(b"another file")
+    os.chmod(other, 0o640)
+    os.replace(other, f.disk)
+    with pytest.raises(IntegrityError, match=f"w.bin: {f.disk} was replaced while it was being adopted"):
+        _Staged(store, AdoptResult())._link(f, hashed, digest)
+    assert stat.S_IMODE(os.stat(f.disk).st_mode) == 0o640
+    assert [p.name for p in store.layout.tmp_dir.iterdir() if p.name.endswith("-adopt")] == []
+
+
+def test_a_directory_swapped_for_a_symlink_after_listing_is_not_read_through(store: Store, tmp_path: Path) -> None:
+    plain = tmp_path / "weights"
+    (plain / "sub").mkdir(parents=True)
+    (plain / "sub" / "w.bin").write_bytes(b"weights")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "w.bin").write_bytes(b"secret")
+    (model,) = read_adoptable(plain)
+    (plain / "sub").rename(plain / "listed")
+    (plain / "sub").symlink_to(outside)
+    staged = _Staged(store, AdoptResult())
+    try:
+        with pytest.raises(Unavailable, match=f"sub/w.bin: {plain / 'sub' / 'w.bin'} is not the file listed"):
+            staged.take_all(model.files)
+        assert hashlib.sha256(b"secret").hexdigest() not in staged.staging.staged
+    finally:
+        staged.staging.discard()
+    assert stat.S_IMODE(os.stat(outside / "w.bin").st_mode) != BLOB_MODE
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root: a file of root's that uid 65534 may link but not chmod")
+def test_a_file_linked_but_not_the_callers_to_chmod_is_copied(short_tmp: Path) -> None:
+    os.chmod(short_tmp, 0o755)
+    plain = short_tmp / "weights"
+    plain.mkdir()
+    (plain / "w.bin").write_bytes(b"weights" * 100)
+    os.chmod(plain / "w.bin", 0o666)   # others may read and write it, so protected_hardlinks lets them link it
+    theirs = short_tmp / "theirs"
+    theirs.mkdir()
+    os.chown(theirs, NOBODY, NOBODY)
+    done = subprocess.run([sys.executable, "-m", "cartonstore.cli", "adopt", str(plain), "--root", str(theirs / "root"),
+                           "--json"], user=NOBODY, group=NOBODY, extra_groups=[], capture_output=True, text=True,
+                          timeout=60, cwd="/")
+    assert done.returncode == 0, done.stderr
+    assert (json.loads(done.stdout)["files_linked"], json.loads(done.stdout)["files_copied"]) == (0, 1)
+    assert stat.S_IMODE(os.stat(plain / "w.bin").st_mode) == 0o666
+    assert os.stat(plain / "w.bin").st_nlink == 1
