@@ -38,7 +38,7 @@ from cartonstore.sources.adoptable import AdoptableFile, AdoptableModel, read_ad
 from cartonstore.store.content.blobs import BLOB_MODE, StagedBlob
 from cartonstore.store.content.filespace import shared_bytes
 from cartonstore.store.content.hashing import CHUNK, sha256
-from cartonstore.store.metadata.adopted_rows import AdoptedBlob, record_adopted
+from cartonstore.store.metadata.adopted_rows import AdoptedBlob
 from cartonstore.store.metadata.names import NameOutcome, validate_name
 from cartonstore.store.metadata.source_rows import LocalSource
 from cartonstore.store.root.owner import tmp_name
@@ -297,8 +297,8 @@ def adopt(store: StoreParts, path: Path, *, name: str | None, commit: Commit) ->
             generated = frozenset({checked.digest} | {e.digest for e in checked.entries if e.path == "carton.toml"})
             r = commit(checked, staged.staging_of(checked), name=name, source=f"adopted:{model.origin}",
                        provenance=Provenance("adopted", generated),
-                       local_sources=[staged.local[e.digest] for e in checked.entries if e.digest in staged.local])
-            _record(store, checked, staged.adopted)
+                       local_sources=[staged.local[e.digest] for e in checked.entries if e.digest in staged.local],
+                       adopted=[staged.adopted[d] for d in {e.digest for e in checked.entries} if d in staged.adopted])
             naming = r.naming
             result.models.append(AdoptedModel(r.digest, model.model_name, model.origin, len(checked.entries) - 1,
                                               sum(e.size or 0 for e in checked.entries), naming))
@@ -317,15 +317,3 @@ def _checked(model: AdoptableModel, listed: dict[Path, ListedFile],
     staged.stage_small(checked, carton.small)
     return model, checked
 
-
-def _record(store: StoreParts, checked: CheckedCarton, adopted: dict[str, AdoptedBlob]) -> None:
-    """Rows for the linked blobs that are now the carton's (a blob committed
-    meanwhile by another add keeps its own inode and gets none)."""
-    rows = []
-    for e in checked.entries:
-        row = adopted.get(e.digest)
-        if row is not None and os.stat(store.blobs.path(e.digest)).st_ino == row.ino:
-            rows.append(row)
-    if rows:
-        with store.index.transaction() as conn:
-            record_adopted(conn, rows)

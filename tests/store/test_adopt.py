@@ -18,6 +18,7 @@ import stat
 import subprocess
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 import pytest
 from conftest import snapshot
@@ -38,7 +39,7 @@ from kit.clikit import run
 from cartonstore.errors import IntegrityError, InvalidInput, NotFound, Unavailable
 from cartonstore.sources.adoptable import AdoptableFile, read_adoptable
 from cartonstore.store import Store
-from cartonstore.store.adoption import AdoptResult, _Staged
+from cartonstore.store.adoption import AdoptResult, _Staged, adopt
 from cartonstore.store.content.blobs import BLOB_MODE
 
 NOBODY = 65534
@@ -331,3 +332,27 @@ def test_a_file_linked_but_not_the_callers_to_chmod_is_copied(short_tmp: Path) -
     assert (json.loads(done.stdout)["files_linked"], json.loads(done.stdout)["files_copied"]) == (0, 1)
     assert stat.S_IMODE(os.stat(plain / "w.bin").st_mode) == 0o666
     assert os.stat(plain / "w.bin").st_nlink == 1
+
+
+class _Crash(Exception):
+    pass
+
+
+def test_the_adopted_rows_are_in_the_commits_transaction(store: Store, tmp_path: Path) -> None:
+    """A crash right after the carton's commit leaves its adopted blobs
+    known as adopted: a later change through the other path is caught."""
+    repo = hf_cache(tmp_path / "hub")
+
+    def commit_then_crash(*args, **kwargs) -> NoReturn:
+        store.commit_checked(*args, **kwargs)
+        raise _Crash
+
+    with pytest.raises(_Crash):
+        adopt(store, repo, name=None, commit=commit_then_crash)
+    lfs = repo / "blobs" / hashlib.sha256(HF_FILES["model.safetensors"]).hexdigest()
+    os.chmod(lfs, 0o644)
+    with open(lfs, "r+b") as f:
+        f.seek(100)
+        f.write(b"\xff" * 8)
+    with pytest.raises(IntegrityError, match=f"adopted from {lfs}, was changed"):
+        store.materialize("acme-tiny-model")
