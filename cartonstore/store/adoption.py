@@ -7,9 +7,11 @@ Each file is hashed in a worker thread and checked against the hash its
 name claims; then hard-linked into tmp/ as its blob (one inode for both
 tools), or, on another filesystem, written there by copy_range (reflinked
 where the filesystem shares blocks, copied otherwise, and the result says
-how many bytes were copied). Nothing is visible until every file of every
-model is verified; a failure discards what was staged and leaves the store
-as it was.
+how many bytes were copied). Nothing is committed until every file of
+every model is verified and every carton checked: bad input discards what
+was staged and leaves the store as it was. Each model is then committed in
+its own transaction, so a failure of the store itself (a full disk) at one
+model leaves the models before it committed, and its error names them.
 
 A linked file is made read-only (BLOB_MODE, as every blob is): the other
 tool reads it and replaces its files by renaming new ones over them
@@ -33,7 +35,7 @@ from typing import TYPE_CHECKING
 from cartonstore.carton.checks import CheckedCarton, check_carton
 from cartonstore.carton.from_files import ListedFile, files_carton
 from cartonstore.carton.from_model import runnable_files_carton
-from cartonstore.errors import IntegrityError, InvalidInput, PermissionDenied, Unavailable
+from cartonstore.errors import CartonStoreError, IntegrityError, InvalidInput, PermissionDenied, Unavailable
 from cartonstore.sources.adoptable import AdoptableFile, AdoptableModel, read_adoptable
 from cartonstore.store.content.blobs import BLOB_MODE, StagedBlob
 from cartonstore.store.content.filespace import shared_bytes
@@ -294,17 +296,29 @@ def adopt(store: StoreParts, path: Path, *, name: str | None, commit: Commit) ->
         for _model, checked in cartons:
             check_staged_safetensors(checked, staged.staging)
         for model, checked in cartons:
-            generated = frozenset({checked.digest} | {e.digest for e in checked.entries if e.path == "carton.toml"})
-            r = commit(checked, staged.staging_of(checked), name=name, source=f"adopted:{model.origin}",
-                       provenance=Provenance("adopted", generated),
-                       local_sources=[staged.local[e.digest] for e in checked.entries if e.digest in staged.local],
-                       adopted=[staged.adopted[d] for d in {e.digest for e in checked.entries} if d in staged.adopted])
-            naming = r.naming
-            result.models.append(AdoptedModel(r.digest, model.model_name, model.origin, len(checked.entries) - 1,
-                                              sum(e.size or 0 for e in checked.entries), naming))
+            try:
+                _commit_one(model, checked, staged, name=name, commit=commit)
+            except CartonStoreError as e:
+                if result.models:
+                    kept = ", ".join(f"{m.model_name} ({m.digest})" for m in result.models)
+                    e.message += f"; the models adopted before it are kept: {kept}"
+                    e.details["adopted"] = [m.as_json() for m in result.models]
+                raise
     finally:
         staged.staging.discard()
     return result
+
+
+def _commit_one(model: AdoptableModel, checked: CheckedCarton, staged: _Staged, *, name: str | None,
+                commit: Commit) -> None:
+    generated = frozenset({checked.digest} | {e.digest for e in checked.entries if e.path == "carton.toml"})
+    digests = list(dict.fromkeys(e.digest for e in checked.entries))
+    r = commit(checked, staged.staging_of(checked), name=name, source=f"adopted:{model.origin}",
+               provenance=Provenance("adopted", generated),
+               local_sources=[staged.local[d] for d in digests if d in staged.local],
+               adopted=[staged.adopted[d] for d in digests if d in staged.adopted])
+    staged.result.models.append(AdoptedModel(r.digest, model.model_name, model.origin, len(checked.entries) - 1,
+                                             sum(e.size or 0 for e in checked.entries), r.naming))
 
 
 def _checked(model: AdoptableModel, listed: dict[Path, ListedFile],

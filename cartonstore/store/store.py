@@ -187,7 +187,9 @@ class Store:
     def adopt(self, path: Path, *, name: str | None = None) -> AdoptResult:
         """Store what a Hugging Face cache repository, an Ollama models
         directory or a directory of model files holds, hard-linked, not
-        copied (store/adoption.py); the store is unchanged on any failure."""
+        copied (store/adoption.py). Bad input leaves the store unchanged;
+        several models are committed one by one, and an error of the store
+        itself at one names those committed before it."""
         from .adoption import adopt
 
         return adopt(self, Path(path), name=name, commit=self.commit_checked)

@@ -41,6 +41,7 @@ from cartonstore.sources.adoptable import AdoptableFile, read_adoptable
 from cartonstore.store import Store
 from cartonstore.store.adoption import AdoptResult, _Staged, adopt
 from cartonstore.store.content.blobs import BLOB_MODE
+from cartonstore.store.ingest import IngestResult
 
 NOBODY = 65534
 
@@ -356,3 +357,22 @@ def test_the_adopted_rows_are_in_the_commits_transaction(store: Store, tmp_path:
         f.write(b"\xff" * 8)
     with pytest.raises(IntegrityError, match=f"adopted from {lfs}, was changed"):
         store.materialize("acme-tiny-model")
+
+
+def test_a_store_failure_at_the_second_model_names_the_first_one_kept(store: Store, tmp_path: Path) -> None:
+    models = ollama_dir(tmp_path)
+    commits = []
+
+    def full_disk_at_the_second(*args, **kwargs) -> IngestResult:
+        if commits:
+            raise Unavailable("no space left on the device")
+        commits.append(store.commit_checked(*args, **kwargs))
+        return commits[-1]
+
+    with pytest.raises(Unavailable) as caught:
+        adopt(store, models, name=None, commit=full_disk_at_the_second)
+    (first,) = commits
+    assert str(caught.value) == ("no space left on the device; the models adopted before it are kept: "
+                                 f"tiny:latest ({first.digest})")
+    assert [m["manifest_sha256"] for m in caught.value.details["adopted"]] == [first.digest]
+    assert [c.row.digest for c in store.list()] == [first.digest]
