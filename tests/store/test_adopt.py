@@ -41,6 +41,7 @@ from cartonstore.sources.adoptable import AdoptableFile, read_adoptable
 from cartonstore.store import Store
 from cartonstore.store.adoption import AdoptResult, _Staged, adopt
 from cartonstore.store.content.blobs import BLOB_MODE
+from cartonstore.store.gc.plan import GcPolicy
 from cartonstore.store.ingest import IngestResult
 
 NOBODY = 65534
@@ -376,3 +377,17 @@ def test_a_store_failure_at_the_second_model_names_the_first_one_kept(store: Sto
                                  f"tiny:latest ({first.digest})")
     assert [m["manifest_sha256"] for m in caught.value.details["adopted"]] == [first.digest]
     assert [c.row.digest for c in store.list()] == [first.digest]
+
+
+def test_gc_leaves_an_adopted_blob_the_other_tool_still_holds(store: Store, tmp_path: Path) -> None:
+    """Removing it frees nothing, and its local source would bring it back
+    as a copy: eviction does not take it, and max_size does not count it."""
+    repo = hf_cache(tmp_path / "hub")
+    (model,) = store.adopt(repo).models
+    budget = sum(os.stat(store.blobs.path(e.digest)).st_size for e in store.index.entries(model.digest)
+                 if e.path in ("MANIFEST", "carton.toml"))
+    report = store.collect(GcPolicy(max_size=budget + 1024, grace=0))
+    assert (report.evicted_blobs, report.over_budget) == (0, None)
+    assert store.materialize(model.digest).is_dir()
+    for blob in (repo / "blobs").iterdir():
+        assert same_inode(blob, store.blobs.path(hashlib.sha256(blob.read_bytes()).hexdigest()))
