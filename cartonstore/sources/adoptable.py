@@ -10,8 +10,11 @@ claims, which the store checks while adopting it.
   file is named by its sha256 and a small git file by its git blob sha1.
   A ``snapshots/<commit>`` directory given is that commit of its repository.
 - Ollama (``blobs/sha256-<hex>``, ``manifests/<registry>/<ns>/<model>/<tag>``):
-  each manifest is a model, its layers named by their media type as the
-  Modelfile names them (``model.gguf``, ``template``, ``params.json``...).
+  each manifest is a model, its layers named by their media type as an OCI
+  pull of it names them (format/ollama.py: ``model.gguf``, ``template``,
+  ``params.json``...), its carton the pull's (model_name the model's
+  repository name, nothing more said), so one model is one carton
+  whichever way it came.
 - Any other directory: its files at their relative paths.
 
 A symlink may lead only to a file inside the directory adopted; anything
@@ -31,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cartonstore.errors import InvalidInput, NotFound
+from cartonstore.format.ollama import ollama_file_names
 
 HF_PREFIX = "models--"
 DESCRIPTION_CHARS = 100
@@ -38,19 +42,6 @@ _HEX64 = re.compile(r"[0-9a-f]{64}")
 _HEX40 = re.compile(r"[0-9a-f]{40}")
 OLLAMA_DIGEST = re.compile(r"sha256:([0-9a-f]{64})")
 OLLAMA_LIBRARY = ("registry.ollama.ai", "library")
-OLLAMA_NAMES = {
-    "application/vnd.ollama.image.model": "model.gguf",
-    "application/vnd.ollama.image.adapter": "adapter.gguf",
-    "application/vnd.ollama.image.projector": "projector.gguf",
-    "application/vnd.ollama.image.template": "template",
-    "application/vnd.ollama.image.system": "system",
-    "application/vnd.ollama.image.params": "params.json",
-    "application/vnd.ollama.image.messages": "messages.json",
-    "application/vnd.ollama.image.license": "license",
-}
-"""An Ollama layer's file name, by its media type: what the Modelfile calls it."""
-
-
 @dataclass(frozen=True)
 class Claim:
     """The hash a file's name claims for its bytes: ``sha256`` (an LFS or
@@ -72,11 +63,11 @@ class AdoptableFile:
 
 @dataclass(frozen=True)
 class AdoptableModel:
-    model_name: str         # ORG/NAME, name:tag, a directory's name
+    model_name: str         # ORG/NAME, name:tag, a directory's name; its default name in the store
     files: tuple[AdoptableFile, ...]
     origin: str             # where it was found: the source recorded, the label in errors
-    description: str        # carton.toml's short_description
-    fmt: str | None = None  # the files' format when the layout says it (Ollama: gguf)
+    description: str | None  # carton.toml's short_description
+    carton_name: str | None = None  # carton.toml's model_name where it is not model_name (Ollama: as pulled)
 
 
 def read_adoptable(path: Path) -> list[AdoptableModel]:
@@ -170,24 +161,9 @@ def _ollama_model(root: Path, manifest: Path, parts: list[str]) -> AdoptableMode
     layers = doc.get("layers") if isinstance(doc, dict) else None
     if not isinstance(layers, list) or not all(isinstance(layer, dict) for layer in layers):
         raise InvalidInput(f"Ollama manifest {manifest} has no list of layers", subject=str(manifest))
-    described = [("config.json", doc.get("config"))] if isinstance(doc.get("config"), dict) else []
-    seen: dict[str, int] = {}
-    for layer in layers:
-        described.append((_layer_name(layer.get("mediaType"), seen), layer))
-    files = tuple(_ollama_file(root, manifest, path, layer) for path, layer in described)
-    return AdoptableModel(name, files, str(manifest), _short(f"Ollama model {name}"), "gguf")
-
-
-def _layer_name(media_type: object, seen: dict[str, int]) -> str:
-    """The layer's name (OLLAMA_NAMES; an unknown type by its last part);
-    a second layer of one kind gets ``-2``, and so on, before its suffix."""
-    kind = media_type if isinstance(media_type, str) else "layer"
-    base = OLLAMA_NAMES.get(kind) or re.sub(r"[^A-Za-z0-9_.-]", "_", kind.rsplit(".", 1)[-1]) or "layer"
-    seen[base] = seen.get(base, 0) + 1
-    if seen[base] == 1:
-        return base
-    stem, dot, suffix = base.partition(".")
-    return f"{stem}-{seen[base]}{dot}{suffix}"
+    paths = ollama_file_names([layer.get("mediaType") for layer in layers], f"Ollama manifest {manifest}")
+    files = tuple(_ollama_file(root, manifest, path, layer) for path, layer in zip(paths, layers, strict=True))
+    return AdoptableModel(name, files, str(manifest), None, carton_name=model)
 
 
 def _ollama_file(root: Path, manifest: Path, path: str, layer: dict) -> AdoptableFile:

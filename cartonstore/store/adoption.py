@@ -41,7 +41,7 @@ from cartonstore.store.content.blobs import BLOB_MODE, StagedBlob
 from cartonstore.store.content.filespace import shared_bytes
 from cartonstore.store.content.hashing import CHUNK, sha256
 from cartonstore.store.metadata.adopted_rows import AdoptedBlob
-from cartonstore.store.metadata.names import NameOutcome, validate_name
+from cartonstore.store.metadata.names import NameOutcome, default_name, validate_name
 from cartonstore.store.metadata.source_rows import LocalSource
 from cartonstore.store.root.owner import tmp_name
 
@@ -316,16 +316,18 @@ def _commit_one(model: AdoptableModel, checked: CheckedCarton, staged: _Staged, 
     r = commit(checked, staged.staging_of(checked), name=name, source=f"adopted:{model.origin}",
                provenance=Provenance("adopted", generated),
                local_sources=[staged.local[d] for d in digests if d in staged.local],
-               adopted=[staged.adopted[d] for d in digests if d in staged.adopted])
+               adopted=[staged.adopted[d] for d in digests if d in staged.adopted],
+               default=default_name(model.model_name))
     staged.result.models.append(AdoptedModel(r.digest, model.model_name, model.origin, len(checked.entries) - 1,
                                              sum(e.size or 0 for e in checked.entries), r.naming))
 
 
 def _checked(model: AdoptableModel, listed: dict[Path, ListedFile],
              staged: _Staged) -> tuple[AdoptableModel, CheckedCarton]:
-    carton = files_carton(model.model_name, {f.path: listed[f.disk] for f in model.files}, origin=model.origin,
-                          description=model.description, fmt=model.fmt)
-    carton = runnable_files_carton(carton, model.model_name, staged.staging.path_of, origin=model.origin,
+    carton_name = model.carton_name or model.model_name
+    carton = files_carton(carton_name, {f.path: listed[f.disk] for f in model.files}, origin=model.origin,
+                          description=model.description)
+    carton = runnable_files_carton(carton, carton_name, staged.staging.path_of, origin=model.origin,
                                    description=model.description)
     checked = check_carton(carton.view(model.origin), links_raw=b"")
     staged.stage_small(checked, carton.small)

@@ -235,13 +235,14 @@ def check_staged_safetensors(checked: CheckedCarton, staging: Staging) -> None:
 def commit_carton(checked: CheckedCarton, staging: Staging, index: Index, blobs: BlobStore,
                   *, name: str | None, source: str | None, force: bool = False,
                   local_sources: Sequence[LocalSource] = (), provenance: Provenance | None = None,
-                  adopted: Sequence[AdoptedBlob] = ()) -> IngestResult:
+                  adopted: Sequence[AdoptedBlob] = (), default: str | None = None) -> IngestResult:
     """Rename staged blobs into place, then record the carton (and the local
     sources of its blobs, the ``adopted`` files that are now its blobs, and
     with ``provenance`` what it adds to the figures by kind of source, in
     the same transaction). The caller holds the store lock so a collection
     cannot interleave, nor another add put its own inode in a blob's place
-    between the look and the row."""
+    between the look and the row. ``default``: the name it takes when that
+    is free and none is given (else one made of its model_name)."""
     fresh: dict[str, int] = {}
     for digest, staged in staging.staged.items():
         blobs.commit(staged)
@@ -258,7 +259,8 @@ def commit_carton(checked: CheckedCarton, staging: Staging, index: Index, blobs:
     record = CartonRecord(row, checked.entries, checked.links, local_sources, _still_adopted(blobs, adopted))
     figures = source_figures(provenance, staging.staged, dict(present)) if provenance is not None else []
     naming = index.record_carton(record, blobs=present, name=name,
-                                 default_name=default_name(checked.config.model_name), force=force, figures=figures)
+                                 default_name=default or default_name(checked.config.model_name), force=force,
+                                 figures=figures)
     present_set = {d for d, _ in present}
     complete = all(e.digest in present_set for e in checked.entries)
     added = sum(fresh.values())

@@ -206,14 +206,17 @@ class Store:
 
     def commit_checked(self, checked: CheckedCarton, staging: Staging, *, name: str | None,
                        source: str | None, force: bool = False, local_sources: Sequence[LocalSource] = (),
-                       provenance: Provenance | None = None, adopted: Sequence[AdoptedBlob] = ()) -> IngestResult:
+                       provenance: Provenance | None = None, adopted: Sequence[AdoptedBlob] = (),
+                       default: str | None = None) -> IngestResult:
         """Commit a validated carton and its staged blobs (always discards
         what is left of the staging). A source that fetched them passes its
         ``provenance`` (ingest.Provenance: its kind, what it made itself):
         the store's figures by kind of source (source_bytes()) grow in the
         commit's own transaction by the bytes fetched and those the store
         already had. ``adopted``: the linked files of an adopt, recorded
-        in that transaction too (store/adoption.py)."""
+        in that transaction too (store/adoption.py); ``default``: the name
+        it takes when free and none is given (else one made of its
+        model_name)."""
         from cartonstore.store.materialize.tree import remove_tree
 
         from .ingest import commit_carton
@@ -229,7 +232,7 @@ class Store:
                     self.index.read(lambda conn: check_move(conn, name, checked.digest, force=force))
                 return commit_carton(checked, staging, self.index, self.blobs, name=name, source=source,
                                      force=force, local_sources=local_sources, provenance=provenance,
-                                     adopted=adopted)
+                                     adopted=adopted, default=default)
         finally:
             staging.discard()
             if stale is not None:

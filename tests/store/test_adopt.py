@@ -32,6 +32,7 @@ from kit.adoptkit import (
     git_blob_sha1,
     hf_cache,
     ollama_dir,
+    ollama_model,
     safetensors,
 )
 from kit.clikit import run
@@ -87,16 +88,16 @@ def test_a_snapshot_is_its_commit_of_the_repository_and_the_hub_directory_is_ref
         store.adopt(tmp_path / "hub")
 
 
-def test_an_ollama_directory_is_one_carton_per_manifest_with_its_layers_named(store: Store, tmp_path: Path) -> None:
+def test_an_ollama_directory_is_a_model_per_manifest_with_its_layers_named(store: Store, tmp_path: Path) -> None:
     models = ollama_dir(tmp_path)
     result = store.adopt(models)
     assert sorted(m.naming.name for m in result.models if m.naming) == ["tiny-latest", "tiny-q4"]
-    assert result.files_linked == 4   # config, gguf, template, params: each once for both tags
+    assert result.files_linked == 3   # gguf, template, params: each once for both tags (one carton)
     directory = store.materialize("tiny-q4")
     assert (directory / "model" / "model.gguf").read_bytes() == GGUF
     assert (directory / "model" / "template").read_bytes() == TEMPLATE
     assert (directory / "model" / "params.json").read_bytes() == PARAMS
-    assert sorted(os.listdir(directory / "model")) == ["config.json", "model.gguf", "params.json", "template"]
+    assert sorted(os.listdir(directory / "model")) == ["model.gguf", "params.json", "template"]
     gguf_digest = hashlib.sha256(GGUF).hexdigest()
     assert same_inode(models / "blobs" / f"sha256-{gguf_digest}", store.blobs.path(gguf_digest))
     assert store.config_of(result.models[0].digest).runner.runner_name == "gguf"
@@ -391,3 +392,34 @@ def test_gc_leaves_an_adopted_blob_the_other_tool_still_holds(store: Store, tmp_
     assert store.materialize(model.digest).is_dir()
     for blob in (repo / "blobs").iterdir():
         assert same_inode(blob, store.blobs.path(hashlib.sha256(blob.read_bytes()).hexdigest()))
+
+
+def test_an_ollama_model_pulled_and_adopted_is_one_carton(store: Store, tmp_path: Path, origin) -> None:
+    """Both name the layers from one table (format/ollama.py), and leave the
+    manifest's config (an image config) out."""
+    from kit import modelkit_oci as mk
+    from kit.fetchkit import fast_config
+    from kit.ocikit import pull
+
+    artifact = mk.ollama([("model", GGUF), ("template", TEMPLATE), ("params", PARAMS), ("license", b"L1"),
+                          ("license", b"L2"), ("system", b"be brief"), ("messages", b"[]")])
+    pulled = pull(store, mk.serve(origin, artifact), fast_config(), name="pulled")
+    models = ollama_model(tmp_path / "models", artifact.manifest, artifact.blobs, "r", "t")
+    (adopted,) = store.adopt(models).models
+    assert adopted.digest == pulled.digest
+    assert sorted(e.path for e in store.index.entries(adopted.digest)) == [
+        "carton.toml", "model/LICENSE", "model/LICENSE-2", "model/messages.json", "model/model.gguf",
+        "model/params.json", "model/system.txt", "model/template"]
+
+
+def test_an_ollama_layer_of_a_kind_not_read_is_refused_by_name(store: Store, tmp_path: Path) -> None:
+    models = ollama_dir(tmp_path, tags=("latest",))
+    manifest = models / "manifests" / "registry.ollama.ai" / "library" / "tiny" / "latest"
+    doc = json.loads(manifest.read_text())
+    doc["layers"][2]["mediaType"] = "application/vnd.ollama.image.embed"
+    manifest.write_text(json.dumps(doc))
+    before = snapshot(store.root)
+    with pytest.raises(InvalidInput, match=rf"Ollama manifest {manifest}: layer 2: media type "
+                                           r"'application/vnd.ollama.image.embed' is not an Ollama layer read here"):
+        store.adopt(models)
+    assert snapshot(store.root) == before
