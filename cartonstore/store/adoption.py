@@ -82,8 +82,8 @@ class LinkedBlob(StagedBlob):
 
     def _shared_in_store(self, st: os.stat_result) -> bool:
         others = [self.blob_path] if self.blob_path is not None else []
-        others += [Path(e.path) for e in os.scandir(self.tmp_path.parent)
-                   if e.name.endswith(ADOPT_SUFFIX) and e.path != str(self.tmp_path)]
+        with os.scandir(self.tmp_path.parent) as entries:
+            others += [Path(e.path) for e in entries if e.name.endswith(ADOPT_SUFFIX) and e.path != str(self.tmp_path)]
         for other in others:
             try:
                 o = os.lstat(other)
