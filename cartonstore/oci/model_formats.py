@@ -35,7 +35,8 @@ file's blob key) or a tar archive unpacked at add time (unpack.py):
 - **Ollama** (its registry's manifests, ``ollama/ollama`` server/images.go):
   a Docker schema2 manifest whose layers are
   ``application/vnd.ollama.image.*``; each becomes a file under the name
-  in OLLAMA_NAMES (``model.gguf``, ``template``, ``params.json``...).
+  format/ollama.py gives it (``model.gguf``, ``template``, ``params.json``...),
+  as an adopt of an Ollama directory names it.
 
 A carton (``application/vnd.carton.v1``) is not read here: pull.py takes
 it as a carton, and so a carton pushed as a ModelPack artifact (``push
@@ -51,6 +52,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cartonstore.errors import InvalidCarton, InvalidInput
+from cartonstore.format.ollama import OLLAMA_PREFIX, numbered_name, ollama_file_names
 from cartonstore.format.paths import carton_path_problem
 
 from .artifact import (
@@ -91,21 +93,6 @@ _SHARDED = ("model.gguf", "model.safetensors")
 KITOPS_CONFIG = "application/vnd.kitops.modelkit.config.v1+json"
 _KITOPS_LAYER = re.compile(r"application/vnd\.kitops\.modelkit\.(model|modelpart|dataset|code|docs|prompts)"
                            r"\.v1\.tar(\+gzip|\+zstd)?")
-
-OLLAMA_PREFIX = "application/vnd.ollama.image."
-OLLAMA_NAMES = {
-    "model": "model.gguf",
-    "projector": "projector.gguf",
-    "adapter": "adapter.gguf",
-    "template": "template",
-    "system": "system.txt",
-    "params": "params.json",
-    "messages": "messages.json",
-    "license": "LICENSE",
-}
-"""The file each Ollama layer becomes: what ``ollama show --modelfile``
-calls it (FROM: the GGUF, TEMPLATE, SYSTEM, PARAMETER, MESSAGE, LICENSE,
-ADAPTER), a second layer of a kind numbered (``LICENSE-2``)."""
 
 GZIP, ZSTD, PLAIN, SNIFF = "gzip", "zstd", "", "sniff"
 """A tar layer's compression; SNIFF: told by its first bytes (an ORAS
@@ -279,13 +266,7 @@ def _nth_name(name: str, i: int, count: int) -> str:
     if count > 1 and name in _SHARDED:
         stem, dot, suffix = name.partition(".")
         return f"{stem}-{i + 1:05d}-of-{count:05d}{dot}{suffix}"
-    return _numbered(name, i)
-
-
-def _numbered(name: str, i: int) -> str:
-    """The ``i``th file of one kind: ``NAME``, then ``NAME-2``, ``NAME-3``..."""
-    stem, dot, suffix = name.partition(".")
-    return name if i == 0 else f"{stem}-{i + 1}{dot}{suffix}"
+    return numbered_name(name, i)
 
 
 def _kitops_layer(d: Descriptor, where: str) -> ModelLayer:
@@ -297,16 +278,8 @@ def _kitops_layer(d: Descriptor, where: str) -> ModelLayer:
 
 
 def _ollama_layers(descriptors: list[Descriptor], where: str) -> list[ModelLayer]:
-    kinds = [d.media_type[len(OLLAMA_PREFIX):] for d in descriptors]
-    for d, kind in zip(descriptors, kinds, strict=True):
-        if kind not in OLLAMA_NAMES:
-            raise InvalidInput(f"{where}: layer {d.number}: media type {d.media_type!r} is not an Ollama layer "
-                               f"read here ({', '.join(OLLAMA_PREFIX + k for k in OLLAMA_NAMES)})", subject=where)
-    layers = []
-    for d, kind in zip(descriptors, kinds, strict=True):
-        i = sum(1 for k in kinds[:d.number] if k == kind)
-        layers.append(_named(d, _numbered(OLLAMA_NAMES[kind], i), "media type", where))
-    return layers
+    names = ollama_file_names([d.media_type for d in descriptors], where)
+    return [_named(d, name, "media type", where) for d, name in zip(descriptors, names, strict=True)]
 
 
 def _oras_layer(d: Descriptor, where: str) -> ModelLayer:

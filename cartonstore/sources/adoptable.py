@@ -10,12 +10,18 @@ claims, which the store checks while adopting it.
   file is named by its sha256 and a small git file by its git blob sha1.
   A ``snapshots/<commit>`` directory given is that commit of its repository.
 - Ollama (``blobs/sha256-<hex>``, ``manifests/<registry>/<ns>/<model>/<tag>``):
-  each manifest is a model, its layers named by their media type as the
-  Modelfile names them (``model.gguf``, ``template``, ``params.json``...).
+  each manifest is a model, its layers named by their media type as an OCI
+  pull of it names them (format/ollama.py: ``model.gguf``, ``template``,
+  ``params.json``...), its carton the pull's (model_name the model's
+  repository name, nothing more said), so one model is one carton
+  whichever way it came.
 - Any other directory: its files at their relative paths.
 
 A symlink may lead only to a file inside the directory adopted; anything
-but a regular file (a device, a pipe) is refused by name.
+but a regular file (a device, a pipe) is refused by name. Each file's
+(device, inode) is recorded as it is listed: the store reads only a file
+that is still that inode when it opens it, so a directory on the way
+swapped for a symlink afterwards cannot lead it outside the directory.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cartonstore.errors import InvalidInput, NotFound
+from cartonstore.format.ollama import ollama_file_names
 
 HF_PREFIX = "models--"
 DESCRIPTION_CHARS = 100
@@ -35,19 +42,6 @@ _HEX64 = re.compile(r"[0-9a-f]{64}")
 _HEX40 = re.compile(r"[0-9a-f]{40}")
 OLLAMA_DIGEST = re.compile(r"sha256:([0-9a-f]{64})")
 OLLAMA_LIBRARY = ("registry.ollama.ai", "library")
-OLLAMA_NAMES = {
-    "application/vnd.ollama.image.model": "model.gguf",
-    "application/vnd.ollama.image.adapter": "adapter.gguf",
-    "application/vnd.ollama.image.projector": "projector.gguf",
-    "application/vnd.ollama.image.template": "template",
-    "application/vnd.ollama.image.system": "system",
-    "application/vnd.ollama.image.params": "params.json",
-    "application/vnd.ollama.image.messages": "messages.json",
-    "application/vnd.ollama.image.license": "license",
-}
-"""An Ollama layer's file name, by its media type: what the Modelfile calls it."""
-
-
 @dataclass(frozen=True)
 class Claim:
     """The hash a file's name claims for its bytes: ``sha256`` (an LFS or
@@ -63,15 +57,17 @@ class AdoptableFile:
     path: str               # as the tool names it (a carton path under model/)
     disk: Path              # the file itself, symlinks resolved
     claim: Claim | None     # None: any bytes (a plain directory's file)
+    dev: int                # the file's device and inode when it was listed
+    ino: int
 
 
 @dataclass(frozen=True)
 class AdoptableModel:
-    model_name: str         # ORG/NAME, name:tag, a directory's name
+    model_name: str         # ORG/NAME, name:tag, a directory's name; its default name in the store
     files: tuple[AdoptableFile, ...]
     origin: str             # where it was found: the source recorded, the label in errors
-    description: str        # carton.toml's short_description
-    fmt: str | None = None  # the files' format when the layout says it (Ollama: gguf)
+    description: str | None  # carton.toml's short_description
+    carton_name: str | None = None  # carton.toml's model_name where it is not model_name (Ollama: as pulled)
 
 
 def read_adoptable(path: Path) -> list[AdoptableModel]:
@@ -103,9 +99,8 @@ def _hf_repository(root: Path, commit: str | None = None) -> AdoptableModel:
     snapshot = root / "snapshots" / commit
     files = []
     for rel, full in _walk(snapshot):
-        disk = _inside(full, root, rel)
-        claim = _hf_claim(disk, root)
-        files.append(AdoptableFile(rel, disk, claim))
+        disk, st = _inside(full, root, rel)
+        files.append(AdoptableFile(rel, disk, _hf_claim(disk, root), st.st_dev, st.st_ino))
     return AdoptableModel(repo_id, tuple(files), f"{root}@{commit}",
                           _short(f"{repo_id} at commit {commit}, from the Hugging Face cache"))
 
@@ -150,7 +145,7 @@ def _ollama_models(root: Path) -> list[AdoptableModel]:
         if len(parts) != 4:
             raise InvalidInput(f"{full} is not where Ollama keeps a manifest "
                                "(manifests/<registry>/<namespace>/<model>/<tag>)", subject=str(full))
-        models.append(_ollama_model(root, _inside(full, root, rel), parts))
+        models.append(_ollama_model(root, _inside(full, root, rel)[0], parts))
     if not models:
         raise InvalidInput(f"{root / 'manifests'} holds no manifest: nothing to adopt", subject=str(root))
     return models
@@ -166,24 +161,9 @@ def _ollama_model(root: Path, manifest: Path, parts: list[str]) -> AdoptableMode
     layers = doc.get("layers") if isinstance(doc, dict) else None
     if not isinstance(layers, list) or not all(isinstance(layer, dict) for layer in layers):
         raise InvalidInput(f"Ollama manifest {manifest} has no list of layers", subject=str(manifest))
-    described = [("config.json", doc.get("config"))] if isinstance(doc.get("config"), dict) else []
-    seen: dict[str, int] = {}
-    for layer in layers:
-        described.append((_layer_name(layer.get("mediaType"), seen), layer))
-    files = tuple(_ollama_file(root, manifest, path, layer) for path, layer in described)
-    return AdoptableModel(name, files, str(manifest), _short(f"Ollama model {name}"), "gguf")
-
-
-def _layer_name(media_type: object, seen: dict[str, int]) -> str:
-    """The layer's name (OLLAMA_NAMES; an unknown type by its last part);
-    a second layer of one kind gets ``-2``, and so on, before its suffix."""
-    kind = media_type if isinstance(media_type, str) else "layer"
-    base = OLLAMA_NAMES.get(kind) or re.sub(r"[^A-Za-z0-9_.-]", "_", kind.rsplit(".", 1)[-1]) or "layer"
-    seen[base] = seen.get(base, 0) + 1
-    if seen[base] == 1:
-        return base
-    stem, dot, suffix = base.partition(".")
-    return f"{stem}-{seen[base]}{dot}{suffix}"
+    paths = ollama_file_names([layer.get("mediaType") for layer in layers], f"Ollama manifest {manifest}")
+    files = tuple(_ollama_file(root, manifest, path, layer) for path, layer in zip(paths, layers, strict=True))
+    return AdoptableModel(name, files, str(manifest), None, carton_name=model)
 
 
 def _ollama_file(root: Path, manifest: Path, path: str, layer: dict) -> AdoptableFile:
@@ -198,13 +178,17 @@ def _ollama_file(root: Path, manifest: Path, path: str, layer: dict) -> Adoptabl
     if not os.path.lexists(blob):
         raise NotFound(f"Ollama manifest {manifest} lists {path} as {digest}, but {blob} is not there",
                        subject=str(blob))
-    return AdoptableFile(path, _inside(str(blob), root, f"blobs/{blob.name}"), Claim("sha256", hexdigest))
+    disk, st = _inside(str(blob), root, f"blobs/{blob.name}")
+    return AdoptableFile(path, disk, Claim("sha256", hexdigest), st.st_dev, st.st_ino)
 
 
 # -- any directory -------------------------------------------------------------
 
 def _plain_files(root: Path) -> list[AdoptableFile]:
-    files = [AdoptableFile(rel, _inside(full, root, rel), None) for rel, full in _walk(root)]
+    files = []
+    for rel, full in _walk(root):
+        disk, st = _inside(full, root, rel)
+        files.append(AdoptableFile(rel, disk, None, st.st_dev, st.st_ino))
     if not files:
         raise InvalidInput(f"{root} holds no files: nothing to adopt", subject=str(root))
     return files
@@ -227,20 +211,20 @@ def _walk(top: Path) -> list[tuple[str, str]]:
     return out
 
 
-def _inside(full: str, root: Path, rel: str) -> Path:
-    """The regular file ``full`` is, symlinks resolved, refused unless it
-    stays inside ``root``."""
+def _inside(full: str, root: Path, rel: str) -> tuple[Path, os.stat_result]:
+    """The regular file ``full`` is, symlinks resolved, and its stat;
+    refused unless it stays inside ``root``."""
     disk = Path(os.path.realpath(full))
     if disk != root and root not in disk.parents:
         raise InvalidInput(f"{rel} is a symlink out of {root} (to {os.readlink(full)!r}): adopt takes only "
                            "files inside the directory it adopts", subject=full)
     try:
-        mode = os.stat(disk).st_mode
+        st = os.stat(disk)
     except FileNotFoundError:
         raise NotFound(f"{rel} is a dangling symlink (to {os.readlink(full)!r})", subject=full) from None
-    if not stat.S_ISREG(mode):
-        raise InvalidInput(f"{rel} is not a regular file ({_kind(mode)}): adopt takes files", subject=full)
-    return disk
+    if not stat.S_ISREG(st.st_mode):
+        raise InvalidInput(f"{rel} is not a regular file ({_kind(st.st_mode)}): adopt takes files", subject=full)
+    return disk, st
 
 
 def _kind(mode: int) -> str:

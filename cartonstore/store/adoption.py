@@ -7,9 +7,11 @@ Each file is hashed in a worker thread and checked against the hash its
 name claims; then hard-linked into tmp/ as its blob (one inode for both
 tools), or, on another filesystem, written there by copy_range (reflinked
 where the filesystem shares blocks, copied otherwise, and the result says
-how many bytes were copied). Nothing is visible until every file of every
-model is verified; a failure discards what was staged and leaves the store
-as it was.
+how many bytes were copied). Nothing is committed until every file of
+every model is verified and every carton checked: bad input discards what
+was staged and leaves the store as it was. Each model is then committed in
+its own transaction, so a failure of the store itself (a full disk) at one
+model leaves the models before it committed, and its error names them.
 
 A linked file is made read-only (BLOB_MODE, as every blob is): the other
 tool reads it and replaces its files by renaming new ones over them
@@ -33,13 +35,13 @@ from typing import TYPE_CHECKING
 from cartonstore.carton.checks import CheckedCarton, check_carton
 from cartonstore.carton.from_files import ListedFile, files_carton
 from cartonstore.carton.from_model import runnable_files_carton
-from cartonstore.errors import IntegrityError, InvalidInput, PermissionDenied, Unavailable
+from cartonstore.errors import CartonStoreError, IntegrityError, InvalidInput, PermissionDenied, Unavailable
 from cartonstore.sources.adoptable import AdoptableFile, AdoptableModel, read_adoptable
 from cartonstore.store.content.blobs import BLOB_MODE, StagedBlob
 from cartonstore.store.content.filespace import shared_bytes
 from cartonstore.store.content.hashing import CHUNK, sha256
-from cartonstore.store.metadata.adopted_rows import AdoptedBlob, record_adopted
-from cartonstore.store.metadata.names import NameOutcome, validate_name
+from cartonstore.store.metadata.adopted_rows import AdoptedBlob
+from cartonstore.store.metadata.names import NameOutcome, default_name, validate_name
 from cartonstore.store.metadata.source_rows import LocalSource
 from cartonstore.store.root.owner import tmp_name
 
@@ -54,20 +56,42 @@ LINK_REFUSED = frozenset({errno.EXDEV, errno.EMLINK, errno.EPERM, errno.ENOTSUP,
 """link() errors after which the file is copied instead (another mount, a
 link-count limit, protected_hardlinks, a filesystem without links)."""
 
+ADOPT_SUFFIX = "-adopt"
+"""How a file linked into tmp/ by adopt is named (after tmp_name's)."""
+
 
 @dataclass(frozen=True)
 class LinkedBlob(StagedBlob):
     """A file hard-linked into tmp/: discarding it unlinks the store's name
-    and gives the file back the mode it had."""
+    and gives the file back the mode it had, unless another store path
+    shares the inode (``blob_path``, where another adopt of the file
+    committed it, or another adopt's link in tmp/): the inode is a blob
+    then, and keeps the blob's mode."""
 
     mode: int = 0
+    blob_path: Path | None = None
 
     def discard(self) -> None:
         try:
-            os.chmod(self.tmp_path, self.mode)
+            st = os.lstat(self.tmp_path)
         except FileNotFoundError:
             return
+        if not self._shared_in_store(st):
+            os.chmod(self.tmp_path, self.mode)
         super().discard()
+
+    def _shared_in_store(self, st: os.stat_result) -> bool:
+        others = [self.blob_path] if self.blob_path is not None else []
+        with os.scandir(self.tmp_path.parent) as entries:
+            others += [Path(e.path) for e in entries if e.name.endswith(ADOPT_SUFFIX) and e.path != str(self.tmp_path)]
+        for other in others:
+            try:
+                o = os.lstat(other)
+            except FileNotFoundError:
+                continue
+            if (o.st_dev, o.st_ino) == (st.st_dev, st.st_ino):
+                return True
+        return False
 
 
 @dataclass(frozen=True)
@@ -135,6 +159,9 @@ class _Staged:
             raise Unavailable(f"{f.path}: cannot open {f.disk}: {e.strerror}", subject=str(f.disk)) from None
         try:
             st = os.fstat(fd)
+            if (st.st_dev, st.st_ino) != (f.dev, f.ino):   # a directory on the way swapped for a symlink, or the file
+                raise Unavailable(f"{f.path}: {f.disk} is not the file listed (it was replaced since): not read",
+                                  subject=str(f.disk))
             digest = _verified_digest(f, fd, st.st_size)
             with self._lock:
                 self.local[digest] = LocalSource(digest, str(f.disk), "", st.st_size, st.st_mtime_ns)
@@ -156,21 +183,26 @@ class _Staged:
         """The file hard-linked into tmp/ and made read-only, and its row;
         None where the filesystem or the file's owner refuses either (it is
         copied then)."""
-        tmp = Path(f"{tmp_name(self.store.layout.tmp_dir, 'ingest')}-adopt")
+        tmp = Path(f"{tmp_name(self.store.layout.tmp_dir, 'ingest')}{ADOPT_SUFFIX}")
         try:
             os.link(f.disk, tmp, follow_symlinks=False)
         except OSError as e:
             if e.errno in LINK_REFUSED:
                 return None
             raise Unavailable(f"cannot link {f.disk} into {tmp.parent}: {e.strerror}", subject=str(f.disk)) from e
-        linked = LinkedBlob(digest, st.st_size, tmp, mode=st.st_mode & 0o7777)
+        linked_st = os.lstat(tmp)
+        if (linked_st.st_dev, linked_st.st_ino) != (st.st_dev, st.st_ino):   # the path names another file now
+            os.unlink(tmp)   # never made read-only, nor kept: it is not what was hashed
+            raise IntegrityError(f"{f.path}: {f.disk} was replaced while it was being adopted", subject=str(f.disk))
         try:
             os.chmod(tmp, BLOB_MODE)
         except PermissionError:   # not the file's owner: its owner could change it at will
-            linked.discard()
+            os.unlink(tmp)
             return None
+        linked = LinkedBlob(digest, st.st_size, tmp, mode=st.st_mode & 0o7777,
+                            blob_path=self.store.blobs.path(digest))
         after = os.lstat(tmp)
-        if (after.st_ino, after.st_size, after.st_mtime_ns) != (st.st_ino, st.st_size, st.st_mtime_ns):
+        if (after.st_size, after.st_mtime_ns) != (st.st_size, st.st_mtime_ns):
             linked.discard()
             raise IntegrityError(f"{f.path}: {f.disk} changed while it was being adopted", subject=str(f.disk))
         return linked, AdoptedBlob.of(digest, str(f.disk), after)
@@ -264,38 +296,40 @@ def adopt(store: StoreParts, path: Path, *, name: str | None, commit: Commit) ->
         for _model, checked in cartons:
             check_staged_safetensors(checked, staged.staging)
         for model, checked in cartons:
-            generated = frozenset({checked.digest} | {e.digest for e in checked.entries if e.path == "carton.toml"})
-            r = commit(checked, staged.staging_of(checked), name=name, source=f"adopted:{model.origin}",
-                       provenance=Provenance("adopted", generated),
-                       local_sources=[staged.local[e.digest] for e in checked.entries if e.digest in staged.local])
-            _record(store, checked, staged.adopted)
-            naming = r.naming
-            result.models.append(AdoptedModel(r.digest, model.model_name, model.origin, len(checked.entries) - 1,
-                                              sum(e.size or 0 for e in checked.entries), naming))
+            try:
+                _commit_one(model, checked, staged, name=name, commit=commit)
+            except CartonStoreError as e:
+                if result.models:
+                    kept = ", ".join(f"{m.model_name} ({m.digest})" for m in result.models)
+                    e.message += f"; the models adopted before it are kept: {kept}"
+                    e.details["adopted"] = [m.as_json() for m in result.models]
+                raise
     finally:
         staged.staging.discard()
     return result
 
 
+def _commit_one(model: AdoptableModel, checked: CheckedCarton, staged: _Staged, *, name: str | None,
+                commit: Commit) -> None:
+    generated = frozenset({checked.digest} | {e.digest for e in checked.entries if e.path == "carton.toml"})
+    digests = list(dict.fromkeys(e.digest for e in checked.entries))
+    r = commit(checked, staged.staging_of(checked), name=name, source=f"adopted:{model.origin}",
+               provenance=Provenance("adopted", generated),
+               local_sources=[staged.local[d] for d in digests if d in staged.local],
+               adopted=[staged.adopted[d] for d in digests if d in staged.adopted],
+               default=default_name(model.model_name))
+    staged.result.models.append(AdoptedModel(r.digest, model.model_name, model.origin, len(checked.entries) - 1,
+                                             sum(e.size or 0 for e in checked.entries), r.naming))
+
+
 def _checked(model: AdoptableModel, listed: dict[Path, ListedFile],
              staged: _Staged) -> tuple[AdoptableModel, CheckedCarton]:
-    carton = files_carton(model.model_name, {f.path: listed[f.disk] for f in model.files}, origin=model.origin,
-                          description=model.description, fmt=model.fmt)
-    carton = runnable_files_carton(carton, model.model_name, staged.staging.path_of, origin=model.origin,
+    carton_name = model.carton_name or model.model_name
+    carton = files_carton(carton_name, {f.path: listed[f.disk] for f in model.files}, origin=model.origin,
+                          description=model.description)
+    carton = runnable_files_carton(carton, carton_name, staged.staging.path_of, origin=model.origin,
                                    description=model.description)
     checked = check_carton(carton.view(model.origin), links_raw=b"")
     staged.stage_small(checked, carton.small)
     return model, checked
 
-
-def _record(store: StoreParts, checked: CheckedCarton, adopted: dict[str, AdoptedBlob]) -> None:
-    """Rows for the linked blobs that are now the carton's (a blob committed
-    meanwhile by another add keeps its own inode and gets none)."""
-    rows = []
-    for e in checked.entries:
-        row = adopted.get(e.digest)
-        if row is not None and os.stat(store.blobs.path(e.digest)).st_ino == row.ino:
-            rows.append(row)
-    if rows:
-        with store.index.transaction() as conn:
-            record_adopted(conn, rows)

@@ -37,6 +37,7 @@ from cartonstore.store.metadata.source_rows import LocalSource
 if TYPE_CHECKING:
     from cartonstore.sources.zip_source import ZipCartonView
     from cartonstore.store.content.blobs import BlobWriter
+    from cartonstore.store.metadata.adopted_rows import AdoptedBlob
 
 
 @dataclass(frozen=True)
@@ -243,11 +244,15 @@ def check_staged_safetensors(checked: CheckedCarton, staging: Staging) -> None:
 
 def commit_carton(checked: CheckedCarton, staging: Staging, index: Index, blobs: BlobStore,
                   *, name: str | None, source: str | None, force: bool = False,
-                  local_sources: Sequence[LocalSource] = (), provenance: Provenance | None = None) -> IngestResult:
+                  local_sources: Sequence[LocalSource] = (), provenance: Provenance | None = None,
+                  adopted: Sequence[AdoptedBlob] = (), default: str | None = None) -> IngestResult:
     """Rename staged blobs into place, then record the carton (and the local
-    sources of its blobs, and with ``provenance`` what it adds to the
-    figures by kind of source, in the same transaction). The caller holds
-    the store lock so a collection cannot interleave."""
+    sources of its blobs, the ``adopted`` files that are now its blobs, and
+    with ``provenance`` what it adds to the figures by kind of source, in
+    the same transaction). The caller holds the store lock so a collection
+    cannot interleave, nor another add put its own inode in a blob's place
+    between the look and the row. ``default``: the name it takes when that
+    is free and none is given (else one made of its model_name)."""
     fresh: dict[str, int] = {}
     for digest, staged in staging.staged.items():
         blobs.commit(staged)
@@ -261,12 +266,27 @@ def commit_carton(checked: CheckedCarton, staging: Staging, index: Index, blobs:
                                                          for e in checked.entries) else None
     row = CartonRow(checked.digest, checked.config.model_name, checked.config.runner.runner_name,
                     len(checked.entries), total, source, now, now)
-    record = CartonRecord(row, checked.entries, checked.links, local_sources)
+    record = CartonRecord(row, checked.entries, checked.links, local_sources, _still_adopted(blobs, adopted))
     figures = source_figures(provenance, staging.staged, dict(present)) if provenance is not None else []
     naming = index.record_carton(record, blobs=present, name=name,
-                                 default_name=default_name(checked.config.model_name), force=force, figures=figures)
+                                 default_name=default or default_name(checked.config.model_name), force=force,
+                                 figures=figures)
     present_set = {d for d, _ in present}
     complete = all(e.digest in present_set for e in checked.entries)
     added = sum(fresh.values())
     reused = sum(sizes.get(d, 0) for d in {e.digest for e in checked.entries} if d not in fresh)
     return IngestResult(checked.digest, naming.name, complete, len(fresh), added, reused, naming)
+
+
+def _still_adopted(blobs: BlobStore, adopted: Sequence[AdoptedBlob]) -> list[AdoptedBlob]:
+    """The adopted files whose inode the blob is once committed (a blob
+    another add committed first keeps its own inode, and gets no row)."""
+    rows = []
+    for row in adopted:
+        try:
+            st = os.stat(blobs.path(row.digest))
+        except FileNotFoundError:
+            continue
+        if (st.st_dev, st.st_ino) == (row.dev, row.ino):
+            rows.append(row)
+    return rows

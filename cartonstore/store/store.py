@@ -46,6 +46,7 @@ if TYPE_CHECKING:
     from cartonstore.carton.writer import WrittenCarton
     from cartonstore.format.carton_toml import CartonConfig
     from cartonstore.store.gc.plan import GcPolicy, GcReport
+    from cartonstore.store.metadata.adopted_rows import AdoptedBlob
     from cartonstore.store.metadata.source_bytes import SourceBytes
     from cartonstore.store.metadata.source_rows import LocalSource
     from cartonstore.system.callers import Credentials
@@ -186,7 +187,9 @@ class Store:
     def adopt(self, path: Path, *, name: str | None = None) -> AdoptResult:
         """Store what a Hugging Face cache repository, an Ollama models
         directory or a directory of model files holds, hard-linked, not
-        copied (store/adoption.py); the store is unchanged on any failure."""
+        copied (store/adoption.py). Bad input leaves the store unchanged;
+        several models are committed one by one, and an error of the store
+        itself at one names those committed before it."""
         from .adoption import adopt
 
         return adopt(self, Path(path), name=name, commit=self.commit_checked)
@@ -203,13 +206,17 @@ class Store:
 
     def commit_checked(self, checked: CheckedCarton, staging: Staging, *, name: str | None,
                        source: str | None, force: bool = False, local_sources: Sequence[LocalSource] = (),
-                       provenance: Provenance | None = None) -> IngestResult:
+                       provenance: Provenance | None = None, adopted: Sequence[AdoptedBlob] = (),
+                       default: str | None = None) -> IngestResult:
         """Commit a validated carton and its staged blobs (always discards
         what is left of the staging). A source that fetched them passes its
         ``provenance`` (ingest.Provenance: its kind, what it made itself):
         the store's figures by kind of source (source_bytes()) grow in the
         commit's own transaction by the bytes fetched and those the store
-        already had."""
+        already had. ``adopted``: the linked files of an adopt, recorded
+        in that transaction too (store/adoption.py); ``default``: the name
+        it takes when free and none is given (else one made of its
+        model_name)."""
         from cartonstore.store.materialize.tree import remove_tree
 
         from .ingest import commit_carton
@@ -224,7 +231,8 @@ class Store:
                 if name is not None:  # before any blob moves: a refusal leaves the store as it was
                     self.index.read(lambda conn: check_move(conn, name, checked.digest, force=force))
                 return commit_carton(checked, staging, self.index, self.blobs, name=name, source=source,
-                                     force=force, local_sources=local_sources, provenance=provenance)
+                                     force=force, local_sources=local_sources, provenance=provenance,
+                                     adopted=adopted, default=default)
         finally:
             staging.discard()
             if stale is not None:

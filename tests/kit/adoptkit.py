@@ -56,20 +56,29 @@ PARAMS = b'{"stop": ["</s>"]}'
 def ollama_dir(top: Path, *, tags: tuple[str, ...] = ("latest", "q4")) -> Path:
     """~/.ollama/models: blobs/sha256-<hex>, manifests/registry.ollama.ai/library/tiny/<tag>."""
     models = top / "models"
-    (models / "blobs").mkdir(parents=True)
 
     def blob(data: bytes, media_type: str) -> dict:
-        digest = hashlib.sha256(data).hexdigest()
-        (models / "blobs" / f"sha256-{digest}").write_bytes(data)
-        return {"mediaType": media_type, "digest": f"sha256:{digest}", "size": len(data)}
+        return {"mediaType": media_type, "digest": f"sha256:{hashlib.sha256(data).hexdigest()}", "size": len(data)}
 
-    config = blob(b'{"model_format": "gguf", "model_family": "llama"}', "application/vnd.docker.container.image.v1+json")
+    config_data = b'{"model_format": "gguf", "model_family": "llama"}'
+    config = blob(config_data, "application/vnd.docker.container.image.v1+json")
     layers = [blob(GGUF, "application/vnd.ollama.image.model"),
               blob(TEMPLATE, "application/vnd.ollama.image.template"),
               blob(PARAMS, "application/vnd.ollama.image.params")]
-    where = models / "manifests" / "registry.ollama.ai" / "library" / "tiny"
-    where.mkdir(parents=True)
+    manifest = json.dumps({"schemaVersion": 2, "config": config, "layers": layers,
+                           "mediaType": "application/vnd.docker.distribution.manifest.v2+json"}).encode()
     for tag in tags:
-        (where / tag).write_text(json.dumps({"schemaVersion": 2, "config": config, "layers": layers,
-                                             "mediaType": "application/vnd.docker.distribution.manifest.v2+json"}))
+        ollama_model(models, manifest, [config_data, GGUF, TEMPLATE, PARAMS], "tiny", tag)
+    return models
+
+
+def ollama_model(models: Path, manifest: bytes, blobs: list[bytes], model: str, tag: str) -> Path:
+    """One model as ``ollama pull`` leaves it in ``models``: its blobs and
+    manifests/registry.ollama.ai/library/<model>/<tag>."""
+    (models / "blobs").mkdir(parents=True, exist_ok=True)
+    for data in blobs:
+        (models / "blobs" / f"sha256-{hashlib.sha256(data).hexdigest()}").write_bytes(data)
+    where = models / "manifests" / "registry.ollama.ai" / "library" / model
+    where.mkdir(parents=True, exist_ok=True)
+    (where / tag).write_bytes(manifest)
     return models

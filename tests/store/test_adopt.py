@@ -14,9 +14,11 @@ import hashlib
 import json
 import os
 import shutil
+import stat
 import subprocess
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 import pytest
 from conftest import snapshot
@@ -30,12 +32,18 @@ from kit.adoptkit import (
     git_blob_sha1,
     hf_cache,
     ollama_dir,
+    ollama_model,
     safetensors,
 )
 from kit.clikit import run
 
-from cartonstore.errors import IntegrityError, InvalidInput, NotFound
+from cartonstore.errors import IntegrityError, InvalidInput, NotFound, Unavailable
+from cartonstore.sources.adoptable import AdoptableFile, read_adoptable
 from cartonstore.store import Store
+from cartonstore.store.adoption import AdoptResult, _Staged, adopt
+from cartonstore.store.content.blobs import BLOB_MODE
+from cartonstore.store.gc.plan import GcPolicy
+from cartonstore.store.ingest import IngestResult
 
 NOBODY = 65534
 
@@ -80,16 +88,16 @@ def test_a_snapshot_is_its_commit_of_the_repository_and_the_hub_directory_is_ref
         store.adopt(tmp_path / "hub")
 
 
-def test_an_ollama_directory_is_one_carton_per_manifest_with_its_layers_named(store: Store, tmp_path: Path) -> None:
+def test_an_ollama_directory_is_a_model_per_manifest_with_its_layers_named(store: Store, tmp_path: Path) -> None:
     models = ollama_dir(tmp_path)
     result = store.adopt(models)
     assert sorted(m.naming.name for m in result.models if m.naming) == ["tiny-latest", "tiny-q4"]
-    assert result.files_linked == 4   # config, gguf, template, params: each once for both tags
+    assert result.files_linked == 3   # gguf, template, params: each once for both tags (one carton)
     directory = store.materialize("tiny-q4")
     assert (directory / "model" / "model.gguf").read_bytes() == GGUF
     assert (directory / "model" / "template").read_bytes() == TEMPLATE
     assert (directory / "model" / "params.json").read_bytes() == PARAMS
-    assert sorted(os.listdir(directory / "model")) == ["config.json", "model.gguf", "params.json", "template"]
+    assert sorted(os.listdir(directory / "model")) == ["model.gguf", "params.json", "template"]
     gguf_digest = hashlib.sha256(GGUF).hexdigest()
     assert same_inode(models / "blobs" / f"sha256-{gguf_digest}", store.blobs.path(gguf_digest))
     assert store.config_of(result.models[0].digest).runner.runner_name == "gguf"
@@ -110,7 +118,8 @@ def test_a_plain_directory_through_the_cli_with_a_name_and_json(tmp_path: Path, 
     assert (said["models"][0]["name"], said["models"][0]["files"]) == ("mine", 3)
     code, out, err = run(capsys, "path", "mine", "--root", str(root))
     assert code == 0, err
-    assert same_inode(Path(out.strip()) / "model" / "sub" / "notes.txt", plain / "sub" / "notes.txt")
+    served = Path(out.strip()) / "model" / "sub" / "notes.txt"   # one of the two files is the blob: whichever came first
+    assert same_inode(served, plain / "sub" / "notes.txt") or same_inode(served, plain / "sub" / "same-notes.txt")
 
 
 def test_across_filesystems_the_bytes_are_copied_and_the_result_says_how_many(store: Store) -> None:
@@ -247,3 +256,170 @@ def test_a_directory_of_one_onnx_graph_is_adopted_as_a_carton_the_onnx_runner_se
     assert (declared.runner.runner_name, [i.name for i in declared.inputs or ()]) == ("onnx", ["x"])
     assert os.stat(top / "model.onnx").st_ino == os.stat(store.blobs.path(hashlib.sha256(
         (top / "model.onnx").read_bytes()).hexdigest())).st_ino
+
+
+# -- one inode, two store paths; a file swapped between the steps ---------------
+
+def _one_file(tmp_path: Path, data: bytes = b"weights" * 100) -> tuple[AdoptableFile, str]:
+    plain = tmp_path / "weights"
+    plain.mkdir()
+    (plain / "w.bin").write_bytes(data)
+    os.chmod(plain / "w.bin", 0o644)
+    (f,) = read_adoptable(plain)[0].files
+    return f, hashlib.sha256(data).hexdigest()
+
+
+def test_a_second_link_of_one_file_dropped_leaves_the_blob_read_only(store: Store, tmp_path: Path) -> None:
+    """Two adopts of one file both link its inode into tmp/: the one that
+    drops its link (it failed, or found the blob committed) leaves the mode
+    alone, for the inode is the other's blob."""
+    f, digest = _one_file(tmp_path)
+    st = os.stat(f.disk)
+    first, second, third = (_Staged(store, AdoptResult())._link(f, st, digest) for _ in range(3))
+    second[0].discard()            # failed while the first is still to be committed
+    store.blobs.commit(first[0])
+    store.blobs.commit(third[0])   # found the first's blob there
+    assert stat.S_IMODE(os.stat(store.blobs.path(digest)).st_mode) == BLOB_MODE
+    assert [p.name for p in store.layout.tmp_dir.iterdir() if p.name.endswith("-adopt")] == []
+
+
+def test_a_file_replaced_between_its_hash_and_its_link_is_neither_linked_nor_chmodded(store: Store,
+                                                                                      tmp_path: Path) -> None:
+    f, digest = _one_file(tmp_path)
+    os.chmod(f.disk, 0o600)
+    hashed = os.stat(f.disk)
+    other = f.disk.with_name("other")
+    other.write_bytes(b"another file")
+    os.chmod(other, 0o640)
+    os.replace(other, f.disk)
+    with pytest.raises(IntegrityError, match=f"w.bin: {f.disk} was replaced while it was being adopted"):
+        _Staged(store, AdoptResult())._link(f, hashed, digest)
+    assert stat.S_IMODE(os.stat(f.disk).st_mode) == 0o640
+    assert [p.name for p in store.layout.tmp_dir.iterdir() if p.name.endswith("-adopt")] == []
+
+
+def test_a_directory_swapped_for_a_symlink_after_listing_is_not_read_through(store: Store, tmp_path: Path) -> None:
+    plain = tmp_path / "weights"
+    (plain / "sub").mkdir(parents=True)
+    (plain / "sub" / "w.bin").write_bytes(b"weights")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "w.bin").write_bytes(b"secret")
+    (model,) = read_adoptable(plain)
+    (plain / "sub").rename(plain / "listed")
+    (plain / "sub").symlink_to(outside)
+    staged = _Staged(store, AdoptResult())
+    try:
+        with pytest.raises(Unavailable, match=f"sub/w.bin: {plain / 'sub' / 'w.bin'} is not the file listed"):
+            staged.take_all(model.files)
+        assert hashlib.sha256(b"secret").hexdigest() not in staged.staging.staged
+    finally:
+        staged.staging.discard()
+    assert stat.S_IMODE(os.stat(outside / "w.bin").st_mode) != BLOB_MODE
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root: a file of root's that uid 65534 may link but not chmod")
+def test_a_file_linked_but_not_the_callers_to_chmod_is_copied(short_tmp: Path) -> None:
+    os.chmod(short_tmp, 0o755)
+    plain = short_tmp / "weights"
+    plain.mkdir()
+    (plain / "w.bin").write_bytes(b"weights" * 100)
+    os.chmod(plain / "w.bin", 0o666)   # others may read and write it, so protected_hardlinks lets them link it
+    theirs = short_tmp / "theirs"
+    theirs.mkdir()
+    os.chown(theirs, NOBODY, NOBODY)
+    done = subprocess.run([sys.executable, "-m", "cartonstore.cli", "adopt", str(plain), "--root", str(theirs / "root"),
+                           "--json"], user=NOBODY, group=NOBODY, extra_groups=[], capture_output=True, text=True,
+                          timeout=60, cwd="/")
+    assert done.returncode == 0, done.stderr
+    assert (json.loads(done.stdout)["files_linked"], json.loads(done.stdout)["files_copied"]) == (0, 1)
+    assert stat.S_IMODE(os.stat(plain / "w.bin").st_mode) == 0o666
+    assert os.stat(plain / "w.bin").st_nlink == 1
+
+
+class _Crash(Exception):
+    pass
+
+
+def test_the_adopted_rows_are_in_the_commits_transaction(store: Store, tmp_path: Path) -> None:
+    """A crash right after the carton's commit leaves its adopted blobs
+    known as adopted: a later change through the other path is caught."""
+    repo = hf_cache(tmp_path / "hub")
+
+    def commit_then_crash(*args, **kwargs) -> NoReturn:
+        store.commit_checked(*args, **kwargs)
+        raise _Crash
+
+    with pytest.raises(_Crash):
+        adopt(store, repo, name=None, commit=commit_then_crash)
+    lfs = repo / "blobs" / hashlib.sha256(HF_FILES["model.safetensors"]).hexdigest()
+    os.chmod(lfs, 0o644)
+    with open(lfs, "r+b") as f:
+        f.seek(100)
+        f.write(b"\xff" * 8)
+    with pytest.raises(IntegrityError, match=f"adopted from {lfs}, was changed"):
+        store.materialize("acme-tiny-model")
+
+
+def test_a_store_failure_at_the_second_model_names_the_first_one_kept(store: Store, tmp_path: Path) -> None:
+    models = ollama_dir(tmp_path)
+    commits = []
+
+    def full_disk_at_the_second(*args, **kwargs) -> IngestResult:
+        if commits:
+            raise Unavailable("no space left on the device")
+        commits.append(store.commit_checked(*args, **kwargs))
+        return commits[-1]
+
+    with pytest.raises(Unavailable) as caught:
+        adopt(store, models, name=None, commit=full_disk_at_the_second)
+    (first,) = commits
+    assert str(caught.value) == ("no space left on the device; the models adopted before it are kept: "
+                                 f"tiny:latest ({first.digest})")
+    assert [m["manifest_sha256"] for m in caught.value.details["adopted"]] == [first.digest]
+    assert [c.row.digest for c in store.list()] == [first.digest]
+
+
+def test_gc_leaves_an_adopted_blob_the_other_tool_still_holds(store: Store, tmp_path: Path) -> None:
+    """Removing it frees nothing, and its local source would bring it back
+    as a copy: eviction does not take it, and max_size does not count it."""
+    repo = hf_cache(tmp_path / "hub")
+    (model,) = store.adopt(repo).models
+    budget = sum(os.stat(store.blobs.path(e.digest)).st_size for e in store.index.entries(model.digest)
+                 if e.path in ("MANIFEST", "carton.toml"))
+    report = store.collect(GcPolicy(max_size=budget + 1024, grace=0))
+    assert (report.evicted_blobs, report.over_budget) == (0, None)
+    assert store.materialize(model.digest).is_dir()
+    for blob in (repo / "blobs").iterdir():
+        assert same_inode(blob, store.blobs.path(hashlib.sha256(blob.read_bytes()).hexdigest()))
+
+
+def test_an_ollama_model_pulled_and_adopted_is_one_carton(store: Store, tmp_path: Path, origin) -> None:
+    """Both name the layers from one table (format/ollama.py), and leave the
+    manifest's config (an image config) out."""
+    from kit import modelkit_oci as mk
+    from kit.fetchkit import fast_config
+    from kit.ocikit import pull
+
+    artifact = mk.ollama([("model", GGUF), ("template", TEMPLATE), ("params", PARAMS), ("license", b"L1"),
+                          ("license", b"L2"), ("system", b"be brief"), ("messages", b"[]")])
+    pulled = pull(store, mk.serve(origin, artifact), fast_config(), name="pulled")
+    models = ollama_model(tmp_path / "models", artifact.manifest, artifact.blobs, "r", "t")
+    (adopted,) = store.adopt(models).models
+    assert adopted.digest == pulled.digest
+    assert sorted(e.path for e in store.index.entries(adopted.digest)) == [
+        "carton.toml", "model/LICENSE", "model/LICENSE-2", "model/messages.json", "model/model.gguf",
+        "model/params.json", "model/system.txt", "model/template"]
+
+
+def test_an_ollama_layer_of_a_kind_not_read_is_refused_by_name(store: Store, tmp_path: Path) -> None:
+    models = ollama_dir(tmp_path, tags=("latest",))
+    manifest = models / "manifests" / "registry.ollama.ai" / "library" / "tiny" / "latest"
+    doc = json.loads(manifest.read_text())
+    doc["layers"][2]["mediaType"] = "application/vnd.ollama.image.embed"
+    manifest.write_text(json.dumps(doc))
+    before = snapshot(store.root)
+    with pytest.raises(InvalidInput, match=rf"Ollama manifest {manifest}: layer 2: media type "
+                                           r"'application/vnd.ollama.image.embed' is not an Ollama layer read here"):
+        store.adopt(models)
+    assert snapshot(store.root) == before

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 from cartonstore.format.digest import is_sha256
 from cartonstore.store.content.filespace import shared_bytes
 from cartonstore.store.materialize.tree import remove_tree
+from cartonstore.store.metadata.adopted_rows import all_adopted
 from cartonstore.store.metadata.index import Index
 from cartonstore.store.metadata.names import pinned_name
 
@@ -83,16 +84,19 @@ def collect(store: StoreParts, policy: GcPolicy | None = None) -> GcReport:
     report.forgotten_models = _described(plan.forgotten, snap, names)
     report.partial_models = [m for m in report.partial_models if m["manifest_sha256"] not in plan.forgotten]
     report.store_bytes_after -= sum(m["bytes"] for m in report.forgotten_models)
-    report.over_budget = _over_budget(store, snap, policy, report)
+    report.over_budget = _over_budget(store, snap, policy, report,
+                                      adopted=sum(snap.blobs[d][0] for d in snap.adopted - plan.unreferenced))
     return report
 
 
-def _over_budget(store: StoreParts, snap: Snapshot, policy: GcPolicy, report: GcReport) -> dict | None:
+def _over_budget(store: StoreParts, snap: Snapshot, policy: GcPolicy, report: GcReport, *,
+                 adopted: int = 0) -> dict | None:
     """What keeps the store over its budget after this collection: the
     cartons gc may not take (loaded or leased), each with its blobs' bytes.
-    None within the budget."""
-    if policy.max_size is not None and report.store_bytes_after > policy.max_size:
-        over = {"setting": "max_size", "limit": policy.max_size, "left": report.store_bytes_after}
+    None within the budget; ``adopted``: bytes of blobs another tool holds
+    (Snapshot.adopted), which max_size does not count."""
+    if policy.max_size is not None and report.store_bytes_after - adopted > policy.max_size:
+        over = {"setting": "max_size", "limit": policy.max_size, "left": report.store_bytes_after - adopted}
     elif policy.min_free is not None and snap.disk_free + report.freed_bytes < policy.min_free:
         over = {"setting": "min_free", "limit": policy.min_free, "left": snap.disk_free + report.freed_bytes}
     else:
@@ -121,8 +125,23 @@ def _snapshot(store: StoreParts, now: float, *, shared: bool = False) -> Snapsho
     return Snapshot(blobs, unindexed_files(store.blobs.iter_digests(), set(blobs), store.blobs.path), uses,
                     tuple(sorted(m for m in models if m not in known and is_sha256(m))),
                     disk_free(store.root), now, store.index.unsourced_blobs(blobs),
-                    {d: n for d in blobs if (n := shared_bytes(store.blobs.path(d)))} if shared else {})
+                    {d: n for d in blobs if (n := shared_bytes(store.blobs.path(d)))} if shared else {},
+                    frozenset(_held_by_their_tool(store)))
 
+
+
+def _held_by_their_tool(store: StoreParts) -> list[str]:
+    """The adopted blobs whose file is still the blob's inode under the path
+    it was adopted from (Snapshot.adopted)."""
+    held = []
+    for row in store.index.read(all_adopted):
+        try:
+            theirs, ours = os.lstat(row.path), os.stat(store.blobs.path(row.digest))
+        except OSError:
+            continue
+        if (theirs.st_dev, theirs.st_ino) == (ours.st_dev, ours.st_ino) == (row.dev, row.ino):
+            held.append(row.digest)
+    return held
 
 def _revalidate(store: StoreParts, plan: GcPlan, snap: Snapshot, known: set[str]) -> None:
     """Drop from the plan what became needed since the snapshot: cartons

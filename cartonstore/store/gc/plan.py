@@ -58,9 +58,16 @@ class Snapshot:
     # zip it was added from, filespace.shared_bytes): evicting it frees only
     # the rest on disk. Read only when min_free is set.
     shared: dict[str, int] = field(default_factory=dict)
+    # adopted blobs whose file the other tool still holds (the same inode,
+    # store/adoption.py): removing one frees nothing, and bringing it back
+    # from that file would copy it; eviction never takes them, and max_size
+    # does not count them
+    adopted: frozenset[str] = frozenset()
 
     def disk_bytes(self, digest: str) -> int:
         """What removing an indexed blob frees on disk."""
+        if digest in self.adopted:
+            return 0
         size = self.blobs[digest][0]
         return size - min(size, self.shared.get(digest, 0))
 
@@ -193,7 +200,8 @@ def plan_collection(snap: Snapshot, policy: GcPolicy) -> GcPlan:
     # unlink) leaves a sound file without a row; one a carton lists gets its row back.
     plan.adopt = {d for d in snap.unindexed if d in listed}
     leftover = sum(snap.unindexed[d][0] for d in plan.leftovers)
-    size = sum(s for s, _ in snap.blobs.values()) - sum(snap.blobs[d][0] for d in plan.unreferenced) - leftover
+    size = (sum(s for d, (s, _) in snap.blobs.items() if d not in snap.adopted)
+            - sum(snap.blobs[d][0] for d in plan.unreferenced - snap.adopted) - leftover)
     over = size - policy.max_size if policy.max_size is not None else 0
     free = snap.disk_free + leftover + sum(snap.disk_bytes(d) for d in plan.unreferenced)
     short = policy.min_free - free if policy.min_free is not None else 0
@@ -211,7 +219,7 @@ def _evict(snap: Snapshot, plan: GcPlan, over: int, short: int, *, forget: bool 
     ``over``: bytes of blobs beyond max_size; ``short``: disk bytes missing
     for min_free. A carton whose blobs would free no disk space (they share
     the blocks of the zips they came from) is left alone when only disk
-    space is short."""
+    space is short; an adopted blob another tool holds stays (snap.adopted)."""
     listers: dict[str, set[str]] = {}
     for c in snap.cartons:
         for d in c.listed | {c.digest}:
@@ -239,6 +247,8 @@ def _evict(snap: Snapshot, plan: GcPlan, over: int, short: int, *, forget: bool 
         for d in c.listed:
             refs[d] -= 1
             if refs[d] == 0 and d not in protected and d not in gone and d in snap.blobs:
+                if d in snap.adopted:
+                    continue
                 if d in snap.unsourced:
                     stuck.add(d)
                     continue

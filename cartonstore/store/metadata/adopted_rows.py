@@ -64,6 +64,13 @@ def lists_adopted(conn: sqlite3.Connection, carton: str) -> bool:
                         "LIMIT 1", (carton,)).fetchone() is not None
 
 
+def all_adopted(conn: sqlite3.Connection) -> list[AdoptedBlob]:
+    try:
+        return [AdoptedBlob(*r) for r in conn.execute(f"SELECT {_COLUMNS} FROM adopted_blobs")]
+    except sqlite3.OperationalError:   # a store an older cartonstore wrote, opened read-only: nothing adopted
+        return []
+
+
 def adopted_of_carton(conn: sqlite3.Connection, carton: str) -> list[AdoptedBlob]:
     """The adopted blobs a carton lists."""
     if not lists_adopted(conn, carton):

@@ -38,6 +38,7 @@ from .sqlite_ops import rollback, run_ops
 if TYPE_CHECKING:
     from cartonstore.format.entry import EntryRow
 
+    from .adopted_rows import AdoptedBlob
     from .source_rows import LocalSource
 
 T = TypeVar("T")
@@ -65,6 +66,8 @@ class CartonRecord:
     entries: Sequence[EntryRow]
     links: dict[str, tuple[str, ...]]
     local_sources: Sequence[LocalSource] = ()
+    adopted: Sequence[AdoptedBlob] = ()
+    """Blobs that are the adopted file's inode (store/adoption.py)."""
 
 
 class Index(LeaseQueries, SourceQueries):
@@ -184,8 +187,8 @@ class Index(LeaseQueries, SourceQueries):
                       default_name: str | None = None, force: bool = False,
                       figures: Iterable[SourceBytes] = ()) -> NameOutcome:
         """Make a carton known in one transaction: its row, entries, links,
-        the blobs just committed, what they add to the figures by kind of
-        source, and its name (see names.assign_name: an explicit name may
+        the blobs just committed, the adopted files among them, what they add
+        to the figures by kind of source, and its name (see names.assign_name: an explicit name may
         move, a default one only takes a free name)."""
         r = rec.row
         with self.transaction() as conn:
@@ -208,6 +211,10 @@ class Index(LeaseQueries, SourceQueries):
             from .source_rows import record_local_sources
 
             record_local_sources(conn, rec.local_sources)
+            if rec.adopted:
+                from .adopted_rows import record_adopted
+
+                record_adopted(conn, rec.adopted)
             add_source_bytes(conn, figures)
             return assign_name(conn, r.digest, explicit=name, default=default_name, force=force)
 
