@@ -39,7 +39,7 @@ from cartonstore.errors import CartonStoreError, IntegrityError, InvalidInput, P
 from cartonstore.sources.adoptable import AdoptableFile, AdoptableModel, read_adoptable
 from cartonstore.store.content.blobs import BLOB_MODE, StagedBlob
 from cartonstore.store.content.filespace import shared_bytes
-from cartonstore.store.content.hashing import CHUNK, sha256
+from cartonstore.store.content.hashing import CHUNK, git_blob, sha256
 from cartonstore.store.metadata.adopted_rows import AdoptedBlob
 from cartonstore.store.metadata.names import NameOutcome, default_name, validate_name
 from cartonstore.store.metadata.source_rows import LocalSource
@@ -236,12 +236,6 @@ class _Staged:
                 self.result.files_linked += 1
                 self.result.bytes_linked += row.size
 
-    def stage_small(self, checked: CheckedCarton, small: dict[str, bytes]) -> None:
-        for digest, data in ((checked.digest, small["MANIFEST"]),
-                             (checked.manifest.as_dict()["carton.toml"], small["carton.toml"])):
-            if digest not in self.staging.staged and not self.store.blobs.has(digest):
-                self.staging.add_bytes(data, digest)
-
     def staging_of(self, checked: CheckedCarton) -> Staging:
         """The staged blobs of one carton, taken out of the adopt's staging."""
         own = Staging(self.store.blobs)
@@ -254,11 +248,9 @@ class _Staged:
 
 def _verified_digest(f: AdoptableFile, fd: int, size: int) -> str:
     """sha256 of the file's bytes, checked against what its name claims."""
-    import hashlib
-
     h = sha256()
     is_git = f.claim is not None and f.claim.algorithm == "git-sha1"
-    git = hashlib.sha1(b"blob %d\0" % size) if is_git else None
+    git = git_blob(size) if is_git else None
     buf = bytearray(CHUNK)
     view = memoryview(buf)
     at = 0
@@ -330,6 +322,6 @@ def _checked(model: AdoptableModel, listed: dict[Path, ListedFile],
     carton = runnable_files_carton(carton, carton_name, staged.staging.path_of, origin=model.origin,
                                    description=model.description)
     checked = check_carton(carton.view(model.origin), links_raw=b"")
-    staged.stage_small(checked, carton.small)
+    staged.staging.add_small(carton.small)
     return model, checked
 
