@@ -1,14 +1,17 @@
 """A carton made from an ONNX file: `cartonstore pack model.onnx -o m.carton`
 (from_torchscript.py does .pt files).
 
-carton.toml is written from the graph as onnxruntime reads it: each input
-and output with its name, dtype and shape (a dimension the graph names,
-such as "N" or "batch", stays a symbol; one it leaves unnamed becomes a
-symbol of its own), runner "onnx", and the file where that runner expects
-it (model/model.onnx). ``dims`` renames a symbol or fixes it to a size;
-``self_tests`` (input name -> .npy file) runs the model once on those
-inputs and records the run as a [[self_test]] with its outputs as the
-expected ones, so every load checks the model still answers the same.
+carton.toml is written from the graph's inputs and outputs: each with its
+name, dtype and shape (a dimension the graph names, such as "N" or "batch",
+stays a symbol; one it leaves unnamed becomes a symbol of its own), runner
+"onnx", and the file where that runner expects it (model/model.onnx).
+``pack`` reads them with onnxruntime, which it runs for self-tests anyway;
+a graph a source fetched (runnable_carton_toml) is read by the ONNX wire
+format parser (format.onnx_graph) alone, and one function declares both.
+``dims`` renames a symbol or fixes it to a size; ``self_tests`` (input
+name -> .npy file) runs the model once on those inputs and records the run
+as a [[self_test]] with its outputs as the expected ones, so every load
+checks the model still answers the same.
 
 Outputs that are not tensors (a classifier converted with zipmap) are
 refused here, naming the fix, as the onnx runner would refuse them at load.
@@ -19,7 +22,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -97,11 +100,14 @@ def _declaration(arg: Any, role: str, dims: Mapping[str, str | int], used: set[s
     return entry
 
 
-def _onnx_toml(session: Any, name: str, dims: Mapping[str, str | int] = {}) -> dict[str, Any]:
-    """carton.toml of the graph onnxruntime read: its inputs and outputs, the onnx runner."""
+def _onnx_toml(graph_inputs: Sequence[Any], graph_outputs: Sequence[Any], name: str,
+               dims: Mapping[str, str | int] = {}) -> dict[str, Any]:
+    """carton.toml of a graph's inputs and outputs, the onnx runner. Each
+    input and output has a name, an onnxruntime type name and a shape: the
+    NodeArgs of an onnxruntime session or format.onnx_graph's OnnxValues."""
     used: set[str] = set()
-    inputs = [_declaration(arg, "input", dims, used) for arg in session.get_inputs()]
-    outputs = [_declaration(arg, "output", dims, used) for arg in session.get_outputs()]
+    inputs = [_declaration(arg, "input", dims, used) for arg in graph_inputs]
+    outputs = [_declaration(arg, "output", dims, used) for arg in graph_outputs]
     unknown = sorted(set(dims) - used)
     if unknown:
         raise InvalidInput(f"--dim names {', '.join(repr(u) for u in unknown)}, which the graph does not use "
@@ -117,7 +123,7 @@ def onnx_carton_dir(model: Path, work: Path, *, name: str | None = None, dims: M
     import tomli_w
 
     session = _session(model)
-    toml = _onnx_toml(session, name or model.stem, dims)
+    toml = _onnx_toml(session.get_inputs(), session.get_outputs(), name or model.stem, dims)
     (work / "model").mkdir(parents=True)
     place_file(model, work / "model" / "model.onnx")
     if self_tests:
@@ -133,8 +139,8 @@ def runnable_carton_toml(model_name: str, staged: Mapping[str, Path]) -> bytes |
     files stay where from_files puts them (``model/PATH``), so a graph not
     named model.onnx is named by ``[runner.opts] model_file``, and external
     data files keep their place beside it. None for any other files, and
-    where onnxruntime is not installed or cannot read the graph (the files
-    are then a carton of files, used through a lease)."""
+    for a graph the ONNX reader refuses (the files are then a carton of
+    files, used through a lease)."""
     import tomli_w
 
     from .from_files import format_of_path
@@ -143,7 +149,7 @@ def runnable_carton_toml(model_name: str, staged: Mapping[str, Path]) -> bytes |
     weights = [path for path in staged if format_of_path(path) not in (None, "onnx")]
     if len(graphs) != 1 or weights:
         return None
-    toml = _staged_onnx_toml(model_name, graphs[0], staged)
+    toml = _graph_toml(model_name, graphs[0], staged[graphs[0]])
     if toml is None:
         return None
     if graphs[0] != "model.onnx":
@@ -151,17 +157,19 @@ def runnable_carton_toml(model_name: str, staged: Mapping[str, Path]) -> bytes |
     return tomli_w.dumps(toml).encode()
 
 
-def _staged_onnx_toml(model_name: str, graph: str, staged: Mapping[str, Path]) -> dict[str, Any] | None:
-    """The declaration of the staged graph, read with every staged file
-    linked where its source put it (onnxruntime finds external data beside the graph)."""
-    import tempfile
+def _graph_toml(model_name: str, graph: str, file: Path) -> dict[str, Any] | None:
+    """The declaration of the staged graph, read by the ONNX wire format
+    parser alone: sources run in the daemon on files from anywhere, and
+    onnxruntime's graph loading (optimizers, allocations) belongs in the
+    runner's sandbox. The weights, inline or external, are not read."""
+    from cartonstore.format.onnx_graph import parse_onnx_graph
 
-    with tempfile.TemporaryDirectory(prefix="cartonstore-onnx-") as tree:
-        for path, file in staged.items():
-            (Path(tree) / path).parent.mkdir(parents=True, exist_ok=True)
-            (Path(tree) / path).symlink_to(file.resolve())
+    with open(file, "rb") as f:
+        def read_at(offset: int, size: int) -> bytes:
+            return os.pread(f.fileno(), size, offset)
         try:
-            return _onnx_toml(_session(Path(tree) / graph), model_name)
+            parsed = parse_onnx_graph(read_at, os.fstat(f.fileno()).st_size, file=f"model/{graph}")
+            return _onnx_toml(parsed.inputs, parsed.outputs, model_name)
         except InvalidInput:
             return None
 

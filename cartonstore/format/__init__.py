@@ -21,6 +21,7 @@ _MODULE_NAMES = {
     "digest": "is_sha256",
     "gguf": "GGUFHeader parse_gguf parse_gguf_bytes",
     "manifest": "Manifest build_manifest parse_manifest",
+    "onnx_graph": "OnnxGraph OnnxValue parse_onnx_graph parse_onnx_graph_bytes",
     "paths": "carton_path_problem is_valid_carton_path is_within resolve_symlink_target validate_carton_path",
     "safetensors": "SAFETENSORS_HEADER_LIMIT SafetensorsHeader SafetensorsTensor parse_header_size "
                    "parse_safetensors parse_safetensors_header",
@@ -56,6 +57,7 @@ if TYPE_CHECKING:  # what mypy sees; lazy_names imports these at run time
     from .gguf import GGUFHeader, parse_gguf, parse_gguf_bytes
     from .links import build_links, parse_links
     from .manifest import Manifest, build_manifest, parse_manifest
+    from .onnx_graph import OnnxGraph, OnnxValue, parse_onnx_graph, parse_onnx_graph_bytes
     from .paths import (
         carton_path_problem,
         is_valid_carton_path,

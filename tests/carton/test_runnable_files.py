@@ -71,6 +71,16 @@ def test_files_no_runner_serves_or_two_graphs_get_none(tmp_path: Path) -> None:
     assert runnable_carton_toml("m", {"tokenizer.json": weights}) is None
 
 
+def test_the_daemon_reads_the_graph_without_onnxruntime(tmp_path: Path) -> None:
+    """Sources run in the daemon: the graph is read by the ONNX wire format
+    parser; onnxruntime, which loads and optimizes a graph, is not imported."""
+    graph = _graph(tmp_path)
+    code = ("import sys; from pathlib import Path; from cartonstore.carton.from_model import runnable_carton_toml; "
+            f"assert runnable_carton_toml('m', {{'model.onnx': Path({str(graph)!r})}}) is not None; "
+            "assert 'onnxruntime' not in sys.modules, 'onnxruntime was imported'")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
 def test_a_file_onnxruntime_cannot_read_gets_none(tmp_path: Path) -> None:
     broken = tmp_path / "broken.onnx"
     broken.write_bytes(b"not a graph")

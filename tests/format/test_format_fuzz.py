@@ -316,6 +316,55 @@ def test_fuzz_gguf_bytes(blob: bytes) -> None:
     only_invalid_carton(lambda raw: parse_gguf_bytes(raw, file="model/m.gguf"), blob)
 
 
+# -- ONNX graphs -----------------------------------------------------------------
+
+def _onnx_seed() -> bytes:
+    from onnx import TensorProto, helper
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4, None])
+    w = helper.make_tensor_value_info("w", TensorProto.FLOAT, [4])
+    s = helper.make_tensor_sequence_value_info("s", TensorProto.INT64, [])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4, None])
+    sparse = helper.make_sparse_tensor(helper.make_tensor("v", TensorProto.FLOAT, [1], [5.0]),
+                                       helper.make_tensor("i", TensorProto.INT64, [1], [2]), [4])
+    graph = helper.make_graph([helper.make_node("Add", ["x", "w"], ["y"])], "g", [x, w, s], [y],
+                              [helper.make_tensor("w", TensorProto.FLOAT, [4], [1, 2, 3, 4])],
+                              sparse_initializer=[sparse])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]).SerializeToString()
+
+
+def _parse_onnx(raw: bytes) -> Any:
+    from cartonstore.format.onnx_graph import parse_onnx_graph_bytes
+
+    return parse_onnx_graph_bytes(raw, file="model/m.onnx")
+
+
+def _protobuf_fields() -> st.SearchStrategy[bytes]:
+    """Messages of random fields, numbered as ONNX's are, nested."""
+    from kit.modelfiles import protobuf_field
+
+    number = st.integers(1, 16)
+    leaf = st.one_of(st.builds(protobuf_field, number, st.integers(0, 2**64 - 1)),
+                     st.builds(protobuf_field, number, st.binary(max_size=6)),
+                     st.builds(protobuf_field, number, st.binary(max_size=8), st.sampled_from([1, 3, 5, 6])))
+    return st.recursive(leaf, lambda inner: st.builds(protobuf_field, number, st.lists(inner, max_size=4).map(
+        b"".join)), max_leaves=16)
+
+
+@FUZZ
+@given(any_bytes(_onnx_seed()))
+def test_fuzz_onnx_graph_bytes(blob: bytes) -> None:
+    only_invalid_carton(_parse_onnx, blob)
+
+
+@FUZZ
+@given(st.lists(_protobuf_fields(), max_size=6).map(b"".join))
+def test_fuzz_onnx_graph_fields(blob: bytes) -> None:
+    from kit.modelfiles import protobuf_field
+
+    only_invalid_carton(_parse_onnx, protobuf_field(1, 8) + protobuf_field(7, blob))   # a graph of anything
+
+
 # -- paths -------------------------------------------------------------------
 
 PATH_PARTS = [*"ab/.\\:\x00 é", "..", "\udc80"]

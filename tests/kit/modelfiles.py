@@ -1,6 +1,7 @@
 """Model files as other tools write them, small: GGUF files by llama.cpp's
 own writer (the ``gguf`` package), safetensors files by the format's layout
-(8-byte size, JSON header, data)."""
+(8-byte size, JSON header, data), and protobuf fields by its wire format,
+for ONNX files no writer would make."""
 
 from __future__ import annotations
 
@@ -55,3 +56,21 @@ def safetensors_file(path: Path, tensors: Mapping[str, tuple[str, tuple[int, ...
     raw += b" " * (-len(raw) % 8)
     path.write_bytes(struct.pack("<Q", len(raw)) + raw + (os.urandom(offset) if random else bytes(offset)))
     return path
+
+
+def protobuf_varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        out.append(value & 0x7F | (0x80 if value > 0x7F else 0))
+        value >>= 7
+        if not value:
+            return bytes(out)
+
+
+def protobuf_field(number: int, payload: bytes | int, wire_type: int | None = None) -> bytes:
+    """Field ``number`` on the wire: a varint (wire type 0) for an int, a
+    length-delimited field (2) for bytes, unless ``wire_type`` says otherwise."""
+    if isinstance(payload, int):
+        return protobuf_varint(number << 3 | (wire_type or 0)) + protobuf_varint(payload)
+    return protobuf_varint(number << 3 | (2 if wire_type is None else wire_type)) + protobuf_varint(len(payload)) \
+        + payload
