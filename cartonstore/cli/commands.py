@@ -57,6 +57,7 @@ def load_settings(args: argparse.Namespace) -> Config:
         "server.socket": getattr(args, "socket", None),
         "server.listen": getattr(args, "listen", None),
         "server.grpc_listen": getattr(args, "grpc_listen", None),
+        "mirror.listen": getattr(args, "mirror_listen", None),
         "server.log_format": getattr(args, "log_format", None),
         "server.log_level": getattr(args, "log_level", None),
         "fetch.mirrors": getattr(args, "mirror", None),

@@ -35,6 +35,8 @@ def cmd_serve(store: Store | None, args: argparse.Namespace, out: Output) -> Non
         root=cfg.store.root, socket=cfg.socket_path, socket_mode=cfg.server.socket_mode,
         socket_group=cfg.server.socket_group or None, listen=cfg.server.listen or None,
         grpc_socket=cfg.grpc_socket_path, grpc_listen=cfg.server.grpc_listen or None,
+        mirror_listen=cfg.mirror.listen or None, mirror_upstream=cfg.mirror.upstream,
+        mirror_tag_ttl=cfg.mirror.tag_ttl,
         restore_loaded=cfg.server.restore_loaded and not args.no_restore, id=cfg.server.id,
         leases=cfg.leases,
         fetch=cfg.fetch_config(), zip_limits=cfg.zip_limits(), max_request_size=cfg.server.max_request_size,

@@ -171,6 +171,8 @@ def _serve(sp: argparse.ArgumentParser) -> None:
     sp.add_argument("--listen", metavar="HOST:PORT", help="also serve on a loopback TCP port (0: any free port)")
     sp.add_argument("--grpc-listen", metavar="HOST:PORT",
                     help="also serve gRPC on a loopback TCP port (0: any free port)")
+    sp.add_argument("--mirror-listen", metavar="HOST:PORT",
+                    help="serve a pull-through OCI registry mirror of the store on this port (mirror.listen)")
     sp.add_argument("--no-restore", action="store_true",
                     help="do not load again the models this daemon had loaded (server.restore_loaded)")
     sp.add_argument("--log-format", choices=["text", "json"])

@@ -42,6 +42,7 @@ from cartonstore.zipfmt import ZipLimits
 from . import values as v
 from .fetch import POLICY_FIELDS, FetchSettings
 from .hf import HubSettings
+from .mirror import MirrorSettings
 from .peers import PeerSettings
 from .registries import RegistrySettings
 from .runners import RUNNER_TABLES, RunnerSettings
@@ -115,7 +116,7 @@ class GcSettings:
 _SECTIONS: Mapping[str, type] = MappingProxyType({
     "store": StoreSettings, "server": ServerSettings, "leases": LeaseSettings,
     "fetch": FetchSettings, "registries": RegistrySettings, "hf": HubSettings, "limits": LimitSettings,
-    "gc": GcSettings,
+    "gc": GcSettings, "mirror": MirrorSettings,
     "peers": PeerSettings, "runners": RunnerSettings,
 })
 _PARSERS: Mapping[str, v.Parser] = MappingProxyType({
@@ -142,6 +143,7 @@ class Config:
     hf: HubSettings = field(default_factory=HubSettings)
     limits: LimitSettings = field(default_factory=LimitSettings)
     gc: GcSettings = field(default_factory=GcSettings)
+    mirror: MirrorSettings = field(default_factory=MirrorSettings)
     peers: PeerSettings = field(default_factory=PeerSettings)
     runners: RunnerSettings = field(default_factory=RunnerSettings)
     source: Path | None = field(default=None, compare=False)
@@ -304,8 +306,9 @@ def _parse(key: str, raw: object, layer: _Layer) -> Any:
 def _check(config: Config, origins: Mapping[str, tuple[int, str]]) -> None:
     """Rules between settings; the message blames the key set last (see _conflict)."""
     server, leases, fetch = config.server, config.leases, config.fetch
-    for key, address in (("server.listen", server.listen_address), ("server.grpc_listen", server.grpc_listen_address)):
-        text = getattr(server, key.split(".")[1])
+    for key, address, text in (("server.listen", server.listen_address, server.listen),
+                               ("server.grpc_listen", server.grpc_listen_address, server.grpc_listen),
+                               ("mirror.listen", config.mirror.listen_address, config.mirror.listen)):
         if address and not server.allow_remote_listen and not is_loopback(address[0]):
             raise _conflict(origins, (key, "server.allow_remote_listen"),
                             f"{text!r} is not a loopback address (127.0.0.0/8, ::1, "

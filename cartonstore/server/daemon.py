@@ -35,6 +35,8 @@ from cartonstore.server.calls.access import TcpAccess
 from cartonstore.server.calls.bodies import BodyBudget
 from cartonstore.server.http.event_loop import loop_name, run_loop
 from cartonstore.server.http.listeners import FrontServer
+from cartonstore.oci.pull_through import PullThrough
+from cartonstore.server.mirror import MirrorServer
 from cartonstore.server.models.metrics import Metrics
 from cartonstore.server.models.restore import restore_loaded
 from cartonstore.server.models.service import ModelService
@@ -70,6 +72,9 @@ class DaemonSettings:
     listen: str | None = None
     grpc_socket: Path | None = None     # the gRPC service's Unix socket (None: no gRPC)
     grpc_listen: str | None = None      # and its TCP listener
+    mirror_listen: str | None = None    # the pull-through registry mirror's TCP listener (None: no mirror)
+    mirror_upstream: str = ""           # the registry it asks when a request names none (?ns=)
+    mirror_tag_ttl: float = 30.0
     restore_loaded: bool = True         # load again what this daemon (its identity) had loaded
     id: str = ""                        # server.id, the identity its loaded models are kept under ("": socket)
     leases: LeaseSettings = field(default_factory=LeaseSettings)
@@ -105,11 +110,16 @@ class DaemonSettings:
         credential configured would let anyone who reaches it load code:
         refused (InvalidInput) before anything is bound."""
         access = TcpAccess(self.token, self.fetch.peers.token, self.tls_client_ca is not None)
-        for key, listen in (("server.listen", self.listen), ("server.grpc_listen", self.grpc_listen)):
+        for key, listen in (("server.listen", self.listen), ("server.grpc_listen", self.grpc_listen),
+                            ("mirror.listen", self.mirror_listen)):
             if listen and not access.has_credential and not is_loopback(listen.rsplit(":", 1)[0]):
                 raise InvalidInput(f"{key} {listen!r} is not a loopback address and no credential is "
                                    "configured: set server.token (or server.token_file), or server.tls_client_ca, "
                                    "so that TCP callers must authenticate", subject=key)
+        if self.mirror_listen and not access.token and not is_loopback(self.mirror_listen.rsplit(":", 1)[0]):
+            raise InvalidInput(f"mirror.listen {self.mirror_listen!r} is not a loopback address: the mirror beyond "
+                               "loopback needs server.token (or server.token_file), sent by callers as a Bearer "
+                               "token", subject="mirror.listen")
         return access
 
     def grpc_tls(self) -> GrpcTls | None:
@@ -245,8 +255,10 @@ class Daemon:
                     http_caps, grpc_limits = self._connection_caps(socks, grpc_sock)
                     serving = True  # from here _serve closes the sockets and unlinks the socket file
                     try:
+                        mirror = MirrorServer(PullThrough(puller, s.mirror_upstream, s.mirror_tag_ttl), access,
+                                              s.mirror_listen) if s.mirror_listen else None
                         await self._serve(app, service, socks, http_caps,
-                                          self._grpc_server(service, access, grpc_sock, grpc_limits))
+                                          self._grpc_server(service, access, grpc_sock, grpc_limits), mirror)
                     finally:
                         if grpc_sock is not None:
                             grpc_sock.close()
@@ -307,7 +319,7 @@ class Daemon:
                                              head_timeout=s.head_timeout, idle_timeout=s.idle_timeout)
 
     async def _serve(self, app: web.Application, service: ModelService, socks: list[socket.socket],
-                     caps: list[int], grpc_server: GrpcServer | None) -> None:
+                     caps: list[int], grpc_server: GrpcServer | None, mirror: MirrorServer | None) -> None:
         # auto_decompress off: request bodies are decoded by the handlers, bounded (calls/bodies.decoded_body).
         # aiohttp's keep-alive applies only to connections handed to it whole (a chunked request: http/connection.py),
         # and closes one whose next head is not whole in time, however it drips: head_timeout's rule.
@@ -336,6 +348,8 @@ class Daemon:
                 self.bound.append(describe_socket(sock, tls=tls is not None))
             if grpc_server is not None:
                 self.bound += await grpc_server.start()
+            if mirror is not None:
+                self.bound.append(await mirror.start())
             loop = asyncio.get_running_loop()
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, self.stop)
@@ -357,7 +371,8 @@ class Daemon:
             started = time.monotonic()
             # stop accepting, then wait for in-flight requests
             await asyncio.gather(front.close(self.settings.shutdown_timeout),
-                                 *([grpc_server.stop(self.settings.shutdown_timeout)] if grpc_server else []))
+                                 *([grpc_server.stop(self.settings.shutdown_timeout)] if grpc_server else []),
+                                 *([mirror.stop()] if mirror else []))
             for sock in socks:   # those a failed start left unserved; closing a served one again is harmless
                 sock.close()
             await runner.cleanup()

@@ -40,13 +40,13 @@ LAYERS = [
     ["server.models"],
     ["server.calls"],
     ["server.inference"],
-    ["server.api", "server.rpc", "server.http"],
+    ["server.api", "server.rpc", "server.http", "server.mirror"],
     ["server"],
     ["cli"],
 ]
 RANK = {folder: rank for rank, folders in enumerate(LAYERS) for folder in folders}
 # The daemon's doors: equal adapters over the inference core, none importing another.
-DOORS = {"server.api", "server.rpc", "server.http"}
+DOORS = {"server.api", "server.rpc", "server.http", "server.mirror"}
 # What the core and what lies below the doors never import: a door's wire library.
 WIRE_LIBRARIES = {"aiohttp", "grpc"}
 TOP_ALLOWED = {"__init__.py", "errors.py"}

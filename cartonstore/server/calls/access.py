@@ -70,6 +70,15 @@ class TcpAccess:
                               + (": the token sent is not it" if sent else ""))
 
 
+def check_mirror(access: TcpAccess, authorization: str | None) -> None:
+    """The registry mirror's rule: server.token as a Bearer token when one
+    is set (the peer token and client certificates authorize /v1/blobs only)."""
+    sent = (authorization or "").encode("utf-8", "surrogateescape")
+    if access.token and not _is(sent, access.token):
+        raise Unauthenticated("the registry mirror over TCP needs server.token as a Bearer token"
+                              + (": the token sent is not it" if sent else ""))
+
+
 def _is(sent: bytes, token: str) -> bool:
     """In constant time: a wrong token's length and bytes tell nothing."""
     return hmac.compare_digest(sent, f"Bearer {token}".encode())

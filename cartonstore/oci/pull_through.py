@@ -1,0 +1,252 @@
+"""The node's pull-through registry mirror, behind the HTTP door
+(server/mirror/): manifests and blobs asked of any repository, answered
+from the store, what it lacks fetched from the upstream registry.
+
+What is mirrored is kept as a carton per image manifest: its files are
+``model/manifest.json`` (the manifest's bytes, so the blob keyed by the
+manifest's digest is the manifest) and ``model/blobs/sha256/<hex>`` for
+its config and layers, each recorded with the registry URL it came from.
+The collector sees a model like any other: the same budget, the same LRU
+(each manifest served touches it), blobs evicted and fetched again from
+their recorded URL. Its source is the reference it was asked by (a tag
+or a digest), so a tag is answered from the store when the upstream
+registry cannot be reached. An index (a multi-platform list) is kept the
+same way with no blobs; its platforms' manifests, asked next, each get
+their own carton. A blob asked outside any manifest is committed alone
+and kept as the store keeps any unreferenced blob (gc.grace).
+
+A manifest's blobs are fetched, verified and committed when the manifest
+is first asked for (GET), before the manifest is answered: every blob is
+then served from the store (sendfile, Range). Each blob is fetched from
+upstream once, whatever the number of callers asking at once (one flight
+per manifest and per blob; two manifests naming one blob at once may each
+fetch it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, TypeVar
+
+from cartonstore.carton.checks import check_carton
+from cartonstore.carton.from_files import ListedFile, files_carton
+from cartonstore.errors import FetchError, FetchNotFound, InvalidInput, NotFound
+from cartonstore.fetch.transfer.download import fetch_blob
+from cartonstore.format.digest import is_sha256
+from cartonstore.store.content.blobs import StagedBlob
+from cartonstore.store.ingest import Provenance, Staging
+
+from .artifact import OCI_INDEX, OCI_MANIFEST
+from .reference import OciReference
+from .registry import Registry
+
+if TYPE_CHECKING:
+    from cartonstore.fetch.puller import Puller
+
+T = TypeVar("T")
+MANIFEST_FILE = "manifest.json"
+BLOB_FOLDER = "blobs/sha256/"
+
+
+@dataclasses.dataclass(frozen=True)
+class Manifest:
+    raw: bytes
+    media_type: str
+    digest: str   # "sha256:<hex>"
+
+
+def manifest_descriptors(raw: bytes, where: str) -> tuple[str, dict[str, int]]:
+    """The media type a manifest says it is and the blobs it names (hex ->
+    size): its config and layers; none for an index (its entries are
+    manifests, asked by digest on their own). Pure."""
+    try:
+        doc = json.loads(raw)
+    except ValueError as e:
+        raise InvalidInput(f"{where}: the manifest is not JSON ({e})", subject=where) from None
+    if not isinstance(doc, dict):
+        raise InvalidInput(f"{where}: the manifest is not a JSON object", subject=where)
+    media_type = doc.get("mediaType") if isinstance(doc.get("mediaType"), str) else ""
+    if "manifests" in doc:
+        return media_type or OCI_INDEX, {}
+    blobs: dict[str, int] = {}
+    for descriptor in ([doc.get("config")] if doc.get("config") else []) + list(doc.get("layers") or []):
+        digest, size = (descriptor.get("digest"), descriptor.get("size")) if isinstance(descriptor, dict) else (0, 0)
+        if not isinstance(digest, str) or not digest.startswith("sha256:") or not is_sha256(digest[7:]) \
+                or not isinstance(size, int) or isinstance(size, bool) or size < 0:
+            raise InvalidInput(f"{where}: a descriptor of the manifest is not a sha256 digest with a size: "
+                               f"{str(descriptor)[:200]}", subject=where)
+        if blobs.setdefault(digest[7:], size) != size:
+            raise InvalidInput(f"{where}: the manifest gives blob {digest} two sizes", subject=where)
+    return media_type or OCI_MANIFEST, blobs
+
+
+class PullThrough:
+    """Manifests and blobs of any upstream repository, through the store."""
+
+    def __init__(self, puller: Puller, default_upstream: str = "", tag_ttl: float = 30.0) -> None:
+        self.puller = puller
+        self.default_upstream = default_upstream
+        self.tag_ttl = tag_ttl
+        self._tags: dict[tuple[str, str, str], tuple[float, Manifest]] = {}
+        self._flights: dict[tuple[str, ...], asyncio.Future] = {}
+
+    def authority(self, ns: str | None) -> str:
+        """The upstream registry of a request: ``?ns=`` as containerd sends
+        it, else mirror.upstream."""
+        authority = ns or self.default_upstream
+        if not authority:
+            raise InvalidInput("no upstream registry: the request has no ?ns= and mirror.upstream is not set",
+                               subject="ns")
+        return authority
+
+    def _registry_of(self, ref: OciReference) -> Registry:
+        return Registry(self.puller.client, ref, self.puller.fetcher.mirrors_passed_over)
+
+    async def _once(self, key: tuple[str, ...], work: Callable[[], Awaitable[T]]) -> T:
+        """One flight per key: callers asking at once share its outcome."""
+        if key in self._flights:
+            return await asyncio.shield(self._flights[key])
+        future: asyncio.Future = asyncio.ensure_future(work())
+        self._flights[key] = future
+        try:
+            return await asyncio.shield(future)
+        finally:
+            if future.done():
+                self._flights.pop(key, None)
+            else:
+                future.add_done_callback(lambda _f: self._flights.pop(key, None))
+
+    # -- manifests -----------------------------------------------------------
+
+    async def manifest(self, ns: str | None, repository: str, reference: str, *, head: bool) -> Manifest:
+        """The manifest ``reference`` (a tag or "sha256:...") names. By
+        digest: the store's copy once held. By tag: upstream's answer (tags
+        move), kept tag_ttl seconds; the store's last one when upstream
+        cannot be reached. A GET (not ``head``) stores it and its blobs."""
+        authority = self.authority(ns)
+        by_digest = reference.startswith("sha256:")
+        if by_digest and not is_sha256(reference[7:]):
+            raise InvalidInput(f"{reference!r} is not a sha256 digest", subject=reference)
+        if by_digest and (held := await asyncio.to_thread(self._held_by_digest, reference)) is not None:
+            return held
+        if by_digest:
+            ref = OciReference(authority, repository, digest=reference)
+            manifest = Manifest(*await self._once(("manifest", authority, repository, reference),
+                                                  lambda: self._registry_of(ref).get_manifest()))
+        else:
+            manifest = await self._tagged(authority, repository, reference)
+        if not head:
+            source = f"oci://{authority}/{repository}" + (f"@{reference}" if by_digest else f":{reference}")
+            await self._once(("keep", manifest.digest, source), lambda: self._keep(authority, repository, manifest,
+                                                                                 source))
+        return manifest
+
+    async def _tagged(self, authority: str, repository: str, tag: str) -> Manifest:
+        key = (authority, repository, tag)
+        cached = self._tags.get(key)
+        if cached is not None and time.monotonic() - cached[0] < self.tag_ttl:
+            return cached[1]
+        ref = OciReference(authority, repository, tag=tag)
+        try:
+            raw, media_type, digest = await self._once(
+                ("tag", *key), lambda: self._registry_of(ref).get_manifest())
+        except FetchNotFound:
+            raise
+        except FetchError:
+            held = await asyncio.to_thread(self._held_by_source, f"oci://{authority}/{repository}:{tag}")
+            if held is None:
+                raise
+            return held
+        manifest = Manifest(raw, media_type, digest)
+        self._tags[key] = (time.monotonic(), manifest)
+        return manifest
+
+    def _held_by_digest(self, digest: str) -> Manifest | None:
+        store = self.puller.store
+        try:
+            raw = store.blobs.path(digest[7:]).read_bytes()
+        except FileNotFoundError:
+            return None
+        media_type, _blobs = manifest_descriptors(raw, digest)
+        return Manifest(raw, media_type, digest)
+
+    def _held_by_source(self, source: str) -> Manifest | None:
+        """The manifest last kept for ``source``, its carton counted as used now (LRU)."""
+        index = self.puller.store.index
+        row = index.carton_for_source(source)
+        if row is None:
+            return None
+        index.touch(row.digest)
+        entry = next((e for e in index.entries(row.digest) if e.path == f"model/{MANIFEST_FILE}"), None)
+        return self._held_by_digest(f"sha256:{entry.digest}") if entry is not None else None
+
+    async def _keep(self, authority: str, repository: str, manifest: Manifest, source: str) -> None:
+        """The manifest and its blobs in the store as one carton (see the
+        module's docstring); what the store has is not fetched again."""
+        store = self.puller.store
+        held = await asyncio.to_thread(self._held_by_source, source)
+        if held is not None and held.digest == manifest.digest:
+            return
+        _type, blobs = manifest_descriptors(manifest.raw, source)
+        registry = self._registry_of(OciReference(authority, repository))
+        staging = Staging(store.blobs)
+        try:
+            await asyncio.to_thread(staging.add_bytes, manifest.raw, manifest.digest[7:])
+            missing = await asyncio.to_thread(lambda: [d for d in blobs if not store.blobs.has(d)])
+            for digest in missing:
+                staging.add_staged(await self._fetch(registry, digest, blobs[digest]))
+            files = {MANIFEST_FILE: ListedFile(manifest.digest[7:], len(manifest.raw)),
+                     **{BLOB_FOLDER + d: ListedFile(d, size) for d, size in blobs.items()}}
+            model_name = f"mirror/{authority}/{repository}"
+            carton = files_carton(model_name, files, origin=source, description=f"mirrored {source}")
+            checked = await asyncio.to_thread(check_carton, carton.view(source), links_raw=b"")
+            await registry.connect()
+            links = {d: (registry.source_url(d),) for d in blobs}
+            checked = dataclasses.replace(checked, links=links)
+            await asyncio.to_thread(staging.add_small, carton.small)
+            made_here = frozenset({checked.digest, carton.files["carton.toml"].digest})
+            await asyncio.to_thread(store.commit_checked, checked, staging, name=None, source=source,
+                                    provenance=Provenance("oci", made_here))
+        except BaseException:
+            staging.discard()
+            raise
+
+    # -- blobs ---------------------------------------------------------------
+
+    async def blob(self, ns: str | None, repository: str, digest: str) -> Path:
+        """The stored file of blob ``digest`` ("sha256:<hex>"), fetched from
+        upstream and committed first when the store lacks it."""
+        if not digest.startswith("sha256:") or not is_sha256(digest[7:]):
+            raise InvalidInput(f"{digest!r} is not a sha256 digest", subject=digest)
+        hex_digest = digest[7:]
+        store = self.puller.store
+        if await asyncio.to_thread(store.blobs.has, hex_digest):
+            return store.blobs.path(hex_digest)
+        authority = self.authority(ns)
+
+        async def fetch_and_commit() -> Path:
+            staged = await self._fetch(self._registry_of(OciReference(authority, repository)), hex_digest, None)
+            return await asyncio.to_thread(store.blobs.commit, staged)
+
+        return await self._once(("blob", hex_digest), fetch_and_commit)
+
+    async def _fetch(self, registry: Registry, digest: str, size: int | None) -> StagedBlob:
+        """The blob from upstream, verified by its digest (and size, when
+        known) and staged, resumed by Range where the connection breaks."""
+        await registry.connect()
+        try:
+            return await fetch_blob(self.puller.client, self.puller.store.blobs, digest, [registry.blob_url(digest)],
+                                    self.puller.config, stats=self.puller.stats, kind_of=lambda _u: "registry",
+                                    expected_size=size)
+        except FetchNotFound:
+            raise NotFound(f"blob sha256:{digest} is not in the store nor at {registry.ref.authority}/"
+                           f"{registry.ref.repository}", subject=digest) from None
+
+
+
+__all__ = ["Manifest", "PullThrough", "manifest_descriptors"]

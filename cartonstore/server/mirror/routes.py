@@ -1,0 +1,79 @@
+"""The routes of the registry mirror: ``GET /v2/``, ``GET``/``HEAD``
+``/v2/<name>/manifests/<reference>`` and ``/v2/<name>/blobs/<digest>``
+(Range on blobs), ``?ns=<registry>`` naming the upstream as containerd
+sends it. Read-only: every other method is 405. Errors are the
+distribution spec's JSON, ``{"errors": [{"code", "message", "detail"}]}``."""
+
+from __future__ import annotations
+
+import re
+
+from aiohttp import web
+
+from cartonstore.errors import CartonStoreError, FetchNotFound, InvalidInput, NotFound, Unauthenticated
+from cartonstore.oci.pull_through import PullThrough
+from cartonstore.server.calls.access import REALM, TcpAccess, check_mirror
+
+# The distribution spec's <name> grammar.
+NAME = re.compile(r"[a-z0-9]+(?:(?:\.|_|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:\.|_|__|-+)[a-z0-9]+)*)*")
+ROUTE = re.compile(r"(?P<name>.+)/(?P<kind>manifests|blobs)/(?P<ref>[^/]+)")
+API_VERSION = {"Docker-Distribution-API-Version": "registry/2.0"}
+
+
+def error(status: int, code: str, message: str, headers: dict | None = None) -> web.Response:
+    return web.json_response({"errors": [{"code": code, "message": message, "detail": None}]}, status=status,
+                             headers={**API_VERSION, **(headers or {})})
+
+
+def build_mirror_app(pull: PullThrough, access: TcpAccess) -> web.Application:
+    async def handle(request: web.Request) -> web.StreamResponse:
+        try:
+            check_mirror(access, request.headers.get("Authorization"))
+        except Unauthenticated as e:
+            return error(401, "UNAUTHORIZED", e.message, {"WWW-Authenticate": REALM})
+        if request.method not in ("GET", "HEAD"):
+            return error(405, "UNSUPPORTED", f"{request.method} {request.path}: this mirror is read-only (pull only)",
+                         {"Allow": "GET, HEAD"})
+        tail = request.match_info["tail"]
+        if tail == "":
+            return web.json_response({}, headers=API_VERSION)
+        found = ROUTE.fullmatch(tail)
+        if found is None:
+            return error(404, "UNSUPPORTED", f"{request.path} is not a route of the distribution API's pull side")
+        name, kind, ref = found["name"], found["kind"], found["ref"]
+        if not NAME.fullmatch(name):
+            return error(400, "NAME_INVALID", f"{name!r} is not a repository name")
+        ns = request.query.get("ns") or None
+        try:
+            if kind == "manifests":
+                return await _manifest(request, pull, ns, name, ref)
+            return await _blob(request, pull, ns, name, ref)
+        except (FetchNotFound, NotFound) as e:
+            code = "MANIFEST_UNKNOWN" if kind == "manifests" else "BLOB_UNKNOWN"
+            return error(404, code, e.message)
+        except InvalidInput as e:
+            code = "DIGEST_INVALID" if ref.startswith("sha256:") or kind == "blobs" else "MANIFEST_INVALID"
+            return error(400, code, e.message)
+        except CartonStoreError as e:   # upstream unreachable or refusing, bytes that do not match their digest
+            return error(502, "UNKNOWN", f"upstream: {e.message}")
+
+    app = web.Application()
+    app.router.add_route("*", "/v2/{tail:.*}", handle)
+    return app
+
+
+async def _manifest(request: web.Request, pull: PullThrough, ns: str | None, name: str,
+                    ref: str) -> web.Response:
+    manifest = await pull.manifest(ns, name, ref, head=request.method == "HEAD")
+    headers = {**API_VERSION, "Docker-Content-Digest": manifest.digest, "Content-Type": manifest.media_type}
+    if request.method == "HEAD":
+        return web.Response(headers={**headers, "Content-Length": str(len(manifest.raw))})
+    return web.Response(body=manifest.raw, headers=headers)
+
+
+async def _blob(request: web.Request, pull: PullThrough, ns: str | None, name: str, digest: str) -> web.StreamResponse:
+    path = await pull.blob(ns, name, digest)
+    response = web.FileResponse(path, headers={**API_VERSION, "Docker-Content-Digest": digest,
+                                               "Content-Type": "application/octet-stream"})
+    response.enable_compression = lambda *a, **k: None  # type: ignore[method-assign]  # bytes as stored
+    return response
