@@ -28,6 +28,7 @@ from cartonstore.config.pulling import standard_puller
 from cartonstore.config.runners import RunnerSettings
 from cartonstore.errors import InvalidInput
 from cartonstore.fetch.http.config import FetchConfig
+from cartonstore.oci.pull_through import PullThrough
 from cartonstore.server.api.app import build_app
 from cartonstore.server.api.bodies import BODY_BUDGET
 from cartonstore.server.api.context import ACCESS_LOG, METRICS, TCP_ACCESS
@@ -35,7 +36,6 @@ from cartonstore.server.calls.access import TcpAccess
 from cartonstore.server.calls.bodies import BodyBudget
 from cartonstore.server.http.event_loop import loop_name, run_loop
 from cartonstore.server.http.listeners import FrontServer
-from cartonstore.oci.pull_through import PullThrough
 from cartonstore.server.mirror import MirrorServer
 from cartonstore.server.models.metrics import Metrics
 from cartonstore.server.models.restore import restore_loaded
