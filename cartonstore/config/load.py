@@ -116,8 +116,8 @@ class GcSettings:
 _SECTIONS: Mapping[str, type] = MappingProxyType({
     "store": StoreSettings, "server": ServerSettings, "leases": LeaseSettings,
     "fetch": FetchSettings, "registries": RegistrySettings, "hf": HubSettings, "limits": LimitSettings,
-    "gc": GcSettings, "mirror": MirrorSettings,
-    "peers": PeerSettings, "runners": RunnerSettings,
+    "gc": GcSettings,
+    "peers": PeerSettings, "runners": RunnerSettings, "mirror": MirrorSettings,
 })
 _PARSERS: Mapping[str, v.Parser] = MappingProxyType({
     f"{section}.{setting.name}": setting.metadata["parse"]
@@ -143,9 +143,9 @@ class Config:
     hf: HubSettings = field(default_factory=HubSettings)
     limits: LimitSettings = field(default_factory=LimitSettings)
     gc: GcSettings = field(default_factory=GcSettings)
-    mirror: MirrorSettings = field(default_factory=MirrorSettings)
     peers: PeerSettings = field(default_factory=PeerSettings)
     runners: RunnerSettings = field(default_factory=RunnerSettings)
+    mirror: MirrorSettings = field(default_factory=MirrorSettings)
     source: Path | None = field(default=None, compare=False)
 
     @property
@@ -264,7 +264,9 @@ def _suggest(name: str, candidates: list[str]) -> str:
     in the whole key, then a typo in the name alone."""
     import difflib  # imported here: only a mistake needs it
 
-    leaves = {candidate.rpartition(".")[2]: candidate for candidate in candidates}
+    leaves: dict[str, str] = {}
+    for candidate in candidates:   # a name two sections share suggests the first (server.listen, not mirror.listen)
+        leaves.setdefault(candidate.rpartition(".")[2], candidate)
     leaf = name.rpartition(".")[2]
     guess = leaves.get(leaf) \
         or next(iter(difflib.get_close_matches(name, candidates, n=1)), None) \

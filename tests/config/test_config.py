@@ -181,6 +181,9 @@ DEFAULTS = {
     "runners.sandbox_paths": (),
     "runners.prewarm": (),
     "runners.network": frozenset(),
+    "mirror.listen": "",
+    "mirror.upstream": "",
+    "mirror.tag_ttl": 30.0,
 }
 
 
@@ -314,6 +317,9 @@ FILE_VALUES = [
     ("hf.token_file", '"/etc/cs/hf-token"', Path("/etc/cs/hf-token")),
     ("peers.urls", '["http://10.0.0.2:7070", "https://node3:7070/"]', ("http://10.0.0.2:7070", "https://node3:7070/")),
     ("peers.token", '"s3cret-token"', "s3cret-token"),
+    ("mirror.listen", '"127.0.0.1:5050"', "127.0.0.1:5050"),
+    ("mirror.upstream", '"registry.example:5000"', "registry.example:5000"),
+    ("mirror.tag_ttl", '"2m"', 120.0),
     ("peers.token_file", '"/etc/cartonstore/peer-token"', Path("/etc/cartonstore/peer-token")),
     ("peers.timeout", '"500ms"', 0.5),
     ("peers.down_for", '"1m"', 60.0),
@@ -532,6 +538,9 @@ BAD_VALUES = [
     ("server.socket_group", '"bad group"', "group name"),
     ("server.listen", '"8000"', "expected HOST:PORT"),
     ("server.grpc_listen", '"8001"', "expected HOST:PORT"),
+    ("mirror.listen", '"5050"', "expected HOST:PORT"),
+    ("mirror.upstream", '"https://registry.example/"', "expected a registry's HOST[:PORT]"),
+    ("mirror.tag_ttl", '"soon"', "expected a duration such as 90"),
     ("server.grpc", '"yes please"', "expected true or false"),
     ("server.restore_loaded", "1", "expected true or false"),
     ("server.id", '"two words"', "expected an identity"),
@@ -974,7 +983,7 @@ def test_as_dict_is_toml_that_loads_back(tmp_path: Path, overrides: dict) -> Non
     config = load_config(env={}, overrides=overrides)
     shown = config.as_dict()
     assert list(shown) == ["store", "server", "leases", "fetch", "registries", "hf", "limits", "gc", "peers",
-                           "runners"]
+                           "runners", "mirror"]
     # [runners.<name>] tables are shown flattened into [runners]; [registries.mirrors] stays one table
     assert [f"{s}.{k}" for s, table in shown.items() for k in table] == \
         [key for key in setting_keys() if key != "runners.commands"]
