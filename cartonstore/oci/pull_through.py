@@ -40,6 +40,7 @@ from cartonstore.fetch.transfer.download import fetch_blob
 from cartonstore.format.digest import is_sha256
 from cartonstore.store.content.blobs import StagedBlob
 from cartonstore.store.ingest import Provenance, Staging
+from cartonstore.system.single_flight import all_or_none
 
 from .artifact import OCI_INDEX, OCI_MANIFEST
 from .reference import OciReference
@@ -198,15 +199,17 @@ class PullThrough:
         try:
             await asyncio.to_thread(staging.add_bytes, manifest.raw, manifest.digest[7:])
             missing = await asyncio.to_thread(lambda: [d for d in blobs if not store.blobs.has(d)])
-            for digest in missing:
+            async def stage(digest: str) -> None:   # staged as each arrives: a failure discards them all
                 staging.add_staged(await self._fetch(registry, digest, blobs[digest]))
+
+            await all_or_none(stage(d) for d in missing)
             files = {MANIFEST_FILE: ListedFile(manifest.digest[7:], len(manifest.raw)),
                      **{BLOB_FOLDER + d: ListedFile(d, size) for d, size in blobs.items()}}
             model_name = f"mirror/{authority}/{repository}"
             carton = files_carton(model_name, files, origin=source, description=f"mirrored {source}")
             checked = await asyncio.to_thread(check_carton, carton.view(source), links_raw=b"")
             await registry.connect()
-            links = {d: (registry.source_url(d),) for d in blobs}
+            links: dict[str, tuple[str, ...]] = {d: (registry.source_url(d),) for d in blobs}
             checked = dataclasses.replace(checked, links=links)
             await asyncio.to_thread(staging.add_small, carton.small)
             made_here = frozenset({checked.digest, carton.files["carton.toml"].digest})
