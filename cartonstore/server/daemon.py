@@ -244,7 +244,8 @@ class Daemon:
                                            shm_over_tcp=s.shared_memory_over_tcp,
                                            max_request_size=s.max_request_size, arena_size=s.arena_size,
                                            check_workers=s.check_workers, daemon_id=s.identity,
-                                           allow_tcp_local_sources=s.allow_tcp_local_sources)
+                                           allow_tcp_local_sources=s.allow_tcp_local_sources,
+                                           budget=s.gc, gc_interval=s.gc_interval)
                     if dropped := await asyncio.to_thread(drop_leases_of_gone_owners, store):
                         log.info("dropped %d lease(s) of daemons and processes that are gone", dropped)
                     await asyncio.to_thread(service.runner_host.prepare)   # probes bubblewrap: processes

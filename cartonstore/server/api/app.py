@@ -187,6 +187,10 @@ async def metrics(request: web.Request) -> web.Response:
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
 
 
+async def node(request: web.Request) -> web.Response:
+    return web.json_response(await asyncio.to_thread(svc(request).node_status))
+
+
 async def not_found(request: web.Request) -> web.Response:
     return error(404, f"no such endpoint: {request.method} {request.path}")
 
@@ -224,6 +228,7 @@ def build_app(service: ModelService, metrics_: Metrics, *, max_request_size: int
     r.add_delete("/v1/leases/{lease}", release_lease)
     r.add_post("/v1/gc", gc)
     r.add_get("/v1/blobs/{digest}", blob)
+    r.add_get("/v1/node", node)
     r.add_get("/metrics", metrics)
     r.add_route("*", "/{tail:.*}", not_found)
     return app

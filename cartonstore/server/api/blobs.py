@@ -62,7 +62,7 @@ async def serve_blob(request: web.Request, store: Store, metrics: Metrics, peers
         # FileResponse sets its own ETag (mtime-size) and answers If-None-Match / If-Range with it.
         response = web.FileResponse(path, headers=headers)
         response.enable_compression = lambda *a, **k: None  # type: ignore[method-assign]  # bytes as stored
-        metrics.served_bytes.inc(path.stat().st_size)
+        metrics.count_served("blobs", path.stat().st_size)
         return response
     return await _stream(request, open(path, "rb"), headers, metrics, encoding)
 
@@ -94,7 +94,7 @@ async def _stream(request: web.Request, f: BinaryIO, headers: dict[str, str], me
             out = await asyncio.to_thread(comp.compress, chunk) if comp is not None else chunk
             if out:
                 await response.write(out)
-            metrics.served_bytes.inc(len(chunk))
+            metrics.count_served("blobs", len(chunk))
         if comp is not None:
             await response.write(comp.flush())
         await response.write_eof()

@@ -16,9 +16,17 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
+    from cartonstore.store.metadata.gc_outcome import GcOutcome
+    from cartonstore.store.metadata.model_states import ModelState
     from cartonstore.store.metadata.source_bytes import SourceBytes
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+SERVED_KINDS = ("blobs", "mirror")
+"""Who the daemon serves stored bytes to: ``blobs``, peers and other callers
+of /v1/blobs; ``mirror``, the callers of the node's OCI registry mirror."""
+
+DIGEST_LABEL = 12   # hex digits of a manifest hash in a model's labels: unique in any store, short on a dashboard
 
 # *_created series double the output and no dashboard here reads them.
 disable_created_metrics()
@@ -49,6 +57,7 @@ class _Live(Collector):
                 by_source.add_metric([source], count)
         yield by_source
         yield from _source_figure_families(values.get("source_figures", []))
+        yield from _node_families(values.get("models", []), values.get("gc_outcome"), values.get("served", {}))
         yield from _runner_families(values.get("runners", []))
         yield from _inference_families(self.inference())
         yield from _arena_families(values.get("arena"))
@@ -67,12 +76,51 @@ def _source_figure_families(figures: list[SourceBytes]) -> Iterator:
     blobs = CounterMetricFamily("cartonstore_source_blobs", "Blobs the store's adds fetched by kind of source, and "
                                 "blobs they did not fetch because the store had them (outcome fetched, reused)",
                                 labels=["kind", "outcome"])
+    ratio = GaugeMetricFamily("cartonstore_source_hit_ratio", "Of the bytes the store's adds wanted by kind of "
+                              "source, the share it already had: reused / (reused + fetched); absent for a kind "
+                              "that no add used yet", labels=["kind"])
     for f in figures:
+        if f.hit_ratio is not None:
+            ratio.add_metric([f.kind], f.hit_ratio)
         nbytes.add_metric([f.kind, "fetched"], f.fetched_bytes)
         nbytes.add_metric([f.kind, "reused"], f.reused_bytes)
         blobs.add_metric([f.kind, "fetched"], f.fetched_blobs)
         blobs.add_metric([f.kind, "reused"], f.reused_blobs)
-    yield from (nbytes, blobs)
+    yield from (nbytes, blobs, ratio)
+
+
+def _node_families(models: list[ModelState], outcome: GcOutcome | None, served: dict[str, int]) -> Iterator:
+    """What the node holds, one series per stored model (labelled by its
+    names and the start of its manifest hash), and whether it is full."""
+    labels = ["model", "digest"]
+    families = {
+        "cached": GaugeMetricFamily("cartonstore_model_cached", "1 for a stored model with every blob in the store",
+                                    labels=labels),
+        "partial": GaugeMetricFamily("cartonstore_model_partial", "1 for a stored model some of whose blobs gc "
+                                     "evicted (fetched again on use)", labels=labels),
+        "leases": GaugeMetricFamily("cartonstore_model_leases", "Live leases on a stored model (clients, mounted "
+                                    "volumes; a daemon's pins count as loaded)", labels=labels),
+        "loaded": GaugeMetricFamily("cartonstore_model_loaded", "Names a stored model is loaded as by the daemons "
+                                    "sharing the store", labels=labels),
+        "bytes": GaugeMetricFamily("cartonstore_model_bytes", "Bytes of a stored model's files", labels=labels),
+    }
+    for m in models:
+        key = [",".join(m.names), m.digest[:DIGEST_LABEL]]
+        families["cached"].add_metric(key, int(m.state == "cached"))
+        families["partial"].add_metric(key, int(m.state == "partial"))
+        families["leases"].add_metric(key, m.leases)
+        families["loaded"].add_metric(key, len(m.loaded_as))
+        if m.size is not None:
+            families["bytes"].add_metric(key, m.size)
+    yield from families.values()
+    yield GaugeMetricFamily("cartonstore_store_over_budget", "1 when the store's last gc with a budget could not "
+                            "meet it because what is left is leased, loaded or has no source (GET /v1/node says "
+                            "what); 0 otherwise", value=int(outcome is not None and outcome.over_budget is not None))
+    family = CounterMetricFamily("cartonstore_served_bytes", "Stored bytes served, by kind of caller: blobs "
+                                 "(/v1/blobs: peers), mirror (the OCI registry mirror)", labels=["kind"])
+    for kind in SERVED_KINDS:
+        family.add_metric([kind], served.get(kind, 0))
+    yield family
 
 
 def _inference_families(entries: list[tuple[str, str, dict]]) -> Iterator:
@@ -193,14 +241,18 @@ class Metrics:
                                   registry=self.registry)
         self.cache_misses = Counter("cartonstore_cache_misses", "Lease or load that had to fetch or build",
                                     registry=self.registry)
-        self.served_bytes = Counter("cartonstore_served_bytes", "Blob bytes served to peers",
-                                    registry=self.registry)
+        # bytes served by kind of caller (SERVED_KINDS): plain ints, bumped on the event loop, read by
+        # /metrics and GET /v1/node alike
+        self.served_bytes = dict.fromkeys(SERVED_KINDS, 0)
         self.dedup_saved_bytes = Counter("cartonstore_dedup_saved_bytes",
                                          "Bytes not stored or fetched because the store had them",
                                          registry=self.registry)
         self.fetch_errors = Counter("cartonstore_fetch_errors", "Fetches that failed", registry=self.registry)
         self._request_counters: dict[tuple[str, str, int], Any] = {}
         self._inference: Callable[[], list] = list
+
+    def count_served(self, kind: str, nbytes: int) -> None:
+        self.served_bytes[kind] += nbytes
 
     def count_request(self, route: str, method: str, status: int) -> None:
         # labels() costs ~5 us (a lock, a tuple of strings, a dict); an infer

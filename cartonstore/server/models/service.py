@@ -60,6 +60,7 @@ from .loaded_model import (
 from .loaded_self_tests import self_tested_on_load
 from .metrics import Metrics
 from .model_config import batching_policy, check_against_carton, check_config_fields, max_batch_size
+from .node_status import node_status
 from .restore import forget_loaded, remember_loaded
 from .runner_plan import instance_devices
 from .runtime import RunnerHost
@@ -71,10 +72,12 @@ class ModelService:
     def __init__(self, store: Store, puller: Puller, leases: LeaseSettings, metrics: Metrics,
                  runners: RunnerSettings | None = None, *, shm_over_tcp: bool = False,
                  max_request_size: int = 256 << 20, arena_size: int = ARENA_SIZE, check_workers: int = 0,
-                 daemon_id: str | None = None, allow_tcp_local_sources: bool = False) -> None:
+                 daemon_id: str | None = None, allow_tcp_local_sources: bool = False,
+                 budget: GcPolicy | None = None, gc_interval: float = 600.0) -> None:
         """daemon_id: who this daemon is in the index's loaded_models
         (server.id); None records nothing (restore.py). allow_tcp_local_sources:
-        see caller_paths.py."""
+        see caller_paths.py. budget, gc_interval: the [gc] settings, as
+        GET /v1/node reports them."""
         self.store = store
         self.puller = puller
         self.leases = leases
@@ -87,6 +90,8 @@ class ModelService:
         self._commits = GroupCommit(store)
         self.daemon_id = daemon_id
         self.allow_tcp_local_sources = allow_tcp_local_sources
+        self.budget = budget or GcPolicy()
+        self.gc_interval = gc_interval
         self.shm_regions = ShmRegions(allow_tcp=shm_over_tcp, max_read=max_request_size)
         self.check_pool = CheckPool(check_workers) if check_workers else None
         self.runner_host = RunnerHost(runners or RunnerSettings(), store.layout.root / "run" / "runners",
@@ -525,6 +530,10 @@ class ModelService:
         return [(m.name, m.digest, m.runners.statistics.snapshot()) for m in tuple(self.models.values())
                 if m.runners is not None and m.digest is not None and m.state == READY]
 
+    def node_status(self) -> dict:
+        """GET /v1/node (node_status.py); reads the index: call it off the event loop."""
+        return node_status(self.store, self.budget, self.gc_interval, self.metrics.served_bytes)
+
     def live_values(self) -> dict[str, float]:
         stats = self.puller.stats
         return {"store_bytes": self.store.index.stored_bytes(), "leases": self.store.index.count_live_leases(),
@@ -533,6 +542,8 @@ class ModelService:
                 "runners": self.runner_host.statuses(),
                 "fetched_bytes": stats.bytes_received, "fetch_requests": stats.requests,
                 "source_bytes": stats.snapshot()["source_bytes"], "source_figures": self.store.source_bytes(),
+                "models": self.store.index.model_states(), "gc_outcome": self.store.index.last_gc_outcome(),
+                "served": self.metrics.served_bytes,
                 "arena": self.runner_host.arena_stats(),
                 "spares": self.runner_host.prewarm.status() if self.runner_host.prewarm is not None else None,
                 "check_workers": self.check_pool.stats() if self.check_pool is not None else None}

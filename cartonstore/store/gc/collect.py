@@ -18,6 +18,7 @@ from cartonstore.format.digest import is_sha256
 from cartonstore.store.content.filespace import shared_bytes
 from cartonstore.store.materialize.tree import remove_tree
 from cartonstore.store.metadata.adopted_rows import all_adopted
+from cartonstore.store.metadata.gc_outcome import GcOutcome
 from cartonstore.store.metadata.index import Index
 from cartonstore.store.metadata.names import pinned_name
 
@@ -86,6 +87,8 @@ def collect(store: StoreParts, policy: GcPolicy | None = None) -> GcReport:
     report.store_bytes_after -= sum(m["bytes"] for m in report.forgotten_models)
     report.over_budget = _over_budget(store, snap, policy, report,
                                       adopted=sum(snap.blobs[d][0] for d in snap.adopted - plan.unreferenced))
+    if not policy.dry_run and (policy.max_size is not None or policy.min_free is not None):
+        store.index.record_gc_outcome(GcOutcome(time.time(), report.over_budget))
     return report
 
 

@@ -25,7 +25,9 @@ from typing import TYPE_CHECKING, TypeVar
 from cartonstore.errors import CartonStoreError, PermissionDenied, Unavailable
 from cartonstore.system.file_access import WRITE, denial
 
+from .gc_outcome import GcOutcome, read_gc_outcome, record_gc_outcome
 from .lease_rows import TOUCH_AFTER, LeaseQueries, touch_carton
+from .model_states import ModelState, read_model_states
 from .names import NameOutcome, assign_name
 from .schema import SCHEMA, SCHEMA_VERSION, migrate_leases, migrate_source_bytes
 from .sizes import learn_all_sizes, learn_sizes
@@ -386,6 +388,17 @@ class Index(LeaseQueries, SourceQueries):
         """The store's figures by kind of source (source_bytes.py)."""
         return self.read(read_source_bytes)
 
+    def model_states(self, now: float | None = None) -> list[ModelState]:
+        """Every carton: cached or partial, leased, loaded (model_states.py)."""
+        return self.read(lambda conn: read_model_states(conn, time.time() if now is None else now))
+
+    def record_gc_outcome(self, outcome: GcOutcome) -> None:
+        with self.transaction() as conn:
+            record_gc_outcome(conn, outcome)
+
+    def last_gc_outcome(self) -> GcOutcome | None:
+        """The last collection with a budget (gc_outcome.py); None before one."""
+        return self.read(read_gc_outcome)
 
 
 def _insert_links(conn: sqlite3.Connection, links: Mapping[str, Sequence[str]]) -> None:

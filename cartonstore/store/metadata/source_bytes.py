@@ -37,6 +37,13 @@ class SourceBytes:
     reused_bytes: int = 0
     reused_blobs: int = 0
 
+    @property
+    def hit_ratio(self) -> float | None:
+        """Of the bytes this kind's adds wanted, the share the store already
+        had; None while they wanted none."""
+        wanted = self.reused_bytes + self.fetched_bytes
+        return self.reused_bytes / wanted if wanted else None
+
     def as_json(self) -> dict[str, int]:
         return {"fetched_bytes": self.fetched_bytes, "fetched_blobs": self.fetched_blobs,
                 "reused_bytes": self.reused_bytes, "reused_blobs": self.reused_blobs}
