@@ -8,7 +8,6 @@ one and leaves it as it is; so does a dry run.
 
 from __future__ import annotations
 
-import json
 import sqlite3
 from dataclasses import dataclass
 
@@ -25,6 +24,8 @@ class GcOutcome:
 
 
 def record_gc_outcome(conn: sqlite3.Connection, outcome: GcOutcome) -> None:
+    import json  # on first use: `ls` and `path` open the index and read no outcome
+
     conn.execute("INSERT INTO meta VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value=excluded.value",
                  (_KEY, json.dumps(outcome.as_json())))
 
@@ -34,5 +35,8 @@ def read_gc_outcome(conn: sqlite3.Connection) -> GcOutcome | None:
     row = conn.execute("SELECT value FROM meta WHERE key=?", (_KEY,)).fetchone()
     if row is None:
         return None
+    import json
+
     value = json.loads(row[0])
     return GcOutcome(value["at"], value["over_budget"])
+
