@@ -257,7 +257,7 @@ class Daemon:
                     serving = True  # from here _serve closes the sockets and unlinks the socket file
                     try:
                         mirror = MirrorServer(PullThrough(puller, s.mirror_upstream, s.mirror_tag_ttl), access,
-                                              s.mirror_listen) if s.mirror_listen else None
+                                              s.mirror_listen, service.metrics) if s.mirror_listen else None
                         await self._serve(app, service, socks, http_caps,
                                           self._grpc_server(service, access, grpc_sock, grpc_limits), mirror)
                     finally:

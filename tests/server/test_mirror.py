@@ -7,6 +7,7 @@ import gzip
 import hashlib
 import io
 import json
+import re
 import shutil
 import subprocess
 import tarfile
@@ -16,7 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from kit.daemonkit import DaemonProcess
+from kit.daemonkit import DaemonProcess, call
 from kit.registrykit import Registry, free_port, needs_registry
 
 pytestmark = [needs_registry, pytest.mark.skipif(shutil.which("skopeo") is None, reason="skopeo is not installed")]
@@ -78,7 +79,7 @@ def mirror_call(mirror: str, method: str, path: str) -> tuple[int, dict]:
 
 
 def test_pull_through_then_from_the_store_with_upstream_stopped(mirror, upstream: Registry, tmp_path: Path) -> None:
-    _daemon, address = mirror
+    daemon, address = mirror
     blobs = small_image(upstream, "apps/hello", "v1")
     first = skopeo_copy(address, "apps/hello:v1", tmp_path / "first")
     assert first.returncode == 0, first.stderr
@@ -92,6 +93,9 @@ def test_pull_through_then_from_the_store_with_upstream_stopped(mirror, upstream
             assert (tmp_path / "second" / "blobs" / "sha256" / digest).read_bytes() == data
     finally:
         upstream.start()
+    _, metrics = call(daemon, "GET", "/metrics")
+    served = re.search(r'^cartonstore_served_bytes_total\{kind="mirror"\} (\S+)$', str(metrics), re.M)
+    assert served is not None and float(served[1]) >= 2 * sum(len(data) for data in blobs.values())
 
 
 def test_push_routes_are_405_and_unknown_manifests_manifest_unknown(mirror) -> None:

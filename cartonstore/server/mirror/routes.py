@@ -13,6 +13,7 @@ from aiohttp import web
 from cartonstore.errors import CartonStoreError, FetchNotFound, InvalidInput, NotFound, Unauthenticated
 from cartonstore.oci.pull_through import PullThrough
 from cartonstore.server.calls.access import REALM, TcpAccess, check_mirror
+from cartonstore.server.models.metrics import Metrics
 
 # The distribution spec's <name> grammar.
 NAME = re.compile(r"[a-z0-9]+(?:(?:\.|_|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:\.|_|__|-+)[a-z0-9]+)*)*")
@@ -25,7 +26,7 @@ def error(status: int, code: str, message: str, headers: dict | None = None) -> 
                              headers={**API_VERSION, **(headers or {})})
 
 
-def build_mirror_app(pull: PullThrough, access: TcpAccess) -> web.Application:
+def build_mirror_app(pull: PullThrough, access: TcpAccess, metrics: Metrics) -> web.Application:
     async def handle(request: web.Request) -> web.StreamResponse:
         try:
             check_mirror(access, request.headers.get("Authorization"))
@@ -46,8 +47,8 @@ def build_mirror_app(pull: PullThrough, access: TcpAccess) -> web.Application:
         ns = request.query.get("ns") or None
         try:
             if kind == "manifests":
-                return await _manifest(request, pull, ns, name, ref)
-            return await _blob(request, pull, ns, name, ref)
+                return await _manifest(request, pull, metrics, ns, name, ref)
+            return await _blob(request, pull, metrics, ns, name, ref)
         except (FetchNotFound, NotFound) as e:
             code = "MANIFEST_UNKNOWN" if kind == "manifests" else "BLOB_UNKNOWN"
             return error(404, code, e.message)
@@ -62,17 +63,21 @@ def build_mirror_app(pull: PullThrough, access: TcpAccess) -> web.Application:
     return app
 
 
-async def _manifest(request: web.Request, pull: PullThrough, ns: str | None, name: str,
+async def _manifest(request: web.Request, pull: PullThrough, metrics: Metrics, ns: str | None, name: str,
                     ref: str) -> web.Response:
     manifest = await pull.manifest(ns, name, ref, head=request.method == "HEAD")
     headers = {**API_VERSION, "Docker-Content-Digest": manifest.digest, "Content-Type": manifest.media_type}
     if request.method == "HEAD":
         return web.Response(headers={**headers, "Content-Length": str(len(manifest.raw))})
+    metrics.count_served("mirror", len(manifest.raw))
     return web.Response(body=manifest.raw, headers=headers)
 
 
-async def _blob(request: web.Request, pull: PullThrough, ns: str | None, name: str, digest: str) -> web.StreamResponse:
+async def _blob(request: web.Request, pull: PullThrough, metrics: Metrics, ns: str | None, name: str,
+                digest: str) -> web.StreamResponse:
     path = await pull.blob(ns, name, digest)
+    if request.method == "GET":   # what the file holds, as /v1/blobs counts a whole-file answer
+        metrics.count_served("mirror", path.stat().st_size)
     response = web.FileResponse(path, headers={**API_VERSION, "Docker-Content-Digest": digest,
                                                "Content-Type": "application/octet-stream"})
     response.enable_compression = lambda *a, **k: None  # type: ignore[method-assign]  # bytes as stored

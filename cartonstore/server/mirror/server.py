@@ -7,14 +7,16 @@ from aiohttp import web
 
 from cartonstore.oci.pull_through import PullThrough
 from cartonstore.server.calls.access import TcpAccess
+from cartonstore.server.models.metrics import Metrics
 from cartonstore.system.sockets import bind_tcp, describe_socket
 
 from .routes import build_mirror_app
 
 
 class MirrorServer:
-    def __init__(self, pull: PullThrough, access: TcpAccess, listen: str) -> None:
+    def __init__(self, pull: PullThrough, access: TcpAccess, listen: str, metrics: Metrics) -> None:
         self.pull = pull
+        self.metrics = metrics
         self.access = access
         self.listen = listen
         self._runner: web.AppRunner | None = None
@@ -22,7 +24,7 @@ class MirrorServer:
     async def start(self) -> str:
         """Bind and serve; returns what it serves on ("mirror+http://HOST:PORT")."""
         sock = bind_tcp(self.listen)
-        self._runner = web.AppRunner(build_mirror_app(self.pull, self.access), handle_signals=False,
+        self._runner = web.AppRunner(build_mirror_app(self.pull, self.access, self.metrics), handle_signals=False,
                                      access_log=None, auto_decompress=False)
         try:
             await self._runner.setup()
