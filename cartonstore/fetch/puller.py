@@ -31,7 +31,7 @@ from cartonstore.fetch.http.source_kinds import SourceKind, SourceKinds
 from cartonstore.fetch.sources.local_files import restore_from_local
 from cartonstore.fetch.sources.peers import ORIGIN, Claim, offer
 from cartonstore.fetch.sources.remote_zip import RemoteCartonView, open_remote_zip, prefetch_view, read_entries
-from cartonstore.fetch.transfer.download import download
+from cartonstore.fetch.transfer.download import download, stage_to_the_end
 from cartonstore.fetch.transfer.stats import SOURCE_KINDS, TransferStats
 from cartonstore.format.units import format_size
 from cartonstore.store import Store
@@ -280,7 +280,7 @@ class Puller:
                 problem = broken.get(paths[digest])   # corrupt on the way (CRC-32, sizes, compressed data)
                 if problem is None:
                     try:
-                        staged = await asyncio.to_thread(w.stage, expected_digest=digest)
+                        staged = await stage_to_the_end(w, expected_digest=digest)
                     except IntegrityError as e:
                         problem = e.message
                 if problem is not None:   # the blob's other sources (LINKS, mirrors) may have it right

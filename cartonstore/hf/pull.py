@@ -26,7 +26,7 @@ from cartonstore.carton.from_files import ListedFile, files_carton
 from cartonstore.carton.from_model import runnable_files_carton
 from cartonstore.errors import CartonStoreError, FetchError, IntegrityError, InvalidInput
 from cartonstore.fetch.sources.peers import Claim, offer
-from cartonstore.fetch.transfer.download import SourcesFailed, download, fetch_blob
+from cartonstore.fetch.transfer.download import SourcesFailed, download, fetch_blob, stage_to_the_end
 from cartonstore.store.content.blobs import StagedBlob
 from cartonstore.store.content.hashing import git_blob, hash_span
 from cartonstore.store.ingest import IngestResult, Provenance, Staging, check_staged_safetensors
@@ -112,7 +112,7 @@ class _Add:
                 with puller.store.blobs.writer(label="hf") as writer:
                     await download(puller.client, url, writer, puller.config, stats=puller.stats,
                                    expected_size=f.size)
-                    staged = await asyncio.to_thread(writer.stage, expected_size=f.size)
+                    staged = await stage_to_the_end(writer, expected_size=f.size)
             except FetchError as e:
                 raise await self.hub.refusal(url, self.ref, e, file=f.path) from None
         try:

@@ -244,3 +244,39 @@ def test_a_cache_huggingface_hub_made_is_adopted_in_place_and_hf_then_fetches_on
     hf = json.loads(out)["hf"]
     assert (hf["reused_bytes"], hf["reused_blobs"]) == (len(files["model.safetensors"]), 1)
     assert model_files(capsys, env, "cached-hf") == model_files(capsys, env, "cached") == files
+
+
+def test_a_file_the_hub_lacks_cancels_a_git_file_being_staged_and_leaves_nothing(capsys, env: Path, hub: HubServer,
+                                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """A sibling's 404 cancels the git file whose bytes are being staged in
+    a thread: the add waits for that thread, discards what it staged, and
+    the store and its tmp/ are as they were."""
+    import asyncio
+    import time
+
+    from cartonstore.store.content.blobs import BlobWriter
+
+    hub.add_repo("acme/half", {"config.json": b'{"a": 1}', "gone.json": b"{}"})
+    hub.hide("acme/half", "gone.json")
+    stage = BlobWriter.stage
+
+    def slow_stage(self: BlobWriter, **kw: object) -> object:
+        staged = stage(self, **kw)
+        time.sleep(0.5)   # staged, its thread not yet returned, when the sibling's 404 cancels this file
+        return staged
+
+    from cartonstore.hf.hub import Hub
+
+    refusal = Hub.refusal
+
+    async def late_refusal(self: Hub, *args: object, **kw: object) -> object:
+        await asyncio.sleep(0.2)   # config.json is staged by then, its thread still sleeping
+        return await refusal(self, *args, **kw)
+
+    monkeypatch.setattr(BlobWriter, "stage", slow_stage)
+    monkeypatch.setattr(Hub, "refusal", late_refusal)
+    code, out = add(capsys, env, "hf://acme/half", "--name", "half")
+    assert code != 0 and "gone.json" in str(out)
+    time.sleep(0.6)   # the thread staging config.json has ended either way
+    with Store(env) as store:
+        assert store.list() == [] and blob_files(store) == [] and tmp_files(store) == []

@@ -241,12 +241,15 @@ class SourcesFailed(FetchError):
         return bool(self.errors) and all(isinstance(e, FetchNotFound) for e in self.errors)
 
 
-async def _stage_to_the_end(writer: BlobWriter, digest: str) -> StagedBlob:
-    """writer.stage in a thread. A cancelled fetch still waits for that
-    thread (its writer must not be closed under it) and discards what it
-    staged: otherwise a fetch cancelled as the thread finished left its
-    file in tmp/ (all_or_none cancels the others when one blob fails)."""
-    task = asyncio.ensure_future(asyncio.to_thread(writer.stage, expected_digest=digest))
+async def stage_to_the_end(writer: BlobWriter, *, expected_digest: str | None = None,
+                           expected_size: int | None = None) -> StagedBlob:
+    """writer.stage in a thread, for every fetch that stages what it wrote.
+    A cancelled fetch still waits for that thread (its writer must not be
+    closed under it) and discards what it staged: otherwise a fetch
+    cancelled as the thread finished left its file in tmp/ (all_or_none
+    cancels the others when one blob fails)."""
+    task = asyncio.ensure_future(asyncio.to_thread(writer.stage, expected_digest=expected_digest,
+                                                   expected_size=expected_size))
     try:
         return await asyncio.shield(task)
     except asyncio.CancelledError:
@@ -278,7 +281,7 @@ async def fetch_blob(client: HttpClient, blobs: BlobStore, digest: str, urls: Se
                                route=route, from_carton=url in carton_named)
                 if expected_size is not None and writer.size != expected_size:
                     raise FetchError(size_lie(url, writer.size, expected_size), subject=url)
-                staged = await _stage_to_the_end(writer, digest)
+                staged = await stage_to_the_end(writer, expected_digest=digest)
                 if stats is not None:
                     stats.blobs(kind)
                 return dataclasses.replace(staged, origin=stored_kind(kind))
