@@ -38,7 +38,7 @@ class HubSettings:
 
     endpoint: str = v.setting(_DEFAULTS.endpoint, _endpoint)
     # A token set here or by HF_TOKEN wins over token_file, as HF_TOKEN wins over huggingface_hub's stored one.
-    token: str = v.setting("", v.token, v.show_secret)
+    token: str = v.token_setting()
     token_file: Path | None = v.setting(None, v.path(empty=None), v.show_path)  # noqa: RUF009 - a field()
 
     def hub_config(self) -> HubConfig:

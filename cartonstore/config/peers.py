@@ -40,7 +40,7 @@ class PeerSettings:
 
     urls: tuple[str, ...] = v.setting(_DEFAULTS.urls, v.strings(_check_urls))
     # The shared secret peers send (and this node's /v1/blobs requires over TCP). Prefer token_file.
-    token: str = v.setting("", v.token, v.show_secret)
+    token: str = v.token_setting()
     token_file: Path | None = v.setting(None, v.path(empty=None), v.show_path)  # noqa: RUF009 - a field()
     timeout: float = v.duration_setting(_DEFAULTS.timeout, positive=True)
     down_for: float = v.duration_setting(_DEFAULTS.down_for, positive=False)

@@ -137,7 +137,7 @@ class ServerSettings:
     tls_key: Path | None = v.setting(None, v.path(empty=None), v.show_path)  # noqa: RUF009 - a field()
     tls_client_ca: Path | None = v.setting(None, v.path(empty=None), v.show_path)  # noqa: RUF009 - a field()
     # The Bearer token every TCP caller must send (server/calls/access.py); prefer token_file, kept out of this file.
-    token: str = v.setting("", v.token)
+    token: str = v.token_setting()
     token_file: Path | None = v.setting(None, v.path(empty=None), v.show_path)  # noqa: RUF009 - a field()
 
     def api_token(self) -> str:

@@ -224,6 +224,12 @@ def show_secret(value: str) -> str:
     return SECRET_SHOWN if value else ""
 
 
+def token_setting() -> Any:
+    """A token's setting: read as a token, shown as set or not, never its
+    characters."""
+    return setting("", token, show_secret)
+
+
 def read_token(path: Path, key: str) -> str:
     """The one token in a file (a secret kept out of the settings file)."""
     try:

@@ -19,7 +19,7 @@ from cartonstore.errors import InvalidInput
 
 SCHEME = "hf://"
 DEFAULT_REVISION = "main"
-_REPO = re.compile(r"(?:[\w.-]+/)?[\w.-]+")
+_REPO = re.compile(r"(?:[\w.-]+/)?[\w.-]+", re.ASCII)   # the Hub's ids are ASCII; they go unquoted into URLs
 _COMMIT = re.compile(r"[0-9a-f]{40}")
 MAX_REPO_LENGTH = 96
 

@@ -131,6 +131,9 @@ def test_printed_settings_say_a_token_is_set_never_what_it_is(tmp_path: Path, ca
     assert "secret" not in out
     fetch = load_config(cfg).fetch_config()
     assert fetch.hub.token == "hf_secret_2" and "secret" not in repr(fetch)
+    cfg.write_text('[server]\ntoken = "server-secret-3"\n')
+    code, out, _ = run(capsys, "serve", "--config", str(cfg), "--root", str(tmp_path / "r"), "--print-config")
+    assert code == 0 and "server-secret-3" not in out and out.count('token = "(set; not shown)"') == 2   # server, hf
 
 
 def test_ls_and_inspect_show_the_size_of_files_that_came_through_links(tmp_path: Path, capsys, origin) -> None:

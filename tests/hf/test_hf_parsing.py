@@ -36,6 +36,7 @@ def test_references(text: str, ref: HubReference) -> None:
     ("hf://", "is not a Hub repository id"),
     ("hf://a/b/c", "is not a Hub repository id"),
     ("hf://acme--x/y", "is not a Hub repository id"),
+    ("hf://acm\u00e9/x", "is not a Hub repository id"),
     ("hf://acme/x@", "is not a revision"),
     ("hf://acme/x@a b", "is not a revision"),
     ("hf://acme/x?glob=*", "takes include=GLOB and exclude=GLOB only"),
