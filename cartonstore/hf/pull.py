@@ -18,18 +18,16 @@ a file whose bytes are not its LFS sha256 leaves the store as it was.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 from typing import TYPE_CHECKING
 
 from cartonstore.carton.checks import check_carton
 from cartonstore.carton.from_files import ListedFile, files_carton
-from cartonstore.carton.from_model import runnable_files_carton
 from cartonstore.errors import CartonStoreError, FetchError, IntegrityError, InvalidInput
 from cartonstore.fetch.sources.peers import Claim, offer
 from cartonstore.fetch.transfer.download import SourcesFailed, download, fetch_blob, stage_to_the_end
 from cartonstore.store.content.blobs import StagedBlob
 from cartonstore.store.content.hashing import git_blob, hash_span
-from cartonstore.store.ingest import IngestResult, Provenance, Staging, check_staged_safetensors
+from cartonstore.store.ingest import IngestResult, Staging
 from cartonstore.system.single_flight import all_or_none
 
 from .hub import Hub
@@ -78,7 +76,7 @@ class _Add:
                               await all_or_none(self.stage_git_file(f) for f in git_files), strict=True))
             listed = {f.path: ListedFile(f.sha256 or hashed[f.path], f.size) for f in files}
             carton = files_carton(self.ref.repo, listed, origin=str(self.ref))
-            checked = await asyncio.to_thread(check_carton, carton.view(str(self.ref)))
+            await asyncio.to_thread(check_carton, carton.view(str(self.ref)))   # before any file is fetched
             links: dict[str, tuple[str, ...]] = {}
             for f in files:
                 links.setdefault(listed[f.path].digest, (self.url(f),))
@@ -87,19 +85,9 @@ class _Add:
                 lambda: [d for d in lfs if d not in staging.staged and not puller.store.blobs.has(d)])
             async with puller.fetcher.peers.claiming({d: lfs[d].size for d in missing}) as claims:  # until committed
                 await all_or_none(self.stage_lfs_file(lfs[d], claims) for d in missing)
-                if not lazy:   # every file is here to read: declared for its runner where one serves it
-                    runnable = await asyncio.to_thread(runnable_files_carton, carton, self.ref.repo, staging.path_of,
-                                                       origin=str(self.ref))
-                    if runnable is not carton:
-                        carton = runnable
-                        checked = await asyncio.to_thread(check_carton, carton.view(str(self.ref)))
-                checked = dataclasses.replace(checked, links=links)
-                await asyncio.to_thread(staging.add_small, carton.small)
-                await asyncio.to_thread(check_staged_safetensors, checked, staging)
-                made_here = frozenset({checked.digest, carton.files["carton.toml"].digest})
-                return await asyncio.to_thread(puller.store.commit_checked, checked, staging, name=name,
-                                               source=str(self.ref), force=force,
-                                               provenance=Provenance("hf", made_here))
+                return await asyncio.to_thread(
+                    puller.store.commit_files_carton, carton, staging, model_name=self.ref.repo, origin=str(self.ref),
+                    links=links, kind="hf", name=name, source=str(self.ref), force=force, read_files=not lazy)
         except BaseException:
             staging.discard()
             raise

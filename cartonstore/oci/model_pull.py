@@ -16,16 +16,14 @@ format from the config's ``config.format`` where the format has one
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 from typing import TYPE_CHECKING
 
 from cartonstore.carton.checks import check_carton
 from cartonstore.carton.from_files import ListedFile, files_carton
-from cartonstore.carton.from_model import runnable_files_carton
 from cartonstore.errors import IntegrityError, InvalidCarton, InvalidInput
 from cartonstore.fetch.transfer.download import download
 from cartonstore.store.content.blobs import StagedBlob
-from cartonstore.store.ingest import IngestResult, Provenance, Staging, check_staged_safetensors
+from cartonstore.store.ingest import IngestResult, Staging
 
 from .layer_blobs import LayerBlobs
 from .model_formats import MAX_CONFIG_SIZE, ModelArtifact, ModelLayer, weights_format
@@ -74,22 +72,13 @@ async def _add(puller: Puller, registry: Registry, ref: OciReference, manifest_d
         _take_unpacked(files, await _unpack(puller, registry, layer), blobs.staging, layer, where)
     carton_name = ref.repository.rsplit("/", 1)[-1]
     carton = files_carton(carton_name, files, origin=where, fmt=fmt, description=description)
-    checked = await asyncio.to_thread(check_carton, carton.view(where), links_raw=b"")
+    await asyncio.to_thread(check_carton, carton.view(where), links_raw=b"")   # before any layer is fetched
     urls: dict[str, tuple[str, ...]] = {layer.digest: (registry.source_url(layer.digest),) for layer in artifact.raw}
     await blobs.stage_missing(urls, lazy=lazy)
-    if not lazy:   # every file is here to read: declared for its runner where one serves it
-        runnable = await asyncio.to_thread(runnable_files_carton, carton, carton_name, blobs.staging.path_of,
-                                           origin=where, description=description)
-        if runnable is not carton:
-            carton = runnable
-            checked = await asyncio.to_thread(check_carton, carton.view(where), links_raw=b"")
-    checked = dataclasses.replace(checked, links=urls)
-    await asyncio.to_thread(blobs.staging.add_small, carton.small)
-    await asyncio.to_thread(check_staged_safetensors, checked, blobs.staging)
-    made_here = frozenset({checked.digest, carton.files["carton.toml"].digest})
-    return await asyncio.to_thread(puller.store.commit_checked, checked, blobs.staging, name=name,
-                                   source=str(ref.with_digest(manifest_digest)), force=force,
-                                   provenance=Provenance("oci", made_here))
+    return await asyncio.to_thread(
+        puller.store.commit_files_carton, carton, blobs.staging, model_name=carton_name, origin=where, links=urls,
+        kind="oci", name=name, source=str(ref.with_digest(manifest_digest)), force=force, read_files=not lazy,
+        description=description)
 
 
 async def _unpack(puller: Puller, registry: Registry, layer: ModelLayer) -> list[tuple[str, StagedBlob]]:

@@ -39,7 +39,7 @@ from cartonstore.errors import FetchError, FetchNotFound, InvalidInput, NotFound
 from cartonstore.fetch.transfer.download import fetch_blob
 from cartonstore.format.digest import is_sha256
 from cartonstore.store.content.blobs import StagedBlob
-from cartonstore.store.ingest import Provenance, Staging
+from cartonstore.store.ingest import Staging
 from cartonstore.system.single_flight import all_or_none
 
 from .artifact import OCI_INDEX, OCI_MANIFEST
@@ -197,24 +197,22 @@ class PullThrough:
         registry = self._registry_of(OciReference(authority, repository))
         staging = Staging(store.blobs)
         try:
-            await asyncio.to_thread(staging.add_bytes, manifest.raw, manifest.digest[7:])
-            missing = await asyncio.to_thread(lambda: [d for d in blobs if not store.blobs.has(d)])
-            async def stage(digest: str) -> None:   # staged as each arrives: a failure discards them all
-                staging.add_staged(await self._fetch(registry, digest, blobs[digest]))
-
-            await all_or_none(stage(d) for d in missing)
             files = {MANIFEST_FILE: ListedFile(manifest.digest[7:], len(manifest.raw)),
                      **{BLOB_FOLDER + d: ListedFile(d, size) for d, size in blobs.items()}}
             model_name = f"mirror/{authority}/{repository}"
             carton = files_carton(model_name, files, origin=source, description=f"mirrored {source}")
-            checked = await asyncio.to_thread(check_carton, carton.view(source), links_raw=b"")
+            await asyncio.to_thread(check_carton, carton.view(source), links_raw=b"")   # before any blob is fetched
+            await asyncio.to_thread(staging.add_small, {MANIFEST_FILE: manifest.raw})
+            missing = await asyncio.to_thread(lambda: [d for d in blobs if not store.blobs.has(d)])
+
+            async def stage(digest: str) -> None:   # staged as each arrives: a failure discards them all
+                staging.add_staged(await self._fetch(registry, digest, blobs[digest]))
+
+            await all_or_none(stage(d) for d in missing)
             await registry.connect()
             links: dict[str, tuple[str, ...]] = {d: (registry.source_url(d),) for d in blobs}
-            checked = dataclasses.replace(checked, links=links)
-            await asyncio.to_thread(staging.add_small, carton.small)
-            made_here = frozenset({checked.digest, carton.files["carton.toml"].digest})
-            await asyncio.to_thread(store.commit_checked, checked, staging, name=None, source=source,
-                                    provenance=Provenance("oci", made_here))
+            await asyncio.to_thread(store.commit_files_carton, carton, staging, model_name=model_name, origin=source,
+                                    links=links, kind="oci", name=None, source=source, force=False, read_files=False)
         except BaseException:
             staging.discard()
             raise

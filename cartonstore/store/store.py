@@ -11,9 +11,10 @@ Collecting lives in store/gc/collect.py, verifying in verification.py.
 from __future__ import annotations
 
 import builtins
+import dataclasses
 import functools
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -43,6 +44,7 @@ from cartonstore.zipfmt import ZipLimits
 # cheap.
 if TYPE_CHECKING:
     from cartonstore.carton.checks import CheckedCarton
+    from cartonstore.carton.from_files import FilesCarton
     from cartonstore.carton.writer import WrittenCarton
     from cartonstore.format.carton_toml import CartonConfig
     from cartonstore.store.gc.plan import GcPolicy, GcReport
@@ -237,6 +239,30 @@ class Store:
             staging.discard()
             if stale is not None:
                 remove_tree(stale)
+
+    def commit_files_carton(self, carton: FilesCarton, staging: Staging, *, model_name: str, origin: str,
+                            links: Mapping[str, tuple[str, ...]], kind: str, name: str | None, source: str,
+                            force: bool, read_files: bool, description: str | None = None) -> IngestResult:
+        """Commit the carton of a source's model files (carton.from_files)
+        once its files are staged or stored: declared for the runner that
+        serves them where one does and ``read_files`` (every file is here to
+        read: not a lazy add), checked, its LINKS the sources' URLs, its
+        generated files staged, and committed with the figures of ``kind``.
+        Blocking: in a worker thread."""
+        from cartonstore.carton.checks import check_carton
+        from cartonstore.carton.from_model import runnable_files_carton
+
+        from .ingest import Provenance, check_staged_safetensors
+
+        if read_files:
+            carton = runnable_files_carton(carton, model_name, staging.path_of, origin=origin,
+                                           description=description)
+        checked = dataclasses.replace(check_carton(carton.view(origin), links_raw=b""), links=dict(links))
+        staging.add_small(carton.small)
+        check_staged_safetensors(checked, staging)
+        made_here = frozenset({checked.digest, carton.files["carton.toml"].digest})
+        return self.commit_checked(checked, staging, name=name, source=source, force=force,
+                                   provenance=Provenance(kind, made_here))
 
     # -- finding -------------------------------------------------------------
 
