@@ -103,13 +103,19 @@ class FetchError(Unavailable):
     response that breaks the protocol (wrong Content-Range, an unknown or
     bomb-sized Content-Encoding, a body shorter or longer than announced).
     ``subject`` is the URL. ``retryable`` says whether the same URL may
-    succeed if asked again (timeouts, resets, 408/429/5xx)."""
+    succeed if asked again (timeouts, resets, 408/429/5xx). ``status`` and
+    ``error_code`` are the refusing answer's HTTP status and X-Error-Code
+    header, when an answer came: a source that names its refusals there
+    (the Hugging Face Hub) is read without asking it twice."""
 
     def __init__(self, message: str, *, subject: str | None = None, retryable: bool = False,
-                 retry_after: float | None = None) -> None:
+                 retry_after: float | None = None, status: int | None = None,
+                 error_code: str | None = None) -> None:
         super().__init__(message, subject=subject)
         self.retryable = retryable
         self.retry_after = retry_after
+        self.status = status
+        self.error_code = error_code
 
 
 class FetchNotFound(FetchError, NotFound):

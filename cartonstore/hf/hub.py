@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import asyncio
 
-import aiohttp
-
 from cartonstore.errors import CartonStoreError, FetchError, NotFound, PermissionDenied
 from cartonstore.fetch.http.client import HttpClient, with_retries
 from cartonstore.fetch.http.policy import describe
@@ -40,7 +38,7 @@ class Hub:
         try:
             raw = await with_retries(self.client.config, lambda _n: self._read(url))
         except FetchError as e:
-            raise await self.refusal(url, ref, e) from None
+            raise self.refusal(url, ref, e) from None
         return await asyncio.to_thread(parse_revision, raw, ref)   # up to MAX_LISTING_SIZE of JSON
 
     async def _read(self, url: str) -> bytes:
@@ -53,21 +51,16 @@ class Hub:
                 parts.append(chunk)
         return b"".join(parts)
 
-    async def refusal(self, url: str, ref: HubReference, error: FetchError, *,
-                      file: str | None = None) -> CartonStoreError:
-        """What the Hub says of url, asked again for its X-Error-Code: the
-        error named (hub_error); else ``error`` as it came (a network
-        failure, a server error after the retries)."""
-        if error.retryable:
+    def refusal(self, url: str, ref: HubReference, error: FetchError, *,
+                file: str | None = None) -> CartonStoreError:
+        """The Hub's refusal of url named by the status and X-Error-Code it
+        answered (hub_error); else ``error`` as it came (a network failure,
+        a server error after the retries)."""
+        if error.retryable or error.status is None:
             return error
-        authorization = self.client.authorization(url)
-        try:
-            async with self.client.session.get(url, headers={"Authorization": authorization} if authorization else {},
-                                               allow_redirects=False, **self.client.route(url, "url")) as r:
-                status, code = r.status, r.headers.get("X-Error-Code")
-        except (aiohttp.ClientError, OSError, asyncio.TimeoutError):   # unreachable now: the first error stands
-            return error
-        return hub_error(status, code, ref, self.endpoint, token=authorization is not None, file=file) or error
+        named = hub_error(error.status, error.error_code, ref, self.endpoint,
+                          token=self.client.authorization(url) is not None, file=file)
+        return named or error
 
 
 def hub_error(status: int, code: str | None, ref: HubReference, endpoint: str, *, token: bool,

@@ -102,7 +102,7 @@ class _Add:
                                    expected_size=f.size)
                     staged = await stage_to_the_end(writer, expected_size=f.size)
             except FetchError as e:
-                raise await self.hub.refusal(url, self.ref, e, file=f.path) from None
+                raise self.hub.refusal(url, self.ref, e, file=f.path) from None
         try:
             if f.git_oid is not None:
                 await asyncio.to_thread(_check_git_oid, staged, f, url)
@@ -128,16 +128,16 @@ class _Add:
                                               puller.config, stats=puller.stats, kind_of=lambda _u: "hf",
                                               expected_size=f.size)
                 except SourcesFailed as e:
-                    raise await self._named(f, e) from None
+                    raise self._named(f, e) from None
         self.staging.add_staged(staged)
         offer(claims, digest, staged.tmp_path)
 
-    async def _named(self, f: HubFile, error: SourcesFailed) -> CartonStoreError:
+    def _named(self, f: HubFile, error: SourcesFailed) -> CartonStoreError:
         if any(isinstance(e, IntegrityError) for e in error.errors):
             return IntegrityError(f"{self.ref}: {f.path}: the Hub's bytes are not those its LFS sha256 {f.sha256} "
                                   f"and size {f.size} name ({'; '.join(error.problems)}); nothing was stored",
                                   subject=f.path)
-        return await self.hub.refusal(self.url(f), self.ref, error, file=f.path)
+        return self.hub.refusal(self.url(f), self.ref, error, file=f.path)
 
 
 def _check_git_oid(staged: StagedBlob, f: HubFile, url: str) -> None:

@@ -101,9 +101,12 @@ def test_the_files_are_huggingface_hubs_and_a_second_tag_fetches_nothing(capsys,
 
 def test_the_token_goes_to_the_hub_and_not_to_the_cdn(capsys, env: Path, hub: HubServer,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    refused_before = len(hub.seen(path_part="/acme/gated"))
     code, err = add(capsys, env, "hf://acme/gated")
     assert code == 9 and f"accept the license at {hub.endpoint}/acme/gated" in err and "no token is set" in err
     assert Store(env).list() == []
+    # the listing, then the file once: its refusal is read from that answer, not asked for again
+    assert len(hub.seen(path_part="/acme/gated")) == refused_before + 2
     monkeypatch.setenv("HF_TOKEN", TOKEN)
     hub_before, cdn_before = len(hub.seen(path_part="/acme/gated/")), len(hub.cdn.requests)
     code, out = add(capsys, env, "hf://acme/gated", "--name", "gated")
@@ -251,13 +254,12 @@ def test_a_file_the_hub_lacks_cancels_a_git_file_being_staged_and_leaves_nothing
     """A sibling's 404 cancels the git file whose bytes are being staged in
     a thread: the add waits for that thread, discards what it staged, and
     the store and its tmp/ are as they were."""
-    import asyncio
     import time
 
     from cartonstore.store.content.blobs import BlobWriter
 
     hub.add_repo("acme/half", {"config.json": b'{"a": 1}', "gone.json": b"{}"})
-    hub.hide("acme/half", "gone.json")
+    hub.hide("acme/half", "gone.json", after=0.2)   # config.json is staged by then, its thread still sleeping
     stage = BlobWriter.stage
 
     def slow_stage(self: BlobWriter, **kw: object) -> object:
@@ -265,16 +267,7 @@ def test_a_file_the_hub_lacks_cancels_a_git_file_being_staged_and_leaves_nothing
         time.sleep(0.5)   # staged, its thread not yet returned, when the sibling's 404 cancels this file
         return staged
 
-    from cartonstore.hf.hub import Hub
-
-    refusal = Hub.refusal
-
-    async def late_refusal(self: Hub, *args: object, **kw: object) -> object:
-        await asyncio.sleep(0.2)   # config.json is staged by then, its thread still sleeping
-        return await refusal(self, *args, **kw)
-
     monkeypatch.setattr(BlobWriter, "stage", slow_stage)
-    monkeypatch.setattr(Hub, "refusal", late_refusal)
     code, out = add(capsys, env, "hf://acme/half", "--name", "half")
     assert code != 0 and "gone.json" in str(out)
     time.sleep(0.6)   # the thread staging config.json has ended either way

@@ -63,6 +63,7 @@ class Repo:
     token: str | None = None      # private: only this token reads it
     gated: bool = False           # gated: the listing is public, files need ``token`` (an accepted account)
     hidden: set[str] = field(default_factory=set)   # listed, but resolve answers EntryNotFound
+    hidden_after: float = 0.0     # seconds before that refusal
 
 
 @dataclass(frozen=True)
@@ -159,10 +160,12 @@ class HubServer:
         """The CDN serves other bytes for this LFS object than its sha256 names."""
         self.cdn.put(f"/lfs/{sha256}", data)
 
-    def hide(self, repo: str, path: str) -> None:
-        """The listing names the file; resolve answers EntryNotFound for it."""
+    def hide(self, repo: str, path: str, *, after: float = 0.0) -> None:
+        """The listing names the file; resolve answers EntryNotFound for it,
+        ``after`` seconds late."""
         with self._lock:
             self.repos[repo].hidden.add(path)
+            self.repos[repo].hidden_after = after
 
     def seen(self, *, path_part: str = "") -> list[Seen]:
         with self._lock:
@@ -180,7 +183,7 @@ class HubServer:
         if "/resolve/" in raw:
             repo, _, rest = raw[1:].partition("/resolve/")
             rev, _, path = rest.partition("/")
-            return self._resolve(request, unquote(repo), unquote(rev), unquote(path))
+            return await self._resolve(request, unquote(repo), unquote(rev), unquote(path))
         return web.Response(status=404)
 
     def _refusal(self, status: int, code: str, message: str) -> web.Response:
@@ -228,13 +231,15 @@ class HubServer:
                                   "likes": 0, "tags": [], "lastModified": "2026-01-01T00:00:00.000Z",
                                   "createdAt": "2026-01-01T00:00:00.000Z", "siblings": siblings})
 
-    def _resolve(self, request: web.Request, repo_id: str, rev: str, path: str) -> web.StreamResponse:
+    async def _resolve(self, request: web.Request, repo_id: str, rev: str, path: str) -> web.StreamResponse:
         found = self._find(request, repo_id, rev, files=True)
         if isinstance(found, web.Response):
             return found
         repo, commit = found
         entry = repo.commits[commit].get(path)
         if entry is None or path in repo.hidden:
+            if path in repo.hidden:
+                await asyncio.sleep(repo.hidden_after)
             return self._refusal(404, "EntryNotFound", f"{path} does not exist on \"{rev}\"")
         headers = {"X-Repo-Commit": commit, "ETag": f'"{entry.git_oid}"', "Accept-Ranges": "bytes"}
         if entry.sha256 is not None:

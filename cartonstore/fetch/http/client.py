@@ -315,12 +315,17 @@ class HttpClient:
                 raise translate(e, current) from e
             try:
                 if raw.status == 401:
+                    code = raw.headers.get("X-Error-Code")
                     if answered is not None and answered[0] == current:
                         raise FetchError(f"{describe(current)}: HTTP 401 Unauthorized: the registry refused the "
-                                         f"authorization it asked for", subject=current)
-                    answered = (current, await self.auth.answer(session, current,
-                                                                raw.headers.getall("WWW-Authenticate", []),
-                                                                sent=sent))
+                                         f"authorization it asked for", subject=current, status=401, error_code=code)
+                    try:
+                        answered = (current, await self.auth.answer(session, current,
+                                                                    raw.headers.getall("WWW-Authenticate", []),
+                                                                    sent=sent))
+                    except FetchError as e:   # no challenge this client can answer: the 401 is the answer
+                        e.status, e.error_code = 401, code
+                        raise
                     continue
                 hops += 1
                 if raw.status in (301, 302, 303, 307, 308):
@@ -341,13 +346,15 @@ class HttpClient:
     def _accept(self, raw: aiohttp.ClientResponse, url: str, ranged: bool, start: int, end: int | None,
                 suffix: int | None) -> Response:
         where = describe(url)
-        if raw.status in _RETRYABLE_STATUS:
-            raise FetchError(f"{where}: HTTP {raw.status} {raw.reason or ''}".rstrip(), subject=url, retryable=True,
-                             retry_after=parse_retry_after(raw.headers.get("Retry-After")))
-        if raw.status in (404, 410):
-            raise FetchNotFound(f"{where}: HTTP {raw.status} {raw.reason or ''}".rstrip(), subject=url)
         if raw.status not in (200, 206):
-            raise FetchError(f"{where}: HTTP {raw.status} {raw.reason or ''}".rstrip(), subject=url)
+            said = f"{where}: HTTP {raw.status} {raw.reason or ''}".rstrip()
+            code = raw.headers.get("X-Error-Code")
+            if raw.status in _RETRYABLE_STATUS:
+                raise FetchError(said, subject=url, retryable=True, status=raw.status, error_code=code,
+                                 retry_after=parse_retry_after(raw.headers.get("Retry-After")))
+            if raw.status in (404, 410):
+                raise FetchNotFound(said, subject=url, status=raw.status, error_code=code)
+            raise FetchError(said, subject=url, status=raw.status, error_code=code)
         encodings = parse_content_encoding(raw.headers.get("Content-Encoding"), url=url)
         length = raw.content_length
         if raw.status == 200:

@@ -231,7 +231,10 @@ class SourcesFailed(FetchError):
 
     def __init__(self, message: str, *, subject: str | None, problems: Sequence[str],
                  errors: Sequence[CartonStoreError] = ()) -> None:
-        super().__init__(message, subject=subject)
+        last = errors[-1] if errors and isinstance(errors[-1], FetchError) else None
+        super().__init__(message, subject=subject,
+                         retryable=bool(errors) and all(getattr(e, "retryable", False) for e in errors),
+                         status=last.status if last else None, error_code=last.error_code if last else None)
         self.problems = list(problems)
         self.errors = list(errors)
 
