@@ -47,6 +47,8 @@ def hub() -> Iterator[HubServer]:
         bad = safetensors(1000)
         server.add_repo("acme/bad", {"config.json": b"{}", "model.safetensors": bad})
         server.tamper(hashlib.sha256(bad).hexdigest(), safetensors(1000))
+        server.add_repo("acme/badgit", {"config.json": b'{"a": 1}'})
+        server.tamper_git("acme/badgit", "config.json", b'{"a": 2}')
         yield server
 
 
@@ -124,6 +126,7 @@ def test_the_token_goes_to_the_hub_and_not_to_the_cdn(capsys, env: Path, hub: Hu
     ("hf://acme/tiny@nope", 3, "acme/tiny: no revision 'nope' at {endpoint}"),
     ("hf://acme/holes", 3, "the Hub has no file 'gone.bin'"),
     ("hf://acme/bad", 5, "model.safetensors: the Hub's bytes are not those its LFS sha256"),
+    ("hf://acme/badgit", 5, "config.json: its bytes are git object"),
     ("hf://acme/tiny?include=*.gguf", 4, "no file of commit"),
     ("hf://acme/../x", 4, "is not a Hub repository id"),
 ])
@@ -273,3 +276,14 @@ def test_a_file_the_hub_lacks_cancels_a_git_file_being_staged_and_leaves_nothing
     time.sleep(0.6)   # the thread staging config.json has ended either way
     with Store(env) as store:
         assert store.list() == [] and blob_files(store) == [] and tmp_files(store) == []
+
+
+def test_two_git_files_with_the_same_bytes_are_one_blob(capsys, env: Path, hub: HubServer) -> None:
+    hub.add_repo("acme/twins", {"a/config.json": b'{"twin": 1}', "b/config.json": b'{"twin": 1}',
+                                "c.txt": b"other"})
+    code, out = add(capsys, env, "hf://acme/twins", "--name", "twins")
+    assert code == 0 and out["complete"], out
+    files = model_files(capsys, env, "twins")
+    assert files["a/config.json"] == files["b/config.json"] == b'{"twin": 1}' and files["c.txt"] == b"other"
+    with Store(env) as store:   # the second copy's staged file is dropped, not left in tmp/
+        assert hashlib.sha256(b'{"twin": 1}').hexdigest() in blob_files(store) and tmp_files(store) == []

@@ -31,7 +31,7 @@ import asyncio
 import hashlib
 import json
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from urllib.parse import unquote
 
@@ -159,6 +159,14 @@ class HubServer:
     def tamper(self, sha256: str, data: bytes) -> None:
         """The CDN serves other bytes for this LFS object than its sha256 names."""
         self.cdn.put(f"/lfs/{sha256}", data)
+
+    def tamper_git(self, repo: str, path: str, data: bytes) -> None:
+        """resolve serves other bytes for this git file than the object id
+        the listing gives it (in every commit that holds it)."""
+        with self._lock:
+            for entries in self.repos[repo].commits.values():
+                if path in entries:
+                    entries[path] = replace(entries[path], data=data)
 
     def hide(self, repo: str, path: str, *, after: float = 0.0) -> None:
         """The listing names the file; resolve answers EntryNotFound for it,
