@@ -81,11 +81,12 @@ def describe_carton(store: Store, digest: str) -> dict[str, Any]:
     info = store.info(digest)
     entries = store.index.entries(digest)
 
+    held = {d for d in {e.digest for e in entries if e.digest} if store.blobs.has(d)}
+
     def opener(e: EntryRow) -> Callable[[], BinaryIO] | None:
         blob = store.blobs.path(e.digest)
-        return (lambda: blob.open("rb")) if store.blobs.has(e.digest) else None
-    return _described(digest, store.config_of(digest), entries,
-                      {e.path for e in entries if store.blobs.has(e.digest)},
+        return (lambda: blob.open("rb")) if e.digest in held else None
+    return _described(digest, store.config_of(digest), entries, {e.path for e in entries if e.digest in held},
                       names=info.names, complete=info.complete, missing_blobs=info.missing_blobs,
                       path=str(info.model_dir) if info.model_dir else None, size=info.row.total_size,
                       tensor_data=_tensor_data(store, digest), safetensors=store.safetensors_of(digest),
