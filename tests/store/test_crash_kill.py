@@ -15,7 +15,8 @@ long an uninterrupted run of the scenario's command takes, both measured
 first. The randomness is seeded (CARTONSTORE_CRASH_SEED, printed with the run
 index in every failure) so a failing run can be replayed:
 `CARTONSTORE_CRASH_SEED=<seed> pytest -p no:asyncio tests/store/test_crash_kill.py
--k <scenario>` (same choices and delays; machine timing varies).
+-k <scenario>` (same choices and delays; machine timing varies). A new seed
+each night with CARTONSTORE_CRASH_ROUNDS=4 searches further than CI does.
 
 The second half SIGKILLs the CLI at exact points (a function patched to kill
 its own process), for the windows too narrow for a random kill to hit often.
@@ -67,8 +68,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("heavy")]
 SEED = int(os.environ.get("CARTONSTORE_CRASH_SEED", "20240917"))
 MB = 1 << 20
 
-# scenario -> kill runs (100 in all)
-RUNS = {"add-url": 20, "add-links": 20, "path-many": 25, "path-remote": 15, "gc": 20}
+# scenario -> kill runs (50 in all; CARTONSTORE_CRASH_ROUNDS=4 gives 200, for a deeper run than CI's)
+_ROUNDS = int(os.environ.get("CARTONSTORE_CRASH_ROUNDS", "1"))
+RUNS = {k: n * _ROUNDS for k, n in {"add-url": 10, "add-links": 10, "path-many": 13, "path-remote": 7, "gc": 10}.items()}
 
 
 # -- cartons -----------------------------------------------------------------------

@@ -46,8 +46,9 @@ from cartonstore.store.gc.plan import GcPolicy
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("heavy")]
 
 SEED = int(os.environ.get("CARTONSTORE_STRESS_SEED", "4242"))
-TARGET_OPS = 1200           # operations by the workers and the gc loop together
-TIME_LIMIT = 180.0          # seconds of load at most (it stops at TARGET_OPS, ~50 s here)
+# operations by the workers and the gc loop together (CARTONSTORE_STRESS_OPS for a longer run)
+TARGET_OPS = int(os.environ.get("CARTONSTORE_STRESS_OPS", "700"))
+TIME_LIMIT = 180.0          # seconds of load at most (it stops at TARGET_OPS, ~30 s here)
 WORKERS = 4
 TTL = 30.0                  # lease ttl; leases are held 0.05-2.5 s
 NEAR_EXPIRY = 5.0           # the checker leaves alone leases this close to their expiry
@@ -410,7 +411,7 @@ def test_two_daemons_cli_and_gc_on_one_store(tmp_path: Path, short_tmp: Path, or
     assert "Traceback" not in daemon_logs and "unexpected error" not in daemon_logs, daemon_logs[-3000:]
     assert codes == [0, 0], f"daemons exited {codes}: {daemon_logs[-2000:]}"
     assert left_leases == 0, f"seed={SEED}: {left_leases} lease(s) still live after every release"
-    assert sum(ops.values()) >= 1000, "\n".join(lines)
+    assert sum(ops.values()) >= TARGET_OPS * 5 // 6, "\n".join(lines)
     assert board.checks["lease dirs checked"] > 0
 
 
