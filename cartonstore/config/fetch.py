@@ -7,7 +7,7 @@ from dataclasses import dataclass, fields
 
 from cartonstore.fetch.http.codings import DEFAULT_ACCEPT_ENCODING, SUPPORTED_CODINGS
 from cartonstore.fetch.http.config import FetchConfig
-from cartonstore.fetch.http.policy import UrlPolicy, describe
+from cartonstore.fetch.http.policy import UrlPolicy
 from cartonstore.fetch.http.proxies import check_no_proxy, proxy_parser
 
 from . import values as v
@@ -31,10 +31,7 @@ def _accept_encoding(value: object) -> str:
 
 def _check_mirrors(urls: tuple[str, ...]) -> None:
     for url in urls:
-        UrlPolicy().check(url)
-        if "?" in url or "#" in url:
-            raise v.BadValue(f"a mirror is a URL prefix (blobs are <mirror>/<sha256>), so it cannot "
-                             f"have a query or fragment: {describe(url)}")
+        v.url_prefix(url, what="a mirror is a URL prefix (blobs are <mirror>/<sha256>)")
 
 
 @dataclass(frozen=True)

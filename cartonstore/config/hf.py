@@ -11,10 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import urlsplit
 
 from cartonstore.fetch.http.config import HubConfig
-from cartonstore.fetch.http.policy import UrlPolicy, describe
 
 from . import values as v
 
@@ -24,12 +22,7 @@ _DEFAULTS = HubConfig()
 def _endpoint(value: object) -> str:
     if not isinstance(value, str):
         raise v.BadValue(f"expected the Hub's URL as a string, got {value!r}")
-    UrlPolicy().check(value)
-    parts = urlsplit(value)
-    if parts.query or parts.fragment:
-        raise v.BadValue(f"the Hub's endpoint is a URL prefix (its API is <endpoint>/api/...), so it cannot have a "
-                         f"query or fragment: {describe(value)}")
-    return value.rstrip("/")
+    return v.url_prefix(value, what="the Hub's endpoint is a URL prefix (its API is <endpoint>/api/...)")
 
 
 @dataclass(frozen=True)

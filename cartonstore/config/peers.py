@@ -15,9 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from cartonstore.errors import InvalidInput
 from cartonstore.fetch.http.config import PeerConfig
-from cartonstore.fetch.http.policy import UrlPolicy, describe
 
 from . import values as v
 
@@ -25,13 +23,9 @@ _DEFAULTS = PeerConfig()
 
 
 def _check_urls(urls: tuple[str, ...]) -> None:
-    from yarl import URL
-
     for url in urls:
-        UrlPolicy().check(url)
-        if URL(url).path not in ("", "/") or "?" in url or "#" in url:
-            raise InvalidInput(f"a peer is the URL of another node's daemon (http(s)://HOST:PORT, its blobs are "
-                               f"<peer>/v1/blobs/<sha256>), with no path or query: {describe(url)}")
+        v.url_prefix(url, what="a peer is the URL of another node's daemon (http(s)://HOST:PORT, its blobs are "
+                               "<peer>/v1/blobs/<sha256>)", path=False)
 
 
 @dataclass(frozen=True)

@@ -54,12 +54,9 @@ def _mirrors(value: object) -> Mapping[str, tuple[str, ...]]:
                              f"got {table!r}")
         endpoints = v.strings()(table["endpoints"])
         for url in endpoints:
-            parts = urlsplit(url)
-            # named by describe(): a mirror URL may carry credentials (userinfo), never shown
-            if parts.scheme not in ("http", "https") or not parts.netloc or parts.query or parts.fragment:
-                raise v.BadValue(f'mirrors."{host}": {describe(url)!r} is not an http(s) URL of a registry (a path '
-                                 f"prefix is allowed, a query or fragment is not)")
-            if parts.path.rstrip("/").endswith("/v2"):
+            v.url_prefix(url, what=f'mirrors."{host}": a registry mirror is an http(s) URL prefix '
+                                   f"(cartonstore adds /v2/<repository>/...)")
+            if urlsplit(url).path.rstrip("/").endswith("/v2"):
                 raise v.BadValue(f'mirrors."{host}": {describe(url)!r}: give the mirror\'s base URL, without /v2 '
                                  f"(cartonstore adds /v2/<repository>/..., as containerd does)")
         if host.lower() in out:

@@ -13,9 +13,10 @@ from collections.abc import Callable
 from dataclasses import field
 from pathlib import Path, PurePath
 from typing import Any
+from urllib.parse import urlsplit
 
 from cartonstore.errors import InvalidInput
-from cartonstore.fetch.http.policy import describe
+from cartonstore.fetch.http.policy import UrlPolicy, describe
 from cartonstore.format.units import parse_duration, parse_size
 
 Parser = Callable[[Any], Any]
@@ -241,3 +242,18 @@ def read_token(path: Path, key: str) -> str:
     if not text or not _is_token(text):
         raise InvalidInput(f"{key} {path}: expected one token without spaces", subject=str(path))
     return text
+
+
+def url_prefix(url: str, *, what: str, path: bool = True) -> str:
+    """url as a prefix other paths are put after: a URL the fetch policy
+    takes, with no query or fragment (and no path when ``path`` is false).
+    ``what`` says what it is and where those paths go, for the refusal."""
+    try:
+        UrlPolicy().check(url)
+    except InvalidInput as e:
+        raise BadValue(f"{what}: {e}") from None
+    parts = urlsplit(url)
+    if "?" in url or "#" in url or (not path and parts.path not in ("", "/")):
+        kept_out = "a query or fragment" if path else "a path, query or fragment"
+        raise BadValue(f"{what}, so it cannot have {kept_out}: {describe(url)}")
+    return url.rstrip("/")

@@ -619,7 +619,7 @@ BAD_VALUES = [
     ("server.tls_key", "[]", "expected a path"),
     ("server.tls_client_ca", "true", "expected a path"),
     ("peers.urls", '["node2/x"]', "no scheme"),
-    ("peers.urls", '["http://10.0.0.2:7070/v1/blobs"]', "with no path or query"),
+    ("peers.urls", '["http://10.0.0.2:7070/v1/blobs"]', "cannot have a path, query or fragment"),
     ("peers.token", '"two words"', "without spaces"),
     ("hf.endpoint", '"ftp://hub.lab"', "scheme 'ftp' is not allowed"),
     ("hf.token", '"two words"', "without spaces"),
@@ -1187,7 +1187,7 @@ def test_registry_mirrors_are_tables_of_endpoints_by_host(tmp_path: Path) -> Non
     assert config.fetch_config().registries.mirrors == config.registries.mirrors
     for table, words in (('[registries.mirrors."https://r.lab"]\nendpoints = []', "is not a registry host"),
                          ('[registries.mirrors."r.lab"]\nendpoint = ["http://m"]', "expected endpoints = "),
-                         ('[registries.mirrors."r.lab"]\nendpoints = ["ftp://m"]', "is not an http(s) URL"),
+                         ('[registries.mirrors."r.lab"]\nendpoints = ["ftp://m"]', "scheme 'ftp' is not allowed"),
                          ('[registries.mirrors."r.lab"]\nendpoints = ["http://m/?ns=x"]', "a query or fragment"),
                          ('[registries.mirrors."r.lab"]\nendpoints = ["https://m/v2"]', "without /v2"),
                          ('[registries.mirrors."r.lab"]\nendpoints = []\n[registries.mirrors."R.lab"]\n'
