@@ -163,12 +163,11 @@ def _graph_toml(model_name: str, graph: str, file: Path) -> dict[str, Any] | Non
     onnxruntime's graph loading (optimizers, allocations) belongs in the
     runner's sandbox. The weights, inline or external, are not read."""
     from cartonstore.format.onnx_graph import parse_onnx_graph
+    from cartonstore.format.read_at import read_at_file
 
     with open(file, "rb") as f:
-        def read_at(offset: int, size: int) -> bytes:
-            return os.pread(f.fileno(), size, offset)
         try:
-            parsed = parse_onnx_graph(read_at, os.fstat(f.fileno()).st_size, file=f"model/{graph}")
+            parsed = parse_onnx_graph(read_at_file(f), os.fstat(f.fileno()).st_size, file=f"model/{graph}")
             return _onnx_toml(parsed.inputs, parsed.outputs, model_name)
         except InvalidInput:
             return None

@@ -38,12 +38,10 @@ def _header_summary(fmt: str, path: str, size: int, open_bytes: Callable[[], Bin
     if fmt == "safetensors":
         return check_safetensors(path, open_bytes, size).summary()
     from cartonstore.format.gguf import parse_gguf
+    from cartonstore.format.read_at import read_at_stream
 
     with open_bytes() as f:
-        def read_at(offset: int, n: int) -> bytes:
-            f.seek(offset)
-            return f.read(n)
-        return parse_gguf(read_at, size, file=path).summary()
+        return parse_gguf(read_at_stream(f), size, file=path).summary()
 
 
 def header_text(d: dict[str, Any]) -> str:

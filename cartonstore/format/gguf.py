@@ -24,13 +24,12 @@ from __future__ import annotations
 
 import math
 import struct
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from cartonstore.errors import InvalidCarton
 
-ReadAt = Callable[[int, int], bytes]
+from .read_at import ReadAt, read_at_bytes
 
 GGUF_MAGIC = b"GGUF"
 GGUF_VERSIONS = (2, 3)
@@ -337,4 +336,4 @@ class _Cursor:
 def parse_gguf_bytes(data: bytes, *, file: str) -> GGUFHeader:
     """The header of a GGUF file held in memory (or its first bytes, with
     the file's size the bytes' length)."""
-    return parse_gguf(lambda offset, size: data[offset:offset + size], len(data), file=file)
+    return parse_gguf(read_at_bytes(data), len(data), file=file)

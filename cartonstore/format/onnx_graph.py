@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from cartonstore.errors import InvalidCarton
 
 from .dtypes import ONNX_ELEM_TYPE_NAMES
-from .gguf import ReadAt
+from .read_at import ReadAt, read_at_bytes
 
 MAX_FIELDS = 1 << 20
 """Field headers read in all (a graph of 100,000 nodes takes some 300,000):
@@ -143,7 +143,7 @@ def parse_onnx_graph(read_at: ReadAt, file_size: int, *, file: str) -> OnnxGraph
 
 def parse_onnx_graph_bytes(data: bytes, *, file: str) -> OnnxGraph:
     """The signature of an ONNX model held in memory."""
-    return parse_onnx_graph(lambda offset, size: data[offset:offset + size], len(data), file=file)
+    return parse_onnx_graph(read_at_bytes(data), len(data), file=file)
 
 
 class _Values:
