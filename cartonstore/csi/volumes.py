@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -104,6 +105,14 @@ class Volumes:
 
     def __init__(self, client: Client) -> None:
         self.client = client
+        self._guard = threading.Lock()
+        self._target_locks: dict[Path, threading.Lock] = {}
+
+    def target_lock(self, target: Path) -> threading.Lock:
+        """One call at a time on a target: a retry the kubelet sends while
+        this plugin still finishes the call before it waits for it."""
+        with self._guard:
+            return self._target_locks.setdefault(target, threading.Lock())
 
     def found(self) -> list[Mount]:
         """The model directories bound anywhere on this node: what a plugin
@@ -114,6 +123,10 @@ class Volumes:
         """Lease and bind; ``timeout``: seconds the daemon may take to fetch
         (past them Unavailable from a TimeoutError: the fetch goes on in the
         daemon, and the kubelet's retry waits for the same one)."""
+        with self.target_lock(p.target):
+            self._publish(p, timeout)
+
+    def _publish(self, p: Publish, timeout: float) -> None:
         mounted = model_at(p.target)
         if mounted is not None:
             wanted = p.pin or self.digest_of(p.model, timeout)
@@ -159,6 +172,10 @@ class Volumes:
         """Unmount everything at ``target``, remove it, release the lease;
         each step already done is skipped, so a retry, or a volume this node
         never published, is OK."""
+        with self.target_lock(target):
+            self._unpublish(volume_id, target)
+
+    def _unpublish(self, volume_id: str, target: Path) -> None:
         for _mount in mounts_at(read_mounts(), str(target)):
             unmount(target)
         try:
