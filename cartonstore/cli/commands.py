@@ -30,7 +30,7 @@ from cartonstore.system.file_access import explained
 from . import parser as cli_parser
 from .adopt_command import cmd_adopt
 from .args import arrange_argv
-from .daemon_commands import cmd_gc, cmd_load, cmd_serve, cmd_unload
+from .daemon_commands import cmd_csi, cmd_gc, cmd_load, cmd_serve, cmd_unload
 from .output import Output, print_json
 from .pack_command import cmd_pack, model_file_hint
 from .progress import Progress
@@ -330,7 +330,7 @@ def cmd_verify(store: Store, args: argparse.Namespace, out: Output) -> int:
 HANDLERS: dict[str, Callable[[Store, argparse.Namespace, Output], int | None]] = {
     "add": cmd_add, "adopt": cmd_adopt, "path": cmd_path, "infer": cmd_infer, "selftest": cmd_selftest, "ls": cmd_ls,
     "inspect": cmd_inspect, "push": cmd_push, "export": cmd_export, "pack": cmd_pack, "rm": cmd_rm,
-    "serve": cmd_serve, "gc": cmd_gc, "verify": cmd_verify, "load": cmd_load, "unload": cmd_unload,
+    "serve": cmd_serve, "csi": cmd_csi, "gc": cmd_gc, "verify": cmd_verify, "load": cmd_load, "unload": cmd_unload,
 }
 
 
@@ -350,7 +350,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "pack":
             return args.func(None, args, out) or 0
         args.settings = load_settings(args)
-        if args.command in ("serve", "gc", "load", "unload"):
+        if args.command in ("serve", "gc", "load", "unload", "csi"):
             return args.func(None, args, out) or 0
         from cartonstore.store import Store
 

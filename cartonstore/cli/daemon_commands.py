@@ -1,4 +1,5 @@
-"""The CLI's commands that run or reach the daemon: serve; gc (which a
+"""The CLI's commands that run or reach the daemon: serve; csi (the node
+plugin, a client of the daemon); gc (which a
 daemon serving the store runs between its requests, else this process);
 load and unload (a model in the daemon, by Triton's repository routes)."""
 
@@ -108,6 +109,14 @@ def cmd_unload(store: Store | None, args: argparse.Namespace, out: Output) -> No
 
     InferClient(args.settings.socket_path).unload(args.name)
     out.emit({"name": args.name, "state": "UNAVAILABLE"}, [f"unloaded {args.name}"])
+
+
+def cmd_csi(store: Store | None, args: argparse.Namespace, out: Output) -> None:
+    from cartonstore.csi.servicer import serve
+    from cartonstore.server.daemon import setup_logging
+
+    setup_logging(args.settings.server.log_format, args.settings.server.log_level)
+    serve(args.endpoint, args.settings.socket_path, args.node_id)
 
 
 def _model_config(text: str | None) -> str | None:

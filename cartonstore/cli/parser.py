@@ -105,6 +105,12 @@ def _infer(sp: argparse.ArgumentParser) -> None:
     sp.add_argument("--unload-after", action="store_true", help=UNLOAD_AFTER_HELP)
 
 
+def _csi(sp: argparse.ArgumentParser) -> None:
+    sp.add_argument("--endpoint", required=True, help="where the kubelet calls the plugin: unix:///PATH")
+    sp.add_argument("--socket", help=SOCKET_HELP)
+    sp.add_argument("--node-id", help="the node's id in NodeGetInfo (default: the host name)")
+
+
 def _selftest(sp: argparse.ArgumentParser) -> None:
     sp.add_argument("ref", help="the model's name (or, with no daemon, any REF)")
     sp.add_argument("--rtol", type=float,
@@ -247,6 +253,9 @@ COMMANDS: dict[str, tuple[str, str, bool, Callable[[argparse.ArgumentParser], No
            False, _ref),
     "serve": ("run the daemon: the KServe v2 / Triton API and leases on a Unix socket",
               "cartonstore serve --listen 127.0.0.1:8000", False, _serve),
+    "csi": ("run the CSI node plugin: pods mount models as read-only inline volumes, leased through the daemon",
+            "cartonstore csi --endpoint unix:///csi/csi.sock --socket /run/cartonstore/cartonstore.sock",
+            False, _csi),
     "gc": ("collect garbage: expired leases, unreferenced blobs, tmp/ leftovers, and least recently used "
            "models over the budget", "cartonstore gc --max-size 200G --dry-run", False, _gc),
     "verify": ("rehash every blob and check model directories against MANIFEST", "cartonstore verify --repair",

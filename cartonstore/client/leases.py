@@ -133,6 +133,16 @@ class Client:
         body = self._request("POST", "/v1/leases", acquire_body(model, check_ttl(ttl), holder), model, timeout)
         return lease_from(body, model)
 
+    def acquire_for_volume(self, model: str, volume_id: str, holder: str | None = None, *,
+                           timeout: float = DEFAULT_ACQUIRE_TIMEOUT) -> Lease:
+        """Lease ``model`` for the mounted volume ``volume_id``: the lease has
+        no expiry, taking it again for the same volume answers the same lease
+        (moved to the model named), and ``release(lease.id)`` alone ends it."""
+        body: dict[str, Any] = {"model": model, "volume": volume_id}
+        if holder is not None:
+            body["holder"] = holder
+        return lease_from(self._request("POST", "/v1/leases", body, model, timeout), model)
+
     def renew(self, lease_id: str, ttl: float) -> Lease:
         """Extend a lease to ``ttl`` seconds from now; NotFound if it expired."""
         body = self._request("POST", lease_url(lease_id, "/renew"), {"ttl": check_ttl(ttl)}, lease_id)

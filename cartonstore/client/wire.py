@@ -10,6 +10,7 @@ from __future__ import annotations
 import http.client
 import json
 import logging
+import math
 import os
 import socket
 from dataclasses import dataclass
@@ -54,7 +55,7 @@ class Lease:
     id: str
     path: Path
     manifest_sha256: str
-    expires_at: float
+    expires_at: float   # inf for a mounted volume's lease, which only its release ends
 
 
 # -- the pure part: addresses, requests, responses ---------------------------------
@@ -140,7 +141,8 @@ def json_body(status: int, body: bytes, subject: str | None) -> Any:
 def lease_from(data: Any, subject: str | None) -> Lease:
     try:
         return Lease(id=str(data["lease"]), path=Path(data["path"]),
-                     manifest_sha256=str(data["manifest_sha256"]), expires_at=float(data["expires_at"]))
+                     manifest_sha256=str(data["manifest_sha256"]),
+                     expires_at=math.inf if data["expires_at"] is None else float(data["expires_at"]))
     except (KeyError, TypeError, ValueError):
         raise CartonStoreError(f"the cartonstore daemon sent a malformed lease: {data!r}",
                                subject=subject) from None

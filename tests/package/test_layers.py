@@ -35,6 +35,7 @@ LAYERS = [
     ["fetch.sources"],
     ["fetch", "client"],
     ["oci", "hf", "config"],
+    ["csi"],
     ["server.tensors", "server.checks"],
     ["server.runner_processes"],
     ["server.models"],
@@ -45,8 +46,9 @@ LAYERS = [
     ["cli"],
 ]
 RANK = {folder: rank for rank, folders in enumerate(LAYERS) for folder in folders}
-# The daemon's doors: equal adapters over the inference core, none importing another.
-DOORS = {"server.api", "server.rpc", "server.http", "server.mirror"}
+# The daemon's doors: equal adapters over the inference core, none importing another; and the CSI plugin,
+# a door of its own beside them that reaches the daemon only through its socket (client/).
+DOORS = {"server.api", "server.rpc", "server.http", "server.mirror", "csi"}
 # What the core and what lies below the doors never import: a door's wire library.
 WIRE_LIBRARIES = {"aiohttp", "grpc"}
 TOP_ALLOWED = {"__init__.py", "errors.py"}
@@ -231,8 +233,9 @@ def test_every_folder_is_a_package_that_says_what_it_is() -> None:
 
 
 def test_modules_stay_small() -> None:
+    """Modules protoc generates (``*_pb2*.py``) are as long as their .proto."""
     long = {str(p.relative_to(PACKAGE)): n for p in PACKAGE.rglob("*.py")
-            if (n := len(p.read_text().splitlines())) > MAX_LINES}
+            if "_pb2" not in p.name and (n := len(p.read_text().splitlines())) > MAX_LINES}
     assert long == {}
 
 

@@ -3,6 +3,7 @@ lease answers it hands out. Plain data, shared by the service and the API."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -61,7 +62,7 @@ class Granted:
 
     def as_json(self) -> dict[str, Any]:
         return {"lease": self.lease.id, "path": self.where, "manifest_sha256": self.lease.carton,
-                "expires_at": self.lease.expires_at}
+                "expires_at": self.lease.expires_at if math.isfinite(self.lease.expires_at) else None}
 
 
 OWNED_LEASE_PREFIXES = (PIN_PREFIX, SWITCH_PREFIX)   # leases daemons take and renew themselves

@@ -100,6 +100,8 @@ def _node_families(models: list[ModelState], outcome: GcOutcome | None, served: 
                                      "evicted (fetched again on use)", labels=labels),
         "leases": GaugeMetricFamily("cartonstore_model_leases", "Live leases on a stored model (clients, mounted "
                                     "volumes; a daemon's pins count as loaded)", labels=labels),
+        "mounted": GaugeMetricFamily("cartonstore_model_mounted", "Volumes a stored model is mounted as (the CSI "
+                                     "plugin's leases; counted in leases too)", labels=labels),
         "loaded": GaugeMetricFamily("cartonstore_model_loaded", "Names a stored model is loaded as by the daemons "
                                     "sharing the store", labels=labels),
         "bytes": GaugeMetricFamily("cartonstore_model_bytes", "Bytes of a stored model's files", labels=labels),
@@ -109,6 +111,7 @@ def _node_families(models: list[ModelState], outcome: GcOutcome | None, served: 
         families["cached"].add_metric(key, int(m.state == "cached"))
         families["partial"].add_metric(key, int(m.state == "partial"))
         families["leases"].add_metric(key, m.leases)
+        families["mounted"].add_metric(key, m.mounted)
         families["loaded"].add_metric(key, len(m.loaded_as))
         if m.size is not None:
             families["bytes"].add_metric(key, m.size)

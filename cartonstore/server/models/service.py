@@ -36,7 +36,14 @@ from cartonstore.store.gc.plan import GcPolicy, GcReport
 from cartonstore.store.group_commit import GroupCommit
 from cartonstore.store.materialize.tree import remove_tree
 from cartonstore.store.metadata.adopted_rows import lists_adopted
-from cartonstore.store.metadata.names import HEX, carton_named, pin_lease_id, restore_name, validate_name
+from cartonstore.store.metadata.names import (
+    HEX,
+    VOLUME_PREFIX,
+    carton_named,
+    pin_lease_id,
+    restore_name,
+    validate_name,
+)
 from cartonstore.store.root.owner import owner_token, tmp_name
 from cartonstore.system.callers import Credentials
 from cartonstore.system.single_flight import SingleFlight
@@ -207,6 +214,8 @@ class ModelService:
                 lease_id in self._pins or await self._db(self.store.index.lease, lease_id) is not None):
             raise InvalidInput(f"lease {lease_id!r} is a daemon's own (a loaded model's pin or a version "
                                "switch): it renews it itself")
+        if lease_id.startswith(VOLUME_PREFIX):
+            raise InvalidInput(f"lease {lease_id!r} is a mounted volume's: it has no expiry to renew")
         row = await self._batch(lambda conn: self.store.index.extend_lease(conn, lease_id, ttl))
         return Granted(row, self.store.layout.model_dir_str(row.carton))
 

@@ -13,7 +13,7 @@ import sqlite3
 from collections import defaultdict
 from dataclasses import dataclass
 
-from .names import pinned_name
+from .names import VOLUME_PREFIX, pinned_name
 
 CACHED = "cached"
 PARTIAL = "partial"
@@ -26,6 +26,7 @@ class ModelState:
     size: int | None            # bytes of its files (None: not all sizes learned yet)
     missing_blobs: int          # evicted blobs, fetched again on use
     leases: int                 # live leases that are not a daemon's pin
+    mounted: int                # of those, the mounted volumes' (names.VOLUME_PREFIX)
     loaded_as: tuple[str, ...]  # names daemons keep it loaded as (their pins)
 
     @property
@@ -34,7 +35,8 @@ class ModelState:
 
     def as_json(self) -> dict:
         return {"manifest_sha256": self.digest, "names": list(self.names), "size": self.size, "state": self.state,
-                "missing_blobs": self.missing_blobs, "leases": self.leases, "loaded_as": list(self.loaded_as)}
+                "missing_blobs": self.missing_blobs, "leases": self.leases, "mounted": self.mounted,
+                "loaded_as": list(self.loaded_as)}
 
 
 def read_model_states(conn: sqlite3.Connection, now: float) -> list[ModelState]:
@@ -46,13 +48,16 @@ def read_model_states(conn: sqlite3.Connection, now: float) -> list[ModelState]:
         "SELECT e.carton, count(DISTINCT e.digest) FROM entries e LEFT JOIN blobs b ON b.digest=e.digest "
         "WHERE b.digest IS NULL GROUP BY e.carton"))
     leases: defaultdict[str, int] = defaultdict(int)
+    mounted: defaultdict[str, int] = defaultdict(int)
     loaded: defaultdict[str, set[str]] = defaultdict(set)
     for carton, lease_id in conn.execute("SELECT carton, id FROM leases WHERE expires_at>?", (now,)):
         name = pinned_name(lease_id)
         if name is None:
             leases[carton] += 1
+            mounted[carton] += lease_id.startswith(VOLUME_PREFIX)
         else:
             loaded[carton].add(name)
     return [ModelState(digest, tuple(names[digest]), size, missing.get(digest, 0), leases[digest],
+                       mounted[digest],
                        tuple(sorted(loaded[digest])))
             for digest, size in conn.execute("SELECT digest, total_size FROM cartons ORDER BY digest")]

@@ -37,6 +37,11 @@ _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]*")
 HEX = re.compile(r"[0-9a-f]+")
 PIN_PREFIX = "pin:"         # pin:<owner>:<name>: a daemon keeps the model it loaded as <name>
 SWITCH_PREFIX = "switch:"   # switch:<owner>:<name>: and the version it serves while it switches
+# volume:<volume id>: a mounted volume (the CSI plugin's) holds the model. It has no expiry: the kubelet
+# unpublishes every volume it published, retrying across the plugin's restarts, and a volume's files must
+# stay while a pod runs however long the plugin is away; release alone ends it.
+VOLUME_PREFIX = "volume:"
+MAX_VOLUME_ID_BYTES = 512
 
 
 def check_grammar(name: object, what: str = "name") -> str:
@@ -118,6 +123,15 @@ def pin_lease_id(owner: str, name: str) -> str:
     """The lease by which the daemon whose owner token is ``owner``
     (owner.py) keeps the model it loaded as ``name``."""
     return f"{PIN_PREFIX}{owner}:{name}"
+
+
+def volume_lease_id(volume_id: object) -> str:
+    """The lease a mounted volume holds its model by; InvalidInput for a
+    volume id that is not a non-empty string of at most MAX_VOLUME_ID_BYTES."""
+    if not isinstance(volume_id, str) or not volume_id or len(volume_id.encode()) > MAX_VOLUME_ID_BYTES:
+        raise InvalidInput(f"a volume id must be a non-empty string of at most {MAX_VOLUME_ID_BYTES} bytes, "
+                           f"got {volume_id!r:.80}")
+    return f"{VOLUME_PREFIX}{volume_id}"
 
 
 def pinned_name(lease_id: str) -> str | None:
