@@ -12,10 +12,12 @@ restart releases the very lease that publish took.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -106,13 +108,26 @@ class Volumes:
     def __init__(self, client: Client) -> None:
         self.client = client
         self._guard = threading.Lock()
-        self._target_locks: dict[Path, threading.Lock] = {}
+        self._target_locks: dict[Path, tuple[threading.Lock, int]] = {}   # the lock, and the calls needing it
 
-    def target_lock(self, target: Path) -> threading.Lock:
+    @contextlib.contextmanager
+    def target_lock(self, target: Path) -> Iterator[None]:
         """One call at a time on a target: a retry the kubelet sends while
-        this plugin still finishes the call before it waits for it."""
+        this plugin still finishes the call before it waits for it. The
+        lock goes when no call needs it (targets are one per pod)."""
         with self._guard:
-            return self._target_locks.setdefault(target, threading.Lock())
+            lock, users = self._target_locks.get(target, (threading.Lock(), 0))
+            self._target_locks[target] = (lock, users + 1)
+        try:
+            with lock:
+                yield
+        finally:
+            with self._guard:
+                lock, users = self._target_locks[target]
+                if users == 1:
+                    del self._target_locks[target]
+                else:
+                    self._target_locks[target] = (lock, users - 1)
 
     def found(self) -> list[Mount]:
         """The model directories bound anywhere on this node: what a plugin
