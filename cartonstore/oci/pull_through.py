@@ -42,6 +42,7 @@ from cartonstore.carton.checks import check_carton
 from cartonstore.carton.from_files import ListedFile, files_carton
 from cartonstore.errors import FetchError, FetchNotFound, InvalidInput, NotFound
 from cartonstore.fetch.transfer.download import fetch_blob
+from cartonstore.format.carton_toml import SHORT_DESCRIPTION_MAX
 from cartonstore.format.digest import is_sha256
 from cartonstore.store.content.blobs import BlobWriter, StagedBlob
 from cartonstore.store.ingest import Staging
@@ -250,7 +251,7 @@ class PullThrough:
             files = {MANIFEST_FILE: ListedFile(manifest.digest[7:], len(manifest.raw)),
                      **{BLOB_FOLDER + d: ListedFile(d, size) for d, size in blobs.items()}}
             model_name = f"mirror/{authority}/{repository}"
-            carton = files_carton(model_name, files, origin=source, description=f"mirrored {source}")
+            carton = files_carton(model_name, files, origin=source, description=_described(source))
             await asyncio.to_thread(check_carton, carton.view(source), links_raw=b"")   # before any blob is fetched
             await asyncio.to_thread(staging.add_small, {MANIFEST_FILE: manifest.raw})
             missing = await asyncio.to_thread(lambda: [d for d in blobs if not store.blobs.has(d)])
@@ -360,6 +361,13 @@ class PullThrough:
         except FetchNotFound:
             raise NotFound(f"blob sha256:{digest} is not in the store nor at {registry.ref.authority}/"
                            f"{registry.ref.repository}", subject=digest) from None
+
+
+def _described(source: str) -> str:
+    """A kept manifest's short description: its source, cut to the length
+    a carton.toml allows (a reference by digest alone is longer)."""
+    text = f"mirrored {source}"
+    return text if len(text) <= SHORT_DESCRIPTION_MAX else text[:SHORT_DESCRIPTION_MAX - 3] + "..."
 
 
 def _hex_of(digest: str) -> str:
