@@ -160,7 +160,8 @@ class PullThrough:
         """The manifest ``reference`` (a tag or "sha256:...") names. By
         digest: the store's copy once held. By tag: upstream's answer (tags
         move), kept tag_ttl seconds; the store's last one when upstream
-        cannot be reached. A GET (not ``head``) stores it and its blobs."""
+        cannot be reached. A GET (not ``head``) starts keeping it and its
+        blobs in the store, in the background (the module's docstring)."""
         authority = self.authority(ns)
         by_digest = reference.startswith("sha256:")
         if by_digest and not is_sha256(reference[7:]):

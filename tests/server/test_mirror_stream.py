@@ -28,8 +28,8 @@ def origin() -> Iterator[Origin]:
 def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[DaemonProcess, int]]:
     port = free_port()
     config = tmp_path_factory.mktemp("cfg") / "config.toml"
-    # A stalled upstream body is given up on after two seconds and resumed by Range.
-    config.write_text('[fetch]\nstall_timeout = "2s"\n')
+    # A stalled upstream body is given up on after three seconds and resumed by Range.
+    config.write_text('[fetch]\nstall_timeout = "3s"\n')
     daemon = DaemonProcess(tmp_path_factory.mktemp("node") / "store", env={"CARTONSTORE_CONFIG": ""},
                            extra_args=["--mirror-listen", f"127.0.0.1:{port}", "--config", str(config)])
     with daemon:
@@ -96,7 +96,7 @@ def test_a_corrupt_upstream_blob_cuts_the_answer_and_stores_nothing(node, origin
     data = os.urandom(256 << 10)
     # Wrong bytes, with a pause mid-way (shorter than the stall timeout) so the answer is under way at the end.
     digest, path = upstream_blob(origin, "bad/blob", data, Fault(wrong_bytes=True, stall_at=128 << 10,
-                                                                stall_seconds=1.5))
+                                                                stall_seconds=2.0))
     before = stored(daemon)
     conn, response = mirror_get(port, origin, "bad/blob", digest)
     try:
