@@ -52,11 +52,12 @@ class Arriving:
         """The fetch's done callback: ``verified`` is its staged size or its error."""
         if self.verified.done():
             return
+        error = None if fetch.cancelled() else fetch.exception()
         if fetch.cancelled():
             self.verified.set_exception(IntegrityError(f"the fetch of blob sha256:{self.digest} was stopped",
                                                        subject=self.digest))
-        elif fetch.exception() is not None:
-            self.verified.set_exception(fetch.exception())  # type: ignore[arg-type]
+        elif error is not None:
+            self.verified.set_exception(error)
         else:
             self.verified.set_result(fetch.result().size)
 
@@ -100,8 +101,9 @@ class _Reader:
     async def next_piece(self) -> bytes | None:
         while True:
             verified = self.arriving.verified
-            if verified.done() and verified.exception() is not None:
-                raise verified.exception()  # type: ignore[misc]
+            error = verified.exception() if verified.done() else None
+            if error is not None:
+                raise error
             size = verified.result() if verified.done() else None
             if size is not None and self.sent >= size:
                 return None

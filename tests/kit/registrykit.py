@@ -76,8 +76,8 @@ class Registry:
             (self.workdir / "htpasswd").write_text(HTPASSWD)
             config += ["auth:", "  htpasswd:", "    realm: test-registry", f"    path: {self.workdir / 'htpasswd'}"]
         (self.workdir / "config.yml").write_text("\n".join(config) + "\n")
-        # its stdout, appended to across restarts (the access log counts them all); closed by stop()
-        self.log = open(self.workdir / "registry.log", "ab")  # noqa: SIM115
+        # appended to across restarts: the access log counts them all
+        self.log = open(self.workdir / "registry.log", "ab")  # noqa: SIM115 - the registry's stdout, closed by stop()
         self.proc = subprocess.Popen([BINARY, "serve", str(self.workdir / "config.yml")], stdout=self.log,
                                      stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + 20
