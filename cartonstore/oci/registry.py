@@ -246,9 +246,10 @@ class Registry:
                              f"{said_by_registry(answer)})", subject=str(self.ref))
         return "sha256:" + hashlib.sha256(raw).hexdigest()
 
-    async def blob_size(self, digest: str) -> int | None:
-        """HEAD a blob: its size if the repository has it, else None."""
-        answer = await self.request("HEAD", self.blob_url(digest), push=True)
+    async def blob_size(self, digest: str, *, push: bool = True) -> int | None:
+        """HEAD a blob: its size if the repository has it, else None
+        (``push``: asked with the push scope, as before an upload)."""
+        answer = await self.request("HEAD", self.blob_url(digest), push=push)
         if answer.status == 200:
             length = answer.headers.get("Content-Length") or "0"
             if not length.isdigit():

@@ -7,13 +7,20 @@ Tests that need one skip, saying why, where the binary is missing.
 from __future__ import annotations
 
 import contextlib
+import gzip
+import hashlib
+import io
+import json
 import os
+import re
 import shutil
 import socket
 import subprocess
+import tarfile
 import time
 import urllib.error
 import urllib.request
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -38,11 +45,14 @@ def free_port() -> int:
 
 
 class Registry:
-    def __init__(self, workdir: Path, *, htpasswd: bool = False, tls: tuple[Path, Path] | None = None) -> None:
+    def __init__(self, workdir: Path, *, htpasswd: bool = False, tls: tuple[Path, Path] | None = None,
+                 access_log: bool = False) -> None:
+        """access_log: it logs every request it answers (blob_gets reads them)."""
         self.workdir = workdir
         self.port = free_port()
         self.htpasswd = htpasswd
         self.tls = tls
+        self.access_log = access_log
         self.proc: subprocess.Popen | None = None
 
     @property
@@ -56,7 +66,7 @@ class Registry:
         assert BINARY is not None
         self.workdir.mkdir(parents=True, exist_ok=True)
         config = [
-            "version: 0.1", "log:", "  level: error", "  accesslog:", "    disabled: true",
+            "version: 0.1", "log:", "  level: error", "  accesslog:", f"    disabled: {str(not self.access_log).lower()}",
             "storage:", "  filesystem:", f"    rootdirectory: {self.workdir / 'data'}", "  delete:", "    enabled: true",
             "http:", f"  addr: 127.0.0.1:{self.port}",
         ]
@@ -66,7 +76,8 @@ class Registry:
             (self.workdir / "htpasswd").write_text(HTPASSWD)
             config += ["auth:", "  htpasswd:", "    realm: test-registry", f"    path: {self.workdir / 'htpasswd'}"]
         (self.workdir / "config.yml").write_text("\n".join(config) + "\n")
-        self.log = open(self.workdir / "registry.log", "wb")  # noqa: SIM115 - the registry's stdout, closed by stop()
+        # appended to across restarts: the access log counts them all
+        self.log = open(self.workdir / "registry.log", "ab")  # noqa: SIM115 - the registry's stdout, closed by stop()
         self.proc = subprocess.Popen([BINARY, "serve", str(self.workdir / "config.yml")], stdout=self.log,
                                      stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + 20
@@ -126,8 +137,6 @@ class Registry:
 
     def put_blob(self, repo: str, data: bytes) -> str:
         """Upload bytes as a blob, whatever they hash to; returns its sha256 hex."""
-        import hashlib
-
         digest = hashlib.sha256(data).hexdigest()
         with self._open("POST", f"/v2/{repo}/blobs/uploads/", b"") as r:
             location = r.headers["Location"]
@@ -142,10 +151,38 @@ class Registry:
         with self._open("PUT", f"/v2/{repo}/manifests/{tag}", raw, {"Content-Type": media_type}):
             pass
 
+    def blob_gets(self) -> Counter[str]:
+        """GETs of each blob (hex digest) it answered, by its access log (access_log=True)."""
+        text = (self.workdir / "registry.log").read_text(errors="replace")
+        return Counter(re.findall(r'"GET /v2/\S+/blobs/sha256:([0-9a-f]{64})\S* HTTP', text))
+
     def blob_files(self) -> int:
         """Blobs the registry stores on disk (each digest once, whatever the repository)."""
         root = self.workdir / "data" / "docker" / "registry" / "v2" / "blobs"
         return sum(1 for _ in root.rglob("data")) if root.exists() else 0
+
+
+def push_small_image(registry: Registry, repo: str, tag: str, text: bytes = b"hello from the mirror\n") -> dict[str, bytes]:
+    """A one-layer container image (a tar.gz holding hello.txt) pushed to
+    ``registry``; its blobs (config and layer) by hex digest."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        data = text * 1000
+        info = tarfile.TarInfo("hello.txt")
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+    layer = gzip.compress(buf.getvalue())
+    diff_id = "sha256:" + hashlib.sha256(buf.getvalue()).hexdigest()
+    config = json.dumps({"architecture": "amd64", "os": "linux", "rootfs": {"type": "layers",
+                         "diff_ids": [diff_id]}, "config": {}}).encode()
+    blobs = {registry.put_blob(repo, b): b for b in (config, layer)}
+    manifest = {"schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
+                "config": {"mediaType": "application/vnd.oci.image.config.v1+json",
+                           "digest": "sha256:" + hashlib.sha256(config).hexdigest(), "size": len(config)},
+                "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar+gzip",
+                            "digest": "sha256:" + hashlib.sha256(layer).hexdigest(), "size": len(layer)}]}
+    registry.put_manifest(repo, tag, json.dumps(manifest).encode())
+    return blobs
 
 
 def registry_env(tmp: Path) -> dict[str, str]:

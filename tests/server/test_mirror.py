@@ -1,53 +1,32 @@
 """The daemon's pull-through registry mirror, with the real registry as
-upstream and skopeo pulling through it."""
+upstream (its access log counting what was fetched from it), and skopeo
+and containerd pulling through it."""
 
 from __future__ import annotations
 
-import gzip
-import hashlib
-import io
 import json
 import re
 import shutil
 import subprocess
-import tarfile
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from kit import modelkit_oci
+from kit.containerdkit import Containerd, needs_containerd
 from kit.daemonkit import DaemonProcess, call
-from kit.registrykit import Registry, free_port, needs_registry
+from kit.prockit import live_pids
+from kit.registrykit import Registry, free_port, needs_registry, push_small_image
 
-pytestmark = [needs_registry, pytest.mark.skipif(shutil.which("skopeo") is None, reason="skopeo is not installed")]
-
-
-def small_image(registry: Registry, repo: str, tag: str) -> dict[str, bytes]:
-    """A one-layer image pushed to ``registry``; its blobs by hex digest."""
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w") as tar:
-        data = b"hello from the mirror\n" * 1000
-        info = tarfile.TarInfo("hello.txt")
-        info.size = len(data)
-        tar.addfile(info, io.BytesIO(data))
-    layer = gzip.compress(buf.getvalue())
-    diff_id = "sha256:" + hashlib.sha256(buf.getvalue()).hexdigest()
-    config = json.dumps({"architecture": "amd64", "os": "linux", "rootfs": {"type": "layers",
-                         "diff_ids": [diff_id]}, "config": {}}).encode()
-    blobs = {registry.put_blob(repo, b): b for b in (config, layer)}
-    manifest = {"schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
-                "config": {"mediaType": "application/vnd.oci.image.config.v1+json",
-                           "digest": "sha256:" + hashlib.sha256(config).hexdigest(), "size": len(config)},
-                "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar+gzip",
-                            "digest": "sha256:" + hashlib.sha256(layer).hexdigest(), "size": len(layer)}]}
-    registry.put_manifest(repo, tag, json.dumps(manifest).encode())
-    return blobs
+pytestmark = [needs_registry]
+needs_skopeo = pytest.mark.skipif(shutil.which("skopeo") is None, reason="skopeo is not installed")
 
 
 @pytest.fixture(scope="module")
 def upstream(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Registry]:
-    with Registry(tmp_path_factory.mktemp("upstream")) as registry:
+    with Registry(tmp_path_factory.mktemp("upstream"), access_log=True) as registry:
         yield registry
 
 
@@ -78,9 +57,10 @@ def mirror_call(mirror: str, method: str, path: str) -> tuple[int, dict]:
         return e.code, json.loads(e.read() or b"{}")
 
 
+@needs_skopeo
 def test_pull_through_then_from_the_store_with_upstream_stopped(mirror, upstream: Registry, tmp_path: Path) -> None:
     daemon, address = mirror
-    blobs = small_image(upstream, "apps/hello", "v1")
+    blobs = push_small_image(upstream, "apps/hello", "v1")
     first = skopeo_copy(address, "apps/hello:v1", tmp_path / "first")
     assert first.returncode == 0, first.stderr
     for digest, data in blobs.items():
@@ -96,6 +76,46 @@ def test_pull_through_then_from_the_store_with_upstream_stopped(mirror, upstream
     _, metrics = call(daemon, "GET", "/metrics")
     served = re.search(r'^cartonstore_served_bytes_total\{kind="mirror"\} (\S+)$', str(metrics), re.M)
     assert served is not None and float(served[1]) >= 2 * sum(len(data) for data in blobs.values())
+    gets = upstream.blob_gets()
+    assert {digest: gets[digest] for digest in blobs} == dict.fromkeys(blobs, 1)   # each fetched upstream once
+
+
+@needs_containerd
+def test_containerd_pulls_an_image_and_a_model_through_the_mirror(mirror, upstream: Registry) -> None:
+    """ctr pulls (with a hosts.toml naming the mirror) a container image and
+    fetches a model artifact (ctr's unpack takes only container layers);
+    both again, after the content is gone from containerd, with upstream
+    stopped."""
+    _daemon, address = mirror
+    blobs = push_small_image(upstream, "apps/ctr", "v1", text=b"hello, containerd\n")
+    model = modelkit_oci.modelpack({"model.safetensors": bytes(range(256)) * 2048})
+    modelkit_oci.push(upstream, "models/ctr", "v1", model)
+    blobs.update({modelkit_oci.sha(data): data for data in model.blobs})
+    image, artifact = f"{upstream.authority}/apps/ctr:v1", f"{upstream.authority}/models/ctr:v1"
+    with Containerd() as containerd:
+        containerd.mirror(upstream.authority, address)
+        hosts = ("--hosts-dir", str(containerd.hosts_dir))
+
+        def pull_both() -> None:
+            pulled = containerd.ctr("images", "pull", "--snapshotter", "native", *hosts, image)
+            assert pulled.returncode == 0, pulled.stderr + containerd.read_log()[-2000:]
+            fetched = containerd.ctr("content", "fetch", *hosts, artifact)
+            assert fetched.returncode == 0, fetched.stderr + containerd.read_log()[-2000:]
+            held = containerd.ctr("content", "ls", "-q").stdout.split()
+            assert {f"sha256:{digest}" for digest in blobs} <= set(held)
+
+        pull_both()
+        for ref in (image, artifact):   # gone from containerd: the next pull fetches every blob again
+            assert containerd.ctr("images", "rm", "--sync", ref).returncode == 0
+        assert not {f"sha256:{digest}" for digest in blobs} & set(containerd.ctr("content", "ls", "-q").stdout.split())
+        upstream.stop()
+        try:
+            pull_both()
+        finally:
+            upstream.start()
+    assert not live_pids(str(containerd.workdir)), "containerd left running"
+    gets = upstream.blob_gets()
+    assert {digest: gets[digest] for digest in blobs} == dict.fromkeys(blobs, 1)   # each fetched upstream once
 
 
 def test_push_routes_are_405_and_unknown_manifests_manifest_unknown(mirror) -> None:

@@ -265,7 +265,8 @@ async def stage_to_the_end(writer: BlobWriter, *, expected_digest: str | None = 
 async def fetch_blob(client: HttpClient, blobs: BlobStore, digest: str, urls: Sequence[str],
                      config: FetchConfig, *, stats: TransferStats | None = None,
                      kind_of: Callable[[str], str] | None = None, expected_size: int | None = None,
-                     route: str | None = None, carton_named: Collection[str] = ()) -> StagedBlob:
+                     route: str | None = None, carton_named: Collection[str] = (),
+                     watch: Callable[[BlobWriter], None] | None = None) -> StagedBlob:
     """Try each URL until one delivers bytes that hash to digest (and are
     ``expected_size`` long, when given); returns them staged, their origin
     the kind of the URL that delivered them (stored_kind). Raises
@@ -273,13 +274,17 @@ async def fetch_blob(client: HttpClient, blobs: BlobStore, digest: str, urls: Se
     what kind of source a URL is ("url", "mirror", "registry"); ``route``,
     whose proxy they go through when not their kind's (download);
     ``carton_named``, those of urls a carton named rather than a caller or
-    the operator (policy.check_link holds for them)."""
+    the operator (policy.check_link holds for them); ``watch``, called
+    with each URL's writer as it opens, for a caller that reads the bytes
+    as they land."""
     problems: list[str] = []
     errors: list[CartonStoreError] = []
     for url in urls:
         kind = kind_of(url) if kind_of is not None else "url"
         try:
             with blobs.writer(label="fetch") as writer:
+                if watch is not None:
+                    watch(writer)
                 await download(client, url, writer, config, stats=stats, source=kind, expected_size=expected_size,
                                route=route, from_carton=url in carton_named)
                 if expected_size is not None and writer.size != expected_size:

@@ -1,16 +1,20 @@
 """The routes of the registry mirror: ``GET /v2/``, ``GET``/``HEAD``
 ``/v2/<name>/manifests/<reference>`` and ``/v2/<name>/blobs/<digest>``
 (Range on blobs), ``?ns=<registry>`` naming the upstream as containerd
-sends it. Read-only: every other method is 405. Errors are the
+sends it. A blob still arriving from upstream is streamed as it lands;
+where it turns out not to be what its digest says, the answer is cut
+(the connection aborted), never ended cleanly. Read-only: every other method is 405. Errors are the
 distribution spec's JSON, ``{"errors": [{"code", "message", "detail"}]}``."""
 
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 from aiohttp import web
 
 from cartonstore.errors import CartonStoreError, FetchNotFound, InvalidInput, NotFound, Unauthenticated
+from cartonstore.oci.arriving import Arriving
 from cartonstore.oci.pull_through import PullThrough
 from cartonstore.server.calls.access import REALM, TcpAccess, check_mirror
 from cartonstore.server.models.metrics import Metrics
@@ -75,10 +79,42 @@ async def _manifest(request: web.Request, pull: PullThrough, metrics: Metrics, n
 
 async def _blob(request: web.Request, pull: PullThrough, metrics: Metrics, ns: str | None, name: str,
                 digest: str) -> web.StreamResponse:
-    path = await pull.blob(ns, name, digest)
-    if request.method == "GET":   # what the file holds, as /v1/blobs counts a whole-file answer
-        metrics.count_served("mirror", path.stat().st_size)
-    response = web.FileResponse(path, headers={**API_VERSION, "Docker-Content-Digest": digest,
-                                               "Content-Type": "application/octet-stream"})
+    headers = {**API_VERSION, "Docker-Content-Digest": digest, "Content-Type": "application/octet-stream"}
+    if request.method == "HEAD":   # never a download: the size is the store's, or upstream's HEAD
+        size = await pull.blob_size(ns, name, digest)
+        return web.Response(headers={**headers, "Content-Length": str(size)})
+    found: Path | Arriving = (await pull.stored_blob(ns, name, digest) if "Range" in request.headers
+                              else await pull.blob(ns, name, digest))
+    if isinstance(found, Arriving):
+        return await _stream(request, metrics, found, headers)
+    metrics.count_served("mirror", found.stat().st_size)   # the whole file, as /v1/blobs counts it
+    response = web.FileResponse(found, headers=headers)
     response.enable_compression = lambda *a, **k: None  # type: ignore[method-assign]  # bytes as stored
+    return response
+
+
+async def _stream(request: web.Request, metrics: Metrics, arriving: Arriving, headers: dict) -> web.StreamResponse:
+    """The blob's bytes as they land. Its first byte is waited for before
+    the headers go out, so a blob upstream lacks is still a 404."""
+    pieces = arriving.chunks()
+    first = await anext(pieces, b"")
+    response = web.StreamResponse(headers=headers)
+    if arriving.size is not None:
+        response.content_length = arriving.size
+    await response.prepare(request)
+    sent = 0
+    try:
+        piece = first
+        while piece:
+            await response.write(piece)
+            sent += len(piece)
+            piece = await anext(pieces, b"")
+    except CartonStoreError:   # after the headers only a cut connection tells the caller the bytes are wrong
+        if request.transport is not None:
+            request.transport.abort()
+        return response
+    finally:
+        await pieces.aclose()
+        metrics.count_served("mirror", sent)
+    await response.write_eof()
     return response

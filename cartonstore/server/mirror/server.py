@@ -37,3 +37,4 @@ class MirrorServer:
     async def stop(self) -> None:
         if self._runner is not None:
             await self._runner.cleanup()
+        await self.pull.close()

@@ -65,6 +65,7 @@ class BlobWriter:
         self._written_back = 0   # writeback started for [0, _written_back)
         self._parts: PrefixHasher | None = None
         self._staged = False
+        self.rewrites = 0   # times the file was started again (reset, parts): a reader following it must know
 
     def reserve(self, size: int) -> None:
         """The blob will be about ``size`` bytes: allocate its disk space now
@@ -115,6 +116,12 @@ class BlobWriter:
             src.seek(offset)
             self.copy_from(src, limit=length)
 
+    def landed(self) -> int:
+        """Bytes [0, landed) of the file are written: what a reader following
+        the download (in another thread or fd) may read now."""
+        parts = self._parts
+        return parts.prefix() if parts is not None else self.size
+
     @property
     def digest(self) -> str:
         """sha256 of the bytes written so far (in order)."""
@@ -125,6 +132,7 @@ class BlobWriter:
         The caller runs the returned hasher's run() in a worker thread while
         the parts are written, then calls parts_hashed()."""
         self.reserve(size)
+        self.rewrites += 1
         from .prefix_hash import PrefixHasher  # hashlib and threads only for a parted fetch
 
         self._parts = PrefixHasher(self._fd, size, name=str(self.tmp_path))
@@ -158,6 +166,7 @@ class BlobWriter:
 
     def reset(self) -> None:
         """Start over (a download that cannot resume): empty file, fresh hash."""
+        self.rewrites += 1
         os.ftruncate(self._fd, 0)
         os.lseek(self._fd, 0, os.SEEK_SET)
         self._hash = sha256()
