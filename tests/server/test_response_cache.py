@@ -199,6 +199,7 @@ def test_shared_memory_and_failed_answers_are_never_cached(cached: tuple[DaemonP
     c = triton.InferenceServerClient(d.host_port)
     key = f"/cs-cache-{os.getpid()}"
     region = shm.create_shared_memory_region("cache-in", key, 64)
+    out_region = shm.create_shared_memory_region("cache-out", key + "-out", 64)
     try:
         x = np.arange(4, dtype=np.float32)
         shm.set_shared_memory_region(region, [x])
@@ -210,15 +211,24 @@ def test_shared_memory_and_failed_answers_are_never_cached(cached: tuple[DaemonP
             result = c.infer("bypass", [tensor], outputs=[triton.InferRequestedOutput("calls")])
             counts.append(int(result.as_numpy("calls")[0]))
         assert counts == [1, 2]
+        c.register_system_shared_memory("cache-out", key + "-out", 64)
+        for expected in (3, 4):   # an output to be written into shared memory: the runner runs each time
+            tensor = triton.InferInput("x", [4], "FP32")
+            tensor.set_data_from_numpy(x + 10)
+            wanted = triton.InferRequestedOutput("calls")
+            wanted.set_shared_memory("cache-out", 8)
+            c.infer("bypass", [tensor], outputs=[wanted])
+            assert int(shm.get_contents_as_numpy(out_region, np.int64, [1])[0]) == expected
         for _ in range(2):   # a failed answer is not kept: the model runs again
             with pytest.raises(InferenceServerException, match="negative input"):
                 _calls(d, "bypass", -x)
-        assert _calls(d, "bypass", x) == 5   # the same bytes sent inline: a miss, nothing cached from shm
+        assert _calls(d, "bypass", x) == 7   # the same bytes sent inline: a miss, nothing cached from shm
         s = _cache_stats(d, "bypass")["inference_stats"]
         assert (s["cache_hit"]["count"], s["cache_miss"]["count"]) == (0, 1)   # shm requests are not looked up
     finally:
         c.unregister_system_shared_memory()
         shm.destroy_shared_memory_region(region)
+        shm.destroy_shared_memory_region(out_region)
         c.close()
         call(d, "POST", "/v2/repository/models/bypass/unload")
 
