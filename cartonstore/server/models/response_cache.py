@@ -140,10 +140,14 @@ def request_key(model: str, version: str, req: InferRequest) -> bytes:
 
 async def request_key_off_loop(model: str, version: str, req: InferRequest) -> bytes:
     """request_key, in a thread for a request of many bytes."""
-    size = sum(len(t.data) for t in req.inputs if t.data is not None)
-    if size < HASH_IN_THREAD_FROM and all(t.json_data is None or len(t.json_data) < 4096 for t in req.inputs):
+    if _bytes_of(req.inputs) < HASH_IN_THREAD_FROM:
         return request_key(model, version, req)
     return await asyncio.to_thread(request_key, model, version, req)
+
+
+def _bytes_of(tensors: Sequence[WireTensor]) -> int:
+    """About how many bytes hashing or copying ``tensors`` walks (a JSON element: 8)."""
+    return sum(len(t.data) if t.data is not None else 8 * len(t.json_data or ()) for t in tensors)
 
 
 def _meaningful(parameters: dict[str, Any]) -> dict[str, Any]:
@@ -163,7 +167,6 @@ def cached_answer(model: str, doc: dict[str, Any], outputs: Sequence[WireTensor]
 
 async def cached_answer_off_loop(model: str, doc: dict[str, Any], outputs: Sequence[WireTensor]) -> CachedAnswer:
     """cached_answer, in a thread for an answer of many bytes."""
-    size = sum(len(t.data) for t in outputs if t.data is not None)
-    if size < HASH_IN_THREAD_FROM and all(t.data is not None for t in outputs):
+    if _bytes_of(outputs) < HASH_IN_THREAD_FROM:
         return cached_answer(model, doc, outputs)
     return await asyncio.to_thread(cached_answer, model, doc, outputs)
