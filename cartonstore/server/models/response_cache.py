@@ -36,8 +36,8 @@ from cartonstore.v2.tensors import tensor_to_numpy, to_binary
 from cartonstore.v2.wire_types import InferRequest, WireTensor
 
 ENTRY_OVERHEAD = 256   # bytes an entry counts beyond its outputs' data: its key, header fields, bookkeeping
-# measured (bench_response_cache.py, a loaded 2-core host): sha256 of 64 KiB ~50 us inline, 256 KiB ~470 us;
-# a thread hop ~200 us. Up to 64 KiB the event loop is held less than a hop would take; beyond, a thread.
+# measured (bench_response_cache.py, a loaded 2-core host): sha256 of 64 KiB ~50 us inline, 256 KiB 300-470 us;
+# a thread hop 200-450 us. Up to 64 KiB the event loop is held less than a hop would take; beyond, a thread.
 HASH_IN_THREAD_FROM = 64 * 1024
 _ANSWER_FIELDS = ("model_name", "model_version", "parameters")   # of the runner's header, kept with the outputs
 
