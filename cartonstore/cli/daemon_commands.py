@@ -50,8 +50,9 @@ def cmd_serve(store: Store | None, args: argparse.Namespace, out: Output) -> Non
         shutdown_timeout=cfg.server.shutdown_timeout, access_log=cfg.server.access_log,
         gc=GcPolicy(max_size=cfg.gc.max_size, min_free=cfg.gc.min_free, grace=cfg.gc.grace,
                     forget_unrecoverable=cfg.gc.forget_unrecoverable),
-        gc_interval=cfg.gc.interval, runners=cfg.runners, tls_cert=cfg.server.tls_cert,
-        tls_key=cfg.server.tls_key, tls_client_ca=cfg.server.tls_client_ca, token=cfg.server.api_token()))
+        gc_interval=cfg.gc.interval, response_cache_size=cfg.cache.size, runners=cfg.runners,
+        tls_cert=cfg.server.tls_cert, tls_key=cfg.server.tls_key, tls_client_ca=cfg.server.tls_client_ca,
+        token=cfg.server.api_token()))
 
 
 def cmd_gc(store: Store | None, args: argparse.Namespace, out: Output) -> None:

@@ -113,10 +113,17 @@ class GcSettings:
     forget_unrecoverable: bool = v.setting(False, v.boolean)
 
 
+@dataclass(frozen=True)
+class CacheSettings:
+    """[cache]: Triton's response cache (server/models/response_cache.py)."""
+
+    size: int = v.size_setting(0, 0)
+
+
 _SECTIONS: Mapping[str, type] = MappingProxyType({
     "store": StoreSettings, "server": ServerSettings, "leases": LeaseSettings,
     "fetch": FetchSettings, "registries": RegistrySettings, "hf": HubSettings, "limits": LimitSettings,
-    "gc": GcSettings,
+    "gc": GcSettings, "cache": CacheSettings,
     "peers": PeerSettings, "runners": RunnerSettings, "mirror": MirrorSettings,
 })
 _PARSERS: Mapping[str, v.Parser] = MappingProxyType({
@@ -143,6 +150,7 @@ class Config:
     hf: HubSettings = field(default_factory=HubSettings)
     limits: LimitSettings = field(default_factory=LimitSettings)
     gc: GcSettings = field(default_factory=GcSettings)
+    cache: CacheSettings = field(default_factory=CacheSettings)
     peers: PeerSettings = field(default_factory=PeerSettings)
     runners: RunnerSettings = field(default_factory=RunnerSettings)
     mirror: MirrorSettings = field(default_factory=MirrorSettings)

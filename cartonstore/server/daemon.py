@@ -94,6 +94,7 @@ class DaemonSettings:
     access_log: bool = False   # a line per request (errors always get one)
     gc: GcPolicy = field(default_factory=GcPolicy)
     gc_interval: float = 600.0
+    response_cache_size: int = 0        # [cache] size: bytes of answers kept (0: no response cache)
     runners: RunnerSettings = field(default_factory=RunnerSettings)
     tls_cert: Path | None = None        # TLS on TCP listeners...
     tls_key: Path | None = None
@@ -245,7 +246,8 @@ class Daemon:
                                            max_request_size=s.max_request_size, arena_size=s.arena_size,
                                            check_workers=s.check_workers, daemon_id=s.identity,
                                            allow_tcp_local_sources=s.allow_tcp_local_sources,
-                                           budget=s.gc, gc_interval=s.gc_interval)
+                                           budget=s.gc, gc_interval=s.gc_interval,
+                                           response_cache_size=s.response_cache_size)
                     if dropped := await asyncio.to_thread(drop_leases_of_gone_owners, store):
                         log.info("dropped %d lease(s) of daemons and processes that are gone", dropped)
                     await asyncio.to_thread(service.runner_host.prepare)   # probes bubblewrap: processes

@@ -18,7 +18,8 @@ from . import json_codec
 from .datatypes import BINARY_ONLY_DATATYPES, datatype_of
 from .elements import fail
 from .shared_memory import BYTE_SIZE, OFFSET, REGION, RegionTooSmall, ShmSink
-from .tensors import json_value, to_binary
+from .tensors import json_value, tensor_to_numpy, to_binary
+from .wire_types import WireTensor
 
 
 def _encode_tensors(
@@ -144,3 +145,32 @@ def encode_infer_response(
         doc["parameters"] = dict(parameters)
     doc["outputs"] = entries
     return _finish(doc, chunks, any_binary, finite)
+
+
+def encode_answer_tensors(
+    doc: Mapping[str, Any], outputs: Sequence[WireTensor], binary: Callable[[str], bool]
+) -> tuple[list[bytes | memoryview], int | None]:
+    """An infer response made of outputs that hold binary tensor data, as
+    body parts and header length (None: all JSON): each output binary or
+    JSON as ``binary(name)`` says (FP16/BF16 always binary), its other
+    parameters kept; ``doc``'s fields (model_name, id, ...) as they are."""
+    chunks: list[bytes | memoryview] = []
+    entries: list[dict[str, Any]] = []
+    any_binary, finite = False, True
+    for tensor in outputs:
+        data = tensor.data if tensor.data is not None else b""
+        entry: dict[str, Any] = {"name": tensor.name, "datatype": tensor.datatype, "shape": tensor.shape}
+        parameters = {k: v for k, v in tensor.parameters.items() if k != "binary_data_size"}
+        if binary(tensor.name) or tensor.datatype in BINARY_ONLY_DATATYPES:
+            parameters["binary_data_size"] = len(data)
+            any_binary = True
+            if len(data):
+                chunks.append(data)
+        else:
+            value = entry["data"] = json_value(tensor.what, tensor_to_numpy(tensor), tensor.datatype)
+            if finite and isinstance(value, np.ndarray) and value.dtype.kind == "f":
+                finite = bool(np.isfinite(value).all())
+        if parameters:
+            entry["parameters"] = parameters
+        entries.append(entry)
+    return _finish({**doc, "outputs": entries}, chunks, any_binary, finite)

@@ -67,15 +67,19 @@ class InferStatistics:
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def record_success(self, total_ns: int, timing: RequestTiming, batch: int = 1,
-                       execution: int | None = None) -> None:
+                       execution: int | None = None, cache_miss_ns: int | None = None) -> None:
         """One request of ``batch`` rows that succeeded. ``execution``: the
         rows of the model execution it starts (its own batch unless given;
         0 for a request whose execution is recorded on its own, as dynamic
-        batching records its batches: record_execution)."""
+        batching records its batches: record_execution). ``cache_miss_ns``:
+        the time it spent looking up and storing its answer in the response
+        cache, for a request the cache did not hold (None: not looked up)."""
         execution = batch if execution is None else execution
         with self._lock:
             d = self.durations
             d["success"].add(total_ns)
+            if cache_miss_ns is not None:
+                d["cache_miss"].add(cache_miss_ns)
             d["queue"].add(timing.queue_ns)
             d["compute_input"].add(timing.input_ns)
             d["compute_infer"].add(timing.infer_ns)
@@ -83,6 +87,15 @@ class InferStatistics:
             self.inference_count += batch
             if execution:
                 self._executed(execution, timing)
+            self.last_inference_ms = int(time.time() * 1000)
+
+    def record_cache_hit(self, total_ns: int, lookup_ns: int) -> None:
+        """One request answered from the response cache: a success whose
+        model did not run, so no inference, execution or compute phase
+        counts it (as Triton counts a hit)."""
+        with self._lock:
+            self.durations["success"].add(total_ns)
+            self.durations["cache_hit"].add(lookup_ns)
             self.last_inference_ms = int(time.time() * 1000)
 
     def record_execution(self, rows: int, timing: RequestTiming) -> None:

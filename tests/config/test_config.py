@@ -150,6 +150,7 @@ DEFAULTS = {
     "gc.grace": 3600.0,
     "gc.interval": 600.0,
     "gc.forget_unrecoverable": False,
+    "cache.size": 0,
     "peers.urls": (),
     "peers.token": "",
     "peers.token_file": None,
@@ -335,6 +336,7 @@ FILE_VALUES = [
     ("gc.grace", '"0"', 0.0),
     ("gc.interval", '"30s"', 30.0),
     ("gc.forget_unrecoverable", "true", True),
+    ("cache.size", '"64MiB"', 64 << 20),
     ("runners.devices", '["cuda:0", "cuda:1"]', ("cuda:0", "cuda:1")),
     ("runners.devices", '"cpu,cuda:3"', ("cpu", "cuda:3")),
     ("runners.builtin", "false", False),
@@ -641,6 +643,7 @@ BAD_VALUES = [
     ("gc.grace", '"1 hour"', "expected a duration"),
     ("gc.interval", "0", "expected a duration > 0"),
     ("gc.forget_unrecoverable", '"sometimes"', "expected true or false, got 'sometimes'"),
+    ("cache.size", "-1", "expected a size"),
     ("runners.devices", '["gpu0"]', "unknown device 'gpu0'"),
     ("runners.devices", "[]", "expected a list of devices"),
     ("runners.builtin", '"maybe"', "expected true or false"),
@@ -982,8 +985,8 @@ zip_max_ratio = 13
 def test_as_dict_is_toml_that_loads_back(tmp_path: Path, overrides: dict) -> None:
     config = load_config(env={}, overrides=overrides)
     shown = config.as_dict()
-    assert list(shown) == ["store", "server", "leases", "fetch", "registries", "hf", "limits", "gc", "peers",
-                           "runners", "mirror"]
+    assert list(shown) == ["store", "server", "leases", "fetch", "registries", "hf", "limits", "gc", "cache",
+                           "peers", "runners", "mirror"]
     # [runners.<name>] tables are shown flattened into [runners]; [registries.mirrors] stays one table
     assert [f"{s}.{k}" for s, table in shown.items() for k in table] == \
         [key for key in setting_keys() if key != "runners.commands"]

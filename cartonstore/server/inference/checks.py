@@ -82,8 +82,10 @@ async def checked_off_loop(model: LoadedModel, body: bytes | bytearray | memoryv
     needs it), anything else in a thread."""
     if _walks_little(model, body, header_length):
         return checked_request(model, body, header_length, shm)
-    # the worker tells shm apart; a batched model's request is wanted back to count its batch
-    if pool is not None and header_length is None and len(body) >= IN_THREAD_FROM and not model.max_batch_size:
+    # the worker tells shm apart; a batched model's request is wanted back to count its batch, and a
+    # cached model's to make its key
+    if pool is not None and header_length is None and len(body) >= IN_THREAD_FROM and not model.max_batch_size \
+            and not model.response_cache:
         forward = await pool.check(model.carton.inputs, model.carton.outputs, body)  # type: ignore[union-attr]  # READY
         if forward is not None:
             return None, *forward, None

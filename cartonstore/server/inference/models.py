@@ -52,10 +52,11 @@ def arena_slot_for(model: LoadedModel | None, length: int) -> ArenaSlot | None:
     (as many bytes again) in the model version's own arena, when its
     runners map it and one is free; None otherwise (the request goes over
     the runner's socket, as a dynamically batched model's requests always
-    do). The HTTP front and gRPC both take theirs here."""
+    do, and a cached model's, whose answers are bytes the cache can keep).
+    The HTTP front and gRPC both take theirs here."""
     runners = getattr(model, "runners", None)
     if length < ARENA_FROM or runners is None or runners.arena is None or not runners.arena_capable \
-            or getattr(model, "batcher", None) is not None:
+            or getattr(model, "batcher", None) is not None or getattr(model, "response_cache", False):
         return None
     return runners.arena.take(2 * length + 64)
 

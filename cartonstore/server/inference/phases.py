@@ -25,6 +25,8 @@ class Phases:
     runner_timing: RequestTiming | None = None
     batch: int = 1
     execution: int | None = None   # rows of the execution it starts (None: its own batch; 0: counted elsewhere)
+    cache_hit_ns: int | None = None    # answered from the response cache, after this long looking it up
+    cache_miss_ns: int | None = None   # looked up and not found: the lookup's and the store's time
 
     def record(self, model: LoadedModel, ok: bool) -> None:
         runners = self.runners if self.runners is not None else model.runners
@@ -34,6 +36,9 @@ class Phases:
         if not ok:
             runners.statistics.record_failure(now - self.started)
             return
+        if self.cache_hit_ns is not None:
+            runners.statistics.record_cache_hit(now - self.started, self.cache_hit_ns)
+            return
         checking, shaping = self.checked - self.started, now - self.answered
         round_trip = self.answered - self.checked
         inside = self.runner_timing.believed(round_trip) if self.runner_timing is not None else None
@@ -42,4 +47,5 @@ class Phases:
         else:
             timing = RequestTiming(inside.queue_ns, checking + inside.input_ns, inside.infer_ns,
                                    inside.output_ns + shaping)
-        runners.statistics.record_success(now - self.started, timing, self.batch, self.execution)
+        runners.statistics.record_success(now - self.started, timing, self.batch, self.execution,
+                                          self.cache_miss_ns)

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from cartonstore.runner.protocol import ARENA_REGION, infer_path
 from cartonstore.server.calls.bodies import ENCODINGS, IN_THREAD_FROM, pick_encoding
+from cartonstore.server.models.response_cache import CachedAnswer, cached_answer_off_loop, request_key_off_loop
 from cartonstore.server.runner_processes.answer_check import (
     ParsedAnswer,
     checked_answer_off_loop,
@@ -36,6 +37,7 @@ from cartonstore.server.tensors.arena_wire import MAX_HEADER, ArenaForward
 from cartonstore.server.tensors.infer_shm import ShmUse, renamed_answer
 from cartonstore.server.tensors.shm_regions import Peer
 from cartonstore.v2.binary_form import runner_doc
+from cartonstore.v2.encode import encode_answer_tensors
 from cartonstore.v2.error_body import error_text
 from cartonstore.v2.framing import HEADER_LENGTH, InferRequest
 from cartonstore.v2.framing import header_length as header_length_of
@@ -109,6 +111,17 @@ async def _run(service: ModelService, model: LoadedModel, call: InferCall, phase
         req, parts, forward_length, use = await _checked(service, model, call, header_length)
     phases.runners = model.runners
     phases.batch, phases.checked = batch_size(model, req), time.monotonic_ns()
+    # shared memory is never cached: an input region's bytes may change under the same request, and
+    # an output region is the caller's to be written, each time
+    key = None
+    if model.response_cache and use is None and req is not None:
+        key = await request_key_off_loop(name, model.digest, req)  # type: ignore[arg-type]  # READY: a digest
+        kept = service.response_cache.get(key)
+        if kept is not None:
+            hit = await _from_cache(call, req, kept)
+            phases.cache_hit_ns = time.monotonic_ns() - phases.checked
+            return hit
+        phases.cache_miss_ns = time.monotonic_ns() - phases.checked
     headers = {"Content-Type": "application/octet-stream" if forward_length is not None else "application/json"}
     if forward_length is not None:
         headers[HEADER_LENGTH] = str(forward_length)
@@ -124,6 +137,10 @@ async def _run(service: ModelService, model: LoadedModel, call: InferCall, phase
     label = f"runner for {name}"
     outputs = model.carton.outputs  # type: ignore[union-attr]  # READY: it has its carton
     answer, parsed = await checked_answer_off_loop(answer, outputs, label)
+    if key is not None and parsed is not None and service.models.get(name) is model and model.state == "READY":
+        storing = time.monotonic_ns()   # kept only while this version serves: an unload or switch drops its answers
+        service.response_cache.put(key, await cached_answer_off_loop(name, parsed.doc, parsed.outputs))
+        phases.cache_miss_ns += time.monotonic_ns() - storing  # type: ignore[operator]  # set with key
     if call.parsed and parsed is not None:
         return InferAnswer(200, answer.headers, answer.body, doc=parsed.doc,
                            outputs=_client_outputs(parsed, use, arena if answer.arena else None, label))
@@ -138,6 +155,23 @@ async def _run(service: ModelService, model: LoadedModel, call: InferCall, phase
         payload, tail = await _compressed(call.accept_encoding, out_headers, payload, tail)
     return InferAnswer(answer.status, out_headers, payload,
                        f"runner: {error_text(payload)}" if answer.status >= 400 else None, tail)
+
+
+async def _from_cache(call: InferCall, req: InferRequest, kept: CachedAnswer) -> InferAnswer:
+    """A kept answer for ``req``, with its id, in the form its door and
+    client want."""
+    doc, tensors = kept.answer_doc(req.id), kept.tensors()
+    if call.parsed:
+        return InferAnswer(200, {}, b"", doc=doc, outputs=tensors)
+    parts, length = encode_answer_tensors(doc, tensors, req.wants_binary)
+    headers = {"Content-Type": "application/json" if length is None else "application/octet-stream"}
+    if length is not None:
+        headers[HEADER_LENGTH] = str(length)
+    payload: bytes | bytearray | memoryview = parts[0]
+    tail = [memoryview(part) for part in parts[1:]]
+    if call.accept_encoding:
+        payload, tail = await _compressed(call.accept_encoding, headers, payload, tail)
+    return InferAnswer(200, headers, payload, tail=tail)
 
 
 def _arena_forward(model: LoadedModel, call: InferCall, req: InferRequest | None, use: ShmUse | None,

@@ -30,6 +30,7 @@ class LoadedModel:
     runners: ModelRunners | None = None  # None: loaded as files only (reason says why)
     max_batch_size: int = 0             # > 0: inputs' first dimension is a batch of at most this
     batcher: DynamicBatcher | None = None  # the load's dynamic_batching, over these runners
+    response_cache: bool = False        # its answers are kept in the daemon's response cache
 
     @property
     def serving_state(self) -> str:

@@ -63,6 +63,7 @@ class _Live(Collector):
         yield from _arena_families(values.get("arena"))
         yield from _spare_families(values.get("spares"))
         yield from _check_families(values.get("check_workers"))
+        yield from _response_cache_families(values.get("response_cache"))
 
 
 def _source_figure_families(figures: list[SourceBytes]) -> Iterator:
@@ -161,6 +162,12 @@ _TRITON_SERIES = (
      "(does not include cached requests)", lambda s: s["compute_infer"][1] // 1000),
     ("nv_inference_compute_output_duration_us", "Cumulative inference compute output duration in microseconds "
      "(does not include cached requests)", lambda s: s["compute_output"][1] // 1000),
+    ("nv_cache_num_hits_per_model", "Number of cache hits per model", lambda s: s["cache_hit"][0]),
+    ("nv_cache_num_misses_per_model", "Number of cache misses per model", lambda s: s["cache_miss"][0]),
+    ("nv_cache_hit_duration_per_model", "Total cache hit duration per model, in microseconds",
+     lambda s: s["cache_hit"][1] // 1000),
+    ("nv_cache_miss_duration_per_model", "Total cache miss (insert + lookup) duration per model, in microseconds",
+     lambda s: s["cache_miss"][1] // 1000),
 )
 
 
@@ -189,6 +196,17 @@ def _check_families(stats: dict[str, int] | None) -> Iterator:
                               value=stats["checked"])
     yield CounterMetricFamily("cartonstore_check_worker_failures", "Check workers that failed or vanished "
                               "mid-request (the daemon checked the request itself)", value=stats["failed"])
+
+
+def _response_cache_families(figures: dict[str, int] | None) -> Iterator:
+    if figures is None:   # cache.size = 0
+        return
+    yield GaugeMetricFamily("cartonstore_response_cache_bytes", "Bytes of infer answers in the response cache "
+                            "(of cache.size)", value=figures["bytes"])
+    yield GaugeMetricFamily("cartonstore_response_cache_entries", "Infer answers in the response cache",
+                            value=figures["entries"])
+    yield CounterMetricFamily("cartonstore_response_cache_evictions", "Answers the response cache let go, least "
+                              "recently used first, to keep within cache.size", value=figures["evictions"])
 
 
 def _arena_families(stats: dict[str, int] | None) -> Iterator:

@@ -6,8 +6,10 @@ load's config. A load's config arrives parsed as Triton parses it
 only fields set are present); the rules here are cartonstore's own.
 
 Honoured: max_batch_size, dynamic_batching (batcher.py), instance_group,
-parameters (the runner's opts); name, platform, backend, input and output
-are accepted when they say what the carton says. Everything else Triton's
+parameters (the runner's opts), response_cache (response_cache.py); name,
+platform, backend, input and output are accepted when they say what the
+carton says, and model_transaction_policy when it says what cartonstore
+does (one response per request: not decoupled). Everything else Triton's
 ModelConfig has (ensembles, warmup, sequence batching, ...) is refused,
 naming the field, rather than accepted and ignored.
 """
@@ -25,8 +27,8 @@ from cartonstore.format.dtypes import carton_dtype_to_v2, shape_to_v2_dims
 from cartonstore.runner.builtin_runners import triton_platform
 
 MAX_BATCH_LIMIT = 1 << 20
-HONOURED = ("max_batch_size", "dynamic_batching", "instance_group", "parameters")
-CHECKED = ("name", "platform", "backend", "input", "output", "version_policy", "runtime")
+HONOURED = ("max_batch_size", "dynamic_batching", "instance_group", "parameters", "response_cache")
+CHECKED = ("name", "platform", "backend", "input", "output", "version_policy", "runtime", "model_transaction_policy")
 # what config_of answers beside these, so a config read back loads again unchanged
 _ONE_VERSION = {"latest": {"num_versions": 1}}
 # messages that mean nothing when present and empty (a config read back from Triton writes them so)
@@ -40,6 +42,7 @@ def check_config_fields(config: Mapping[str, Any] | None) -> None:
     does not honour (before any work)."""
     if not config:
         return
+    asks_response_cache(config)
     unknown = sorted(set(config) - set(HONOURED) - set(CHECKED))
     if unknown:
         raise InvalidInput(f"config: cartonstore does not support {', '.join(repr(k) for k in unknown)} "
@@ -54,6 +57,26 @@ def check_config_fields(config: Mapping[str, Any] | None) -> None:
                            f"'version_policy' {config['version_policy']!r} is not supported", subject="version_policy")
     for i, group in enumerate(config.get("instance_group", ())):
         _unsupported_fields(group, _GROUP_FIELDS, _GROUP_EMPTY, f"instance_group[{i}]")
+
+
+def asks_response_cache(config: Mapping[str, Any] | None) -> bool:
+    """Whether a load's config enables the response cache; refuses, by
+    name, a response_cache field cartonstore does not know, the cache for
+    a decoupled model (as Triton refuses it: a decoupled model's many
+    responses are no one answer to keep), and a decoupled model."""
+    config = config or {}
+    cache = config.get("response_cache", {})
+    _unsupported_fields(cache, ("enable",), (), "response_cache")
+    enabled = bool(cache.get("enable", False))
+    if (config.get("model_transaction_policy") or {}).get("decoupled", False):
+        if enabled:
+            raise InvalidInput("config: the response cache does not support a model with the 'decoupled' "
+                               "transaction policy (model_transaction_policy); disable response_cache",
+                               subject="response_cache")
+        raise InvalidInput("config: cartonstore answers one response per request: model_transaction_policy "
+                           "'decoupled' = true is not supported", subject="model_transaction_policy")
+    _unsupported_fields(config.get("model_transaction_policy", {}), ("decoupled",), (), "model_transaction_policy")
+    return enabled
 
 
 MAX_QUEUE_DELAY_US = 10_000_000   # ten seconds: a longer wait is a mistake, not a policy
@@ -215,4 +238,5 @@ def model_config(name: str, carton: CartonConfig, config: Mapping[str, Any] | No
             "output": [tensor_config(s, batch) for s in carton.outputs or ()],
             "instance_group": groups, "parameters": params,
             "runtime": carton.runner.runner_name,
-            **({"dynamic_batching": policy.as_config()} if (policy := batching_policy(carton, config)) else {})}
+            **({"dynamic_batching": policy.as_config()} if (policy := batching_policy(carton, config)) else {}),
+            **({"response_cache": {"enable": True}} if asks_response_cache(config) else {})}

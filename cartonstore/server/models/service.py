@@ -66,8 +66,15 @@ from .loaded_model import (
 )
 from .loaded_self_tests import self_tested_on_load
 from .metrics import Metrics
-from .model_config import batching_policy, check_against_carton, check_config_fields, max_batch_size
+from .model_config import (
+    asks_response_cache,
+    batching_policy,
+    check_against_carton,
+    check_config_fields,
+    max_batch_size,
+)
 from .node_status import node_status
+from .response_cache import ResponseCache
 from .restore import forget_loaded, remember_loaded
 from .runner_plan import instance_devices
 from .runtime import RunnerHost
@@ -80,11 +87,11 @@ class ModelService:
                  runners: RunnerSettings | None = None, *, shm_over_tcp: bool = False,
                  max_request_size: int = 256 << 20, arena_size: int = ARENA_SIZE, check_workers: int = 0,
                  daemon_id: str | None = None, allow_tcp_local_sources: bool = False,
-                 budget: GcPolicy | None = None, gc_interval: float = 600.0) -> None:
+                 budget: GcPolicy | None = None, gc_interval: float = 600.0, response_cache_size: int = 0) -> None:
         """daemon_id: who this daemon is in the index's loaded_models
         (server.id); None records nothing (restore.py). allow_tcp_local_sources:
         see caller_paths.py. budget, gc_interval: the [gc] settings, as
-        GET /v1/node reports them."""
+        GET /v1/node reports them. response_cache_size: [cache] size."""
         self.store = store
         self.puller = puller
         self.leases = leases
@@ -101,6 +108,7 @@ class ModelService:
         self.gc_interval = gc_interval
         self.shm_regions = ShmRegions(allow_tcp=shm_over_tcp, max_read=max_request_size)
         self.check_pool = CheckPool(check_workers) if check_workers else None
+        self.response_cache = ResponseCache(response_cache_size)
         self.runner_host = RunnerHost(runners or RunnerSettings(), store.layout.root / "run" / "runners",
                                       store.layout.tmp_dir, arena_size=arena_size,
                                       max_request_size=max_request_size)
@@ -302,6 +310,7 @@ class ModelService:
             model.carton = await asyncio.to_thread(self.store.config_of, model.digest)
             check_against_carton(name, model.carton, model.config)
             model.max_batch_size = max_batch_size(model.carton, model.config)
+            model.response_cache = self._caches_answers(name, model.config)
             policy = batching_policy(model.carton, model.config)
             model.runners = await self.runner_host.start(name, model.digest, granted.path, model.carton,
                                                          model.config, await early.starting(model))
@@ -323,6 +332,7 @@ class ModelService:
         model.state = READY
         model.reason = ready_reason(model)
         self.models[name] = model
+        self.response_cache.drop(name)   # answers of the version it replaces
         log.info("model %s version %s loaded%s", name, model.digest[:12],
                  "" if model.runners is not None else f" ({model.reason})")
         if serving is not None:
@@ -332,6 +342,18 @@ class ModelService:
             finally:
                 await self._let_go(switch_id(self.owner, name))
         return model
+
+    def _caches_answers(self, name: str, config: dict | None) -> bool:
+        """Whether the model's answers go in the response cache: its config
+        asks and the daemon has one. A model asking while [cache] size is 0
+        loads without it, with a warning (as Triton loads it)."""
+        if not asks_response_cache(config):
+            return False
+        if not self.response_cache.capacity:
+            log.warning("model %s: its config enables response_cache, but [cache] size is 0: its answers are "
+                        "not cached", name)
+            return False
+        return True
 
     async def _drained(self, model: LoadedModel) -> None:
         """Requests waiting in the model's batcher are sent before its
@@ -440,6 +462,7 @@ class ModelService:
             finally:
                 await self._let_go(self.pin_of(name))
             self.models[name] = LoadedModel(name, model.digest if model else None, UNAVAILABLE, "unloaded")
+            self.response_cache.drop(name)
             await forget_loaded(self, name)
             log.info("model %s unloaded", name)
 
@@ -555,7 +578,8 @@ class ModelService:
                 "served": self.metrics.served_bytes,
                 "arena": self.runner_host.arena_stats(),
                 "spares": self.runner_host.prewarm.status() if self.runner_host.prewarm is not None else None,
-                "check_workers": self.check_pool.stats() if self.check_pool is not None else None}
+                "check_workers": self.check_pool.stats() if self.check_pool is not None else None,
+                "response_cache": self.response_cache.figures() if self.response_cache.capacity else None}
 
 
 def resolve_on(conn: sqlite3.Connection, ref: str) -> str | None:
