@@ -3,7 +3,7 @@ lease answers it hands out. Plain data, shared by the service and the API."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +29,9 @@ class LoadedModel:
     runners: ModelRunners | None = None  # None: loaded as files only (reason says why)
     max_batch_size: int = 0             # > 0: inputs' first dimension is a batch of at most this
     batcher: DynamicBatcher | None = None  # the load's dynamic_batching, over these runners
+    keep_alive: float | None = None     # idle seconds before it is unloaded (lifecycle.py)
+    reload_params: dict[str, Any] = field(default_factory=dict)  # what a load on demand loads it with again
+    unloaded: bool = False              # UNAVAILABLE because it was unloaded (not a failed load)
 
     @property
     def serving_state(self) -> str:

@@ -45,6 +45,7 @@ from .batcher import DynamicBatcher
 from .caller_paths import source_caller
 from .early_start import EarlyStart
 from .gc_child import collect_in_child, gc_summary
+from .lifecycle import is_idle, load_keep_alive, unload_at
 from .load_params import b64_parameter, parse_triton_config, write_tree
 from .loaded_model import (
     OWNED_LEASE_PREFIXES,
@@ -64,6 +65,7 @@ from .node_status import node_status
 from .restore import forget_loaded, remember_loaded
 from .runner_plan import instance_devices
 from .runtime import RunnerHost
+from .turnover import Turnover
 
 log = logging.getLogger("cartonstore.server")
 T = TypeVar("T")
@@ -104,6 +106,8 @@ class ModelService:
         self.ready = True
         # names a caller loaded or unloaded while a restore runs (ready is false): it leaves them alone
         self.asked: set[str] = set()
+        # what keep_alive, max_loaded and load_on_demand do (turnover.py)
+        self.turnover = Turnover(self.models, self.runner_host.config, self._unload, self.load, self._load_locks)
 
     def pin_of(self, name: str) -> str:
         """The lease by which this daemon keeps the model it loaded as ``name``."""
@@ -230,6 +234,7 @@ class ModelService:
         # carton may also name a stored one by its manifest hash (or a prefix).
         if params.get("source") or any(k.startswith("file:") for k in params) or not HEX.fullmatch(name):
             validate_name(name)
+        keep_alive = load_keep_alive(params, self.runner_host.config.keep_alive)
         if not restoring:
             self.note_asked(name)
         lock = self._load_locks.get(name)
@@ -240,6 +245,7 @@ class ModelService:
                 if restoring and name in self.asked:   # a caller's load or unload came first: theirs stands
                     return None
                 model = await self._load_locked(name, params, version, peer)
+                self.turnover.loaded(model, keep_alive, params)
                 await remember_loaded(self, model)
                 return model
         except CartonStoreError as e:   # Triton's words first: clients match on them
@@ -294,6 +300,8 @@ class ModelService:
             check_against_carton(name, model.carton, model.config)
             model.max_batch_size = max_batch_size(model.carton, model.config)
             policy = batching_policy(model.carton, model.config)
+            if serving is None:   # a version switch takes the slot its name holds
+                await self.turnover.make_room(name)
             model.runners = await self.runner_host.start(name, model.digest, granted.path, model.carton,
                                                          model.config, await early.starting(model))
             if policy is not None and model.runners is not None:
@@ -420,8 +428,17 @@ class ModelService:
         if never_loaded and not loading and await self._known(name) is None:
             await forget_loaded(self, name)   # a restore that could not find its carton leaves a row: gone now
             raise NotFound(f"failed to unload {name!r}: {triton_unknown_model(name)}", subject=name)
+        await self._unload(name, "asked", "unloaded")
+
+    async def _unload(self, name: str, why: str, reason: str, *, if_idle: LoadedModel | None = None) -> bool:
+        """Stop ``name``'s runners and drop its pin; its files stay in the store and
+        its name stays known. ``why``: the label of cartonstore_model_unloads_total;
+        ``reason``: what the index says. ``if_idle``: only if that model is still
+        the one loaded and still idle (a request or a load may have come)."""
         async with self._load_locks.setdefault(name, asyncio.Lock()):  # after a load in progress
             model = self.models.get(name)
+            if if_idle is not None and (model is not if_idle or not is_idle(model, self.turnover.usage)):
+                return False
             if model is not None:
                 model.state, model.reason = UNAVAILABLE, "unloading"
             try:
@@ -430,9 +447,14 @@ class ModelService:
                 await self.runner_host.stop(model.runners if model is not None else None)
             finally:
                 await self._let_go(self.pin_of(name))
-            self.models[name] = LoadedModel(name, model.digest if model else None, UNAVAILABLE, "unloaded")
+            gone = LoadedModel(name, model.digest if model else None, UNAVAILABLE, reason, unloaded=True)
+            if model is not None:
+                gone.reload_params = model.reload_params
+            self.models[name] = gone
             await forget_loaded(self, name)
-            log.info("model %s unloaded", name)
+            self.metrics.model_unloads.labels(why).inc()
+            log.info("model %s unloaded%s", name, "" if why == "asked" else f" ({why}): {reason}")
+            return True
 
     async def index(self, ready_only: bool) -> list[dict[str, str]]:
         rows = dict(await asyncio.to_thread(self._stored_names))
@@ -440,6 +462,9 @@ class ModelService:
                                           for n, d in rows.items()}
         for name, model in self.models.items():
             out[name] = model.as_index_row()
+            going = unload_at(model, self.turnover.usage)
+            if going is not None:
+                out[name]["unload_at"] = going
         listed = sorted(out.values(), key=lambda r: r["name"])
         return [r for r in listed if r["state"] == READY] if ready_only else listed
 
