@@ -219,6 +219,8 @@ class RunnerSettings:
     # idle one first.
     max_loaded: int = v.setting(0, v.integer(0))
     # An infer to a model the store holds but that is not loaded loads it, waiting at most load_wait.
+    # Host memory all runners together may hold (models/turnover.py measures it); None: no limit.
+    max_memory: int | None = v.size_setting(None, 1 << 20, optional=True)
     load_on_demand: bool = v.setting(False, v.boolean)
     load_wait: float = v.duration_setting(60.0, positive=True)
     network: frozenset[str] = v.setting(frozenset(), _network, _show_network)

@@ -1,13 +1,17 @@
 """Models that come and go: keep_alive (0, 2 s, -1), runners.max_loaded
 (least recently used idle model unloaded first, never one with a request
 in flight or keep_alive -1, else 503 naming the holders) and
-runners.load_on_demand (16 concurrent first requests over HTTP and gRPC
-share one load; runners.load_wait bounds the wait). Real daemons, real
-python runners, stock tritonclient."""
+runners.max_memory (the same, measured after a load's runners are ready;
+models of about 85 MiB, 48 MiB of it allocated at load, against a budget
+of 2.5 of them, rather than the issue's 800 MiB in 2 GiB: the suite stays
+small) and runners.load_on_demand (16 concurrent first requests over HTTP
+and gRPC share one load; runners.load_wait bounds the wait). Real daemons,
+real python runners, stock tritonclient."""
 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import threading
@@ -24,6 +28,8 @@ from conftest import short_dir
 from kit.daemonkit import DaemonProcess, call, wait_for
 from kit.inferkit import echo_toml, in_flight, runner_pids
 from tritonclient.utils import InferenceServerException
+
+from cartonstore.system.memory_use import tree_rss
 
 # Echoes x_float32; a first value > 0 is how many seconds to take first (a request held in flight).
 SLOW_MAIN = '''
@@ -42,6 +48,8 @@ def get_model():
     {startup}
     return Slow()
 '''
+
+BALLAST = "global BALLAST; BALLAST = bytearray(b'\\x01') * (48 << 20)"   # resident: every page written
 
 CONFIG = """
 [runners]
@@ -194,6 +202,58 @@ def test_max_loaded_unloads_the_least_recently_used_idle_model(daemon: DaemonPro
         holder.join(30)
     assert held and held[0].tolist() == [[4.0]]   # the request in flight was answered
     assert unloads(daemon, "max_loaded") == before + 2
+
+
+def test_max_memory_unloads_the_least_recently_used_idle_model(served: tuple[DaemonProcess, Path],
+                                                              tmp_path: Path) -> None:
+    sources = {name: slow_carton(tmp_path / name, name, startup=BALLAST) for name in ("b1", "b2", "b3")}
+    sizer = served[0]   # what one such runner holds here, measured as the daemon will
+    assert load(sizer, "sized", sources["b1"])[0] == 200
+    one = sum(tree_rss(index(sizer)["sized"]["pids"]).values())
+    assert call(sizer, "POST", "/v2/repository/models/sized/unload", json={})[0] == 200
+    budget = int(2.5 * one) >> 20
+    with short_dir() as base:
+        config = base / "cartonstore.toml"
+        config.write_text(f'[runners]\nmax_memory = "{budget}MiB"\nstop_grace = "2s"\n')
+        d = DaemonProcess(base / "root", extra_args=["--config", str(config)]).start()
+        try:
+            assert load(d, "b1", sources["b1"])[0] == 200
+            assert load(d, "b2", sources["b2"])[0] == 200
+            http_infer(d, "b1")                  # b2 is now the least recently used
+            assert load(d, "b3", sources["b3"])[0] == 200
+            rows = index(d)
+            assert (rows["b1"]["state"], rows["b2"]["state"], rows["b3"]["state"]) == ("READY", "UNAVAILABLE", "READY")
+            assert rows["b2"]["reason"] == \
+                f"unloaded: least recently used idle model, for 'b3' (runners.max_memory {budget}MiB)"
+
+            held: list[Any] = []
+            holder = threading.Thread(target=lambda: held.append(http_infer(d, "b1", 4.0)))
+            holder.start()
+            try:
+                assert wait_for(lambda: in_flight(d, "b1") == 1, 20)
+                http_infer(d, "b3")
+                status, body = load(d, "b2", keep_alive=-1)   # b1, in flight, is older: b3 goes
+                assert status == 200, body
+                rows = index(d)
+                assert (rows["b1"]["state"], rows["b2"]["state"], rows["b3"]["state"]) == \
+                    ("READY", "READY", "UNAVAILABLE")
+                status, body = load(d, "b3")
+                assert status == 503, body
+                assert re.fullmatch(
+                    rf"failed to load 'b3': runners.max_memory {budget}MiB exceeded: the runners hold [0-9.]+ MiB, "
+                    r"[0-9.]+ MiB of it for 'b3', and no loaded model is idle to unload: held by "
+                    r"b1 [0-9.]+ MiB \(1 request\(s\) in flight\), b2 [0-9.]+ MiB \(keep_alive -1\)",
+                    body["error"]), body  # type: ignore[index]  # an error body
+                row = index(d)["b3"]
+                assert row["state"] == "UNAVAILABLE" and "pids" not in row   # its runner stopped
+            finally:
+                holder.join(30)
+            assert held and held[0].tolist() == [[4.0]]
+            metrics = call(d, "GET", "/metrics")[1]
+            assert 'cartonstore_model_unloads_total{reason="max_memory"} 2.0' in metrics  # type: ignore[operator]  # text
+        finally:
+            d.stop()
+        assert wait_for(lambda: not runner_pids(d.root), 10), runner_pids(d.root)
 
 
 def test_sixteen_first_requests_share_one_load_on_demand(served: tuple[DaemonProcess, Path],

@@ -21,6 +21,7 @@ from cartonstore.config.runners import FOREVER, show_keep_alive
 from cartonstore.config.runners import keep_alive as keep_alive_setting
 from cartonstore.config.values import BadValue
 from cartonstore.errors import InvalidInput
+from cartonstore.format.units import format_size
 
 from .loaded_model import LOADING, READY, LoadedModel
 
@@ -107,16 +108,23 @@ def least_recently_used(models: Iterable[LoadedModel], usage: Usage, loading: st
     return min(idle, key=lambda m: usage.last_used(m.name), default=None)
 
 
+def why_held(model: LoadedModel, usage: Usage) -> str | None:
+    """Why a model that holds runners cannot be unloaded to make room; None: it can."""
+    if model.state == LOADING:
+        return "loading"
+    if holds_runners(model) and usage.in_flight(model.name):
+        return f"{usage.in_flight(model.name)} request(s) in flight"
+    if holds_runners(model) and model.keep_alive == FOREVER:
+        return "keep_alive -1"
+    return None
+
+
 def slot_holders(models: Iterable[LoadedModel], usage: Usage, loading: str) -> list[str]:
     """Each model holding a slot, and why it cannot go."""
-    out = []
-    for m in models:
-        if m.name == loading:
-            continue
-        if m.state == LOADING:
-            out.append(f"{m.name} (loading)")
-        elif holds_runners(m) and usage.in_flight(m.name):
-            out.append(f"{m.name} ({usage.in_flight(m.name)} request(s) in flight)")
-        elif holds_runners(m) and m.keep_alive == FOREVER:
-            out.append(f"{m.name} (keep_alive -1)")
-    return out
+    return [f"{m.name} ({why})" for m in models if m.name != loading and (why := why_held(m, usage))]
+
+
+def memory_holders(models: Iterable[LoadedModel], usage: Usage, sizes: dict[str, int], loading: str) -> list[str]:
+    """Each model whose runners hold memory, how much, and why it cannot go."""
+    return [f"{m.name} {format_size(sizes[m.name])} ({why})" for m in models
+            if m.name != loading and m.name in sizes and (why := why_held(m, usage))]

@@ -304,6 +304,8 @@ class ModelService:
                 await self.turnover.make_room(name)
             model.runners = await self.runner_host.start(name, model.digest, granted.path, model.carton,
                                                          model.config, await early.starting(model))
+            if serving is None and model.runners is not None:
+                await self._fit_memory(model)
             if policy is not None and model.runners is not None:
                 model.batcher = DynamicBatcher(model.runners, policy, instances=len(model.runners.devices),
                                                max_queued=self.runner_host.config.max_inflight)
@@ -331,6 +333,16 @@ class ModelService:
             finally:
                 await self._let_go(switch_id(self.owner, name))
         return model
+
+    async def _fit_memory(self, model: LoadedModel) -> None:
+        """runners.max_memory with ``model``'s runners running: what does not
+        fit stops them (turnover.py)."""
+        try:
+            await self.turnover.fit_memory(model.name)
+        except BaseException:
+            runners, model.runners = model.runners, None   # the index gives the refusal, not "unloaded"
+            await asyncio.shield(self.runner_host.stop(runners))
+            raise
 
     async def _drained(self, model: LoadedModel) -> None:
         """Requests waiting in the model's batcher are sent before its

@@ -1,8 +1,15 @@
 """Models that come and go, the acting part of lifecycle.py: the requests
 each model has in flight, the loop that unloads models idle past their
-keep_alive, the room a load past runners.max_loaded makes, and loads on
-demand (runners.load_on_demand). The model service owns one and lends it
-its unload and load."""
+keep_alive, the room a load past runners.max_loaded or runners.max_memory
+makes, and loads on demand (runners.load_on_demand). The model service
+owns one and lends it its unload and load.
+
+What a load's runners will hold is unknown before they run, so
+max_memory is kept after the fact: once a new model's runners are ready,
+the memory of every runner is measured (system/memory_use.py: each one's
+cgroup where it has one that accounts memory, else the resident sets of
+its process tree) and least recently used idle models are unloaded until
+the total fits; when none can go, the load fails and its runners stop."""
 
 from __future__ import annotations
 
@@ -10,11 +17,14 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
+from pathlib import Path
 from typing import Any, Protocol
 
 from cartonstore.config.runners import RunnerSettings
-from cartonstore.config.values import duration_text
+from cartonstore.config.values import duration_text, size_text
 from cartonstore.errors import CartonStoreError, Unavailable
+from cartonstore.format.units import format_size
+from cartonstore.system.memory_use import cgroup_bytes, tree_rss
 from cartonstore.system.single_flight import SingleFlight
 
 from .lifecycle import (
@@ -23,6 +33,7 @@ from .lifecycle import (
     holds_runners,
     idle_reason,
     least_recently_used,
+    memory_holders,
     slot_holders,
     unload_due,
 )
@@ -103,6 +114,32 @@ class Turnover:
                 await self._unload(coldest.name, "max_loaded", f"unloaded: least recently used idle model, for "
                                    f"{loading!r} (runners.max_loaded {limit})", if_idle=coldest)
 
+    async def fit_memory(self, loading: str) -> None:
+        """After ``loading``'s runners are ready: within runners.max_memory,
+        unloading the least recently used idle models, else Unavailable naming
+        what holds the memory (the caller stops the new runners)."""
+        limit = self.settings.max_memory
+        if limit is None:
+            return
+        async with self._making_room:
+            while True:
+                sources = {m.name: m.runners.memory_sources() for m in tuple(self.models.values())
+                           if m.runners is not None}
+                sizes = await asyncio.to_thread(runner_memory, sources)
+                total = sum(sizes.values())
+                if total <= limit:
+                    return
+                others = [m for m in tuple(self.models.values()) if m.name != loading]
+                coldest = least_recently_used(others, self.usage, loading)
+                if coldest is None:
+                    holders = ", ".join(memory_holders(others, self.usage, sizes, loading)) or "nothing else"
+                    own = format_size(sizes.get(loading, 0))
+                    raise Unavailable(f"runners.max_memory {size_text(limit)} exceeded: the runners hold "
+                                      f"{format_size(total)}, {own} of it for {loading!r}, and no loaded model is idle "
+                                      f"to unload: held by {holders}", subject=loading)
+                await self._unload(coldest.name, "max_memory", f"unloaded: least recently used idle model, for "
+                                   f"{loading!r} (runners.max_memory {size_text(limit)})", if_idle=coldest)
+
     def loads_on_demand(self, name: str) -> bool:
         """An infer to ``name`` may load it: runners.load_on_demand is on and
         no model of that name is loaded (never, unloaded, or loading now). A
@@ -130,3 +167,17 @@ class Turnover:
         except asyncio.TimeoutError:
             raise Unavailable(f"model {name!r} is still loading on demand after runners.load_wait "
                               f"{duration_text(wait)}; retry later", subject=name) from None
+
+
+def runner_memory(sources: Mapping[str, list[tuple[int | None, Path | None]]]) -> dict[str, int]:
+    """Bytes the runners of each model hold (ModelRunners.memory_sources()
+    by model name): in a worker thread, it reads /proc and /sys."""
+    trees = tree_rss([pid for pairs in sources.values() for pid, cgroup in pairs if pid is not None and cgroup is None])
+    out = {}
+    for name, pairs in sources.items():
+        total = 0
+        for pid, cgroup in pairs:
+            charged = cgroup_bytes(cgroup) if cgroup is not None else None
+            total += charged if charged is not None else trees.get(pid, 0) if pid is not None else 0
+        out[name] = total
+    return out
