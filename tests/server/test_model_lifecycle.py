@@ -169,38 +169,47 @@ def test_a_bad_keep_alive_is_refused_by_name(daemon: DaemonProcess, tmp_path: Pa
     assert "ka-bad" not in index(daemon)   # nothing added, nothing loaded
 
 
-def test_max_loaded_unloads_the_least_recently_used_idle_model(daemon: DaemonProcess, tmp_path: Path) -> None:
-    sources = {name: slow_carton(tmp_path / name, name) for name in ("m1", "m2", "m3")}
-    before = unloads(daemon, "max_loaded")
-    assert load(daemon, "m1", sources["m1"])[0] == 200
-    assert load(daemon, "m2", sources["m2"])[0] == 200
-    http_infer(daemon, "m1")                  # m2 is now the least recently used
-    assert load(daemon, "m3", sources["m3"])[0] == 200
-    rows = index(daemon)
-    assert (rows["m1"]["state"], rows["m2"]["state"], rows["m3"]["state"]) == ("READY", "UNAVAILABLE", "READY")
-    assert rows["m2"]["reason"] == "unloaded: least recently used idle model, for 'm3' (runners.max_loaded 2)"
+def three_take_turns(d: DaemonProcess, sources: dict[str, Path], limit: str) -> str:
+    """Three models under a budget of two (``limit`` names it): the least
+    recently used idle one goes first, never one with a request in flight
+    nor one with keep_alive -1; when only such are left, the third load is
+    refused and its runners stop. Its refusal."""
+    a, b, c = sources
+    assert load(d, a, sources[a])[0] == 200
+    assert load(d, b, sources[b])[0] == 200
+    http_infer(d, a)                  # b is now the least recently used
+    assert load(d, c, sources[c])[0] == 200
+    rows = index(d)
+    assert (rows[a]["state"], rows[b]["state"], rows[c]["state"]) == ("READY", "UNAVAILABLE", "READY")
+    assert rows[b]["reason"] == f"unloaded: least recently used idle model, for {c!r} ({limit})"
 
-    # m1 holds a request (it became the least recently used when it started): m3 goes instead
+    # a holds a request (it became the least recently used when it started): c goes instead
     held: list[Any] = []
-    holder = threading.Thread(target=lambda: held.append(http_infer(daemon, "m1", 4.0)))
+    holder = threading.Thread(target=lambda: held.append(http_infer(d, a, 4.0)))
     holder.start()
     try:
-        assert wait_for(lambda: in_flight(daemon, "m1") == 1, 20)
-        http_infer(daemon, "m3")
-        status, body = load(daemon, "m2", keep_alive=-1)
+        assert wait_for(lambda: in_flight(d, a) == 1, 20)
+        http_infer(d, c)
+        status, body = load(d, b, keep_alive=-1)
         assert status == 200, body
-        rows = index(daemon)
-        assert (rows["m1"]["state"], rows["m2"]["state"], rows["m3"]["state"]) == ("READY", "READY", "UNAVAILABLE")
-
-        # nothing idle can go: refused, naming what holds the slots
-        status, body = load(daemon, "m3")
+        rows = index(d)
+        assert (rows[a]["state"], rows[b]["state"], rows[c]["state"]) == ("READY", "READY", "UNAVAILABLE")
+        status, body = load(d, c)     # nothing idle can go
         assert status == 503, body
-        assert body["error"] == ("failed to load 'm3': runners.max_loaded 2 reached and no loaded model is idle to "  # type: ignore[index]  # an error body
-                                 "unload: held by m1 (1 request(s) in flight), m2 (keep_alive -1)")
-        assert index(daemon)["m3"]["state"] == "UNAVAILABLE"
+        row = index(d)[c]
+        assert row["state"] == "UNAVAILABLE" and "pids" not in row   # its runner stopped
     finally:
         holder.join(30)
     assert held and held[0].tolist() == [[4.0]]   # the request in flight was answered
+    return body["error"]  # type: ignore[index,no-any-return]  # an error body
+
+
+def test_max_loaded_unloads_the_least_recently_used_idle_model(daemon: DaemonProcess, tmp_path: Path) -> None:
+    before = unloads(daemon, "max_loaded")
+    refusal = three_take_turns(daemon, {name: slow_carton(tmp_path / name, name) for name in ("m1", "m2", "m3")},
+                               "runners.max_loaded 2")
+    assert refusal == ("failed to load 'm3': runners.max_loaded 2 reached and no loaded model is idle to unload: "
+                       "held by m1 (1 request(s) in flight), m2 (keep_alive -1)")
     assert unloads(daemon, "max_loaded") == before + 2
 
 
@@ -217,38 +226,11 @@ def test_max_memory_unloads_the_least_recently_used_idle_model(served: tuple[Dae
         config.write_text(f'[runners]\nmax_memory = "{budget}MiB"\nstop_grace = "2s"\n')
         d = DaemonProcess(base / "root", extra_args=["--config", str(config)]).start()
         try:
-            assert load(d, "b1", sources["b1"])[0] == 200
-            assert load(d, "b2", sources["b2"])[0] == 200
-            http_infer(d, "b1")                  # b2 is now the least recently used
-            assert load(d, "b3", sources["b3"])[0] == 200
-            rows = index(d)
-            assert (rows["b1"]["state"], rows["b2"]["state"], rows["b3"]["state"]) == ("READY", "UNAVAILABLE", "READY")
-            assert rows["b2"]["reason"] == \
-                f"unloaded: least recently used idle model, for 'b3' (runners.max_memory {budget}MiB)"
-
-            held: list[Any] = []
-            holder = threading.Thread(target=lambda: held.append(http_infer(d, "b1", 4.0)))
-            holder.start()
-            try:
-                assert wait_for(lambda: in_flight(d, "b1") == 1, 20)
-                http_infer(d, "b3")
-                status, body = load(d, "b2", keep_alive=-1)   # b1, in flight, is older: b3 goes
-                assert status == 200, body
-                rows = index(d)
-                assert (rows["b1"]["state"], rows["b2"]["state"], rows["b3"]["state"]) == \
-                    ("READY", "READY", "UNAVAILABLE")
-                status, body = load(d, "b3")
-                assert status == 503, body
-                assert re.fullmatch(
-                    rf"failed to load 'b3': runners.max_memory {budget}MiB exceeded: the runners hold [0-9.]+ MiB, "
-                    r"[0-9.]+ MiB of it for 'b3', and no loaded model is idle to unload: held by "
-                    r"b1 [0-9.]+ MiB \(1 request\(s\) in flight\), b2 [0-9.]+ MiB \(keep_alive -1\)",
-                    body["error"]), body  # type: ignore[index]  # an error body
-                row = index(d)["b3"]
-                assert row["state"] == "UNAVAILABLE" and "pids" not in row   # its runner stopped
-            finally:
-                holder.join(30)
-            assert held and held[0].tolist() == [[4.0]]
+            refusal = three_take_turns(d, sources, f"runners.max_memory {budget}MiB")
+            assert re.fullmatch(
+                rf"failed to load 'b3': runners.max_memory {budget}MiB exceeded: the runners hold [0-9.]+ MiB, "
+                r"[0-9.]+ MiB of it for 'b3', and no loaded model is idle to unload: held by "
+                r"b1 [0-9.]+ MiB \(1 request\(s\) in flight\), b2 [0-9.]+ MiB \(keep_alive -1\)", refusal), refusal
             metrics = call(d, "GET", "/metrics")[1]
             assert 'cartonstore_model_unloads_total{reason="max_memory"} 2.0' in metrics  # type: ignore[operator]  # text
         finally:
