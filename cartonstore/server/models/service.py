@@ -465,7 +465,7 @@ class ModelService:
             self.models[name] = gone
             await forget_loaded(self, name)
             self.metrics.model_unloads.labels(why).inc()
-            log.info("model %s unloaded%s", name, "" if why == "asked" else f" ({why}): {reason}")
+            log.info("model %s %s", name, reason)   # "unloaded", or why
             return True
 
     async def index(self, ready_only: bool) -> list[dict[str, str]]:
