@@ -107,7 +107,7 @@ class ModelService:
         # names a caller loaded or unloaded while a restore runs (ready is false): it leaves them alone
         self.asked: set[str] = set()
         # what keep_alive, max_loaded and load_on_demand do (turnover.py)
-        self.turnover = Turnover(self.models, self.runner_host.config, self._unload, self.load, self._load_locks)
+        self.turnover = Turnover(self.models, self.runner_host, self._unload, self.load, self._load_locks)
 
     def pin_of(self, name: str) -> str:
         """The lease by which this daemon keeps the model it loaded as ``name``."""
@@ -304,8 +304,8 @@ class ModelService:
                 await self.turnover.make_room(name)
             model.runners = await self.runner_host.start(name, model.digest, granted.path, model.carton,
                                                          model.config, await early.starting(model))
-            if serving is None and model.runners is not None:
-                await self._fit_memory(model)
+            if serving is None:
+                await self.turnover.fit_memory(model)
             if policy is not None and model.runners is not None:
                 model.batcher = DynamicBatcher(model.runners, policy, instances=len(model.runners.devices),
                                                max_queued=self.runner_host.config.max_inflight)
@@ -333,16 +333,6 @@ class ModelService:
             finally:
                 await self._let_go(switch_id(self.owner, name))
         return model
-
-    async def _fit_memory(self, model: LoadedModel) -> None:
-        """runners.max_memory with ``model``'s runners running: what does not
-        fit stops them (turnover.py)."""
-        try:
-            await self.turnover.fit_memory(model.name)
-        except BaseException:
-            runners, model.runners = model.runners, None   # the index gives the refusal, not "unloaded"
-            await asyncio.shield(self.runner_host.stop(runners))
-            raise
 
     async def _drained(self, model: LoadedModel) -> None:
         """Requests waiting in the model's batcher are sent before its

@@ -20,7 +20,6 @@ from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
-from cartonstore.config.runners import RunnerSettings
 from cartonstore.config.values import duration_text, size_text
 from cartonstore.errors import CartonStoreError, Unavailable
 from cartonstore.format.units import format_size
@@ -38,6 +37,7 @@ from .lifecycle import (
     unload_due,
 )
 from .loaded_model import LOADING, READY, LoadedModel
+from .runtime import RunnerHost
 
 log = logging.getLogger("cartonstore.server")
 
@@ -47,11 +47,11 @@ class Unload(Protocol):
 
 
 class Turnover:
-    def __init__(self, models: dict[str, LoadedModel], settings: RunnerSettings, unload: Unload,
+    def __init__(self, models: dict[str, LoadedModel], runner_host: RunnerHost, unload: Unload,
                  load: Callable[[str, dict[str, Any]], Awaitable[Any]], load_locks: Mapping[str, asyncio.Lock]) -> None:
         """models, load_locks: the service's own (read here, never written);
         unload, load: its ModelService._unload and load."""
-        self.models, self.settings = models, settings
+        self.models, self.runner_host, self.settings = models, runner_host, runner_host.config
         self._unload, self._load, self._load_locks = unload, load, load_locks
         self.usage = Usage()   # requests by model name: what keep_alive and max_loaded go by
         self._due_changed = asyncio.Event()     # unload_idle() looks at the models again
@@ -114,13 +114,20 @@ class Turnover:
                 await self._unload(coldest.name, "max_loaded", f"unloaded: least recently used idle model, for "
                                    f"{loading!r} (runners.max_loaded {limit})", if_idle=coldest)
 
-    async def fit_memory(self, loading: str) -> None:
-        """After ``loading``'s runners are ready: within runners.max_memory,
-        unloading the least recently used idle models, else Unavailable naming
-        what holds the memory (the caller stops the new runners)."""
-        limit = self.settings.max_memory
-        if limit is None:
+    async def fit_memory(self, model: LoadedModel) -> None:
+        """Once a new ``model``'s runners are ready: within runners.max_memory,
+        unloading the least recently used idle models, else its runners stop
+        and Unavailable names what holds the memory."""
+        if self.settings.max_memory is None or model.runners is None:
             return
+        try:
+            await self._fit_memory(model.name, self.settings.max_memory)
+        except BaseException:
+            runners, model.runners = model.runners, None   # the index gives the refusal, not "unloaded"
+            await asyncio.shield(self.runner_host.stop(runners))
+            raise
+
+    async def _fit_memory(self, loading: str, limit: int) -> None:
         async with self._making_room:
             while True:
                 sources = {m.name: m.runners.memory_sources() for m in tuple(self.models.values())
