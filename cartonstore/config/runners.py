@@ -27,6 +27,7 @@ rlimits otherwise) and
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -125,6 +126,34 @@ def _network(value: object) -> frozenset[str]:
     return frozenset(v.strings()(value.get("allow", [])))
 
 
+FOREVER = math.inf   # keep_alive -1: never unloaded for being idle, nor to make room
+
+
+def keep_alive(value: object) -> float | None:
+    """How long a model stays loaded with no request, as Ollama reads its
+    keep_alive: a number of seconds or a duration ("5m", "30s", "1h30m"),
+    0 (unload once its requests are answered), a negative one ("-1", "-1m")
+    for forever (FOREVER). "": unset (None): never unloaded for being idle,
+    but a load past max_loaded may unload it."""
+    if value == "":
+        return None
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    negative = value.strip().startswith("-") if isinstance(value, str) else number and value < 0  # type: ignore[operator]  # a number
+    magnitude = (value.strip()[1:] if isinstance(value, str) else -value) if negative else value  # type: ignore[operator]  # a number
+    try:
+        seconds: float = v.duration(positive=False)(magnitude)
+    except v.BadValue:
+        raise v.BadValue(f"expected a keep_alive such as 5m, 30s, 0 (unload once answered) or -1 (forever), "
+                         f"got {value!r}") from None
+    return FOREVER if negative and seconds else seconds
+
+
+def show_keep_alive(seconds: float | None) -> str:
+    if seconds is None:
+        return ""
+    return "-1" if seconds == FOREVER else v.duration_text(seconds)
+
+
 def _show_network(names: frozenset[str]) -> dict[str, list[str]]:
     return {"allow": sorted(names)}
 
@@ -183,6 +212,17 @@ class RunnerSettings:
     # Built-in runner kinds kept started, one spare per device, so that a load
     # pays for its model, not for the interpreter and the framework's import.
     prewarm: tuple[str, ...] = v.setting((), _prewarm)
+    # How long a loaded model with no request stays loaded (keep_alive above); a load's own
+    # parameters.keep_alive wins. None: until it is unloaded or a load needs its slot.
+    keep_alive: float | None = v.setting(None, keep_alive, show_keep_alive)
+    # Models with runners loaded at once (0: no limit); a load past it unloads the least recently used
+    # idle one first.
+    max_loaded: int = v.setting(0, v.integer(0))
+    # An infer to a model the store holds but that is not loaded loads it, waiting at most load_wait.
+    # Host memory all runners together may hold (models/turnover.py measures it); None: no limit.
+    max_memory: int | None = v.size_setting(None, 1 << 20, optional=True)
+    load_on_demand: bool = v.setting(False, v.boolean)
+    load_wait: float = v.duration_setting(60.0, positive=True)
     network: frozenset[str] = v.setting(frozenset(), _network, _show_network)
 
     def __post_init__(self) -> None:

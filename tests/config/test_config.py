@@ -9,6 +9,7 @@ from __future__ import annotations
 import configparser
 import dataclasses
 import itertools
+import math
 import os
 import shlex
 import shutil
@@ -181,6 +182,11 @@ DEFAULTS = {
     "runners.max_processes": 512,
     "runners.sandbox_paths": (),
     "runners.prewarm": (),
+    "runners.keep_alive": None,
+    "runners.max_loaded": 0,
+    "runners.max_memory": None,
+    "runners.load_on_demand": False,
+    "runners.load_wait": 60.0,
     "runners.network": frozenset(),
     "mirror.listen": "",
     "mirror.upstream": "",
@@ -358,6 +364,11 @@ FILE_VALUES = [
     ("runners.max_processes", "64", 64),
     ("runners.sandbox_paths", '["/opt/models"]', ("/opt/models",)),
     ("runners.prewarm", '["onnx", "torchscript", "onnx"]', ("onnx", "torchscript")),
+    ("runners.keep_alive", '"-1m"', math.inf),
+    ("runners.max_loaded", "3", 3),
+    ("runners.max_memory", '"160MiB"', 160 << 20),
+    ("runners.load_on_demand", "true", True),
+    ("runners.load_wait", '"90s"', 90.0),
     ("runners.network", '{ allow = ["fetcher"] }', frozenset({"fetcher"})),
 ]
 
@@ -665,6 +676,11 @@ BAD_VALUES = [
     ("runners.max_processes", "-1", "integer"),
     ("runners.sandbox_paths", '["relative/path"]', "absolute paths"),
     ("runners.prewarm", '["tensorflow"]', "only python, onnx, torchscript can be pre-warmed"),
+    ("runners.keep_alive", '"soon"', "expected a keep_alive such as 5m, 30s, 0 (unload once answered) or -1"),
+    ("runners.max_loaded", "-1", "expected an integer >= 0"),
+    ("runners.max_memory", '"1KiB"', "expected a size >= 1048576"),
+    ("runners.load_on_demand", '"perhaps"', "expected true or false"),
+    ("runners.load_wait", '"0s"', "expected a duration > 0"),
     ("runners.network", '{ deny = ["x"] }', "[runners.network]"),
 ]
 

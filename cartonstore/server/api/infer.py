@@ -9,7 +9,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from cartonstore.errors import InvalidInput
-from cartonstore.server.inference import STREAM_ANSWER, InferCall, serving_model, widen_send_buffer
+from cartonstore.server.inference import STREAM_ANSWER, InferCall, serving_or_loadable, widen_send_buffer
 from cartonstore.server.inference import infer as run_infer
 from cartonstore.server.tensors.shm_regions import peer_of
 from cartonstore.v2.framing import HEADER_LENGTH
@@ -22,7 +22,7 @@ from .responses import ERROR_TEXT
 async def infer(request: web.Request) -> web.StreamResponse:
     service = svc(request)
     name, version = request.match_info["name"], request.match_info.get("version")
-    model = serving_model(service, name, version)  # an unknown model is refused before its body is read
+    model = serving_or_loadable(service, name, version)  # an unknown model is refused before its body is read
     if request.transport is None:
         raise InvalidInput("the connection closed before its request was read")
     peer = peer_of(request.transport)   # before an await: a connection gone meanwhile has no socket to ask

@@ -11,10 +11,10 @@ from aiohttp import web
 
 from cartonstore.config.values import BadValue, tolerance
 from cartonstore.errors import InvalidInput
+from cartonstore.server.inference import serving_model
 from cartonstore.server.models.loaded_self_tests import self_test
 
 from .context import body_json, svc
-from .infer import serving_model
 
 
 def _tolerances(doc: dict[str, Any], defaults: tuple[float, float]) -> tuple[float, float]:

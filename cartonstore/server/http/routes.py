@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from cartonstore.server.calls.bodies import body_object
 from cartonstore.server.calls.leases import release, renew, take
-from cartonstore.server.inference import InferAnswer, InferCall, infer, serving_model
+from cartonstore.server.inference import InferAnswer, InferCall, infer, serving_or_loadable
 from cartonstore.v2 import json_codec
 
 if TYPE_CHECKING:
@@ -69,7 +69,7 @@ def _infer_route(name: str, version: str | None) -> NativeRoute:
                          head.headers.get("accept-encoding", ""), slot)
         return await infer(service, model, call)
     label = "/v2/models/{name}/infer" if version is None else "/v2/models/{name}/versions/{version}/infer"
-    return NativeRoute(label, lambda service: serving_model(service, name, version), produce, arena=True)
+    return NativeRoute(label, lambda service: serving_or_loadable(service, name, version), produce, arena=True)
 
 
 def _json_answer(doc: dict[str, Any]) -> InferAnswer:

@@ -47,6 +47,39 @@ def serving_model(service: ModelService, name: str, version: str | None) -> Load
     return model
 
 
+def serving_or_loadable(service: ModelService, name: str, version: str | None) -> LoadedModel | None:
+    """What a door resolves before it reads a request: the serving model,
+    or None when it is not loaded and the request may load it on demand
+    (serving_on_demand, once the request is read)."""
+    try:
+        return serving_model(service, name, version)
+    except (NotFound, InvalidInput):
+        if service.turnover.loads_on_demand(name):
+            return None
+        raise
+
+
+async def serving_on_demand(service: ModelService, name: str, version: str | None) -> LoadedModel:
+    """The serving model, loaded on demand (runners.load_on_demand); a name
+    the store does not hold is refused as it is without loading on demand."""
+    try:
+        await service.turnover.load_on_demand(name)
+    except NotFound:
+        pass   # serving_model says it in the words of an unknown model
+    return serving_model(service, name, version)
+
+
+async def still_serving(service: ModelService, name: str, version: str | None) -> LoadedModel:
+    """The serving model once a request has arrived: the same, another
+    version, or, unloaded meanwhile (keep_alive), loaded again on demand."""
+    try:
+        return serving_model(service, name, version)
+    except (NotFound, InvalidInput):
+        if not service.turnover.loads_on_demand(name):
+            raise
+    return await serving_on_demand(service, name, version)
+
+
 def arena_slot_for(model: LoadedModel | None, length: int) -> ArenaSlot | None:
     """A slot for a big binary request of ``length`` bytes and its outputs
     (as many bytes again) in the model version's own arena, when its

@@ -46,7 +46,7 @@ from cartonstore.v2.wire_types import WireTensor
 
 from .answer import InferAnswer
 from .checks import Checked, batch_size, checked_off_loop, tensors_checked_off_loop
-from .models import serving_model
+from .models import serving_on_demand, still_serving
 from .phases import Phases
 
 if TYPE_CHECKING:
@@ -74,13 +74,26 @@ class InferCall:
         return self.request is not None
 
 
-async def infer(service: ModelService, model: LoadedModel, call: InferCall,
+async def infer(service: ModelService, model: LoadedModel | None, call: InferCall,
                 convert: Callable[[InferAnswer], Any] | None = None) -> InferAnswer:
     """Check ``call`` against ``model`` and run it; the runner's answer.
+    ``model`` None: the door found it not loaded and it loads on demand
+    (serving_or_loadable), waited for here.
     ``call.slot``: the caller releases it once the answer is written (or
     converted). ``convert``: turns a successful answer into a door's own
     form (``answer.converted``); if it raises, the request failed. Every
     request that reached a model's check counts in its statistics."""
+    service.turnover.request_started(call.name)   # in flight: its model is not unloaded for being idle
+    try:
+        if model is None:
+            model = await serving_on_demand(service, call.name, call.version)
+        return await _answered(service, model, call, convert)
+    finally:
+        service.turnover.request_ended(call.name)
+
+
+async def _answered(service: ModelService, model: LoadedModel, call: InferCall,
+                    convert: Callable[[InferAnswer], Any] | None) -> InferAnswer:
     phases = Phases()
     try:
         answer = await _run(service, model, call, phases)
@@ -104,7 +117,7 @@ async def _run(service: ModelService, model: LoadedModel, call: InferCall, phase
     name = call.name
     header_length = None if call.parsed else header_length_of(call.header_length)  # 0: a raw binary request
     req, parts, forward_length, use = await _checked(service, model, call, header_length)
-    current = serving_model(service, name, call.version)  # the version may have switched while the body arrived
+    current = await still_serving(service, name, call.version)  # the version may have switched while the body arrived
     if current is not model:
         model = current
         phases.runners = model.runners

@@ -3,6 +3,7 @@ files uploaded as base64 "file:<version>/<path>" parameters."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import shutil
@@ -14,7 +15,10 @@ from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from tritonclient.grpc.model_config_pb2 import ModelConfig
 
 from cartonstore.errors import InvalidInput
+from cartonstore.fetch.puller import Puller, PullResult
 from cartonstore.format.paths import validate_carton_path
+from cartonstore.store.materialize.tree import remove_tree
+from cartonstore.store.root.owner import tmp_name
 from cartonstore.v2.json_codec import loads
 
 _INT64 = (FieldDescriptor.CPPTYPE_INT64, FieldDescriptor.CPPTYPE_UINT64)
@@ -101,3 +105,23 @@ def write_tree(root: Path, files: dict[str, bytes]) -> None:
         shutil.rmtree(root, ignore_errors=True)
         raise InvalidInput("the uploaded files are not a carton: give one file:<v>/<name>.carton, "
                            "or the files of an unpacked carton including carton.toml")
+
+
+async def add_uploaded(puller: Puller, tmp_dir: Path, name: str, files: dict[str, Any]) -> PullResult:
+    """Triton's file:<version>/<path> uploads added as ``name``: one
+    .carton, or the files of an unpacked carton."""
+    work = tmp_name(tmp_dir, "upload")
+    try:
+        # Uploads may be hundreds of MiB: decoding them would stall every request.
+        decoded = await asyncio.to_thread(lambda: {k: b64_parameter(k, v) for k, v in files.items()})
+        cartons = [k for k in decoded if k.endswith(".carton")]
+        work.mkdir()
+        if len(decoded) == 1 and cartons:
+            target = work / "upload.carton"
+            await asyncio.to_thread(target.write_bytes, decoded[cartons[0]])
+        else:
+            target = work / "carton"
+            await asyncio.to_thread(write_tree, target, decoded)
+        return await puller.add(str(target), name=name, force=True)
+    finally:
+        await asyncio.to_thread(remove_tree, work)

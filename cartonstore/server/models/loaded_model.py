@@ -4,7 +4,7 @@ lease answers it hands out. Plain data, shared by the service and the API."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +31,9 @@ class LoadedModel:
     max_batch_size: int = 0             # > 0: inputs' first dimension is a batch of at most this
     batcher: DynamicBatcher | None = None  # the load's dynamic_batching, over these runners
     response_cache: bool = False        # its answers are kept in the daemon's response cache
+    keep_alive: float | None = None     # idle seconds before it is unloaded (lifecycle.py)
+    reload_params: dict[str, Any] = field(default_factory=dict)  # what a load on demand loads it with again
+    unloaded: bool = False              # UNAVAILABLE because it was unloaded (not a failed load)
 
     @property
     def serving_state(self) -> str:

@@ -16,6 +16,7 @@ naming the field, rather than accepted and ignored.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from math import prod
@@ -25,6 +26,8 @@ from cartonstore.errors import InvalidInput
 from cartonstore.format.carton_toml import CartonConfig, TensorSpec
 from cartonstore.format.dtypes import carton_dtype_to_v2, shape_to_v2_dims
 from cartonstore.runner.builtin_runners import triton_platform
+
+log = logging.getLogger(__name__)
 
 MAX_BATCH_LIMIT = 1 << 20
 HONOURED = ("max_batch_size", "dynamic_batching", "instance_group", "parameters", "response_cache")
@@ -77,6 +80,19 @@ def asks_response_cache(config: Mapping[str, Any] | None) -> bool:
                            "'decoupled' = true is not supported", subject="model_transaction_policy")
     _unsupported_fields(config.get("model_transaction_policy", {}), ("decoupled",), (), "model_transaction_policy")
     return enabled
+
+
+def caches_answers(name: str, config: Mapping[str, Any] | None, cache_size: int) -> bool:
+    """Whether the model's answers go in the response cache: its config
+    asks and the daemon has one. A model asking while [cache] size is 0
+    loads without it, with a warning (as Triton loads it)."""
+    if not asks_response_cache(config):
+        return False
+    if not cache_size:
+        log.warning("model %s: its config enables response_cache, but [cache] size is 0: its answers are "
+                    "not cached", name)
+        return False
+    return True
 
 
 MAX_QUEUE_DELAY_US = 10_000_000   # ten seconds: a longer wait is a mistake, not a policy

@@ -34,7 +34,6 @@ from cartonstore.server.tensors.shm_regions import Peer, ShmRegions
 from cartonstore.store import Store
 from cartonstore.store.gc.plan import GcPolicy, GcReport
 from cartonstore.store.group_commit import GroupCommit
-from cartonstore.store.materialize.tree import remove_tree
 from cartonstore.store.metadata.adopted_rows import lists_adopted
 from cartonstore.store.metadata.names import (
     HEX,
@@ -44,7 +43,7 @@ from cartonstore.store.metadata.names import (
     restore_name,
     validate_name,
 )
-from cartonstore.store.root.owner import owner_token, tmp_name
+from cartonstore.store.root.owner import owner_token
 from cartonstore.system.callers import Credentials
 from cartonstore.system.single_flight import SingleFlight
 
@@ -52,7 +51,8 @@ from .batcher import DynamicBatcher
 from .caller_paths import source_caller
 from .early_start import EarlyStart
 from .gc_child import collect_in_child, gc_summary
-from .load_params import b64_parameter, parse_triton_config, write_tree
+from .lifecycle import is_idle, load_keep_alive, unload_at
+from .load_params import add_uploaded, parse_triton_config
 from .loaded_model import (
     OWNED_LEASE_PREFIXES,
     READY,
@@ -67,8 +67,8 @@ from .loaded_model import (
 from .loaded_self_tests import self_tested_on_load
 from .metrics import Metrics
 from .model_config import (
-    asks_response_cache,
     batching_policy,
+    caches_answers,
     check_against_carton,
     check_config_fields,
     max_batch_size,
@@ -78,6 +78,7 @@ from .response_cache import ResponseCache
 from .restore import forget_loaded, remember_loaded
 from .runner_plan import instance_devices
 from .runtime import RunnerHost
+from .turnover import Turnover
 
 log = logging.getLogger("cartonstore.server")
 T = TypeVar("T")
@@ -119,6 +120,8 @@ class ModelService:
         self.ready = True
         # names a caller loaded or unloaded while a restore runs (ready is false): it leaves them alone
         self.asked: set[str] = set()
+        # what keep_alive, max_loaded and load_on_demand do (turnover.py)
+        self.turnover = Turnover(self.models, self.runner_host, self._unload, self.load, self._load_locks)
 
     def pin_of(self, name: str) -> str:
         """The lease by which this daemon keeps the model it loaded as ``name``."""
@@ -247,6 +250,7 @@ class ModelService:
         # carton may also name a stored one by its manifest hash (or a prefix).
         if params.get("source") or any(k.startswith("file:") for k in params) or not HEX.fullmatch(name):
             validate_name(name)
+        keep_alive = load_keep_alive(params, self.runner_host.config.keep_alive)
         if not restoring:
             self.note_asked(name)
         lock = self._load_locks.get(name)
@@ -257,6 +261,7 @@ class ModelService:
                 if restoring and name in self.asked:   # a caller's load or unload came first: theirs stands
                     return None
                 model = await self._load_locked(name, params, version, peer)
+                self.turnover.loaded(model, keep_alive, params)
                 await remember_loaded(self, model)
                 return model
         except CartonStoreError as e:   # Triton's words first: clients match on them
@@ -310,10 +315,14 @@ class ModelService:
             model.carton = await asyncio.to_thread(self.store.config_of, model.digest)
             check_against_carton(name, model.carton, model.config)
             model.max_batch_size = max_batch_size(model.carton, model.config)
-            model.response_cache = self._caches_answers(name, model.config)
+            model.response_cache = caches_answers(name, model.config, self.response_cache.capacity)
             policy = batching_policy(model.carton, model.config)
+            if serving is None:   # a version switch takes the slot its name holds
+                await self.turnover.make_room(name)
             model.runners = await self.runner_host.start(name, model.digest, granted.path, model.carton,
                                                          model.config, await early.starting(model))
+            if serving is None:
+                await self.turnover.fit_memory(model)
             if policy is not None and model.runners is not None:
                 model.batcher = DynamicBatcher(model.runners, policy, instances=len(model.runners.devices),
                                                max_queued=self.runner_host.config.max_inflight)
@@ -342,18 +351,6 @@ class ModelService:
             finally:
                 await self._let_go(switch_id(self.owner, name))
         return model
-
-    def _caches_answers(self, name: str, config: dict | None) -> bool:
-        """Whether the model's answers go in the response cache: its config
-        asks and the daemon has one. A model asking while [cache] size is 0
-        loads without it, with a warning (as Triton loads it)."""
-        if not asks_response_cache(config):
-            return False
-        if not self.response_cache.capacity:
-            log.warning("model %s: its config enables response_cache, but [cache] size is 0: its answers are "
-                        "not cached", name)
-            return False
-        return True
 
     async def _drained(self, model: LoadedModel) -> None:
         """Requests waiting in the model's batcher are sent before its
@@ -401,7 +398,9 @@ class ModelService:
         # The name was checked by load(); the daemon moving its own loaded
         # name is a version switch, so the add is forced (leases stay valid).
         if files:
-            return await self._add_uploaded(name, files)
+            result = await add_uploaded(self.puller, self.store.layout.tmp_dir, name, files)
+            self.metrics.dedup_saved_bytes.inc(result.bytes_reused)
+            return result.digest
         if source:
             # Loads of one name queue on its lock, so nothing here could share an add.
             caller = source_caller(source, peer, allow_tcp=self.allow_tcp_local_sources)
@@ -421,27 +420,6 @@ class ModelService:
         digest = await self._batch(lambda conn: resolve_on(conn, ref))
         return digest if digest is not None else await asyncio.to_thread(self._resolve_fast, ref)
 
-    async def _add_uploaded(self, name: str, files: dict[str, Any]) -> str:
-        """Triton's file:<version>/<path> uploads: one .carton, or the files of
-        an unpacked carton."""
-        work = tmp_name(self.store.layout.tmp_dir, "upload")
-        try:
-            # Uploads may be hundreds of MiB: decoding them would stall every request.
-            decoded = await asyncio.to_thread(lambda: {k: b64_parameter(k, v) for k, v in files.items()})
-            cartons = [k for k in decoded if k.endswith(".carton")]
-            work.mkdir()
-            if len(decoded) == 1 and cartons:
-                target = work / "upload.carton"
-                await asyncio.to_thread(target.write_bytes, decoded[cartons[0]])
-            else:
-                target = work / "carton"
-                await asyncio.to_thread(write_tree, target, decoded)
-            result = await self.puller.add(str(target), name=name, force=True)
-            self.metrics.dedup_saved_bytes.inc(result.bytes_reused)
-            return result.digest
-        finally:
-            await asyncio.to_thread(remove_tree, work)
-
     async def unload(self, name: str) -> None:
         self.note_asked(name)
         model = self.models.get(name)
@@ -451,8 +429,17 @@ class ModelService:
         if never_loaded and not loading and await self._known(name) is None:
             await forget_loaded(self, name)   # a restore that could not find its carton leaves a row: gone now
             raise NotFound(f"failed to unload {name!r}: {triton_unknown_model(name)}", subject=name)
+        await self._unload(name, "asked", "unloaded")
+
+    async def _unload(self, name: str, why: str, reason: str, *, if_idle: LoadedModel | None = None) -> bool:
+        """Stop ``name``'s runners and drop its pin; its files stay in the store and
+        its name stays known. ``why``: the label of cartonstore_model_unloads_total;
+        ``reason``: what the index says. ``if_idle``: only if that model is still
+        the one loaded and still idle (a request or a load may have come)."""
         async with self._load_locks.setdefault(name, asyncio.Lock()):  # after a load in progress
             model = self.models.get(name)
+            if if_idle is not None and (model is not if_idle or not is_idle(model, self.turnover.usage)):
+                return False
             if model is not None:
                 model.state, model.reason = UNAVAILABLE, "unloading"
             try:
@@ -461,10 +448,15 @@ class ModelService:
                 await self.runner_host.stop(model.runners if model is not None else None)
             finally:
                 await self._let_go(self.pin_of(name))
-            self.models[name] = LoadedModel(name, model.digest if model else None, UNAVAILABLE, "unloaded")
+            gone = LoadedModel(name, model.digest if model else None, UNAVAILABLE, reason, unloaded=True)
+            if model is not None:
+                gone.reload_params = model.reload_params
+            self.models[name] = gone
             self.response_cache.drop(name)
             await forget_loaded(self, name)
-            log.info("model %s unloaded", name)
+            self.metrics.model_unloads.labels(why).inc()
+            log.info("model %s %s", name, reason)   # "unloaded", or why
+            return True
 
     async def index(self, ready_only: bool) -> list[dict[str, str]]:
         rows = dict(await asyncio.to_thread(self._stored_names))
@@ -472,6 +464,9 @@ class ModelService:
                                           for n, d in rows.items()}
         for name, model in self.models.items():
             out[name] = model.as_index_row()
+            going = unload_at(model, self.turnover.usage)
+            if going is not None:
+                out[name]["unload_at"] = going
         listed = sorted(out.values(), key=lambda r: r["name"])
         return [r for r in listed if r["state"] == READY] if ready_only else listed
 

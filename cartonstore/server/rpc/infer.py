@@ -19,7 +19,7 @@ from cartonstore.server.inference import (
     StatusError,
     arena_slot_for,
     infer,
-    serving_model,
+    serving_or_loadable,
     status_of,
 )
 from cartonstore.server.models.service import ModelService
@@ -50,7 +50,7 @@ async def grpc_infer(service: ModelService, request: pb.ModelInferRequest, peer:
     name, version = request.model_name, request.model_version or None
     if not name:
         raise InvalidInput("an infer request names its model (model_name is empty)")
-    model = serving_model(service, name, version)   # an unknown model is refused before anything is parsed
+    model = serving_or_loadable(service, name, version)   # an unknown model is refused before anything is parsed
     # raw_input_contents are taken as they are; typed contents are packed element by element: big ones off the loop
     typed_and_big = not request.raw_input_contents and request.ByteSize() >= IN_THREAD_FROM
     req = await asyncio.to_thread(request_of, request) if typed_and_big else request_of(request)

@@ -10,6 +10,7 @@ import signal
 import sys
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cartonstore.config.runners import RunnerSettings
@@ -107,6 +108,15 @@ class RunnerInstance:
         confinement = self._proc.confinement if self._proc is not None else None
         return confinement.description if confinement is not None else \
             ("none" if self.spec.sandbox is None else "starting")
+
+    @property
+    def memory_cgroup(self) -> Path | None:
+        """Its cgroup v2 directory when that cgroup accounts its memory; None otherwise."""
+        confinement = self._proc.confinement if self._proc is not None else None
+        cgroup = confinement.cgroup if confinement is not None else None
+        if cgroup is None or "cgroup:memory" not in cgroup.layers or len(cgroup.dirs) != 1:
+            return None
+        return cgroup.dirs[0]
 
     # -- life ---------------------------------------------------------------
 

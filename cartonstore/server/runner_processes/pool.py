@@ -13,6 +13,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cartonstore.config.runners import RunnerSettings
@@ -116,6 +117,10 @@ class ModelRunners:
         return {"name": self.name, "version": self.version, "state": self.state, "reason": self.reason,
                 "restarts": self.restarts, "outstanding": self.outstanding, "sandbox": self.sandbox,
                 "instances": [inst.status() for inst in self._instances]}
+
+    def memory_sources(self) -> list[tuple[int | None, Path | None]]:
+        """Each instance's (pid, memory cgroup) for system/memory_use.py."""
+        return [(inst.pid, inst.memory_cgroup) for inst in self._instances]
 
     @property
     def pids(self) -> list[int | None]:
