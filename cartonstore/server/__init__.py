@@ -1,17 +1,27 @@
 """The daemon: one process per host serving the store over a Unix socket
 (and optionally TCP), from the ground up:
 
-- tensors/: what an infer request's tensors pass through: the tensor arena
-  (shared memory with runners), Triton's shared-memory regions, request
-  checks and the check worker processes;
-- runners/: runner processes: start, supervise, pool, the wire to them;
+- tensors/: the tensor arena (shared memory with runners) and Triton's
+  shared-memory regions;
+- checks/: the JSON check worker processes;
+- runner_processes/: runner processes: start, sandbox, supervise, pool,
+  the wire to them;
 - models/: ``ModelService``, the model service (loading, leases, runtime
-  state, runner plans, self-tests on load, metrics, gc in a child);
-- api/: the aiohttp routes (repository, infer, leases, shared memory,
-  examples, self-tests, blobs, metrics) over the model service;
-- http/: the HTTP/1.1 front that answers infer and lease requests itself and
-  hands every other request to the aiohttp app;
+  state, runner plans, self-tests on load, the response cache, metrics, gc
+  in a child);
+- inference/: the one pipeline every door's infer goes through;
+- calls/: what the doors share that is not inference;
+- the doors, none importing another: api/ (the aiohttp routes), http/ (the
+  HTTP/1.1 front), rpc/ (gRPC), mirror/ (the registry mirror);
 - daemon.py: ``Daemon``, the wiring: sockets, start, stop.
-
-Each subfolder imports only the ones above it in this list.
 """
+
+import os
+
+# The daemon forks (runners before their exec, the gc's child) while grpcio's
+# threads run: its fork handlers, on in grpcio's core unless this says no,
+# then crash the child with SIGSEGV before its exec. No child of the daemon
+# uses gRPC. grpcio reads this when it is first imported, which any module
+# below may do (tritonclient.grpc's messages), so it is set here, first.
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
+
