@@ -24,7 +24,7 @@ class Finder:
 sys.meta_path.insert(0, Finder())
 import importlib
 importlib.import_module(sys.argv[1])
-import grpc  # noqa: F401  # imported here if nothing before did
+import grpc   # here, if nothing before did
 print(seen[0])
 """
 
