@@ -187,6 +187,9 @@ class RunnerSettings:
     max_restarts: int = v.setting(5, v.integer(0))
     restart_backoff: float = v.duration_setting(0.5, positive=False)
     max_inflight: int = v.setting(64, v.integer(1))
+    # How long a request waits for a ready runner while its model's runners restart (it counts against
+    # max_inflight meanwhile); past it, 503 naming the wait. 0: refused at once.
+    restart_wait: float = v.duration_setting(30.0, positive=False)
     # The most bytes one infer answer may have; unset: the larger of server.max_request_size and what the
     # model's declared outputs can hold. Health and the rest of a runner's answers are held to 64 KiB.
     max_response_size: int | None = v.size_setting(None, 1, optional=True)

@@ -317,7 +317,8 @@ def test_crash_on_request_fails_it_and_restarts(script: Path, short_tmp: Path) -
         await runners.start()
         try:
             first = (await infer(runners))["pid"]
-            with pytest.raises(Unavailable, match=r"^runner for m \(instance 0\) died: exited with status 1; "
+            with pytest.raises(Unavailable, match=r"^runner for m \(instance 0\) died with the request in it "
+                                                  r"\(it may have run\): exited with status 1; "
                                                   r"its last stderr lines:\n  crashing on purpose$"):
                 await runners.forward(INFER, b"crash", {})
             assert await wait_for_async(lambda: runners.restarts == 1 and runners.state == "READY")
@@ -329,19 +330,57 @@ def test_crash_on_request_fails_it_and_restarts(script: Path, short_tmp: Path) -
     run(go())
 
 
-def test_killed_runner_is_restarted_then_given_up(script: Path, short_tmp: Path) -> None:
+def test_killed_runner_is_restarted_and_restart_wait_0_refuses_at_once(script: Path, short_tmp: Path) -> None:
     async def go() -> None:
-        runners = ModelRunners("m", "1", [spec(script, short_tmp)], RunnerSettings(**FAST))
+        runners = ModelRunners("m", "1", [spec(script, short_tmp)], RunnerSettings(**FAST, restart_wait=0.0))
         await runners.start()
         try:
             first = runners.status()["instances"][0]["pid"]
             os.kill(first, signal.SIGKILL)
             assert await wait_for_async(lambda: runners.reason.startswith("restarting after"))
             assert runners.state == "LOADING" and "exited with signal 9 (SIGKILL)" in runners.reason
-            with pytest.raises(Unavailable, match="model m has no ready runner .loading.: restarting after"):
+            with pytest.raises(Unavailable, match=r"^model m has no ready runner \(loading\) after waiting "
+                                                  r"runners.restart_wait 0s: restarting after: exited with signal 9"):
                 await runners.forward(INFER, b"x", {})
             assert await wait_for_async(lambda: runners.state == "READY")
             assert runners.restarts == 1 and (await infer(runners))["pid"] != first
+        finally:
+            await runners.stop()
+
+    run(go())
+
+
+def test_request_during_a_restart_waits_for_the_new_runner(script: Path, short_tmp: Path) -> None:
+    async def go() -> None:
+        runners = ModelRunners("m", "1", [spec(script, short_tmp)], RunnerSettings(**{**FAST, "restart_backoff": 0.5}))
+        await runners.start()
+        try:
+            first = runners.status()["instances"][0]["pid"]
+            os.kill(first, signal.SIGKILL)
+            assert await wait_for_async(lambda: runners.reason.startswith("restarting after"))
+            waiting = [asyncio.ensure_future(infer(runners)) for _ in range(3)]
+            await asyncio.sleep(0.05)
+            assert runners.outstanding == 3   # waiting requests count against max_inflight
+            answers = await asyncio.gather(*waiting)
+            assert {a["pid"] for a in answers} == {runners.status()["instances"][0]["pid"]} != {first}
+        finally:
+            await runners.stop()
+
+    run(go())
+
+
+def test_runner_not_back_within_restart_wait_is_refused_naming_it(script: Path, short_tmp: Path) -> None:
+    async def go() -> None:
+        settings = RunnerSettings(**{**FAST, "restart_backoff": 5.0, "restart_wait": 0.3})
+        runners = ModelRunners("m", "1", [spec(script, short_tmp, 0, "--start", "die-after:0.2")], settings)
+        await runners.start()
+        try:
+            assert await wait_for_async(lambda: runners.reason.startswith("restarting after"))
+            with pytest.raises(Unavailable, match=r"^model m has no ready runner \(loading\) after waiting "
+                                                  r"runners.restart_wait 0.3s: restarting after: exited with "
+                                                  r"status 7"):
+                await runners.forward(INFER, b"x", {})
+            assert runners.outstanding == 0
         finally:
             await runners.stop()
 

@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import array
 import asyncio
+import socket
+import threading
 from pathlib import Path
 
 import pytest
 
 from cartonstore.errors import InvalidInput
-from cartonstore.server.runner_processes.wire import BadResponse, RunnerClient
+from cartonstore.server.runner_processes.wire import BadResponse, RunnerClient, Unsent
 
 CLOSE = b"<close>"
 
@@ -160,10 +162,46 @@ def test_bad_request_inputs(short_tmp: Path) -> None:
 
 def test_unreachable_socket(short_tmp: Path) -> None:
     async def go() -> None:
-        with pytest.raises(FileNotFoundError):
+        # not a byte went out: the request may go to another runner
+        with pytest.raises(Unsent, match="^cannot connect: No such file or directory$") as caught:
             await RunnerClient(str(short_tmp / "nobody.sock")).request("GET", "/", {})
+        assert isinstance(caught.value.__cause__, FileNotFoundError)
 
     asyncio.run(go())
+
+
+def test_a_kept_connection_whose_server_is_gone_sends_nothing(short_tmp: Path) -> None:
+    """The server answered keeping the connection, then went away before the
+    client saw it close: the next request's first write fails (EPIPE), so
+    it is Unsent, not one byte of it having reached a server."""
+    path = str(short_tmp / "gone.sock")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen()
+
+    def serve_once() -> None:
+        conn, _ = listener.accept()
+        head = b""
+        while b"\r\n\r\n" not in head:
+            head += conn.recv(65536)
+        conn.sendall(OK)
+        conn.close()
+        listener.close()
+
+    server = threading.Thread(target=serve_once)
+    server.start()
+
+    async def go() -> None:
+        client = RunnerClient(path)
+        try:
+            assert (await client.request("GET", "/", {}))[0] == 200
+            server.join()   # blocking the loop: the client has not seen the close when it sends again
+            with pytest.raises(Unsent, match="^connection lost: the server is gone$"):
+                await client.request("POST", "/v2/models/m/infer", {}, [b"abc"])
+        finally:
+            client.close()
+
+    asyncio.run(asyncio.wait_for(go(), 20))
 
 
 def stalled_answer(short_tmp: Path, head: bytes, limit: int, measure=lambda: 0) -> tuple[object, object, object]:

@@ -28,11 +28,12 @@ from .settings import (
     STDERR_LINES,
     UNAVAILABLE,
     InstanceSpec,
+    NotSent,
     RunnerResponse,
 )
 from .shm_link import RunnerShmLink
 from .sockets import remove_socket
-from .wire import BadResponse, RunnerClient
+from .wire import BadResponse, RunnerClient, Unsent
 
 if TYPE_CHECKING:
     from cartonstore.server.tensors.arena import TensorArena
@@ -45,6 +46,8 @@ STOPPED = "STOPPED"
 _FORWARDED = [(name, name.lower()) for name in FORWARDED_RESPONSE_HEADERS]
 _TIMING = TIMING_HEADER.lower()
 DEATH_NOTICE = 0.25   # after a broken connection, how long to wait to learn whether the process died
+# A request the runner had received when it died: it may have run, so it is not sent again.
+DIED_WITH_IT = "died with the request in it (it may have run)"
 
 
 if sys.version_info >= (3, 11):         # no extra task per request
@@ -222,12 +225,14 @@ class RunnerInstance:
         wrongly: over its limit, not HTTP)."""
         proc, client, shm = self._proc, self._client, self._shm
         if proc is None or client is None or client.closed:
-            raise Unavailable(f"{self.label} is not running: {self.reason or 'restarting'}")
+            raise NotSent(f"{self.label} is not running: {self.reason or 'restarting'}")
         via_arena = arena is not None and self.arena_capable and arena.slot.arena is self._arena
         if via_arena:
             body, headers = arena.runner_request()  # type: ignore[union-attr]  # via_arena: arena is set
         try:
             status, headers_in, answer = await self._exchange(proc, client, shm, path, body, headers, regions, limit)
+        except NotSent:
+            raise   # the runner never saw it: the slot is not its to write
         except BaseException:
             if via_arena:   # it may still write outputs into the slot: kept until the process is gone
                 arena.slot.hold_until(proc.wait())  # type: ignore[union-attr]  # via_arena: arena is set
@@ -243,19 +248,26 @@ class RunnerInstance:
         try:
             async def exchange() -> tuple[int, dict[str, str], bytes | bytearray]:
                 if regions:
-                    await shm.ensure(regions)   # type: ignore[union-attr]  # set with the client
+                    try:
+                        await shm.ensure(regions)   # type: ignore[union-attr]  # set with the client
+                    except (BadResponse, OSError, Unavailable) as e:
+                        if proc.returncode is None and not await proc.exited_within(DEATH_NOTICE):
+                            raise
+                        raise Unsent(f"the runner died while mapping the request's shared memory: {e}") from None
                 return await client.request("POST", path, headers, body, limit=limit)
             status, headers_in, answer = await _within(exchange(), timeout)
         except asyncio.TimeoutError:
             if proc.returncode is None:
                 proc.kill(f"killed after not answering a request within {seconds(timeout)}")
                 raise Unavailable(f"{self.label} did not answer within {seconds(timeout)}; restarting it") from None
-            raise Unavailable(f"{self.label} died: {proc.exit_reason()}",
+            raise Unavailable(f"{self.label} {DIED_WITH_IT}: {proc.exit_reason()}",
                               details={"stderr": proc.stderr_lines()}) from None
+        except Unsent as e:
+            raise NotSent(f"{self.label} did not get the request: {e}") from None
         except (BadResponse, OSError) as e:
             # A dead runner closes the connection first; its exit status follows.
             if await proc.exited_within(DEATH_NOTICE):
-                raise Unavailable(f"{self.label} died: {proc.exit_reason()}",
+                raise Unavailable(f"{self.label} {DIED_WITH_IT}: {proc.exit_reason()}",
                                   details={"stderr": proc.stderr_lines()}) from None
             if isinstance(e, BadResponse) and e.answered:
                 raise BadUpstream(f"{self.label} answered wrongly, so its answer was dropped and its connection "

@@ -2,9 +2,11 @@
 dispatch of requests among them.
 
 A request goes to the READY instance with the fewest requests outstanding
-(ties rotate). The model takes at most max_inflight requests at once; past
-that callers get RunnersBusy (503 + Retry-After) at once rather than piling
-up behind a slow model.
+(ties rotate); while none is ready because they restart, it waits for one
+up to restart_wait (restart_wait.py), and one that never reached its
+runner goes to the next. The model takes at most max_inflight requests at
+once, waiting ones included; past that callers get RunnersBusy (503 +
+Retry-After) at once rather than piling up behind a slow model.
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ from cartonstore.v2.statistics import InferStatistics
 
 from .instance import FirstProcess, RunnerInstance
 from .process import RunnerFailed
-from .settings import LOADING, READY, UNAVAILABLE, InstanceSpec, RunnerResponse, RunnersBusy
+from .restart_wait import RestartWait
+from .settings import LOADING, READY, UNAVAILABLE, InstanceSpec, NotSent, RunnerResponse, RunnersBusy
 
 if TYPE_CHECKING:
     from cartonstore.server.tensors.arena import TensorArena
@@ -68,10 +71,13 @@ class ModelRunners:
         self._stopped = False
         self._starting: list[asyncio.Future[None]] = []
         self._stopping: asyncio.Future[None] | None = None
+        self._state_event = asyncio.Event()   # replaced at each change (state_changed)
 
     # -- status -------------------------------------------------------------
 
     def _changed(self) -> None:
+        event, self._state_event = self._state_event, asyncio.Event()
+        event.set()
         if self._on_change is not None:
             try:
                 self._on_change()
@@ -90,6 +96,11 @@ class ModelRunners:
         if LOADING in states:
             return LOADING
         return UNAVAILABLE
+
+    @property
+    def closing(self) -> bool:
+        """Being unloaded (or unloaded): no new request is taken."""
+        return self._closing or self._stopped
 
     @property
     def reason(self) -> str:
@@ -210,7 +221,7 @@ class ModelRunners:
 
     # -- requests -----------------------------------------------------------
 
-    def _pick(self) -> RunnerInstance | None:
+    def pick(self) -> RunnerInstance | None:
         """The READY instance with the fewest outstanding requests; among
         equals, the scan starts one further each time so they take turns."""
         instances = self._instances
@@ -239,20 +250,29 @@ class ModelRunners:
         model's answer_limit. With ``arena``, an instance that maps the arena
         gets the request in its form."""
         if self._closing:
-            raise Unavailable(f"model {self.name} version {self.version} is being unloaded", subject=self.name)
+            raise self.unloading()
         if self.outstanding >= self.settings.max_inflight:
             raise RunnersBusy(f"model {self.name} already has {self.outstanding} requests in flight "
                               f"(max_inflight {self.settings.max_inflight}); retry later", subject=self.name)
-        inst = self._pick()
-        if inst is None:
-            raise Unavailable(f"model {self.name} has no ready runner ({self.state.lower()}): {self.reason}",
-                              subject=self.name)
         send = {k: v for k, v in headers.items() if k.lower() not in HOP_HEADERS}
         parts = [body] if isinstance(body, (bytes, bytearray, memoryview)) else body
-        self.outstanding += 1
+        self.outstanding += 1   # a request waiting for a runner counts too
         try:
-            return await inst.post(path, parts, send, regions, arena, limit=answers * self.answer_limit)
+            waits = RestartWait(self, self.settings.restart_wait)
+            while True:
+                inst = await waits.ready_instance()
+                try:
+                    return await inst.post(path, parts, send, regions, arena, limit=answers * self.answer_limit)
+                except NotSent as e:
+                    await waits.after_unsent(inst, str(e))
         finally:
             self.outstanding -= 1
             if self._closing and not self.outstanding:
                 self._idle.set()
+
+    def unloading(self) -> Unavailable:
+        return Unavailable(f"model {self.name} version {self.version} is being unloaded", subject=self.name)
+
+    def state_changed(self) -> asyncio.Event:
+        """An event set at the next change of an instance's state (or the model's closing)."""
+        return self._state_event

@@ -92,3 +92,9 @@ class RunnersBusy(Unavailable):
     def __init__(self, message: str, *, subject: str | None = None, retry_after: int = 1) -> None:
         super().__init__(message, subject=subject)
         self.retry_after = retry_after
+
+
+class NotSent(Unavailable):
+    """A request that never reached its runner (it died, or was restarting,
+    before a byte was written to it): the model's pool sends it to the next
+    ready runner."""

@@ -66,6 +66,12 @@ class BadResponse(Exception):
         self.answered = answered
 
 
+class Unsent(ConnectionError):
+    """Not one byte of the request went out: the connection could not be
+    opened, or was lost, or the client closed, before it was written. The
+    server never saw the request; it may go elsewhere."""
+
+
 class _Eof(Exception):
     """The peer closed the connection; ``partial`` says whether mid-answer."""
 
@@ -163,17 +169,29 @@ class _Connection(asyncio.BufferedProtocol):
         socket's big send buffer takes them whole, so the transport keeps no
         copy), never joined."""
         if self.lost is not None or self.transport is None:
-            raise ConnectionResetError("connection lost")
+            raise Unsent("connection lost")
         if sum(len(p) for p in parts) < RECV_CHUNK:
             self.transport.write(b"".join(parts))
+            self._check_first_write()
         else:
+            first = True
             for part in parts:
                 if len(part):
                     self.transport.write(part)
+                    if first:
+                        self._check_first_write()
+                        first = False
         if self.drained is not None:
             await self.drained
             if self.lost is not None:
                 raise ConnectionResetError("connection lost while sending")
+
+    def _check_first_write(self) -> None:
+        """The transport sends a first write at once; a transport closing
+        right after it failed that send (the peer is gone: EPIPE), so not a
+        byte went out."""
+        if self.transport is not None and self.transport.is_closing():
+            raise Unsent("connection lost: the server is gone")
 
     async def more(self) -> None:
         """Wait until something arrives; _Eof when nothing more will."""
@@ -267,11 +285,11 @@ class RunnerClient:
                       body: Sequence[bytes | bytearray | memoryview] = (), *,
                       limit: int = CONTROL_ANSWER) -> tuple[int, dict[str, str], bytes | bytearray]:
         """(status, headers with lower-case names, body). Raises OSError when
-        the socket cannot be reached, BadResponse when the answer is not HTTP
+        the socket cannot be reached (Unsent), BadResponse when the answer is not HTTP
         or its body is over ``limit`` bytes (the connection is then closed).
         A Content-Length body comes back as one buffer, received in place."""
         if self.closed:
-            raise BadResponse("client is closed")
+            raise Unsent("client is closed")
         # Wide-item views (e.g. of a float32 array) go out as their bytes.
         body = [p if isinstance(p, (bytes, bytearray)) else memoryview(p).cast("B") for p in body]
         size = sum(len(p) for p in body)
@@ -281,7 +299,13 @@ class RunnerClient:
                 raise InvalidInput(f"header {name!r} cannot be sent to a runner: it holds a line break or colon")
             head.append(f"{name}: {value}\r\n".encode("latin-1"))
         head.append(b"\r\n")
-        conn = await self._acquire()
+        try:
+            conn = await self._acquire()
+        except OSError as e:
+            raise Unsent(f"cannot connect: {e.strerror or e}") from e
+        if self.closed:   # closed while connecting
+            conn.close()
+            raise Unsent("client is closed")
         self._busy.add(conn)
         reusable = False
         try:
