@@ -12,7 +12,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
+from contextlib import aclosing
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -108,6 +109,11 @@ class ModelRunners:
     def arena_capable(self) -> bool:
         """Some instance maps the daemon's tensor arena: a big request may be received into it."""
         return any(inst.arena_capable for inst in self._instances)
+
+    @property
+    def decoupled(self) -> bool:
+        """Its runners stream many responses to one request (protocol.py, section 12)."""
+        return any(inst.decoupled for inst in self._instances)
 
     @property
     def restarts(self) -> int:
@@ -228,6 +234,20 @@ class ModelRunners:
             self._next = (best.index + 1) % count
         return best
 
+    def _instance_for_request(self) -> RunnerInstance:
+        """The instance a new request goes to; RunnersBusy at max_inflight,
+        Unavailable when none is ready."""
+        if self._closing:
+            raise Unavailable(f"model {self.name} version {self.version} is being unloaded", subject=self.name)
+        if self.outstanding >= self.settings.max_inflight:
+            raise RunnersBusy(f"model {self.name} already has {self.outstanding} requests in flight "
+                              f"(max_inflight {self.settings.max_inflight}); retry later", subject=self.name)
+        inst = self._pick()
+        if inst is None:
+            raise Unavailable(f"model {self.name} has no ready runner ({self.state.lower()}): {self.reason}",
+                              subject=self.name)
+        return inst
+
     async def forward(self, path: str, body: list[bytes | memoryview] | bytes | memoryview,
                       headers: Mapping[str, str], regions: Sequence[Region] = (),
                       arena: ArenaForward | None = None, *, answers: int = 1) -> RunnerResponse:
@@ -238,20 +258,29 @@ class ModelRunners:
         when its answer is over ``answers`` (a batch's requests) times the
         model's answer_limit. With ``arena``, an instance that maps the arena
         gets the request in its form."""
-        if self._closing:
-            raise Unavailable(f"model {self.name} version {self.version} is being unloaded", subject=self.name)
-        if self.outstanding >= self.settings.max_inflight:
-            raise RunnersBusy(f"model {self.name} already has {self.outstanding} requests in flight "
-                              f"(max_inflight {self.settings.max_inflight}); retry later", subject=self.name)
-        inst = self._pick()
-        if inst is None:
-            raise Unavailable(f"model {self.name} has no ready runner ({self.state.lower()}): {self.reason}",
-                              subject=self.name)
+        inst = self._instance_for_request()
         send = {k: v for k, v in headers.items() if k.lower() not in HOP_HEADERS}
         parts = [body] if isinstance(body, (bytes, bytearray, memoryview)) else body
         self.outstanding += 1
         try:
             return await inst.post(path, parts, send, regions, arena, limit=answers * self.answer_limit)
+        finally:
+            self.outstanding -= 1
+            if self._closing and not self.outstanding:
+                self._idle.set()
+
+    async def forward_stream(self, path: str, body: list[bytes | memoryview], headers: Mapping[str, str],
+                             regions: Sequence[Region] = ()) -> AsyncGenerator[RunnerResponse, None]:
+        """forward's stream: each response a decoupled model's runner sends
+        to one request, read as the caller takes them (each at most the
+        model's answer_limit)."""
+        inst = self._instance_for_request()
+        send = {k: v for k, v in headers.items() if k.lower() not in HOP_HEADERS}
+        self.outstanding += 1
+        try:
+            async with aclosing(inst.stream(path, body, send, regions, limit=self.answer_limit)) as responses:
+                async for response in responses:
+                    yield response
         finally:
             self.outstanding -= 1
             if self._closing and not self.outstanding:
