@@ -5,10 +5,14 @@ response with triton_final_response, the empty final one when asked; the
 config read back says decoupled; a one-response infer of it is refused by
 name; a runner that breaks its stream's framing is a named error and the
 stream goes on; a client that stops reading stops the model (what is
-queued between them stays bounded)."""
+queued between them stays bounded). Triton's generate extension over HTTP:
+generate_stream read as server-sent events with a plain HTTP client,
+generate's one answer, for a decoupled model and any other."""
 
 from __future__ import annotations
 
+import http.client
+import json
 import queue
 import time
 from collections.abc import Iterator
@@ -19,35 +23,13 @@ import pytest
 import tritonclient.grpc as tg
 from conftest import short_dir
 from kit.daemonkit import DaemonProcess, wait_for
-from kit.inferkit import runner_pids
+from kit.inferkit import echo_carton, repeat_carton, runner_pids
 from tritonclient.utils import InferenceServerException
 
 from cartonstore.cli.commands import main
 
 pytestmark = pytest.mark.xdist_group("decoupled")
 
-TOML = '''spec_version = 1
-model_name = "{name}"
-[[input]]
-name = "IN"
-dtype = "int32"
-shape = ["n"]
-[[output]]
-name = "OUT"
-dtype = "{out_dtype}"
-shape = [{out_len}]
-[[output]]
-name = "IDX"
-dtype = "uint32"
-shape = [1]
-[runner]
-runner_name = "python"
-required_framework_version = ">=3.8"
-runner_compat_version = 1
-[runner.opts]
-entrypoint_package = "main"
-entrypoint_fn = "get_model"
-'''
 
 REPEAT = '''
 import numpy as np
@@ -126,16 +108,10 @@ def get_model():
 '''
 
 
-def _carton(dest: Path, name: str, main_py: str, out_dtype: str = "int32", out_len: int = 1) -> Path:
-    (dest / "model").mkdir(parents=True)
-    (dest / "carton.toml").write_text(TOML.format(name=name, out_dtype=out_dtype, out_len=out_len))
-    (dest / "model" / "main.py").write_text(main_py)
-    return dest
-
-
 @pytest.fixture(scope="module")
 def served() -> Iterator[tuple[DaemonProcess, Path]]:
-    """One daemon, gRPC on its Unix socket; models repeat, flood, broken."""
+    """One daemon, gRPC on its Unix socket, HTTP on a loopback port; models
+    repeat, flood, broken (decoupled) and echo (one response)."""
     with short_dir() as base:
         count = base / "flood.count"
         d = DaemonProcess(base / "root").start()
@@ -143,10 +119,12 @@ def served() -> Iterator[tuple[DaemonProcess, Path]]:
             for name, main_py, dtype, length in (("repeat", REPEAT, "int32", 1),
                                                   ("flood", FLOOD.format(count=str(count)), "uint8", 256 * 1024),
                                                   ("broken", BROKEN, "int32", 1)):
-                src = _carton(base / "src" / name, name, main_py, dtype, length)
+                src = repeat_carton(base / "src" / name, name, main_py, dtype, length)
                 assert main(["add", str(src), "--name", name, "--root", str(d.root), "--progress", "none"]) == 0
+            echo = echo_carton(base / "src" / "echo", dtypes=["int32", "string"])
+            assert main(["add", str(echo), "--name", "echo", "--root", str(d.root), "--progress", "none"]) == 0
             c = tg.InferenceServerClient(d.grpc_unix)
-            for name in ("repeat", "flood", "broken"):
+            for name in ("repeat", "flood", "broken", "echo"):
                 c.load_model(name)
             c.close()
             yield d, count
@@ -257,3 +235,43 @@ def test_a_client_that_stops_reading_stops_the_model(served: tuple[DaemonProcess
         assert int(count.read_text()) == total
     finally:
         channel.close()
+
+
+def _post(d: DaemonProcess, path: str, doc: object) -> http.client.HTTPResponse:
+    host, port = d.host_port.rsplit(":", 1)
+    conn = http.client.HTTPConnection(host, int(port), timeout=30)
+    conn.request("POST", path, json.dumps(doc), {"Content-Type": "application/json"})
+    return conn.getresponse()
+
+
+def test_generate_stream_sends_each_response_as_an_event(served: tuple[DaemonProcess, Path]) -> None:
+    d, _ = served
+    answer = _post(d, "/v2/models/repeat/generate_stream", {"IN": [5, 6, 7], "id": "g1", "temperature": 0.5})
+    assert answer.status == 200 and answer.getheader("Content-Type").startswith("text/event-stream")
+    events = answer.read().decode().split("\n\n")
+    assert events[-1] == "" and all(e.startswith("data: ") for e in events[:-1]), events
+    docs = [json.loads(e[len("data: "):]) for e in events[:-1]]
+    assert [(doc["OUT"], doc["IDX"], doc["id"], doc["model_name"]) for doc in docs] == \
+        [(5, 0, "g1", "repeat"), (6, 1, "g1", "repeat"), (7, 2, "g1", "repeat")]
+    # a model that answers once: one event, its outputs by name
+    answer = _post(d, "/v2/models/echo/generate_stream", {"x_int32": [[1, 2]], "x_string": [["hi"]]})
+    assert answer.status == 200, answer.read()
+    (event,) = [e for e in answer.read().decode().split("\n\n") if e]
+    doc = json.loads(event[len("data: "):])
+    assert doc["y_int32"] == [[1, 2]] and doc["y_string"] == "hi"
+
+
+def test_generate_answers_one_response(served: tuple[DaemonProcess, Path]) -> None:
+    d, _ = served
+    answer = _post(d, "/v2/models/repeat/generate", {"IN": 9})
+    assert answer.status == 200
+    got = json.loads(answer.read())
+    assert set(got) == {"model_name", "model_version", "OUT", "IDX"} and (got["OUT"], got["IDX"]) == (9, 0)
+    answer = _post(d, "/v2/models/echo/generate", {"x_int32": [[3, 4]], "x_string": [["a", "b"]]})
+    assert answer.status == 200 and json.loads(answer.read())["y_string"] == [["a", "b"]]
+    for model, doc, words in (("repeat", {"IN": [1, 2]}, "more than one response"),
+                              ("repeat", {"IN": 1, "weird": {"a": 1}}, "field 'weird' is no input"),
+                              ("repeat", {}, "'IN' not given"),
+                              ("repeat", [1], "must be a JSON object")):
+        answer = _post(d, f"/v2/models/{model}/generate", doc)
+        assert answer.status == 400 and words in json.loads(answer.read())["error"], (doc, words)
