@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
 import queue
 import time
 from collections.abc import Iterator
@@ -275,3 +276,26 @@ def test_generate_answers_one_response(served: tuple[DaemonProcess, Path]) -> No
                               ("repeat", [1], "must be a JSON object")):
         answer = _post(d, f"/v2/models/{model}/generate", doc)
         assert answer.status == 400 and words in json.loads(answer.read())["error"], (doc, words)
+
+
+def test_a_decoupled_models_outputs_in_shared_memory_are_refused(served: tuple[DaemonProcess, Path]) -> None:
+    import tritonclient.utils.shared_memory as shm
+
+    d, _ = served
+    c = tg.InferenceServerClient(d.grpc_unix)
+    key = f"/cs-decoupled-{os.getpid()}"
+    handle = shm.create_shared_memory_region("outs", key, 64)
+    answers: queue.Queue = queue.Queue()
+    try:
+        c.register_system_shared_memory("outs", key, 64)
+        out = tg.InferRequestedOutput("OUT")
+        out.set_shared_memory("outs", 4)
+        c.start_stream(callback=lambda result, error: answers.put((result, error)))
+        c.async_stream_infer("repeat", _in([1]), outputs=[out])
+        _, error = answers.get(timeout=30)
+        assert error is not None and "not in shared memory" in error.message(), error
+        c.stop_stream()
+    finally:
+        c.unregister_system_shared_memory("outs")
+        c.close()
+        shm.destroy_shared_memory_region(handle)

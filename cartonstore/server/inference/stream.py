@@ -74,11 +74,14 @@ async def infer_stream(service: ModelService, model: LoadedModel | None,
 async def _streamed(service: ModelService, model: LoadedModel, call: InferCall,
                     phases: Phases) -> AsyncGenerator[InferAnswer, None]:
     name = call.name
-    _, parts, forward_length, use = await checked_call(service, model, call)
+    req, parts, forward_length, use = await checked_call(service, model, call)
     current = await still_serving(service, name, call.version)
     if current is not model:
         model = current
-        _, parts, forward_length, use = await checked_call(service, model, call)
+        req, parts, forward_length, use = await checked_call(service, model, call)
+    if req is not None and req.shm_outputs():
+        raise InvalidInput(f"model {name!r} is decoupled: its responses come in the stream, not in shared memory "
+                           f"(request outputs without shared_memory_region)", subject=name)
     if not decoupled(model):
         raise InvalidInput(f"model {name!r} is not decoupled: it answers one response per request (ModelInfer, "
                            f"POST /v2/models/{name}/infer)", subject=name)
