@@ -136,6 +136,12 @@ class Model(Protocol):
     (one call at a time unless opts max_concurrency says more; not always
     the same thread: keep no per-thread state between calls); it returns arrays (or
     anything np.asarray takes) by output name. str/bytes/object arrays are
-    sent as BYTES."""
+    sent as BYTES.
+
+    A decoupled model (many responses to one request, as Triton's decoupled
+    models) also has ``infer_stream(inputs, parameters)``: an iterator of
+    such answers, each sent as one response as soon as it is yielded (the
+    next is asked for once the reader has taken it); the runner lists
+    itself decoupled and the daemon sends its stream requests there."""
 
     def infer(self, inputs: dict[str, np.ndarray], parameters: dict[str, Any]) -> InferOutput: ...

@@ -28,7 +28,7 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 from cartonstore.v2.http1 import (
@@ -65,6 +65,8 @@ class Response:
     status: int
     headers: dict[str, str]
     parts: Sequence[bytes | bytearray | memoryview] = ()
+    # a body written piece by piece as it is made, framed by closing the connection
+    stream: Iterator[Sequence[bytes | bytearray | memoryview]] | None = None
 
 
 Handler = Callable[[Request], Response]
@@ -151,6 +153,22 @@ def send_all(conn: socket.socket, parts: Sequence[bytes | bytearray | memoryview
             sent -= len(views.pop(0))
         if sent:
             views[0] = views[0][sent:]
+
+
+def _send_stream(conn: socket.socket, response: Response) -> None:
+    """A streamed answer: its head, then each piece as its iterator makes
+    it (a reader that stops reading blocks it here), then the end of the
+    connection; the iterator is closed however it ends."""
+    stream = response.stream
+    assert stream is not None
+    try:
+        _send(conn, response_head(response.status, dict(response.headers), close=True))
+        for parts in stream:
+            _send(conn, *parts)
+    finally:
+        close = getattr(stream, "close", None)
+        if close is not None:
+            close()
 
 
 def error_response(status: int, message: str) -> Response:
@@ -318,6 +336,9 @@ class HttpServer:
                 traceback.print_exc(file=sys.stderr)
                 response = error_response(500, f"{type(exc).__name__}: {exc}")
                 size = sum(len(p) for p in response.parts)
+            if response.stream is not None:
+                _send_stream(conn, response)
+                return False
             keep = head.keep_alive
             headers = {**response.headers, "Content-Length": str(size)}
             parts = () if head.method == "HEAD" else response.parts

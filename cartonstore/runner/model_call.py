@@ -144,14 +144,7 @@ def run_and_encode(
     finally:
         encoding = time.monotonic_ns()
         timing.infer_ns = encoding - started
-    outputs, parameters = split_result(result)
-    declared = ctx.declared_outputs
-    selected = _select_outputs(outputs, req, declared)
-    if declared is not None:   # what metadata announces is what responses carry
-        for name, value in selected.items():
-            problem = output_problem(name, value, declared)
-            if problem is not None:
-                raise ModelFailed(problem)
+    selected, parameters = checked_outputs(result, req, ctx)
     sinks = _output_sinks(req, regions, selected)   # looked up again: an object may have shrunk meanwhile
     try:
         return encode_infer_response(
@@ -170,6 +163,22 @@ def run_and_encode(
     finally:
         _close(sinks)
         timing.output_ns = time.monotonic_ns() - encoding
+
+
+def checked_outputs(result: Any, req: InferRequest, ctx: RunnerContext) -> tuple[dict[str, np.ndarray],
+                                                                                  dict[str, Any]]:
+    """What the model returned for ``req``: the requested outputs as
+    arrays, checked against carton.toml's declarations, and the response
+    parameters; ModelFailed naming what is wrong."""
+    outputs, parameters = split_result(result)
+    declared = ctx.declared_outputs
+    selected = _select_outputs(outputs, req, declared)
+    if declared is not None:   # what metadata announces is what responses carry
+        for name, value in selected.items():
+            problem = output_problem(name, value, declared)
+            if problem is not None:
+                raise ModelFailed(problem)
+    return selected, parameters
 
 
 def split_result(result: Any) -> tuple[Mapping[str, Any], dict[str, Any]]:

@@ -197,6 +197,29 @@ outputs with pwrite: a mapping of it could SIGBUS); SHM_FD_PASSED, true
 for a sandboxed runner, which sees no /dev/shm: the daemon has sent the
 object's fd first over SHM_CHANNEL_ENV's socket, one datagram per region,
 the region's name as its bytes and the fd as SCM_RIGHTS.
+
+12. Decoupled models: many responses to one request
+---------------------------------------------------
+A runner whose model answers a request with many responses (Triton's
+decoupled transaction policy; the SDK's ``infer_stream``) lists
+DECOUPLED_EXTENSION in GET SERVER_METADATA_PATH's ``"extensions"``; the
+daemon then marks the model decoupled and sends its stream requests,
+formed as in 6, to POST ``infer_stream_path(name)``. A 200 answer has
+``Connection: close`` and neither Content-Length nor chunked encoding: its
+body is a sequence of frames, one v2 response each, up to the end of the
+connection. A frame is STREAM_FRAME (8 bytes, big-endian: the JSON
+header's length h, the binary data's length b), then h bytes of the
+response's JSON header, then b bytes of its binary outputs in the
+header's order (each output's ``binary_data_size``). The last frame's
+header has the parameter FINAL_PARAMETER true and no outputs; it may
+instead be ``{"error": message}`` (the model failed mid-stream), final
+too. The daemon checks each frame as it checks an answer (7): each at
+most ``runners.max_response_size``, at most MAX_STREAM_RESPONSES of them,
+declared outputs only; a bad frame, or the connection ending before the
+final one, is a 502 naming what was wrong and the connection is closed.
+The daemon reads the frames only as fast as its client takes the
+responses: a runner blocks on its socket, and its model on its yield.
+An error before the first frame is an ordinary error answer (7).
 """
 
 from __future__ import annotations
@@ -209,11 +232,12 @@ from cartonstore.v2.statistics import RequestTiming
 
 __all__ = [
     "ARENA_EXTENSION", "ARENA_FD_ENV", "ARENA_FD_NAME", "ARENA_OUTPUTS", "ARENA_REGION", "DAEMON_IDLE_LIMIT",
-    "EXIT_BAD_ARGUMENTS", "EXIT_LOAD_FAILED", "FD_ENVS", "LISTEN_FD", "MODEL_CHANNEL_ENV",
-    "MODEL_CHANNEL_LENGTH", "MODEL_CHANNEL_MAX_FDS", "MODEL_CHANNEL_MAX_MESSAGE", "PLACEHOLDERS", "READY_PATH",
-    "RUNNER_IDLE_LIMIT", "SERVER_METADATA_PATH", "SHM_CHANNEL_ENV", "SHM_COPY_INPUTS", "SHM_FD_PASSED",
-    "SHM_OBJECT", "STANDARD_ARGV", "TIMING_HEADER", "WARM_DEVICES_ENV", "infer_path", "parse_timing",
-    "shm_register_path", "shm_unregister_path", "timing_header",
+    "DECOUPLED_EXTENSION", "EXIT_BAD_ARGUMENTS", "EXIT_LOAD_FAILED", "FD_ENVS", "FINAL_PARAMETER", "LISTEN_FD",
+    "MAX_STREAM_RESPONSES", "MODEL_CHANNEL_ENV", "MODEL_CHANNEL_LENGTH", "MODEL_CHANNEL_MAX_FDS",
+    "MODEL_CHANNEL_MAX_MESSAGE", "PLACEHOLDERS", "READY_PATH", "RUNNER_IDLE_LIMIT", "SERVER_METADATA_PATH",
+    "SHM_CHANNEL_ENV", "SHM_COPY_INPUTS", "SHM_FD_PASSED", "SHM_OBJECT", "STANDARD_ARGV", "STREAM_FRAME",
+    "TIMING_HEADER", "WARM_DEVICES_ENV", "infer_path", "infer_stream_path", "parse_timing", "shm_register_path",
+    "shm_unregister_path", "timing_header",
 ]
 
 # 1. argv
@@ -244,6 +268,10 @@ SERVER_METADATA_PATH = "/v2"
 
 def infer_path(name: str) -> str:
     return f"/v2/models/{name}/infer"
+
+
+def infer_stream_path(name: str) -> str:
+    return f"/v2/models/{name}/infer_stream"
 
 
 def shm_register_path(region: str) -> str:
@@ -287,3 +315,9 @@ ARENA_EXTENSION = "cartonstore_arena"
 SHM_OBJECT = "cartonstore_object"
 SHM_COPY_INPUTS = "cartonstore_copy_inputs"
 SHM_FD_PASSED = "cartonstore_fd"
+
+# 12. decoupled models
+DECOUPLED_EXTENSION = "cartonstore_decoupled"
+STREAM_FRAME = struct.Struct(">II")
+FINAL_PARAMETER = "triton_final_response"
+MAX_STREAM_RESPONSES = 1 << 20

@@ -3,7 +3,8 @@ http_server.py.
 
 Routes: GET /v2, /v2/health/live, /v2/health/ready,
 /v2/models/{name}[/versions/{v}] (metadata), .../ready, .../stats,
-POST .../infer, and Triton's system shared-memory extension
+POST .../infer, POST .../infer_stream (a decoupled model's responses,
+model_stream.py), and Triton's system shared-memory extension
 (/v2/systemsharedmemory/..., shm.py). Each request is answered in the
 server's thread for its connection: an infer runs the model there, at most
 max_concurrency at once, while other connections' threads keep answering
@@ -15,7 +16,7 @@ from __future__ import annotations
 import re
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 from urllib.parse import unquote
 
@@ -30,10 +31,11 @@ from .builtin_runners import metadata_platform
 from .context import Model, RunnerContext
 from .http_server import Request, Response, error_response
 from .model_call import ModelFailed, decode_request, run_and_encode
-from .protocol import ARENA_EXTENSION, TIMING_HEADER, timing_header
+from .model_stream import stream_call, stream_frames
+from .protocol import ARENA_EXTENSION, DECOUPLED_EXTENSION, TIMING_HEADER, timing_header
 from .shm import MappedRegions
 
-_MODEL = re.compile(r"/v2/models/([^/]+)(?:/versions/([^/]+))?(/ready|/stats|/infer)?")
+_MODEL = re.compile(r"/v2/models/([^/]+)(?:/versions/([^/]+))?(/ready|/stats|/infer_stream|/infer)?")
 _SHM = re.compile(r"/v2/systemsharedmemory(?:/region/([^/]+))?/(status|register|unregister)")
 
 
@@ -80,7 +82,9 @@ def _route(state: RunnerState, request: Request) -> tuple[str, Callable[[], Resp
         wrong = _not_this_model(state, unquote(model[1]), None if model[2] is None else unquote(model[2]))
         what = model[3]
         if wrong is not None:
-            return ("POST" if what == "/infer" else "GET"), lambda: wrong
+            return ("POST" if what in ("/infer", "/infer_stream") else "GET"), lambda: wrong
+        if what == "/infer_stream":
+            return "POST", lambda: _infer_stream(state, request)
         if what == "/infer":
             return "POST", lambda: _infer(state, request)
         if what == "/ready":
@@ -123,6 +127,8 @@ def _server_metadata(state: RunnerState) -> Response:
     extensions = ["binary_tensor_data", "statistics", "system_shared_memory"]
     if state.arena:
         extensions.append(ARENA_EXTENSION)
+    if stream_call(state.model) is not None:
+        extensions.append(DECOUPLED_EXTENSION)
     return _json({"name": "cartonstore-runner", "extensions": extensions})
 
 
@@ -178,3 +184,28 @@ def _infer(state: RunnerState, request: Request) -> Response:
 def _failed(state: RunnerState, started: int, status: int, message: str) -> Response:
     state.stats.record_failure(time.monotonic_ns() - started)
     return error_response(status, message)
+
+
+def _infer_stream(state: RunnerState, request: Request) -> Response:
+    """A decoupled model's responses to one request, as frames
+    (protocol.py, section 12); a request it cannot take is an ordinary
+    error answer."""
+    call = stream_call(state.model)
+    if call is None:
+        return error_response(400, f"model {state.ctx.name!r} is not decoupled: it answers one response per "
+                                   "request (POST .../infer)")
+    started = request.started_ns or time.monotonic_ns()
+    try:
+        header_length = header_length_of(request.headers.get(HEADER_LENGTH.lower()))
+        req, inputs = decode_request(request.body, header_length, state.ctx, state.regions)
+    except InvalidInput as exc:
+        return _failed(state, started, 400, exc.message)
+    except Exception as exc:  # noqa: BLE001 - a malformed request must never take the runner down
+        return _failed(state, started, 400, f"{type(exc).__name__}: {exc}")
+
+    def frames() -> Iterator[list[bytes | memoryview]]:
+        with state.model_slots:   # the model is busy until its last response is written
+            yield from stream_frames(call, state.ctx, req, inputs)
+        state.stats.record_success(time.monotonic_ns() - started, RequestTiming())
+
+    return Response(200, {"Content-Type": "application/octet-stream"}, stream=frames())

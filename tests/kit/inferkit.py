@@ -15,7 +15,7 @@ import numpy as np
 from cartonstore.carton.pack import pack_directory
 from kit.daemonkit import DaemonProcess, call
 from kit.prockit import live_pids
-from kit.runnerkit import onnx_model_dir
+from kit.runnerkit import carton_toml, onnx_model_dir
 
 NUMERIC = ["float32", "float64", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64"]
 DTYPES = [*NUMERIC, "string"]
@@ -62,6 +62,18 @@ def echo_carton(dest: Path, *, label: str = "v1", startup: str = "pass", **toml:
     (dest / "model").mkdir(parents=True, exist_ok=True)
     (dest / "carton.toml").write_text(echo_toml(**toml))  # type: ignore[arg-type]  # echo_toml's keywords
     (dest / "model" / "main.py").write_text(ECHO_MAIN.replace("{startup}", startup) + f"\nLABEL = {label!r}\n")
+    return dest
+
+
+def repeat_carton(dest: Path, name: str, main_py: str, out_dtype: str = "int32", out_len: int = 1,
+                  in_shape: list[int | str] | None = None) -> Path:
+    """A decoupled model's python carton (``main_py`` its model/main.py):
+    input IN (int32), outputs OUT (``out_len`` of ``out_dtype``) and IDX (uint32[1])."""
+    (dest / "model").mkdir(parents=True)
+    (dest / "carton.toml").write_text(carton_toml(
+        "python", ">=3.8", {"entrypoint_package": "main", "entrypoint_fn": "get_model"}, model_name=name,
+        inputs=[("IN", "int32", in_shape or ["n"])], outputs=[("OUT", out_dtype, [out_len]), ("IDX", "uint32", [1])]))
+    (dest / "model" / "main.py").write_text(main_py)
     return dest
 
 

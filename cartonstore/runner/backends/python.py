@@ -4,7 +4,11 @@
 carton's model/ directory and a function in it; the function is called
 with no arguments and returns the model. The model implements
 `infer_with_tensors(tensors: dict[str, np.ndarray]) -> dict[str, array]`,
-or `seal(tensors) -> handle` and `infer_with_handle(handle) -> dict`.
+or `seal(tensors) -> handle` and `infer_with_handle(handle) -> dict`. A
+decoupled model (many responses to one request, Triton's decoupled
+transaction policy) has `infer_stream_with_tensors(tensors)`, a generator
+of such dicts: the carton declares itself decoupled so, and a plain infer
+of it is refused.
 String tensors reach the model as object arrays of str (Carton strings are
 UTF-8; a BYTES element that is not stays bytes) and may come back as str,
 bytes or object arrays. model/requirements.txt must be met by the runner's
@@ -19,7 +23,7 @@ import importlib
 import sys
 import threading
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -35,6 +39,8 @@ class CartonPythonModel:
 
     def __init__(self, model: Any) -> None:
         self._model = model
+        if callable(getattr(model, "infer_stream_with_tensors", None)):
+            return   # decoupled: CartonPythonStreamModel
         self._infer_with_tensors: Callable[..., Any] | None = getattr(model, "infer_with_tensors", None)
         self._seal: Callable[..., Any] | None = getattr(model, "seal", None)
         self._infer_with_handle: Callable[..., Any] | None = getattr(model, "infer_with_handle", None)
@@ -55,6 +61,17 @@ class CartonPythonModel:
         with self._seal_lock:
             handle = self._seal(tensors)  # type: ignore[misc]  # no infer_with_tensors: the seal pair is callable
             return self._infer_with_handle(handle)  # type: ignore[misc]  # no infer_with_tensors: the seal pair is callable
+
+
+class CartonPythonStreamModel(CartonPythonModel):
+    """A decoupled Carton python model behind the runner SDK's infer_stream()."""
+
+    def infer(self, inputs: dict[str, np.ndarray], parameters: dict[str, Any]) -> Any:
+        raise ValueError("this model is decoupled: it answers a stream of responses (infer_stream), not one")
+
+    def infer_stream(self, inputs: dict[str, np.ndarray], parameters: dict[str, Any]) -> Iterator[Any]:
+        tensors = {name: _strings_for_model(array) for name, array in inputs.items()}
+        return iter(self._model.infer_stream_with_tensors(tensors))
 
 
 def _strings_for_model(array: np.ndarray) -> np.ndarray:
@@ -116,6 +133,8 @@ def load(ctx: RunnerContext) -> CartonPythonModel:
     except Exception as exc:  # noqa: BLE001 - the model's own constructor: whatever it raises is the reason
         traceback.print_exc(file=sys.stderr)
         raise LoadError(f"{package}.{fn_name}() raised {type(exc).__name__}: {exc}") from None
+    if callable(getattr(model, "infer_stream_with_tensors", None)):
+        return CartonPythonStreamModel(model)
     return CartonPythonModel(model)
 
 

@@ -30,6 +30,7 @@ from cartonstore.store.metadata.names import check_model_ref
 
 from . import cuda_shm, model_info
 from . import examples as examples_api
+from . import generate as generate_api
 from . import selftest as selftest_api
 from . import shm as shm_api
 from .blobs import serve_blob
@@ -219,6 +220,7 @@ def build_app(service: ModelService, metrics_: Metrics, *, max_request_size: int
     r.add_get("/v2/models/{name}/versions/{version}/ready", model_ready)
     r.add_post("/v2/models/{name}/infer", infer)
     r.add_post("/v2/models/{name}/versions/{version}/infer", infer)
+    generate_api.add_routes(r)
     shm_api.add_routes(r)
     cuda_shm.add_routes(r)
     selftest_api.add_routes(r)

@@ -98,7 +98,8 @@ def config_of(service: ModelService, name: str, version: str | None) -> dict[str
     """The model's configuration as Triton's model_configuration extension gives it."""
     model = ready_model(service, name, version)
     devices = model.runners.devices if model.runners is not None else []
-    return model_config(name, model.carton, model.config, devices)  # type: ignore[arg-type]  # READY: it has its carton
+    decoupled = model.runners is not None and model.runners.decoupled
+    return model_config(name, model.carton, model.config, devices, decoupled)  # type: ignore[arg-type]  # READY: it has its carton
 
 
 def model_stats(model: LoadedModel) -> dict[str, Any]:

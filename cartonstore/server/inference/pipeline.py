@@ -25,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from cartonstore.errors import InvalidInput
 from cartonstore.runner.protocol import ARENA_REGION, infer_path
 from cartonstore.server.calls.bodies import ENCODINGS, IN_THREAD_FROM, pick_encoding
 from cartonstore.server.models.response_cache import CachedAnswer, cached_answer_off_loop, request_key_off_loop
@@ -106,7 +107,9 @@ async def _answered(service: ModelService, model: LoadedModel, call: InferCall,
     return answer
 
 
-async def _checked(service: ModelService, model: LoadedModel, call: InferCall, header_length: int | None) -> Checked:
+async def checked_call(service: ModelService, model: LoadedModel, call: InferCall) -> Checked:
+    """``call`` checked against ``model``: the request and what goes to its runner."""
+    header_length = None if call.parsed else header_length_of(call.header_length)  # 0: a raw binary request
     shm = (service.shm_regions, call.peer)
     if call.request is not None:
         return await tensors_checked_off_loop(model, call.request, shm)
@@ -116,13 +119,17 @@ async def _checked(service: ModelService, model: LoadedModel, call: InferCall, h
 async def _run(service: ModelService, model: LoadedModel, call: InferCall, phases: Phases) -> InferAnswer:
     name = call.name
     header_length = None if call.parsed else header_length_of(call.header_length)  # 0: a raw binary request
-    req, parts, forward_length, use = await _checked(service, model, call, header_length)
+    req, parts, forward_length, use = await checked_call(service, model, call)
     current = await still_serving(service, name, call.version)  # the version may have switched while the body arrived
     if current is not model:
         model = current
         phases.runners = model.runners
-        req, parts, forward_length, use = await _checked(service, model, call, header_length)
+        req, parts, forward_length, use = await checked_call(service, model, call)
     phases.runners = model.runners
+    if model.runners is not None and model.runners.decoupled:
+        raise InvalidInput(f"model {name!r} is decoupled (it streams many responses to one request), so a "
+                           f"one-response infer does not serve it: use gRPC ModelStreamInfer or POST "
+                           f"/v2/models/{name}/generate_stream", subject=name)
     phases.batch, phases.checked = batch_size(model, req), time.monotonic_ns()
     # shared memory is never cached: an input region's bytes may change under the same request, and
     # an output region is the caller's to be written, each time

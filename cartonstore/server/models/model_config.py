@@ -8,8 +8,10 @@ only fields set are present); the rules here are cartonstore's own.
 Honoured: max_batch_size, dynamic_batching (batcher.py), instance_group,
 parameters (the runner's opts), response_cache (response_cache.py); name,
 platform, backend, input and output are accepted when they say what the
-carton says, and model_transaction_policy when it says what cartonstore
-does (one response per request: not decoupled). Everything else Triton's
+carton says, and model_transaction_policy (decoupled: whether the model
+streams many responses to one request is its runner's to say, from the
+carton's model: a python model with infer_stream_with_tensors, an SDK
+model with infer_stream; the config read back says it). Everything else Triton's
 ModelConfig has (ensembles, warmup, sequence batching, ...) is refused,
 naming the field, rather than accepted and ignored.
 """
@@ -66,18 +68,15 @@ def asks_response_cache(config: Mapping[str, Any] | None) -> bool:
     """Whether a load's config enables the response cache; refuses, by
     name, a response_cache field cartonstore does not know, the cache for
     a decoupled model (as Triton refuses it: a decoupled model's many
-    responses are no one answer to keep), and a decoupled model."""
+    responses are no one answer to keep)."""
     config = config or {}
     cache = config.get("response_cache", {})
     _unsupported_fields(cache, ("enable",), (), "response_cache")
     enabled = bool(cache.get("enable", False))
-    if (config.get("model_transaction_policy") or {}).get("decoupled", False):
-        if enabled:
-            raise InvalidInput("config: the response cache does not support a model with the 'decoupled' "
-                               "transaction policy (model_transaction_policy); disable response_cache",
-                               subject="response_cache")
-        raise InvalidInput("config: cartonstore answers one response per request: model_transaction_policy "
-                           "'decoupled' = true is not supported", subject="model_transaction_policy")
+    if enabled and (config.get("model_transaction_policy") or {}).get("decoupled", False):
+        raise InvalidInput("config: the response cache does not support a model with the 'decoupled' "
+                           "transaction policy (model_transaction_policy); disable response_cache",
+                           subject="response_cache")
     _unsupported_fields(config.get("model_transaction_policy", {}), ("decoupled",), (), "model_transaction_policy")
     return enabled
 
@@ -233,9 +232,9 @@ def tensor_config(spec: TensorSpec, batch: int) -> dict[str, Any]:
 
 
 def model_config(name: str, carton: CartonConfig, config: Mapping[str, Any] | None,
-                 devices: Sequence[str]) -> dict[str, Any]:
+                 devices: Sequence[str], decoupled: bool = False) -> dict[str, Any]:
     """Triton's ModelConfig JSON for a loaded version running on ``devices``
-    (one per instance)."""
+    (one per instance); ``decoupled``: its runners stream responses."""
     platform, backend = triton_platform(carton.runner.runner_name)
     batch = max_batch_size(carton, config)
     groups: list[dict[str, Any]] = []
@@ -254,5 +253,6 @@ def model_config(name: str, carton: CartonConfig, config: Mapping[str, Any] | No
             "output": [tensor_config(s, batch) for s in carton.outputs or ()],
             "instance_group": groups, "parameters": params,
             "runtime": carton.runner.runner_name,
+            **({"model_transaction_policy": {"decoupled": True}} if decoupled else {}),
             **({"dynamic_batching": policy.as_config()} if (policy := batching_policy(carton, config)) else {}),
             **({"response_cache": {"enable": True}} if asks_response_cache(config) else {})}

@@ -7,11 +7,14 @@ into a ModelInferResponse."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncGenerator
+from contextlib import aclosing
 
 import grpc
 from tritonclient.grpc import service_pb2 as pb
 
 from cartonstore.errors import CartonStoreError, InvalidInput
+from cartonstore.runner.protocol import FINAL_PARAMETER
 from cartonstore.server.calls.bodies import IN_THREAD_FROM, too_large
 from cartonstore.server.inference import (
     InferAnswer,
@@ -22,10 +25,14 @@ from cartonstore.server.inference import (
     serving_or_loadable,
     status_of,
 )
+from cartonstore.server.inference.stream import decoupled, infer_stream
 from cartonstore.server.models.service import ModelService
 from cartonstore.server.tensors.shm_regions import Peer
 from cartonstore.v2.error_body import error_text
-from cartonstore.v2.grpc_form import request_of, response_of
+from cartonstore.v2.grpc_form import parameter_value, request_of, response_of
+
+# Triton's request parameter (tritonclient's enable_empty_final_response): end a decoupled stream with an empty one
+EMPTY_FINAL = "triton_enable_empty_final_response"
 
 _CODES = {400: grpc.StatusCode.INVALID_ARGUMENT, 401: grpc.StatusCode.UNAUTHENTICATED,
           403: grpc.StatusCode.PERMISSION_DENIED, 404: grpc.StatusCode.NOT_FOUND,
@@ -73,6 +80,39 @@ async def grpc_infer(service: ModelService, request: pb.ModelInferRequest, peer:
     finally:
         if slot is not None:
             slot.release()
+
+
+def streams(service: ModelService, request: pb.ModelInferRequest) -> bool:
+    """Whether ``request`` names a loaded decoupled model (many responses to it)."""
+    return decoupled(service.models.get(request.model_name))
+
+
+async def grpc_stream_infer(service: ModelService, request: pb.ModelInferRequest, peer: Peer,
+                            max_request_size: int) -> AsyncGenerator[pb.ModelStreamInferResponse, None]:
+    """A decoupled model's responses to one request of a ModelStreamInfer,
+    as Triton sends them: each with triton_final_response false, then,
+    when the request's EMPTY_FINAL asks, an empty one with
+    it true. A failure is one error_message response, which ends them."""
+    try:
+        name, version = request.model_name, request.model_version or None
+        model = serving_or_loadable(service, name, version)
+        req = request_of(request)
+        length = sum(len(t.data) for t in req.inputs if t.data is not None)
+        if length > max_request_size:
+            raise too_large(length, max_request_size)
+        async with aclosing(infer_stream(service, model, InferCall(name, version, peer, request=req))) as answers:
+            async for answer in answers:
+                if answer.status != 200:
+                    raise StatusError(answer.status, error_text(answer.joined()))
+                yield pb.ModelStreamInferResponse(infer_response=response_of(answer.doc or {}, answer.outputs))
+    except CartonStoreError as e:
+        yield stream_error(request, e)
+        return
+    if EMPTY_FINAL in request.parameters and parameter_value(request.parameters[EMPTY_FINAL]) is True:
+        final = pb.ModelInferResponse(model_name=request.model_name, model_version=request.model_version,
+                                      id=request.id)
+        final.parameters[FINAL_PARAMETER].bool_param = True
+        yield pb.ModelStreamInferResponse(infer_response=final)
 
 
 def _converted(answer: InferAnswer) -> pb.ModelInferResponse:

@@ -12,7 +12,8 @@ import asyncio
 import base64
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from contextlib import aclosing
 from typing import Any, TypeVar
 
 import grpc
@@ -32,7 +33,7 @@ from cartonstore.server.tensors.shm_regions import Peer
 from cartonstore.store.metadata.names import check_model_ref
 from cartonstore.v2.grpc_form import parameter_value
 
-from .infer import code_for, grpc_infer, stream_error
+from .infer import code_for, grpc_infer, grpc_stream_infer, stream_error, streams
 from .unix_relay import UNIX_PEERS, PeerBook
 
 log = logging.getLogger("cartonstore.server.grpc")
@@ -161,10 +162,14 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         """Requests run as they come, up to STREAM_WINDOW at once and
         max_request_size bytes of requests in flight (one bigger request
         runs alone); answers leave in the order the requests came. A failed
-        request answers with its error_message and the stream goes on."""
+        request answers with its error_message and the stream goes on. A
+        decoupled model's request answers with each response its model
+        streams (grpc_stream_infer), run when its turn comes, each response
+        read from its runner once the previous one is written."""
         peer = await self._call(context, "ModelStreamInfer", _const_peer)
         window = _StreamWindow(STREAM_WINDOW, self.max_request_size)
-        answers: asyncio.Queue[tuple[asyncio.Task[pb.ModelStreamInferResponse], int] | None] = asyncio.Queue()
+        answers: asyncio.Queue[tuple[asyncio.Task[pb.ModelStreamInferResponse] |
+                                     AsyncGenerator[pb.ModelStreamInferResponse, None], int] | None] = asyncio.Queue()
 
         async def one(request: pb.ModelInferRequest) -> pb.ModelStreamInferResponse:
             try:
@@ -181,16 +186,25 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                 async for request in request_iterator:
                     size = request.ByteSize()
                     await window.take(size)   # a slot before the work starts: nothing runs unanswered
-                    await answers.put((asyncio.ensure_future(one(request)), size))
+                    if streams(self.service, request):
+                        await answers.put((grpc_stream_infer(self.service, request, peer, self.max_request_size),
+                                           size))
+                    else:
+                        await answers.put((asyncio.ensure_future(one(request)), size))
             finally:
                 await answers.put(None)
 
         reader = asyncio.ensure_future(read())
         try:
             while (item := await answers.get()) is not None:
-                task, size = item
+                work, size = item
                 try:
-                    yield await task
+                    if isinstance(work, asyncio.Future):
+                        yield await work
+                    else:
+                        async with aclosing(work):
+                            async for answer in work:
+                                yield answer
                 finally:
                     await window.give(size)
             await reader   # a broken stream's error, if any
@@ -198,7 +212,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             reader.cancel()
             while not answers.empty():
                 left = answers.get_nowait()
-                if left is not None:
+                if left is not None and isinstance(left[0], asyncio.Future):
                     left[0].cancel()
 
     # -- repository -----------------------------------------------------------------

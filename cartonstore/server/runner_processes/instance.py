@@ -7,16 +7,22 @@ import asyncio
 import json
 import logging
 import signal
-import sys
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cartonstore.config.runners import RunnerSettings
 from cartonstore.errors import BadUpstream, Unavailable
-from cartonstore.runner.protocol import ARENA_EXTENSION, SERVER_METADATA_PATH, TIMING_HEADER, parse_timing
+from cartonstore.runner.protocol import (
+    ARENA_EXTENSION,
+    DECOUPLED_EXTENSION,
+    SERVER_METADATA_PATH,
+    TIMING_HEADER,
+    parse_timing,
+)
 from cartonstore.system.backoff import doubling
+from cartonstore.system.waiters import within
 
 from .process import RunnerFailed, RunnerProcess, owned, seconds
 from .settings import (
@@ -33,6 +39,7 @@ from .settings import (
 )
 from .shm_link import RunnerShmLink
 from .sockets import remove_socket
+from .stream_wire import StreamBroken, open_stream, read_answer
 from .wire import BadResponse, RunnerClient, Unsent
 
 if TYPE_CHECKING:
@@ -48,14 +55,6 @@ _TIMING = TIMING_HEADER.lower()
 DEATH_NOTICE = 0.25   # after a broken connection, how long to wait to learn whether the process died
 # A request the runner had received when it died: it may have run, so it is not sent again.
 DIED_WITH_IT = "died with the request in it (it may have run)"
-
-
-if sys.version_info >= (3, 11):         # no extra task per request
-    async def _within(awaitable: Awaitable[Any], seconds: float) -> Any:
-        async with asyncio.timeout(seconds):
-            return await awaitable
-else:                                  # pragma: no cover - Python 3.10
-    _within = asyncio.wait_for
 
 
 # The process a first start may be given instead of spawning one (waiting.py):
@@ -86,6 +85,7 @@ class RunnerInstance:
         self._shm: RunnerShmLink | None = None   # the regions this process has mapped
         self._arena = arena
         self.arena_capable = False               # this process mapped the arena (its GET /v2 says so)
+        self.decoupled = False                   # its model streams responses (its GET /v2 says so)
         self._ready_since = 0.0
         self._failures = 0
         self._supervisor: asyncio.Task[None] | None = None
@@ -139,8 +139,9 @@ class RunnerInstance:
         self._client = RunnerClient(str(self.spec.socket_path))
         self._shm = RunnerShmLink(self._client, self.label, self._proc.shm_channel)
         await self._proc.wait_ready(self._client, self.settings.ready_timeout)
-        if self._arena is not None:
-            self.arena_capable = await _speaks_arena(self._client)
+        extensions = await _extensions(self._client)
+        self.arena_capable = self._arena is not None and ARENA_EXTENSION in extensions
+        self.decoupled = DECOUPLED_EXTENSION in extensions
         self._ready_since = time.monotonic()
         log.info("[%s] ready (pid %d) after %.2fs", self._log_name, self._proc.pid,
                  self._ready_since - self._proc.started_at)
@@ -240,6 +241,42 @@ class RunnerInstance:
         return RunnerResponse(status, {name: headers_in[key] for name, key in _FORWARDED if key in headers_in}, answer,
                               via_arena, parse_timing(headers_in.get(_TIMING)))
 
+    async def stream(self, path: str, body: Sequence[bytes | memoryview], headers: Mapping[str, str],
+                     regions: Sequence[Region] = (), *, limit: int) -> AsyncGenerator[RunnerResponse, None]:
+        """POST a decoupled model's request to this instance and yield each
+        response it streams (stream_wire.py), each read when the caller asks
+        for it. Failures as post's; a runner silent for request_timeout
+        between two responses is killed."""
+        proc, client, shm = self._proc, self._client, self._shm
+        if proc is None or client is None or client.closed:
+            raise Unavailable(f"{self.label} is not running: {self.reason or 'restarting'}")
+        timeout = self.settings.request_timeout
+        self.outstanding += 1
+        writer = None
+        try:
+            if regions:
+                await shm.ensure(regions)   # type: ignore[union-attr]  # set with the client
+            reader, writer = await open_stream(str(self.spec.socket_path), path, headers, body)
+            async for response in read_answer(reader, limit, timeout):
+                yield response
+        except asyncio.TimeoutError:
+            if proc.returncode is None:
+                proc.kill(f"killed after sending nothing of a stream for {seconds(timeout)}")
+            raise Unavailable(f"{self.label} sent nothing of its stream within {seconds(timeout)}; restarting "
+                              "it") from None
+        except StreamBroken as e:
+            if await proc.exited_within(DEATH_NOTICE):
+                raise Unavailable(f"{self.label} died: {proc.exit_reason()}",
+                                  details={"stderr": proc.stderr_lines()}) from None
+            raise BadUpstream(f"{self.label} broke its stream, so it was cut and its connection closed: "
+                              f"{e}") from None
+        except (OSError, BadResponse) as e:
+            raise Unavailable(f"{self.label} broke the stream's exchange: {type(e).__name__}: {e}") from None
+        finally:
+            self.outstanding -= 1
+            if writer is not None:
+                writer.close()
+
     async def _exchange(self, proc: RunnerProcess, client: RunnerClient, shm: RunnerShmLink | None, path: str,
                         body: Sequence[bytes | memoryview], headers: Mapping[str, str],
                         regions: Sequence[Region], limit: int) -> tuple[int, dict[str, str], bytes | bytearray]:
@@ -255,7 +292,7 @@ class RunnerInstance:
                             raise
                         raise Unsent(f"the runner died while mapping the request's shared memory: {e}") from None
                 return await client.request("POST", path, headers, body, limit=limit)
-            status, headers_in, answer = await _within(exchange(), timeout)
+            status, headers_in, answer = await within(exchange(), timeout)
         except asyncio.TimeoutError:
             if proc.returncode is None:
                 proc.kill(f"killed after not answering a request within {seconds(timeout)}")
@@ -283,12 +320,12 @@ def _stop_now(process: RunnerProcess) -> Awaitable[None]:
     return process.terminate(0.0)
 
 
-async def _speaks_arena(client: RunnerClient) -> bool:
-    """Whether the runner's GET /v2 lists the arena extension (a runner
-    that is not built on cartonstore.runner does not map it)."""
+async def _extensions(client: RunnerClient) -> frozenset[str]:
+    """The extensions the runner's GET /v2 lists (none from one that does
+    not answer it as a v2 server)."""
     try:
         status, _, body = await asyncio.wait_for(client.request("GET", SERVER_METADATA_PATH, {}), 5.0)
         extensions = json.loads(bytes(body)).get("extensions") if status == 200 else None
     except (OSError, BadResponse, asyncio.TimeoutError, ValueError, AttributeError):
-        return False
-    return type(extensions) is list and ARENA_EXTENSION in extensions
+        return frozenset()
+    return frozenset(e for e in extensions if type(e) is str) if type(extensions) is list else frozenset()

@@ -14,7 +14,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
+from contextlib import aclosing
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -119,6 +120,11 @@ class ModelRunners:
     def arena_capable(self) -> bool:
         """Some instance maps the daemon's tensor arena: a big request may be received into it."""
         return any(inst.arena_capable for inst in self._instances)
+
+    @property
+    def decoupled(self) -> bool:
+        """Its runners stream many responses to one request (protocol.py, section 12)."""
+        return any(inst.decoupled for inst in self._instances)
 
     @property
     def restarts(self) -> int:
@@ -249,11 +255,7 @@ class ModelRunners:
         when its answer is over ``answers`` (a batch's requests) times the
         model's answer_limit. With ``arena``, an instance that maps the arena
         gets the request in its form."""
-        if self._closing:
-            raise self.unloading()
-        if self.outstanding >= self.settings.max_inflight:
-            raise RunnersBusy(f"model {self.name} already has {self.outstanding} requests in flight "
-                              f"(max_inflight {self.settings.max_inflight}); retry later", subject=self.name)
+        self._admit()
         send = {k: v for k, v in headers.items() if k.lower() not in HOP_HEADERS}
         parts = [body] if isinstance(body, (bytes, bytearray, memoryview)) else body
         self.outstanding += 1   # a request waiting for a runner counts too
@@ -270,9 +272,37 @@ class ModelRunners:
             if self._closing and not self.outstanding:
                 self._idle.set()
 
+    def _admit(self) -> None:
+        """A new request may come in: Unavailable while the model unloads,
+        RunnersBusy at max_inflight (waiting requests count)."""
+        if self._closing:
+            raise self.unloading()
+        if self.outstanding >= self.settings.max_inflight:
+            raise RunnersBusy(f"model {self.name} already has {self.outstanding} requests in flight "
+                              f"(max_inflight {self.settings.max_inflight}); retry later", subject=self.name)
+
     def unloading(self) -> Unavailable:
         return Unavailable(f"model {self.name} version {self.version} is being unloaded", subject=self.name)
 
     def state_changed(self) -> asyncio.Event:
         """An event set at the next change of an instance's state (or the model's closing)."""
         return self._state_event
+
+    async def forward_stream(self, path: str, body: list[bytes | memoryview], headers: Mapping[str, str],
+                             regions: Sequence[Region] = ()) -> AsyncGenerator[RunnerResponse, None]:
+        """forward's stream: each response a decoupled model's runner sends
+        to one request, read as the caller takes them (each at most the
+        model's answer_limit). It waits for a ready instance as forward
+        does; a stream is not sent again once its instance was picked."""
+        self._admit()
+        send = {k: v for k, v in headers.items() if k.lower() not in HOP_HEADERS}
+        self.outstanding += 1
+        try:
+            inst = await RestartWait(self, self.settings.restart_wait).ready_instance()
+            async with aclosing(inst.stream(path, body, send, regions, limit=self.answer_limit)) as responses:
+                async for response in responses:
+                    yield response
+        finally:
+            self.outstanding -= 1
+            if self._closing and not self.outstanding:
+                self._idle.set()

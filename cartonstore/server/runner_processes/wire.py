@@ -81,7 +81,7 @@ class _Eof(Exception):
 
 
 @functools.lru_cache(maxsize=1024)
-def _request_line(method: str, path: str) -> bytes:
+def request_line(method: str, path: str) -> bytes:
     target = quote(path, safe="/:@!$&'()*+,;=-._~%?")
     if not target.startswith("/"):
         raise InvalidInput(f"runner request path {path!r} must start with '/'")
@@ -293,7 +293,7 @@ class RunnerClient:
         # Wide-item views (e.g. of a float32 array) go out as their bytes.
         body = [p if isinstance(p, (bytes, bytearray)) else memoryview(p).cast("B") for p in body]
         size = sum(len(p) for p in body)
-        head = [_request_line(method, path), b"Content-Length: %d\r\n" % size]
+        head = [request_line(method, path), b"Content-Length: %d\r\n" % size]
         for name, value in headers.items():
             if "\r" in value or "\n" in value or "\r" in name or "\n" in name or ":" in name:
                 raise InvalidInput(f"header {name!r} cannot be sent to a runner: it holds a line break or colon")
