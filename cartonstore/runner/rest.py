@@ -17,7 +17,7 @@ import re
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
 from cartonstore.errors import InvalidInput
@@ -34,6 +34,11 @@ from .model_call import ModelFailed, decode_request, run_and_encode
 from .model_stream import stream_call, stream_frames
 from .protocol import ARENA_EXTENSION, DECOUPLED_EXTENSION, TIMING_HEADER, timing_header
 from .shm import MappedRegions
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from cartonstore.v2.wire_types import InferRequest
 
 _MODEL = re.compile(r"/v2/models/([^/]+)(?:/versions/([^/]+))?(/ready|/stats|/infer_stream|/infer)?")
 _SHM = re.compile(r"/v2/systemsharedmemory(?:/region/([^/]+))?/(status|register|unregister)")
@@ -150,13 +155,10 @@ def _metadata(ctx: RunnerContext) -> Response:
 def _infer(state: RunnerState, request: Request) -> Response:
     started = request.started_ns or time.monotonic_ns()   # from its head: the body's receiving counts
     timing = RequestTiming()
-    try:
-        header_length = header_length_of(request.headers.get(HEADER_LENGTH.lower()))
-        req, inputs = decode_request(request.body, header_length, state.ctx, state.regions)
-    except InvalidInput as exc:
-        return _failed(state, started, 400, exc.message)
-    except Exception as exc:  # noqa: BLE001 - a malformed request must never take the runner down
-        return _failed(state, started, 400, f"{type(exc).__name__}: {exc}")
+    decoded_request = _decoded(state, request, started)
+    if isinstance(decoded_request, Response):
+        return decoded_request
+    req, inputs = decoded_request
     decoded = time.monotonic_ns()
     timing.input_ns = decoded - started
     try:
@@ -181,6 +183,18 @@ def _infer(state: RunnerState, request: Request) -> Response:
     return Response(200, headers, parts)
 
 
+def _decoded(state: RunnerState, request: Request,
+             started: int) -> tuple[InferRequest, dict[str, np.ndarray]] | Response:
+    """The request and its inputs, or the 400 that answers a malformed one."""
+    try:
+        header_length = header_length_of(request.headers.get(HEADER_LENGTH.lower()))
+        return decode_request(request.body, header_length, state.ctx, state.regions)
+    except InvalidInput as exc:
+        return _failed(state, started, 400, exc.message)
+    except Exception as exc:  # noqa: BLE001 - a malformed request must never take the runner down
+        return _failed(state, started, 400, f"{type(exc).__name__}: {exc}")
+
+
 def _failed(state: RunnerState, started: int, status: int, message: str) -> Response:
     state.stats.record_failure(time.monotonic_ns() - started)
     return error_response(status, message)
@@ -195,13 +209,10 @@ def _infer_stream(state: RunnerState, request: Request) -> Response:
         return error_response(400, f"model {state.ctx.name!r} is not decoupled: it answers one response per "
                                    "request (POST .../infer)")
     started = request.started_ns or time.monotonic_ns()
-    try:
-        header_length = header_length_of(request.headers.get(HEADER_LENGTH.lower()))
-        req, inputs = decode_request(request.body, header_length, state.ctx, state.regions)
-    except InvalidInput as exc:
-        return _failed(state, started, 400, exc.message)
-    except Exception as exc:  # noqa: BLE001 - a malformed request must never take the runner down
-        return _failed(state, started, 400, f"{type(exc).__name__}: {exc}")
+    decoded_request = _decoded(state, request, started)
+    if isinstance(decoded_request, Response):
+        return decoded_request
+    req, inputs = decoded_request
 
     def frames() -> Iterator[list[bytes | memoryview]]:
         with state.model_slots:   # the model is busy until its last response is written
