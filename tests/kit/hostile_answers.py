@@ -23,14 +23,11 @@ from pathlib import Path
 
 from kit.inferkit import echo_toml
 
-HOSTILE_ANSWERS_MAIN = r'''
-import json
-import os
+# For a model's main.py: the runner's connection to the daemon, found in the
+# frames that called the model, so the model can write to it as an attacker would.
+TAKE_THE_CONNECTION = r'''
 import socket
 import sys
-import zlib
-
-import numpy as np
 
 
 def connection():
@@ -41,6 +38,14 @@ def connection():
             return conn
         frame = frame.f_back
     raise RuntimeError("no connection in the frames that called the model")
+'''
+
+HOSTILE_ANSWERS_MAIN = TAKE_THE_CONNECTION + r'''
+import json
+import os
+import zlib
+
+import numpy as np
 
 
 def hold(conn):

@@ -24,6 +24,7 @@ import pytest
 import tritonclient.grpc as tg
 from conftest import short_dir
 from kit.daemonkit import DaemonProcess, wait_for
+from kit.hostile_answers import TAKE_THE_CONNECTION
 from kit.inferkit import echo_carton, repeat_carton, runner_pids
 from tritonclient.utils import InferenceServerException
 
@@ -67,23 +68,11 @@ def get_model():
 '''
 
 # IN = [mode]: one good response, then the runner's connection is taken over and written as an attacker would
-BROKEN = r'''
+BROKEN = TAKE_THE_CONNECTION + r'''
 import json
-import socket
 import struct
-import sys
 
 import numpy as np
-
-
-def connection():
-    frame = sys._getframe(1)
-    while frame is not None:
-        conn = frame.f_locals.get("conn")
-        if isinstance(conn, socket.socket):
-            return conn
-        frame = frame.f_back
-    raise RuntimeError("no connection in the frames")
 
 
 class Broken:
