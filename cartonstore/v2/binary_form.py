@@ -13,6 +13,7 @@ arena, keeps its JSON data as the client wrote it: rare, and small.)
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import numpy as np
@@ -20,11 +21,11 @@ import numpy as np
 from . import json_codec
 from .datatypes import numpy_dtype
 from .elements import fail
-from .framing import InferRequest, WireTensor
+from .framing import HEADER_LENGTH, InferRequest, WireTensor
 from .shared_memory import REGION
 from .tensors import frame_bytes
 
-__all__ = ["binary_form", "encoded_doc", "runner_doc", "tensor_bytes"]
+__all__ = ["binary_form", "encoded_doc", "forward_headers", "runner_doc", "tensor_bytes", "with_inputs"]
 
 
 def binary_form(req: InferRequest) -> tuple[list[bytes | memoryview], int] | None:
@@ -114,3 +115,45 @@ def encoded_doc(doc: dict[str, Any]) -> bytes:
     """A header as a runner reads it; what the strict parser lets in (NaN
     in parameters) written as it came."""
     return json_codec.dumps(doc, exact=False)
+
+
+def with_inputs(parts: list[bytes | memoryview], header_length: int | None,
+                extra: list[dict[str, Any]]) -> tuple[list[bytes | memoryview], int]:
+    """A checked request as a runner takes it (``parts``: its body, JSON
+    header first when ``header_length`` is set, else all JSON) with
+    ``extra`` inputs, JSON data each, added to its header; the binary data
+    after the header stay as they were."""
+    rest: list[bytes | memoryview] = []
+    if header_length is None:
+        head = b"".join(parts)
+    else:
+        head, rest = _split(parts, header_length)
+    doc = json.loads(head)
+    doc["inputs"] = [*doc.get("inputs", ()), *extra]
+    header = encoded_doc(doc)
+    return [header, *rest], len(header)
+
+
+def _split(parts: list[bytes | memoryview], length: int) -> tuple[bytes, list[bytes | memoryview]]:
+    """The first ``length`` bytes of ``parts`` and views of the rest."""
+    head: list[bytes | memoryview] = []
+    rest: list[bytes | memoryview] = []
+    left = length
+    for part in parts:
+        view = memoryview(part)
+        if left >= len(view):
+            head.append(view)
+            left -= len(view)
+        else:
+            if left:
+                head.append(view[:left])
+            rest.append(view[left:])
+            left = 0
+    return b"".join(head), rest
+
+
+def forward_headers(header_length: int | None) -> dict[str, str]:
+    """The headers of a request to a runner: binary with its header's length, or JSON."""
+    if header_length is None:
+        return {"Content-Type": "application/json"}
+    return {"Content-Type": "application/octet-stream", HEADER_LENGTH: str(header_length)}

@@ -105,7 +105,8 @@ def test_model_config_reflects_the_load_and_refuses_what_it_cannot_honour(affine
     c.load_model("affine", config=json.dumps(strings))
     assert c.get_model_config("affine") == config
     refused = [
-        ({"sequence_batching": {}}, "does not support 'sequence_batching'"),
+        ({"ensemble_scheduling": {}}, "does not support 'ensemble_scheduling'"),
+        ({"sequence_batching": {"oldest": {}}}, "sequence_batching: cartonstore does not support 'oldest'"),
         ({"dynamic_batching": {}}, "dynamic_batching joins requests along their first dimension"),
         ({"version_policy": {"all": {}}}, "'version_policy' {'all': {}} is not supported"),
         ({"instance_group": [{"count": 1, "passive": True}]},

@@ -38,7 +38,7 @@ def checked_request(model: LoadedModel, body: bytes | bytearray | memoryview, he
     """Parse and validate; returns the request, what to forward (body
     parts, header length) and the shared memory regions it names, checked
     for the caller (``shm``: the registry and who is asking)."""
-    inputs, outputs = model.carton.inputs, model.carton.outputs  # type: ignore[union-attr]  # READY: it has its carton
+    inputs, outputs = model.request_inputs, model.carton.outputs  # type: ignore[union-attr]  # READY: it has its carton
     if header_length == 0:
         req = parse_raw_binary_for(body, inputs)
         validate_request(req, inputs, outputs)
@@ -68,7 +68,7 @@ def checked_tensors(model: LoadedModel, req: InferRequest, shm: tuple[ShmRegions
         raise InvalidInput(f"infer request: parameter {ARENA_OUTPUTS!r} is reserved for the daemon",
                            subject=ARENA_OUTPUTS)
     use = attach_regions(req, *shm) if any(t.shm is not None for t in req.inputs) or req.shm_outputs() else None
-    validate_request(req, model.carton.inputs, model.carton.outputs)  # type: ignore[union-attr]  # READY: a carton
+    validate_request(req, model.request_inputs, model.carton.outputs)  # type: ignore[union-attr]  # READY: a carton
     header = encoded_doc(runner_doc(req, use.runner_names() if use is not None else None))
     data = [t.data for t in req.inputs if t.shm is None and t.data is not None and len(t.data)]
     return req, [header, *data], len(header), use
@@ -82,10 +82,10 @@ async def checked_off_loop(model: LoadedModel, body: bytes | bytearray | memoryv
     needs it), anything else in a thread."""
     if _walks_little(model, body, header_length):
         return checked_request(model, body, header_length, shm)
-    # the worker tells shm apart; a batched model's request is wanted back to count its batch, and a
-    # cached model's to make its key
+    # the worker tells shm apart; a batched model's request is wanted back to count its batch, a
+    # cached model's to make its key, a sequence model's for its sequence
     if pool is not None and header_length is None and len(body) >= IN_THREAD_FROM and not model.max_batch_size \
-            and not model.response_cache:
+            and not model.response_cache and model.sequences is None:
         forward = await pool.check(model.carton.inputs, model.carton.outputs, body)  # type: ignore[union-attr]  # READY
         if forward is not None:
             return None, *forward, None
@@ -118,7 +118,7 @@ def _walks_little(model: LoadedModel, body: bytes | bytearray | memoryview, head
     if header_length is None:
         return len(body) < IN_THREAD_FROM and surely_plain(body, SHM_MARK)   # type: ignore[arg-type]  # never a view
     if header_length == 0:
-        spec = model.carton.inputs  # type: ignore[union-attr]  # READY: it has its carton
+        spec = model.request_inputs
         return len(body) < IN_THREAD_FROM or not (spec and len(spec) == 1 and spec[0].dtype == "string")
     if header_length > len(body):
         return True    # refused at once

@@ -147,7 +147,9 @@ async def _run(service: ModelService, model: LoadedModel, call: InferCall, phase
         headers[HEADER_LENGTH] = str(forward_length)
     regions = list(use.regions.values()) if use is not None else ()
     arena = _arena_forward(model, call, req, use, header_length)
-    if model.batcher is not None and req is not None and use is None:
+    if model.sequences is not None:   # a sequence model's request is checked here (checked_off_loop): req is set
+        answer = await model.sequences.forward(req, parts, forward_length, regions)  # type: ignore[arg-type]  # set: see above
+    elif model.batcher is not None and req is not None and use is None:
         answer = await model.batcher.submit(req, parts, headers)   # never in the arena (arena_slot_for)
         phases.execution = 0   # its execution: counted by the batcher
     else:

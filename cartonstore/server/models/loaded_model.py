@@ -4,17 +4,19 @@ lease answers it hands out. Plain data, shared by the service and the API."""
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cartonstore.format.carton_toml import CartonConfig
+from cartonstore.format.carton_toml import CartonConfig, TensorSpec
 from cartonstore.server.runner_processes import ModelRunners
 from cartonstore.store.metadata.lease_rows import LeaseRow
 from cartonstore.store.metadata.names import PIN_PREFIX, SWITCH_PREFIX
 
 from .batcher import DynamicBatcher
 from .runtime import files_only_note
+from .sequences import SequenceRouter
 
 READY, LOADING, UNAVAILABLE = "READY", "LOADING", "UNAVAILABLE"
 
@@ -30,10 +32,20 @@ class LoadedModel:
     runners: ModelRunners | None = None  # None: loaded as files only (reason says why)
     max_batch_size: int = 0             # > 0: inputs' first dimension is a batch of at most this
     batcher: DynamicBatcher | None = None  # the load's dynamic_batching, over these runners
+    sequences: SequenceRouter | None = None  # the load's sequence_batching, over these runners
     response_cache: bool = False        # its answers are kept in the daemon's response cache
     keep_alive: float | None = None     # idle seconds before it is unloaded (lifecycle.py)
     reload_params: dict[str, Any] = field(default_factory=dict)  # what a load on demand loads it with again
     unloaded: bool = False              # UNAVAILABLE because it was unloaded (not a failed load)
+
+    @property
+    def request_inputs(self) -> Sequence[TensorSpec] | None:
+        """The inputs a request gives: the carton's, but for the control
+        inputs its sequence batching fills."""
+        inputs = self.carton.inputs if self.carton is not None else None
+        if inputs is None or self.sequences is None:
+            return inputs
+        return tuple(spec for spec in inputs if spec.name not in self.sequences.policy.names)
 
     @property
     def serving_state(self) -> str:

@@ -6,13 +6,14 @@ load's config. A load's config arrives parsed as Triton parses it
 only fields set are present); the rules here are cartonstore's own.
 
 Honoured: max_batch_size, dynamic_batching (batcher.py), instance_group,
-parameters (the runner's opts), response_cache (response_cache.py); name,
+parameters (the runner's opts), response_cache (response_cache.py),
+sequence_batching (sequence_config.py, sequences.py); name,
 platform, backend, input and output are accepted when they say what the
 carton says, and model_transaction_policy (decoupled: whether the model
 streams many responses to one request is its runner's to say, from the
 carton's model: a python model with infer_stream_with_tensors, an SDK
 model with infer_stream; the config read back says it). Everything else Triton's
-ModelConfig has (ensembles, warmup, sequence batching, ...) is refused,
+ModelConfig has (ensembles, warmup, ...) is refused,
 naming the field, rather than accepted and ignored.
 """
 
@@ -29,10 +30,13 @@ from cartonstore.format.carton_toml import CartonConfig, TensorSpec
 from cartonstore.format.dtypes import carton_dtype_to_v2, shape_to_v2_dims
 from cartonstore.runner.builtin_runners import triton_platform
 
+from .sequence_config import sequence_policy
+
 log = logging.getLogger(__name__)
 
 MAX_BATCH_LIMIT = 1 << 20
-HONOURED = ("max_batch_size", "dynamic_batching", "instance_group", "parameters", "response_cache")
+HONOURED = ("max_batch_size", "dynamic_batching", "sequence_batching", "instance_group", "parameters",
+            "response_cache")
 CHECKED = ("name", "platform", "backend", "input", "output", "version_policy", "runtime", "model_transaction_policy")
 # what config_of answers beside these, so a config read back loads again unchanged
 _ONE_VERSION = {"latest": {"num_versions": 1}}
@@ -62,6 +66,7 @@ def check_config_fields(config: Mapping[str, Any] | None) -> None:
                            f"'version_policy' {config['version_policy']!r} is not supported", subject="version_policy")
     for i, group in enumerate(config.get("instance_group", ())):
         _unsupported_fields(group, _GROUP_FIELDS, _GROUP_EMPTY, f"instance_group[{i}]")
+    sequence_policy(config, None)
 
 
 def asks_response_cache(config: Mapping[str, Any] | None) -> bool:
@@ -255,4 +260,5 @@ def model_config(name: str, carton: CartonConfig, config: Mapping[str, Any] | No
             "runtime": carton.runner.runner_name,
             **({"model_transaction_policy": {"decoupled": True}} if decoupled else {}),
             **({"dynamic_batching": policy.as_config()} if (policy := batching_policy(carton, config)) else {}),
-            **({"response_cache": {"enable": True}} if asks_response_cache(config) else {})}
+            **({"response_cache": {"enable": True}} if asks_response_cache(config) else {}),
+            **({"sequence_batching": seq.as_config()} if (seq := sequence_policy(config, carton.inputs)) else {})}

@@ -78,6 +78,8 @@ from .response_cache import ResponseCache
 from .restore import forget_loaded, remember_loaded
 from .runner_plan import instance_devices
 from .runtime import RunnerHost
+from .sequence_config import sequence_policy
+from .sequences import SequenceRouter
 from .turnover import Turnover
 
 log = logging.getLogger("cartonstore.server")
@@ -317,6 +319,7 @@ class ModelService:
             model.max_batch_size = max_batch_size(model.carton, model.config)
             model.response_cache = caches_answers(name, model.config, self.response_cache.capacity)
             policy = batching_policy(model.carton, model.config)
+            sequencing = sequence_policy(model.config, model.carton.inputs)
             if serving is None:   # a version switch takes the slot its name holds
                 await self.turnover.make_room(name)
             model.runners = await self.runner_host.start(name, model.digest, granted.path, model.carton,
@@ -326,9 +329,14 @@ class ModelService:
             if policy is not None and model.runners is not None:
                 model.batcher = DynamicBatcher(model.runners, policy, instances=len(model.runners.devices),
                                                max_queued=self.runner_host.config.max_inflight)
+            if sequencing is not None and model.runners is not None:
+                model.sequences = SequenceRouter(name, model.runners, sequencing, model.max_batch_size)
             await self_tested_on_load(self.runner_host, model, self.store.layout.model_path(model.digest))
         except BaseException as e:
             await asyncio.shield(early.close())
+            if model.runners is not None:   # started by this load, which failed after: nothing serves on them
+                runners, model.runners = model.runners, None
+                await asyncio.shield(self.runner_host.stop(runners))
             reason = str(e) if isinstance(e, CartonStoreError) else f"load failed: {type(e).__name__}"
             log.warning("load of %s failed: %s", name, reason)
             if moved_to is not None:  # this load pointed the name at its carton: point it back

@@ -140,6 +140,10 @@ class ModelRunners:
         return [(inst.pid, inst.memory_cgroup) for inst in self._instances]
 
     @property
+    def instances(self) -> tuple[RunnerInstance, ...]:
+        return tuple(self._instances)
+
+    @property
     def pids(self) -> list[int | None]:
         """Each instance's process id (None while it is not running), in order."""
         return [inst.pid for inst in self._instances]
@@ -247,19 +251,23 @@ class ModelRunners:
 
     async def forward(self, path: str, body: list[bytes | memoryview] | bytes | memoryview,
                       headers: Mapping[str, str], regions: Sequence[Region] = (),
-                      arena: ArenaForward | None = None, *, answers: int = 1) -> RunnerResponse:
+                      arena: ArenaForward | None = None, *, answers: int = 1,
+                      instance: RunnerInstance | None = None) -> RunnerResponse:
         """POST body to ``path`` (e.g. protocol.infer_path(name)) on a runner
         (which maps the shared memory ``regions`` first) and return its
         answer, whatever its status. Raises RunnersBusy when the model is at
         max_inflight, Unavailable when no runner can answer, BadUpstream
         when its answer is over ``answers`` (a batch's requests) times the
         model's answer_limit. With ``arena``, an instance that maps the arena
-        gets the request in its form."""
+        gets the request in its form. ``instance``: sent there alone (a
+        sequence's), never waited for or sent elsewhere."""
         self._admit()
         send = {k: v for k, v in headers.items() if k.lower() not in HOP_HEADERS}
         parts = [body] if isinstance(body, (bytes, bytearray, memoryview)) else body
         self.outstanding += 1   # a request waiting for a runner counts too
         try:
+            if instance is not None:
+                return await self._forward_on(instance, path, parts, send, regions, arena, answers)
             waits = RestartWait(self, self.settings.restart_wait)
             while True:
                 inst = await waits.ready_instance()
@@ -271,6 +279,16 @@ class ModelRunners:
             self.outstanding -= 1
             if self._closing and not self.outstanding:
                 self._idle.set()
+
+    async def _forward_on(self, inst: RunnerInstance, path: str, parts: list[bytes | memoryview],
+                          send: Mapping[str, str], regions: Sequence[Region], arena: ArenaForward | None,
+                          answers: int) -> RunnerResponse:
+        if inst.state != READY:
+            raise Unavailable(f"{inst.label} is {inst.state.lower()}: {inst.reason}", subject=self.name)
+        try:
+            return await inst.post(path, parts, send, regions, arena, limit=answers * self.answer_limit)
+        except NotSent as e:
+            raise Unavailable(f"{inst.label} did not take the request: {e}", subject=self.name) from e
 
     def _admit(self) -> None:
         """A new request may come in: Unavailable while the model unloads,
