@@ -165,6 +165,13 @@ def _paths(value: object) -> tuple[str, ...]:
     return paths
 
 
+def _percent(value: object) -> float:
+    share = v.tolerance(value)
+    if share > 100:
+        raise v.BadValue(f"expected a percentage in [0, 100], got {value!r}")
+    return share
+
+
 def _show_commands(commands: Mapping[str, RunnerCommand]) -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
     for name, c in commands.items():
@@ -226,6 +233,12 @@ class RunnerSettings:
     max_memory: int | None = v.size_setting(None, 1 << 20, optional=True)
     load_on_demand: bool = v.setting(False, v.boolean)
     load_wait: float = v.duration_setting(60.0, positive=True)
+    # Memory running short unloads the least recently used idle model (models/turnover.py), one a second
+    # at most, before the OOM killer picks a process: the host's /proc/pressure/memory "some avg10" at
+    # pressure_psi percent or more (0: not watched), or with pressure_cgroups, a runner's cgroup hitting
+    # its memory_limit (the kernel reclaiming to keep it under).
+    pressure_psi: float = v.setting(0.0, _percent)
+    pressure_cgroups: bool = v.setting(False, v.boolean)
     network: frozenset[str] = v.setting(frozenset(), _network, _show_network)
 
     def __post_init__(self) -> None:

@@ -358,6 +358,7 @@ class Daemon:
                 loop.add_signal_handler(sig, self.stop)
             settle_heap()   # before READY: the first requests must not wait for a full collection
             keeper: asyncio.Future[Any] = asyncio.gather(service.keep_pins(), service.turnover.unload_idle(),
+                                    service.turnover.unload_under_pressure(),
                                     service.keep_within_budget(self.settings.gc, self.settings.gc_interval))
             if s.restore_loaded:   # live at once, ready once every model was tried again (restore.py)
                 keeper = asyncio.gather(keeper, restore_loaded(service))

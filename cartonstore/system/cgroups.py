@@ -30,6 +30,14 @@ class RunnerCgroup:
     dirs: tuple[Path, ...]     # one directory (v2) or one per v1 hierarchy
     layers: tuple[str, ...]    # what it limits: "cgroup:pids", "cgroup:memory"
 
+    @property
+    def memory_dir(self) -> Path | None:
+        """The directory that accounts its memory (v2: its one; v1: the
+        memory hierarchy's), None when it limits no memory."""
+        if "cgroup:memory" not in self.layers:
+            return None
+        return self.dirs[0] if len(self.dirs) == 1 else self.dirs[self.layers.index("cgroup:memory")]
+
     def attach_self(self) -> None:
         """Move the calling process (a runner between fork and exec) in."""
         pid = str(os.getpid()).encode()

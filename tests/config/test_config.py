@@ -188,6 +188,8 @@ DEFAULTS = {
     "runners.max_memory": None,
     "runners.load_on_demand": False,
     "runners.load_wait": 60.0,
+    "runners.pressure_psi": 0.0,
+    "runners.pressure_cgroups": False,
     "runners.network": frozenset(),
     "mirror.listen": "",
     "mirror.upstream": "",
@@ -371,6 +373,8 @@ FILE_VALUES = [
     ("runners.max_memory", '"160MiB"', 160 << 20),
     ("runners.load_on_demand", "true", True),
     ("runners.load_wait", '"90s"', 90.0),
+    ("runners.pressure_psi", "12.5", 12.5),
+    ("runners.pressure_cgroups", "true", True),
     ("runners.network", '{ allow = ["fetcher"] }', frozenset({"fetcher"})),
 ]
 
@@ -684,6 +688,8 @@ BAD_VALUES = [
     ("runners.max_memory", '"1KiB"', "expected a size >= 1048576"),
     ("runners.load_on_demand", '"perhaps"', "expected true or false"),
     ("runners.load_wait", '"0s"', "expected a duration > 0"),
+    ("runners.pressure_psi", "101", "expected a percentage in [0, 100]"),
+    ("runners.pressure_cgroups", '"perhaps"', "expected true or false"),
     ("runners.network", '{ deny = ["x"] }', "[runners.network]"),
 ]
 

@@ -271,7 +271,7 @@ class Metrics:
         self.fetch_errors = Counter("cartonstore_fetch_errors", "Fetches that failed", registry=self.registry)
         self.model_unloads = Counter("cartonstore_model_unloads", "Models unloaded, by reason: asked (an unload "
                                      "request), idle (past its keep_alive), max_loaded and max_memory (room for "
-                                     "another load)",
+                                     "another load), pressure (memory running short)",
                                      ["reason"], registry=self.registry)
         self._request_counters: dict[tuple[str, str, int], Any] = {}
         self._inference: Callable[[], list] = list

@@ -1,7 +1,8 @@
 """Models that come and go, the acting part of lifecycle.py: the requests
 each model has in flight, the loop that unloads models idle past their
 keep_alive, the room a load past runners.max_loaded or runners.max_memory
-makes, and loads on demand (runners.load_on_demand). The model service
+makes, the idle models memory pressure unloads (runners.pressure_psi,
+pressure_cgroups), and loads on demand (runners.load_on_demand). The model service
 owns one and lends it its unload and load.
 
 What a load's runners will hold is unknown before they run, so
@@ -23,6 +24,7 @@ from typing import Any, Protocol
 from cartonstore.config.values import duration_text, size_text
 from cartonstore.errors import CartonStoreError, Unavailable
 from cartonstore.format.units import format_size
+from cartonstore.system.memory_pressure import LimitReclaims, host_memory_psi
 from cartonstore.system.memory_use import cgroup_bytes, tree_rss
 from cartonstore.system.single_flight import SingleFlight
 
@@ -40,6 +42,8 @@ from .loaded_model import LOADING, READY, LoadedModel
 from .runtime import RunnerHost
 
 log = logging.getLogger("cartonstore.server")
+PRESSURE_TICK = 1.0   # seconds between readings of the pressure signs, and so between pressure unloads
+PSI_SETTLE = 10.0     # avg10 averages the last 10 s: the time an unload takes to show in it
 
 
 class Unload(Protocol):
@@ -147,6 +151,58 @@ class Turnover:
                 await self._unload(coldest.name, "max_memory", f"unloaded: least recently used idle model, for "
                                    f"{loading!r} (runners.max_memory {size_text(limit)})", if_idle=coldest)
 
+    async def unload_under_pressure(self) -> None:
+        """Forever, once a second (when runners.pressure_psi or
+        pressure_cgroups is set): under memory pressure, unload the least
+        recently used idle model. A runner cgroup's reclaims count from
+        the first time it is read; after an unload the host's avg10 (which
+        lags by its 10 s) is let settle."""
+        psi_limit, by_cgroups = self.settings.pressure_psi, self.settings.pressure_cgroups
+        if not psi_limit and not by_cgroups:
+            return
+        reclaims = LimitReclaims()
+        try:
+            await self._watch_pressure(psi_limit, by_cgroups, reclaims)
+        finally:
+            reclaims.close()
+
+    async def _watch_pressure(self, psi_limit: float, by_cgroups: bool, reclaims: LimitReclaims) -> None:
+        hits: dict[Path, int] = {}
+        settled_at, stuck = 0.0, False
+        while True:
+            await asyncio.sleep(PRESSURE_TICK)
+            cgroups = {m.name: m.runners.limit_cgroups() for m in tuple(self.models.values())
+                       if m.runners is not None} if by_cgroups else {}
+            psi, counts = await asyncio.to_thread(read_pressure, bool(psi_limit), cgroups, reclaims)
+            signs = [f"host memory pressure: /proc/pressure/memory some avg10 {psi:g}% (runners.pressure_psi "
+                     f"{psi_limit:g})"] if psi_limit and psi is not None and psi >= psi_limit and \
+                time.monotonic() >= settled_at else []
+            for (name, cgroup), count in counts.items():
+                if count > hits.get(cgroup, count):
+                    signs.append(f"the runner cgroup of {name} at its memory limit: reclaimed {count - hits[cgroup]} "
+                                 f"time(s)")
+            hits = {cgroup: count for (_, cgroup), count in counts.items()}
+            if not signs:
+                stuck = False
+                continue
+            models = tuple(self.models.values())
+            coldest = least_recently_used(models, self.usage, "")
+            if coldest is None:
+                if not stuck:
+                    holders = ", ".join(slot_holders(models, self.usage, "")) or "no model"
+                    log.warning("memory pressure (%s), and no loaded model is idle to unload: held by %s",
+                                "; ".join(signs), holders)
+                stuck = True
+                continue
+            log.warning("memory pressure (%s): unloading %s, idle %.0fs", "; ".join(signs), coldest.name,
+                        time.monotonic() - self.usage.last_used(coldest.name))
+            try:
+                await self._unload(coldest.name, "pressure", f"unloaded: least recently used idle model, under "
+                                   f"memory pressure ({signs[0]})", if_idle=coldest)
+            except CartonStoreError as e:
+                log.warning("could not unload %s under memory pressure: %s", coldest.name, e)
+            settled_at = time.monotonic() + PSI_SETTLE
+
     def loads_on_demand(self, name: str) -> bool:
         """An infer to ``name`` may load it: runners.load_on_demand is on and
         no model of that name is loaded (never, unloaded, or loading now). A
@@ -174,6 +230,16 @@ class Turnover:
         except asyncio.TimeoutError:
             raise Unavailable(f"model {name!r} is still loading on demand after runners.load_wait "
                               f"{duration_text(wait)}; retry later", subject=name) from None
+
+
+def read_pressure(psi: bool, cgroups: Mapping[str, list[Path]],
+                  reclaims: LimitReclaims) -> tuple[float | None, dict[tuple[str, Path], int]]:
+    """The host's memory some-avg10 (when ``psi``) and the reclaims each
+    runner cgroup's limit caused, by (model name, cgroup): in a worker
+    thread, it reads /proc and /sys."""
+    counts = reclaims.read(cgroup for dirs in cgroups.values() for cgroup in dirs)
+    return (host_memory_psi() if psi else None), {(name, cgroup): counts[cgroup] for name, dirs in cgroups.items()
+                                                  for cgroup in dirs if cgroup in counts}
 
 
 def runner_memory(sources: Mapping[str, list[tuple[int | None, Path | None]]]) -> dict[str, int]:

@@ -121,6 +121,13 @@ class RunnerInstance:
             return None
         return cgroup.dirs[0]
 
+    @property
+    def limit_cgroup(self) -> Path | None:
+        """The cgroup directory that holds its memory limit (v2 or v1), or None."""
+        confinement = self._proc.confinement if self._proc is not None else None
+        cgroup = confinement.cgroup if confinement is not None else None
+        return cgroup.memory_dir if cgroup is not None else None
+
     # -- life ---------------------------------------------------------------
 
     async def _launch(self, first: bool = False) -> None:

@@ -139,6 +139,10 @@ class ModelRunners:
         """Each instance's (pid, memory cgroup) for system/memory_use.py."""
         return [(inst.pid, inst.memory_cgroup) for inst in self._instances]
 
+    def limit_cgroups(self) -> list[Path]:
+        """The cgroups holding its instances' memory limits (system/memory_pressure.py reads them)."""
+        return [d for inst in self._instances if (d := inst.limit_cgroup) is not None]
+
     @property
     def instances(self) -> tuple[RunnerInstance, ...]:
         return tuple(self._instances)
