@@ -16,6 +16,9 @@ from typing import Any
 # Triton's inference_stats keys, in its order
 STAT_KEYS = ("success", "fail", "queue", "compute_input", "compute_infer", "compute_output", "cache_hit",
              "cache_miss")
+# a decoupled model's responses by their index in its stream (Triton's response_stats)
+RESPONSE_KEYS = ("compute_infer", "compute_output", "success", "fail", "empty_response", "cancel")
+RESPONSE_INDICES = 256   # responses past these count in their request's figures alone: the answer stays small
 
 
 @dataclass
@@ -64,6 +67,7 @@ class InferStatistics:
     last_inference_ms: int = 0
     # executions by batch size: compute_input, compute_infer, compute_output (Triton's batch_stats)
     batch_durations: dict[int, tuple[Duration, Duration, Duration]] = field(default_factory=dict)
+    response_durations: dict[int, dict[str, Duration]] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def record_success(self, total_ns: int, timing: RequestTiming, batch: int = 1,
@@ -110,6 +114,20 @@ class InferStatistics:
         for duration, ns in zip(by_size, (timing.input_ns, timing.infer_ns, timing.output_ns), strict=True):
             duration.add(ns)
 
+    def record_response(self, index: int, infer_ns: int, output_ns: int, ok: bool) -> None:
+        """Response ``index`` of a decoupled model's stream: ``infer_ns``
+        from the request (or the response before) to it, ``output_ns`` to
+        check and shape it; ``ok`` False for the error that ended a stream."""
+        if index >= RESPONSE_INDICES:
+            return
+        with self._lock:
+            d = self.response_durations.get(index)
+            if d is None:
+                d = self.response_durations[index] = {k: Duration() for k in RESPONSE_KEYS}
+            d["compute_infer"].add(infer_ns)
+            d["compute_output"].add(output_ns)
+            d["success" if ok else "fail"].add(infer_ns + output_ns)
+
     def record_failure(self, total_ns: int) -> None:
         with self._lock:
             self.durations["fail"].add(total_ns)
@@ -130,7 +148,10 @@ class InferStatistics:
                     "inference_stats": {k: d.as_json() for k, d in self.durations.items()},
                     "batch_stats": [{"batch_size": size, **{key: d.as_json() for key, d in zip(
                         ("compute_input", "compute_infer", "compute_output"), durations, strict=True)}}
-                        for size, durations in sorted(self.batch_durations.items())]}
+                        for size, durations in sorted(self.batch_durations.items())],
+                    **({"response_stats": {str(i): {k: d.as_json() for k, d in durations.items()}
+                                           for i, durations in sorted(self.response_durations.items())}}
+                       if self.response_durations else {})}
 
 
 def statistics_answer(entries: list[dict[str, Any]]) -> dict[str, Any]:

@@ -100,19 +100,22 @@ def get_model():
 
 @pytest.fixture(scope="module")
 def served() -> Iterator[tuple[DaemonProcess, Path]]:
-    """One daemon, gRPC on its Unix socket, HTTP on a loopback port; models
-    repeat, flood, broken (decoupled) and echo (one response)."""
+    """One daemon, gRPC on its Unix socket, HTTP on a loopback port, loads
+    on demand; models repeat, flood, broken (decoupled) and echo (one
+    response) loaded, ondemand (decoupled) only in the store."""
     with short_dir() as base:
         count = base / "flood.count"
-        d = DaemonProcess(base / "root").start()
+        (base / "cartonstore.toml").write_text("[runners]\nload_on_demand = true\n")
+        d = DaemonProcess(base / "root", extra_args=["--config", str(base / "cartonstore.toml")]).start()
         try:
             for name, main_py, dtype, length in (("repeat", REPEAT, "int32", 1),
                                                   ("flood", FLOOD.format(count=str(count)), "uint8", 256 * 1024),
-                                                  ("broken", BROKEN, "int32", 1)):
+                                                  ("broken", BROKEN, "int32", 1), ("ondemand", REPEAT, "int32", 1)):
                 src = repeat_carton(base / "src" / name, name, main_py, dtype, length)
                 assert main(["add", str(src), "--name", name, "--root", str(d.root), "--progress", "none"]) == 0
             echo = echo_carton(base / "src" / "echo", dtypes=["int32", "string"])
             assert main(["add", str(echo), "--name", "echo", "--root", str(d.root), "--progress", "none"]) == 0
+            assert main(["add", str(echo), "--name", "echo2", "--root", str(d.root), "--progress", "none"]) == 0
             c = tg.InferenceServerClient(d.grpc_unix)
             for name in ("repeat", "flood", "broken", "echo"):
                 c.load_model(name)
@@ -158,6 +161,62 @@ def test_each_request_gets_its_responses_then_the_empty_final_one(served: tuple[
         if rid != "c":   # asked for the empty final response: no outputs, the flag true
             assert _final(responses[10]) and not responses[10].get_response().outputs
     assert answers.empty()
+
+
+def test_a_decoupled_model_loaded_on_demand_by_a_stream_streams(served: tuple[DaemonProcess, Path]) -> None:
+    d, _ = served
+    c = tg.InferenceServerClient(d.grpc_unix)
+    answers: queue.Queue = queue.Queue()
+    c.start_stream(callback=lambda result, error: answers.put((result, error)))
+    try:
+        c.async_stream_infer("ondemand", _in(list(range(10))), request_id="x", enable_empty_final_response=True)
+        c.async_stream_infer("echo", _echo_in(), request_id="y")   # and one that answers once, after it
+        got = [answers.get(timeout=60) for _ in range(12)]
+    finally:
+        c.stop_stream()
+        c.close()
+    assert all(error is None for _, error in got), got
+    assert [int(r.as_numpy("OUT")[0]) for r, _ in got[:10]] == list(range(10))
+    assert _final(got[10][0]) and got[10][0].get_response().id == "x"
+    assert got[11][0].get_response().id == "y" and got[11][0].as_numpy("y_int32").tolist() == [[3]]
+
+
+def _echo_in() -> list[tg.InferInput]:
+    a = tg.InferInput("x_int32", [1, 1], "INT32")
+    a.set_data_from_numpy(np.array([[3]], np.int32))
+    b = tg.InferInput("x_string", [1, 1], "BYTES")
+    b.set_data_from_numpy(np.array([[b"x"]], dtype=object))
+    return [a, b]
+
+
+def test_each_response_counts_in_response_stats_by_its_index(served: tuple[DaemonProcess, Path]) -> None:
+    d, _ = served
+    c = tg.InferenceServerClient(d.grpc_unix)
+    answers: queue.Queue = queue.Queue()
+    c.start_stream(callback=lambda result, error: answers.put((result, error)))
+    try:
+        before = c.get_inference_statistics("repeat", as_json=True)["model_stats"][0].get("response_stats", {})
+        c.async_stream_infer("repeat", _in([1, 2, 3]), request_id="s")
+        assert all(answers.get(timeout=30)[1] is None for _ in range(3))
+        stats = c.get_inference_statistics("repeat", as_json=True)["model_stats"][0]
+    finally:
+        c.stop_stream()
+        c.close()
+    counts = {k: int(v["success"].get("count", 0)) - int(before.get(k, {}).get("success", {}).get("count", 0))
+              for k, v in stats["response_stats"].items()}
+    assert {k: counts.get(k) for k in ("0", "1", "2")} == {"0": 1, "1": 1, "2": 1}, stats["response_stats"]
+    assert int(stats["response_stats"]["0"]["compute_infer"]["ns"]) > 0
+
+
+def test_a_load_saying_decoupled_of_a_runner_that_answers_once_is_refused(served: tuple[DaemonProcess, Path]) -> None:
+    d, _ = served
+    c = tg.InferenceServerClient(d.grpc_unix)
+    try:
+        with pytest.raises(InferenceServerException, match=r"model_transaction_policy says 'echo2' is decoupled"):
+            c.load_model("echo2", config=json.dumps({"model_transaction_policy": {"decoupled": True}}))
+        assert not c.is_model_ready("echo2")
+    finally:
+        c.close()
 
 
 def test_config_says_decoupled_and_a_plain_infer_is_refused(served: tuple[DaemonProcess, Path]) -> None:

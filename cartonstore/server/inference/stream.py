@@ -49,7 +49,8 @@ async def infer_stream(service: ModelService, model: LoadedModel | None,
     on demand when None): a 200 InferAnswer of parsed outputs each, or one
     error answer (the runner's, a 500 for the model failing mid-stream)
     that ends it. CartonStoreErrors as infer's. The stream counts in the
-    statistics as one request."""
+    statistics as one request, its whole time compute_infer; each response
+    in response_stats by its index, as Triton counts a decoupled model's."""
     service.turnover.request_started(call.name)   # in flight until its last response: never unloaded for idling
     try:
         if model is None:
@@ -94,10 +95,15 @@ async def _streamed(service: ModelService, model: LoadedModel, call: InferCall,
     outputs = model.carton.outputs  # type: ignore[union-attr]  # READY: it has its carton
     responses = model.runners.forward_stream(  # type: ignore[union-attr]  # decoupled: it has its runners
         infer_stream_path(name), parts, headers, regions)
+    statistics = model.runners.statistics  # type: ignore[union-attr]  # decoupled: it has its runners
     async with aclosing(_queued(responses)) as queued:
+        index, before = 0, phases.checked
         async for response in queued:
             phases.answered = time.monotonic_ns()
             checked, parsed = await checked_answer_off_loop(response, outputs, label)
+            shaped = time.monotonic_ns()
+            statistics.record_response(index, phases.answered - before, shaped - phases.answered, parsed is not None)
+            index, before = index + 1, shaped
             if parsed is None:
                 yield InferAnswer(checked.status, checked.headers, checked.body,
                                   f"runner: {error_text(checked.body)}")

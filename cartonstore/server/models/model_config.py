@@ -12,7 +12,8 @@ platform, backend, input and output are accepted when they say what the
 carton says, and model_transaction_policy (decoupled: whether the model
 streams many responses to one request is its runner's to say, from the
 carton's model: a python model with infer_stream_with_tensors, an SDK
-model with infer_stream; the config read back says it). Everything else Triton's
+model with infer_stream; the config read back says it, and a load saying
+decoupled of a runner that does not stream fails, schedulers.py). Everything else Triton's
 ModelConfig has (ensembles, warmup, ...) is refused,
 naming the field, rather than accepted and ignored.
 """

@@ -47,7 +47,6 @@ from cartonstore.store.root.owner import owner_token
 from cartonstore.system.callers import Credentials
 from cartonstore.system.single_flight import SingleFlight
 
-from .batcher import DynamicBatcher
 from .caller_paths import source_caller
 from .early_start import EarlyStart
 from .gc_child import collect_in_child, gc_summary
@@ -78,8 +77,8 @@ from .response_cache import ResponseCache
 from .restore import forget_loaded, remember_loaded
 from .runner_plan import instance_devices
 from .runtime import RunnerHost
+from .schedulers import schedule
 from .sequence_config import sequence_policy
-from .sequences import SequenceRouter
 from .turnover import Turnover
 
 log = logging.getLogger("cartonstore.server")
@@ -326,11 +325,7 @@ class ModelService:
                                                          model.config, await early.starting(model))
             if serving is None:
                 await self.turnover.fit_memory(model)
-            if policy is not None and model.runners is not None:
-                model.batcher = DynamicBatcher(model.runners, policy, instances=len(model.runners.devices),
-                                               max_queued=self.runner_host.config.max_inflight)
-            if sequencing is not None and model.runners is not None:
-                model.sequences = SequenceRouter(name, model.runners, sequencing, model.max_batch_size)
+            schedule(model, policy, sequencing, self.runner_host.config.max_inflight)
             await self_tested_on_load(self.runner_host, model, self.store.layout.model_path(model.digest))
         except BaseException as e:
             await asyncio.shield(early.close())

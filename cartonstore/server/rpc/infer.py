@@ -25,6 +25,7 @@ from cartonstore.server.inference import (
     serving_or_loadable,
     status_of,
 )
+from cartonstore.server.inference.models import serving_on_demand
 from cartonstore.server.inference.stream import decoupled, infer_stream
 from cartonstore.server.models.service import ModelService
 from cartonstore.server.tensors.shm_regions import Peer
@@ -85,6 +86,31 @@ async def grpc_infer(service: ModelService, request: pb.ModelInferRequest, peer:
 def streams(service: ModelService, request: pb.ModelInferRequest) -> bool:
     """Whether ``request`` names a loaded decoupled model (many responses to it)."""
     return decoupled(service.models.get(request.model_name))
+
+
+def loads_first(service: ModelService, request: pb.ModelInferRequest) -> bool:
+    """Whether ``request`` names a model that is not loaded and that it loads
+    on demand: whether it streams is known once it is loaded."""
+    return service.turnover.loads_on_demand(request.model_name)
+
+
+async def grpc_loaded_then_answered(service: ModelService, request: pb.ModelInferRequest, peer: Peer,
+                                    max_request_size: int) -> AsyncGenerator[pb.ModelStreamInferResponse, None]:
+    """A stream's request to a model it loads on demand: loaded first, then
+    answered as the model is, each response of a decoupled one or the one
+    answer of another."""
+    try:
+        await serving_on_demand(service, request.model_name, request.model_version or None)
+        if not streams(service, request):
+            answer = await grpc_infer(service, request, peer, max_request_size)
+            yield pb.ModelStreamInferResponse(infer_response=answer)
+            return
+    except CartonStoreError as e:
+        yield stream_error(request, e)
+        return
+    async with aclosing(grpc_stream_infer(service, request, peer, max_request_size)) as responses:
+        async for response in responses:
+            yield response
 
 
 async def grpc_stream_infer(service: ModelService, request: pb.ModelInferRequest, peer: Peer,

@@ -33,7 +33,15 @@ from cartonstore.server.tensors.shm_regions import Peer
 from cartonstore.store.metadata.names import check_model_ref
 from cartonstore.v2.grpc_form import parameter_value
 
-from .infer import code_for, grpc_infer, grpc_stream_infer, stream_error, streams
+from .infer import (
+    code_for,
+    grpc_infer,
+    grpc_loaded_then_answered,
+    grpc_stream_infer,
+    loads_first,
+    stream_error,
+    streams,
+)
 from .unix_relay import UNIX_PEERS, PeerBook
 
 log = logging.getLogger("cartonstore.server.grpc")
@@ -189,6 +197,9 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                     if streams(self.service, request):
                         await answers.put((grpc_stream_infer(self.service, request, peer, self.max_request_size),
                                            size))
+                    elif loads_first(self.service, request):
+                        await answers.put((grpc_loaded_then_answered(self.service, request, peer,
+                                                                     self.max_request_size), size))
                     else:
                         await answers.put((asyncio.ensure_future(one(request)), size))
             finally:
