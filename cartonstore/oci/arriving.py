@@ -15,16 +15,19 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from cartonstore.errors import IntegrityError
 from cartonstore.store.content.blobs import BlobWriter
 
 CHUNK = 1 << 20
-# How often a caller that has read all that landed looks again; bytes land
-# in the fetch's own threads, which tell the event loop nothing.
-POLL_SECONDS = 0.005
+# Bytes land in the fetch's own threads, which wake the callers waiting for
+# them (BlobWriter.on_landed); a caller looks again at least this often all
+# the same, whatever a writer does.
+LOOK_AGAIN_SECONDS = 0.25
 
 
 class Arriving:
@@ -38,7 +41,10 @@ class Arriving:
         self.size = size
         self.stored_path = stored_path   # where its file is once committed
         self.writer: BlobWriter | None = None
-        loop = asyncio.get_running_loop()
+        loop = self._loop = asyncio.get_running_loop()
+        self._landed_event = asyncio.Event()   # replaced at each wake-up
+        self._waiting = 0                      # callers waiting for bytes to land
+        self._wake_pending = False             # a wake-up is on its way to the loop
         self.verified: asyncio.Future[int] = loop.create_future()
         self.finished: asyncio.Future[None] = loop.create_future()
         for future in (self.verified, self.finished):   # a fetch nobody reads still has its error retrieved
@@ -47,6 +53,33 @@ class Arriving:
     def watch(self, writer: BlobWriter) -> None:
         """fetch_blob's hook: the file this fetch writes now."""
         self.writer = writer
+        writer.on_landed = self._landed
+
+    def _landed(self) -> None:
+        """In the writing thread: more landed; wake the waiting callers, once
+        per turn of the loop."""
+        if self._waiting and not self._wake_pending:
+            self._wake_pending = True
+            self._loop.call_soon_threadsafe(self._wake)
+
+    def _wake(self) -> None:
+        self._wake_pending = False
+        event, self._landed_event = self._landed_event, asyncio.Event()
+        event.set()
+
+    @property
+    def landing(self) -> asyncio.Event:
+        """Set at the next wake-up: more bytes landed, or the file started again."""
+        return self._landed_event
+
+    @contextmanager
+    def followed(self) -> Iterator[None]:
+        """While a caller looks for bytes: the writer's thread wakes it."""
+        self._waiting += 1
+        try:
+            yield
+        finally:
+            self._waiting -= 1
 
     def fetched(self, fetch: asyncio.Future) -> None:
         """The fetch's done callback: ``verified`` is its staged size or its error."""
@@ -99,7 +132,12 @@ class _Reader:
         self.rewrites = 0
 
     async def next_piece(self) -> bytes | None:
+        with self.arriving.followed():   # before looking: bytes that land from now on wake this caller
+            return await self._next_piece()
+
+    async def _next_piece(self) -> bytes | None:
         while True:
+            woken = self.arriving.landing
             verified = self.arriving.verified
             error = verified.exception() if verified.done() else None
             if error is not None:
@@ -117,7 +155,12 @@ class _Reader:
                         raise self._rewritten()
                     self.sent += len(piece)
                     return piece
-            await asyncio.wait([verified], timeout=POLL_SECONDS)
+            wake = asyncio.ensure_future(woken.wait())
+            either: list[asyncio.Future[Any]] = [verified, wake]
+            try:
+                await asyncio.wait(either, timeout=LOOK_AGAIN_SECONDS, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                wake.cancel()
 
     def _follow(self) -> None:
         """Open the file the fetch writes now; a caller that was sent bytes

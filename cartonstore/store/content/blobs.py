@@ -11,7 +11,7 @@ from __future__ import annotations
 import errno
 import os
 import stat
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
@@ -66,6 +66,9 @@ class BlobWriter:
         self._parts: PrefixHasher | None = None
         self._staged = False
         self.rewrites = 0   # times the file was started again (reset, parts): a reader following it must know
+        # called in the writing thread once more bytes landed (or the file was started again): a reader
+        # following the download is woken by it rather than looking again and again
+        self.on_landed: Callable[[], None] | None = None
 
     def reserve(self, size: int) -> None:
         """The blob will be about ``size`` bytes: allocate its disk space now
@@ -89,6 +92,8 @@ class BlobWriter:
         if self.size - self._written_back >= WRITEBACK_STEP:
             start_writeback(self._fd, self._written_back, self.size - self._written_back)
             self._written_back = self.size
+        if self.on_landed is not None:
+            self.on_landed()
 
     def copy_range(self, src: BinaryIO, offset: int, length: int) -> None:
         """Append ``length`` bytes of the file ``src`` from ``offset``. Where
@@ -152,6 +157,8 @@ class BlobWriter:
             at += n
         if self._parts is not None:
             self._parts.landed(offset, length)
+        if self.on_landed is not None:
+            self.on_landed()
 
     def parts_hashed(self) -> None:
         """After the hasher's run() returned: the file is its ``size`` bytes,
@@ -172,6 +179,8 @@ class BlobWriter:
         self._hash = sha256()
         self.size = self._written_back = 0
         self._parts = None
+        if self.on_landed is not None:
+            self.on_landed()
 
     def copy_from(self, src: BinaryIO, limit: int | None = None) -> None:
         """Copy src (to EOF, or ``limit`` bytes) through the hash into the file."""
