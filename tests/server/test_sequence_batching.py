@@ -148,6 +148,8 @@ def test_interleaved_sequences_keep_their_state_each_on_one_instance(served: tup
     assert status == 200 and isinstance(config, dict)
     assert config["sequence_batching"]["control_input"][3] == CONTROLS[3]
     assert config["sequence_batching"]["max_sequence_idle_microseconds"] == 30_000_000
+    _loaded(d, "seq", source, config)
+    assert call(d, "GET", "/v2/models/seq/config") == (200, config)
 
 
 def test_a_request_after_the_end_or_without_start_is_refused_naming_it(served: tuple[DaemonProcess, Path]) -> None:
