@@ -22,6 +22,7 @@ from typing import Any
 
 from cartonstore.errors import IntegrityError
 from cartonstore.store.content.blobs import BlobWriter
+from cartonstore.system.waiters import Broadcast
 
 CHUNK = 1 << 20
 # Bytes land in the fetch's own threads, which wake the callers waiting for
@@ -42,7 +43,7 @@ class Arriving:
         self.stored_path = stored_path   # where its file is once committed
         self.writer: BlobWriter | None = None
         loop = self._loop = asyncio.get_running_loop()
-        self._landed_event = asyncio.Event()   # replaced at each wake-up
+        self._woken = Broadcast()              # bytes landed (or the file started again)
         self._waiting = 0                      # callers waiting for bytes to land
         self._wake_pending = False             # a wake-up is on its way to the loop
         self.verified: asyncio.Future[int] = loop.create_future()
@@ -60,17 +61,19 @@ class Arriving:
         per turn of the loop."""
         if self._waiting and not self._wake_pending:
             self._wake_pending = True
-            self._loop.call_soon_threadsafe(self._wake)
+            try:
+                self._loop.call_soon_threadsafe(self._wake)
+            except RuntimeError:   # the loop closed (the daemon stopped): no one is left to wake
+                pass
 
     def _wake(self) -> None:
         self._wake_pending = False
-        event, self._landed_event = self._landed_event, asyncio.Event()
-        event.set()
+        self._woken.wake()
 
     @property
     def landing(self) -> asyncio.Event:
         """Set at the next wake-up: more bytes landed, or the file started again."""
-        return self._landed_event
+        return self._woken.next()
 
     @contextmanager
     def followed(self) -> Iterator[None]:

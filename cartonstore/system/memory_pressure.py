@@ -82,22 +82,10 @@ class LimitReclaims:
 
     def _v1_count(self, cgroup: Path) -> int | None:
         if cgroup not in self._v1:
-            try:
-                event = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
-            except OSError:
+            fds = _told_of_pressure(cgroup)
+            if fds is None:
                 return None
-            try:
-                level = os.open(cgroup / "memory.pressure_level", os.O_RDONLY | os.O_CLOEXEC)
-            except OSError:
-                os.close(event)
-                return None
-            try:
-                (cgroup / "cgroup.event_control").write_text(f"{event} {level} low")
-            except OSError:
-                os.close(event)
-                os.close(level)
-                return None
-            self._v1[cgroup] = (event, level, 0)
+            self._v1[cgroup] = (*fds, 0)
         event, level, count = self._v1[cgroup]
         try:
             count += os.eventfd_read(event)
@@ -114,3 +102,19 @@ class LimitReclaims:
     def close(self) -> None:
         for cgroup in list(self._v1):
             self._drop(cgroup)
+
+
+def _told_of_pressure(cgroup: Path) -> tuple[int, int] | None:
+    """An eventfd the kernel counts the v1 cgroup's memory pressure in (at
+    level low: reclaim ran), with the memory.pressure_level fd it holds
+    open; None where that cannot be registered (not v1, not writable)."""
+    opened: list[int] = []
+    try:
+        opened.append(os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC))
+        opened.append(os.open(cgroup / "memory.pressure_level", os.O_RDONLY | os.O_CLOEXEC))
+        (cgroup / "cgroup.event_control").write_text(f"{opened[0]} {opened[1]} low")
+    except OSError:
+        for fd in opened:
+            os.close(fd)
+        return None
+    return opened[0], opened[1]

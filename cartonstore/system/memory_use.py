@@ -1,5 +1,6 @@
-"""How much host memory processes hold: a cgroup's ``memory.current``
-(cgroup v2) where a process has a cgroup of its own, else the resident
+"""How much host memory processes hold: a cgroup's charge (v2
+``memory.current``, v1 ``memory.usage_in_bytes``) where a process has a
+cgroup of its own, else the resident
 sets (VmRSS) of the process and every process it started. Reads /proc and
 /sys: call it off the event loop."""
 
@@ -11,12 +12,15 @@ from pathlib import Path
 
 
 def cgroup_bytes(cgroup_dir: Path) -> int | None:
-    """Memory charged to a cgroup v2 (anonymous memory and the page cache it
-    caused); None when it cannot be read."""
-    try:
-        return int((cgroup_dir / "memory.current").read_text())
-    except (OSError, ValueError):
-        return None
+    """Memory charged to a cgroup (anonymous memory and the page cache it
+    caused): v2's memory.current, v1's memory.usage_in_bytes; None when
+    neither can be read."""
+    for name in ("memory.current", "memory.usage_in_bytes"):
+        try:
+            return int((cgroup_dir / name).read_text())
+        except (OSError, ValueError):
+            continue
+    return None
 
 
 def tree_rss(pids: Iterable[int]) -> dict[int, int]:

@@ -32,3 +32,19 @@ def wake(waiter: asyncio.Future[None] | None) -> None:
 def fail(waiter: asyncio.Future[None] | None, exc: BaseException) -> None:
     if waiter is not None and not waiter.done():
         waiter.set_exception(exc)
+
+
+class Broadcast:
+    """A wake-up for every coroutine waiting for the next change: ``next()``
+    is the event the coming ``wake()`` sets; each wake starts a new one, so
+    a waiter that looks again after it waits for the change after that."""
+
+    def __init__(self) -> None:
+        self._event = asyncio.Event()
+
+    def next(self) -> asyncio.Event:
+        return self._event
+
+    def wake(self) -> None:
+        event, self._event = self._event, asyncio.Event()
+        event.set()

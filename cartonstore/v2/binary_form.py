@@ -25,7 +25,7 @@ from .framing import HEADER_LENGTH, InferRequest, WireTensor
 from .shared_memory import REGION
 from .tensors import frame_bytes
 
-__all__ = ["binary_form", "encoded_doc", "forward_headers", "runner_doc", "tensor_bytes", "with_inputs"]
+__all__ = ["binary_form", "body_headers", "encoded_doc", "runner_doc", "tensor_bytes", "with_inputs"]
 
 
 def binary_form(req: InferRequest) -> tuple[list[bytes | memoryview], int] | None:
@@ -152,8 +152,9 @@ def _split(parts: list[bytes | memoryview], length: int) -> tuple[bytes, list[by
     return b"".join(head), rest
 
 
-def forward_headers(header_length: int | None) -> dict[str, str]:
-    """The headers of a request to a runner: binary with its header's length, or JSON."""
+def body_headers(header_length: int | None) -> dict[str, str]:
+    """The headers of a v2 body (a request or an answer): binary with its
+    JSON header's length, or JSON alone."""
     if header_length is None:
         return {"Content-Type": "application/json"}
     return {"Content-Type": "application/octet-stream", HEADER_LENGTH: str(header_length)}

@@ -88,6 +88,9 @@ class Broken:
             doc = json.dumps({"outputs": [{"name": "SECRET", "datatype": "INT32", "shape": [1],
                                            "parameters": {"binary_data_size": 4}}]}).encode()
             conn.sendall(struct.pack(">II", len(doc), 4) + doc + b"\0\0\0\0")
+        elif mode == 5:   # parameters that are no object
+            doc = json.dumps({"outputs": [], "parameters": ["triton_final_response"]}).encode()
+            conn.sendall(struct.pack(">II", len(doc), 0) + doc)
         # mode 4: the connection ends before the final frame
         conn.shutdown(socket.SHUT_RDWR)
         yield {"OUT": np.array([2], np.int32), "IDX": np.array([1], np.uint32)}
@@ -110,12 +113,15 @@ def served() -> Iterator[tuple[DaemonProcess, Path]]:
         try:
             for name, main_py, dtype, length in (("repeat", REPEAT, "int32", 1),
                                                   ("flood", FLOOD.format(count=str(count)), "uint8", 256 * 1024),
-                                                  ("broken", BROKEN, "int32", 1), ("ondemand", REPEAT, "int32", 1)):
+                                                  ("broken", BROKEN, "int32", 1), ("ondemand", REPEAT, "int32", 1),
+                                                  ("generated", REPEAT, "int32", 1)):
                 src = repeat_carton(base / "src" / name, name, main_py, dtype, length)
                 assert main(["add", str(src), "--name", name, "--root", str(d.root), "--progress", "none"]) == 0
             echo = echo_carton(base / "src" / "echo", dtypes=["int32", "string"])
             assert main(["add", str(echo), "--name", "echo", "--root", str(d.root), "--progress", "none"]) == 0
-            assert main(["add", str(echo), "--name", "echo2", "--root", str(d.root), "--progress", "none"]) == 0
+            for stored_only in ("echo2", "echo3"):
+                assert main(["add", str(echo), "--name", stored_only, "--root", str(d.root), "--progress",
+                             "none"]) == 0
             c = tg.InferenceServerClient(d.grpc_unix)
             for name in ("repeat", "flood", "broken", "echo"):
                 c.load_model(name)
@@ -232,7 +238,8 @@ def test_config_says_decoupled_and_a_plain_infer_is_refused(served: tuple[Daemon
 
 
 @pytest.mark.parametrize(("mode", "words"), [
-    (1, "over its limit"), (2, "not JSON"), (3, "SECRET"), (4, "before its final response")])
+    (1, "over its limit"), (2, "not JSON"), (3, "SECRET"), (4, "before its final response"),
+    (5, "whose parameters are not an object")])
 def test_a_broken_stream_is_named_and_the_stream_goes_on(served: tuple[DaemonProcess, Path], mode: int,
                                                          words: str) -> None:
     d, _ = served
@@ -324,6 +331,20 @@ def test_generate_answers_one_response(served: tuple[DaemonProcess, Path]) -> No
                               ("repeat", [1], "must be a JSON object")):
         answer = _post(d, f"/v2/models/{model}/generate", doc)
         assert answer.status == 400 and words in json.loads(answer.read())["error"], (doc, words)
+
+
+def test_generate_loads_on_demand_and_a_stream_of_no_response_is_named(served: tuple[DaemonProcess, Path]) -> None:
+    d, _ = served
+    answer = _post(d, "/v2/models/generated/generate_stream", {"IN": [5, 6]})   # decoupled, in the store only
+    assert answer.status == 200, answer.read()
+    events = [json.loads(e[len("data: "):]) for e in answer.read().decode().split("\n\n") if e]
+    assert [(doc["OUT"], doc["IDX"]) for doc in events] == [(5, 0), (6, 1)]
+    answer = _post(d, "/v2/models/echo3/generate", {"x_int32": [[3]], "x_string": [["a"]]})   # answers once
+    assert answer.status == 200 and json.loads(answer.read())["y_int32"] == 3   # one element, as generate gives it
+    answer = _post(d, "/v2/models/repeat/generate_stream", {"IN": []})   # a stream of no response: no event
+    assert answer.status == 200 and answer.read() == b""
+    answer = _post(d, "/v2/models/repeat/generate", {"IN": []})
+    assert answer.status == 502 and "sent no response" in json.loads(answer.read())["error"]
 
 
 def test_a_decoupled_models_outputs_in_shared_memory_are_refused(served: tuple[DaemonProcess, Path]) -> None:

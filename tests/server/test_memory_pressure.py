@@ -27,6 +27,7 @@ from kit.runnerkit import carton_toml
 from kit.sandboxkit import runner_user, why_not
 
 from cartonstore.system.memory_pressure import LimitReclaims, host_memory_psi, limit_hits_v2, psi_some_avg10
+from cartonstore.system.memory_use import cgroup_bytes
 
 LIMIT_MIB = 128
 BLOB_MIB = 192   # read through the page cache by a runner limited to LIMIT_MIB: reclaim must run
@@ -146,3 +147,13 @@ def test_the_readers_of_the_kernels_files(tmp_path: Path) -> None:
     finally:
         reclaims.close()
     assert limit_hits_v2("oom 1\n") is None
+
+
+def test_a_cgroups_charge_is_read_on_v2_and_v1(tmp_path: Path) -> None:
+    """max_memory and pressure read the same cgroup of a runner, v2 or v1."""
+    v2, v1 = tmp_path / "v2", tmp_path / "v1"
+    v2.mkdir()
+    v1.mkdir()
+    (v2 / "memory.current").write_text("4096\n")
+    (v1 / "memory.usage_in_bytes").write_text("8192\n")
+    assert (cgroup_bytes(v2), cgroup_bytes(v1), cgroup_bytes(tmp_path)) == (4096, 8192, None)

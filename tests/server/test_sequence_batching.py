@@ -170,6 +170,12 @@ def test_a_request_after_the_end_or_without_start_is_refused_naming_it(served: t
             c.close()
     with pytest.raises(InferenceServerException, match=r"sequence_id 'abc' must be an unsigned integer"):
         infer(d, th, "seq", "abc", 1, start=True)
+    for params, words in (({"sequence_id": 6, "sequence_start": "yes"}, "'sequence_start' must be a boolean"),
+                          ({"sequence_id": 1 << 64, "sequence_start": True}, "is outside [1, 2^64)"),
+                          ({"sequence_id": -3, "sequence_start": True}, "is outside [1, 2^64)")):
+        status, body = call(d, "POST", "/v2/models/seq/infer", json={
+            "parameters": params, "inputs": [{"name": "x", "datatype": "INT32", "shape": [1, 1], "data": [1]}]})
+        assert status == 400 and words in str(body), (params, body)
     # a control input is the daemon's to set, declared in carton.toml or not
     for control in ("START", "CORRID"):
         status, body = call(d, "POST", "/v2/models/seq/infer", json={
@@ -177,6 +183,15 @@ def test_a_request_after_the_end_or_without_start_is_refused_naming_it(served: t
             "inputs": [{"name": "x", "datatype": "INT32", "shape": [1, 1], "data": [1]},
                        {"name": control, "datatype": "INT32", "shape": [1, 1], "data": [1]}]})
         assert status == 400 and control in str(body), body
+
+
+def test_a_start_for_a_live_sequence_starts_it_again_on_its_instance(served: tuple[DaemonProcess, Path]) -> None:
+    d, source = served
+    _loaded(d, "again", source, sequence_config(30_000_000, instances=2, max_batch=1))
+    first = infer(d, th, "again", 41, 1, start=True)
+    assert infer(d, tg, "again", 41, 2)["acc"] == [3]
+    again = infer(d, th, "again", 41, 5, start=True)
+    assert again["acc"] == [5] and again["flags"] == [1, 0, 1] and again["pid"] == first["pid"]
 
 
 def test_an_idle_sequence_ends_and_frees_its_slot(served: tuple[DaemonProcess, Path]) -> None:

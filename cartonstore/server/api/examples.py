@@ -27,7 +27,8 @@ from cartonstore.format.media_types import SNIFF_BYTES, media_type
 from cartonstore.format.paths import validate_carton_path
 from cartonstore.format.tensor_data import INDEX, TensorEntry, load_tensors, parse_tensor_index
 from cartonstore.server.inference import ready_model
-from cartonstore.v2.framing import HEADER_LENGTH, encode_infer_response
+from cartonstore.v2.binary_form import body_headers
+from cartonstore.v2.framing import encode_infer_response
 
 from .context import svc
 
@@ -82,10 +83,7 @@ async def tensor(request: web.Request) -> web.StreamResponse:
     parts, header_length = await asyncio.to_thread(
         encode_infer_response, model_name=model.name, model_version=model.digest, request_id=None,
         outputs={name: array}, binary=lambda _: not as_json)
-    response = web.StreamResponse(headers={"Content-Type": "application/json" if header_length is None
-                                           else "application/octet-stream"})
-    if header_length is not None:
-        response.headers[HEADER_LENGTH] = str(header_length)
+    response = web.StreamResponse(headers=body_headers(header_length))
     response.content_length = sum(memoryview(p).nbytes for p in parts)
     await response.prepare(request)
     for part in parts:   # the header, then the tensor's bytes as they are: no joined copy

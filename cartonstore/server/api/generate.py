@@ -23,9 +23,10 @@ from typing import Any
 
 from aiohttp import web
 
-from cartonstore.errors import CartonStoreError, InvalidInput
+from cartonstore.errors import BadUpstream, CartonStoreError, InvalidInput
 from cartonstore.format.dtypes import carton_dtype_to_v2
 from cartonstore.server.inference import InferCall, StatusError, infer, serving_or_loadable
+from cartonstore.server.inference.models import serving_on_demand
 from cartonstore.server.inference.stream import decoupled, infer_stream
 from cartonstore.server.models.loaded_model import LoadedModel
 from cartonstore.server.tensors.shm_regions import peer_of
@@ -43,10 +44,12 @@ async def generate(request: web.Request) -> web.Response:
     answers = _answers(request)
     async with aclosing(answers):
         try:
-            first = await anext(answers)
-            more = await anext(answers, None)
+            first = await anext(answers, None)
+            more = await anext(answers, None) if first is not None else None
         except StatusError as e:   # the runner's error answer, its status passed on
             return error(e.status, str(e))
+        if first is None:
+            raise BadUpstream(f"model {request.match_info['name']!r} sent no response to the generate request")
         if more is not None:
             raise InvalidInput(f"model {request.match_info['name']!r} sent more than one response to a generate "
                                f"request: use POST .../generate_stream")
@@ -57,13 +60,14 @@ async def generate_stream(request: web.Request) -> web.StreamResponse:
     answers = _answers(request)
     async with aclosing(answers):
         try:
-            first = await anext(answers)   # an error before it is an ordinary error answer
+            first = await anext(answers, None)   # an error before it is an ordinary error answer
         except StatusError as e:
             return error(e.status, str(e))
         response = web.StreamResponse(headers={"Content-Type": SSE, "Cache-Control": "no-cache"})
         await response.prepare(request)
         try:
-            await _event(response, first)
+            if first is not None:   # a decoupled model may send no response: no event
+                await _event(response, first)
             async for answer in answers:
                 await _event(response, answer)
         except CartonStoreError as e:
@@ -87,8 +91,10 @@ async def _answers(request: web.Request) -> AsyncGenerator[dict[str, Any], None]
     if request.transport is None:
         raise InvalidInput("the connection closed before its request was read")
     peer = peer_of(request.transport)
-    loaded = model if model is not None else service.models.get(name)
-    doc = generate_request(await body_json(request), _input_datatypes(loaded))
+    fields = await body_json(request)
+    if model is None:   # its inputs, and whether it streams, are known once it is loaded
+        model = await serving_on_demand(service, name, version)
+    doc = generate_request(fields, _input_datatypes(model))
     call = InferCall(name, version, peer, json.dumps(doc).encode())
     if decoupled(model):
         async with aclosing(infer_stream(service, model, call)) as streamed:
@@ -103,8 +109,8 @@ async def _answers(request: web.Request) -> AsyncGenerator[dict[str, Any], None]
     yield generate_response(*parse_infer_answer(answer.joined(), header_length(answer.headers.get(HEADER_LENGTH))))
 
 
-def _input_datatypes(model: LoadedModel | None) -> dict[str, str]:
-    carton = model.carton if model is not None else None
+def _input_datatypes(model: LoadedModel) -> dict[str, str]:
+    carton = model.carton
     return {spec.name: carton_dtype_to_v2(spec.dtype) for spec in (carton.inputs or ())} if carton else {}
 
 

@@ -37,10 +37,10 @@ from cartonstore.server.tensors.arena import ArenaSlot
 from cartonstore.server.tensors.arena_wire import MAX_HEADER, ArenaForward
 from cartonstore.server.tensors.infer_shm import ShmUse, renamed_answer
 from cartonstore.server.tensors.shm_regions import Peer
-from cartonstore.v2.binary_form import runner_doc
+from cartonstore.v2.binary_form import body_headers, runner_doc
 from cartonstore.v2.encode import encode_answer_tensors
 from cartonstore.v2.error_body import error_text
-from cartonstore.v2.framing import HEADER_LENGTH, InferRequest
+from cartonstore.v2.framing import InferRequest
 from cartonstore.v2.framing import header_length as header_length_of
 from cartonstore.v2.shared_memory import REGION, with_region
 from cartonstore.v2.wire_types import WireTensor
@@ -142,9 +142,7 @@ async def _run(service: ModelService, model: LoadedModel, call: InferCall, phase
             phases.cache_hit_ns = time.monotonic_ns() - phases.checked
             return hit
         phases.cache_miss_ns = time.monotonic_ns() - phases.checked
-    headers = {"Content-Type": "application/octet-stream" if forward_length is not None else "application/json"}
-    if forward_length is not None:
-        headers[HEADER_LENGTH] = str(forward_length)
+    headers = body_headers(forward_length)
     regions = list(use.regions.values()) if use is not None else ()
     arena = _arena_forward(model, call, req, use, header_length)
     if model.sequences is not None:   # a sequence model's request is checked here (checked_off_loop): req is set
@@ -186,9 +184,7 @@ async def _from_cache(call: InferCall, req: InferRequest, kept: CachedAnswer) ->
     if call.parsed:
         return InferAnswer(200, {}, b"", doc=doc, outputs=tensors)
     parts, length = encode_answer_tensors(doc, tensors, req.wants_binary)
-    headers = {"Content-Type": "application/json" if length is None else "application/octet-stream"}
-    if length is not None:
-        headers[HEADER_LENGTH] = str(length)
+    headers = body_headers(length)
     payload: bytes | bytearray | memoryview = parts[0]
     tail = [memoryview(part) for part in parts[1:]]
     if call.accept_encoding:

@@ -24,8 +24,8 @@ from cartonstore.errors import InvalidInput
 from cartonstore.runner.protocol import infer_stream_path
 from cartonstore.server.runner_processes.answer_check import checked_answer_off_loop
 from cartonstore.server.runner_processes.settings import RunnerResponse
+from cartonstore.v2.binary_form import body_headers
 from cartonstore.v2.error_body import error_text
-from cartonstore.v2.framing import HEADER_LENGTH
 
 from .answer import InferAnswer
 from .models import serving_on_demand, still_serving
@@ -87,9 +87,7 @@ async def _streamed(service: ModelService, model: LoadedModel, call: InferCall,
         raise InvalidInput(f"model {name!r} is not decoupled: it answers one response per request (ModelInfer, "
                            f"POST /v2/models/{name}/infer)", subject=name)
     phases.runners, phases.checked = model.runners, time.monotonic_ns()
-    headers = {"Content-Type": "application/octet-stream" if forward_length is not None else "application/json"}
-    if forward_length is not None:
-        headers[HEADER_LENGTH] = str(forward_length)
+    headers = body_headers(forward_length)
     regions = list(use.regions.values()) if use is not None else []
     label = f"runner for {name}"
     outputs = model.carton.outputs  # type: ignore[union-attr]  # READY: it has its carton

@@ -29,6 +29,7 @@ from cartonstore.runner.protocol import infer_path
 from cartonstore.server.runner_processes import ModelRunners
 from cartonstore.server.runner_processes.settings import RunnerResponse, RunnersBusy
 from cartonstore.v2.batching import answers_for, batch_key, joined_request, rows
+from cartonstore.v2.binary_form import body_headers
 from cartonstore.v2.framing import HEADER_LENGTH, parse_infer_response
 from cartonstore.v2.statistics import RequestTiming
 from cartonstore.v2.wire_types import InferRequest
@@ -206,10 +207,7 @@ def _cut(reqs: list[InferRequest], body: bytes | bytearray | memoryview, length:
     doc, arrays = parse_infer_response(body, int(length) if length else None)
     out = []
     for parts, header_length in answers_for(reqs, doc, arrays, model_name):
-        headers = {"Content-Type": "application/octet-stream" if header_length is not None else "application/json"}
-        if header_length is not None:
-            headers[HEADER_LENGTH] = str(header_length)
-        out.append((parts, headers))
+        out.append((parts, body_headers(header_length)))
     return out
 
 

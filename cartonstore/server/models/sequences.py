@@ -28,8 +28,10 @@ from typing import TYPE_CHECKING, Any
 from cartonstore.errors import InvalidInput, Unavailable
 from cartonstore.runner.protocol import infer_path
 from cartonstore.server.runner_processes import ModelRunners
+from cartonstore.server.runner_processes.answer_check import IN_THREAD_FROM
 from cartonstore.server.runner_processes.settings import READY, RunnerResponse, RunnersBusy
-from cartonstore.v2.binary_form import forward_headers, with_inputs
+from cartonstore.system.waiters import Broadcast, within
+from cartonstore.v2.binary_form import body_headers, with_inputs
 from cartonstore.v2.wire_types import InferRequest
 
 from .sequence_config import CORRID, END, START, SequencePolicy
@@ -71,12 +73,8 @@ class SequenceRouter:
         self._active: dict[SequenceId, _Sequence] = {}
         self._ended: OrderedDict[SequenceId, str] = OrderedDict()   # id -> why it ended
         self._held: dict[int, int] = {}        # instance index -> sequences on it
-        self._freed = asyncio.Event()          # replaced at each slot freed
+        self._freed = Broadcast()              # each slot freed
         self._expiry = asyncio.ensure_future(self._expire_idle())
-
-    @property
-    def active(self) -> int:
-        return len(self._active)
 
     def flags(self, req: InferRequest) -> tuple[SequenceId, bool, bool]:
         """The request's sequence id, start and end flags, refused as
@@ -148,10 +146,12 @@ class SequenceRouter:
                                   f"again from its START", subject="sequence_id")
         assert seq.instance is not None
         controls = self._controls(seq.id, start, end)
-        if controls:
-            parts, header_length = with_inputs(parts, header_length, controls)
+        if controls:   # an all-JSON body is parsed again whole: a big one in a thread
+            big = header_length is None and sum(memoryview(p).nbytes for p in parts) >= IN_THREAD_FROM
+            parts, header_length = await asyncio.to_thread(with_inputs, parts, header_length, controls) if big \
+                else with_inputs(parts, header_length, controls)
         try:
-            return await self.runners.forward(infer_path(self.name), parts, forward_headers(header_length), regions,
+            return await self.runners.forward(infer_path(self.name), parts, body_headers(header_length), regions,
                                               instance=seq.instance)
         finally:
             if end:
@@ -201,7 +201,7 @@ class SequenceRouter:
                                   f"waiting runners.restart_wait {wait:g}s ({self.per_instance} per instance, "
                                   f"held by sequence(s) {holders or 'none'}; an instance may be restarting)",
                                   subject=self.name)
-            waiters = [asyncio.ensure_future(e.wait()) for e in (self._freed, self.runners.state_changed())]
+            waiters = [asyncio.ensure_future(e.wait()) for e in (self._freed.next(), self.runners.state_changed())]
             try:
                 await asyncio.wait(waiters, timeout=left, return_when=asyncio.FIRST_COMPLETED)
             finally:
@@ -230,8 +230,7 @@ class SequenceRouter:
             return
         self._held[seq.instance.index] -= 1
         seq.instance = None
-        event, self._freed = self._freed, asyncio.Event()
-        event.set()
+        self._freed.wake()
 
     async def _expire_idle(self) -> None:
         """End each sequence with no request for max_sequence_idle, until the runners stop."""
@@ -244,6 +243,6 @@ class SequenceRouter:
                     log.info("model %s: sequence %r idle for %.3gs: ended", self.name, seq.id, now - seq.last)
                     self._end(seq, f"no request for max_sequence_idle_microseconds {self.policy.idle_us}")
             try:
-                await asyncio.wait_for(self.runners.state_changed().wait(), tick)
-            except asyncio.TimeoutError:
+                await within(self.runners.state_changed().wait(), tick)
+            except TimeoutError:
                 pass

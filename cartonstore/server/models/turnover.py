@@ -18,6 +18,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -160,48 +161,44 @@ class Turnover:
         psi_limit, by_cgroups = self.settings.pressure_psi, self.settings.pressure_cgroups
         if not psi_limit and not by_cgroups:
             return
-        reclaims = LimitReclaims()
+        reclaims, watch = LimitReclaims(), _PressureWatch()
+        reading: asyncio.Future[tuple[float | None, dict[tuple[str, Path], int]]] | None = None
         try:
-            await self._watch_pressure(psi_limit, by_cgroups, reclaims)
+            while True:
+                await asyncio.sleep(PRESSURE_TICK)
+                cgroups = {m.name: [c for _, c in m.runners.memory_sources() if c is not None]
+                           for m in tuple(self.models.values()) if m.runners is not None} if by_cgroups else {}
+                # shielded: a cancelled watcher waits for its reading thread before the eventfds close
+                reading = asyncio.ensure_future(asyncio.to_thread(read_pressure, bool(psi_limit), cgroups, reclaims))
+                psi, counts = await asyncio.shield(reading)
+                await self._relieve(watch, watch.signs(psi_limit, psi, counts))
         finally:
+            if reading is not None:
+                await asyncio.wait([reading])
             reclaims.close()
 
-    async def _watch_pressure(self, psi_limit: float, by_cgroups: bool, reclaims: LimitReclaims) -> None:
-        hits: dict[Path, int] = {}
-        settled_at, stuck = 0.0, False
-        while True:
-            await asyncio.sleep(PRESSURE_TICK)
-            cgroups = {m.name: m.runners.limit_cgroups() for m in tuple(self.models.values())
-                       if m.runners is not None} if by_cgroups else {}
-            psi, counts = await asyncio.to_thread(read_pressure, bool(psi_limit), cgroups, reclaims)
-            signs = [f"host memory pressure: /proc/pressure/memory some avg10 {psi:g}% (runners.pressure_psi "
-                     f"{psi_limit:g})"] if psi_limit and psi is not None and psi >= psi_limit and \
-                time.monotonic() >= settled_at else []
-            for (name, cgroup), count in counts.items():
-                if count > hits.get(cgroup, count):
-                    signs.append(f"the runner cgroup of {name} at its memory limit: reclaimed {count - hits[cgroup]} "
-                                 f"time(s)")
-            hits = {cgroup: count for (_, cgroup), count in counts.items()}
-            if not signs:
-                stuck = False
-                continue
-            models = tuple(self.models.values())
-            coldest = least_recently_used(models, self.usage, "")
-            if coldest is None:
-                if not stuck:
-                    holders = ", ".join(slot_holders(models, self.usage, "")) or "no model"
-                    log.warning("memory pressure (%s), and no loaded model is idle to unload: held by %s",
-                                "; ".join(signs), holders)
-                stuck = True
-                continue
-            log.warning("memory pressure (%s): unloading %s, idle %.0fs", "; ".join(signs), coldest.name,
-                        time.monotonic() - self.usage.last_used(coldest.name))
-            try:
-                await self._unload(coldest.name, "pressure", f"unloaded: least recently used idle model, under "
-                                   f"memory pressure ({signs[0]})", if_idle=coldest)
-            except CartonStoreError as e:
-                log.warning("could not unload %s under memory pressure: %s", coldest.name, e)
-            settled_at = time.monotonic() + PSI_SETTLE
+    async def _relieve(self, watch: _PressureWatch, signs: list[str]) -> None:
+        """Unload the least recently used idle model when ``signs`` say memory is short."""
+        if not signs:
+            watch.stuck = False
+            return
+        models = tuple(self.models.values())
+        coldest = least_recently_used(models, self.usage, "")
+        if coldest is None:
+            if not watch.stuck:
+                holders = ", ".join(slot_holders(models, self.usage, "")) or "no model"
+                log.warning("memory pressure (%s), and no loaded model is idle to unload: held by %s",
+                            "; ".join(signs), holders)
+            watch.stuck = True
+            return
+        log.warning("memory pressure (%s): unloading %s, idle %.0fs", "; ".join(signs), coldest.name,
+                    time.monotonic() - self.usage.last_used(coldest.name))
+        try:
+            await self._unload(coldest.name, "pressure", f"unloaded: least recently used idle model, under "
+                               f"memory pressure ({signs[0]})", if_idle=coldest)
+        except CartonStoreError as e:
+            log.warning("could not unload %s under memory pressure: %s", coldest.name, e)
+        watch.settled_at = time.monotonic() + PSI_SETTLE
 
     def loads_on_demand(self, name: str) -> bool:
         """An infer to ``name`` may load it: runners.load_on_demand is on and
@@ -230,6 +227,28 @@ class Turnover:
         except asyncio.TimeoutError:
             raise Unavailable(f"model {name!r} is still loading on demand after runners.load_wait "
                               f"{duration_text(wait)}; retry later", subject=name) from None
+
+
+@dataclass
+class _PressureWatch:
+    """What the pressure watcher remembers between readings."""
+
+    hits: dict[Path, int] = field(default_factory=dict)   # each runner cgroup's reclaims at the last reading
+    settled_at: float = 0.0   # host PSI counts again from then (after an unload)
+    stuck: bool = False       # pressure with nothing idle to unload, logged once
+
+    def signs(self, psi_limit: float, psi: float | None, counts: dict[tuple[str, Path], int]) -> list[str]:
+        """What in this reading says memory is short."""
+        signs = []
+        if psi_limit and psi is not None and psi >= psi_limit and time.monotonic() >= self.settled_at:
+            signs.append(f"host memory pressure: /proc/pressure/memory some avg10 {psi:g}% (runners.pressure_psi "
+                         f"{psi_limit:g})")
+        for (name, cgroup), count in counts.items():
+            if count > self.hits.get(cgroup, count):
+                signs.append(f"the runner cgroup of {name} at its memory limit: reclaimed {count - self.hits[cgroup]} "
+                             f"time(s)")
+        self.hits = {cgroup: count for (_, cgroup), count in counts.items()}
+        return signs
 
 
 def read_pressure(psi: bool, cgroups: Mapping[str, list[Path]],

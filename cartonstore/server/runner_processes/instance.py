@@ -114,16 +114,8 @@ class RunnerInstance:
 
     @property
     def memory_cgroup(self) -> Path | None:
-        """Its cgroup v2 directory when that cgroup accounts its memory; None otherwise."""
-        confinement = self._proc.confinement if self._proc is not None else None
-        cgroup = confinement.cgroup if confinement is not None else None
-        if cgroup is None or "cgroup:memory" not in cgroup.layers or len(cgroup.dirs) != 1:
-            return None
-        return cgroup.dirs[0]
-
-    @property
-    def limit_cgroup(self) -> Path | None:
-        """The cgroup directory that holds its memory limit (v2 or v1), or None."""
+        """The cgroup directory that accounts its memory and holds its
+        memory limit (v2, or v1's memory hierarchy); None without one."""
         confinement = self._proc.confinement if self._proc is not None else None
         cgroup = confinement.cgroup if confinement is not None else None
         return cgroup.memory_dir if cgroup is not None else None

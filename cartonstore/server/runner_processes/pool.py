@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from cartonstore.config.runners import RunnerSettings
 from cartonstore.errors import InvalidInput, Unavailable
+from cartonstore.system.waiters import Broadcast
 from cartonstore.v2.statistics import InferStatistics
 
 from .instance import FirstProcess, RunnerInstance
@@ -72,13 +73,12 @@ class ModelRunners:
         self._stopped = False
         self._starting: list[asyncio.Future[None]] = []
         self._stopping: asyncio.Future[None] | None = None
-        self._state_event = asyncio.Event()   # replaced at each change (state_changed)
+        self._state = Broadcast()             # each change of an instance's state, or the model's closing
 
     # -- status -------------------------------------------------------------
 
     def _changed(self) -> None:
-        event, self._state_event = self._state_event, asyncio.Event()
-        event.set()
+        self._state.wake()
         if self._on_change is not None:
             try:
                 self._on_change()
@@ -138,10 +138,6 @@ class ModelRunners:
     def memory_sources(self) -> list[tuple[int | None, Path | None]]:
         """Each instance's (pid, memory cgroup) for system/memory_use.py."""
         return [(inst.pid, inst.memory_cgroup) for inst in self._instances]
-
-    def limit_cgroups(self) -> list[Path]:
-        """The cgroups holding its instances' memory limits (system/memory_pressure.py reads them)."""
-        return [d for inst in self._instances if (d := inst.limit_cgroup) is not None]
 
     @property
     def instances(self) -> tuple[RunnerInstance, ...]:
@@ -308,7 +304,7 @@ class ModelRunners:
 
     def state_changed(self) -> asyncio.Event:
         """An event set at the next change of an instance's state (or the model's closing)."""
-        return self._state_event
+        return self._state.next()
 
     async def forward_stream(self, path: str, body: list[bytes | memoryview], headers: Mapping[str, str],
                              regions: Sequence[Region] = ()) -> AsyncGenerator[RunnerResponse, None]:

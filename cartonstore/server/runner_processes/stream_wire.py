@@ -114,4 +114,6 @@ def _header(frame: bytes, size: int, count: int) -> dict[str, Any]:
         raise StreamBroken(f"sent response {count} with a JSON header that is not JSON: {e}") from None
     if type(doc) is not dict:
         raise StreamBroken(f"sent response {count} with a JSON header that is not an object")
+    if type(doc.get("parameters", {})) is not dict:
+        raise StreamBroken(f"sent response {count} whose parameters are not an object")
     return doc

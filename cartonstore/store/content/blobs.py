@@ -92,8 +92,7 @@ class BlobWriter:
         if self.size - self._written_back >= WRITEBACK_STEP:
             start_writeback(self._fd, self._written_back, self.size - self._written_back)
             self._written_back = self.size
-        if self.on_landed is not None:
-            self.on_landed()
+        self._landed()
 
     def copy_range(self, src: BinaryIO, offset: int, length: int) -> None:
         """Append ``length`` bytes of the file ``src`` from ``offset``. Where
@@ -116,10 +115,15 @@ class BlobWriter:
             self.size += shared
             self._written_back = self.size  # nothing to write back: no new data
             os.lseek(self._fd, self.size, os.SEEK_SET)  # the ioctl moved no file position: write() goes on here
+            self._landed()
             offset, length = offset + shared, length - shared
         if length:
             src.seek(offset)
             self.copy_from(src, limit=length)
+
+    def _landed(self) -> None:
+        if self.on_landed is not None:
+            self.on_landed()
 
     def landed(self) -> int:
         """Bytes [0, landed) of the file are written: what a reader following
@@ -141,6 +145,7 @@ class BlobWriter:
         from .prefix_hash import PrefixHasher  # hashlib and threads only for a parted fetch
 
         self._parts = PrefixHasher(self._fd, size, name=str(self.tmp_path))
+        self._landed()   # written again from the start: a reader following the file must look
         return self._parts
 
     def write_at(self, offset: int, data: bytes | memoryview) -> None:
@@ -157,8 +162,7 @@ class BlobWriter:
             at += n
         if self._parts is not None:
             self._parts.landed(offset, length)
-        if self.on_landed is not None:
-            self.on_landed()
+        self._landed()
 
     def parts_hashed(self) -> None:
         """After the hasher's run() returned: the file is its ``size`` bytes,
@@ -179,8 +183,7 @@ class BlobWriter:
         self._hash = sha256()
         self.size = self._written_back = 0
         self._parts = None
-        if self.on_landed is not None:
-            self.on_landed()
+        self._landed()
 
     def copy_from(self, src: BinaryIO, limit: int | None = None) -> None:
         """Copy src (to EOF, or ``limit`` bytes) through the hash into the file."""
