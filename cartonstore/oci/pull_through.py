@@ -36,7 +36,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from cartonstore.carton.checks import check_carton
 from cartonstore.carton.from_files import ListedFile, files_carton
@@ -49,7 +49,7 @@ from cartonstore.store.ingest import Staging
 from cartonstore.system.single_flight import all_or_none
 
 from .arriving import Arriving
-from .artifact import OCI_INDEX, OCI_MANIFEST
+from .artifact import MAX_MANIFEST_SIZE, OCI_INDEX, OCI_MANIFEST
 from .reference import OciReference
 from .registry import Registry
 
@@ -79,6 +79,11 @@ def manifest_descriptors(raw: bytes, where: str) -> tuple[str, dict[str, int]]:
         raise InvalidInput(f"{where}: the manifest is not JSON ({e})", subject=where) from None
     if not isinstance(doc, dict):
         raise InvalidInput(f"{where}: the manifest is not a JSON object", subject=where)
+    return descriptors_of(doc, where)
+
+
+def descriptors_of(doc: dict[str, Any], where: str) -> tuple[str, dict[str, int]]:
+    """manifest_descriptors of a manifest already parsed."""
     media_type = doc.get("mediaType") if isinstance(doc.get("mediaType"), str) else ""
     if "manifests" in doc:
         return media_type or OCI_INDEX, {}
@@ -218,12 +223,22 @@ class PullThrough:
         return manifest
 
     def _held_by_digest(self, digest: str) -> Manifest | None:
-        store = self.puller.store
+        """The stored blob of ``digest`` when it is a manifest; None when the
+        store holds none, or a blob that is no manifest (a layer, a config):
+        a caller cannot have any blob answered as a manifest, nor a big one
+        read to find out."""
         try:
-            raw = store.blobs.path(digest[7:]).read_bytes()
+            with open(self.puller.store.blobs.path(digest[7:]), "rb") as f:
+                raw = f.read(MAX_MANIFEST_SIZE + 1)
         except FileNotFoundError:
             return None
-        media_type, _blobs = manifest_descriptors(raw, digest)
+        try:
+            doc = json.loads(raw) if len(raw) <= MAX_MANIFEST_SIZE else None
+        except ValueError:
+            return None
+        if not isinstance(doc, dict) or doc.get("schemaVersion") != 2 or not ("layers" in doc or "manifests" in doc):
+            return None
+        media_type, _blobs = descriptors_of(doc, digest)
         return Manifest(raw, media_type, digest)
 
     def _held_by_source(self, source: str) -> Manifest | None:

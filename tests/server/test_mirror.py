@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from kit import modelkit_oci
 from kit.containerdkit import Containerd, needs_containerd
-from kit.daemonkit import DaemonProcess, call
+from kit.daemonkit import DaemonProcess, call, wait_for
 from kit.prockit import live_pids
 from kit.registrykit import Registry, free_port, needs_registry, push_small_image
 
@@ -126,3 +126,22 @@ def test_push_routes_are_405_and_unknown_manifests_manifest_unknown(mirror) -> N
         assert status == 405 and body["errors"][0]["code"] == "UNSUPPORTED", (method, path, body)
     status, body = mirror_call(address, "GET", "/v2/apps/nothing-here/manifests/v9")
     assert status == 404 and body["errors"][0]["code"] == "MANIFEST_UNKNOWN", body
+
+
+@needs_skopeo
+def test_a_blob_that_is_no_manifest_is_never_answered_as_one(mirror, upstream: Registry, tmp_path: Path) -> None:
+    """A config or a layer the node holds, asked for as a manifest by its
+    digest: not read and answered as a manifest (the big one not read
+    whole), but asked of upstream: Debian's docker-registry answers such a
+    GET 500, which the mirror passes on as 502 naming it (a registry may
+    answer 404 MANIFEST_UNKNOWN)."""
+    daemon, address = mirror
+    blobs = push_small_image(upstream, "apps/blobs", "v1", text=b"not a manifest\n")
+    pulled = skopeo_copy(address, "apps/blobs:v1", tmp_path / "pulled")
+    assert pulled.returncode == 0, pulled.stderr
+    assert wait_for(lambda: all(list(daemon.root.rglob(digest)) for digest in blobs), 30)   # the node holds them
+    for digest in blobs:
+        status, body = mirror_call(address, "GET", f"/v2/apps/blobs/manifests/sha256:{digest}")
+        upstream_said = (status == 404 and body["errors"][0]["code"] == "MANIFEST_UNKNOWN") or \
+            (status == 502 and "the registry answered HTTP 500" in body["errors"][0]["message"])
+        assert upstream_said, (digest, status, body)
